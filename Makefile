@@ -1,0 +1,33 @@
+# A newcomer's commands: `make demo` runs the product, `make test` runs the suite.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+
+.PHONY: install demo dev test lint services clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/canary demo
+
+dev: install
+	$(VENV)/bin/canary dev
+
+services: install
+	VENV_BIN=$(VENV)/bin scripts/services.sh
+
+test: services
+	$(VENV)/bin/pytest
+
+lint: install
+	$(VENV)/bin/ruff check controlplane sidecar tests
+	$(VENV)/bin/mypy controlplane sidecar
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""canary control plane: API, controller, collector and the shared kernel."""

@@ -1,0 +1,88 @@
+"""One exception tree for the whole product.
+
+    CanaryError
+    ├── ConfigError              bad settings, URL or file
+    ├── ValidationFailed         a value broke a schema (carries field paths)
+    ├── NotFound                 an unknown experiment, service or key
+    ├── Conflict                 a state or revision did not allow the change
+    │   ├── IllegalTransition    a lifecycle refused the transition
+    │   └── RevisionConflict     compare-and-swap lost against a newer write
+    ├── BackendError             a dependency failed (translated at the adapter)
+    │   ├── BackendUnavailable   cannot reach etcd / Redis / the database
+    │   └── NotLeader            a fenced write by a replica that does not lead
+    └── CodecError               a corrupt or truncated payload
+
+Adapters translate driver errors (grpc, redis, httpx, SQLAlchemy) into this tree at
+the boundary with ``raise … from exc``; the API maps it to problem+json in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+class CanaryError(Exception):
+    """Base of every error the product raises on purpose."""
+
+
+class ConfigError(CanaryError):
+    pass
+
+
+@dataclass(frozen=True)
+class FieldError:
+    loc: tuple[str | int, ...]
+    msg: str
+
+    @property
+    def path(self) -> str:
+        return ".".join(str(part) for part in self.loc)
+
+
+@dataclass
+class ValidationFailed(CanaryError):
+    message: str
+    errors: Sequence[FieldError] = field(default_factory=tuple)
+
+    def __str__(self) -> str:
+        if not self.errors:
+            return self.message
+        details = "; ".join(f"{e.path}: {e.msg}" for e in self.errors)
+        return f"{self.message}: {details}"
+
+
+class NotFound(CanaryError):
+    pass
+
+
+class Conflict(CanaryError):
+    pass
+
+
+class IllegalTransition(Conflict):
+    def __init__(self, kind: str, current: str, target: str) -> None:
+        self.kind = kind
+        self.current = current
+        self.target = target
+        super().__init__(f"{kind} cannot go from '{current}' to '{target}'")
+
+
+class RevisionConflict(Conflict):
+    pass
+
+
+class BackendError(CanaryError):
+    pass
+
+
+class BackendUnavailable(BackendError):
+    pass
+
+
+class NotLeader(BackendError):
+    pass
+
+
+class CodecError(CanaryError):
+    pass

@@ -1,0 +1,102 @@
+"""The configuration store: etcd v3 in production, in-process memory by default.
+
+One narrow interface, two implementations (kv_etcd, kv_memory) with the same
+semantics, chosen by `open_kv(url)`. Revisions are the store's global revision, as
+in etcd: every write makes it grow, and a watch resumes after the last one it saw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+
+class EventKind(StrEnum):
+    PUT = "put"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    key: str
+    value: bytes
+    mod_revision: int
+    create_revision: int
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    kind: EventKind
+    key: str
+    value: bytes | None
+    mod_revision: int
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Proof of leadership: the leader's own key and the revision it was created at.
+
+    A write fenced by it succeeds only while that key still exists at that revision,
+    so a deposed leader whose lease expired can never write.
+    """
+
+    key: str
+    create_revision: int
+
+
+class Leadership(Protocol):
+    """One candidate in an election."""
+
+    async def campaign(self) -> Fence:
+        """Block until this candidate leads; return the fence for its writes."""
+        ...
+
+    async def resign(self) -> None: ...
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    async def lost(self) -> None:
+        """Return when leadership is lost (lease expired or store unreachable)."""
+        ...
+
+
+class KeyValueStore(Protocol):
+    async def get(self, key: str) -> KeyValue | None: ...
+
+    async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
+        """All keys under prefix and the store revision they were read at."""
+        ...
+
+    async def put(self, key: str, value: bytes, *, fence: Fence | None = None) -> int:
+        """Write; return the new revision. With a fence: NotLeader if it no longer holds."""
+        ...
+
+    async def compare_and_swap(
+        self, key: str, value: bytes, *, expected_mod_revision: int, fence: Fence | None = None
+    ) -> int:
+        """Write only if key's mod revision is expected (0: key must not exist).
+
+        Returns the new revision; raises RevisionConflict, or NotLeader for a stale fence.
+        """
+        ...
+
+    async def delete(self, key: str) -> bool: ...
+
+    def watch_prefix(self, prefix: str, *, start_revision: int = 0) -> AsyncIterator[WatchEvent]:
+        """Events under prefix after start_revision (0: from now), in revision order.
+
+        Survives a lost connection: it resumes after the last revision it yielded,
+        so no event is missed or repeated.
+        """
+        ...
+
+    def leadership(self, name: str, *, identity: str, ttl: int) -> Leadership: ...
+
+    async def ping(self) -> None:
+        """Raise BackendUnavailable if the store does not answer."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,112 @@
+"""The breaker rule (DESIGN §6): the contract between the API, etcd and the controller."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from controlplane.kernel.errors import FieldError, ValidationFailed
+
+SERVICE_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,62})$"
+ServiceName = Annotated[
+    str,
+    Field(
+        pattern=SERVICE_PATTERN,
+        description="lower-case letters, digits, '.', '_' or '-', 1-63 characters",
+        examples=["payment-api"],
+    ),
+]
+
+PERCENTILES: tuple[float, ...] = (50, 90, 95, 99, 99.9)
+
+
+class Compare(StrEnum):
+    ABSOLUTE = "absolute"
+    BASELINE = "baseline"
+
+
+class Action(StrEnum):
+    STOP = "stop"
+    STEP_BACK = "step_back"
+
+
+class NoDataPolicy(StrEnum):
+    HOLD = "hold"
+    FAIL = "fail"
+
+
+class SrmPolicy(StrEnum):
+    WARN = "warn"
+    HOLD = "hold"
+
+
+class BreakerRule(BaseModel):
+    """A service's breaker rule. The first five fields come from the original spec."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    service: ServiceName
+    threshold_ms: float = Field(gt=0, description="RT bound on the chosen percentile")
+    window_sec: int = Field(default=60, ge=1, le=3600, description="sliding window")
+    failure_ratio: float = Field(default=0.3, gt=0, le=1, description="failed / total bound")
+    cooldown_sec: float = Field(default=300, ge=0, description="open time before a probe")
+    percentile: float = Field(default=95, description="one of 50, 90, 95, 99, 99.9")
+    min_samples: int = Field(default=100, ge=1, description="no verdict on fewer samples")
+    compare: Compare = Compare.ABSOLUTE
+    baseline_margin: float = Field(default=1.2, ge=1.0)
+    action: Action = Action.STOP
+    half_open_weight: int = Field(default=100, ge=1, le=10000, description="basis points")
+    max_trips: int = Field(default=3, ge=1)
+    failure_statuses: list[int] | Literal["5xx"] = Field(
+        default="5xx", description="statuses that count as failures besides connect errors"
+    )
+    consecutive_breaches: int = Field(
+        default=2, ge=1, le=100, description="breached evaluations in a row before a trip"
+    )
+    alpha: float = Field(default=0.01, gt=0, lt=0.5, description="significance of the tests")
+    no_data: NoDataPolicy = NoDataPolicy.HOLD
+    no_data_timeout_sec: float = Field(default=300, gt=0)
+    srm: SrmPolicy = SrmPolicy.WARN
+
+    @field_validator("percentile")
+    @classmethod
+    def _known_percentile(cls, value: float) -> float:
+        if value not in PERCENTILES:
+            raise ValueError(f"percentile must be one of {', '.join(map(str, PERCENTILES))}")
+        return value
+
+    @field_validator("failure_statuses")
+    @classmethod
+    def _statuses(cls, value: list[int] | str) -> list[int] | str:
+        if isinstance(value, list):
+            bad = [s for s in value if not 100 <= s <= 599]
+            if bad:
+                raise ValueError(f"not HTTP statuses: {bad}")
+        return value
+
+    def is_failure_status(self, status: int) -> bool:
+        if self.failure_statuses == "5xx":
+            return status >= 500
+        return status in self.failure_statuses
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+
+def pydantic_field_errors(exc: ValidationError) -> list[FieldError]:
+    return [FieldError(tuple(err["loc"]), err["msg"]) for err in exc.errors()]
+
+
+def parse_rule(raw: bytes | str | dict[str, Any]) -> BreakerRule:
+    """Parse a rule from etcd or a file; raises ValidationFailed naming the fields."""
+    try:
+        data = json.loads(raw) if isinstance(raw, bytes | str) else raw
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValidationFailed(f"rule is not JSON: {exc}") from exc
+    try:
+        return BreakerRule.model_validate(data)
+    except ValidationError as exc:
+        raise ValidationFailed("invalid breaker rule", pydantic_field_errors(exc)) from exc

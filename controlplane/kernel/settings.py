@@ -1,0 +1,62 @@
+"""Typed settings, read once from CANARY_* variables (CLI flags override them)."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from controlplane.kernel.errors import ConfigError
+
+
+def parse_host_port(value: str, *, default_host: str = "127.0.0.1") -> tuple[str, int]:
+    """'host:port', ':port' or '[v6]:port' -> (host, port), with a one-line error."""
+    text = value.strip()
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ConfigError(f"expected HOST:PORT, got {value!r}")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"port out of range in {value!r}")
+    host = host.strip("[]") or default_host
+    return host, port
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CANARY_", extra="ignore")
+
+    database_url: str = Field(
+        default="sqlite:///canary.db",
+        description="SQLAlchemy URL: postgresql+psycopg://… or sqlite:///file.db",
+    )
+    etcd: str = Field(
+        default="memory://",
+        description="etcd endpoints host:port[,host:port…], or memory:// in-process",
+    )
+    etcd_prefix: str = Field(default="/canary", description="prefix of every etcd key")
+    redis_url: str = Field(
+        default="memory://", description="redis://…, rediss://… or memory:// in-process"
+    )
+    redis_namespace: str = Field(
+        default="canary", description="first segment of every Redis key (canary:…)"
+    )
+    listen: str = Field(default="127.0.0.1:8080", description="HOST:PORT the API serves on")
+    api: str = Field(default="http://127.0.0.1:8080", description="API base URL for the CLI")
+    log_level: str = Field(default="info")
+
+    @field_validator("etcd_prefix")
+    @classmethod
+    def _prefix_shape(cls, value: str) -> str:
+        value = "/" + value.strip("/")
+        if value == "/":
+            raise ValueError("etcd prefix must not be empty")
+        return value
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_shape(cls, value: str) -> str:
+        parse_host_port(value)
+        return value
+
+    @property
+    def listen_host_port(self) -> tuple[str, int]:
+        return parse_host_port(self.listen)

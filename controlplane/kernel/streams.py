@@ -1,0 +1,75 @@
+"""Sample batches and snapshots: Redis Streams in production, in-process by default.
+
+`SampleStream` is the only way samples travel from sidecars to collectors, and
+`SnapshotBoard` the only way snapshots travel from collectors to the controller.
+Implementations: streams_redis (Redis ≥ 6.2) and streams_memory (same semantics:
+consumer groups, pending entries, idle-time claims), chosen by `open_streams(url)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class StreamEntry:
+    service: str
+    entry_id: str
+    fields: Mapping[str, bytes]
+    deliveries: int = 1
+
+
+class SampleStream(Protocol):
+    async def append(
+        self, service: str, batches: Sequence[Mapping[str, bytes]], *, maxlen: int
+    ) -> list[str]:
+        """Append batches (one entry each, pipelined), trimming to ~maxlen entries."""
+        ...
+
+    async def ensure_group(self, service: str, group: str) -> None:
+        """Create the consumer group (and the stream) if missing; idempotent."""
+        ...
+
+    async def read_group(
+        self,
+        services: Sequence[str],
+        group: str,
+        consumer: str,
+        *,
+        count: int,
+        block_ms: int,
+    ) -> list[StreamEntry]:
+        """New entries for this consumer, blocking up to block_ms when there are none."""
+        ...
+
+    async def ack(self, service: str, group: str, entry_ids: Sequence[str]) -> int: ...
+
+    async def claim_idle(
+        self, service: str, group: str, consumer: str, *, min_idle_ms: int, count: int
+    ) -> list[StreamEntry]:
+        """Take over entries pending on other consumers for longer than min_idle_ms."""
+        ...
+
+    async def pending(self, service: str, group: str) -> int: ...
+
+    async def services(self) -> list[str]:
+        """Services that have a samples stream."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class SnapshotBoard(Protocol):
+    async def publish(
+        self, experiment: str, per_variant: Mapping[str, str], decision: Mapping[str, str]
+    ) -> None:
+        """Set the stats hash fields (variant -> JSON) and add one decisions entry."""
+        ...
+
+    async def read(self, experiment: str) -> dict[str, str]:
+        """variant -> snapshot JSON, empty when nothing was published."""
+        ...
+
+    async def close(self) -> None: ...
