@@ -1,0 +1,219 @@
+"""The sample batch codec (DESIGN §5): compact, columnar, versioned, checksummed.
+
+A batch is one Redis Stream entry with fields `v, exp, src, seq, n, data`. `data`
+is the binary payload below; the sidecar builds it with `BatchBuilder` (stdlib
+arrays, cheap per request) and the collector decodes it straight into numpy arrays.
+
+Payload, version 1, little-endian:
+
+    magic  b"CSB"          3 bytes
+    version u8             = 1
+    n       u32            samples in the batch
+    k       u8             number of variant names, then k × (u8 length, utf-8 bytes)
+    t0      f64            batch base time, seconds since the epoch
+    dt_us   u32[n]         sample time − t0, microseconds
+    variant u8[n]          index into the variant names
+    rt_us   u32[n]         response time, microseconds (saturates at ~71 minutes)
+    outcome u16[n]         HTTP status, or CONNECT_ERROR / TIMEOUT / ABORTED below 100
+    unit    u32[n]         32-bit hash of the sticky unit (0: none), for per-unit analysis
+    crc32   u32            zlib.crc32 of everything before it
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+import zlib
+from array import array
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from controlplane.kernel.errors import CodecError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+VERSION = 1
+MAGIC = b"CSB"
+CONNECT_ERROR = 0
+TIMEOUT = 1
+ABORTED = 2  # the client went away before the upstream answered
+
+_HEAD = struct.Struct("<3sBIB")
+_T0 = struct.Struct("<d")
+_CRC = struct.Struct("<I")
+_U32_MAX = 0xFFFF_FFFF
+_BYTES_PER_SAMPLE = 4 + 1 + 4 + 2 + 4
+_LITTLE = sys.byteorder == "little"
+
+
+def is_failure_outcome(outcome: int, *, failure_statuses: frozenset[int] | None = None) -> bool:
+    """Connect errors, timeouts and (by default) 5xx are failures."""
+    if outcome < 100:
+        return outcome != ABORTED
+    if failure_statuses is None:
+        return outcome >= 500
+    return outcome in failure_statuses
+
+
+class BatchBuilder:
+    """Accumulates one experiment's samples; `encode()` yields the payload."""
+
+    __slots__ = ("_dt", "_outcome", "_rt", "_t0", "_unit", "_variant", "_variants")
+
+    def __init__(self) -> None:
+        self._variants: dict[str, int] = {}
+        self._t0: float | None = None
+        self._dt = array("I")
+        self._variant = array("B")
+        self._rt = array("I")
+        self._outcome = array("H")
+        self._unit = array("I")
+
+    def __len__(self) -> int:
+        return len(self._rt)
+
+    @property
+    def first_ts(self) -> float | None:
+        return self._t0
+
+    def add(self, ts: float, variant: str, rt_us: int, outcome: int, unit: int = 0) -> None:
+        index = self._variants.get(variant)
+        if index is None:
+            if len(self._variants) >= 255:
+                raise CodecError("a batch holds at most 255 variant names")
+            index = self._variants[variant] = len(self._variants)
+        if self._t0 is None:
+            self._t0 = ts
+        # samples recorded slightly out of order (concurrent requests) clamp to t0
+        self._dt.append(min(max(int((ts - self._t0) * 1e6), 0), _U32_MAX))
+        self._variant.append(index)
+        self._rt.append(min(max(rt_us, 0), _U32_MAX))
+        self._outcome.append(outcome)
+        self._unit.append(unit & _U32_MAX)
+
+    def encode(self) -> bytes:
+        names = sorted(self._variants, key=self._variants.__getitem__)
+        parts = [_HEAD.pack(MAGIC, VERSION, len(self), len(names))]
+        for name in names:
+            raw = name.encode()
+            if len(raw) > 255:
+                raise CodecError(f"variant name too long: {name[:32]!r}…")
+            parts.append(bytes([len(raw)]) + raw)
+        parts.append(_T0.pack(self._t0 or 0.0))
+        for column in (self._dt, self._variant, self._rt, self._outcome, self._unit):
+            if not _LITTLE:
+                column = array(column.typecode, column)
+                column.byteswap()
+            parts.append(column.tobytes())
+        body = b"".join(parts)
+        return body + _CRC.pack(zlib.crc32(body))
+
+
+@dataclass(frozen=True)
+class DecodedBatch:
+    variants: tuple[str, ...]
+    ts: npt.NDArray[np.float64]
+    variant: npt.NDArray[np.uint8]
+    rt_us: npt.NDArray[np.uint32]
+    outcome: npt.NDArray[np.uint16]
+    unit: npt.NDArray[np.uint32]
+
+    def __len__(self) -> int:
+        return int(self.rt_us.shape[0])
+
+
+def decode(payload: bytes) -> DecodedBatch:
+    """Decode a payload; raises CodecError on anything corrupt or truncated."""
+    import numpy as np
+
+    if len(payload) < _HEAD.size + _T0.size + _CRC.size:
+        raise CodecError(f"sample payload truncated: {len(payload)} bytes")
+    body, (crc,) = payload[: -_CRC.size], _CRC.unpack(payload[-_CRC.size :])
+    if zlib.crc32(body) != crc:
+        raise CodecError("sample payload checksum mismatch (corrupt or truncated)")
+    magic, version, n, k = _HEAD.unpack_from(body, 0)
+    if magic != MAGIC:
+        raise CodecError(f"not a sample payload (magic {magic!r})")
+    if version != VERSION:
+        raise CodecError(f"unsupported sample payload version {version}")
+    offset = _HEAD.size
+    names: list[str] = []
+    try:
+        for _ in range(k):
+            size = body[offset]
+            names.append(body[offset + 1 : offset + 1 + size].decode())
+            offset += 1 + size
+    except (IndexError, UnicodeDecodeError) as exc:
+        raise CodecError("sample payload has a corrupt variant table") from exc
+    if len(body) != offset + _T0.size + n * _BYTES_PER_SAMPLE:
+        raise CodecError(f"sample payload length does not match its {n} samples")
+    (t0,) = _T0.unpack_from(body, offset)
+    offset += _T0.size
+
+    def column(dtype: str, width: int) -> npt.NDArray[np.generic]:
+        nonlocal offset
+        values = np.frombuffer(body, dtype=dtype, count=n, offset=offset)
+        offset += n * width
+        return values
+
+    dt = column("<u4", 4)
+    variant = column("u1", 1)
+    rt_us = column("<u4", 4)
+    outcome = column("<u2", 2)
+    unit = column("<u4", 4)
+    if n and int(variant.max()) >= len(names):
+        raise CodecError("sample payload names a variant it does not define")
+    return DecodedBatch(
+        variants=tuple(names),
+        ts=t0 + dt.astype(np.float64) / 1e6,
+        variant=variant.astype(np.uint8),
+        rt_us=rt_us.astype(np.uint32),
+        outcome=outcome.astype(np.uint16),
+        unit=unit.astype(np.uint32),
+    )
+
+
+@dataclass(frozen=True)
+class BatchMeta:
+    experiment: str
+    source: str
+    seq: int
+    n: int
+
+
+def entry_fields(meta: BatchMeta, payload: bytes) -> dict[str, bytes]:
+    """The stream entry's fields for one batch (DESIGN §5)."""
+    return {
+        "v": str(VERSION).encode(),
+        "exp": meta.experiment.encode(),
+        "src": meta.source.encode(),
+        "seq": str(meta.seq).encode(),
+        "n": str(meta.n).encode(),
+        "data": payload,
+    }
+
+
+def parse_entry(fields: Mapping[str, bytes]) -> tuple[BatchMeta, DecodedBatch]:
+    """Validate and decode one stream entry; CodecError names what is wrong."""
+    try:
+        version = int(fields["v"])
+        meta = BatchMeta(
+            experiment=fields["exp"].decode(),
+            source=fields["src"].decode(),
+            seq=int(fields["seq"]),
+            n=int(fields["n"]),
+        )
+        payload = fields["data"]
+    except KeyError as exc:
+        raise CodecError(f"sample entry lacks field {exc.args[0]!r}") from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CodecError(f"sample entry has a malformed field: {exc}") from exc
+    if version != VERSION:
+        raise CodecError(f"unsupported sample entry version {version}")
+    batch = decode(payload)
+    if len(batch) != meta.n:
+        raise CodecError(f"sample entry says n={meta.n} but carries {len(batch)} samples")
+    return meta, batch
