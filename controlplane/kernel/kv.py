@@ -12,6 +12,23 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from controlplane.kernel.errors import Conflict
+
+
+class RevisionCompacted(Conflict):
+    """A watch asked for history the store no longer keeps (etcd compaction).
+
+    The watcher cannot resume: read the prefix again and watch from that revision.
+    """
+
+    def __init__(self, requested: int, compacted: int) -> None:
+        self.requested = requested
+        self.compacted = compacted
+        super().__init__(
+            f"cannot watch after revision {requested}: history up to revision "
+            f"{compacted} is compacted; read again and watch from the new revision"
+        )
+
 
 class EventKind(StrEnum):
     PUT = "put"

@@ -1,0 +1,488 @@
+"""The etcd v3 configuration store, on etcd3aio (grpc.aio).
+
+The one module that knows etcd: grpc and etcd3aio errors become
+controlplane.kernel.errors here, and nowhere else.
+
+Two things are done by hand rather than with etcd3aio's helpers (see
+docs/decisions/0001-etcd-client.md):
+- watches: etcd3aio's reconnecting watch resumes from the last response header's
+  revision, which can skip events (a reconnect after the "created" response of a
+  watch that replays history) and it does not surface compaction. This module
+  resumes after the last revision it yielded instead.
+- lease keepalive: etcd3aio's LeaseKeepalive only logs failures, so a leader could
+  not tell that its lease lapsed. Here the TTL is tracked locally and `lost()`
+  returns as soon as it runs out without a confirmed renewal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import grpc
+import grpc.aio
+from etcd3aio import (
+    EtcdConnectionError,
+    EtcdError,
+    EtcdTransientError,
+    prefix_range_end,
+)
+from etcd3aio._protobuf import Compare, WatchCreateRequest, WatchRequest, WatchStub
+from etcd3aio.kv import KVService
+from etcd3aio.lease import LeaseService
+
+from controlplane.kernel.errors import (
+    BackendError,
+    BackendUnavailable,
+    ConfigError,
+    NotLeader,
+    RevisionConflict,
+)
+from controlplane.kernel.kv import (
+    EventKind,
+    Fence,
+    KeyValue,
+    Leadership,
+    RevisionCompacted,
+    WatchEvent,
+)
+from controlplane.kernel.settings import parse_host_port
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 5.0
+PING_TIMEOUT = 1.0
+_TRANSIENT = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    # etcd ends streams with CANCELLED or UNKNOWN while it shuts down.
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.UNKNOWN,
+)
+_WATCH_BACKOFF_SECONDS = 0.1
+_WATCH_MAX_BACKOFF_SECONDS = 2.0
+# gRPC's own defaults back off up to 120 s between connection attempts, which would
+# keep a watcher blind long after etcd is back.
+_CHANNEL_OPTIONS: list[tuple[str, int | str | bool]] = [
+    ("grpc.lb_policy_name", "round_robin"),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", True),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+]
+_EVENT_DELETE = 1  # mvccpb.Event.EventType
+
+
+def parse_endpoints(text: str) -> list[tuple[str, int]]:
+    """'host:port[,host:port…]' (an http:// scheme is tolerated) -> [(host, port)]."""
+    endpoints: list[tuple[str, int]] = []
+    for part in text.split(","):
+        item = part.strip()
+        if item.startswith("http://"):
+            item = item[len("http://"):].rstrip("/")
+        elif "://" in item:
+            raise ConfigError(
+                f"etcd endpoint {part.strip()!r}: expected host:port (TLS is not configured here)"
+            )
+        if not item:
+            raise ConfigError(f"empty etcd endpoint in {text!r}")
+        host, port = parse_host_port(item)
+        endpoints.append(("127.0.0.1" if host == "localhost" else host, port))
+    return endpoints
+
+
+def grpc_target(endpoints: Sequence[tuple[str, int]]) -> str:
+    """A gRPC target: one name goes through DNS, several members must be IP literals."""
+    if len(endpoints) == 1:
+        host, port = endpoints[0]
+        return f"dns:///{_join(host, port)}"
+    versions = set()
+    for host, _ in endpoints:
+        try:
+            versions.add(ipaddress.ip_address(host).version)
+        except ValueError:
+            raise ConfigError(
+                f"several etcd endpoints must be IP addresses, got {host!r}: "
+                "give one DNS name that resolves to every member instead"
+            ) from None
+    if len(versions) > 1:
+        raise ConfigError("etcd endpoints mix IPv4 and IPv6 addresses")
+    scheme = "ipv4" if versions == {4} else "ipv6"
+    return f"{scheme}:" + ",".join(_join(host, port) for host, port in endpoints)
+
+
+def _join(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@contextlib.contextmanager
+def _translated(operation: str) -> Iterator[None]:
+    try:
+        yield
+    except (EtcdConnectionError, EtcdTransientError) as exc:
+        raise BackendUnavailable(f"etcd {operation}: {exc}") from exc
+    except TimeoutError as exc:
+        raise BackendUnavailable(f"etcd {operation}: no answer in time") from exc
+    except grpc.aio.UsageError as exc:
+        raise BackendUnavailable(f"etcd {operation}: the client is closed") from exc
+    except grpc.aio.AioRpcError as exc:
+        message = f"etcd {operation}: {exc.code().name} {exc.details() or ''}".rstrip()
+        if exc.code() in _TRANSIENT:
+            raise BackendUnavailable(message) from exc
+        raise BackendError(message) from exc
+    except EtcdError as exc:
+        raise BackendError(f"etcd {operation}: {exc}") from exc
+
+
+def _key_value(raw: Any) -> KeyValue:
+    return KeyValue(
+        key=raw.key.decode(),
+        value=bytes(raw.value),
+        mod_revision=int(raw.mod_revision),
+        create_revision=int(raw.create_revision),
+    )
+
+
+def _fence_compare(fence: Fence) -> Any:
+    return KVService.txn_compare_create_revision(fence.key, fence.create_revision)
+
+
+def _mod_revision_compare(key: str, mod_revision: int) -> Any:
+    return Compare(result=Compare.EQUAL, target=Compare.MOD, key=key.encode(),
+                   mod_revision=mod_revision)
+
+
+def _fence_holds(fence: Fence, range_response: Any) -> bool:
+    kvs = range_response.response_range.kvs
+    return bool(kvs) and int(kvs[0].create_revision) == fence.create_revision
+
+
+class EtcdKV:
+    def __init__(
+        self, endpoints: str, *, timeout: float = DEFAULT_TIMEOUT, rpc_attempts: int = 3
+    ) -> None:
+        self._target = grpc_target(parse_endpoints(endpoints))
+        self._timeout = timeout
+        self._rpc_attempts = rpc_attempts
+        self._channel: grpc.aio.Channel | None = None
+        self._kv: KVService | None = None
+        self._lease: LeaseService | None = None
+        self._watch: Any = None
+        self._closed = False
+        self._leaderships: set[EtcdLeadership] = set()
+
+    # The channel is opened at first use, inside the event loop that will drive it.
+    def _connect(self) -> tuple[KVService, LeaseService]:
+        if self._closed:
+            raise BackendUnavailable("the etcd client is closed")
+        if self._kv is None or self._lease is None:
+            self._channel = grpc.aio.insecure_channel(self._target, options=_CHANNEL_OPTIONS)
+            self._kv = KVService(self._channel, max_attempts=self._rpc_attempts)
+            self._lease = LeaseService(self._channel, max_attempts=self._rpc_attempts)
+            self._watch = WatchStub(self._channel)
+        return self._kv, self._lease
+
+    async def get(self, key: str) -> KeyValue | None:
+        kv, _ = self._connect()
+        with _translated("get"):
+            response = await kv.get(key, timeout=self._timeout)
+        return _key_value(response.kvs[0]) if response.kvs else None
+
+    async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
+        kv, _ = self._connect()
+        with _translated("get_prefix"):
+            response = await kv.get(prefix, range_end=prefix_range_end(prefix),
+                                    timeout=self._timeout)
+        return [_key_value(item) for item in response.kvs], int(response.header.revision)
+
+    async def put(self, key: str, value: bytes, *, fence: Fence | None = None) -> int:
+        kv, _ = self._connect()
+        if fence is None:
+            with _translated("put"):
+                response = await kv.put(key, value, timeout=self._timeout)
+            return int(response.header.revision)
+        with _translated("put"):
+            txn = await kv.txn(
+                [_fence_compare(fence)],
+                [KVService.txn_op_put(key, value)],
+                [KVService.txn_op_get(fence.key)],
+                timeout=self._timeout,
+            )
+        if not txn.succeeded:
+            raise NotLeader(f"leadership {fence.key} at revision {fence.create_revision} is gone")
+        return int(txn.header.revision)
+
+    async def compare_and_swap(
+        self, key: str, value: bytes, *, expected_mod_revision: int, fence: Fence | None = None
+    ) -> int:
+        kv, _ = self._connect()
+        compares = [_mod_revision_compare(key, expected_mod_revision)]
+        # The failure branch reads back what failed, so one round trip tells a stale
+        # fence (NotLeader) from a lost race (RevisionConflict).
+        on_failure = [KVService.txn_op_get(key)]
+        if fence is not None:
+            compares.append(_fence_compare(fence))
+            on_failure.append(KVService.txn_op_get(fence.key))
+        with _translated("compare_and_swap"):
+            txn = await kv.txn(compares, [KVService.txn_op_put(key, value)], on_failure,
+                               timeout=self._timeout)
+        if txn.succeeded:
+            return int(txn.header.revision)
+        if fence is not None and not _fence_holds(fence, txn.responses[1]):
+            raise NotLeader(f"leadership {fence.key} at revision {fence.create_revision} is gone")
+        current = txn.responses[0].response_range.kvs
+        actual = int(current[0].mod_revision) if current else 0
+        raise RevisionConflict(f"{key} is at revision {actual}, expected {expected_mod_revision}")
+
+    async def delete(self, key: str) -> bool:
+        kv, _ = self._connect()
+        with _translated("delete"):
+            response = await kv.delete(key, timeout=self._timeout)
+        return int(response.deleted) > 0
+
+    def watch_prefix(self, prefix: str, *, start_revision: int = 0) -> AsyncIterator[WatchEvent]:
+        return self._watch_range(prefix, prefix_range_end(prefix), start_revision)
+
+    def watch_key(self, key: str, *, start_revision: int = 0) -> AsyncGenerator[WatchEvent, None]:
+        return self._watch_range(key, b"", start_revision)
+
+    async def _watch_range(
+        self, key: str, range_end: bytes, after: int
+    ) -> AsyncGenerator[WatchEvent, None]:
+        # `after` is the last revision the caller has seen; 0 until the first stream
+        # tells us which revision "now" is.
+        backoff = _WATCH_BACKOFF_SECONDS
+        while not self._closed:
+            self._connect()
+            # etcd's start_revision is inclusive; ours is exclusive.
+            request = WatchCreateRequest(
+                key=key.encode(), range_end=range_end, start_revision=after + 1 if after else 0
+            )
+            requests = _WatchRequests(request)
+            stream = self._watch.Watch(requests)
+            try:
+                async for response in stream:
+                    if response.compact_revision > 0:
+                        raise RevisionCompacted(after, int(response.compact_revision) - 1)
+                    if response.canceled:
+                        raise BackendError(f"etcd cancelled the watch: {response.cancel_reason}")
+                    if response.created:
+                        if not after:
+                            after = int(response.header.revision)
+                        backoff = _WATCH_BACKOFF_SECONDS
+                        continue
+                    for event in response.events:
+                        after = int(event.kv.mod_revision)
+                        yield _watch_event(event)
+            except asyncio.CancelledError:
+                # Closing the channel cancels its calls; that ends the watch, while a
+                # cancellation of the watching task itself must go on.
+                task = asyncio.current_task()
+                if self._closed and task is not None and not task.cancelling():
+                    return
+                raise
+            except grpc.aio.AioRpcError as exc:
+                if self._closed:
+                    return
+                if exc.code() not in _TRANSIENT:
+                    raise BackendError(f"etcd watch: {exc.code().name} {exc.details()}") from exc
+                _log.warning("etcd watch on %s lost (%s); resuming after revision %d in %.1f s",
+                             key, exc.code().name, after, backoff)
+            finally:
+                requests.finish()
+                stream.cancel()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, _WATCH_MAX_BACKOFF_SECONDS)
+
+    def leadership(self, name: str, *, identity: str, ttl: int) -> Leadership:
+        if ttl <= 0:
+            raise ValueError("a leadership TTL must be positive")
+        leadership = EtcdLeadership(self, name, identity=identity, ttl=ttl)
+        self._leaderships.add(leadership)
+        return leadership
+
+    async def ping(self) -> None:
+        kv, _ = self._connect()
+        with _translated("ping"):
+            await kv.get("/", timeout=PING_TIMEOUT, max_attempts=1, count_only=True)
+
+    async def close(self) -> None:
+        # Handing leadership over now spares the other candidates a whole TTL.
+        for leadership in list(self._leaderships):
+            with contextlib.suppress(BackendError):
+                await leadership._release(timeout=PING_TIMEOUT, attempts=1)
+        self._leaderships.clear()
+        self._closed = True
+        channel, self._channel = self._channel, None
+        self._kv = self._lease = self._watch = None
+        if channel is not None:
+            await channel.close()
+
+    async def _keep_alive_once(self, lease_id: int) -> int:
+        """One keepalive round trip; returns the lease's remaining TTL (0: expired)."""
+        _, lease = self._connect()
+        with _translated("lease keepalive"):
+            stream = lease.keep_alive(lease_id)
+            try:
+                async for response in stream:
+                    return int(response.TTL)
+            finally:
+                stream.cancel()
+        raise BackendUnavailable("etcd lease keepalive: the stream ended without an answer")
+
+
+class _WatchRequests:
+    """The client half of a watch stream: one create request, then open until finished.
+
+    The request side must stay open, or etcd ends the watch. A plain iterator rather
+    than an async generator, so that no generator is left for the event loop to
+    finalise while gRPC's request task still runs it.
+    """
+
+    def __init__(self, create: Any) -> None:
+        self._pending: list[Any] = [WatchRequest(create_request=create)]
+        self._finished = asyncio.Event()
+
+    def __aiter__(self) -> _WatchRequests:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._pending:
+            return self._pending.pop()
+        await self._finished.wait()
+        raise StopAsyncIteration
+
+    def finish(self) -> None:
+        self._finished.set()
+
+
+def _watch_event(event: Any) -> WatchEvent:
+    if event.type == _EVENT_DELETE:
+        return WatchEvent(kind=EventKind.DELETE, key=event.kv.key.decode(), value=None,
+                          mod_revision=int(event.kv.mod_revision))
+    return WatchEvent(kind=EventKind.PUT, key=event.kv.key.decode(), value=bytes(event.kv.value),
+                      mod_revision=int(event.kv.mod_revision))
+
+
+class EtcdLeadership:
+    """Election by one key under the election name, created only if absent.
+
+    The key is bound to this candidate's lease, so it disappears when the lease is
+    revoked or expires; its create_revision is the fence.
+    """
+
+    def __init__(self, store: EtcdKV, name: str, *, identity: str, ttl: int) -> None:
+        self._store = store
+        self._name = name
+        self._identity = identity
+        self._ttl = ttl
+        self._lease_id = 0
+        self._fence: Fence | None = None
+        self._expires_at = 0.0
+        self._lost = asyncio.Event()
+        self._keepalive: asyncio.Task[None] | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        if self._fence is None or self._lost.is_set():
+            return False
+        return time.monotonic() < self._expires_at
+
+    async def campaign(self) -> Fence:
+        if self._fence is not None and self.is_leader:
+            return self._fence
+        await self._stop_keepalive()
+        while True:
+            kv, lease = self._store._connect()
+            # A lease per attempt: a waiting candidate holds nothing that could expire.
+            asked_at = time.monotonic()
+            with _translated("campaign"):
+                granted = await lease.grant(self._ttl, timeout=self._store._timeout)
+                txn = await kv.txn(
+                    [KVService.txn_compare_create_revision(self._name, 0)],
+                    [KVService.txn_op_put(self._name, self._identity, lease=granted.ID)],
+                    [KVService.txn_op_get(self._name)],
+                    timeout=self._store._timeout,
+                )
+            if txn.succeeded:
+                self._lease_id = int(granted.ID)
+                self._expires_at = asked_at + int(granted.TTL)
+                self._fence = Fence(key=self._name, create_revision=int(txn.header.revision))
+                self._lost = asyncio.Event()
+                self._keepalive = asyncio.create_task(
+                    self._keep_alive(int(granted.TTL)), name=f"lease-keepalive-{self._name}"
+                )
+                return self._fence
+            # An unrevoked lease only lingers for its TTL, holding no key.
+            with contextlib.suppress(BackendError), _translated("campaign"):
+                await lease.revoke(int(granted.ID), timeout=self._store._timeout)
+            await self._wait_for_vacancy(int(txn.header.revision))
+
+    async def _wait_for_vacancy(self, seen: int) -> None:
+        async with contextlib.aclosing(
+            self._store.watch_key(self._name, start_revision=seen)
+        ) as watch:
+            async for event in watch:
+                if event.kind is EventKind.DELETE:
+                    return
+
+    async def resign(self) -> None:
+        await self._release(timeout=self._store._timeout, attempts=self._store._rpc_attempts)
+
+    async def _release(self, *, timeout: float, attempts: int) -> None:
+        await self._stop_keepalive()
+        lease_id, self._lease_id = self._lease_id, 0
+        self._lost.set()
+        if lease_id:
+            _, lease = self._store._connect()
+            with _translated("resign"):
+                await lease.revoke(lease_id, timeout=timeout, max_attempts=attempts)
+
+    async def lost(self) -> None:
+        if self._fence is None:
+            return
+        await self._lost.wait()
+
+    async def _keep_alive(self, ttl: int) -> None:
+        interval = max(ttl / 3, 0.2)
+        try:
+            while True:
+                await asyncio.sleep(interval)
+                while True:
+                    sent = time.monotonic()
+                    if sent >= self._expires_at:
+                        _log.warning("lease of %s ran out without a renewal", self._name)
+                        return
+                    try:
+                        async with asyncio.timeout(self._expires_at - sent):
+                            remaining = await self._store._keep_alive_once(self._lease_id)
+                    except TimeoutError:
+                        continue
+                    except BackendError as exc:
+                        _log.warning("lease keepalive for %s failed: %s", self._name, exc)
+                        left = self._expires_at - time.monotonic()
+                        await asyncio.sleep(min(interval, max(left, 0.0)))
+                        continue
+                    if remaining <= 0:
+                        _log.warning("lease of %s expired in etcd", self._name)
+                        return
+                    # Counted from when the renewal was sent, so this side always gives
+                    # up no later than etcd does.
+                    self._expires_at = sent + remaining
+                    break
+        finally:
+            self._lost.set()
+
+    async def _stop_keepalive(self) -> None:
+        task, self._keepalive = self._keepalive, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

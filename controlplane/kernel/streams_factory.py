@@ -1,0 +1,35 @@
+"""Choose the sample-stream and snapshot backend from a URL (CANARY_REDIS_URL).
+
+    memory://            MemoryStreams, in this process
+    redis://…, rediss://…  RedisStreams
+
+Both halves of the returned pair are the same object, which implements
+`SampleStream` and `SnapshotBoard` at once: close it once (closing twice is harmless).
+Each memory:// call makes a new, empty bus, so the in-process parts that must talk
+to each other (sidecar, collector, controller in `canary dev`) share one pair.
+"""
+
+from __future__ import annotations
+
+from controlplane.kernel.clock import Clock
+from controlplane.kernel.errors import ConfigError
+from controlplane.kernel.streams import SampleStream, SnapshotBoard
+
+
+def open_streams(
+    url: str, *, namespace: str = "canary", clock: Clock | None = None
+) -> tuple[SampleStream, SnapshotBoard]:
+    scheme, sep, _ = url.strip().partition("://")
+    scheme = scheme.lower()
+    if sep and scheme == "memory":
+        from controlplane.kernel.streams_memory import MemoryStreams
+
+        bus = MemoryStreams(clock=clock)
+        return bus, bus
+    if sep and scheme in ("redis", "rediss"):
+        # Imported here so the embedded mode never needs the Redis driver loaded.
+        from controlplane.kernel.streams_redis import RedisStreams
+
+        redis_backend = RedisStreams(url.strip(), namespace=namespace)
+        return redis_backend, redis_backend
+    raise ConfigError(f"unsupported stream URL {url!r}: expected memory://, redis:// or rediss://")

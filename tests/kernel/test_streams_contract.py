@@ -1,0 +1,376 @@
+"""One contract for SampleStream and SnapshotBoard, run on Redis and on the in-process twin."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import pytest
+import redis.asyncio as redis_async
+
+from controlplane.kernel.clock import FakeClock
+from controlplane.kernel.errors import BackendUnavailable, ConfigError
+from controlplane.kernel.keys import COLLECTOR_GROUP, RedisKeys
+from controlplane.kernel.streams import SampleStream, SnapshotBoard
+from controlplane.kernel.streams_factory import open_streams
+from controlplane.kernel.streams_memory import MemoryStreams
+from controlplane.kernel.streams_redis import RedisStreams
+from tests.support.processes import RedisProcess
+
+GROUP = COLLECTOR_GROUP
+LONG_IDLE_MS = 60_000
+
+
+@dataclass
+class Backend:
+    """The adapter under test plus the few things only its backend can observe."""
+
+    name: str
+    stream: SampleStream
+    board: SnapshotBoard
+    clock: FakeClock | None
+    raw: redis_async.Redis | None
+    keys: RedisKeys
+
+    async def length(self, service: str) -> int:
+        if self.raw is not None:
+            return int(await self.raw.xlen(self.keys.samples(service)))
+        assert isinstance(self.stream, MemoryStreams)
+        return self.stream.length(service)
+
+    async def decisions_length(self) -> int:
+        if self.raw is not None:
+            return int(await self.raw.xlen(self.keys.decisions))
+        assert isinstance(self.board, MemoryStreams)
+        return self.board.decisions_length()
+
+    def idle_threshold_after(self, idle_ms: int) -> int:
+        """Let entries idle for idle_ms; return the min_idle_ms that now claims them.
+
+        The memory bus runs on a FakeClock; Redis idles on its own clock, so there
+        min_idle_ms=0 stands in for "idle long enough" without sleeping.
+        """
+        if self.clock is not None:
+            self.clock.advance(idle_ms / 1000)
+            return idle_ms
+        return 0
+
+
+@pytest.fixture(params=["redis", "memory"])
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    if request.param == "redis":
+        namespace: str = request.getfixturevalue("redis_namespace")
+        url: str = request.getfixturevalue("redis_url")
+        stream, board = open_streams(url, namespace=namespace)
+        raw = redis_async.Redis.from_url(url)
+        try:
+            yield Backend("redis", stream, board, None, raw, RedisKeys(namespace))
+        finally:
+            await raw.aclose()
+            await stream.close()
+    else:
+        clock = FakeClock()
+        stream, board = open_streams("memory://", clock=clock)
+        try:
+            yield Backend("memory", stream, board, clock, None, RedisKeys())
+        finally:
+            await stream.close()
+
+
+def batch(n: int) -> dict[str, bytes]:
+    return {"v": b"1", "exp": b"7", "src": b"sidecar-a", "seq": str(n).encode(), "data": b"x"}
+
+
+async def test_appended_batches_are_read_through_a_group(backend: Backend) -> None:
+    s = backend.stream
+    await s.ensure_group("pay", GROUP)
+    ids = await s.append("pay", [batch(1), batch(2), batch(3)], maxlen=1000)
+
+    got = await s.read_group(["pay"], GROUP, "c1", count=10, block_ms=0)
+
+    assert [e.entry_id for e in got] == ids
+    assert [e.fields["seq"] for e in got] == [b"1", b"2", b"3"]
+    assert {e.service for e in got} == {"pay"}
+    assert all(e.deliveries == 1 for e in got)
+    assert await s.pending("pay", GROUP) == 3
+
+
+async def test_entry_ids_increase_within_a_stream(backend: Backend) -> None:
+    first = await backend.stream.append("pay", [batch(1), batch(2)], maxlen=1000)
+    second = await backend.stream.append("pay", [batch(3)], maxlen=1000)
+
+    parsed = [tuple(int(part) for part in i.split("-")) for i in first + second]
+    assert parsed == sorted(parsed)
+    assert len(set(parsed)) == 3
+
+
+async def test_ensure_group_is_idempotent_and_keeps_the_position(backend: Backend) -> None:
+    s = backend.stream
+    await s.ensure_group("pay", GROUP)
+    await s.append("pay", [batch(1)], maxlen=1000)
+    assert len(await s.read_group(["pay"], GROUP, "c1", count=10, block_ms=0)) == 1
+
+    await s.ensure_group("pay", GROUP)
+
+    assert await s.read_group(["pay"], GROUP, "c1", count=10, block_ms=0) == []
+
+
+async def test_group_created_before_appends_sees_every_entry(backend: Backend) -> None:
+    await backend.stream.ensure_group("pay", GROUP)
+    assert await backend.stream.services() == ["pay"]
+    await backend.stream.append("pay", [batch(1)], maxlen=1000)
+
+    got = await backend.stream.read_group(["pay"], GROUP, "c1", count=10, block_ms=0)
+
+    assert [e.fields["seq"] for e in got] == [b"1"]
+
+
+async def test_one_read_spans_several_services(backend: Backend) -> None:
+    s = backend.stream
+    for service in ("pay", "cart"):
+        await s.ensure_group(service, GROUP)
+    await s.append("pay", [batch(1)], maxlen=1000)
+    await s.append("cart", [batch(2), batch(3)], maxlen=1000)
+
+    got = await s.read_group(["pay", "cart"], GROUP, "c1", count=10, block_ms=0)
+
+    assert sorted((e.service, e.fields["seq"]) for e in got) == [
+        ("cart", b"2"),
+        ("cart", b"3"),
+        ("pay", b"1"),
+    ]
+
+
+async def test_two_consumers_split_the_entries_without_overlap(backend: Backend) -> None:
+    s = backend.stream
+    await s.ensure_group("pay", GROUP)
+    ids = await s.append("pay", [batch(n) for n in range(10)], maxlen=1000)
+
+    first = await s.read_group(["pay"], GROUP, "c1", count=4, block_ms=0)
+    second = await s.read_group(["pay"], GROUP, "c2", count=100, block_ms=0)
+    third = await s.read_group(["pay"], GROUP, "c1", count=100, block_ms=0)
+
+    assert len(first) == 4
+    assert len(second) == 6
+    assert third == []
+    seen = [e.entry_id for e in first + second]
+    assert sorted(seen) == sorted(ids)
+    assert len(set(seen)) == len(ids)
+
+
+async def test_unacked_entries_are_not_redelivered_but_claimable_once_idle(
+    backend: Backend,
+) -> None:
+    s = backend.stream
+    await s.ensure_group("pay", GROUP)
+    ids = await s.append("pay", [batch(1), batch(2)], maxlen=1000)
+    assert len(await s.read_group(["pay"], GROUP, "crashed", count=10, block_ms=0)) == 2
+
+    assert await s.read_group(["pay"], GROUP, "c2", count=10, block_ms=0) == []
+    assert await s.claim_idle("pay", GROUP, "c2", min_idle_ms=LONG_IDLE_MS, count=10) == []
+
+    threshold = backend.idle_threshold_after(LONG_IDLE_MS)
+    claimed = await s.claim_idle("pay", GROUP, "c2", min_idle_ms=threshold, count=10)
+
+    assert [e.entry_id for e in claimed] == ids
+    assert [e.fields["seq"] for e in claimed] == [b"1", b"2"]
+    assert all(e.deliveries == 2 for e in claimed)
+    assert all(e.service == "pay" for e in claimed)
+    assert await s.pending("pay", GROUP) == 2
+
+
+async def test_a_claim_resets_the_idle_time_and_counts_the_delivery(backend: Backend) -> None:
+    s = backend.stream
+    await s.ensure_group("pay", GROUP)
+    await s.append("pay", [batch(1)], maxlen=1000)
+    await s.read_group(["pay"], GROUP, "crashed", count=10, block_ms=0)
+    threshold = backend.idle_threshold_after(LONG_IDLE_MS)
+    assert len(await s.claim_idle("pay", GROUP, "c2", min_idle_ms=threshold, count=10)) == 1
+
+    assert await s.claim_idle("pay", GROUP, "c3", min_idle_ms=LONG_IDLE_MS, count=10) == []
+
+    threshold = backend.idle_threshold_after(LONG_IDLE_MS)
+    again = await s.claim_idle("pay", GROUP, "c3", min_idle_ms=threshold, count=10)
+    assert [e.deliveries for e in again] == [3]
+
+
+async def test_claim_takes_at_most_count_entries(backend: Backend) -> None:
+    s = backend.stream
+    await s.ensure_group("pay", GROUP)
+    await s.append("pay", [batch(n) for n in range(5)], maxlen=1000)
+    await s.read_group(["pay"], GROUP, "crashed", count=10, block_ms=0)
+    threshold = backend.idle_threshold_after(LONG_IDLE_MS)
+
+    claimed = await s.claim_idle("pay", GROUP, "c2", min_idle_ms=threshold, count=3)
+
+    assert [e.fields["seq"] for e in claimed] == [b"0", b"1", b"2"]
+
+
+async def test_acked_entries_are_neither_pending_nor_claimable(backend: Backend) -> None:
+    s = backend.stream
+    await s.ensure_group("pay", GROUP)
+    await s.append("pay", [batch(1), batch(2)], maxlen=1000)
+    got = await s.read_group(["pay"], GROUP, "c1", count=10, block_ms=0)
+
+    assert await s.ack("pay", GROUP, [got[0].entry_id]) == 1
+    assert await s.ack("pay", GROUP, [got[0].entry_id]) == 0
+    assert await s.pending("pay", GROUP) == 1
+
+    threshold = backend.idle_threshold_after(LONG_IDLE_MS)
+    claimed = await s.claim_idle("pay", GROUP, "c2", min_idle_ms=threshold, count=10)
+    assert [e.entry_id for e in claimed] == [got[1].entry_id]
+
+    assert await s.ack("pay", GROUP, [got[1].entry_id]) == 1
+    assert await s.pending("pay", GROUP) == 0
+    assert await s.claim_idle("pay", GROUP, "c3", min_idle_ms=0, count=10) == []
+
+
+async def test_approximate_trimming_keeps_the_stream_bounded(backend: Backend) -> None:
+    for start in range(0, 2000, 200):
+        await backend.stream.append(
+            "pay", [batch(n) for n in range(start, start + 200)], maxlen=100
+        )
+
+    length = await backend.length("pay")
+
+    assert 100 <= length < 400
+
+
+async def test_binary_payloads_round_trip_unchanged(backend: Backend) -> None:
+    s = backend.stream
+    await s.ensure_group("pay", GROUP)
+    payloads = [bytes(range(256)), b"", b"\x00\r\n\xff" * 1000, "ü€".encode()]
+    await s.append("pay", [{"v": b"1", "data": p} for p in payloads], maxlen=1000)
+
+    got = await s.read_group(["pay"], GROUP, "c1", count=10, block_ms=0)
+
+    assert [e.fields["data"] for e in got] == payloads
+    assert all(isinstance(name, str) for e in got for name in e.fields)
+
+
+async def test_services_lists_every_samples_stream(backend: Backend) -> None:
+    assert await backend.stream.services() == []
+    await backend.stream.append("pay", [batch(1)], maxlen=10)
+    await backend.stream.append("cart-api", [batch(1)], maxlen=10)
+    await backend.stream.ensure_group("search", GROUP)
+    await backend.board.publish("7", {"canary": "{}"}, {"exp": "7"})
+
+    assert await backend.stream.services() == ["cart-api", "pay", "search"]
+
+
+async def test_blocking_read_returns_empty_after_block_ms(backend: Backend) -> None:
+    await backend.stream.ensure_group("pay", GROUP)
+
+    got = await backend.stream.read_group(["pay"], GROUP, "c1", count=10, block_ms=50)
+
+    assert got == []
+
+
+async def test_blocking_read_wakes_up_on_append(backend: Backend) -> None:
+    s = backend.stream
+    await s.ensure_group("pay", GROUP)
+    reader = asyncio.create_task(
+        s.read_group(["pay"], GROUP, "c1", count=10, block_ms=10_000)
+    )
+    await asyncio.sleep(0.05)  # let the reader block before the append
+    await s.append("pay", [batch(1)], maxlen=10)
+
+    got = await asyncio.wait_for(reader, timeout=10)
+
+    assert [e.fields["seq"] for e in got] == [b"1"]
+
+
+async def test_read_recreates_a_group_whose_stream_vanished(backend: Backend) -> None:
+    s = backend.stream
+    await s.ensure_group("pay", GROUP)
+    if backend.raw is not None:
+        await backend.raw.delete(backend.keys.samples("pay"))
+    else:
+        assert isinstance(s, MemoryStreams)
+        s._streams.clear()
+
+    assert await s.read_group(["pay"], GROUP, "c1", count=10, block_ms=0) == []
+    await s.append("pay", [batch(1)], maxlen=10)
+    got = await s.read_group(["pay"], GROUP, "c1", count=10, block_ms=0)
+
+    assert [e.fields["seq"] for e in got] == [b"1"]
+
+
+async def test_snapshot_board_publish_and_read(backend: Backend) -> None:
+    b = backend.board
+    assert await b.read("7") == {}
+    canary = json.dumps({"count": 120, "failures": 3, "p95_ms": 412.5})
+    baseline = json.dumps({"count": 2400, "failures": 10, "p95_ms": 300.0})
+
+    await b.publish("7", {"canary": canary, "baseline": baseline}, {"exp": "7", "kind": "snap"})
+    newer = json.dumps({"count": 130, "failures": 3, "p95_ms": 420.0})
+    await b.publish("7", {"canary": newer}, {"exp": "7", "kind": "snap"})
+
+    assert await b.read("7") == {"canary": newer, "baseline": baseline}
+    assert await b.read("8") == {}
+    assert await backend.decisions_length() == 2
+
+
+async def test_publish_refuses_an_empty_decision(backend: Backend) -> None:
+    with pytest.raises(ValueError):
+        await backend.board.publish("7", {"canary": "{}"}, {})
+
+
+async def test_close_twice_is_harmless(backend: Backend) -> None:
+    await backend.stream.close()
+    await backend.board.close()
+
+
+@pytest.mark.parametrize("url", ["", "etcd://127.0.0.1:2379", "memory", "redis:/x", "http://h"])
+def test_factory_rejects_other_urls(url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        open_streams(url)
+    assert "\n" not in str(info.value)
+
+
+async def test_factory_shares_one_object_per_url() -> None:
+    stream, board = open_streams("memory://")
+    assert id(stream) == id(board)
+    assert isinstance(stream, MemoryStreams)
+    other, _ = open_streams("memory://")
+    assert other is not stream
+    await stream.close()
+    await other.close()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisProcess]:
+    process = RedisProcess()
+    process.start()
+    try:
+        yield process
+    finally:
+        process.close()
+
+
+async def test_redis_down_raises_backend_unavailable_and_recovers(
+    own_redis: RedisProcess,
+) -> None:
+    streams = RedisStreams(own_redis.url, namespace="fault")
+    try:
+        await streams.ensure_group("pay", GROUP)
+        assert len(await streams.append("pay", [batch(1)], maxlen=10)) == 1
+
+        own_redis.stop()
+        with pytest.raises(BackendUnavailable):
+            await streams.append("pay", [batch(2)], maxlen=10)
+        with pytest.raises(BackendUnavailable):
+            await streams.read_group(["pay"], GROUP, "c1", count=10, block_ms=50)
+        with pytest.raises(BackendUnavailable):
+            await streams.publish("7", {"canary": "{}"}, {"exp": "7"})
+
+        own_redis.start()
+        assert len(await streams.append("pay", [batch(3)], maxlen=10)) == 1
+        # The restarted server kept nothing (no persistence): the group comes back
+        # with the next read instead of failing it.
+        got = await streams.read_group(["pay"], GROUP, "c1", count=10, block_ms=0)
+        assert [e.fields["seq"] for e in got] == [b"3"]
+    finally:
+        await streams.close()
