@@ -1,0 +1,1 @@
+"""Benchmarks behind `canary bench NAME`: each module has `run(*, quick, progress) -> dict`."""

@@ -1,0 +1,239 @@
+"""`canary bench collector`: the window engine and one collector process through Redis.
+
+References measured in the same run: the `ddsketch` package (add() per sample) and
+exact `numpy.percentile` over the raw samples. Uses Redis at 127.0.0.1:6379 (or
+CANARY_BENCH_REDIS) under a unique namespace, deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+from controlplane.collector.windows import ExperimentWindow, WindowConfig
+from controlplane.kernel.codec import BatchMeta, DecodedBatch, entry_fields
+from controlplane.kernel.rules import PERCENTILES
+
+BATCH = 512
+NOW = 1_800_000_000.0
+SERVICE = "bench-svc"
+EXPERIMENT = "bench"
+
+
+def _samples(kind: str, n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if kind == "lognormal":
+        values = rng.lognormal(np.log(40_000), 0.9, n)
+    elif kind == "bimodal":
+        values = np.where(
+            rng.random(n) < 0.8, rng.normal(20_000, 2_000, n), rng.normal(900_000, 50_000, n)
+        )
+    elif kind == "pareto":
+        values = (rng.pareto(1.5, n) + 1) * 5_000
+    else:
+        values = np.full(n, 123_456.0)
+    return np.clip(values, 0, 2**32 - 1).astype(np.uint32)
+
+
+def _decoded(rt: np.ndarray, t0: float, span: float) -> list[DecodedBatch]:
+    n = rt.shape[0]
+    ts = t0 + np.linspace(0, span, n)
+    variant = (np.arange(n) % 10 == 0).astype(np.uint8)
+    outcome = np.full(n, 200, np.uint16)
+    unit = np.zeros(n, np.uint32)
+    return [
+        DecodedBatch(("baseline", "canary"), ts[i : i + BATCH], variant[i : i + BATCH],
+                     rt[i : i + BATCH], outcome[i : i + BATCH], unit[i : i + BATCH])
+        for i in range(0, n, BATCH)
+    ]  # fmt: skip
+
+
+def _payload(batch: DecodedBatch) -> bytes:
+    """Encode with numpy (the sidecar's BatchBuilder is per-request, too slow to prepare 5M)."""
+    import struct
+    import zlib
+
+    names = b"".join(bytes([len(v)]) + v.encode() for v in batch.variants)
+    n = len(batch)
+    t0 = float(batch.ts[0])
+    body = (
+        struct.pack("<3sBIB", b"CSB", 1, n, len(batch.variants)) + names + struct.pack("<d", t0)
+        + np.round((batch.ts - t0) * 1e6).astype("<u4").tobytes()
+        + batch.variant.astype("u1").tobytes() + batch.rt_us.astype("<u4").tobytes()
+        + batch.outcome.astype("<u2").tobytes() + batch.unit.astype("<u4").tobytes()
+    )  # fmt: skip
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def _engine(n: int) -> tuple[float, ExperimentWindow, np.ndarray]:
+    rt = _samples("lognormal", n, 1)
+    batches = _decoded(rt, NOW - 50, 50)
+    window = ExperimentWindow("e", WindowConfig(60, 200.0), clock_now=NOW)
+    group = 100  # one XREADGROUP's worth of sidecar batches
+    start = time.perf_counter()
+    for i in range(0, len(batches), group):
+        window.record_many(batches[i : i + group], NOW)
+    elapsed = time.perf_counter() - start
+    return n / elapsed, window, rt
+
+
+def _ddsketch(rt: np.ndarray) -> float:
+    from ddsketch import DDSketch
+
+    sketch = DDSketch(relative_accuracy=0.01)
+    values = (rt / 1000.0).tolist()
+    start = time.perf_counter()
+    for value in values:
+        sketch.add(value)
+    for q in PERCENTILES:
+        sketch.get_quantile_value(q / 100)
+    return len(values) / (time.perf_counter() - start)
+
+
+def _numpy_exact(rt: np.ndarray) -> float:
+    chunks = [rt[i : i + BATCH] for i in range(0, rt.shape[0], BATCH)]
+    start = time.perf_counter()
+    raw = np.concatenate(chunks)
+    np.percentile(raw, list(PERCENTILES), method="inverted_cdf")
+    return rt.shape[0] / (time.perf_counter() - start)
+
+
+def _errors(n: int) -> dict[str, dict[str, float]]:
+    errors: dict[str, dict[str, float]] = {}
+    for kind in ("lognormal", "bimodal", "pareto", "constant"):
+        rt = _samples(kind, n, 2)
+        window = ExperimentWindow("e", WindowConfig(60, 200.0), clock_now=NOW)
+        window.record_many(_decoded(rt, NOW - 50, 50), NOW)
+        snap = window.snapshot(NOW)
+        merged = rt[np.arange(n) % 10 != 0]  # the baseline's samples (see _decoded)
+        errors[kind] = {}
+        for q in PERCENTILES:
+            exact = float(np.percentile(merged, q, method="inverted_cdf")) / 1000
+            got = snap["baseline"].percentile_ms(q) or 0.0
+            errors[kind][f"p{q:g}"] = abs(got - exact) / exact if exact else 0.0
+    return errors
+
+
+async def _through_redis(url: str, n: int, progress: bool) -> dict[str, float]:
+    from controlplane.collector.sharding import read_merged_snapshots
+    from controlplane.kernel.streams_factory import open_streams
+
+    namespace = f"canary-bench-{uuid.uuid4().hex[:8]}"
+    prefix = f"/canary-bench-{uuid.uuid4().hex[:8]}"
+    streams, board = open_streams(url, namespace=namespace)
+    now = time.time()
+    rt = _samples("lognormal", n, 3)
+    batches = _decoded(rt, now - 5, 4)
+    entries = [
+        entry_fields(BatchMeta(EXPERIMENT, "bench-src", i + 1, len(b)), _payload(b))
+        for i, b in enumerate(batches)
+    ]
+    await streams.ensure_group(SERVICE, "collectors")
+    for i in range(0, len(entries), 500):
+        await streams.append(SERVICE, entries[i : i + 500], maxlen=len(entries) + 1000)
+    env = dict(os.environ, CANARY_REDIS_URL=url, CANARY_REDIS_NAMESPACE=namespace,
+               CANARY_ETCD="memory://", CANARY_ETCD_PREFIX=prefix)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controlplane.cli.main", "collector", "--count", "200",
+         "--tick", "0.1"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    result: dict[str, float] = {}
+    try:
+        start = time.perf_counter()
+        total = 0
+        while total < n and time.perf_counter() - start < 300:
+            fields = await board.read(EXPERIMENT)
+            total = sum(
+                int(__import__("json").loads(v)["count"]) for k, v in fields.items()
+                if not k.startswith("@")
+            )  # fmt: skip
+            await asyncio.sleep(0.02)
+        elapsed = time.perf_counter() - start
+        result["e2e_samples_per_s"] = total / elapsed
+        result["e2e_samples"] = float(total)
+        if progress:
+            print(f"e2e: {total} samples in {elapsed:.2f} s", file=sys.stderr)
+        # arrival → effect in a published snapshot, at a steady ~20k samples/s
+        latencies = []
+        seq = len(entries)
+        expected = total
+        for _ in range(60):
+            seq += 1
+            b = _decoded(_samples("lognormal", BATCH, seq), time.time(), 0.0)[0]
+            entry = entry_fields(BatchMeta(EXPERIMENT, "bench-src", seq, BATCH), _payload(b))
+            sent = time.perf_counter()
+            await streams.append(SERVICE, [entry], maxlen=len(entries) + 1000)
+            expected += BATCH
+            while time.perf_counter() - sent < 2:
+                snaps = await read_merged_snapshots(board, EXPERIMENT, time.time(), window_sec=60)
+                if sum(s.count for s in snaps.values()) >= expected:
+                    break
+                await asyncio.sleep(0.002)
+            latencies.append((time.perf_counter() - sent) * 1000)
+            await asyncio.sleep(0.025)
+        result["arrival_to_snapshot_p99_ms"] = float(np.percentile(latencies, 99))
+        result["arrival_to_snapshot_p50_ms"] = float(np.percentile(latencies, 50))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        import redis.asyncio as aioredis
+
+        client = aioredis.Redis.from_url(url)
+        keys = [k async for k in client.scan_iter(match=f"{namespace}:*", count=1000)]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+        await streams.close()
+    return result
+
+
+def run(*, quick: bool, progress: bool) -> dict[str, Any]:
+    n_engine = 1_000_000 if quick else 5_000_000
+    n_e2e = 500_000 if quick else 5_000_000
+    n_ref = 200_000 if quick else 1_000_000
+    engine_rate, _, rt = _engine(n_engine)
+    if progress:
+        print(f"engine: {engine_rate / 1e6:.1f} M samples/s", file=sys.stderr)
+    dd_rate = _ddsketch(rt[:n_ref])
+    np_rate = _numpy_exact(rt)
+    errors = _errors(200_000 if quick else 1_000_000)
+    window = ExperimentWindow("e", WindowConfig(60, 200.0), clock_now=NOW)
+    window.record_many(_decoded(_samples("lognormal", 600_000, 4), NOW - 59, 59), NOW)
+    window_bytes = window.ring("baseline").nbytes()
+    url = os.environ.get("CANARY_BENCH_REDIS", "redis://127.0.0.1:6379/0")
+    e2e = asyncio.run(_through_redis(url, n_e2e, progress))
+    return {
+        "quick": quick,
+        "samples_engine": n_engine,
+        "samples_e2e": n_e2e,
+        "batch_size": BATCH,
+        "engine_samples_per_s": engine_rate,
+        "ddsketch_samples_per_s": dd_rate,
+        "numpy_exact_samples_per_s": np_rate,
+        "engine_vs_ddsketch": engine_rate / dd_rate,
+        "engine_vs_numpy_exact": engine_rate / np_rate,
+        "errors": errors,
+        "max_rel_error": max(v for d in errors.values() for v in d.values()),
+        "window_bytes": window_bytes,
+        "window_sec": 60,
+        **e2e,
+        "targets": {
+            "e2e_samples_per_s": 1_000_000,
+            "engine_samples_per_s": 20_000_000,
+            "max_rel_error": 0.01,
+            "arrival_to_snapshot_p99_ms": 200,
+        },
+    }

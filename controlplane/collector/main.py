@@ -1,0 +1,135 @@
+"""`canary collector`: the collector process with its admin endpoints.
+
+/healthz answers while the process runs; /readyz once the configuration is loaded
+and the loop has completed a round recently; /metrics is Prometheus text.
+SIGTERM (or SIGINT) stops reading, publishes and acks what is held, and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import uuid
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from controlplane.collector.service import Collector
+from controlplane.kernel.clock import SystemClock
+from controlplane.kernel.keys import EtcdKeys
+from controlplane.kernel.kv_factory import open_kv
+from controlplane.kernel.settings import Settings, parse_host_port
+from controlplane.kernel.streams_factory import open_streams
+
+log = logging.getLogger("canary.collector")
+READY_STALE_SEC = 10.0
+
+
+def default_name() -> str:
+    # unique per process: a restarted collector must not overwrite its predecessor's
+    # partial window, which still holds samples that were acked
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+async def _serve_admin(collector: Collector, host: str, port: int) -> asyncio.Server:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await reader.readline()
+            while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                pass
+            path = request.split(b" ")[1].decode() if request.count(b" ") >= 2 else "/"
+            status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
+            if path == "/healthz":
+                status, body = "200 OK", b"ok\n"
+            elif path == "/readyz":
+                last = collector.last_loop_ok
+                fresh = last is not None and collector.clock.monotonic() - last < READY_STALE_SEC
+                ready = collector.config_loaded.is_set() and fresh
+                status = "200 OK" if ready else "503 Service Unavailable"
+                body = b"ready\n" if ready else b"not ready\n"
+            elif path == "/metrics":
+                status, ctype = "200 OK", CONTENT_TYPE_LATEST
+                body = generate_latest(collector.metrics.registry)
+            head = (
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            )
+            writer.write(head.encode() + body)
+            await writer.drain()
+        except (ConnectionError, IndexError, UnicodeDecodeError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, host, port)
+
+
+async def run_collector(
+    settings: Settings,
+    *,
+    name: str | None,
+    admin: str | None,
+    tick: float,
+    claim_idle_ms: int,
+    count: int,
+) -> None:
+    clock = SystemClock()
+    streams, board = open_streams(
+        settings.redis_url, namespace=settings.redis_namespace, clock=clock
+    )
+    kv = open_kv(settings.etcd, clock=clock)
+    collector = Collector(
+        streams, board, kv, EtcdKeys(settings.etcd_prefix),
+        consumer_name=name or default_name(), clock=clock, tick=tick,
+        claim_idle_ms=claim_idle_ms, count=count,
+    )  # fmt: skip
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    server = None
+    if admin:
+        host, port = parse_host_port(admin)
+        server = await _serve_admin(collector, host, port)
+    log.info("collector %s started", collector.name)
+    try:
+        await collector.run(stop)
+    finally:
+        if server is not None:
+            server.close()
+            with contextlib.suppress(Exception):
+                await server.wait_closed()
+        await streams.close()
+        with contextlib.suppress(Exception):
+            await board.close()
+        await kv.close()
+        log.info("collector %s stopped", collector.name)
+
+
+def main(
+    settings: Settings,
+    *,
+    name: str | None = None,
+    admin: str | None = None,
+    tick: float = 0.1,
+    claim_idle_ms: int = 30_000,
+    count: int = 200,
+) -> None:
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format='{"ts":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
+    )
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is absent on Windows only
+        runner = asyncio.run  # type: ignore[assignment]
+    runner(
+        run_collector(
+            settings, name=name, admin=admin, tick=tick, claim_idle_ms=claim_idle_ms, count=count
+        )
+    )

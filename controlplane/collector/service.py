@@ -1,0 +1,479 @@
+"""The collector process: sample batches in (consumer group), window snapshots out.
+
+One loop, named steps: read new entries → apply them → (each tick) publish the
+changed experiments and ack what those publishes contain → (now and then) claim a
+dead consumer's idle entries and refresh the list of services. Configuration (rules
+and routes from etcd) is watched in a task of its own and applied live.
+
+Ordering is what makes counts exact (see sharding.py): an entry is acked only after
+a partial window containing it is on the board.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from controlplane.collector.sharding import (
+    PART_PREFIX,
+    export_partial,
+    merge_snapshots,
+    parse_partials,
+    part_field,
+    unacked_elsewhere,
+)
+from controlplane.collector.windows import (
+    DEFAULT_SKEW_SEC,
+    ExperimentWindow,
+    LogMapping,
+    WindowConfig,
+)
+from controlplane.kernel.clock import Clock
+from controlplane.kernel.codec import BatchMeta, DecodedBatch, parse_entry
+from controlplane.kernel.errors import CanaryError, CodecError, ValidationFailed
+from controlplane.kernel.keys import COLLECTOR_GROUP, EtcdKeys
+from controlplane.kernel.kv import EventKind, KeyValueStore
+from controlplane.kernel.routes import parse_route
+from controlplane.kernel.rules import parse_rule
+from controlplane.kernel.snapshots import WindowSnapshot
+from controlplane.kernel.streams import SampleStream, SnapshotBoard, StreamEntry
+
+log = logging.getLogger("canary.collector")
+
+DEDUP_HORIZON = 65_536  # batches per source remembered below its high-water mark
+HEARTBEAT_SEC = 5.0  # republish an unchanged experiment this often, so age stays low
+
+
+class SourceDedup:
+    """Has (src, seq) been applied? A high-water mark per source plus the recent seqs.
+
+    seq increases per source, but several collectors share a source's batches and
+    claims deliver old ones late, so seqs below the mark are still possible: each
+    source remembers the seqs within DEDUP_HORIZON of its mark. Older than that is
+    treated as a re-delivery. The number of sources is bounded too (LRU).
+    """
+
+    def __init__(self, *, horizon: int = DEDUP_HORIZON, max_sources: int = 100_000) -> None:
+        self._horizon = horizon
+        self._max_sources = max_sources
+        self._sources: OrderedDict[str, tuple[int, set[int]]] = OrderedDict()
+
+    def seen(self, source: str, seq: int) -> bool:
+        state = self._sources.get(source)
+        if state is None:
+            return False
+        mark, recent = state
+        return seq <= mark - self._horizon or seq in recent
+
+    def add(self, source: str, seq: int) -> None:
+        mark, recent = self._sources.pop(source, (seq, set()))
+        recent.add(seq)
+        mark = max(mark, seq)
+        if len(recent) > 2 * self._horizon:
+            recent = {s for s in recent if s > mark - self._horizon}
+        self._sources[source] = (mark, recent)
+        if len(self._sources) > self._max_sources:
+            self._sources.popitem(last=False)
+
+
+class CollectorMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.ingested = Counter(
+            "canary_collector_samples_ingested", "samples applied to windows", registry=registry
+        )
+        self.late = Counter(
+            "canary_collector_samples_late", "samples older than the window, dropped",
+            registry=registry,
+        )  # fmt: skip
+        self.clamped = Counter(
+            "canary_collector_samples_clamped", "samples ahead of the clock, clamped to now",
+            registry=registry,
+        )  # fmt: skip
+        self.corrupt = Counter(
+            "canary_collector_entries_corrupt", "stream entries that failed to decode (acked)",
+            registry=registry,
+        )  # fmt: skip
+        self.duplicates = Counter(
+            "canary_collector_batches_duplicate", "re-delivered batches not counted again",
+            registry=registry,
+        )  # fmt: skip
+        self.claimed = Counter(
+            "canary_collector_entries_claimed", "idle entries claimed from other consumers",
+            registry=registry,
+        )  # fmt: skip
+        self.config_rejected = Counter(
+            "canary_collector_config_rejected", "malformed rules or routes in etcd, ignored",
+            registry=registry,
+        )  # fmt: skip
+        self.pending = Gauge(
+            "canary_collector_pending_entries", "entries pending in the group, per stream",
+            ["service"], registry=registry,
+        )  # fmt: skip
+        self.snapshot_age = Gauge(
+            "canary_collector_snapshot_age_seconds", "seconds since the last publish",
+            registry=registry,
+        )  # fmt: skip
+        self.publishes = Counter(
+            "canary_collector_publishes", "experiment snapshots published", registry=registry
+        )
+
+
+@dataclass
+class _Held:
+    """What an experiment has applied since its last publish: acked after the next one."""
+
+    entries: list[tuple[str, str]] = field(default_factory=list)  # (service, entry id)
+
+
+class Collector:
+    """Consumes samples streams through the `collectors` group; publishes snapshots."""
+
+    def __init__(
+        self,
+        streams: SampleStream,
+        board: SnapshotBoard,
+        kv: KeyValueStore,
+        keys: EtcdKeys,
+        *,
+        consumer_name: str,
+        clock: Clock,
+        tick: float = 0.1,
+        block_ms: int = 50,
+        count: int = 200,
+        claim_idle_ms: int = 30_000,
+        claim_every: float = 1.0,
+        services_every: float = 2.0,
+        skew_sec: float = DEFAULT_SKEW_SEC,
+        alpha: float = 0.01,
+        default_window_sec: int = 60,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.streams = streams
+        self.board = board
+        self.kv = kv
+        self.keys = keys
+        self.name = consumer_name
+        self.clock = clock
+        self.tick = tick
+        self.block_ms = block_ms
+        self.count = count
+        self.claim_idle_ms = claim_idle_ms
+        self.claim_every = claim_every
+        self.services_every = services_every
+        self.skew_sec = skew_sec
+        self.mapping = LogMapping(alpha)
+        self.default_config = WindowConfig(window_sec=default_window_sec)
+        self.metrics = CollectorMetrics(registry or CollectorRegistry())
+        self.configs: dict[str, WindowConfig] = {}
+        self.route_services: set[str] = set()
+        self.windows: dict[str, ExperimentWindow] = {}
+        self.experiment_service: dict[str, str] = {}
+        self._held: dict[str, _Held] = {}
+        self._ack_now: dict[str, list[str]] = {}  # corrupt entries: ack without a publish
+        self._dedup = SourceDedup()
+        self._grouped: set[str] = set()
+        self._stream_services: set[str] = set()
+        self._last_publish: dict[str, float] = {}
+        self._last_tick = -math.inf
+        self._last_claim = -math.inf
+        self._last_services = -math.inf
+        self._watch_tasks: list[asyncio.Task[None]] = []
+        self.config_loaded = asyncio.Event()
+        self.last_loop_ok: float | None = None
+
+    # --- configuration ------------------------------------------------------
+
+    @property
+    def services(self) -> set[str]:
+        return set(self.configs) | self.route_services | self._stream_services
+
+    def config_for(self, service: str) -> WindowConfig:
+        return self.configs.get(service, self.default_config)
+
+    def _apply_rule(self, service: str, value: bytes | None) -> None:
+        if value is None:
+            self.configs.pop(service, None)
+        else:
+            try:
+                rule = parse_rule(value)
+            except ValidationFailed as exc:
+                self.metrics.config_rejected.inc()
+                log.warning("rejected rule for %s: %s", service, exc)
+                return
+            if rule.service != service:
+                self.metrics.config_rejected.inc()
+                log.warning("rejected rule under %s: it names service %s", service, rule.service)
+                return
+            self.configs[service] = WindowConfig.from_rule(rule)
+        now = self.clock.now()
+        config = self.config_for(service)
+        for experiment, window in self.windows.items():
+            if self.experiment_service.get(experiment) == service:
+                window.reconfigure(config, now)
+
+    def _apply_route(self, service: str, value: bytes | None) -> None:
+        if value is None:
+            self.route_services.discard(service)
+            return
+        try:
+            parse_route(value)
+        except ValidationFailed as exc:
+            self.metrics.config_rejected.inc()
+            log.warning("rejected route for %s: %s", service, exc)
+            return
+        self.route_services.add(service)
+
+    async def load_config(self) -> None:
+        """Read rules and routes once, then follow them with watches."""
+        for prefix, apply in (
+            (self.keys.rules_prefix, self._apply_rule),
+            (self.keys.routes_prefix, self._apply_route),
+        ):
+            items, revision = await self.kv.get_prefix(prefix)
+            for item in items:
+                apply(self.keys.service_of(item.key, prefix), item.value)
+            self._watch_tasks.append(asyncio.create_task(self._follow(prefix, apply, revision)))
+        self.config_loaded.set()
+
+    async def _follow(
+        self, prefix: str, apply: Callable[[str, bytes | None], None], revision: int
+    ) -> None:
+        while True:
+            try:
+                async for event in self.kv.watch_prefix(prefix, start_revision=revision):
+                    revision = max(revision, event.mod_revision)
+                    value = event.value if event.kind == EventKind.PUT else None
+                    apply(self.keys.service_of(event.key, prefix), value)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a lost or compacted watch: re-read, then follow again
+                log.warning("watch on %s failed (%s); re-reading", prefix, exc)
+                await asyncio.sleep(0.5)  # back-off between reconnects, not a decision wait
+                with contextlib.suppress(CanaryError):
+                    items, revision = await self.kv.get_prefix(prefix)
+                    for item in items:
+                        apply(self.keys.service_of(item.key, prefix), item.value)
+
+    # --- the loop -----------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until `stop` is set; then publish and ack what is held, and return."""
+        if not self.config_loaded.is_set():
+            await self.load_config()
+        try:
+            while not stop.is_set():
+                await self.step()
+        finally:
+            await self.flush()
+            for task in self._watch_tasks:
+                task.cancel()
+            for task in self._watch_tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            self._watch_tasks.clear()
+
+    async def step(self) -> None:
+        """One round: refresh services, claim, read, apply, and publish when due."""
+        mono = self.clock.monotonic()
+        if mono - self._last_services >= self.services_every:
+            self._last_services = mono
+            await self._refresh_services()
+        if mono - self._last_claim >= self.claim_every:
+            self._last_claim = mono
+            await self._claim()
+        services = sorted(self._grouped)
+        if services:
+            block = max(0, min(self.block_ms, int(self.tick * 1000)))
+            entries = await self.streams.read_group(
+                services, COLLECTOR_GROUP, self.name, count=self.count, block_ms=block
+            )
+            self.apply(entries, claimed_unacked=frozenset())
+        else:
+            await asyncio.sleep(self.block_ms / 1000)  # nothing to read yet: wait for discovery
+        if self.clock.monotonic() - self._last_tick >= self.tick:
+            await self.publish_due()
+        self.last_loop_ok = self.clock.monotonic()
+
+    async def _refresh_services(self) -> None:
+        self._stream_services = set(await self.streams.services())
+        for service in self.services - self._grouped:
+            await self.streams.ensure_group(service, COLLECTOR_GROUP)
+            self._grouped.add(service)
+
+    async def _claim(self) -> None:
+        for service in sorted(self._grouped):
+            self.metrics.pending.labels(service).set(
+                await self.streams.pending(service, COLLECTOR_GROUP)
+            )
+            while True:
+                entries = await self.streams.claim_idle(
+                    service, COLLECTOR_GROUP, self.name,
+                    min_idle_ms=self.claim_idle_ms, count=self.count,
+                )  # fmt: skip
+                if not entries:
+                    break
+                self.metrics.claimed.inc(len(entries))
+                listed: set[str] = set()
+                for experiment in {
+                    e.fields.get("exp", b"").decode("utf-8", "replace") for e in entries
+                }:
+                    if experiment:
+                        listed |= unacked_elsewhere(
+                            await self.board.read(experiment), own=self.name
+                        )
+                self.apply(entries, claimed_unacked=frozenset(listed))
+                if len(entries) < self.count:
+                    break
+
+    def apply(self, entries: Sequence[StreamEntry], *, claimed_unacked: frozenset[str]) -> None:
+        """Decode, de-duplicate and apply entries; nothing here awaits."""
+        if not entries:
+            return
+        now = self.clock.now()
+        by_experiment: dict[str, list[DecodedBatch]] = {}
+        for entry in entries:
+            try:
+                meta, batch = parse_entry(entry.fields)
+            except CodecError as exc:
+                self.metrics.corrupt.inc()
+                log.warning("corrupt entry %s on %s, acked: %s", entry.entry_id, entry.service, exc)
+                self._ack_now.setdefault(entry.service, []).append(entry.entry_id)
+                continue
+            self.experiment_service.setdefault(meta.experiment, entry.service)
+            self._window(meta.experiment, now)  # so a publish (and the ack) follows
+            held = self._held.setdefault(meta.experiment, _Held())
+            # a handled entry is held (and listed as unacked) until the next publish
+            held.entries.append((entry.service, entry.entry_id))
+            if self._is_duplicate(entry, meta, claimed_unacked):
+                self.metrics.duplicates.inc()
+                continue
+            self._dedup.add(meta.source, meta.seq)
+            by_experiment.setdefault(meta.experiment, []).append(batch)
+        for experiment, batches in by_experiment.items():
+            window = self._window(experiment, now)
+            before = window.counters.ingested, window.counters.late, window.counters.clamped
+            window.record_many(batches, now)
+            self.metrics.ingested.inc(window.counters.ingested - before[0])
+            self.metrics.late.inc(window.counters.late - before[1])
+            self.metrics.clamped.inc(window.counters.clamped - before[2])
+
+    def _is_duplicate(
+        self, entry: StreamEntry, meta: BatchMeta, claimed_unacked: frozenset[str]
+    ) -> bool:
+        if f"{entry.service}/{entry.entry_id}" in claimed_unacked:
+            return True
+        return self._dedup.seen(meta.source, meta.seq)
+
+    def _window(self, experiment: str, now: float) -> ExperimentWindow:
+        window = self.windows.get(experiment)
+        if window is None:
+            service = self.experiment_service.get(experiment, "")
+            window = self.windows[experiment] = ExperimentWindow(
+                experiment,
+                self.config_for(service),
+                clock_now=now,
+                mapping=self.mapping,
+                skew_sec=self.skew_sec,
+            )
+        return window
+
+    # --- publishing ---------------------------------------------------------
+
+    async def publish_due(self) -> None:
+        """Publish every experiment that changed (or is due a heartbeat); then ack."""
+        self._last_tick = self.clock.monotonic()
+        now = self.clock.now()
+        for experiment, window in list(self.windows.items()):
+            window.advance(now)
+            held = self._held.get(experiment)
+            quiet_for = now - self._last_publish.get(experiment, -math.inf)
+            if window.changed or (held and held.entries) or quiet_for >= HEARTBEAT_SEC:
+                await self.publish(experiment, now)
+        for service, ids in list(self._ack_now.items()):
+            if ids:
+                await self.streams.ack(service, COLLECTOR_GROUP, ids)
+        self._ack_now.clear()
+        if self._last_publish:
+            self.metrics.snapshot_age.set(max(0.0, now - max(self._last_publish.values())))
+
+    async def publish(self, experiment: str, now: float) -> dict[str, WindowSnapshot]:
+        window = self.windows[experiment]
+        held = self._held.pop(experiment, _Held())
+        unacked = [f"{service}/{entry_id}" for service, entry_id in held.entries]
+        partial = export_partial(window, now, collector=self.name, unacked=unacked)
+        others = {
+            name: raw
+            for name, raw in (await self.board.read(experiment)).items()
+            if name.startswith(PART_PREFIX) and name != part_field(self.name)
+        }
+        snapshots = merge_snapshots(
+            experiment, parse_partials(others), now, local=window, local_collector=self.name
+        )
+        fields = {name: snap.to_json() for name, snap in snapshots.items()}
+        fields[part_field(self.name)] = json.dumps(partial, separators=(",", ":"))
+        await self.board.publish(experiment, fields, decision_entry(experiment, snapshots, now))
+        window.changed = False
+        self._last_publish[experiment] = now
+        self.metrics.publishes.inc()
+        by_service: dict[str, list[str]] = {}
+        for service, entry_id in held.entries:
+            by_service.setdefault(service, []).append(entry_id)
+        for service, ids in by_service.items():
+            await self.streams.ack(service, COLLECTOR_GROUP, ids)
+        return snapshots
+
+    async def flush(self) -> None:
+        """Publish and ack everything held (SIGTERM): nothing read stays pending."""
+        now = self.clock.now()
+        for experiment in list(self.windows):
+            await self.publish(experiment, now)
+        for service, ids in list(self._ack_now.items()):
+            if ids:
+                await self.streams.ack(service, COLLECTOR_GROUP, ids)
+        self._ack_now.clear()
+
+
+def decision_entry(
+    experiment: str, snapshots: dict[str, WindowSnapshot], now: float
+) -> dict[str, str]:
+    """One `canary:decisions` entry: the numbers the controller decides on."""
+    variants = {
+        name: {
+            "count": s.count,
+            "failures": s.failures,
+            "failure_ratio": s.failure_ratio,
+            "mean_ms": s.mean_ms,
+            "p50_ms": s.p50_ms,
+            "p90_ms": s.p90_ms,
+            "p95_ms": s.p95_ms,
+            "p99_ms": s.p99_ms,
+            "p999_ms": s.p999_ms,
+            "threshold_ms": s.threshold_ms,
+            "above_threshold": s.above_threshold,
+            "above_threshold_fraction": s.above_threshold_fraction,
+            "threshold_exact": s.threshold_exact,
+            "sample_lag_ms": s.sample_lag_ms,
+        }
+        for name, s in snapshots.items()
+    }
+    any_snap = next(iter(snapshots.values()), None)
+    lags = [s.sample_lag_ms for s in snapshots.values() if s.sample_lag_ms is not None]
+    return {
+        "kind": "snapshot",
+        "experiment": experiment,
+        "ts": repr(now),
+        "window_start": repr(any_snap.window_start if any_snap else now),
+        "window_end": repr(now),
+        "window_sec": str(any_snap.window_sec if any_snap else 0),
+        "sample_lag_ms": repr(min(lags)) if lags else "",
+        "variants": json.dumps(variants, separators=(",", ":")),
+    }

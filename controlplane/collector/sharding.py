@@ -1,0 +1,297 @@
+"""Several collectors, one exact window: partial windows and their merge.
+
+Each collector reads only its share of a samples stream (the consumer group hands
+every entry to one consumer), so no single collector holds an experiment's whole
+window. Each publishes its own *partial window* to the experiment's stats hash,
+under the field `@part:<collector>`: per second in the window, the count, failures,
+RT sum, exact above-threshold count and the sparse histogram, plus a reservoir. A
+reader sums the partials second by second, drops the seconds that have left its
+window, and gets the window over everything every collector applied. The plain
+`<variant>` fields (DESIGN §5) are the merge as the publishing collector saw it.
+
+Exactness under a crash (docs/decisions/0004-collector-sharding.md):
+
+- a collector acks entries only after a partial containing them is in Redis, so an
+  acked entry is always counted in some published partial;
+- the partial lists the entries it contains that are not acked yet (`unacked`);
+  the partial and its list are one HSET field, written atomically;
+- a collector that claims a dead consumer's pending entries skips (and acks) those
+  listed in another collector's partial: they are counted already.
+
+So an entry is counted exactly once whether its collector dies before publishing
+(still pending, claimed and counted by a live one), between publish and ack (listed
+in `unacked`, skipped by the claimer) or after the ack.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from controlplane.collector.windows import (
+    DEFAULT_ALPHA,
+    RESERVOIR_SIZE,
+    SECOND_RESERVOIR_SIZE,
+    ExperimentWindow,
+    LogMapping,
+    WindowTotals,
+    bottom_k,
+)
+from controlplane.kernel.snapshots import WindowSnapshot
+from controlplane.kernel.streams import SnapshotBoard
+
+PART_PREFIX = "@part:"
+PARTIAL_VERSION = 1
+
+
+def part_field(collector: str) -> str:
+    return f"{PART_PREFIX}{collector}"
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text.encode("ascii"))
+
+
+def encode_hist_row(row: npt.NDArray[np.integer]) -> str:
+    """A per-second histogram as sparse (u16 bin, u32 count) pairs, deflated."""
+    where = np.flatnonzero(row)
+    raw = where.astype("<u2").tobytes() + row[where].astype("<u4").tobytes()
+    return _b64(zlib.compress(raw, 1))
+
+
+def decode_hist_row_into(text: str, dense: npt.NDArray[np.int64]) -> None:
+    raw = zlib.decompress(_unb64(text))
+    n = len(raw) // 6
+    where = np.frombuffer(raw, dtype="<u2", count=n)
+    counts = np.frombuffer(raw, dtype="<u4", count=n, offset=2 * n)
+    dense[where] += counts
+
+
+def export_partial(
+    window: ExperimentWindow, now: float, *, collector: str, unacked: Iterable[str]
+) -> dict[str, Any]:
+    """This collector's partial window of one experiment, as published."""
+    window.advance(now)
+    start = window.window_start
+    variants: dict[str, Any] = {}
+    for name in window.variants:
+        ring = window.ring(name)
+        slots = np.flatnonzero(ring.second >= start)
+        slots = slots[np.argsort(ring.second[slots])]
+        hist: list[str] = []
+        for slot in slots:
+            s = int(slot)
+            if ring.dirty[s] or s not in ring.encoded:
+                ring.encoded[s] = encode_hist_row(ring.hist[s])
+                ring.dirty[s] = False
+            hist.append(ring.encoded[s])
+        fills = ring.res_fill[slots]
+        mask = np.arange(SECOND_RESERVOIR_SIZE)[None, :] < fills[:, None]
+        res_s = np.repeat(ring.second[slots], fills)
+        keys, order = ring.res_keys[slots][mask], np.arange(int(fills.sum()))
+        if keys.shape[0] > RESERVOIR_SIZE:
+            order = np.argpartition(keys, RESERVOIR_SIZE - 1)[:RESERVOIR_SIZE]
+        variants[name] = {
+            "sec": ring.second[slots].tolist(),
+            "count": ring.count[slots].tolist(),
+            "fail": ring.failures[slots].tolist(),
+            "sum": ring.sum_us[slots].tolist(),
+            "above": ring.above[slots].tolist(),
+            "stale": ring.stale[slots].astype(int).tolist(),
+            "hist": hist,
+            "newest": ring.newest_ts,
+            "res_k": _b64(keys[order].astype("<f4").tobytes()),
+            "res_v": _b64(ring.res_us[slots][mask][order].astype("<u4").tobytes()),
+            "res_s": _b64(res_s[order].astype("<i8").tobytes()),
+        }
+    return {
+        "v": PARTIAL_VERSION,
+        "collector": collector,
+        "ts": now,
+        "alpha": window.mapping.alpha,
+        "bins": window.mapping.bins,
+        "window_sec": window.config.window_sec,
+        "threshold_ms": window.config.threshold_ms,
+        "unacked": sorted(unacked),
+        "variants": variants,
+    }
+
+
+@dataclass(frozen=True)
+class Partial:
+    collector: str
+    data: dict[str, Any]
+
+    @property
+    def ts(self) -> float:
+        return float(self.data.get("ts", 0.0))
+
+    @property
+    def unacked(self) -> frozenset[str]:
+        return frozenset(self.data.get("unacked", ()))
+
+    def totals(
+        self, variant: str, *, start: int, threshold_ms: float | None, bins: int
+    ) -> WindowTotals | None:
+        """This partial's sums over seconds ≥ start, or None if it lacks the variant."""
+        part = self.data["variants"].get(variant)
+        if part is None:
+            return None
+        totals = WindowTotals(bins=bins, newest_ts=part.get("newest"))
+        same_threshold = self.data.get("threshold_ms") == threshold_ms
+        stale = np.zeros(bins, dtype=np.int64)
+        any_stale = False
+        for i, second in enumerate(part["sec"]):
+            if second < start:
+                continue
+            totals.count += int(part["count"][i])
+            totals.failures += int(part["fail"][i])
+            totals.sum_us += float(part["sum"][i])
+            if same_threshold and not part["stale"][i]:
+                totals.above_exact += int(part["above"][i])
+                decode_hist_row_into(part["hist"][i], totals.hist)
+            else:
+                row = np.zeros(bins, dtype=np.int64)
+                decode_hist_row_into(part["hist"][i], row)
+                totals.hist += row
+                stale += row
+                any_stale = True
+        if any_stale:
+            totals.stale_hist = stale
+        keys = np.frombuffer(_unb64(part["res_k"]), dtype="<f4")
+        values = np.frombuffer(_unb64(part["res_v"]), dtype="<u4")
+        seconds = np.frombuffer(_unb64(part["res_s"]), dtype="<i8")
+        inside = seconds >= start
+        totals.res_keys = keys[inside].astype(np.float32)
+        totals.res_us = values[inside].astype(np.uint32)
+        return totals
+
+
+def parse_partials(fields: Mapping[str, str]) -> list[Partial]:
+    """The partial windows in a stats hash; unreadable ones are skipped."""
+    partials = []
+    for name, raw in fields.items():
+        if not name.startswith(PART_PREFIX):
+            continue
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(data, dict) and data.get("v") == PARTIAL_VERSION:
+            partials.append(Partial(name[len(PART_PREFIX) :], data))
+    return partials
+
+
+def unacked_elsewhere(fields: Mapping[str, str], *, own: str) -> frozenset[str]:
+    """Entries other collectors counted but may not have acked (see module docstring)."""
+    listed: set[str] = set()
+    for partial in parse_partials(fields):
+        if partial.collector != own:
+            listed |= partial.unacked
+    return frozenset(listed)
+
+
+def merge_snapshots(
+    experiment: str,
+    partials: Iterable[Partial],
+    now: float,
+    *,
+    window_sec: int | None = None,
+    threshold_ms: float | str | None = "latest",
+    local: ExperimentWindow | None = None,
+    local_collector: str | None = None,
+) -> dict[str, WindowSnapshot]:
+    """Sum partial windows (and optionally a live local window) into one per variant.
+
+    window_sec / threshold_ms default to the newest partial's (the rule in force).
+    """
+    chosen = sorted(partials, key=lambda p: p.ts)
+    if local_collector is not None:
+        chosen = [p for p in chosen if p.collector != local_collector]
+    newest = chosen[-1].data if chosen else None
+    if window_sec is None:
+        if local is not None:
+            window_sec = local.config.window_sec
+        elif newest is not None:
+            window_sec = int(newest["window_sec"])
+        else:
+            return {}
+    if threshold_ms == "latest":
+        if local is not None:
+            threshold_ms = local.config.threshold_ms
+        elif newest is not None:
+            threshold_ms = newest.get("threshold_ms")
+        else:
+            threshold_ms = None
+    assert not isinstance(threshold_ms, str)
+    alpha = float(newest["alpha"]) if newest else DEFAULT_ALPHA
+    mapping = local.mapping if local is not None else LogMapping(alpha)
+    start = math.floor(now) - window_sec + 1
+    names: list[str] = list(local.variants) if local is not None else []
+    for partial in chosen:
+        names += [n for n in partial.data["variants"] if n not in names]
+    result: dict[str, WindowSnapshot] = {}
+    for name in names:
+        merged = WindowTotals(bins=mapping.bins)
+        if local is not None and name in local.variants:
+            merged.add(local.totals(name, now))
+        for partial in chosen:
+            if int(partial.data.get("bins", mapping.bins)) != mapping.bins:
+                continue  # a collector running another α: its bins do not line up
+            totals = partial.totals(name, start=start, threshold_ms=threshold_ms, bins=mapping.bins)
+            if totals is not None:
+                merged.add(totals)
+        merged.res_keys, merged.res_us = bottom_k(merged.res_keys, merged.res_us, RESERVOIR_SIZE)
+        result[name] = merged.snapshot(
+            mapping,
+            experiment=experiment,
+            variant=name,
+            window_sec=window_sec,
+            now=now,
+            window_start=float(start),
+            threshold_ms=threshold_ms,
+        )
+    return result
+
+
+async def read_merged_snapshots(
+    board: SnapshotBoard,
+    experiment: str,
+    now: float,
+    *,
+    window_sec: int | None = None,
+    threshold_ms: float | str | None = "latest",
+) -> dict[str, WindowSnapshot]:
+    """The controller's read: every collector's partial window merged, variant → snapshot.
+
+    Exact across collectors (counts, failures, above-threshold), evicted to the
+    window ending at `now`. Falls back to the plain variant fields when no partial
+    is present (a board written by something other than a collector).
+    """
+    fields = await board.read(experiment)
+    partials = parse_partials(fields)
+    if partials:
+        return merge_snapshots(
+            experiment, partials, now, window_sec=window_sec, threshold_ms=threshold_ms
+        )
+    snapshots: dict[str, WindowSnapshot] = {}
+    for name, raw in fields.items():
+        if name.startswith(PART_PREFIX):
+            continue
+        try:
+            snapshots[name] = WindowSnapshot.from_json(raw)
+        except (ValueError, TypeError):
+            continue
+    return snapshots

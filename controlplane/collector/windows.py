@@ -1,0 +1,625 @@
+"""Sliding windows of latency samples per (experiment, variant): the collector's engine.
+
+Each variant keeps a ring of 1-second buckets. A bucket holds the count, failures,
+the sum of response times, the exact count above the rule's threshold, a log-bucket
+histogram (the DDSketch mapping, relative accuracy α) and a small bottom-k reservoir.
+A running sum over the buckets inside the window is kept with subtract-on-evict, so
+a snapshot costs O(bins), not O(window).
+
+Percentiles use the inverted-CDF definition (DESIGN §8): P_q is the smallest x with
+F(x) ≥ q, read from the histogram as the representative value of the bin holding the
+ceil(q·n)-th smallest sample, so every reported value is within α of the exact one.
+
+"P_q > threshold" holds exactly when more than (1 − q)·n samples are above the
+threshold, which is why each bucket also counts those samples exactly.
+
+No I/O and no clock reads outside the injected clock: the service feeds batches in
+and publishes what `snapshot()` returns. `WindowTotals` is the mergeable form used
+both for the local snapshot and for merging several collectors' partial windows
+(see controlplane/collector/sharding.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from controlplane.kernel.codec import ABORTED, DecodedBatch
+from controlplane.kernel.rules import PERCENTILES, BreakerRule
+from controlplane.kernel.snapshots import PERCENTILE_FIELDS, WindowSnapshot
+
+MAX_WINDOW_SEC = 3600
+DEFAULT_ALPHA = 0.01
+DEFAULT_SKEW_SEC = 2.0
+RESERVOIR_SIZE = 512
+# Per-second sub-reservoirs are merged by their random keys (bottom-k), so the window
+# reservoir is a uniform sample whenever no second holds more than this share of it.
+SECOND_RESERVOIR_SIZE = 64
+_U32_LIMIT = 2**32
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+
+class LogMapping:
+    """The DDSketch logarithmic mapping over integer microseconds, 0 … 2**32 − 1.
+
+    Value bin i covers (γ^(i−1), γ^i] with γ = (1+α')/(1−α'), and its representative
+    value 2γ^i/(γ+1) is within α' of anything in it. The index is computed in float32
+    (three times faster than float64 here); its rounding can move a value sitting on a
+    bin edge into the neighbour bin by a few parts per million, so the bins are built
+    for α' = α·(1 − 1e-3), which keeps every reported value within α.
+
+    Zero is its own bin (array index 0): log(max(x, 0.5)) puts it below every bin a
+    positive integer can reach, and the few array slots in between stay empty.
+    """
+
+    def __init__(self, alpha: float = DEFAULT_ALPHA) -> None:
+        if not 0 < alpha < 0.5:
+            raise ValueError("relative accuracy must be in (0, 0.5)")
+        self.alpha = alpha
+        inner = alpha * (1 - 1e-3)
+        self.gamma = (1 + inner) / (1 - inner)
+        self._scale = np.float32(1.0 / math.log(self.gamma))
+        self._floor = np.float32(0.5)
+        self.offset = -int(np.ceil(np.log(self._floor) * self._scale))
+        top = math.ceil(math.log(_U32_LIMIT) / math.log(self.gamma)) + 1
+        self.bins = self.offset + top + 1
+        exponents = np.arange(self.bins, dtype=np.float64) - self.offset
+        self.representative_us: F64 = 2 * self.gamma**exponents / (self.gamma + 1)
+        self.representative_us[: self.offset] = 0.0
+        self.representative_ms: F64 = self.representative_us / 1000.0
+
+    def index(self, rt_us: npt.NDArray[np.integer]) -> I64:
+        x = rt_us.astype(np.float32)
+        np.maximum(x, self._floor, out=x)
+        np.log(x, out=x)
+        x *= self._scale
+        np.ceil(x, out=x)
+        index = x.astype(np.int64)
+        index += self.offset
+        return index
+
+    def above_mask(self, threshold_ms: float | None) -> npt.NDArray[np.bool_]:
+        """Bins the histogram estimate counts as above threshold_ms."""
+        if threshold_ms is None:
+            return np.zeros(self.bins, dtype=bool)
+        return self.representative_ms > threshold_ms
+
+
+@dataclass(frozen=True)
+class WindowConfig:
+    """What the windows take from a service's breaker rule."""
+
+    window_sec: int = 60
+    threshold_ms: float | None = None
+    failure_statuses: frozenset[int] | None = None  # None: 5xx
+
+    @classmethod
+    def from_rule(cls, rule: BreakerRule) -> WindowConfig:
+        statuses = None if rule.failure_statuses == "5xx" else frozenset(rule.failure_statuses)
+        return cls(min(rule.window_sec, MAX_WINDOW_SEC), rule.threshold_ms, statuses)
+
+
+def failure_table(statuses: frozenset[int] | None) -> npt.NDArray[np.bool_]:
+    """`is_failure_outcome` for every u16 outcome, so a batch is classified by one gather."""
+    table = np.zeros(65536, dtype=bool)
+    table[:100] = True
+    table[ABORTED] = False
+    if statuses is None:
+        table[500:] = True
+    else:
+        table[sorted(s for s in statuses if 100 <= s < 65536)] = True
+    return table
+
+
+def inverted_cdf_rank(percentile: float, n: int) -> int:
+    """1-based rank of P_q over n samples: ceil(q·n), in integers to dodge float error."""
+    tenths = round(percentile * 10)
+    return max(1, -(-tenths * n // 1000))
+
+
+@dataclass
+class WindowTotals:
+    """A window's mergeable sums: add two and you have the window over both inputs."""
+
+    bins: int
+    count: int = 0
+    failures: int = 0
+    sum_us: float = 0.0
+    above_exact: int = 0
+    # histogram of buckets whose above-count was taken under another threshold
+    stale_hist: I64 | None = None
+    hist: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    newest_ts: float | None = None
+    res_keys: npt.NDArray[np.float32] = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+    res_us: npt.NDArray[np.uint32] = field(default_factory=lambda: np.zeros(0, dtype=np.uint32))
+
+    def __post_init__(self) -> None:
+        if self.hist.shape[0] == 0:
+            self.hist = np.zeros(self.bins, dtype=np.int64)
+
+    def add(self, other: WindowTotals) -> None:
+        self.count += other.count
+        self.failures += other.failures
+        self.sum_us += other.sum_us
+        self.above_exact += other.above_exact
+        self.hist += other.hist
+        if other.stale_hist is not None:
+            if self.stale_hist is None:
+                self.stale_hist = other.stale_hist.copy()
+            else:
+                self.stale_hist += other.stale_hist
+        if other.newest_ts is not None:
+            self.newest_ts = (
+                other.newest_ts if self.newest_ts is None else max(self.newest_ts, other.newest_ts)
+            )
+        keys = np.concatenate([self.res_keys, other.res_keys])
+        values = np.concatenate([self.res_us, other.res_us])
+        self.res_keys, self.res_us = bottom_k(keys, values, RESERVOIR_SIZE)
+
+    def snapshot(
+        self,
+        mapping: LogMapping,
+        *,
+        experiment: str,
+        variant: str,
+        window_sec: int,
+        now: float,
+        window_start: float,
+        threshold_ms: float | None,
+    ) -> WindowSnapshot:
+        percentiles: dict[str, float | None] = dict.fromkeys(PERCENTILE_FIELDS.values())
+        mean_ms: float | None = None
+        if self.count:
+            cumulative = np.cumsum(self.hist)
+            ranks = [inverted_cdf_rank(q, self.count) for q in PERCENTILES]
+            where = np.searchsorted(cumulative, ranks, side="left")
+            where = np.minimum(where, mapping.bins - 1)
+            for q, index in zip(PERCENTILES, where, strict=True):
+                percentiles[PERCENTILE_FIELDS[q]] = float(mapping.representative_ms[index])
+            mean_ms = self.sum_us / self.count / 1000.0
+        above = self.above_exact
+        exact = self.stale_hist is None or not self.stale_hist.any()
+        if not exact and self.stale_hist is not None:
+            above += int(self.stale_hist[mapping.above_mask(threshold_ms)].sum())
+        lag = None if self.newest_ts is None else max(0.0, (now - self.newest_ts) * 1000.0)
+        return WindowSnapshot(
+            experiment=experiment,
+            variant=variant,
+            count=self.count,
+            failures=self.failures,
+            window_sec=window_sec,
+            ts=now,
+            window_start=window_start,
+            window_end=now,
+            mean_ms=mean_ms,
+            threshold_ms=threshold_ms,
+            above_threshold=above,
+            threshold_exact=exact,
+            sample_lag_ms=lag,
+            reservoir_ms=tuple(float(v) / 1000.0 for v in self.res_us),
+            **percentiles,
+        )
+
+
+def bottom_k(
+    keys: npt.NDArray[np.float32], values: npt.NDArray[np.uint32], k: int
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.uint32]]:
+    """The k items with the smallest random keys: a uniform sample of the union."""
+    if keys.shape[0] <= k:
+        return keys, values
+    keep = np.argpartition(keys, k - 1)[:k]
+    return keys[keep], values[keep]
+
+
+class _VariantRing:
+    """One variant's 1-second buckets and the running sum over those in the window."""
+
+    def __init__(self, bins: int, capacity: int) -> None:
+        self.bins = bins
+        self.capacity = 0
+        self._allocate(capacity)
+        self.win_hist = np.zeros(bins, dtype=np.int64)
+        self.win_count = 0
+        self.win_failures = 0
+        self.win_sum_us = 0.0
+        self.win_above = 0  # over in-window buckets whose threshold is the current one
+        self.newest_ts: float | None = None
+
+    def _allocate(self, capacity: int) -> None:
+        old = self.__dict__.get("second")
+        fresh = {
+            "second": np.full(capacity, -1, dtype=np.int64),
+            "count": np.zeros(capacity, dtype=np.int64),
+            "failures": np.zeros(capacity, dtype=np.int64),
+            "sum_us": np.zeros(capacity, dtype=np.float64),
+            "above": np.zeros(capacity, dtype=np.int64),
+            "stale": np.zeros(capacity, dtype=bool),
+            "dirty": np.ones(capacity, dtype=bool),
+            # int32 per second halves the ring; the running sum is int64
+            "hist": np.zeros((capacity, self.bins), dtype=np.int32),
+            "res_keys": np.zeros((capacity, SECOND_RESERVOIR_SIZE), dtype=np.float32),
+            "res_us": np.zeros((capacity, SECOND_RESERVOIR_SIZE), dtype=np.uint32),
+            "res_fill": np.zeros(capacity, dtype=np.int64),
+            "res_tau": np.full(capacity, 2.0, dtype=np.float32),
+        }
+        if old is not None:
+            for slot in np.flatnonzero(old >= 0):
+                new_slot = int(old[slot]) % capacity
+                for name, array in fresh.items():
+                    array[new_slot] = getattr(self, name)[slot]
+        for name, array in fresh.items():
+            setattr(self, name, array)
+        self.capacity = capacity
+        self.encoded: dict[int, str] = {}
+
+    def grow(self, capacity: int) -> None:
+        if capacity > self.capacity:
+            self._allocate(capacity)
+
+    def slot_for(self, second: int) -> int:
+        slot = second % self.capacity
+        if self.second[slot] != second:
+            # the slot's previous second left the window (capacity > window + skew)
+            self.second[slot] = second
+            self.count[slot] = self.failures[slot] = self.above[slot] = 0
+            self.sum_us[slot] = 0.0
+            self.stale[slot] = False
+            self.hist[slot] = 0
+            self.res_fill[slot] = 0
+            self.res_tau[slot] = 2.0
+        self.dirty[slot] = True
+        return slot
+
+    def add_to_window(self, slot: int, sign: int) -> None:
+        self.win_count += sign * int(self.count[slot])
+        self.win_failures += sign * int(self.failures[slot])
+        self.win_sum_us += sign * float(self.sum_us[slot])
+        if not self.stale[slot]:
+            self.win_above += sign * int(self.above[slot])
+        if sign > 0:
+            self.win_hist += self.hist[slot]
+        else:
+            self.win_hist -= self.hist[slot]
+
+    def slots_between(self, first: int, last: int) -> list[int]:
+        """Slots holding seconds in [first, last]."""
+        if last < first:
+            return []
+        if last - first + 1 >= self.capacity:
+            held = self.second
+            return [int(s) for s in np.flatnonzero((held >= first) & (held <= last))]
+        slots = []
+        for second in range(first, last + 1):
+            slot = second % self.capacity
+            if self.second[slot] == second:
+                slots.append(slot)
+        return slots
+
+    def offer(
+        self, slot: int, keys: npt.NDArray[np.float32], values: npt.NDArray[np.uint32]
+    ) -> None:
+        fill = int(self.res_fill[slot])
+        all_keys = np.concatenate([self.res_keys[slot, :fill], keys])
+        all_values = np.concatenate([self.res_us[slot, :fill], values])
+        kept_keys, kept_values = bottom_k(all_keys, all_values, SECOND_RESERVOIR_SIZE)
+        fill = kept_keys.shape[0]
+        self.res_keys[slot, :fill] = kept_keys
+        self.res_us[slot, :fill] = kept_values
+        self.res_fill[slot] = fill
+        self.res_tau[slot] = kept_keys.max() if fill >= SECOND_RESERVOIR_SIZE else 2.0
+
+    def nbytes(self) -> int:
+        arrays = [
+            self.second, self.count, self.failures, self.sum_us, self.above, self.stale,
+            self.dirty, self.hist, self.res_keys, self.res_us, self.res_fill, self.res_tau,
+            self.win_hist,
+        ]  # fmt: skip
+        return sum(a.nbytes for a in arrays)
+
+
+@dataclass
+class IngestCounters:
+    ingested: int = 0
+    late: int = 0
+    clamped: int = 0
+
+
+class ExperimentWindow:
+    """All variants of one experiment: `record(batch)` in, `snapshot()` out."""
+
+    def __init__(
+        self,
+        experiment: str,
+        config: WindowConfig,
+        *,
+        clock_now: float,
+        mapping: LogMapping | None = None,
+        skew_sec: float = DEFAULT_SKEW_SEC,
+        seed: int | None = None,
+    ) -> None:
+        self.experiment = experiment
+        self.mapping = mapping or LogMapping()
+        self.skew_sec = skew_sec
+        self.config = config
+        self.counters = IngestCounters()
+        self._rng = np.random.default_rng(seed)
+        self._variants: dict[str, int] = {}
+        self._rings: list[_VariantRing] = []
+        self._failure_table = failure_table(config.failure_statuses)
+        self._threshold_us = self._threshold_in_us(config.threshold_ms)
+        self._longest = config.window_sec
+        self._tail = math.floor(clock_now) - config.window_sec + 1
+        self.changed = False  # set by anything that changes a snapshot; the publisher clears it
+
+    # --- configuration ------------------------------------------------------
+
+    @staticmethod
+    def _threshold_in_us(threshold_ms: float | None) -> float:
+        return math.inf if threshold_ms is None else threshold_ms * 1000.0
+
+    def _capacity(self) -> int:
+        return self._longest + math.ceil(self.skew_sec) + 2
+
+    def reconfigure(self, config: WindowConfig, now: float) -> None:
+        """Apply a rule change live: window length, threshold, failure statuses."""
+        if config == self.config:
+            return
+        self.advance(now)
+        old = self.config
+        self.config = config
+        self.changed = True
+        if config.failure_statuses != old.failure_statuses:
+            # recorded failures cannot be re-classified; new samples use the new set
+            self._failure_table = failure_table(config.failure_statuses)
+        if config.threshold_ms != old.threshold_ms:
+            self._threshold_us = self._threshold_in_us(config.threshold_ms)
+            for ring in self._rings:
+                # every bucket so far counted "above" under the old threshold: exclude
+                # them from the exact sum; the histogram stands in until they leave
+                ring.stale[ring.second >= 0] = True
+                ring.win_above = 0
+        if config.window_sec != old.window_sec:
+            self._longest = max(self._longest, config.window_sec)
+            now_sec = math.floor(now)
+            new_tail = now_sec - config.window_sec + 1
+            for ring in self._rings:
+                ring.grow(self._capacity())
+                if new_tail > self._tail:
+                    for slot in ring.slots_between(self._tail, new_tail - 1):
+                        ring.add_to_window(slot, -1)
+                else:
+                    for slot in ring.slots_between(new_tail, self._tail - 1):
+                        ring.add_to_window(slot, +1)
+            self._tail = new_tail
+
+    def advance(self, now: float) -> None:
+        """Evict the seconds that left the window (subtract-on-evict)."""
+        new_tail = math.floor(now) - self.config.window_sec + 1
+        if new_tail <= self._tail:
+            return
+        for ring in self._rings:
+            evicted = ring.slots_between(self._tail, new_tail - 1)
+            for slot in evicted:
+                ring.add_to_window(slot, -1)
+            if evicted:
+                self.changed = True
+        self._tail = new_tail
+
+    @property
+    def window_start(self) -> int:
+        return self._tail
+
+    def _variant_index(self, name: str) -> int:
+        index = self._variants.get(name)
+        if index is None:
+            index = self._variants[name] = len(self._rings)
+            self._rings.append(_VariantRing(self.mapping.bins, self._capacity()))
+        return index
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return tuple(self._variants)
+
+    # --- ingestion ----------------------------------------------------------
+
+    def record(self, batch: DecodedBatch, now: float) -> None:
+        self.record_many([batch], now)
+
+    def record_many(self, batches: Sequence[DecodedBatch], now: float) -> None:
+        """Ingest several decoded batches at once, vectorised over all their samples."""
+        batches = [b for b in batches if len(b)]
+        if not batches:
+            self.advance(now)
+            return
+        parts = []
+        for batch in batches:
+            remap = np.array([self._variant_index(v) for v in batch.variants], dtype=np.int64)
+            parts.append(remap[batch.variant])
+        if len(batches) == 1:
+            variant, ts = parts[0], batches[0].ts
+            rt_us, outcome = batches[0].rt_us, batches[0].outcome
+        else:
+            variant = np.concatenate(parts)
+            ts = np.concatenate([b.ts for b in batches])
+            rt_us = np.concatenate([b.rt_us for b in batches])
+            outcome = np.concatenate([b.outcome for b in batches])
+        self.ingest(variant, ts, rt_us, outcome, now)
+
+    def ingest(
+        self,
+        variant: I64,
+        ts: F64,
+        rt_us: npt.NDArray[np.uint32],
+        outcome: npt.NDArray[np.uint16],
+        now: float,
+    ) -> None:
+        """The vectorised core: columns of equal length, variant as ring indices."""
+        self.advance(now)
+        n = int(ts.shape[0])
+        ahead = ts > now + self.skew_sec
+        clamped = int(np.count_nonzero(ahead))
+        if clamped:
+            ts = np.where(ahead, now, ts)
+            self.counters.clamped += clamped
+        second = np.floor(ts).astype(np.int64)
+        late = second < self._tail
+        n_late = int(np.count_nonzero(late))
+        if n_late:
+            self.counters.late += n_late
+            keep = ~late
+            variant, ts, second = variant[keep], ts[keep], second[keep]
+            rt_us, outcome = rt_us[keep], outcome[keep]
+        m = n - n_late
+        if m == 0:
+            return
+        self.counters.ingested += m
+        self.changed = True
+        n_variants = len(self._rings)
+        first = int(second.min())
+        span = int(second.max()) - first + 1
+        groups = span * n_variants
+        group = second - first
+        group *= n_variants
+        group += variant
+        bins = self.mapping.bins
+        flat = group * bins
+        flat += self.mapping.index(rt_us)
+        hist = np.bincount(flat, minlength=groups * bins).reshape(groups, bins)
+        counts = hist.sum(axis=1)
+        if self.config.failure_statuses is None:
+            # the default (5xx, connect errors, timeouts) in three cheap comparisons
+            failed = (outcome >= 500) | ((outcome < 100) & (outcome != ABORTED))
+        else:
+            failed = self._failure_table[outcome]
+        failures = np.bincount(group[failed], minlength=groups)
+        sums = np.bincount(group, weights=rt_us, minlength=groups)
+        aboves = np.bincount(group[rt_us > self._threshold_us], minlength=groups)
+
+        active = [int(g) for g in np.flatnonzero(counts)]
+        slots: dict[int, int] = {}
+        taus = np.full(groups, 2.0, dtype=np.float32)
+        for g in active:
+            ring = self._rings[g % n_variants]
+            slot = ring.slot_for(first + g // n_variants)
+            slots[g] = slot
+            taus[g] = ring.res_tau[slot]
+        cand_pos, cand_keys = self._reservoir_candidates(group, taus)
+        cand_group = group[cand_pos]
+
+        for g in active:
+            ring = self._rings[g % n_variants]
+            slot = slots[g]
+            ring.count[slot] += counts[g]
+            ring.failures[slot] += failures[g]
+            ring.sum_us[slot] += sums[g]
+            ring.above[slot] += aboves[g]
+            ring.hist[slot] += hist[g].astype(np.int32)
+            ring.win_count += int(counts[g])
+            ring.win_failures += int(failures[g])
+            ring.win_sum_us += float(sums[g])
+            if not ring.stale[slot]:
+                ring.win_above += int(aboves[g])
+            ring.win_hist += hist[g]
+            mine = cand_group == g
+            if mine.any():
+                ring.offer(slot, cand_keys[mine], rt_us[cand_pos[mine]].astype(np.uint32))
+        # the batch's newest sample stands for every variant in it: lag is a health
+        # figure, and a per-variant max would cost a pass over the batch per variant
+        newest = float(ts.max())
+        for g in active:
+            ring = self._rings[g % n_variants]
+            if ring.newest_ts is None or newest > ring.newest_ts:
+                ring.newest_ts = newest
+
+    def _reservoir_candidates(
+        self, group: I64, taus: npt.NDArray[np.float32]
+    ) -> tuple[I64, npt.NDArray[np.float32]]:
+        """Positions whose random key falls under their bucket's k-th key, and the keys.
+
+        Bottom-k sampling gives every sample a uniform key and keeps the k smallest.
+        A bucket whose reservoir is not full yet needs a key for each of its samples.
+        Once full, only keys below its k-th key (tau) matter, so instead of drawing a
+        key per sample, draw how many fall below the largest tau (binomial), where
+        (uniform positions) and their keys (uniform below it), then keep those under
+        their own bucket's tau: the same distribution for a fraction of the cost.
+        Positions drawn twice are kept once.
+        """
+        m = group.shape[0]
+        filling = taus >= 1.0
+        parts_pos: list[I64] = []
+        parts_keys: list[npt.NDArray[np.float32]] = []
+        if filling.any():
+            pos = np.flatnonzero(filling[group])
+            parts_pos.append(pos)
+            parts_keys.append(self._rng.random(pos.shape[0], dtype=np.float32))
+        full_taus = taus[~filling]
+        if full_taus.shape[0]:
+            tau = float(full_taus.max())
+            hits = int(self._rng.binomial(m, tau))
+            if hits:
+                pos = np.unique(self._rng.integers(0, m, hits))
+                pos = pos[~filling[group[pos]]]
+                keys = self._rng.random(pos.shape[0], dtype=np.float32) * np.float32(tau)
+                keep = keys < taus[group[pos]]
+                parts_pos.append(pos[keep])
+                parts_keys.append(keys[keep])
+        if not parts_pos:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        if len(parts_pos) == 1:
+            return parts_pos[0], parts_keys[0]
+        return np.concatenate(parts_pos), np.concatenate(parts_keys)
+
+    # --- output -------------------------------------------------------------
+
+    def totals(self, variant: str, now: float) -> WindowTotals:
+        """The window's sums for one variant, O(bins) (+ stale buckets in a transition)."""
+        self.advance(now)
+        ring = self._rings[self._variants[variant]]
+        in_window = ring.second >= self._tail
+        totals = WindowTotals(
+            bins=self.mapping.bins,
+            count=ring.win_count,
+            failures=ring.win_failures,
+            sum_us=ring.win_sum_us,
+            above_exact=ring.win_above,
+            hist=ring.win_hist.copy(),
+            newest_ts=ring.newest_ts,
+        )
+        stale = np.flatnonzero(in_window & ring.stale)
+        if stale.shape[0]:
+            totals.stale_hist = ring.hist[stale].sum(axis=0, dtype=np.int64)
+        live = np.flatnonzero(in_window)
+        if live.shape[0]:
+            fills = ring.res_fill[live]
+            mask = np.arange(SECOND_RESERVOIR_SIZE)[None, :] < fills[:, None]
+            totals.res_keys, totals.res_us = bottom_k(
+                ring.res_keys[live][mask], ring.res_us[live][mask], RESERVOIR_SIZE
+            )
+        return totals
+
+    def snapshot(self, now: float) -> dict[str, WindowSnapshot]:
+        """Every variant's window at `now`."""
+        return {
+            name: self.totals(name, now).snapshot(
+                self.mapping,
+                experiment=self.experiment,
+                variant=name,
+                window_sec=self.config.window_sec,
+                now=now,
+                window_start=float(self._tail),
+                threshold_ms=self.config.threshold_ms,
+            )
+            for name in self._variants
+        }
+
+    def ring(self, variant: str) -> _VariantRing:
+        return self._rings[self._variants[variant]]
+
+    def nbytes(self) -> int:
+        return sum(ring.nbytes() for ring in self._rings)

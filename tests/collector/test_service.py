@@ -1,0 +1,228 @@
+"""The collector loop on the in-process bus and on real Redis + etcd."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from controlplane.collector.service import Collector
+from controlplane.collector.sharding import read_merged_snapshots
+from controlplane.kernel.clock import FakeClock, SystemClock
+from controlplane.kernel.codec import BatchBuilder, BatchMeta, entry_fields
+from controlplane.kernel.keys import EtcdKeys
+from controlplane.kernel.kv_factory import open_kv
+from controlplane.kernel.streams_factory import open_streams
+
+SERVICE = "payment-api"
+EXPERIMENT = "42"
+
+
+def make_batches(
+    rt_us: np.ndarray, now: float, *, source: str = "sc-1", size: int = 512, first_seq: int = 1
+) -> list[dict[str, bytes]]:
+    batches = []
+    for k, lo in enumerate(range(0, rt_us.shape[0], size)):
+        builder = BatchBuilder()
+        for i, rt in enumerate(rt_us[lo : lo + size]):
+            builder.add(
+                now, "canary" if i % 4 == 0 else "baseline", int(rt), 200 if rt < 900_000 else 503
+            )
+        meta = BatchMeta(EXPERIMENT, source, first_seq + k, len(builder))
+        batches.append(entry_fields(meta, builder.encode()))
+    return batches
+
+
+@pytest.fixture
+async def memory_setup() -> AsyncIterator[tuple[Collector, object, FakeClock]]:
+    clock = FakeClock()
+    streams, board = open_streams("memory://", clock=clock)
+    kv = open_kv("memory://", clock=clock)
+    keys = EtcdKeys("/t")
+    await kv.put(
+        keys.rule(SERVICE), b'{"service": "payment-api", "threshold_ms": 100, "window_sec": 30}'
+    )
+    collector = Collector(
+        streams, board, kv, keys, consumer_name="c1", clock=clock, block_ms=0, claim_idle_ms=5000
+    )
+    await collector.load_config()
+    yield collector, streams, clock
+    for task in collector._watch_tasks:
+        task.cancel()
+    await streams.close()
+    await kv.close()
+
+
+async def test_batches_are_applied_published_and_acked(memory_setup) -> None:  # type: ignore[no-untyped-def]
+    collector, streams, clock = memory_setup
+    rt = np.random.default_rng(1).lognormal(np.log(50_000), 1.0, 5_000).astype(np.uint32)
+    await streams.append(SERVICE, make_batches(rt, clock.now()), maxlen=10_000)
+    await collector.step()
+    clock.advance(0.2)
+    await collector.step()
+    snaps = await read_merged_snapshots(streams, EXPERIMENT, clock.now())
+    assert snaps["baseline"].count + snaps["canary"].count == rt.shape[0]
+    assert snaps["baseline"].threshold_ms == 100
+    fields = await streams.read(EXPERIMENT)
+    assert "baseline" in fields and "canary" in fields
+    assert await streams.pending(SERVICE, "collectors") == 0
+    assert streams.decisions_length() >= 1
+
+
+async def test_corrupt_entry_is_skipped_acked_and_counted(memory_setup) -> None:  # type: ignore[no-untyped-def]
+    collector, streams, clock = memory_setup
+    batches = make_batches(np.full(1_536, 1_000, np.uint32), clock.now())
+    corrupt = dict(batches[1])
+    corrupt["data"] = corrupt["data"][:-3] + b"xyz"
+    await streams.append(SERVICE, [batches[0], corrupt, batches[2]], maxlen=100)
+    await collector.step()
+    clock.advance(0.2)
+    await collector.step()
+    snaps = await read_merged_snapshots(streams, EXPERIMENT, clock.now())
+    assert sum(s.count for s in snaps.values()) == 1_024
+    assert collector.metrics.corrupt._value.get() == 1
+    assert await streams.pending(SERVICE, "collectors") == 0
+
+
+async def test_redelivered_batch_is_not_counted_twice(memory_setup) -> None:  # type: ignore[no-untyped-def]
+    collector, streams, clock = memory_setup
+    batches = make_batches(np.full(1_024, 1_000, np.uint32), clock.now())
+    await streams.append(SERVICE, batches + [batches[0]], maxlen=100)
+    await collector.step()
+    clock.advance(0.2)
+    await collector.step()
+    snaps = await read_merged_snapshots(streams, EXPERIMENT, clock.now())
+    assert sum(s.count for s in snaps.values()) == 1_024
+    assert collector.metrics.duplicates._value.get() == 1
+
+
+async def test_rule_changes_apply_live_and_malformed_rules_are_rejected(memory_setup) -> None:  # type: ignore[no-untyped-def]
+    collector, streams, clock = memory_setup
+    await streams.append(
+        SERVICE, make_batches(np.full(512, 1_000, np.uint32), clock.now()), maxlen=100
+    )
+    await collector.step()
+    kv = collector.kv
+    await kv.put(collector.keys.rule(SERVICE), b"{not json")
+    await kv.put(
+        collector.keys.rule(SERVICE),
+        b'{"service": "payment-api", "threshold_ms": 100, "window_sec": 5}',
+    )
+    for _ in range(50):
+        clock.advance(0.2)
+        await asyncio.sleep(0)  # let the watch task run: the bus answers without waiting
+        await collector.step()
+        if collector.windows[EXPERIMENT].config.window_sec == 5:
+            break
+    assert collector.windows[EXPERIMENT].config.window_sec == 5
+    assert collector.metrics.config_rejected._value.get() == 1
+    clock.advance(6)
+    await collector.step()
+    snaps = await read_merged_snapshots(streams, EXPERIMENT, clock.now())
+    assert snaps["baseline"].count == 0 and snaps["baseline"].window_sec == 5
+
+
+async def test_two_collectors_merge_exactly_and_a_dead_ones_entries_are_claimed_once() -> None:
+    clock = FakeClock()
+    streams, board = open_streams("memory://", clock=clock)
+    kv = open_kv("memory://", clock=clock)
+    keys = EtcdKeys("/t")
+    a = Collector(
+        streams,
+        board,
+        kv,
+        keys,
+        consumer_name="a",
+        clock=clock,
+        block_ms=0,
+        count=3,
+        claim_idle_ms=1000,
+    )
+    b = Collector(
+        streams,
+        board,
+        kv,
+        keys,
+        consumer_name="b",
+        clock=clock,
+        block_ms=0,
+        count=3,
+        claim_idle_ms=1000,
+    )
+    try:
+        await streams.append(
+            SERVICE, make_batches(np.full(512 * 12, 2_000, np.uint32), clock.now()), maxlen=100
+        )
+        for c in (a, b):
+            await c.load_config()
+            await c.step()  # discovery, claim, read 3 entries each
+        clock.advance(0.2)
+        await a.step()  # a publishes and acks its first entries, then reads 3 more …
+        await a._claim()
+        # … and "dies": 3 entries pending on it, of which none published; b goes on
+        await a.publish(EXPERIMENT, clock.now())  # published but never acked: listed as unacked
+        for _ in range(30):
+            clock.advance(0.2)
+            await b.step()
+        snaps = await read_merged_snapshots(board, EXPERIMENT, clock.now())
+        assert sum(s.count for s in snaps.values()) == 512 * 12
+        assert await streams.pending(SERVICE, "collectors") == 0
+    finally:
+        for c in (a, b):
+            for task in c._watch_tasks:
+                task.cancel()
+        await streams.close()
+        await kv.close()
+
+
+@pytest.mark.real
+async def test_real_redis_and_etcd_ingest_and_publish(
+    redis_url: str, redis_namespace: str, etcd_endpoint: str, etcd_prefix: str
+) -> None:
+    clock = SystemClock()
+    streams, board = open_streams(redis_url, namespace=redis_namespace)
+    kv = open_kv(etcd_endpoint)
+    keys = EtcdKeys(etcd_prefix)
+    await kv.put(
+        keys.rule(SERVICE), b'{"service": "payment-api", "threshold_ms": 100, "window_sec": 60}'
+    )
+    collector = Collector(
+        streams, board, kv, keys, consumer_name="real-1", clock=clock, block_ms=20
+    )
+    try:
+        await collector.load_config()
+        rt = np.random.default_rng(2).lognormal(np.log(50_000), 1.0, 20_000).astype(np.uint32)
+        batches = make_batches(rt, clock.now())
+        corrupt = dict(batches[3])
+        corrupt["data"] = b"garbage"
+        await streams.append(
+            SERVICE, batches[:5] + [corrupt] + batches[5:] + [batches[0]], maxlen=10_000
+        )
+        expected = rt.shape[0]
+        total = 0
+        for _ in range(200):
+            await collector.step()
+            snaps = await read_merged_snapshots(board, EXPERIMENT, clock.now())
+            total = sum(s.count for s in snaps.values())
+            if total == expected and await streams.pending(SERVICE, "collectors") == 0:
+                break
+        assert total == expected
+        assert collector.metrics.corrupt._value.get() == 1
+        assert collector.metrics.duplicates._value.get() == 1
+        merged = snaps["baseline"]
+        baseline_rt = np.concatenate(
+            [
+                rt[lo : lo + 512][[i % 4 != 0 for i in range(len(rt[lo : lo + 512]))]]
+                for lo in range(0, len(rt), 512)
+            ]
+        )
+        exact = np.percentile(baseline_rt, 95, method="inverted_cdf") / 1000
+        assert merged.p95_ms is not None and abs(merged.p95_ms - exact) / exact <= 0.01
+        assert merged.above_threshold == int(np.count_nonzero(baseline_rt > 100_000))
+    finally:
+        for task in collector._watch_tasks:
+            task.cancel()
+        await streams.close()
+        await kv.close()
