@@ -1,0 +1,464 @@
+"""`canary bench decision`: false trips in A/A and detection time, on a simulated clock.
+
+Traffic is simulated per request (Poisson arrivals, lognormal response times,
+Bernoulli failures). A window here is exact over the samples visible to a collector
+(each one `SAMPLE_LAG_SEC` after it happened), so what is measured is the decision
+core alone: route propagation to the sidecars comes on top.
+
+(a) A/A: baseline and canary identical; full step schedules, `decide` every 250 ms as
+    the controller calls it; a run with any trip is a false trip.
+(b) Detection: the canary at 100 req/s degrades at a known instant; the time from
+    the onset to the decision that cuts its weight.
+(c) Flagger-style reference on the same traffic: a threshold check every 60 s over a
+    60-s window, rollback after 5 failed checks.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from scipy import stats as sps
+
+from controlplane.decision import (
+    BreakerState,
+    EventKind,
+    ExperimentStatus,
+    RolloutState,
+    SetCanaryWeight,
+    Step,
+    decide,
+    start,
+)
+from controlplane.decision.tally import Tally
+from controlplane.kernel.routes import BASELINE, CANARY, TOTAL_WEIGHT
+from controlplane.kernel.rules import BreakerRule
+from controlplane.kernel.snapshots import WindowSnapshot
+
+F64 = npt.NDArray[np.float64]
+
+EVAL_INTERVAL_SEC = 0.25
+SAMPLE_LAG_SEC = 0.1  # sidecar batch delay (<= 50 ms) plus the collector's read
+ROUTE_DELAY_SEC = 0.5  # a route write reaches the sidecars' assignment
+RESERVOIR_SIZE = 512  # as the collector's window reservoir
+PERCENTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
+
+MEDIAN_MS = 100.0
+SIGMA = 0.5
+ERROR_RATE = 0.005
+TOTAL_RPS = 200.0
+# 1.25 x the healthy P95, as the rule recommendation proposes it
+THRESHOLD_MS = round(1.25 * MEDIAN_MS * math.exp(1.6449 * SIGMA))
+
+RULE = BreakerRule(
+    service="bench",
+    threshold_ms=THRESHOLD_MS,
+    window_sec=10,
+    failure_ratio=0.02,
+    cooldown_sec=60,
+    percentile=95,
+    min_samples=100,
+    consecutive_breaches=2,
+    alpha=0.01,
+)
+BASELINE_RULE = BreakerRule.model_validate(
+    {**RULE.model_dump(), "compare": "baseline", "baseline_margin": 1.2}
+)
+
+# a 100% step has no baseline left to compare with: in baseline mode promotion
+# itself moves the last half of the traffic
+ABSOLUTE_STEPS = (Step(1, 60), Step(5, 60), Step(25, 60), Step(50, 60), Step(100, 60))
+BASELINE_STEPS = ABSOLUTE_STEPS[:-1]
+
+SCENARIOS: dict[str, tuple[float, float]] = {
+    # name: (latency factor, canary failure probability after the onset)
+    "latency_x2": (2.0, ERROR_RATE),
+    "latency_x5": (5.0, ERROR_RATE),
+    "latency_x10": (10.0, ERROR_RATE),
+    "failures_5pct": (1.0, 0.05),
+    "failures_20pct": (1.0, 0.20),
+}
+DETECTION_CANARY_BP = 5000  # 100 of 200 req/s
+FLAGGER_INTERVAL_SEC = 60.0
+FLAGGER_THRESHOLD = 5
+
+
+# ---------------------------------------------------------------- simulated traffic
+
+
+class SimVariant:
+    """One variant's samples, time-ordered, with running sums for exact windows."""
+
+    def __init__(self, name: str, threshold_ms: float, capacity: int = 1 << 14) -> None:
+        self.name = name
+        self.threshold_ms = threshold_ms
+        self.n = 0
+        self._ts: F64 = np.empty(capacity)
+        self._rt: F64 = np.empty(capacity)
+        # running sums with a leading zero: a window's count is a difference of two
+        self._cum_failed: npt.NDArray[np.int64] = np.zeros(capacity + 1, dtype=np.int64)
+        self._cum_above: npt.NDArray[np.int64] = np.zeros(capacity + 1, dtype=np.int64)
+
+    def _grow(self, need: int) -> None:
+        size = self._ts.size
+        while size < need:
+            size *= 2
+        if size == self._ts.size:
+            return
+        for attr, extra in (("_ts", 0), ("_rt", 0), ("_cum_failed", 1), ("_cum_above", 1)):
+            old = getattr(self, attr)
+            grown = np.zeros(size + extra, dtype=old.dtype)
+            grown[: old.size] = old
+            setattr(self, attr, grown)
+
+    def add(self, ts: F64, rt: F64, failed: npt.NDArray[np.bool_]) -> None:
+        k = ts.size
+        if not k:
+            return
+        self._grow(self.n + k)
+        a, b = self.n, self.n + k
+        self._ts[a:b] = ts
+        self._rt[a:b] = rt
+        self._cum_failed[a + 1 : b + 1] = self._cum_failed[a] + np.cumsum(failed)
+        self._cum_above[a + 1 : b + 1] = self._cum_above[a] + np.cumsum(rt > self.threshold_ms)
+        self.n = b
+
+    def _span(self, lo: float, hi: float) -> tuple[int, int]:
+        i, j = np.searchsorted(self._ts[: self.n], (lo, hi), side="right")
+        return int(i), int(j)
+
+    def snapshot(
+        self, lo: float, hi: float, ts: float, window_sec: int, *, reservoir: bool
+    ) -> WindowSnapshot:
+        i, j = self._span(lo, hi)
+        count = j - i
+        pcts: list[float | None] = [None] * len(PERCENTILES)
+        res: tuple[float, ...] = ()
+        if count:
+            window = self._rt[i:j]
+            # inverted-CDF percentiles (the smallest x with F(x) >= q), as the collector's
+            ranks = sorted({max(math.ceil(q * count), 1) - 1 for q in PERCENTILES})
+            picked = np.partition(window, ranks)
+            pcts = [float(picked[max(math.ceil(q * count), 1) - 1]) for q in PERCENTILES]
+            if reservoir:
+                stride = max(1, math.ceil(count / RESERVOIR_SIZE))
+                res = tuple(window[::stride].tolist())
+        return WindowSnapshot(
+            experiment="bench",
+            variant=self.name,
+            count=count,
+            failures=int(self._cum_failed[j] - self._cum_failed[i]),
+            window_sec=window_sec,
+            ts=ts,
+            window_start=lo,
+            window_end=hi,
+            p50_ms=pcts[0],
+            p90_ms=pcts[1],
+            p95_ms=pcts[2],
+            p99_ms=pcts[3],
+            p999_ms=pcts[4],
+            threshold_ms=self.threshold_ms,
+            above_threshold=int(self._cum_above[j] - self._cum_above[i]),
+            threshold_exact=True,
+            reservoir_ms=res,
+        )
+
+    def counts(self, lo: float, hi: float) -> tuple[int, int, int]:
+        """(count, failures, above threshold) over (lo, hi]."""
+        i, j = self._span(lo, hi)
+        return (
+            j - i,
+            int(self._cum_failed[j] - self._cum_failed[i]),
+            int(self._cum_above[j] - self._cum_above[i]),
+        )
+
+
+@dataclass(frozen=True)
+class Degradation:
+    onset: float = math.inf
+    latency_factor: float = 1.0
+    error_rate: float = ERROR_RATE
+
+
+class Traffic:
+    """Requests split by the canary weight in force, generated tick by tick."""
+
+    def __init__(self, rng: np.random.Generator, threshold_ms: float, degrade: Degradation):
+        self.rng = rng
+        self.degrade = degrade
+        self.variants = {
+            BASELINE: SimVariant(BASELINE, threshold_ms),
+            CANARY: SimVariant(CANARY, threshold_ms),
+        }
+
+    def generate(self, t0: float, t1: float, canary_bp: int) -> None:
+        share = canary_bp / TOTAL_WEIGHT
+        for name, rate in ((CANARY, TOTAL_RPS * share), (BASELINE, TOTAL_RPS * (1 - share))):
+            n = int(self.rng.poisson(rate * (t1 - t0))) if rate > 0 else 0
+            if not n:
+                continue
+            ts = np.sort(self.rng.uniform(t0, t1, n))
+            rt = self.rng.lognormal(math.log(MEDIAN_MS), SIGMA, n)
+            error = np.full(n, ERROR_RATE)
+            if name == CANARY:
+                bad = ts >= self.degrade.onset
+                rt[bad] *= self.degrade.latency_factor
+                error[bad] = self.degrade.error_rate
+            self.variants[name].add(ts, rt, self.rng.random(n) < error)
+
+    def snapshots(self, now: float, rule: BreakerRule, *, reservoir: bool) -> dict[str, Any]:
+        hi = now - SAMPLE_LAG_SEC
+        lo = hi - rule.window_sec
+        return {
+            name: v.snapshot(lo, hi, now, rule.window_sec, reservoir=reservoir)
+            for name, v in self.variants.items()
+        }
+
+
+class Controller:
+    """The loop around decide(): evaluate every tick, apply route writes after a delay."""
+
+    def __init__(self, rule: BreakerRule, steps: Sequence[Step], state: RolloutState):
+        self.rule = rule
+        self.steps = steps
+        self.state = state
+        self.effective_bp = state.canary_bp
+        self.pending: list[tuple[float, int]] = []
+
+    def apply(self, actions: Sequence[object], now: float) -> None:
+        for a in actions:
+            if isinstance(a, SetCanaryWeight):
+                self.pending.append((now + ROUTE_DELAY_SEC, a.canary_bp))
+
+    def weight_at(self, now: float) -> int:
+        while self.pending and self.pending[0][0] <= now:
+            self.effective_bp = self.pending.pop(0)[1]
+        return self.effective_bp
+
+
+# ---------------------------------------------------------------- (a) A/A
+
+
+def aa_run(args: tuple[str, int, float]) -> dict[str, Any]:
+    """One full schedule with identical variants."""
+    mode, seed, hold_sec = args
+    rule = BASELINE_RULE if mode == "baseline" else RULE
+    steps = tuple(
+        replace(s, hold_sec=hold_sec)
+        for s in (BASELINE_STEPS if mode == "baseline" else ABSOLUTE_STEPS)
+    )
+    rng = np.random.default_rng(seed)
+    traffic = Traffic(rng, rule.threshold_ms, Degradation())
+    first = start(steps, 0.0)
+    loop = Controller(rule, steps, first.new_state)
+    loop.apply(first.actions, 0.0)
+    now, trips, srm_events, naive_alarm = 0.0, 0, 0, False
+    limit = 20 * len(steps) * max(hold_sec, rule.window_sec)
+    while loop.state.status is ExperimentStatus.RUNNING and now < limit:
+        traffic.generate(now, now + EVAL_INTERVAL_SEC, loop.weight_at(now))
+        now += EVAL_INTERVAL_SEC
+        snaps = traffic.snapshots(now, rule, reservoir=mode == "baseline")
+        d = decide(loop.state, snaps, rule, steps, now)
+        loop.state = d.new_state
+        loop.apply(d.actions, now)
+        kinds = [e.kind for e in d.events]
+        trips += kinds.count(EventKind.TRIPPED) + kinds.count(EventKind.PROBE_FAILED)
+        srm_events += kinds.count(EventKind.SRM_DETECTED)
+        window = d.evidence.get("window", {})
+        # what a naive check would do: alarm on any bound exceeded in any window
+        if any(g["exceeded"] for g in window.get("guardrails", {}).values()):
+            naive_alarm = True
+    return {
+        "tripped": trips > 0,
+        "promoted": loop.state.status is ExperimentStatus.PROMOTED,
+        "duration_s": now,
+        "srm_warned": srm_events > 0,
+        "naive_alarm": naive_alarm,
+    }
+
+
+# ---------------------------------------------------------------- (b) detection
+
+
+def detection_run(args: tuple[str, str, int]) -> dict[str, Any]:
+    """Steady canary at 100 req/s; degrades at `onset`; seconds to the weight cut."""
+    mode, scenario, seed = args
+    rule = BASELINE_RULE if mode == "baseline" else RULE
+    factor, error_rate = SCENARIOS[scenario]
+    rng = np.random.default_rng(seed)
+    warmup = rule.window_sec + 5.0
+    onset = warmup + float(rng.uniform(0, 1))  # random phase against the 250-ms ticks
+    traffic = Traffic(rng, rule.threshold_ms, Degradation(onset, factor, error_rate))
+    steps = (Step(DETECTION_CANARY_BP / 100, 10**9),)
+    state = RolloutState(
+        status=ExperimentStatus.RUNNING,
+        breaker=BreakerState.CLOSED,
+        step_index=0,
+        step_started_at=0.0,
+        canary_bp=DETECTION_CANARY_BP,
+        weight_since=0.0,
+        tally=Tally.starting(0.0),
+    )
+    now = 0.0
+    while now < onset + 120:
+        traffic.generate(now, now + EVAL_INTERVAL_SEC, DETECTION_CANARY_BP)
+        now += EVAL_INTERVAL_SEC
+        if now < rule.window_sec:
+            continue
+        d = decide(
+            state, traffic.snapshots(now, rule, reservoir=mode == "baseline"), rule, steps, now
+        )
+        state = d.new_state
+        write = d.route_write
+        if write is not None and write.canary_bp < DETECTION_CANARY_BP:
+            return {"detected_s": now - onset, "before_onset": now < onset}
+    return {"detected_s": None, "before_onset": False}
+
+
+# ---------------------------------------------------------------- (c) Flagger reference
+
+
+def flagger_run(args: tuple[str, int]) -> dict[str, Any]:
+    """Threshold checks every 60 s over the last 60 s; rollback at the 5th failed check."""
+    scenario, seed = args
+    factor, error_rate = SCENARIOS[scenario]
+    rng = np.random.default_rng(seed)
+    phase = float(rng.uniform(0, FLAGGER_INTERVAL_SEC))
+    onset = 2 * FLAGGER_INTERVAL_SEC + phase
+    traffic = Traffic(rng, RULE.threshold_ms, Degradation(onset, factor, error_rate))
+    end = onset + (FLAGGER_THRESHOLD + 3) * FLAGGER_INTERVAL_SEC
+    t = 0.0
+    while t < end:
+        traffic.generate(t, t + 1.0, DETECTION_CANARY_BP)
+        t += 1.0
+    canary = traffic.variants[CANARY]
+    tail = (100 - RULE.percentile) / 100
+    failed_checks = 0
+    check = FLAGGER_INTERVAL_SEC
+    while check <= end:
+        count, failures, above = canary.counts(check - FLAGGER_INTERVAL_SEC, check)
+        failing = count > 0 and (above > tail * count or failures > RULE.failure_ratio * count)
+        failed_checks += int(failing)
+        if failed_checks >= FLAGGER_THRESHOLD:
+            return {"detected_s": check - onset}
+        check += FLAGGER_INTERVAL_SEC
+    return {"detected_s": None}
+
+
+# ---------------------------------------------------------------- running and summing up
+
+
+def _map(
+    fn: Callable[[Any], dict[str, Any]], jobs: list[Any], workers: int
+) -> list[dict[str, Any]]:
+    if workers <= 1 or len(jobs) < 4:
+        return [fn(job) for job in jobs]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(fn, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
+
+
+def _rate_with_ci(hits: int, runs: int) -> dict[str, Any]:
+    # Clopper-Pearson: with few or no hits the upper bound is what the target is about
+    lo = 0.0 if hits == 0 else float(sps.beta.ppf(0.025, hits, runs - hits + 1))
+    hi = 1.0 if hits == runs else float(sps.beta.ppf(0.975, hits + 1, runs - hits))
+    return {"rate": hits / runs if runs else 0.0, "ci95": [lo, hi]}
+
+
+def _times(results: list[dict[str, Any]]) -> dict[str, Any]:
+    found = [r["detected_s"] for r in results if r["detected_s"] is not None]
+    early = sum(1 for r in results if r.get("before_onset"))
+    valid = [t for t in found if t >= 0]
+    return {
+        "median_s": float(np.median(valid)) if valid else None,
+        "p95_s": float(np.percentile(valid, 95)) if valid else None,
+        "max_s": float(max(valid)) if valid else None,
+        "runs": len(results),
+        "detected": len(valid),
+        "tripped_before_onset": early,
+    }
+
+
+def run(*, quick: bool, progress: bool) -> dict[str, Any]:
+    began = time.perf_counter()
+    aa_runs = 3 if quick else 200
+    hold = 10.0 if quick else 60.0
+    detection_runs = 2 if quick else 40
+    flagger_runs = 2 if quick else 40
+    workers = 1 if quick else max(1, min(2, os.cpu_count() or 1))
+
+    def say(text: str) -> None:
+        if progress:
+            print(f"[{time.perf_counter() - began:6.1f}s] {text}", file=sys.stderr, flush=True)
+
+    aa: dict[str, Any] = {}
+    for mode in ("absolute", "baseline"):
+        say(f"A/A {mode}: {aa_runs} runs")
+        results = _map(aa_run, [(mode, 1_000 + i, hold) for i in range(aa_runs)], workers)
+        trips = sum(r["tripped"] for r in results)
+        promoted = [r["duration_s"] for r in results if r["promoted"]]
+        aa[mode] = {
+            "runs": len(results),
+            "false_trips": trips,
+            "false_trip_rate": _rate_with_ci(trips, len(results)),
+            "promoted": len(promoted),
+            "median_time_to_promote_s": float(np.median(promoted)) if promoted else None,
+            "srm_warning_rate": sum(r["srm_warned"] for r in results) / len(results),
+            "naive_alarm_rate": sum(r["naive_alarm"] for r in results) / len(results),
+        }
+
+    detection: dict[str, Any] = {}
+    detection_baseline: dict[str, Any] = {}
+    flagger: dict[str, Any] = {}
+    for name in SCENARIOS:
+        say(f"detection {name}: {detection_runs} runs per mode, Flagger {flagger_runs}")
+        jobs = [("absolute", name, 50_000 + i) for i in range(detection_runs)]
+        detection[name] = _times(_map(detection_run, jobs, workers))
+        jobs = [("baseline", name, 60_000 + i) for i in range(detection_runs)]
+        detection_baseline[name] = _times(_map(detection_run, jobs, workers))
+        flagger[name] = _times(
+            _map(flagger_run, [(name, 70_000 + i) for i in range(flagger_runs)], workers)
+        )
+
+    total_runs = sum(m["runs"] for m in aa.values())
+    total_trips = sum(m["false_trips"] for m in aa.values())
+    say("done")
+    return {
+        "benchmark": "decision",
+        "quick": quick,
+        "clock": "simulated",
+        "aa_runs": total_runs,
+        "false_trip_rate": total_trips / total_runs,
+        "false_trip_rate_ci95": _rate_with_ci(total_trips, total_runs)["ci95"],
+        "aa": aa,
+        "detection": detection,
+        "detection_baseline_compare": detection_baseline,
+        "flagger_reference_s": flagger,
+        "rule": RULE.model_dump(mode="json"),
+        "rule_baseline_compare": BASELINE_RULE.model_dump(mode="json"),
+        "steps_pct": [s.weight_pct for s in ABSOLUTE_STEPS],
+        "steps_baseline_compare_pct": [s.weight_pct for s in BASELINE_STEPS],
+        "hold_sec": hold,
+        "traffic": {
+            "total_rps": TOTAL_RPS,
+            "latency": f"lognormal(median {MEDIAN_MS} ms, sigma {SIGMA})",
+            "error_rate": ERROR_RATE,
+            "detection_canary_rps": TOTAL_RPS * DETECTION_CANARY_BP / TOTAL_WEIGHT,
+            "evaluation_interval_s": EVAL_INTERVAL_SEC,
+            "sample_lag_s": SAMPLE_LAG_SEC,
+            "route_delay_s": ROUTE_DELAY_SEC,
+        },
+        "flagger": {"interval_s": FLAGGER_INTERVAL_SEC, "threshold": FLAGGER_THRESHOLD},
+        "targets": {
+            "false_trip_rate": 0.01,
+            "p95_detection_s": {"latency_x5": 2.0, "failures_20pct": 2.0},
+        },
+        "elapsed_s": time.perf_counter() - began,
+    }

@@ -1,0 +1,47 @@
+"""The decision core: breaker, rollout schedule and statistics as pure functions.
+
+It gets window snapshots and returns decisions; it imports no adapter, reads no
+clock and does no I/O (DESIGN §11).
+"""
+
+from controlplane.decision.breaker import Evaluation, Guardrail, Verdict, evaluate
+from controlplane.decision.model import (
+    BREAKER_TRANSITIONS,
+    EXPERIMENT_TRANSITIONS,
+    BreakerState,
+    Decision,
+    EventKind,
+    ExperimentStatus,
+    Promote,
+    RecordEvent,
+    Rollback,
+    RolloutAction,
+    RolloutState,
+    SetCanaryWeight,
+    Step,
+    transition,
+)
+from controlplane.decision.rollout import decide, start
+
+__all__ = [
+    "BREAKER_TRANSITIONS",
+    "EXPERIMENT_TRANSITIONS",
+    "BreakerState",
+    "Decision",
+    "Evaluation",
+    "EventKind",
+    "ExperimentStatus",
+    "Guardrail",
+    "Promote",
+    "RecordEvent",
+    "Rollback",
+    "RolloutAction",
+    "RolloutState",
+    "SetCanaryWeight",
+    "Step",
+    "Verdict",
+    "decide",
+    "evaluate",
+    "start",
+    "transition",
+]

@@ -1,0 +1,304 @@
+"""One breaker evaluation: does this window show the canary breaking the rule?
+
+Two guardrails, latency and failures, each first checked against its bound and then,
+where a test exists, required to be significant after a Holm correction across both.
+The bound alone is what DESIGN §6 says; the test is the guard against calling a
+breach on noise (a window of 100 samples from a healthy canary shows P95 above the
+threshold now and then). "Too few samples" and "no data" are verdicts of their own,
+never a pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from controlplane.decision.stats import (
+    TestResult,
+    failure_bound_test,
+    failure_comparison_test,
+    holm,
+    latency_shift_test,
+    quantile_exceedance_test,
+)
+from controlplane.kernel.rules import BreakerRule, Compare
+from controlplane.kernel.snapshots import WindowSnapshot
+
+
+class Verdict(StrEnum):
+    PASS = "pass"
+    BREACH = "breach"
+    TOO_FEW_SAMPLES = "too_few_samples"
+    NO_DATA = "no_data"
+
+
+@dataclass(frozen=True)
+class Guardrail:
+    """One guardrail's outcome: over its bound (`exceeded`), and a breach after the test."""
+
+    name: str
+    basis: str
+    observed: float | None
+    bound: float | None
+    exceeded: bool
+    breached: bool
+    test: TestResult | None = None
+    p_adjusted: float | None = None
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "basis": self.basis,
+            "observed": self.observed,
+            "bound": self.bound,
+            "exceeded": self.exceeded,
+            "breached": self.breached,
+            "test": self.test.to_dict() if self.test else None,
+            "p_adjusted": self.p_adjusted,
+            "note": self.note,
+        }
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    verdict: Verdict
+    reason: str
+    guardrails: tuple[Guardrail, ...] = ()
+    variants: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def breached(self) -> bool:
+        return self.verdict is Verdict.BREACH
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict.value,
+            "reason": self.reason,
+            "variants": self.variants,
+            "guardrails": {g.name: g.to_dict() for g in self.guardrails},
+        }
+
+
+def tail_per_mille(percentile: float) -> int:
+    """1 - q in thousandths (50 for P95, 1 for P99.9), so the comparison is integer-exact."""
+    return round((100 - percentile) * 10)
+
+
+def variant_evidence(snap: WindowSnapshot | None, rule: BreakerRule) -> dict[str, Any] | None:
+    if snap is None:
+        return None
+    return {
+        "count": snap.count,
+        "failures": snap.failures,
+        "failure_ratio": snap.failure_ratio,
+        "p50_ms": snap.p50_ms,
+        "p90_ms": snap.p90_ms,
+        "p95_ms": snap.p95_ms,
+        "p99_ms": snap.p99_ms,
+        "p999_ms": snap.p999_ms,
+        "percentile_ms": snap.percentile_ms(rule.percentile),
+        "threshold_ms": snap.threshold_ms,
+        "above_threshold": snap.above_threshold,
+        "above_threshold_fraction": snap.above_threshold_fraction,
+        "threshold_exact": snap.threshold_exact,
+        "reservoir_size": len(snap.reservoir_ms),
+        "window_start": snap.window_start,
+        "window_end": snap.window_end,
+        "ts": snap.ts,
+    }
+
+
+def _counts_are_exact(snap: WindowSnapshot, rule: BreakerRule) -> str | None:
+    """None when the above-threshold count decides the rule exactly, else why not."""
+    if not snap.threshold_exact:
+        return "the snapshot's above-threshold count is not exact"
+    if snap.threshold_ms is None or not math.isclose(
+        snap.threshold_ms, rule.threshold_ms, rel_tol=1e-9
+    ):
+        return (
+            f"the snapshot counted above {snap.threshold_ms} ms, the rule says {rule.threshold_ms}"
+        )
+    return None
+
+
+def _absolute_latency(canary: WindowSnapshot, rule: BreakerRule, test: bool) -> Guardrail:
+    q = rule.percentile
+    why_not = _counts_are_exact(canary, rule)
+    if why_not is None:
+        tail = tail_per_mille(q)
+        # P_q > T  <=>  above / count > 1 - q/100, compared in integers
+        exceeded = canary.above_threshold * 1000 > canary.count * tail
+        return Guardrail(
+            name="latency",
+            basis="exact_above_threshold_count",
+            observed=canary.above_threshold_fraction,
+            bound=tail / 1000,
+            exceeded=exceeded,
+            breached=exceeded,
+            test=(
+                quantile_exceedance_test(canary.above_threshold, canary.count, tail / 1000)
+                if test
+                else None
+            ),
+        )
+    reported = canary.percentile_ms(q)
+    exceeded = reported is not None and reported > rule.threshold_ms
+    return Guardrail(
+        name="latency",
+        basis="reported_percentile",
+        observed=reported,
+        bound=rule.threshold_ms,
+        exceeded=exceeded,
+        breached=exceeded,
+        note=f"fell back to the reported P{q:g}: {why_not}",
+    )
+
+
+def _baseline_latency(
+    canary: WindowSnapshot, baseline: WindowSnapshot, rule: BreakerRule, test: bool
+) -> Guardrail:
+    q = rule.percentile
+    c, b = canary.percentile_ms(q), baseline.percentile_ms(q)
+    exceeded = c is not None and b is not None and c > rule.baseline_margin * b
+    ratio = c / b if c is not None and b else None
+    if not (canary.reservoir_ms and baseline.reservoir_ms):
+        # no reservoir, no rank test: the ratio alone decides rather than never tripping
+        return Guardrail(
+            name="latency",
+            basis="percentile_ratio",
+            observed=ratio,
+            bound=rule.baseline_margin,
+            exceeded=exceeded,
+            breached=exceeded,
+            note="no reservoir in a snapshot: the rank test was not run",
+        )
+    return Guardrail(
+        name="latency",
+        basis="percentile_ratio_and_rank_test",
+        observed=ratio,
+        bound=rule.baseline_margin,
+        exceeded=exceeded,
+        breached=exceeded,
+        test=latency_shift_test(canary.reservoir_ms, baseline.reservoir_ms) if test else None,
+    )
+
+
+def _failures(
+    canary: WindowSnapshot, baseline: WindowSnapshot | None, rule: BreakerRule, test: bool
+) -> Guardrail:
+    exceeded = canary.failure_ratio > rule.failure_ratio
+    result: TestResult | None = None
+    if test:
+        if rule.compare is Compare.BASELINE and baseline is not None:
+            result = failure_comparison_test(
+                canary.failures, canary.count, baseline.failures, baseline.count
+            )
+        else:
+            result = failure_bound_test(canary.failures, canary.count, rule.failure_ratio)
+    basis = (
+        "ratio_and_fisher_vs_baseline"
+        if rule.compare is Compare.BASELINE
+        else "ratio_and_binomial_vs_bound"
+    )
+    return Guardrail(
+        name="failures",
+        basis=basis,
+        observed=canary.failure_ratio,
+        bound=rule.failure_ratio,
+        exceeded=exceeded,
+        breached=exceeded,
+        test=result,
+    )
+
+
+def _apply_tests(guardrails: list[Guardrail], alpha: float) -> tuple[Guardrail, ...]:
+    tested = {g.name: g.test.p_value for g in guardrails if g.test is not None}
+    adjusted = holm(tested)
+    out = []
+    for g in guardrails:
+        if g.test is None:
+            out.append(g)
+            continue
+        p_adj = adjusted[g.name]
+        out.append(
+            Guardrail(
+                name=g.name,
+                basis=g.basis,
+                observed=g.observed,
+                bound=g.bound,
+                exceeded=g.exceeded,
+                breached=g.exceeded and p_adj < alpha,
+                test=g.test,
+                p_adjusted=p_adj,
+                note=g.note,
+            )
+        )
+    return tuple(out)
+
+
+def _describe(g: Guardrail) -> str:
+    def fmt(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.4g}"
+
+    text = f"{g.name} {fmt(g.observed)} vs bound {fmt(g.bound)} ({g.basis})"
+    if g.test is not None:
+        text += f", {g.test.method} p={g.test.p_value:.3g}, Holm p={fmt(g.p_adjusted)}"
+    return text
+
+
+def evaluate(
+    canary: WindowSnapshot | None,
+    baseline: WindowSnapshot | None,
+    rule: BreakerRule,
+    *,
+    always_test: bool = False,
+) -> Evaluation:
+    """Judge one pair of windows against the rule.
+
+    Tests run only when a guardrail is over its bound (or `always_test`, at step
+    gates): a test cannot turn a window within bounds into a breach, and skipping it
+    keeps the every-250-ms evaluation cheap. When one runs, all run, so the Holm
+    family is always both guardrails.
+    """
+    variants = {
+        "canary": variant_evidence(canary, rule),
+        "baseline": variant_evidence(baseline, rule),
+    }
+    if canary is None or canary.count == 0:
+        return Evaluation(Verdict.NO_DATA, "no canary samples in the window", variants=variants)
+    if canary.count < rule.min_samples:
+        return Evaluation(
+            Verdict.TOO_FEW_SAMPLES,
+            f"{canary.count} canary samples, fewer than min_samples {rule.min_samples}",
+            variants=variants,
+        )
+    baseline_mode = rule.compare is Compare.BASELINE
+    if baseline_mode and (baseline is None or baseline.count < rule.min_samples):
+        n = 0 if baseline is None else baseline.count
+        return Evaluation(
+            Verdict.TOO_FEW_SAMPLES,
+            f"{n} baseline samples, fewer than min_samples {rule.min_samples}",
+            variants=variants,
+        )
+
+    def build(test: bool) -> list[Guardrail]:
+        if baseline_mode:
+            assert baseline is not None
+            latency = _baseline_latency(canary, baseline, rule, test)
+        else:
+            latency = _absolute_latency(canary, rule, test)
+        return [latency, _failures(canary, baseline, rule, test)]
+
+    guardrails = build(always_test)
+    if not always_test and any(g.exceeded for g in guardrails):
+        guardrails = build(True)
+    judged = _apply_tests(guardrails, rule.alpha)
+    breached = [g for g in judged if g.breached]
+    if breached:
+        reason = "breach: " + "; ".join(_describe(g) for g in breached)
+        return Evaluation(Verdict.BREACH, reason, judged, variants)
+    return Evaluation(
+        Verdict.PASS, "pass: " + "; ".join(_describe(g) for g in judged), judged, variants
+    )

@@ -1,0 +1,236 @@
+"""What the decision core reads and returns: steps, the rollout state, decisions, actions.
+
+Everything here is a frozen value. The controller keeps the latest `RolloutState`,
+hands it to `decide()` with fresh snapshots, applies the returned actions and keeps
+`decision.new_state` for the next call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from controlplane.decision.tally import Tally
+from controlplane.kernel.errors import IllegalTransition
+from controlplane.kernel.routes import TOTAL_WEIGHT, RouteState
+
+
+class ExperimentStatus(StrEnum):
+    DRAFT = "draft"
+    RUNNING = "running"
+    PAUSED = "paused"
+    PROMOTED = "promoted"
+    ROLLED_BACK = "rolled_back"
+    ABORTED = "aborted"
+
+
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+TERMINAL_STATUSES = frozenset(
+    {ExperimentStatus.PROMOTED, ExperimentStatus.ROLLED_BACK, ExperimentStatus.ABORTED}
+)
+
+# DESIGN §7: draft → running ⇄ paused → promoted | rolled_back; aborted by hand.
+EXPERIMENT_TRANSITIONS: dict[ExperimentStatus, frozenset[ExperimentStatus]] = {
+    ExperimentStatus.DRAFT: frozenset({ExperimentStatus.RUNNING, ExperimentStatus.ABORTED}),
+    ExperimentStatus.RUNNING: frozenset(
+        {
+            ExperimentStatus.PAUSED,
+            ExperimentStatus.PROMOTED,
+            ExperimentStatus.ROLLED_BACK,
+            ExperimentStatus.ABORTED,
+        }
+    ),
+    ExperimentStatus.PAUSED: frozenset(
+        {
+            ExperimentStatus.RUNNING,
+            ExperimentStatus.PROMOTED,
+            ExperimentStatus.ROLLED_BACK,
+            ExperimentStatus.ABORTED,
+        }
+    ),
+    ExperimentStatus.PROMOTED: frozenset(),
+    ExperimentStatus.ROLLED_BACK: frozenset(),
+    ExperimentStatus.ABORTED: frozenset(),
+}
+
+# DESIGN §7: closed → open → half_open → closed, or half_open → open on a failed probe.
+BREAKER_TRANSITIONS: dict[BreakerState, frozenset[BreakerState]] = {
+    BreakerState.CLOSED: frozenset({BreakerState.OPEN}),
+    BreakerState.OPEN: frozenset({BreakerState.HALF_OPEN}),
+    BreakerState.HALF_OPEN: frozenset({BreakerState.CLOSED, BreakerState.OPEN}),
+}
+
+_TABLES: dict[type[StrEnum], tuple[str, dict[Any, frozenset[Any]]]] = {
+    ExperimentStatus: ("experiment", EXPERIMENT_TRANSITIONS),
+    BreakerState: ("breaker", BREAKER_TRANSITIONS),
+}
+
+S = TypeVar("S", ExperimentStatus, BreakerState)
+
+
+def transition(current: S, target: S) -> S:
+    """The one way a lifecycle moves; refuses anything outside its table."""
+    kind, table = _TABLES[type(current)]
+    if target not in table[current]:
+        raise IllegalTransition(kind, current.value, target.value)
+    return target
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the schedule: the canary's share of traffic and how long it holds."""
+
+    weight_pct: float
+    hold_sec: float
+
+    def __post_init__(self) -> None:
+        if not 0 < self.weight_pct <= 100:
+            raise ValueError(f"step weight {self.weight_pct}% outside (0, 100]")
+        if self.hold_sec < 0:
+            raise ValueError(f"step hold {self.hold_sec}s is negative")
+
+    @property
+    def weight_bp(self) -> int:
+        return round(self.weight_pct * TOTAL_WEIGHT / 100)
+
+
+@dataclass(frozen=True)
+class RolloutState:
+    """One experiment's rollout as the controller last left it.
+
+    `weight_since` is when `canary_bp` took effect; `tally` holds the evidence of
+    disjoint windows gathered since then (the current step's, or the probe's).
+    `step_index` keeps the step that tripped while the breaker is open or half-open.
+    """
+
+    status: ExperimentStatus
+    breaker: BreakerState
+    step_index: int
+    step_started_at: float
+    canary_bp: int
+    weight_since: float
+    trips: int = 0
+    opened_at: float | None = None
+    probe_started_at: float | None = None
+    consecutive_breaches: int = 0
+    last_snapshot_ts: float | None = None
+    no_data_since: float | None = None
+    srm_flagged: bool = False
+    tally: Tally = field(default_factory=Tally)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.canary_bp <= TOTAL_WEIGHT:
+            raise ValueError(f"canary weight {self.canary_bp} outside 0..{TOTAL_WEIGHT}")
+
+    def with_changes(self, **changes: Any) -> RolloutState:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form, for the controller to persist or show."""
+        return {
+            "status": self.status.value,
+            "breaker": self.breaker.value,
+            "step_index": self.step_index,
+            "step_started_at": self.step_started_at,
+            "canary_bp": self.canary_bp,
+            "weight_since": self.weight_since,
+            "trips": self.trips,
+            "opened_at": self.opened_at,
+            "probe_started_at": self.probe_started_at,
+            "consecutive_breaches": self.consecutive_breaches,
+            "last_snapshot_ts": self.last_snapshot_ts,
+            "no_data_since": self.no_data_since,
+            "srm_flagged": self.srm_flagged,
+            "tally": self.tally.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RolloutState:
+        return cls(
+            status=ExperimentStatus(data["status"]),
+            breaker=BreakerState(data["breaker"]),
+            step_index=int(data["step_index"]),
+            step_started_at=float(data["step_started_at"]),
+            canary_bp=int(data["canary_bp"]),
+            weight_since=float(data["weight_since"]),
+            trips=int(data.get("trips", 0)),
+            opened_at=data.get("opened_at"),
+            probe_started_at=data.get("probe_started_at"),
+            consecutive_breaches=int(data.get("consecutive_breaches", 0)),
+            last_snapshot_ts=data.get("last_snapshot_ts"),
+            no_data_since=data.get("no_data_since"),
+            srm_flagged=bool(data.get("srm_flagged", False)),
+            tally=Tally.from_dict(data["tally"]) if data.get("tally") else Tally(),
+        )
+
+
+class EventKind(StrEnum):
+    STARTED = "started"
+    TRIPPED = "tripped"
+    HALF_OPEN = "half_open"
+    PROBE_PASSED = "probe_passed"
+    PROBE_FAILED = "probe_failed"
+    ROLLED_BACK = "rolled_back"
+    STEP_ADVANCED = "step_advanced"
+    PROMOTED = "promoted"
+    SRM_DETECTED = "srm_detected"
+    SRM_CLEARED = "srm_cleared"
+
+
+@dataclass(frozen=True)
+class SetCanaryWeight:
+    """Write the route: `canary_bp` to the canary, the rest to the baseline."""
+
+    canary_bp: int
+    route_state: RouteState
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.canary_bp <= TOTAL_WEIGHT:
+            raise ValueError(f"canary weight {self.canary_bp} outside 0..{TOTAL_WEIGHT}")
+
+
+@dataclass(frozen=True)
+class Promote:
+    """Mark the experiment promoted (the route write comes as its own action)."""
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """Mark the experiment rolled back for good (the route write comes as its own action)."""
+
+
+@dataclass(frozen=True)
+class RecordEvent:
+    """An event row: `payload` carries the transition and the numbers behind it."""
+
+    kind: EventKind
+    reason: str
+    payload: dict[str, Any]
+
+
+RolloutAction = SetCanaryWeight | Promote | Rollback | RecordEvent
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What `decide` concluded. `next_check_at` is the latest time to call it again."""
+
+    new_state: RolloutState
+    actions: tuple[RolloutAction, ...]
+    reason: str
+    evidence: dict[str, Any]
+    next_check_at: float | None
+
+    @property
+    def route_write(self) -> SetCanaryWeight | None:
+        return next((a for a in self.actions if isinstance(a, SetCanaryWeight)), None)
+
+    @property
+    def events(self) -> tuple[RecordEvent, ...]:
+        return tuple(a for a in self.actions if isinstance(a, RecordEvent))

@@ -1,0 +1,505 @@
+"""The rollout: breaker and step schedule as one pure function.
+
+    decide(state, snapshots, rule, steps, now) -> Decision
+
+No I/O and no clock: `now` and the snapshots come in, the new state and the actions
+to apply go out. The controller calls it on every fresh snapshot and no later than
+`decision.next_check_at`.
+
+Breaker (DESIGN §7)::
+
+    closed ──trip──► open ──cooldown──► half_open ──probe passes──► closed
+                      ▲                    │
+                      └────probe fails─────┘        the max_trips-th trip: rolled back
+
+A trip needs `rule.consecutive_breaches` breached evaluations in a row, each on a
+snapshot not judged before (a newer `ts`). A step advances only while closed, after
+its `hold_sec`, once the disjoint windows of the step hold `min_samples` canary
+samples and their merged evidence is within every bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from controlplane.decision.breaker import Evaluation, Verdict, evaluate
+from controlplane.decision.model import (
+    BreakerState,
+    Decision,
+    EventKind,
+    ExperimentStatus,
+    Promote,
+    RecordEvent,
+    Rollback,
+    RolloutAction,
+    RolloutState,
+    SetCanaryWeight,
+    Step,
+    transition,
+)
+from controlplane.decision.stats import SrmResult, sample_ratio_mismatch
+from controlplane.decision.tally import Tally
+from controlplane.kernel.routes import BASELINE, CANARY, TOTAL_WEIGHT, RouteState
+from controlplane.kernel.rules import Action, BreakerRule, NoDataPolicy, SrmPolicy
+from controlplane.kernel.snapshots import WindowSnapshot
+
+# sidecars apply a new route within a second (DESIGN §2); the split is judged after that
+ROUTE_SETTLE_SEC = 1.0
+# when only new samples can change the outcome, look again at least this often
+RECHECK_SEC = 1.0
+
+
+@dataclass(frozen=True)
+class _Look:
+    """What this call saw: the snapshots it may use and its own evaluation of them."""
+
+    canary: WindowSnapshot | None
+    baseline: WindowSnapshot | None
+    fresh: bool
+    stale_note: str | None
+    evaluation: Evaluation | None
+    srm: SrmResult | None
+    srm_changed: bool
+
+
+def start(steps: Sequence[Step], now: float) -> Decision:
+    """A draft experiment starts: closed breaker, the first step's weight."""
+    _check_steps(steps)
+    bp = steps[0].weight_bp
+    state = RolloutState(
+        status=transition(ExperimentStatus.DRAFT, ExperimentStatus.RUNNING),
+        breaker=BreakerState.CLOSED,
+        step_index=0,
+        step_started_at=now,
+        canary_bp=bp,
+        weight_since=now,
+        tally=Tally.starting(now),
+    )
+    reason = f"started at step 1 of {len(steps)}: canary {bp} bp"
+    evidence = {"at": now, "weights": {"canary_bp_before": 0, "canary_bp_after": bp}}
+    actions: tuple[RolloutAction, ...] = (
+        SetCanaryWeight(bp, RouteState.RUNNING),
+        RecordEvent(EventKind.STARTED, reason, _payload("draft", "running", evidence)),
+    )
+    return Decision(state, actions, reason, evidence, now + steps[0].hold_sec)
+
+
+def decide(
+    state: RolloutState,
+    snapshots: Mapping[str, WindowSnapshot],
+    rule: BreakerRule,
+    steps: Sequence[Step],
+    now: float,
+) -> Decision:
+    """The next step of one experiment's rollout, from its state and latest snapshots."""
+    _check_steps(steps)
+    if state.status is not ExperimentStatus.RUNNING:
+        # paused or finished: whatever the API set stays in force
+        reason = f"experiment is {state.status.value}: no action"
+        return Decision(state, (), reason, {"at": now, "status": state.status.value}, None)
+    if state.breaker is BreakerState.OPEN:
+        return _while_open(state, rule, now)
+    state, look = _observe(state, snapshots, rule, now)
+    if state.breaker is BreakerState.HALF_OPEN:
+        return _while_half_open(state, look, rule, steps, now)
+    return _while_closed(state, look, rule, steps, now)
+
+
+# ---------------------------------------------------------------- observation
+
+
+def _observe(
+    state: RolloutState, snapshots: Mapping[str, WindowSnapshot], rule: BreakerRule, now: float
+) -> tuple[RolloutState, _Look]:
+    canary, baseline = snapshots.get(CANARY), snapshots.get(BASELINE)
+    stale_note = None
+    if canary is not None and now - canary.ts > rule.window_sec:
+        # a snapshot older than its window says nothing about the present
+        stale_note = f"canary snapshot is {now - canary.ts:.1f}s old: treated as no data"
+        canary = None
+    fresh = canary is not None and (
+        state.last_snapshot_ts is None or canary.ts > state.last_snapshot_ts
+    )
+    has_data = canary is not None and canary.count > 0
+    no_data_since = (
+        None if has_data else (state.no_data_since if state.no_data_since is not None else now)
+    )
+    changes: dict[str, Any] = {"no_data_since": no_data_since}
+    evaluation: Evaluation | None = None
+    srm: SrmResult | None = None
+    if fresh and canary is not None:
+        evaluation = evaluate(canary, baseline, rule)
+        changes["last_snapshot_ts"] = canary.ts
+        counts = evaluation.breached and _judges_current_weight(state, canary)
+        changes["consecutive_breaches"] = state.consecutive_breaches + 1 if counts else 0
+        if canary.count > 0:
+            changes["tally"] = state.tally.add(canary, baseline)
+        srm = _srm_check(state, canary, baseline)
+        if srm is not None:
+            changes["srm_flagged"] = srm.mismatch
+    srm_changed = srm is not None and srm.mismatch != state.srm_flagged
+    look = _Look(canary, baseline, fresh, stale_note, evaluation, srm, srm_changed)
+    return state.with_changes(**changes), look
+
+
+def _judges_current_weight(state: RolloutState, canary: WindowSnapshot) -> bool:
+    # a probe is judged on its own samples only: the window may still hold the
+    # samples that tripped the breaker
+    if state.breaker is BreakerState.HALF_OPEN:
+        return canary.window_start >= state.weight_since - 1e-6
+    return True
+
+
+def _srm_check(
+    state: RolloutState, canary: WindowSnapshot, baseline: WindowSnapshot | None
+) -> SrmResult | None:
+    if baseline is None or not 0 < state.canary_bp < TOTAL_WEIGHT:
+        return None
+    # a window that straddles a weight change mixes two splits: judge only settled ones
+    if canary.window_start < state.weight_since + ROUTE_SETTLE_SEC:
+        return None
+    return sample_ratio_mismatch(baseline.count, canary.count, state.canary_bp)
+
+
+# ---------------------------------------------------------------- per breaker state
+
+
+def _while_open(state: RolloutState, rule: BreakerRule, now: float) -> Decision:
+    assert state.opened_at is not None
+    probe_at = state.opened_at + rule.cooldown_sec
+    evidence = _evidence(state, state, rule, now, None)
+    if now < probe_at:
+        reason = f"open: cooling down until {probe_at:.3f} ({probe_at - now:.1f}s left)"
+        return Decision(state, (), reason, evidence, probe_at)
+    new = state.with_changes(
+        breaker=transition(state.breaker, BreakerState.HALF_OPEN),
+        canary_bp=rule.half_open_weight,
+        weight_since=now,
+        probe_started_at=now,
+        consecutive_breaches=0,
+        no_data_since=None,
+        tally=Tally.starting(now),
+    )
+    evidence = _evidence(state, new, rule, now, None)
+    reason = f"cooldown of {rule.cooldown_sec:g}s over: probing at {rule.half_open_weight} bp"
+    actions: tuple[RolloutAction, ...] = (
+        SetCanaryWeight(rule.half_open_weight, RouteState.HALF_OPEN),
+        RecordEvent(EventKind.HALF_OPEN, reason, _payload("open", "half_open", evidence)),
+    )
+    return Decision(new, actions, reason, evidence, now + rule.window_sec)
+
+
+def _while_closed(
+    state: RolloutState, look: _Look, rule: BreakerRule, steps: Sequence[Step], now: float
+) -> Decision:
+    srm_events = _srm_events(state, look, rule, now)
+    tripped = _trip_reason(state, look, rule, now)
+    if tripped is not None:
+        return _trip(state, look, rule, steps, now, tripped, srm_events)
+
+    step = steps[state.step_index]
+    due = state.step_started_at + step.hold_sec
+    gate: Evaluation | None = None
+    if now < due:
+        reason = f"holding step {state.step_index + 1}: due at {due:.3f}"
+    elif state.consecutive_breaches:
+        reason = (
+            f"step due, but the last evaluation breached ({state.consecutive_breaches} in a row)"
+        )
+    elif state.tally.canary.count < rule.min_samples:
+        reason = (
+            f"step due, but it has seen {state.tally.canary.count} canary samples "
+            f"of min_samples {rule.min_samples}"
+        )
+    elif rule.srm is SrmPolicy.HOLD and state.srm_flagged:
+        reason = "step due, but held: sample ratio mismatch and the rule says hold"
+    else:
+        gate = _gate(state, rule)
+        if _gate_passes(gate):
+            return _advance(state, look, rule, steps, now, gate, srm_events)
+        reason = f"step due, but the step's evidence does not pass: {gate.reason}"
+
+    evidence = _evidence(state, state, rule, now, look, gate=gate)
+    candidates = [due] if now < due else [_next_data_at(state, rule, now)]
+    if rule.no_data is NoDataPolicy.FAIL and state.no_data_since is not None:
+        candidates.append(state.no_data_since + rule.no_data_timeout_sec)
+    return Decision(state, srm_events, reason, evidence, min(candidates))
+
+
+def _while_half_open(
+    state: RolloutState, look: _Look, rule: BreakerRule, steps: Sequence[Step], now: float
+) -> Decision:
+    srm_events = _srm_events(state, look, rule, now)
+    tripped = _trip_reason(state, look, rule, now)
+    if tripped is not None:
+        return _trip(state, look, rule, steps, now, "probe failed: " + tripped, srm_events)
+
+    assert state.probe_started_at is not None
+    probe_end = state.probe_started_at + rule.window_sec
+    gate: Evaluation | None = None
+    if now < probe_end:
+        reason = f"probing at {state.canary_bp} bp until {probe_end:.3f}"
+    elif state.tally.canary.count < rule.min_samples:
+        reason = (
+            f"probe window over, but it has seen {state.tally.canary.count} canary samples "
+            f"of min_samples {rule.min_samples}"
+        )
+    else:
+        gate = _gate(state, rule)
+        if gate.breached:
+            return _trip(
+                state, look, rule, steps, now, "probe failed: " + gate.reason, srm_events, gate
+            )
+        if _gate_passes(gate):
+            return _close(state, look, rule, steps, now, gate, srm_events)
+        reason = f"probe inconclusive, gathering more samples: {gate.reason}"
+
+    evidence = _evidence(state, state, rule, now, look, gate=gate)
+    candidates = [probe_end] if now < probe_end else [_next_data_at(state, rule, now)]
+    if rule.no_data is NoDataPolicy.FAIL and state.no_data_since is not None:
+        candidates.append(state.no_data_since + rule.no_data_timeout_sec)
+    return Decision(state, srm_events, reason, evidence, min(candidates))
+
+
+# ---------------------------------------------------------------- transitions
+
+
+def _trip_reason(state: RolloutState, look: _Look, rule: BreakerRule, now: float) -> str | None:
+    if (
+        rule.no_data is NoDataPolicy.FAIL
+        and state.no_data_since is not None
+        and now - state.no_data_since >= rule.no_data_timeout_sec
+    ):
+        return f"no canary samples for {now - state.no_data_since:.1f}s (no_data: fail)"
+    if state.consecutive_breaches >= rule.consecutive_breaches:
+        last = look.evaluation.reason if look.evaluation is not None else "no new snapshot"
+        return f"{state.consecutive_breaches} breached evaluations in a row; {last}"
+    return None
+
+
+def _trip(
+    state: RolloutState,
+    look: _Look,
+    rule: BreakerRule,
+    steps: Sequence[Step],
+    now: float,
+    reason: str,
+    extra: tuple[RolloutAction, ...],
+    gate: Evaluation | None = None,
+) -> Decision:
+    trips = state.trips + 1
+    from_state = state.breaker.value
+    breaker = transition(state.breaker, BreakerState.OPEN)
+    common: dict[str, Any] = {
+        "breaker": breaker,
+        "trips": trips,
+        "opened_at": now,
+        "probe_started_at": None,
+        "weight_since": now,
+        "consecutive_breaches": 0,
+        "no_data_since": None,
+        "tally": Tally.starting(now),
+    }
+    kind = EventKind.PROBE_FAILED if from_state == "half_open" else EventKind.TRIPPED
+    if trips >= rule.max_trips:
+        new = state.with_changes(
+            status=transition(state.status, ExperimentStatus.ROLLED_BACK), canary_bp=0, **common
+        )
+        evidence = _evidence(state, new, rule, now, look, gate=gate)
+        why = f"trip {trips} of max_trips {rule.max_trips}: rolled back; {reason}"
+        actions: tuple[RolloutAction, ...] = (
+            *extra,
+            SetCanaryWeight(0, RouteState.ROLLED_BACK),
+            Rollback(),
+            RecordEvent(kind, reason, _payload(from_state, "open", evidence)),
+            RecordEvent(EventKind.ROLLED_BACK, why, _payload("running", "rolled_back", evidence)),
+        )
+        return Decision(new, actions, why, evidence, None)
+
+    bp = _action_weight(state, rule, steps)
+    new = state.with_changes(canary_bp=bp, **common)
+    evidence = _evidence(state, new, rule, now, look, gate=gate)
+    why = f"trip {trips} of {rule.max_trips} ({rule.action.value}: canary {bp} bp); {reason}"
+    actions = (
+        *extra,
+        SetCanaryWeight(bp, RouteState.TRIPPED),
+        RecordEvent(kind, why, _payload(from_state, "open", evidence)),
+    )
+    return Decision(new, actions, why, evidence, now + rule.cooldown_sec)
+
+
+def _action_weight(state: RolloutState, rule: BreakerRule, steps: Sequence[Step]) -> int:
+    if rule.action is Action.STOP or state.step_index == 0:
+        return 0
+    return steps[state.step_index - 1].weight_bp
+
+
+def _close(
+    state: RolloutState,
+    look: _Look,
+    rule: BreakerRule,
+    steps: Sequence[Step],
+    now: float,
+    gate: Evaluation,
+    extra: tuple[RolloutAction, ...],
+) -> Decision:
+    # resume one step below the one that tripped: its weight was last seen healthy
+    index = max(state.step_index - 1, 0)
+    bp = steps[index].weight_bp
+    new = state.with_changes(
+        breaker=transition(state.breaker, BreakerState.CLOSED),
+        step_index=index,
+        step_started_at=now,
+        canary_bp=bp,
+        weight_since=now,
+        opened_at=None,
+        probe_started_at=None,
+        consecutive_breaches=0,
+        no_data_since=None,
+        tally=Tally.starting(now),
+    )
+    evidence = _evidence(state, new, rule, now, look, gate=gate)
+    reason = f"probe passed: closed, resuming at step {index + 1} ({bp} bp)"
+    actions: tuple[RolloutAction, ...] = (
+        *extra,
+        SetCanaryWeight(bp, RouteState.RUNNING),
+        RecordEvent(EventKind.PROBE_PASSED, reason, _payload("half_open", "closed", evidence)),
+    )
+    return Decision(new, actions, reason, evidence, now + steps[index].hold_sec)
+
+
+def _advance(
+    state: RolloutState,
+    look: _Look,
+    rule: BreakerRule,
+    steps: Sequence[Step],
+    now: float,
+    gate: Evaluation,
+    extra: tuple[RolloutAction, ...],
+) -> Decision:
+    index = state.step_index + 1
+    if index >= len(steps):
+        new = state.with_changes(
+            status=transition(state.status, ExperimentStatus.PROMOTED),
+            canary_bp=TOTAL_WEIGHT,
+            weight_since=now,
+            tally=Tally.starting(now),
+        )
+        evidence = _evidence(state, new, rule, now, look, gate=gate)
+        reason = f"last step ({len(steps)}) passed: promoted"
+        actions: tuple[RolloutAction, ...] = (
+            *extra,
+            SetCanaryWeight(TOTAL_WEIGHT, RouteState.PROMOTED),
+            Promote(),
+            RecordEvent(EventKind.PROMOTED, reason, _payload("running", "promoted", evidence)),
+        )
+        return Decision(new, actions, reason, evidence, None)
+    bp = steps[index].weight_bp
+    new = state.with_changes(
+        step_index=index,
+        step_started_at=now,
+        canary_bp=bp,
+        weight_since=now,
+        consecutive_breaches=0,
+        tally=Tally.starting(now),
+    )
+    evidence = _evidence(state, new, rule, now, look, gate=gate)
+    reason = f"step {state.step_index + 1} passed: step {index + 1} of {len(steps)} at {bp} bp"
+    actions = (
+        *extra,
+        SetCanaryWeight(bp, RouteState.RUNNING),
+        RecordEvent(
+            EventKind.STEP_ADVANCED,
+            reason,
+            _payload(f"step {state.step_index + 1}", f"step {index + 1}", evidence),
+        ),
+    )
+    return Decision(new, actions, reason, evidence, now + steps[index].hold_sec)
+
+
+# ---------------------------------------------------------------- pieces
+
+
+def _gate(state: RolloutState, rule: BreakerRule) -> Evaluation:
+    merged = state.tally.snapshots(experiment="")
+    return evaluate(merged[CANARY], merged.get(BASELINE), rule, always_test=True)
+
+
+def _gate_passes(gate: Evaluation) -> bool:
+    # a gate moves traffic up, so it wants every guardrail within its bound, not
+    # merely an exceedance that is not (yet) significant
+    return gate.verdict is Verdict.PASS and not any(g.exceeded for g in gate.guardrails)
+
+
+def _next_data_at(state: RolloutState, rule: BreakerRule, now: float) -> float:
+    # the next disjoint window to count ends one window after the last counted one
+    return max(state.tally.counted_until + rule.window_sec, now + RECHECK_SEC)
+
+
+def _srm_events(
+    state: RolloutState, look: _Look, rule: BreakerRule, now: float
+) -> tuple[RolloutAction, ...]:
+    srm = look.srm
+    # an event when the verdict changes, not on every look
+    if srm is None or not look.srm_changed:
+        return ()
+    data = {"at": now, "srm": srm.to_dict(), "policy": rule.srm.value, "canary_bp": state.canary_bp}
+    if srm.mismatch:
+        reason = (
+            f"sample ratio mismatch: canary {srm.canary_count} of "
+            f"{srm.canary_count + srm.baseline_count}, "
+            f"expected {srm.expected_canary_fraction:.4f}, "
+            f"chi-square p={srm.p_value:.2g} ({rule.srm.value})"
+        )
+        return (RecordEvent(EventKind.SRM_DETECTED, reason, data),)
+    return (RecordEvent(EventKind.SRM_CLEARED, "sample ratio back within expectation", data),)
+
+
+def _payload(from_: str, to: str, evidence: dict[str, Any]) -> dict[str, Any]:
+    return {"from": from_, "to": to, "who": "controller", "evidence": evidence}
+
+
+def _evidence(
+    before: RolloutState,
+    after: RolloutState,
+    rule: BreakerRule,
+    now: float,
+    look: _Look | None,
+    *,
+    gate: Evaluation | None = None,
+) -> dict[str, Any]:
+    evidence: dict[str, Any] = {
+        "at": now,
+        "breaker": {"before": before.breaker.value, "after": after.breaker.value},
+        "status": {"before": before.status.value, "after": after.status.value},
+        "step_index": {"before": before.step_index, "after": after.step_index},
+        "weights": {"canary_bp_before": before.canary_bp, "canary_bp_after": after.canary_bp},
+        "trips": after.trips,
+        "consecutive_breaches": before.consecutive_breaches,
+        "no_data_since": before.no_data_since,
+        "step_samples": {
+            "windows": before.tally.windows,
+            "canary": before.tally.canary.count,
+            "baseline": before.tally.baseline.count,
+        },
+        "rule": rule.model_dump(mode="json"),
+    }
+    if look is not None:
+        if look.evaluation is not None:
+            evidence["window"] = look.evaluation.to_dict()
+        else:
+            evidence["window"] = {
+                "verdict": "not_evaluated",
+                "reason": look.stale_note or "no snapshot newer than the last one judged",
+            }
+        evidence["srm"] = look.srm.to_dict() if look.srm is not None else None
+    if gate is not None:
+        evidence["step_gate"] = gate.to_dict()
+    return evidence
+
+
+def _check_steps(steps: Sequence[Step]) -> None:
+    if not steps:
+        raise ValueError("a rollout needs at least one step")

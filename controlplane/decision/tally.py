@@ -1,0 +1,191 @@
+"""Evidence gathered over a step or a probe by adding up disjoint windows.
+
+A sliding window may hold fewer than `min_samples` canary samples at a low weight
+(1% of 200 req/s over 10 s is 20 samples), yet the step has to show `min_samples`
+before it may advance. Counts, failures and above-threshold counts are exact and
+add up, so windows that do not overlap are summed into one merged snapshot; only
+windows that start at or after the previous one's end are added, so no sample is
+counted twice. The sum is a lower bound of what the step really saw (the gaps
+between counted windows are left out), which errs on the side of waiting.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from controlplane.kernel.routes import BASELINE, CANARY
+from controlplane.kernel.snapshots import PERCENTILE_FIELDS, WindowSnapshot
+
+# the merged reservoir stays bounded; a window's share of it follows its count
+RESERVOIR_CAP = 2000
+
+
+def _thin(values: tuple[float, ...], keep: int) -> tuple[float, ...]:
+    """`keep` evenly spaced elements: deterministic, so decide() stays pure."""
+    if keep >= len(values):
+        return values
+    if keep <= 0:
+        return ()
+    step = len(values) / keep
+    return tuple(values[int(i * step)] for i in range(keep))
+
+
+def _merge_reservoirs(
+    old: tuple[float, ...], old_count: int, new: tuple[float, ...], new_count: int
+) -> tuple[float, ...]:
+    if len(old) + len(new) <= RESERVOIR_CAP:
+        return old + new
+    total = old_count + new_count
+    keep_old = round(RESERVOIR_CAP * old_count / total) if total else 0
+    keep_new = RESERVOIR_CAP - keep_old
+    return _thin(old, keep_old) + _thin(new, keep_new)
+
+
+def _same_threshold(a: float | None, b: float | None) -> bool:
+    return a is not None and b is not None and math.isclose(a, b, rel_tol=1e-9)
+
+
+@dataclass(frozen=True)
+class VariantTally:
+    count: int = 0
+    failures: int = 0
+    above_threshold: int = 0
+    threshold_ms: float | None = None
+    threshold_exact: bool = True
+    reservoir_ms: tuple[float, ...] = ()
+    # the last added window's reported percentiles, used when there is no reservoir
+    percentiles_ms: tuple[tuple[float, float | None], ...] = ()
+
+    def add(self, snap: WindowSnapshot) -> VariantTally:
+        first = not self.percentiles_ms  # nothing added yet
+        exact = snap.threshold_exact and (
+            first
+            or (self.threshold_exact and _same_threshold(self.threshold_ms, snap.threshold_ms))
+        )
+        return VariantTally(
+            count=self.count + snap.count,
+            failures=self.failures + snap.failures,
+            above_threshold=self.above_threshold + snap.above_threshold,
+            threshold_ms=snap.threshold_ms if first else self.threshold_ms,
+            threshold_exact=exact,
+            reservoir_ms=_merge_reservoirs(
+                self.reservoir_ms, self.count, snap.reservoir_ms, snap.count
+            ),
+            percentiles_ms=tuple((q, snap.percentile_ms(q)) for q in PERCENTILE_FIELDS),
+        )
+
+    def percentile_ms(self, q: float) -> float | None:
+        if self.reservoir_ms:
+            # P_q as the smallest x with F(x) >= q, the definition the exact counts use
+            ordered = sorted(self.reservoir_ms)
+            rank = max(math.ceil(q / 100 * len(ordered)), 1)
+            return ordered[rank - 1]
+        return dict(self.percentiles_ms).get(q)
+
+    def to_snapshot(
+        self, experiment: str, variant: str, window_start: float, window_end: float
+    ) -> WindowSnapshot:
+        pcts = {PERCENTILE_FIELDS[q]: self.percentile_ms(q) for q in PERCENTILE_FIELDS}
+        return WindowSnapshot(
+            experiment=experiment,
+            variant=variant,
+            count=self.count,
+            failures=self.failures,
+            window_sec=max(round(window_end - window_start), 0),
+            ts=window_end,
+            window_start=window_start,
+            window_end=window_end,
+            threshold_ms=self.threshold_ms,
+            above_threshold=self.above_threshold,
+            threshold_exact=self.threshold_exact,
+            reservoir_ms=self.reservoir_ms,
+            **pcts,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "failures": self.failures,
+            "above_threshold": self.above_threshold,
+            "threshold_ms": self.threshold_ms,
+            "threshold_exact": self.threshold_exact,
+            "reservoir_ms": list(self.reservoir_ms),
+            "percentiles_ms": [[q, v] for q, v in self.percentiles_ms],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> VariantTally:
+        return cls(
+            count=int(data["count"]),
+            failures=int(data["failures"]),
+            above_threshold=int(data["above_threshold"]),
+            threshold_ms=data.get("threshold_ms"),
+            threshold_exact=bool(data.get("threshold_exact", True)),
+            reservoir_ms=tuple(float(v) for v in data.get("reservoir_ms", ())),
+            percentiles_ms=tuple((float(q), v) for q, v in data.get("percentiles_ms", ())),
+        )
+
+
+@dataclass(frozen=True)
+class Tally:
+    """Disjoint canary windows (with their baseline twins) added up since `since`."""
+
+    since: float = 0.0
+    counted_until: float = 0.0
+    first_window_start: float | None = None
+    windows: int = 0
+    canary: VariantTally = field(default_factory=VariantTally)
+    baseline: VariantTally = field(default_factory=VariantTally)
+
+    @classmethod
+    def starting(cls, since: float) -> Tally:
+        return cls(since=since, counted_until=since)
+
+    def accepts(self, canary: WindowSnapshot) -> bool:
+        # a tiny tolerance: two windows cut at the same bucket edge do not overlap
+        return canary.window_start >= self.counted_until - 1e-6
+
+    def add(self, canary: WindowSnapshot, baseline: WindowSnapshot | None) -> Tally:
+        if not self.accepts(canary):
+            return self
+        return replace(
+            self,
+            counted_until=canary.window_end,
+            first_window_start=(
+                canary.window_start if self.first_window_start is None else self.first_window_start
+            ),
+            windows=self.windows + 1,
+            canary=self.canary.add(canary),
+            baseline=self.baseline.add(baseline) if baseline is not None else self.baseline,
+        )
+
+    def snapshots(self, experiment: str) -> dict[str, WindowSnapshot]:
+        start = self.first_window_start if self.first_window_start is not None else self.since
+        end = self.counted_until
+        merged = {CANARY: self.canary.to_snapshot(experiment, CANARY, start, end)}
+        if self.baseline.count:
+            merged[BASELINE] = self.baseline.to_snapshot(experiment, BASELINE, start, end)
+        return merged
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "since": self.since,
+            "counted_until": self.counted_until,
+            "first_window_start": self.first_window_start,
+            "windows": self.windows,
+            "canary": self.canary.to_dict(),
+            "baseline": self.baseline.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Tally:
+        return cls(
+            since=float(data["since"]),
+            counted_until=float(data["counted_until"]),
+            first_window_start=data.get("first_window_start"),
+            windows=int(data.get("windows", 0)),
+            canary=VariantTally.from_dict(data["canary"]),
+            baseline=VariantTally.from_dict(data["baseline"]),
+        )
