@@ -1,0 +1,105 @@
+"""The FastAPI application: `create_app(settings)` builds one, its lifespan opens the
+backends (or takes already-open ones) and runs the background services.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from controlplane.api import metrics, problems
+from controlplane.api.deps import get_settings
+from controlplane.api.routes import experiments, health, rules
+from controlplane.kernel.clock import Clock
+from controlplane.kernel.settings import Settings
+from controlplane.runtime import Backends, Background, BackgroundService, open_backends
+
+log = logging.getLogger(__name__)
+
+
+@asynccontextmanager
+async def _running(services: Sequence[Background], backends: Backends) -> AsyncIterator[None]:
+    """Start the services in order, stop them in reverse; plain coroutines run as tasks.
+
+    Plain asyncio tasks rather than a task group: a lifespan may be entered and left
+    from different tasks (test harnesses do), which a task group does not allow.
+    """
+    started: list[BackgroundService] = []
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        for service in services:
+            if isinstance(service, BackgroundService):
+                await service.start(backends)
+                started.append(service)
+            else:
+                name = getattr(service, "__name__", "background")
+                tasks.append(asyncio.create_task(_log_failure(service(backends), name)))
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for service in reversed(started):
+            try:
+                await service.stop()
+            except Exception:
+                log.exception("stopping %r failed", service)
+
+
+async def _log_failure(work: Awaitable[None], name: str) -> None:
+    try:
+        await work
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("background service %s failed", name)
+        raise
+
+
+def create_app(
+    settings: Settings,
+    *,
+    backends: Backends | None = None,
+    clock: Clock | None = None,
+    services: Sequence[Background] = (),
+    streams: bool = False,
+) -> FastAPI:
+    """The API for `settings`.
+
+    backends: already-open backends to share (in-process KV and bus in `canary dev`);
+        the app then leaves closing them to the caller. Otherwise the lifespan opens the
+        database and the KV store (and the streams if `streams`) and closes them.
+    services: background parts (controller, collector) run for the app's lifetime,
+        each given the same Backends.
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = backends is None
+        opened = backends or await open_backends(settings, clock=clock, streams=streams)
+        app.state.backends = opened
+        try:
+            async with _running(services, opened):
+                yield
+        finally:
+            app.state.backends = None
+            if owned:
+                await opened.close()
+
+    app = FastAPI(
+        title="canary control plane",
+        version="1",
+        summary="Canary releases with circuit breaking: experiments, routes and rules.",
+        lifespan=lifespan,
+    )
+    app.state.backends = None
+    app.dependency_overrides[get_settings] = lambda: settings
+    problems.install(app)
+    metrics.install(app)
+    for router in (health.router, experiments.router, rules.router):
+        app.include_router(router)
+    return app

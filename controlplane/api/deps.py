@@ -1,0 +1,70 @@
+"""Dependencies of the routes, as Annotated aliases.
+
+Settings come from one cached dependency (read once from the environment) that
+`create_app` and tests override; the open backends live on the app's state, put
+there by the lifespan.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Annotated
+
+from fastapi import Depends, Header, Query, Request
+
+from controlplane.db.session import Database
+from controlplane.kernel.clock import Clock
+from controlplane.kernel.errors import BackendUnavailable
+from controlplane.kernel.keys import EtcdKeys
+from controlplane.kernel.kv import KeyValueStore
+from controlplane.kernel.settings import Settings
+from controlplane.runtime import Backends
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
+
+
+def get_backends(request: Request) -> Backends:
+    backends: Backends | None = getattr(request.app.state, "backends", None)
+    if backends is None:
+        raise BackendUnavailable("the backends are not open (starting up or shutting down)")
+    return backends
+
+
+def get_database(backends: BackendsDep) -> Database:
+    return backends.database
+
+
+def get_kv(backends: BackendsDep) -> KeyValueStore:
+    return backends.kv
+
+
+def get_keys(backends: BackendsDep) -> EtcdKeys:
+    return backends.keys
+
+
+def get_clock(backends: BackendsDep) -> Clock:
+    return backends.clock
+
+
+def get_actor(
+    x_canary_user: Annotated[
+        str | None,
+        Header(max_length=100, pattern=r"^[\w.@-]+$", description="who acts (audit trail)"),
+    ] = None,
+) -> str:
+    """Who the audit trail names: `user:<name>` when the caller says, else `api`."""
+    return f"user:{x_canary_user}" if x_canary_user else "api"
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+BackendsDep = Annotated[Backends, Depends(get_backends)]
+DatabaseDep = Annotated[Database, Depends(get_database)]
+KvDep = Annotated[KeyValueStore, Depends(get_kv)]
+KeysDep = Annotated[EtcdKeys, Depends(get_keys)]
+ClockDep = Annotated[Clock, Depends(get_clock)]
+ActorDep = Annotated[str, Depends(get_actor)]
+Limit = Annotated[int, Query(ge=1, le=500, description="page size")]
+Offset = Annotated[int, Query(ge=0, description="items to skip")]

@@ -1,0 +1,86 @@
+"""Prometheus metrics of one app, in its own registry (never the process-global one:
+a process, or a test session, may build many apps).
+
+Requests are labelled by route template (`/v1/experiments/{experiment_id}`), not by
+raw path, so the label set stays bounded.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+UNMATCHED = "<unmatched>"
+
+
+class ApiMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "canary_api_requests",
+            "HTTP requests answered by the API",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "canary_api_request_duration_seconds",
+            "Time to answer an HTTP request",
+            ["method", "route", "status"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=self.registry,
+        )
+
+    def observe(self, method: str, route: str, status: int, seconds: float) -> None:
+        labels = (method, route, str(status))
+        self.requests.labels(*labels).inc()
+        self.latency.labels(*labels).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MetricsMiddleware:
+    """Times every HTTP request and counts it by method, route template and status."""
+
+    def __init__(self, app: ASGIApp, metrics: ApiMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            # The router records the matched route in the scope it was given.
+            route = scope.get("route")
+            template = getattr(route, "path", None) or UNMATCHED
+            self.metrics.observe(
+                scope["method"], template, status, time.perf_counter() - started
+            )
+
+
+def install(app: FastAPI) -> ApiMetrics:
+    metrics = ApiMetrics()
+    app.state.metrics = metrics
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics_endpoint(request: Request) -> Response:
+        return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return metrics

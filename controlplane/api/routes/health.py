@@ -1,0 +1,40 @@
+"""/healthz (the process answers) and /readyz (its database and etcd answer)."""
+
+from __future__ import annotations
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from controlplane.kernel.errors import CanaryError
+
+router = APIRouter(tags=["health"])
+
+CHECK_TIMEOUT_SEC = 2.0
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", responses={503: {"description": "a backend does not answer"}})
+async def readyz(request: Request) -> JSONResponse:
+    backends = getattr(request.app.state, "backends", None)
+    if backends is None:
+        return JSONResponse({"status": "starting", "checks": {}}, status_code=503)
+    checks: dict[str, str] = {}
+    for name, ping in (("database", backends.database.ping), ("etcd", backends.kv.ping)):
+        try:
+            with anyio.fail_after(CHECK_TIMEOUT_SEC):
+                await ping()
+            checks[name] = "ok"
+        except TimeoutError:
+            checks[name] = f"no answer within {CHECK_TIMEOUT_SEC} s"
+        except CanaryError as exc:
+            checks[name] = str(exc)
+    ready = all(v == "ok" for v in checks.values())
+    return JSONResponse(
+        {"status": "ready" if ready else "unavailable", "checks": checks},
+        status_code=200 if ready else 503,
+    )

@@ -1,0 +1,271 @@
+"""API schemas, apart from the ORM models: what clients send and what they get back."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Generic, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from controlplane.db.experiments import ExperimentSpec, StepSpec
+from controlplane.db.models import Event, Experiment
+from controlplane.experiments.lifecycle import ExperimentState
+from controlplane.kernel.errors import FieldError, ValidationFailed
+from controlplane.kernel.routes import BASELINE, CANARY, TOTAL_WEIGHT, Sticky
+from controlplane.kernel.rules import BreakerRule, ServiceName, pydantic_field_errors
+
+_http_url = TypeAdapter(AnyHttpUrl)
+
+
+def _check_upstream(value: str) -> str:
+    # Validated as a URL, but kept exactly as written (AnyHttpUrl would normalise it).
+    _http_url.validate_python(value)
+    return value
+
+
+Upstream = Annotated[
+    str,
+    Field(
+        min_length=8,
+        max_length=2048,
+        pattern=r"^https?://\S+$",
+        examples=["http://payments-v2:8080"],
+    ),
+    AfterValidator(_check_upstream),
+]
+
+
+class VariantIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    upstream: Upstream
+
+
+class Variants(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    baseline: VariantIn
+    canary: VariantIn
+
+
+class StepIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    weight_pct: float = Field(gt=0, le=100, description="canary share, 0.01 % resolution")
+    hold_sec: int = Field(ge=0, le=7 * 24 * 3600, description="how long the step holds")
+
+    @field_validator("weight_pct")
+    @classmethod
+    def _basis_points(cls, value: float) -> float:
+        if abs(value * 100 - round(value * 100)) > 1e-6:
+            raise ValueError("weight_pct has a resolution of 0.01 (one basis point)")
+        return value
+
+    @property
+    def weight_bp(self) -> int:
+        return round(self.weight_pct * 100)
+
+
+Steps = Annotated[list[StepIn], Field(min_length=1, max_length=100)]
+
+
+def _steps_increase(steps: list[StepIn]) -> list[StepIn]:
+    for i in range(1, len(steps)):
+        if steps[i].weight_bp <= steps[i - 1].weight_bp:
+            raise ValueError(
+                f"weights must increase strictly: steps.{i}.weight_pct "
+                f"({steps[i].weight_pct}) is not above steps.{i - 1}.weight_pct "
+                f"({steps[i - 1].weight_pct})"
+            )
+    return steps
+
+
+def _fill_rule_service(data: Any) -> Any:
+    """An inline rule may leave out its service: it is the experiment's."""
+    if isinstance(data, dict) and isinstance(data.get("rule"), dict):
+        rule = data["rule"]
+        if "service" not in rule and isinstance(data.get("service"), str):
+            data = {**data, "rule": {**rule, "service": data["service"]}}
+    return data
+
+
+class ExperimentCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=128, examples=["payments v2 rollout"])
+    service: ServiceName
+    variants: Variants
+    steps: Annotated[Steps, AfterValidator(_steps_increase)]
+    sticky: Sticky = Field(default_factory=Sticky)
+    rule: BreakerRule | None = Field(default=None, description="overrides the service rule")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rule_service(cls, data: Any) -> Any:
+        return _fill_rule_service(data)
+
+    @model_validator(mode="after")
+    def _rule_matches(self) -> ExperimentCreate:
+        if self.rule is not None and self.rule.service != self.service:
+            raise ValueError(
+                f"rule.service ({self.rule.service}) must be the experiment's service "
+                f"({self.service})"
+            )
+        return self
+
+    def to_spec(self) -> ExperimentSpec:
+        return ExperimentSpec(
+            name=self.name,
+            service=self.service,
+            baseline_upstream=self.variants.baseline.upstream,
+            canary_upstream=self.variants.canary.upstream,
+            steps=tuple(StepSpec(s.weight_bp, s.hold_sec) for s in self.steps),
+            sticky_header=self.sticky.header,
+            sticky_cookie=self.sticky.cookie,
+            rule=self.rule.model_dump(mode="json") if self.rule else None,
+        )
+
+    @classmethod
+    def from_spec(cls, spec: ExperimentSpec) -> dict[str, Any]:
+        """The stored spec in this schema's JSON shape (for merging a PATCH)."""
+        return {
+            "name": spec.name,
+            "service": spec.service,
+            "variants": {
+                BASELINE: {"upstream": spec.baseline_upstream},
+                CANARY: {"upstream": spec.canary_upstream},
+            },
+            "steps": [
+                {"weight_pct": s.weight_bp / 100, "hold_sec": s.hold_sec} for s in spec.steps
+            ],
+            "sticky": {"header": spec.sticky_header, "cookie": spec.sticky_cookie},
+            "rule": spec.rule,
+        }
+
+
+class ExperimentUpdate(BaseModel):
+    """A PATCH: the fields given replace the stored ones, then the whole is validated."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, min_length=1, max_length=128)
+    service: ServiceName | None = None
+    variants: Variants | None = None
+    steps: Annotated[Steps, AfterValidator(_steps_increase)] | None = None
+    sticky: Sticky | None = None
+    rule: dict[str, Any] | None = None
+
+    def apply(self, spec: ExperimentSpec) -> ExperimentSpec:
+        merged = ExperimentCreate.from_spec(spec)
+        merged.update(self.model_dump(mode="json", exclude_unset=True))
+        fields = self.model_fields_set
+        if "service" in fields and "rule" not in fields and merged.get("rule"):
+            # The inline rule follows the experiment to its new service.
+            merged["rule"] = {**merged["rule"], "service": merged["service"]}
+        try:
+            return ExperimentCreate.model_validate(merged).to_spec()
+        except ValidationError as exc:
+            raise ValidationFailed(
+                "invalid experiment",
+                [FieldError(("body", *e.loc), e.msg) for e in pydantic_field_errors(exc)],
+            ) from exc
+
+
+class ActionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(default="", max_length=1000, description="recorded in the event")
+
+
+class StepPublic(BaseModel):
+    weight_pct: float
+    hold_sec: int
+
+
+class ExperimentPublic(BaseModel):
+    id: int
+    name: str
+    service: str
+    state: ExperimentState
+    variants: Variants
+    steps: list[StepPublic]
+    sticky: Sticky
+    rule: BreakerRule | None
+    salt: str
+    current_step: int = Field(description="-1 before start")
+    canary_weight_bp: int = Field(ge=0, le=TOTAL_WEIGHT)
+    breaker_state: str
+    trips: int
+    route_revision: int
+    step_started_at: datetime | None
+    breaker_changed_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, experiment: Experiment) -> ExperimentPublic:
+        return cls(
+            id=experiment.id,
+            name=experiment.name,
+            service=experiment.service,
+            state=ExperimentState(experiment.state),
+            variants=Variants(
+                baseline=VariantIn(upstream=experiment.upstream_of(BASELINE)),
+                canary=VariantIn(upstream=experiment.upstream_of(CANARY)),
+            ),
+            steps=[
+                StepPublic(weight_pct=s.weight_bp / 100, hold_sec=s.hold_sec)
+                for s in experiment.steps
+            ],
+            sticky=Sticky(header=experiment.sticky_header, cookie=experiment.sticky_cookie),
+            rule=BreakerRule.model_validate(experiment.rule) if experiment.rule else None,
+            salt=experiment.salt,
+            current_step=experiment.current_step,
+            canary_weight_bp=experiment.canary_weight_bp,
+            breaker_state=experiment.breaker_state,
+            trips=experiment.trips,
+            route_revision=experiment.route_revision,
+            step_started_at=experiment.step_started_at,
+            breaker_changed_at=experiment.breaker_changed_at,
+            created_at=experiment.created_at,
+            updated_at=experiment.updated_at,
+        )
+
+
+class EventPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    experiment_id: int | None
+    service: str
+    at: datetime
+    actor: str
+    kind: str
+    from_state: str | None
+    to_state: str | None
+    reason: str
+    payload: dict[str, Any]
+
+    @classmethod
+    def of(cls, event: Event) -> EventPublic:
+        return cls.model_validate(event)
+
+
+T = TypeVar("T")
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    total: int = Field(ge=0, description="matching items across all pages")
+    limit: int
+    offset: int

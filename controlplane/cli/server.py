@@ -1,0 +1,180 @@
+"""`canary dev`, `canary serve` and `canary db upgrade|downgrade|current`.
+
+Heavy imports (FastAPI, SQLAlchemy, Alembic, uvicorn) happen inside the commands so
+`canary --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from controlplane.kernel.settings import Settings
+    from controlplane.runtime import Background
+
+log = logging.getLogger("canary")
+
+ListenOption = Annotated[
+    str | None, typer.Option("--listen", help="HOST:PORT to serve on [env CANARY_LISTEN]")
+]
+DatabaseOption = Annotated[
+    str | None,
+    typer.Option("--database-url", help="SQLAlchemy URL [env CANARY_DATABASE_URL]"),
+]
+
+
+def settings_with(**overrides: str | None) -> Settings:
+    """CANARY_* from the environment, overridden by the flags that were given."""
+    from pydantic import ValidationError
+
+    from controlplane.kernel.settings import Settings
+
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+def background_services(settings: Settings, *, embedded: bool) -> Sequence[Background]:
+    """The parts that run inside the API's lifespan, sharing its Backends.
+
+    The controller runs in both commands (several `serve` replicas elect one leader);
+    the collector only in `dev`: in production it is its own process (`canary collector`).
+    """
+    from controlplane.controller.runner import Controller
+
+    services: list[Background] = []
+    if embedded:
+        from controlplane.collector.embedded import EmbeddedCollector
+
+        services.append(EmbeddedCollector())
+    services.append(Controller())
+    return services
+
+
+def run_api(settings: Settings, *, services: Sequence[Background] = ()) -> None:
+    """Serve until SIGINT/SIGTERM; uvicorn then drains requests and runs the lifespan's
+    shutdown, which stops the services and closes the backends."""
+    import uvicorn
+
+    from controlplane.api.app import create_app
+
+    app = create_app(settings, services=services, streams=bool(services))
+    host, port = settings.listen_host_port
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=settings.log_level.lower(),
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+    )
+    uvicorn.Server(config).run()
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # Alembic announces every plugin it loads; only the migrations themselves matter.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+
+
+def _migrate_or_exit(url: str) -> None:
+    from controlplane.db import migrate
+    from controlplane.kernel.errors import CanaryError
+
+    try:
+        migrate.upgrade(url)
+    except CanaryError as exc:
+        typer.echo(f"canary: cannot migrate the database: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("dev")
+    def dev_command(
+        listen: ListenOption = None,
+        db_file: Annotated[Path, typer.Option("--db-file", help="the SQLite database file")] = Path(
+            "canary.db"
+        ),
+    ) -> None:
+        """Control plane on the embedded defaults: SQLite file, in-process etcd and Redis."""
+        path = db_file.expanduser().resolve()
+        settings = settings_with(
+            listen=listen, database_url=f"sqlite:///{path}", etcd="memory://", redis_url="memory://"
+        )
+        _setup_logging(settings.log_level)
+        _migrate_or_exit(settings.database_url)
+        log.info("database: %s (SQLite, migrated to head)", path)
+        log.info("etcd and Redis: in-process (memory://); API on http://%s", settings.listen)
+        run_api(settings, services=background_services(settings, embedded=True))
+
+    @app.command("serve")
+    def serve_command(
+        listen: ListenOption = None,
+        database_url: DatabaseOption = None,
+        etcd: Annotated[
+            str | None, typer.Option("--etcd", help="host:port[,…] or memory:// [env CANARY_ETCD]")
+        ] = None,
+        etcd_prefix: Annotated[
+            str | None, typer.Option("--etcd-prefix", help="key prefix [env CANARY_ETCD_PREFIX]")
+        ] = None,
+        redis: Annotated[
+            str | None,
+            typer.Option("--redis", help="redis://… or memory:// [env CANARY_REDIS_URL]"),
+        ] = None,
+    ) -> None:
+        """API (and controller) on the configured backends. Run `canary db upgrade` first."""
+        settings = settings_with(
+            listen=listen,
+            database_url=database_url,
+            etcd=etcd,
+            etcd_prefix=etcd_prefix,
+            redis_url=redis,
+        )
+        _setup_logging(settings.log_level)
+        run_api(settings, services=background_services(settings, embedded=False))
+
+    db = typer.Typer(help="Database migrations (Alembic).", no_args_is_help=True)
+    app.add_typer(db, name="db")
+
+    @db.command("upgrade")
+    def db_upgrade(
+        revision: Annotated[str, typer.Argument(help="target revision")] = "head",
+        database_url: DatabaseOption = None,
+    ) -> None:
+        """Migrate the database up to a revision (default: the latest)."""
+        from controlplane.db import migrate
+
+        url = settings_with(database_url=database_url).database_url
+        migrate.upgrade(url, revision)
+        typer.echo(f"database at revision {migrate.current(url)}")
+
+    @db.command("downgrade")
+    def db_downgrade(
+        revision: Annotated[str, typer.Argument(help="target revision, or 'base'")] = "-1",
+        database_url: DatabaseOption = None,
+    ) -> None:
+        """Migrate the database down (default: one revision)."""
+        from controlplane.db import migrate
+
+        url = settings_with(database_url=database_url).database_url
+        migrate.downgrade(url, revision)
+        typer.echo(f"database at revision {migrate.current(url) or 'base'}")
+
+    @db.command("current")
+    def db_current(database_url: DatabaseOption = None) -> None:
+        """Print the database's revision and the latest one."""
+        from controlplane.db import migrate
+
+        url = settings_with(database_url=database_url).database_url
+        now, head = migrate.current(url), migrate.head(url)
+        state = "up to date" if now == head else "behind: run `canary db upgrade`"
+        typer.echo(f"{now or 'base'} (head {head}, {state})")

@@ -1,0 +1,1 @@
+"""SQL persistence: typed models, the engine factory and data-access functions."""

@@ -1,0 +1,182 @@
+"""Typed ORM models: experiments, their variants and steps, and the events audit trail.
+
+The migrations in migrations/versions must describe exactly these tables; a test
+compares them with Alembic's autogenerate.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+# Stable constraint names, so migrations can refer to them on every backend.
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# States in which an experiment owns its service's route (at most one per service).
+ACTIVE_STATES = ("running", "paused")
+EXPERIMENT_STATES = ("draft", "running", "paused", "promoted", "rolled_back", "aborted")
+BREAKER_STATES = ("closed", "open", "half_open")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp on every backend.
+
+    SQLite keeps no zone, so values come back naive; they are UTC by construction.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: store UTC-aware timestamps only")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    quoted = ", ".join(f"'{v}'" for v in values)
+    return f"{column} IN ({quoted})"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UTCDateTime, dict[str, Any]: JSON}
+
+
+class Experiment(Base):
+    __tablename__ = "experiments"
+    __table_args__ = (
+        CheckConstraint(_in("state", EXPERIMENT_STATES), name="state"),
+        CheckConstraint(_in("breaker_state", BREAKER_STATES), name="breaker_state"),
+        # Enforced by the database, so two concurrent starts cannot both win.
+        Index(
+            "uq_experiments_active_service",
+            "service",
+            unique=True,
+            postgresql_where=text(_in("state", ACTIVE_STATES)),
+            sqlite_where=text(_in("state", ACTIVE_STATES)),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    service: Mapped[str] = mapped_column(String(63), index=True)
+    state: Mapped[str] = mapped_column(String(16), default="draft", index=True)
+    salt: Mapped[str] = mapped_column(String(64))
+    sticky_header: Mapped[str | None] = mapped_column(String(128))
+    sticky_cookie: Mapped[str | None] = mapped_column(String(128))
+    rule: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    current_step: Mapped[int] = mapped_column(Integer, default=-1)
+    canary_weight_bp: Mapped[int] = mapped_column(Integer, default=0)
+    breaker_state: Mapped[str] = mapped_column(String(16), default="closed")
+    trips: Mapped[int] = mapped_column(Integer, default=0)
+    step_started_at: Mapped[datetime | None]
+    breaker_changed_at: Mapped[datetime | None]
+    route_revision: Mapped[int] = mapped_column(Integer, default=0)
+    # the controller's memory between evaluations (decision.model.RolloutState)
+    rollout_state: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    # Optimistic concurrency: an UPDATE based on a stale read matches no row.
+    version: Mapped[int] = mapped_column(Integer, default=1)
+
+    variants: Mapped[list[Variant]] = relationship(
+        back_populates="experiment",
+        cascade="all, delete-orphan",
+        order_by="Variant.name",
+        lazy="selectin",
+    )
+    steps: Mapped[list[Step]] = relationship(
+        back_populates="experiment",
+        cascade="all, delete-orphan",
+        order_by="Step.position",
+        lazy="selectin",
+    )
+
+    __mapper_args__ = {"version_id_col": version}  # noqa: RUF012 (SQLAlchemy declares it)
+
+    def upstream_of(self, name: str) -> str:
+        return next(v.upstream for v in self.variants if v.name == name)
+
+
+class Variant(Base):
+    __tablename__ = "variants"
+    __table_args__ = (UniqueConstraint("experiment_id", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(64))
+    upstream: Mapped[str] = mapped_column(String(2048))
+
+    experiment: Mapped[Experiment] = relationship(back_populates="variants")
+
+
+class Step(Base):
+    __tablename__ = "steps"
+    __table_args__ = (
+        UniqueConstraint("experiment_id", "position"),
+        CheckConstraint("weight_bp > 0 AND weight_bp <= 10000", name="weight_bp"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    position: Mapped[int] = mapped_column(Integer)
+    weight_bp: Mapped[int] = mapped_column(Integer)
+    hold_sec: Mapped[int] = mapped_column(Integer)
+
+    experiment: Mapped[Experiment] = relationship(back_populates="steps")
+
+
+class Event(Base):
+    """One row of the audit trail: who changed what, when, why, and on which numbers."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_service_at", "service", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # Null for service-level events (rule changes); kept when a draft is deleted.
+    experiment_id: Mapped[int | None] = mapped_column(
+        ForeignKey("experiments.id", ondelete="SET NULL"), index=True
+    )
+    service: Mapped[str] = mapped_column(String(63))
+    at: Mapped[datetime]
+    actor: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(64))
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str | None] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -1,0 +1,146 @@
+"""Engines and sessions built from Settings (never at import time), and a transaction
+helper that runs blocking SQL work off the event loop.
+
+The API and the controller are asyncio programs and the drivers are synchronous, so
+SQL work runs in worker threads; one transaction may span an await in between (the
+etcd write of a route), and it commits only after that await succeeds.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm.exc import StaleDataError
+
+from controlplane.kernel.errors import BackendUnavailable, CanaryError, ConfigError, Conflict
+
+SQLITE_BUSY_TIMEOUT_MS = 5_000
+
+T = TypeVar("T")
+
+
+def database_url(url: str) -> URL:
+    """Parse a database URL; a bare postgresql:// means psycopg 3, the driver we ship."""
+    try:
+        parsed = make_url(url)
+    except Exception as exc:
+        raise ConfigError(f"invalid database URL {url!r}: {exc}") from exc
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() not in ("postgresql", "sqlite"):
+        raise ConfigError(f"unsupported database {parsed.drivername!r}: use PostgreSQL or SQLite")
+    return parsed
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        # WAL lets readers (the controller) proceed while the API writes.
+        cursor.execute("PRAGMA journal_mode=WAL")
+    finally:
+        cursor.close()
+
+
+def make_engine(url: str) -> Engine:
+    parsed = database_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        # Worker threads take turns on a connection, one at a time.
+        engine = create_engine(parsed, connect_args={"check_same_thread": False})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(parsed, pool_pre_ping=True)
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(bind=engine, expire_on_commit=False, autoflush=False)
+
+
+def translate_db_error(exc: SQLAlchemyError) -> CanaryError:
+    """Map a driver error to the product's tree (kernel.errors) at this boundary."""
+    if isinstance(exc, StaleDataError):
+        return Conflict("the experiment changed concurrently; read it again and retry")
+    if isinstance(exc, IntegrityError):
+        return Conflict(f"the change conflicts with stored data: {exc.orig}")
+    if isinstance(exc, OperationalError | DBAPIError):
+        return BackendUnavailable(f"database unavailable: {exc.orig}")
+    return BackendUnavailable(f"database error: {exc}")
+
+
+@contextmanager
+def db_errors() -> Iterator[None]:
+    try:
+        yield
+    except (SQLAlchemyError, StaleDataError) as exc:
+        raise translate_db_error(exc) from exc
+
+
+class Transaction:
+    """One session inside one transaction; `run` calls a sync function in a thread."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    async def run(self, fn: Callable[..., T], /, **kwargs: Any) -> T:
+        call = functools.partial(_guarded, fn, session=self.session, **kwargs)
+        return await anyio.to_thread.run_sync(call)
+
+
+def _guarded(fn: Callable[..., T], /, **kwargs: Any) -> T:
+    with db_errors():
+        return fn(**kwargs)
+
+
+class Database:
+    """The sessionmaker plus async transactions for asyncio callers."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.sessionmaker = make_sessionmaker(engine)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """Commit when the block ends normally; roll back on any exception.
+
+        The rollback is shielded from cancellation so nothing is left half-written.
+        """
+        session = self.sessionmaker()
+        try:
+            yield Transaction(session)
+            await anyio.to_thread.run_sync(functools.partial(_guarded, _commit, session=session))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(session.rollback)
+            raise
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(session.close)
+
+    async def read(self, fn: Callable[..., T], /, **kwargs: Any) -> T:
+        """Run a read-only function in its own short transaction."""
+        async with self.transaction() as tx:
+            return await tx.run(fn, **kwargs)
+
+    async def ping(self) -> None:
+        def select_one() -> None:
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql("SELECT 1")
+
+        await anyio.to_thread.run_sync(functools.partial(_guarded, select_one))
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _commit(*, session: Session) -> None:
+    session.commit()

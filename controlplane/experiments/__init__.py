@@ -1,0 +1,1 @@
+"""Experiments: their lifecycle and the actions that drive it."""

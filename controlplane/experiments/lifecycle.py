@@ -1,0 +1,119 @@
+"""The experiment lifecycle (DESIGN §7): states, actions and the one legal-move table.
+
+    draft ──start──► running ──pause──► paused
+                       ▲  ◄──resume──────┘
+    running | paused ──promote──► promoted
+    running | paused ──rollback─► rolled_back
+    draft | running | paused ──abort──► aborted
+
+Pure: no I/O, no clock. `transition` is the only way to change a state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from controlplane.kernel.errors import IllegalTransition
+from controlplane.kernel.routes import TOTAL_WEIGHT, RouteState
+
+
+class ExperimentState(StrEnum):
+    DRAFT = "draft"
+    RUNNING = "running"
+    PAUSED = "paused"
+    PROMOTED = "promoted"
+    ROLLED_BACK = "rolled_back"
+    ABORTED = "aborted"
+
+
+class Action(StrEnum):
+    START = "start"
+    PAUSE = "pause"
+    RESUME = "resume"
+    PROMOTE = "promote"
+    ROLLBACK = "rollback"
+    ABORT = "abort"
+
+
+S = ExperimentState
+
+# action -> (states it may start from, state it leads to)
+TRANSITIONS: dict[Action, tuple[frozenset[ExperimentState], ExperimentState]] = {
+    Action.START: (frozenset({S.DRAFT}), S.RUNNING),
+    Action.PAUSE: (frozenset({S.RUNNING}), S.PAUSED),
+    Action.RESUME: (frozenset({S.PAUSED}), S.RUNNING),
+    Action.PROMOTE: (frozenset({S.RUNNING, S.PAUSED}), S.PROMOTED),
+    Action.ROLLBACK: (frozenset({S.RUNNING, S.PAUSED}), S.ROLLED_BACK),
+    Action.ABORT: (frozenset({S.DRAFT, S.RUNNING, S.PAUSED}), S.ABORTED),
+}
+
+ACTIVE = frozenset({S.RUNNING, S.PAUSED})
+TERMINAL = frozenset({S.PROMOTED, S.ROLLED_BACK, S.ABORTED})
+EDITABLE = frozenset({S.DRAFT})
+
+
+class IllegalAction(IllegalTransition):
+    """An action the current state does not allow; names the state and what would."""
+
+    def __init__(self, action: Action, current: ExperimentState, target: ExperimentState) -> None:
+        super().__init__("experiment", current.value, target.value)
+        self.action = action
+        allowed = ", ".join(sorted(s.value for s in TRANSITIONS[action][0]))
+        self.args = (
+            f"cannot {action.value} an experiment in state '{current.value}' "
+            f"(only from: {allowed})",
+        )
+
+
+def transition(current: ExperimentState | str, action: Action | str) -> ExperimentState:
+    """The state `action` leads to from `current`; IllegalAction names both."""
+    state = ExperimentState(current)
+    act = Action(action)
+    sources, target = TRANSITIONS[act]
+    if state not in sources:
+        raise IllegalAction(act, state, target)
+    return target
+
+
+def allowed_actions(current: ExperimentState | str) -> list[Action]:
+    state = ExperimentState(current)
+    return [action for action, (sources, _) in TRANSITIONS.items() if state in sources]
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    """What the route must say after an action: the canary's share and the state."""
+
+    canary_bp: int
+    state: RouteState
+    step: int
+
+
+def route_after(
+    action: Action,
+    *,
+    previous: ExperimentState,
+    first_step_bp: int,
+    canary_bp: int,
+    step: int,
+) -> RoutePlan | None:
+    """The route an action publishes, or None when there is none to publish.
+
+    Aborting a draft publishes nothing: it never had a route.
+    """
+    match action:
+        case Action.START:
+            return RoutePlan(first_step_bp, RouteState.RUNNING, 0)
+        case Action.PAUSE:
+            return RoutePlan(canary_bp, RouteState.PAUSED, step)
+        case Action.RESUME:
+            return RoutePlan(canary_bp, RouteState.RUNNING, step)
+        case Action.PROMOTE:
+            return RoutePlan(TOTAL_WEIGHT, RouteState.PROMOTED, step)
+        case Action.ROLLBACK:
+            return RoutePlan(0, RouteState.ROLLED_BACK, step)
+        case Action.ABORT:
+            if previous is ExperimentState.DRAFT:
+                return None
+            return RoutePlan(0, RouteState.ROLLED_BACK, step)

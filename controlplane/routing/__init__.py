@@ -1,0 +1,1 @@
+"""Route tables for the sidecars: building and publishing them to the KV store."""

@@ -1,0 +1,1 @@
+"""Alembic migrations, located by `controlplane.db.migrate` from this package's path."""

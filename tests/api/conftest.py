@@ -1,0 +1,98 @@
+"""An API client over a migrated database, on both backend sets."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from controlplane.api.app import create_app
+from controlplane.db import migrate
+from controlplane.db.session import make_engine
+from controlplane.kernel.clock import FakeClock
+from controlplane.kernel.settings import Settings
+from controlplane.runtime import Backends, open_backends
+
+
+def experiment_body(**overrides: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "name": "payments v2",
+        "service": "payment-api",
+        "variants": {
+            "baseline": {"upstream": "http://payments-v1:8080"},
+            "canary": {"upstream": "http://payments-v2:8080"},
+        },
+        "steps": [
+            {"weight_pct": 1, "hold_sec": 60},
+            {"weight_pct": 5, "hold_sec": 60},
+            {"weight_pct": 25, "hold_sec": 120},
+            {"weight_pct": 100, "hold_sec": 0},
+        ],
+        "sticky": {"header": "x-user-id"},
+    }
+    body.update(overrides)
+    return body
+
+
+@pytest.fixture(scope="session")
+def migrated_pg(pg_database_url: str) -> str:
+    """The session's PostgreSQL database, migrated once (creating one per test is slow)."""
+    migrate.upgrade(pg_database_url)
+    return pg_database_url
+
+
+@pytest.fixture
+def pg_url(migrated_pg: str) -> Iterator[str]:
+    """Overrides the shared fixture for the API tests: the same schema, emptied."""
+    engine = make_engine(migrated_pg)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "TRUNCATE events, steps, variants, experiments RESTART IDENTITY CASCADE"
+            )
+    finally:
+        engine.dispose()
+    yield migrated_pg
+
+
+@pytest.fixture
+def settings(backend_settings: Settings) -> Settings:
+    migrate.upgrade(backend_settings.database_url)
+    return backend_settings
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def backends(settings: Settings, clock: FakeClock) -> AsyncIterator[Backends]:
+    """Backends the test opens itself, so it can look into the KV store and break it."""
+    opened = await open_backends(settings, clock=clock, streams=False)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@pytest.fixture
+async def client(settings: Settings, backends: Backends) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings, backends=backends)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://canary") as http:
+            yield http
+
+
+@pytest.fixture
+def create(client: httpx.AsyncClient) -> Callable[..., Any]:
+    async def make(**overrides: Any) -> dict[str, Any]:
+        response = await client.post("/v1/experiments", json=experiment_body(**overrides))
+        assert response.status_code == 201, response.text
+        created: dict[str, Any] = response.json()
+        return created
+
+    return make

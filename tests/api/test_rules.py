@@ -1,0 +1,97 @@
+"""/v1/services/{service}/rule: etcd holds the rule, SQL logs each change."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from controlplane.db import experiments as records
+from controlplane.kernel.rules import parse_rule
+from controlplane.runtime import Backends
+
+RULE = {"threshold_ms": 800, "window_sec": 60, "failure_ratio": 0.3, "percentile": 95}
+
+
+async def test_put_stores_the_rule_in_etcd_and_get_reads_it_back(
+    client: httpx.AsyncClient, backends: Backends
+) -> None:
+    response = await client.put("/v1/services/payment-api/rule", json=RULE)
+    assert response.status_code == 200, response.text
+    assert response.json()["service"] == "payment-api"
+    stored = await backends.kv.get(backends.keys.rule("payment-api"))
+    assert stored is not None
+    assert parse_rule(stored.value).threshold_ms == 800
+
+    fetched = await client.get("/v1/services/payment-api/rule")
+    assert fetched.status_code == 200
+    assert fetched.json() == response.json()
+
+    # etcd is the source of truth: a change made there is what the API answers
+    changed = parse_rule(stored.value).model_copy(update={"threshold_ms": 950.0})
+    await backends.kv.put(stored.key, changed.to_json().encode())
+    assert (await client.get("/v1/services/payment-api/rule")).json()["threshold_ms"] == 950
+
+
+async def test_each_change_is_a_service_event_in_sql(
+    client: httpx.AsyncClient, backends: Backends
+) -> None:
+    headers = {"X-Canary-User": "bob"}
+    await client.put("/v1/services/payment-api/rule", json=RULE, headers=headers)
+    await client.put("/v1/services/payment-api/rule", json=RULE, headers=headers)  # no change
+    await client.put(
+        "/v1/services/payment-api/rule", json={**RULE, "service": "payment-api", "max_trips": 5}
+    )
+    events, total = await backends.database.read(records.list_events, service="payment-api")
+    assert total == 2
+    assert all(e.kind == "rule_changed" and e.experiment_id is None for e in events)
+    assert events[0].actor == "user:bob" and events[0].payload["previous"] is None
+    assert events[1].payload["previous"]["max_trips"] == 3
+    assert events[1].payload["rule"]["max_trips"] == 5
+
+
+async def test_invalid_rules_answer_422_naming_the_fields(client: httpx.AsyncClient) -> None:
+    cases = [
+        ({**RULE, "threshold_ms": 0}, "body.threshold_ms"),
+        ({**RULE, "percentile": 97}, "body.percentile"),
+        ({**RULE, "failure_ratio": 1.5}, "body.failure_ratio"),
+        ({**RULE, "compare": "median"}, "body.compare"),
+        ({**RULE, "service": "other-api"}, "body.service"),
+        ({"window_sec": 60}, "body.threshold_ms"),
+    ]
+    for body, path in cases:
+        response = await client.put("/v1/services/payment-api/rule", json=body)
+        assert response.status_code == 422, body
+        assert response.headers["content-type"] == "application/problem+json"
+        paths = [".".join(map(str, e["loc"])) for e in response.json()["errors"]]
+        assert path in paths, (body, paths)
+    bad_service = await client.put("/v1/services/Not%20A%20Service/rule", json=RULE)
+    assert bad_service.status_code == 422
+
+
+async def test_missing_rule_answers_404(client: httpx.AsyncClient) -> None:
+    response = await client.get("/v1/services/nobody/rule")
+    assert response.status_code == 404
+    assert response.headers["content-type"] == "application/problem+json"
+
+
+async def test_a_malformed_stored_rule_is_reported_not_fatal(
+    client: httpx.AsyncClient, backends: Backends
+) -> None:
+    key = backends.keys.rule("payment-api")
+    await backends.kv.put(key, json.dumps({"service": "payment-api", "threshold_ms": -5}).encode())
+    response = await client.get("/v1/services/payment-api/rule")
+    assert response.status_code == 502
+    problem = response.json()
+    assert "invalid" in problem["detail"] and key in problem["detail"]
+    assert [e["loc"] for e in problem["errors"]] == [["threshold_ms"]]
+
+    await backends.kv.put(key, b"{not json")
+    response = await client.get("/v1/services/payment-api/rule")
+    assert response.status_code == 502
+    assert "not JSON" in response.json()["detail"]
+
+    # the API keeps serving, and a valid PUT repairs the key
+    assert (await client.get("/healthz")).status_code == 200
+    assert (await client.put("/v1/services/payment-api/rule", json=RULE)).status_code == 200
+    assert (await client.get("/v1/services/payment-api/rule")).status_code == 200

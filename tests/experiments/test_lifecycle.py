@@ -1,0 +1,67 @@
+"""The lifecycle table: every (state, action) pair, legal or named as illegal."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.experiments.lifecycle import (
+    Action,
+    ExperimentState,
+    route_after,
+    transition,
+)
+from controlplane.kernel.errors import IllegalTransition
+from controlplane.kernel.routes import RouteState
+
+S, A = ExperimentState, Action
+
+LEGAL = {
+    (S.DRAFT, A.START): S.RUNNING,
+    (S.DRAFT, A.ABORT): S.ABORTED,
+    (S.RUNNING, A.PAUSE): S.PAUSED,
+    (S.RUNNING, A.PROMOTE): S.PROMOTED,
+    (S.RUNNING, A.ROLLBACK): S.ROLLED_BACK,
+    (S.RUNNING, A.ABORT): S.ABORTED,
+    (S.PAUSED, A.RESUME): S.RUNNING,
+    (S.PAUSED, A.PROMOTE): S.PROMOTED,
+    (S.PAUSED, A.ROLLBACK): S.ROLLED_BACK,
+    (S.PAUSED, A.ABORT): S.ABORTED,
+}
+
+
+@pytest.mark.parametrize("state", list(S))
+@pytest.mark.parametrize("action", list(A))
+def test_transition_follows_the_table_and_names_the_current_state(
+    state: ExperimentState, action: Action
+) -> None:
+    expected = LEGAL.get((state, action))
+    if expected is not None:
+        assert transition(state, action) is expected
+        return
+    with pytest.raises(IllegalTransition) as caught:
+        transition(state, action)
+    assert caught.value.current == state.value
+    assert f"'{state.value}'" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("action", "previous", "expected"),
+    [
+        (A.START, S.DRAFT, (500, RouteState.RUNNING, 0)),
+        (A.PAUSE, S.RUNNING, (2500, RouteState.PAUSED, 2)),
+        (A.RESUME, S.PAUSED, (2500, RouteState.RUNNING, 2)),
+        (A.PROMOTE, S.RUNNING, (10_000, RouteState.PROMOTED, 2)),
+        (A.ROLLBACK, S.PAUSED, (0, RouteState.ROLLED_BACK, 2)),
+        (A.ABORT, S.RUNNING, (0, RouteState.ROLLED_BACK, 2)),
+        (A.ABORT, S.DRAFT, None),
+    ],
+)
+def test_route_after_each_action(
+    action: Action, previous: ExperimentState, expected: tuple[int, RouteState, int] | None
+) -> None:
+    plan = route_after(action, previous=previous, first_step_bp=500, canary_bp=2500, step=2)
+    if expected is None:
+        assert plan is None
+    else:
+        assert plan is not None
+        assert (plan.canary_bp, plan.state, plan.step) == expected
