@@ -37,7 +37,7 @@ from controlplane.collector.windows import (
     WindowConfig,
 )
 from controlplane.kernel.clock import Clock
-from controlplane.kernel.codec import BatchMeta, DecodedBatch, parse_entry
+from controlplane.kernel.codec import BatchMeta, RawBatch, parse_entry_raw
 from controlplane.kernel.errors import CanaryError, CodecError, ValidationFailed
 from controlplane.kernel.keys import COLLECTOR_GROUP, EtcdKeys
 from controlplane.kernel.kv import EventKind, KeyValueStore
@@ -187,6 +187,9 @@ class Collector:
         self._last_claim = -math.inf
         self._last_services = -math.inf
         self._watch_tasks: list[asyncio.Task[None]] = []
+        # the next read, started before applying a full one (a backlog), so that Redis
+        # prepares it while this process applies the previous one
+        self._prefetch: asyncio.Task[list[StreamEntry]] | None = None
         self.config_loaded = asyncio.Event()
         self.last_loop_ok: float | None = None
 
@@ -253,6 +256,7 @@ class Collector:
                     revision = max(revision, event.mod_revision)
                     value = event.value if event.kind == EventKind.PUT else None
                     apply(self.keys.service_of(event.key, prefix), value)
+                return  # a watch ends without an error only when its store is closed
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a lost or compacted watch: re-read, then follow again
@@ -291,17 +295,38 @@ class Collector:
             self._last_claim = mono
             await self._claim()
         services = sorted(self._grouped)
-        if services:
-            block = max(0, min(self.block_ms, int(self.tick * 1000)))
+        if self._prefetch is not None:
+            entries = await self._take_prefetch()
+            self._start_prefetch(services, entries)
+            self.apply(entries, claimed_unacked=frozenset())
+        elif services:
+            # block no longer than until the next tick, so a publish is never late by
+            # a whole empty read
+            until_tick = self.tick - (self.clock.monotonic() - self._last_tick)
+            block = math.ceil(min(max(0.0, until_tick * 1000), float(self.block_ms)))
             entries = await self.streams.read_group(
                 services, COLLECTOR_GROUP, self.name, count=self.count, block_ms=block
             )
+            self._start_prefetch(services, entries)
             self.apply(entries, claimed_unacked=frozenset())
         else:
             await asyncio.sleep(self.block_ms / 1000)  # nothing to read yet: wait for discovery
         if self.clock.monotonic() - self._last_tick >= self.tick:
             await self.publish_due()
         self.last_loop_ok = self.clock.monotonic()
+
+    def _start_prefetch(self, services: list[str], entries: Sequence[StreamEntry]) -> None:
+        """After a full read, start the next one (non-blocking) before applying this one."""
+        if services and len(entries) >= self.count:
+            self._prefetch = asyncio.create_task(
+                self.streams.read_group(
+                    services, COLLECTOR_GROUP, self.name, count=self.count, block_ms=0
+                )
+            )
+
+    async def _take_prefetch(self) -> list[StreamEntry]:
+        task, self._prefetch = self._prefetch, None
+        return [] if task is None else await task
 
     async def _refresh_services(self) -> None:
         self._stream_services = set(await self.streams.services())
@@ -339,10 +364,12 @@ class Collector:
         if not entries:
             return
         now = self.clock.now()
-        by_experiment: dict[str, list[DecodedBatch]] = {}
+        # columns stay views into the payloads; each experiment's batches are
+        # concatenated and ingested once per read (see ExperimentWindow.record_many)
+        by_experiment: dict[str, list[RawBatch]] = {}
         for entry in entries:
             try:
-                meta, batch = parse_entry(entry.fields)
+                meta, batch = parse_entry_raw(entry.fields)
             except CodecError as exc:
                 self.metrics.corrupt.inc()
                 log.warning("corrupt entry %s on %s, acked: %s", entry.entry_id, entry.service, exc)
@@ -433,6 +460,11 @@ class Collector:
 
     async def flush(self) -> None:
         """Publish and ack everything held (SIGTERM): nothing read stays pending."""
+        if self._prefetch is not None:
+            try:
+                self.apply(await self._take_prefetch(), claimed_unacked=frozenset())
+            except CanaryError as exc:  # never delivered, or left pending for a claimer
+                log.warning("read in flight at shutdown failed: %s", exc)
         now = self.clock.now()
         for experiment in list(self.windows):
             await self.publish(experiment, now)

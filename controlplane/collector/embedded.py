@@ -1,0 +1,48 @@
+"""The collector as a part of another process (`canary dev`, `canary demo`).
+
+In the embedded mode the sample bus is in-process, so the collector must run in the
+process that owns it, sharing the very same Backends as the API and controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+from controlplane.collector.main import default_name
+from controlplane.collector.service import Collector
+from controlplane.runtime import Backends
+
+
+@dataclass
+class EmbeddedCollector:
+    """A BackgroundService (controlplane.runtime) running one Collector."""
+
+    name: str = field(default_factory=default_name)
+    tick: float = 0.1
+    collector: Collector | None = None
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _task: asyncio.Task[None] | None = None
+
+    async def start(self, backends: Backends) -> None:
+        if backends.streams is None or backends.board is None:
+            raise RuntimeError("the embedded collector needs the sample streams opened")
+        self.collector = Collector(
+            backends.streams,
+            backends.board,
+            backends.kv,
+            backends.keys,
+            consumer_name=self.name,
+            clock=backends.clock,
+            tick=self.tick,
+        )
+        await self.collector.load_config()
+        self._task = asyncio.create_task(self.collector.run(self._stop), name="collector")
+
+    async def stop(self) -> None:
+        """Stop reading, publish and acknowledge what is held."""
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(self._task, timeout=10)

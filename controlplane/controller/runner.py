@@ -1,0 +1,241 @@
+"""The controller loop: lead, then evaluate every active experiment, again and again.
+
+    campaign → (load → rule → snapshots → decide → apply) per experiment → wait
+
+Only the elected leader evaluates, and every route it writes is fenced by its
+leadership, so a deposed leader can never write. Losing etcd means stepping down.
+The wait between rounds ends at the earliest `next_check_at` any decision asked for,
+and at the latest after one tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from controlplane.controller.apply import apply_decision
+from controlplane.controller.rulebook import RuleBook, RuleRejection
+from controlplane.controller.state import inline_rule, rollout_state_of, steps_of
+from controlplane.db import experiments as records
+from controlplane.db.models import ACTIVE_STATES, Experiment
+from controlplane.decision.rollout import decide
+from controlplane.experiments.actions import utc_now
+from controlplane.kernel.errors import BackendError, CanaryError, NotLeader, RevisionConflict
+from controlplane.kernel.kv import Fence
+from controlplane.kernel.snapshots import WindowSnapshot
+from controlplane.runtime import Backends
+
+log = logging.getLogger(__name__)
+
+SnapshotReader = Callable[[Backends, str], Awaitable[Mapping[str, WindowSnapshot]]]
+
+
+async def board_snapshots(backends: Backends, experiment: str) -> Mapping[str, WindowSnapshot]:
+    """The latest window per variant, merged exactly across every collector's part."""
+    from controlplane.collector.sharding import read_merged_snapshots
+
+    if backends.board is None:
+        return {}
+    return await read_merged_snapshots(backends.board, experiment, backends.clock.now())
+
+
+@dataclass
+class ControllerStats:
+    evaluations: int = 0
+    decisions_applied: int = 0
+    conflicts: int = 0
+    errors: int = 0
+    leader: bool = False
+    terms: int = 0
+
+
+@dataclass
+class Controller:
+    """A BackgroundService for the API's lifespan (see controlplane.runtime)."""
+
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    tick: float = 0.25
+    lease_ttl: int = 5
+    snapshot_reader: SnapshotReader = board_snapshots
+    stats: ControllerStats = field(default_factory=ControllerStats)
+    _task: asyncio.Task[None] | None = None
+    _rulebook: RuleBook | None = None
+    _no_rule_reported: set[int] = field(default_factory=set)
+
+    async def start(self, backends: Backends) -> None:
+        await self.open(backends)
+        self._task = asyncio.create_task(self._run(backends), name="controller")
+
+    async def open(self, backends: Backends) -> None:
+        """Follow the rules in etcd; `start` also campaigns and runs the loop."""
+        self._rulebook = RuleBook(
+            backends.kv, backends.keys, on_rejected=lambda r: self._rule_rejected(backends, r)
+        )
+        await self._rulebook.start()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._rulebook is not None:
+            await self._rulebook.stop()
+
+    # ------------------------------------------------------------- leadership
+
+    async def _run(self, backends: Backends) -> None:
+        while True:
+            leadership = backends.kv.leadership(
+                backends.keys.election, identity=self.identity, ttl=self.lease_ttl
+            )
+            try:
+                fence = await leadership.campaign()
+                self.stats.leader = True
+                self.stats.terms += 1
+                log.info("controller %s leads (fence revision %d)", self.identity,
+                         fence.create_revision)
+                await self._lead_until_lost(backends, fence, leadership.lost())
+            except BackendError as exc:
+                log.warning("controller %s steps down: %s", self.identity, exc)
+                await asyncio.sleep(1.0)
+            finally:
+                self.stats.leader = False
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(leadership.resign())
+
+    async def _lead_until_lost(
+        self, backends: Backends, fence: Fence, lost: Awaitable[None]
+    ) -> None:
+        lead = asyncio.create_task(self._lead(backends, fence))
+        watch = asyncio.ensure_future(lost)
+        try:
+            done, _ = await asyncio.wait({lead, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if lead in done:
+                lead.result()  # re-raise NotLeader / BackendError
+            else:
+                log.warning("controller %s lost its leadership", self.identity)
+        finally:
+            for task in (lead, watch):
+                task.cancel()
+            for task in (lead, watch):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    async def _lead(self, backends: Backends, fence: Fence) -> None:
+        while True:
+            next_at = await self.evaluate_all(backends, fence)
+            now = backends.clock.now()
+            wait = self.tick if next_at is None else min(self.tick, max(next_at - now, 0.0))
+            await asyncio.sleep(max(wait, 0.01))
+
+    # ------------------------------------------------------------- evaluation
+
+    async def evaluate_all(self, backends: Backends, fence: Fence | None) -> float | None:
+        """One round over the active experiments; the earliest time to look again."""
+
+        def active(*, session: Session) -> list[Experiment]:
+            rows = session.scalars(
+                select(Experiment).where(Experiment.state.in_(ACTIVE_STATES))
+            ).all()
+            for row in rows:  # load the relationships inside the session
+                _ = (row.steps, row.variants)
+            session.expunge_all()
+            return list(rows)
+
+        experiments = await backends.database.read(active)
+        earliest: float | None = None
+        for experiment in experiments:
+            try:
+                next_at = await self.evaluate(backends, experiment, fence)
+            except NotLeader:
+                raise
+            except RevisionConflict as exc:
+                # someone (the API) moved the experiment or its route: decide again
+                self.stats.conflicts += 1
+                log.info("experiment %d changed under the controller: %s", experiment.id, exc)
+                continue
+            except BackendError:
+                raise
+            except CanaryError as exc:
+                self.stats.errors += 1
+                log.warning("experiment %d not evaluated: %s", experiment.id, exc)
+                continue
+            if next_at is not None:
+                earliest = next_at if earliest is None else min(earliest, next_at)
+        return earliest
+
+    async def evaluate(
+        self, backends: Backends, experiment: Experiment, fence: Fence | None
+    ) -> float | None:
+        if experiment.state != "running":
+            return None
+        rule = inline_rule(experiment)
+        if rule is None and self._rulebook is not None:
+            in_force = self._rulebook.get(experiment.service)
+            rule = in_force.rule if in_force else None
+        if rule is None:
+            await self._report_no_rule(backends, experiment)
+            return None
+        now = backends.clock.now()
+        state = rollout_state_of(experiment, now)
+        snapshots = await self.snapshot_reader(backends, str(experiment.id))
+        decision = decide(state, snapshots, rule, steps_of(experiment), now)
+        self.stats.evaluations += 1
+        if decision.new_state == state and not decision.actions:
+            return decision.next_check_at
+        await apply_decision(
+            backends,
+            experiment_id=experiment.id,
+            version=experiment.version,
+            decision=decision,
+            rule=rule,
+            fence=fence,
+        )
+        self.stats.decisions_applied += 1
+        return decision.next_check_at
+
+    async def _report_no_rule(self, backends: Backends, experiment: Experiment) -> None:
+        if experiment.id in self._no_rule_reported:
+            return
+        self._no_rule_reported.add(experiment.id)
+        reason = (
+            f"no breaker rule for service {experiment.service!r}: the rollout holds "
+            "until one is applied (PUT /v1/services/{service}/rule)"
+        )
+        log.warning("experiment %d: %s", experiment.id, reason)
+
+        def write(*, session: Session) -> None:
+            records.record_event(
+                session=session, experiment_id=experiment.id, service=experiment.service,
+                at=utc_now(backends.clock), actor="controller", kind="no_rule", reason=reason,
+            )
+
+        async with backends.database.transaction() as tx:
+            await tx.run(write)
+
+    async def _rule_rejected(self, backends: Backends, rejection: RuleRejection) -> None:
+        if not self.stats.leader:
+            return  # one replica records it, not every one
+
+        def write(*, session: Session) -> None:
+            records.record_event(
+                session=session, service=rejection.service, at=utc_now(backends.clock),
+                actor="controller", kind="rule_rejected",
+                reason=f"invalid rule at etcd revision {rejection.revision} ignored; "
+                f"the last valid rule stays in force: {rejection.error}",
+                payload={"etcd_revision": rejection.revision, "error": rejection.error},
+            )
+
+        try:
+            async with backends.database.transaction() as tx:
+                await tx.run(write)
+        except CanaryError as exc:
+            log.warning("could not record a rejected rule: %s", exc)

@@ -1,0 +1,189 @@
+"""Degraded canary samples in the stream → collector → controller → route cut in etcd.
+
+Everything real (PostgreSQL + etcd + Redis, then SQLite + memory + memory) except
+time: one FakeClock drives the sample timestamps, the collector's windows and the
+controller's decisions, so cooldowns and windows pass without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from controlplane.collector.service import Collector
+from controlplane.controller.runner import Controller
+from controlplane.db.experiments import ExperimentSpec, StepSpec, list_events
+from controlplane.db.migrate import upgrade
+from controlplane.experiments.actions import apply_action, create_experiment
+from controlplane.experiments.lifecycle import Action
+from controlplane.kernel.clock import FakeClock
+from controlplane.kernel.codec import BatchBuilder, BatchMeta, entry_fields
+from controlplane.kernel.kv import Fence
+from controlplane.kernel.routes import parse_route
+from controlplane.kernel.rules import BreakerRule
+from controlplane.kernel.settings import Settings
+from controlplane.runtime import Backends, open_backends
+
+SERVICE = "shop"
+RATE = 200  # samples per second and variant
+
+
+@dataclass
+class Rig:
+    backends: Backends
+    clock: FakeClock
+    collector: Collector
+    controller: Controller
+    fence: Fence
+    experiment_id: int
+    rng: np.random.Generator
+    seq: int = 0
+
+    async def second(self, *, canary_ms: float, baseline_ms: float = 40.0) -> None:
+        """One simulated second of traffic, collected, then one controller round."""
+        self.clock.advance(1.0)
+        builder = BatchBuilder()
+        start = self.clock.now() - 1.0
+        canary_weight, _ = await self.route()
+        # with the canary cut to 0, the sidecars send it nothing
+        variants = [("baseline", baseline_ms)] + ([("canary", canary_ms)] if canary_weight else [])
+        for variant, median in variants:
+            rts = self.rng.lognormal(np.log(median * 1000), 0.25, RATE)
+            for i, rt in enumerate(rts):
+                builder.add(start + i / RATE, variant, int(rt), 200)
+        self.seq += 1
+        meta = BatchMeta(str(self.experiment_id), "sidecar-test", self.seq, len(builder))
+        assert self.backends.streams is not None
+        await self.backends.streams.append(
+            SERVICE, [entry_fields(meta, builder.encode())], maxlen=100_000
+        )
+        for _ in range(3):
+            await self.collector.step()
+        await self.collector.publish_due()
+        await self.controller.evaluate_all(self.backends, self.fence)
+
+    async def route(self) -> tuple[int, str]:
+        kv = await self.backends.kv.get(self.backends.keys.route(SERVICE))
+        assert kv is not None
+        route = parse_route(kv.value)
+        return route.weight_of("canary"), route.state.value
+
+    async def events(self) -> list[str]:
+        def read(*, session):  # type: ignore[no-untyped-def]
+            rows, _ = list_events(session=session, experiment_id=self.experiment_id)
+            return [(e.kind, e.payload) for e in rows]
+
+        return await self.backends.database.read(read)  # type: ignore[no-any-return]
+
+
+RULE = BreakerRule(
+    service=SERVICE,
+    threshold_ms=200,
+    window_sec=5,
+    min_samples=100,
+    cooldown_sec=20,
+    consecutive_breaches=2,
+    max_trips=2,
+    half_open_weight=500,
+)
+
+
+@pytest.fixture
+async def rig(backend_settings: Settings) -> AsyncIterator[Rig]:
+    upgrade(backend_settings.database_url)
+    clock = FakeClock()
+    backends = await open_backends(backend_settings, clock=clock)
+    assert backends.streams is not None and backends.board is not None
+    await backends.kv.put(backends.keys.rule(SERVICE), RULE.to_json().encode())
+    spec = ExperimentSpec(
+        name="checkout v2",
+        service=SERVICE,
+        baseline_upstream="http://127.0.0.1:9001",
+        canary_upstream="http://127.0.0.1:9002",
+        steps=(StepSpec(1000, 30), StepSpec(5000, 30), StepSpec(10000, 30)),
+        sticky_header="x-user-id",
+        sticky_cookie=None,
+        rule=None,
+    )
+    experiment = await create_experiment(
+        database=backends.database, clock=clock, spec=spec, actor="user:test"
+    )
+    await apply_action(
+        database=backends.database, kv=backends.kv, keys=backends.keys, clock=clock,
+        experiment_id=experiment.id, action=Action.START, actor="user:test",
+    )
+    collector = Collector(
+        backends.streams, backends.board, backends.kv, backends.keys,
+        consumer_name=f"c-{uuid.uuid4().hex[:6]}", clock=clock, block_ms=20,
+    )
+    await collector.load_config()
+    controller = Controller(identity="test-controller")
+    await controller.open(backends)
+    assert controller._rulebook is not None
+    await asyncio.wait_for(controller._rulebook.loaded.wait(), 10)
+    leadership = backends.kv.leadership(backends.keys.election, identity="t", ttl=3600)
+    fence = await leadership.campaign()
+    try:
+        yield Rig(backends, clock, collector, controller, fence, experiment.id,
+                  np.random.default_rng(7))
+    finally:
+        await leadership.resign()
+        await controller.stop()
+        await collector.flush()
+        for task in collector._watch_tasks:
+            task.cancel()
+        await asyncio.gather(*collector._watch_tasks, return_exceptions=True)
+        await backends.close()
+
+
+async def test_degraded_canary_trips_and_cuts_the_route_in_etcd(rig: Rig) -> None:
+    assert await rig.route() == (1000, "running")
+    for _ in range(4):
+        await rig.second(canary_ms=40)
+    assert await rig.route() == (1000, "running"), "a healthy canary must not trip"
+
+    for _ in range(10):
+        await rig.second(canary_ms=500)
+        if (await rig.route())[0] == 0:
+            break
+    assert await rig.route() == (0, "tripped")
+
+    kinds = [kind for kind, _ in await rig.events()]
+    assert "tripped" in kinds
+    payload = next(p for k, p in await rig.events() if k == "tripped")
+    evidence = payload["evidence"]
+    assert payload["rule"]["threshold_ms"] == 200
+    assert "route_revision" in payload
+    text = repr(evidence)
+    for number in ("count", "p95", "above_threshold"):
+        assert number in text, f"the trip event lacks {number}: {text[:400]}"
+
+
+async def test_half_open_probe_after_cooldown_then_rollback_on_second_trip(rig: Rig) -> None:
+    for _ in range(12):
+        await rig.second(canary_ms=500)
+        if (await rig.route())[0] == 0:
+            break
+    assert (await rig.route())[0] == 0
+
+    # the cooldown passes with no canary traffic (weight 0): baseline only
+    for _ in range(int(RULE.cooldown_sec) + 1):
+        await rig.second(canary_ms=500)
+        if (await rig.route())[1] == "half_open":
+            break
+    assert await rig.route() == (RULE.half_open_weight, "half_open")
+
+    # the probe sees the canary still slow: second trip = max_trips → rolled back
+    for _ in range(RULE.window_sec * 4):
+        await rig.second(canary_ms=500)
+        if (await rig.route())[1] == "rolled_back":
+            break
+    assert await rig.route() == (0, "rolled_back")
+    kinds = [kind for kind, _ in await rig.events()]
+    assert kinds.count("tripped") + kinds.count("probe_failed") >= 2
+    assert "rolled_back" in kinds
