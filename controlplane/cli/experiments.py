@@ -1,0 +1,414 @@
+"""`canary exp …`: create, inspect and drive experiments through the REST API.
+
+`canary exp wait ID` is a CI/CD gate: it follows the experiment until it ends and
+exits 0 when it was promoted, 1 when it was rolled back or aborted, 2 on any error
+(API unreachable, unknown id, timeout).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
+
+import typer
+
+from controlplane.cli.remote import (
+    DEFAULT_API,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    ApiOption,
+    JsonOption,
+    dash,
+    fail,
+    open_client,
+    print_json,
+    reporting,
+)
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+
+
+IdArgument = Annotated[str, typer.Argument(metavar="ID", help="experiment id", show_default=False)]
+TERMINAL_EXIT = {"promoted": 0, "rolled_back": EXIT_REFUSED, "aborted": EXIT_REFUSED}
+ACTION_HELP = {
+    "start": "Start a draft: route its first step's weight to the canary.",
+    "pause": "Pause a running experiment: hold the current weights.",
+    "resume": "Resume a paused experiment.",
+    "promote": "Promote now: all traffic to the canary.",
+    "rollback": "Roll back now: all traffic to the baseline.",
+    "abort": "Abort by hand: end the experiment, all traffic to the baseline.",
+}
+
+
+# ---- how an experiment reads on a terminal
+
+
+def weight_text(experiment: dict[str, Any]) -> str:
+    bp = experiment.get("canary_weight_bp")
+    return "-" if bp is None else f"{bp / 100:g}%"
+
+
+def step_text(experiment: dict[str, Any]) -> str:
+    current = experiment.get("current_step")
+    total = len(experiment.get("steps") or ())
+    if current is None or current < 0:
+        return f"-/{total}"
+    return f"{current + 1}/{total}"
+
+
+def time_text(value: Any) -> str:
+    """An API timestamp (ISO 8601, UTC) to the second: enough to read a trail."""
+    if not isinstance(value, str):
+        return dash(value)
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return value
+    return moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def event_text(event: dict[str, Any] | None) -> str:
+    if not event:
+        return "-"
+    source, target = event.get("from_state"), event.get("to_state")
+    moved = f" {source} → {target}" if source and target else f" → {target}" if target else ""
+    reason = f": {event['reason']}" if event.get("reason") else ""
+    return f"{event.get('kind', 'event')}{moved}{reason}"
+
+
+def _experiments_table(items: list[dict[str, Any]], total: int | None) -> RenderableType:
+    from rich.table import Table
+
+    caption = None if total is None or total == len(items) else f"{len(items)} of {total}"
+    table = Table(caption=caption)
+    for column in ("id", "name", "service", "state", "step", "canary", "breaker", "trips"):
+        table.add_column(column, justify="right" if column in ("id", "trips") else "left")
+    for item in items:
+        table.add_row(
+            str(item.get("id")),
+            dash(item.get("name")),
+            dash(item.get("service")),
+            dash(item.get("state")),
+            step_text(item),
+            weight_text(item),
+            dash(item.get("breaker_state")),
+            dash(item.get("trips")),
+        )
+    return table
+
+
+def _experiment_view(experiment: dict[str, Any]) -> RenderableType:
+    from rich.console import Group
+    from rich.table import Table
+
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column(style="bold")
+    summary.add_column()
+    sticky = experiment.get("sticky") or {}
+    rows = [
+        ("id", experiment.get("id")),
+        ("name", experiment.get("name")),
+        ("service", experiment.get("service")),
+        ("state", experiment.get("state")),
+        ("step", step_text(experiment)),
+        ("canary weight", weight_text(experiment)),
+        ("breaker", experiment.get("breaker_state")),
+        ("trips", experiment.get("trips")),
+        ("sticky", ", ".join(f"{k}: {v}" for k, v in sticky.items() if v) or None),
+        ("rule", "inline" if experiment.get("rule") else "the service's rule"),
+        ("created", time_text(experiment.get("created_at"))),
+        ("updated", time_text(experiment.get("updated_at"))),
+    ]
+    for label, value in rows:
+        summary.add_row(label, dash(value))
+
+    variants = Table(title="variants", title_justify="left")
+    variants.add_column("name")
+    variants.add_column("upstream")
+    for name, variant in _variants(experiment):
+        variants.add_row(name, dash(variant.get("upstream")))
+
+    steps = Table(title="steps", title_justify="left")
+    for column in ("#", "weight", "hold"):
+        steps.add_column(column, justify="right")
+    current = experiment.get("current_step", -1)
+    for index, step in enumerate(experiment.get("steps") or ()):
+        marker = " ◀" if index == current else ""
+        steps.add_row(
+            f"{index + 1}{marker}", f"{step.get('weight_pct', 0):g}%", f"{step.get('hold_sec')} s"
+        )
+    return Group(summary, variants, steps)
+
+
+def _variants(experiment: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    # the API may answer a mapping {baseline: {...}} or a list [{name, ...}]
+    variants = experiment.get("variants") or {}
+    if isinstance(variants, dict):
+        return [(str(name), value or {}) for name, value in variants.items()]
+    return [(str(v.get("name")), v) for v in variants]
+
+
+def _events_table(events: list[dict[str, Any]]) -> RenderableType:
+    from rich.table import Table
+
+    table = Table()
+    for column in ("at", "actor", "kind", "from", "to", "reason"):
+        table.add_column(column, no_wrap=column != "reason")
+    for event in events:
+        table.add_row(
+            time_text(event.get("at")),
+            dash(event.get("actor")),
+            dash(event.get("kind")),
+            dash(event.get("from_state")),
+            dash(event.get("to_state")),
+            dash(event.get("reason")),
+        )
+    return table
+
+
+def _print(renderable: RenderableType) -> None:
+    from rich.console import Console
+
+    Console(markup=False).print(renderable)
+
+
+# ---- the wait loop
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What `wait` shows; a change in any field is worth a line in a CI log."""
+
+    state: str
+    step: str
+    weight: str
+    breaker: str
+    event: str
+
+    @classmethod
+    def of(cls, experiment: dict[str, Any], latest: dict[str, Any] | None) -> Progress:
+        return cls(
+            state=dash(experiment.get("state")),
+            step=step_text(experiment),
+            weight=weight_text(experiment),
+            breaker=dash(experiment.get("breaker_state")),
+            event=event_text(latest),
+        )
+
+    def line(self) -> str:
+        return (
+            f"state {self.state}  step {self.step}  canary {self.weight}  "
+            f"breaker {self.breaker}  latest {self.event}"
+        )
+
+    def panel(self, experiment_id: str, elapsed: float) -> RenderableType:
+        from rich.table import Table
+
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold")
+        table.add_column()
+        for label, value in (
+            ("experiment", experiment_id),
+            ("state", self.state),
+            ("step", self.step),
+            ("canary weight", self.weight),
+            ("breaker", self.breaker),
+            ("latest event", self.event),
+            ("waiting", f"{elapsed:.0f} s"),
+        ):
+            table.add_row(label, value)
+        return table
+
+
+class Watched(Protocol):
+    """What `follow` reads: the experiment and its newest event (CanaryClient has both)."""
+
+    def get_experiment(self, experiment_id: str) -> dict[str, Any]: ...
+
+    def latest_event(self, experiment_id: str) -> dict[str, Any] | None: ...
+
+
+def follow(
+    client: Watched,
+    experiment_id: str,
+    *,
+    timeout: float,
+    interval: float,
+    console: Console,
+) -> str:
+    """Poll until the experiment reaches a terminal state; return that state.
+
+    On a terminal the display is live; elsewhere (CI logs) each change is one line.
+    Raises TimeoutError when `timeout` seconds pass first.
+    """
+    from rich.live import Live
+
+    started = time.monotonic()
+    shown: Progress | None = None
+    live = Live(console=console, auto_refresh=False) if console.is_terminal else None
+    if live is not None:
+        live.start()
+    try:
+        while True:
+            experiment = client.get_experiment(experiment_id)
+            progress = Progress.of(experiment, client.latest_event(experiment_id))
+            elapsed = time.monotonic() - started
+            if live is not None:
+                live.update(progress.panel(experiment_id, elapsed), refresh=True)
+            elif progress != shown:
+                console.print(progress.line(), markup=False, highlight=False)
+            shown = progress
+            state = str(experiment.get("state"))
+            if state in TERMINAL_EXIT:
+                return state
+            if elapsed + interval > timeout:
+                raise TimeoutError(f"still {state} after {timeout:g} s")
+            time.sleep(interval)
+    finally:
+        if live is not None:
+            live.stop()
+
+
+# ---- the commands
+
+
+def register(app: typer.Typer) -> None:
+    exp = typer.Typer(
+        name="exp",
+        help="Create, inspect and drive experiments through the REST API.",
+        no_args_is_help=True,
+    )
+
+    @exp.command("create")
+    def create_command(
+        file: Annotated[
+            Path,
+            typer.Option("--file", "-f", help="experiment as YAML or JSON", show_default=False),
+        ],
+        api: ApiOption = DEFAULT_API,
+        as_json: JsonOption = False,
+        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the id")] = False,
+    ) -> None:
+        """Create a draft experiment from a file (see deploy/examples/experiment.yaml)."""
+        from controlplane.client.api_client import ClientError
+        from controlplane.client.files import api_errors_to_file, load_experiment
+
+        with reporting("canary exp create"):
+            source, body = load_experiment(file)
+            with open_client(api) as client:
+                try:
+                    created = client.create_experiment(body)
+                except ClientError as exc:
+                    # the API's schema may be stricter than the one known here
+                    if exc.status == 422 and exc.errors:
+                        raise api_errors_to_file(source, exc.errors) from exc
+                    raise
+        if as_json:
+            print_json(created)
+        elif quiet:
+            typer.echo(created.get("id"))
+        else:
+            typer.echo(
+                f"created experiment {created.get('id')} "
+                f"({created.get('name')}, {created.get('service')}, {created.get('state')})"
+            )
+
+    @exp.command("list")
+    def list_command(
+        service: Annotated[str | None, typer.Option(help="only this service")] = None,
+        state: Annotated[str | None, typer.Option(help="only this state")] = None,
+        limit: Annotated[int, typer.Option(min=1, help="at most this many")] = 50,
+        offset: Annotated[int, typer.Option(min=0, help="skip this many")] = 0,
+        api: ApiOption = DEFAULT_API,
+        as_json: JsonOption = False,
+    ) -> None:
+        """List experiments, newest first as the API orders them."""
+        with reporting("canary exp list"), open_client(api) as client:
+            page = client.list_experiments(service=service, state=state, limit=limit, offset=offset)
+        if as_json:
+            print_json(page)
+            return
+        items = page.get("items", [])
+        _print(_experiments_table(items, page.get("total")))
+
+    @exp.command("show")
+    def show_command(
+        experiment_id: IdArgument, api: ApiOption = DEFAULT_API, as_json: JsonOption = False
+    ) -> None:
+        """Show one experiment: state, step, weights, breaker, variants and steps."""
+        with reporting("canary exp show"), open_client(api) as client:
+            experiment = client.get_experiment(experiment_id)
+        if as_json:
+            print_json(experiment)
+        else:
+            _print(_experiment_view(experiment))
+
+    @exp.command("events")
+    def events_command(
+        experiment_id: IdArgument, api: ApiOption = DEFAULT_API, as_json: JsonOption = False
+    ) -> None:
+        """The experiment's audit trail: every transition, who made it and why."""
+        with reporting("canary exp events"), open_client(api) as client:
+            events = client.events(experiment_id)
+        if as_json:
+            print_json(events)
+        else:
+            _print(_events_table(events))
+
+    for action, help_text in ACTION_HELP.items():
+        _register_action(exp, action, help_text)
+
+    @exp.command("wait")
+    def wait_command(
+        experiment_id: IdArgument,
+        timeout: Annotated[
+            float, typer.Option(min=0, help="give up (exit 2) after this many seconds")
+        ] = 3600,
+        interval: Annotated[float, typer.Option(min=0.05, help="seconds between two looks")] = 2.0,
+        api: ApiOption = DEFAULT_API,
+    ) -> None:
+        """Wait for the verdict: exit 0 promoted, 1 rolled back or aborted, 2 on error."""
+        from rich.console import Console
+
+        command = "canary exp wait"
+        with reporting(command, exit_code=EXIT_USAGE), open_client(api) as client:
+            try:
+                state = follow(
+                    client,
+                    experiment_id,
+                    timeout=timeout,
+                    interval=interval,
+                    console=Console(stderr=True, markup=False),
+                )
+            except TimeoutError as exc:
+                raise fail(command, f"experiment {experiment_id}: {exc}", EXIT_USAGE) from None
+            except KeyboardInterrupt:
+                # click would exit 1, which a pipeline would read as "rolled back"
+                raise fail(command, "interrupted before a verdict", EXIT_USAGE) from None
+        typer.echo(f"experiment {experiment_id} {state}")
+        raise typer.Exit(TERMINAL_EXIT[state])
+
+    app.add_typer(exp, name="exp")
+
+
+def _register_action(exp: typer.Typer, action: str, help_text: str) -> None:
+    # one function per action, so each has its own --help and error prefix
+    def action_command(
+        experiment_id: IdArgument,
+        reason: Annotated[
+            str | None, typer.Option(help="why, recorded in the experiment's events")
+        ] = None,
+        api: ApiOption = DEFAULT_API,
+    ) -> None:
+        with reporting(f"canary exp {action}"), open_client(api) as client:
+            experiment = client.act(experiment_id, action, reason=reason)
+        typer.echo(
+            f"experiment {experiment.get('id', experiment_id)} {dash(experiment.get('state'))}"
+            f" (canary {weight_text(experiment)})"
+        )
+
+    exp.command(action, help=help_text)(action_command)

@@ -1,0 +1,99 @@
+"""What the commands that talk to the REST API share: `--api`, `--json`, exit codes.
+
+Exit codes, so scripts and CI pipelines can tell outcomes apart:
+
+    0  done
+    1  the API refused the change (409: illegal transition, one running per service)
+       or failed (5xx)
+    2  usage or input error: a bad file, an invalid body (422), an unknown id (404),
+       an API that cannot be reached
+
+Every error is one line on stderr, prefixed with the command that failed.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from controlplane.kernel.errors import CanaryError
+from controlplane.kernel.settings import Settings
+
+if TYPE_CHECKING:
+    from controlplane.client.api_client import CanaryClient
+
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+
+# The default stays readable in --help; CANARY_API overrides it, --api overrides both.
+ApiOption = Annotated[
+    str,
+    typer.Option(
+        "--api",
+        envvar="CANARY_API",
+        help="base URL of the canary API",
+        show_envvar=True,
+    ),
+]
+DEFAULT_API: str = Settings.model_fields["api"].default
+JsonOption = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+
+
+def current_user() -> str | None:
+    """Who the audit trail names: CANARY_USER, else the login name (None if unknown)."""
+    named = os.environ.get("CANARY_USER")
+    if named:
+        return named
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        # a container may run under a uid with no passwd entry
+        return None
+
+
+def open_client(api: str) -> CanaryClient:
+    from controlplane.client.api_client import CanaryClient
+
+    return CanaryClient(api, actor=current_user())
+
+
+def exit_code_for(error: CanaryError) -> int:
+    from controlplane.client.api_client import ClientError
+
+    if isinstance(error, ClientError) and (error.status == 409 or error.status >= 500):
+        return EXIT_REFUSED
+    return EXIT_USAGE
+
+
+def fail(command: str, message: str, code: int = EXIT_USAGE) -> typer.Exit:
+    # one line even when a message carries newlines (e.g. a server's text body)
+    typer.echo(f"{command}: {' '.join(message.split())}", err=True)
+    return typer.Exit(code)
+
+
+@contextmanager
+def reporting(command: str, *, exit_code: int | None = None) -> Iterator[None]:
+    """Turn any product error inside the block into one stderr line and an exit code.
+
+    exit_code: one code for every error, for commands whose other codes mean
+        something else (`exp wait`: 1 is a rolled-back experiment, not an API error).
+    """
+    try:
+        yield
+    except CanaryError as exc:
+        code = exit_code if exit_code is not None else exit_code_for(exc)
+        raise fail(command, str(exc), code) from None
+
+
+def print_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+def dash(value: Any) -> str:
+    return "-" if value is None or value == "" else str(value)

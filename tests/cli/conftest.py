@@ -1,0 +1,93 @@
+"""A real API for the CLI tests: the app on SQLite + in-process etcd, served by uvicorn.
+
+One server per test module, on a free port, in a thread of this process; each test
+uses its own service names, so experiments of different tests never collide.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from controlplane.api.app import create_app
+from controlplane.db import migrate
+from controlplane.kernel.settings import Settings
+
+STARTUP_TIMEOUT_SEC = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    database_url = f"sqlite:///{tmp_path_factory.mktemp('api') / 'canary.db'}"
+    migrate.upgrade(database_url)
+    settings = Settings(database_url=database_url, etcd="memory://", redis_url="memory://")
+    port = free_port()
+    config = uvicorn.Config(
+        create_app(settings),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        ws="none",
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="canary-api", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + STARTUP_TIMEOUT_SEC
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            thread.join(timeout=5)
+            pytest.fail("the API did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def unreachable_url() -> str:
+    """A URL where nothing listens (a port just freed)."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+@pytest.fixture
+def service() -> str:
+    return f"svc-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def experiment_file(tmp_path: Path, service: str) -> Path:
+    """The shipped example, moved onto this test's own service."""
+    example = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "experiment.yaml"
+    text = example.read_text().replace("service: payment-api", f"service: {service}")
+    assert service in text
+    path = tmp_path / "experiment.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def rule_file(tmp_path: Path, service: str) -> Path:
+    example = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "rule.yaml"
+    text = example.read_text().replace("service: payment-api", f"service: {service}")
+    assert service in text
+    path = tmp_path / "rule.yaml"
+    path.write_text(text)
+    return path
