@@ -1,0 +1,166 @@
+"""The sidecar's admin endpoints on `--admin`: /healthz, /readyz, /metrics.
+
+A few lines of asyncio rather than an ASGI server: it is off the data path, answers
+three GETs, and keeps a sidecar's start-up free of web-framework imports. Each
+connection serves one request and closes.
+
+Metrics come from a per-sidecar `CollectorRegistry` (never the process-global one,
+so several sidecars in one test process do not collide); `SidecarCollector` reads
+the reporter's and the watcher's counters at scrape time, as the proxy's own
+collector does, so nothing on the request path touches prometheus-client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from sidecar.reporter import SampleReporter
+from sidecar.routing import RouteWatcher
+
+log = logging.getLogger("canary.sidecar.admin")
+
+_MAX_HEAD = 16 * 1024
+_READ_TIMEOUT = 5.0
+_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+
+
+class SidecarCollector(Collector):
+    """Samples sent/dropped/buffered, routes applied/rejected, the revision in force."""
+
+    def __init__(
+        self, *, reporter: SampleReporter, watcher: RouteWatcher, prefix: str = "canary_sidecar"
+    ) -> None:
+        self._reporter = reporter
+        self._watcher = watcher
+        self._prefix = prefix
+
+    def collect(self) -> Iterator[Metric]:
+        p = self._prefix
+        s = self._reporter.snapshot()
+        samples = CounterMetricFamily(
+            f"{p}_samples", "Samples by fate: sent, dropped, or not sent for want of an "
+            "experiment (unattributed)", labels=["fate"]
+        )
+        samples.add_metric(["sent"], s.samples_sent)
+        samples.add_metric(["dropped"], s.samples_dropped)
+        samples.add_metric(["unattributed"], s.samples_unattributed)
+        yield samples
+        batches = CounterMetricFamily(f"{p}_sample_batches", "Sample batches by fate",
+                                      labels=["fate"])
+        batches.add_metric(["sent"], s.batches_sent)
+        batches.add_metric(["dropped"], s.batches_dropped)
+        yield batches
+        yield GaugeMetricFamily(f"{p}_samples_buffered", "Samples waiting to be sent",
+                                value=s.buffered_samples)
+        yield GaugeMetricFamily(f"{p}_sample_batches_buffered",
+                                "Sealed batches waiting to be sent", value=s.buffered_batches)
+        yield CounterMetricFamily(f"{p}_sample_send_errors",
+                                  "Failed appends to the samples stream", value=s.send_errors)
+
+        w = self._watcher.stats
+        rejected = CounterMetricFamily(f"{p}_routes_rejected",
+                                       "Route values rejected, the route in force kept",
+                                       labels=["reason"])
+        rejected.add_metric(["malformed"], w.rejected_malformed)
+        rejected.add_metric(["stale"], w.rejected_stale)
+        yield rejected
+        yield CounterMetricFamily(f"{p}_routes_applied", "Route values put in force",
+                                  value=w.applied)
+        yield CounterMetricFamily(f"{p}_route_store_errors",
+                                  "Failed reads or watches of the route store",
+                                  value=w.store_errors)
+        route = self._watcher.table.route
+        revision = GaugeMetricFamily(f"{p}_route_revision",
+                                     "Revision of the route in force (absent: none)",
+                                     labels=["experiment"])
+        if route is not None:
+            revision.add_metric([str(route.experiment)], route.revision)
+        yield revision
+        yield GaugeMetricFamily(f"{p}_ready", "1 when a route or default upstream is in force",
+                                value=1 if self._watcher.table.ready else 0)
+
+
+class AdminServer:
+    """GET /healthz (alive), /readyz (`ready()`), /metrics (the registry)."""
+
+    def __init__(self, *, registry: CollectorRegistry, ready: Callable[[], bool]) -> None:
+        self._registry = registry
+        self._ready = ready
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "the admin server is not started"
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        for task in list(self._handlers):
+            task.cancel()
+        if self._handlers:
+            await asyncio.gather(*self._handlers, return_exceptions=True)
+        await server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+        try:
+            async with asyncio.timeout(_READ_TIMEOUT):
+                head = await reader.readuntil(b"\r\n\r\n")
+            if len(head) > _MAX_HEAD:
+                return
+            method, target = _request_line(head)
+            status, content_type, body = self._answer(method, target.split("?", 1)[0])
+            writer.write(
+                f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\n"
+                f"Content-Type: {content_type}\r\n"
+                f"Content-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n".encode()
+                + (b"" if method == "HEAD" else body)
+            )
+            await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                ConnectionError, ValueError):
+            pass  # a broken or idle admin client: just hang up
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            if task is not None:
+                self._handlers.discard(task)
+
+    def _answer(self, method: str, path: str) -> tuple[int, str, bytes]:
+        text = "text/plain; charset=utf-8"
+        if method not in ("GET", "HEAD"):
+            return 405, text, b"method not allowed\n"
+        if path == "/healthz":
+            return 200, text, b"ok\n"
+        if path == "/readyz":
+            if self._ready():
+                return 200, text, b"ready\n"
+            return 503, text, b"not ready: no route in force and no default upstream\n"
+        if path == "/metrics":
+            return 200, CONTENT_TYPE_LATEST, generate_latest(self._registry)
+        return 404, text, b"not found\n"
+
+
+def _request_line(head: bytes) -> tuple[str, str]:
+    line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    method, target, _version = line.split(" ", 2)
+    return method, target

@@ -1,0 +1,95 @@
+"""The seam between the proxy and the routing side (assignment, samples).
+
+The proxy asks a `Chooser` where each request goes and tells a `Recorder` how it
+went; both are implemented elsewhere and injected, so the proxy knows nothing of
+routes, etcd or Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import urlsplit
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    scheme: str  # "http" or "https"
+    host: str
+    port: int
+    base_path: str  # "" or "/prefix" without trailing slash, prepended to the request path
+
+    @classmethod
+    def parse(cls, url: str) -> Upstream:
+        """Parse `http(s)://host[:port][/prefix]`; raises ValueError naming the problem."""
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise ValueError(f"invalid upstream URL {url!r}: {exc}") from exc
+        scheme = parts.scheme.lower()
+        if scheme not in _DEFAULT_PORTS:
+            raise ValueError(f"upstream URL {url!r} must start with http:// or https://")
+        if not parts.hostname:
+            raise ValueError(f"upstream URL {url!r} has no host")
+        if parts.query or parts.fragment:
+            raise ValueError(f"upstream URL {url!r} must not carry a query or fragment")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError(f"upstream URL {url!r} must not carry credentials")
+        try:
+            parts.hostname.encode("idna")  # the Host header and TLS name need it
+        except UnicodeError as exc:
+            raise ValueError(f"upstream URL {url!r} has an invalid host name: {exc}") from exc
+        return cls(
+            scheme=scheme,
+            host=parts.hostname,
+            port=port if port is not None else _DEFAULT_PORTS[scheme],
+            base_path=parts.path.rstrip("/"),
+        )
+
+    @property
+    def authority(self) -> str:
+        """host[:port] as a Host header names it (default port left out)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        if self.port == _DEFAULT_PORTS[self.scheme]:
+            return host
+        return f"{host}:{self.port}"
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.authority}{self.base_path}"
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    experiment: str | None  # None when serving a default upstream without a route
+    variant: str  # "baseline" / "canary" / "default"
+    upstream: Upstream
+    unit_hash: int  # 32-bit hash of the sticky unit, 0 when none
+
+
+class NoRoute(Exception):
+    """no route and no default upstream: the proxy answers 503"""
+
+
+class Chooser(Protocol):
+    def choose(self, headers: Mapping[str, str]) -> Choice:
+        """Pick the variant for a request; header names lower-case. Raises NoRoute."""
+        ...
+
+
+class Recorder(Protocol):
+    def record(
+        self,
+        ts: float,
+        experiment: str | None,
+        variant: str,
+        rt_us: int,
+        outcome: int,
+        unit_hash: int,
+    ) -> None:
+        """Never blocks, never raises; outcome = HTTP status, or codec.CONNECT_ERROR /
+        TIMEOUT / ABORTED."""
+        ...

@@ -1,0 +1,168 @@
+"""One sidecar process: the proxy, its routes, its samples and its admin endpoints.
+
+`Sidecar` composes the parts in one place:
+
+    KeyValueStore ─► RouteWatcher ─► RouteTable ─┐ (Chooser)
+                                                 ├─► ProxyServer ─► upstreams
+    SampleStream ◄── SampleReporter ◄────────────┘ (Recorder)
+    AdminServer: /healthz, /readyz, /metrics over all of them
+
+`run_sidecar` starts one and stops it on SIGTERM/SIGINT: stop accepting, let
+in-flight requests finish, flush the samples within a deadline, close the stores.
+
+Only the shared kernel and the sidecar are imported here: never the API or the SQL
+layer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass
+
+from prometheus_client.registry import CollectorRegistry
+
+from controlplane.kernel.clock import Clock, SystemClock
+from controlplane.kernel.kv import KeyValueStore
+from controlplane.kernel.kv_factory import open_kv
+from controlplane.kernel.settings import Settings
+from controlplane.kernel.streams import SampleStream
+from controlplane.kernel.streams_factory import open_streams
+from sidecar.admin import AdminServer, SidecarCollector
+from sidecar.choice import Upstream
+from sidecar.proxy import ProxyMetricsCollector, ProxyOptions, ProxyServer
+from sidecar.reporter import SampleReporter
+from sidecar.routing import RouteTable, RouteWatcher
+
+log = logging.getLogger("canary.sidecar")
+
+HostPort = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect: float = 2.0  # seconds to open an upstream connection (then 504)
+    read: float = 30.0  # seconds of upstream silence while a response is owed (then 504)
+    drain: float = 10.0  # in-flight requests get this long at shutdown
+    flush: float = 5.0  # the sample buffer gets this long at shutdown
+    first_route: float = 2.0  # start-up waits this long for the first route read
+
+
+class Sidecar:
+    """Build, start and stop the parts of one sidecar."""
+
+    def __init__(
+        self,
+        *,
+        service: str,
+        kv: KeyValueStore,
+        stream: SampleStream,
+        etcd_prefix: str = "/canary",
+        default_upstream: Upstream | None = None,
+        force_header_enabled: bool = False,
+        timeouts: Timeouts | None = None,
+        proxy_options: ProxyOptions | None = None,
+        reporter: SampleReporter | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.service = service
+        self.timeouts = timeouts or Timeouts()
+        self.clock: Clock = clock or SystemClock()
+        self.kv = kv
+        self.stream = stream
+        self.table = RouteTable(
+            default_upstream=default_upstream, force_enabled=force_header_enabled
+        )
+        self.watcher = RouteWatcher(kv, self.table, service=service, prefix=etcd_prefix)
+        self.reporter = reporter or SampleReporter(stream, service, clock=self.clock)
+        options = proxy_options or ProxyOptions(
+            connect_timeout=self.timeouts.connect,
+            read_timeout=self.timeouts.read,
+            shutdown_timeout=self.timeouts.drain,
+        )
+        self.proxy = ProxyServer(self.table, self.reporter, options=options, clock=self.clock)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(ProxyMetricsCollector(self.proxy.metrics))
+        self.registry.register(SidecarCollector(reporter=self.reporter, watcher=self.watcher))
+        self.admin = AdminServer(registry=self.registry, ready=self.ready)
+        self._draining = False
+        self._admin_started = False
+
+    def ready(self) -> bool:
+        """Ready for traffic: a route or a default upstream, and not shutting down."""
+        return self.table.ready and not self._draining
+
+    async def start(self, listen: HostPort, admin: HostPort | None = None) -> None:
+        # admin first, so /healthz answers while the first route is read
+        if admin is not None:
+            await self.admin.start(*admin)
+            self._admin_started = True
+        self.reporter.start()
+        self.watcher.start()
+        if not await self.watcher.wait_loaded(self.timeouts.first_route):
+            log.warning("route store not answering yet: serving %s meanwhile",
+                        "the default upstream" if self.table.ready else "503")
+        await self.proxy.start(*listen)
+        log.info("sidecar for %s on %s:%d", self.service, listen[0], self.proxy.port)
+
+    async def stop(self) -> None:
+        """Stop accepting, finish in-flight requests, flush samples, close the stores."""
+        self._draining = True
+        await self.proxy.stop(self.timeouts.drain)
+        await self.watcher.stop()
+        await self.reporter.close(self.timeouts.flush)
+        if self._admin_started:
+            await self.admin.stop()
+        for close in (self.kv.close, self.stream.close):
+            try:
+                await close()
+            except Exception as exc:  # the process is going away; say so and go on
+                log.warning("closing a store failed: %s", exc)
+
+
+async def run_sidecar(
+    settings: Settings,
+    *,
+    service: str,
+    listen: HostPort,
+    admin: HostPort | None = None,
+    default_upstream: str | None = None,
+    force_header_enabled: bool = False,
+    timeouts: Timeouts | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run a sidecar until SIGTERM/SIGINT (or `stop` is set), then shut down cleanly."""
+    upstream = Upstream.parse(default_upstream) if default_upstream else None
+    kv = open_kv(settings.etcd)
+    stream, _ = open_streams(settings.redis_url, namespace=settings.redis_namespace)
+    sidecar = Sidecar(
+        service=service,
+        kv=kv,
+        stream=stream,
+        etcd_prefix=settings.etcd_prefix,
+        default_upstream=upstream,
+        force_header_enabled=force_header_enabled,
+        timeouts=timeouts,
+    )
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    handled: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        # not on every platform, nor outside the main thread
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+            handled.append(sig)
+    try:
+        try:
+            await sidecar.start(listen, admin)
+        except BaseException:
+            await sidecar.stop()
+            raise
+        await stop.wait()
+        log.info("sidecar for %s stopping", service)
+        await sidecar.stop()
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)

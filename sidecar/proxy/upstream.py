@@ -1,0 +1,420 @@
+"""Keep-alive connections to the upstreams, one pool per `Upstream`.
+
+An `UpstreamConnection` is an asyncio Protocol with an httptools response parser.
+While an exchange holds it, every parser event goes straight to that exchange
+(`UpstreamUser`), so a response streams to the client without a task or a queue in
+between. Idle connections wait in their pool, most recently used first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from typing import Protocol, cast
+
+import httptools
+
+from sidecar.choice import Upstream
+from sidecar.proxy.headers import Header, connection_options
+
+_NO_BODY_STATUSES = frozenset({204, 304})
+
+
+class UpstreamUser(Protocol):
+    """What an exchange offers the connection it holds."""
+
+    def response_head(
+        self,
+        status: int,
+        reason: bytes,
+        headers: list[Header],
+        framing: int,
+        named: frozenset[bytes] | None,
+    ) -> None: ...
+    def response_body(self, chunk: bytes) -> None: ...
+    def response_complete(self, reusable: bool) -> None: ...
+    def upstream_lost(self, conn: UpstreamConnection, reason: str) -> None: ...
+    def upstream_timeout(self, conn: UpstreamConnection) -> None: ...
+    def upstream_pause_writing(self) -> None: ...
+    def upstream_resume_writing(self) -> None: ...
+
+    no_body: bool  # a response to HEAD: it ends with its head
+
+    def batch_begin(self) -> bool: ...
+    def batch_end(self) -> None: ...
+
+
+# response framing as seen on the upstream side
+LENGTH = 0  # Content-Length
+CHUNKED = 1
+UNTIL_CLOSE = 2  # neither: the body ends when the upstream closes
+EMPTY = 3  # HEAD, 204, 304
+TE_OTHER = 4  # while parsing: a Transfer-Encoding other than chunked (read until close)
+
+
+class UpstreamConnection(asyncio.Protocol):
+    __slots__ = (
+        "_body_framing",
+        "_headers",
+        "_last_activity",
+        "_loop",
+        "_named",
+        "_out",
+        "_parser",
+        "_reason",
+        "_reset_parser",
+        "_status",
+        "_timer",
+        "_waiting",
+        "closed",
+        "framing",
+        "got_data",
+        "idle_since",
+        "pool",
+        "reading_paused",
+        "reused",
+        "transport",
+        "user",
+    )
+
+    def __init__(self, pool: UpstreamPool) -> None:
+        self.pool = pool
+        self._loop = pool.loop
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self.user: UpstreamUser | None = None
+        self.closed = False
+        self.reused = False
+        self.got_data = False
+        self.reading_paused = False
+        self.idle_since = 0.0
+        self.framing = LENGTH
+        self._headers: list[Header] = []
+        self._reason = b""
+        self._status = 0
+        self._named: frozenset[bytes] | None = None
+        self._body_framing = UNTIL_CLOSE
+        self._reset_parser = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._waiting = False
+        self._last_activity = 0.0
+        self._out: list[bytes] | None = None  # writes held for one send, see cork()
+
+    # --- asyncio.Protocol -------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not derive from asyncio.Transport
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_activity = self._loop.time()
+        user = self.user
+        if user is None:
+            # nothing is owed on an idle connection: the upstream misbehaves
+            self.abort()
+            return
+        self.got_data = True
+        # the response head and body of one read leave to the client in one send
+        corked = user.batch_begin()
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            failed = self.user
+            self.abort()
+            if failed is not None:
+                failed.upstream_lost(self, f"invalid response: {exc}")
+        finally:
+            if corked:
+                user.batch_end()
+        if self._reset_parser:
+            # a response to HEAD ends with its head, which httptools cannot be told
+            self._reset_parser = False
+            self._parser = httptools.HttpResponseParser(self)
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._cancel_timer()
+        user = self.user
+        if user is None:
+            self.pool.discard(self)
+            return
+        self.user = None
+        if self.framing == UNTIL_CLOSE and self._status >= 200:
+            user.response_complete(False)
+        else:
+            user.upstream_lost(
+                self, "connection closed" if exc is None else f"connection lost: {exc}"
+            )
+
+    def pause_writing(self) -> None:
+        if self.user is not None:
+            self.user.upstream_pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.user is not None:
+            self.user.upstream_resume_writing()
+
+    # --- httptools callbacks ----------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._headers = []
+        self._reason = b""
+        self._named = None
+        self._body_framing = UNTIL_CLOSE
+
+    def on_status(self, reason: bytes) -> None:
+        self._reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lower = name.lower()
+        if lower == b"content-length":
+            if self._body_framing == UNTIL_CLOSE:  # Transfer-Encoding wins
+                self._body_framing = LENGTH
+        elif lower == b"transfer-encoding":
+            self._body_framing = CHUNKED if value.lower().endswith(b"chunked") else TE_OTHER
+        elif lower == b"connection":
+            options = connection_options(value)
+            if options is not None:
+                self._named = options if self._named is None else self._named | options
+        self._headers.append((lower, name, value))
+
+    def on_headers_complete(self) -> None:
+        user = self.user
+        if user is None:
+            return
+        status = self._status = self._parser.get_status_code()
+        if status < 200:
+            framing = EMPTY
+        elif user.no_body:
+            framing = EMPTY
+            self._reset_parser = True
+        elif status in _NO_BODY_STATUSES:
+            framing = EMPTY
+        else:
+            framing = self._body_framing  # seen in on_header
+            if framing == TE_OTHER:
+                framing = UNTIL_CLOSE
+        self.framing = framing
+        user.response_head(status, self._reason, self._headers, framing, self._named)
+        if self._reset_parser and self.user is user:
+            self._finish(user, self._parser.should_keep_alive())
+
+    def on_body(self, body: bytes) -> None:
+        user = self.user
+        if user is not None:
+            user.response_body(body)
+
+    def on_message_complete(self) -> None:
+        user = self.user
+        if user is None or self._status < 200 or self._reset_parser:
+            return  # 1xx interim responses are followed by the real one
+        self._finish(user, self._parser.should_keep_alive())
+
+    def _finish(self, user: UpstreamUser, keep_alive: bool) -> None:
+        self._waiting = False
+        self.user = None
+        user.response_complete(keep_alive)
+
+    # --- used by the exchange ---------------------------------------------------
+
+    def attach(self, user: UpstreamUser) -> None:
+        self.user = user
+        self.got_data = False
+        self._status = 0
+        self.framing = LENGTH
+
+    def write(self, data: bytes) -> None:
+        if self._out is not None:
+            self._out.append(data)
+            return
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def writelines(self, parts: list[bytes]) -> None:
+        if self._out is not None:
+            self._out += parts
+            return
+        assert self.transport is not None
+        self.transport.writelines(parts)
+
+    def cork(self) -> bool:
+        """Hold writes until `uncork()` (one send per client read); False if held already."""
+        if self._out is not None:
+            return False
+        self._out = []
+        return True
+
+    def uncork(self) -> None:
+        out = self._out
+        self._out = None
+        if out and not self.closed and self.transport is not None:
+            if len(out) == 1:
+                self.transport.write(out[0])
+            else:
+                self.transport.writelines(out)
+
+    def arm_read_timeout(self) -> None:
+        """Start (or keep) the read timeout: it fires after `read_timeout` seconds
+        without a byte from the upstream while a response is owed. One timer per
+        connection is re-armed lazily instead of one per request."""
+        self._waiting = True
+        self._last_activity = self._loop.time()
+        if self._timer is None:
+            self._timer = self._loop.call_later(self.pool.read_timeout, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if not self._waiting or self.user is None or self.closed:
+            return
+        if self.reading_paused:
+            # the client is slow to take the response; that is not the upstream's fault
+            self._timer = self._loop.call_later(self.pool.read_timeout, self._on_timer)
+            return
+        remaining = self._last_activity + self.pool.read_timeout - self._loop.time()
+        if remaining > 0:
+            self._timer = self._loop.call_later(remaining, self._on_timer)
+            return
+        user = self.user
+        self.user = None
+        self.abort()
+        user.upstream_timeout(self)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def pause_reading(self) -> None:
+        if not self.reading_paused and self.transport is not None and not self.closed:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.reading_paused:
+            self.reading_paused = False
+            if self.transport is not None and not self.closed:
+                self.transport.resume_reading()
+
+    def release(self, reusable: bool) -> None:
+        """Give the connection back after a complete exchange."""
+        self.user = None
+        self._waiting = False
+        self.resume_reading()
+        if reusable and not self.closed:
+            self.pool.release(self)
+        else:
+            self.close()
+
+    def close(self) -> None:
+        self.user = None
+        self._cancel_timer()
+        if self._out is not None:
+            self.uncork()
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()
+
+    def abort(self) -> None:
+        self.user = None
+        self._cancel_timer()
+        self._out = None
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.abort()
+
+
+class UpstreamPool:
+    """Idle keep-alive connections to one upstream; at most `max_idle` are kept."""
+
+    __slots__ = (
+        "_closing",
+        "_idle",
+        "_ssl",
+        "base_path",
+        "connect_timeout",
+        "host_header",
+        "loop",
+        "max_idle",
+        "read_timeout",
+        "upstream",
+    )
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        upstream: Upstream,
+        *,
+        connect_timeout: float,
+        read_timeout: float,
+        max_idle: int,
+        ssl_context: ssl.SSLContext | None,
+    ) -> None:
+        self.loop = loop
+        self.upstream = upstream
+        # computed once per upstream rather than per request
+        self.host_header = upstream.authority.encode("idna")
+        self.base_path = upstream.base_path.encode()
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.max_idle = max_idle
+        self._idle: list[UpstreamConnection] = []
+        self._closing = False
+        self._ssl: ssl.SSLContext | None = None
+        if upstream.scheme == "https":
+            self._ssl = ssl_context if ssl_context is not None else ssl.create_default_context()
+
+    def __len__(self) -> int:
+        return len(self._idle)
+
+    def acquire(self) -> UpstreamConnection | None:
+        """The most recently used idle connection, or None: the caller connects."""
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                conn.reused = True
+                return conn
+        return None
+
+    async def connect(self) -> UpstreamConnection:
+        """A fresh connection; raises TimeoutError or OSError (ssl.SSLError included)."""
+        up = self.upstream
+        async with asyncio.timeout(self.connect_timeout):
+            _, conn = await self.loop.create_connection(
+                lambda: UpstreamConnection(self),
+                up.host,
+                up.port,
+                ssl=self._ssl,
+                server_hostname=up.host if self._ssl is not None else None,
+            )
+        return conn
+
+    def release(self, conn: UpstreamConnection) -> None:
+        if self._closing or len(self._idle) >= self.max_idle:
+            conn.close()
+            return
+        conn.idle_since = self.loop.time()
+        self._idle.append(conn)
+
+    def discard(self, conn: UpstreamConnection) -> None:
+        """An idle connection closed by the upstream leaves the pool."""
+        with contextlib.suppress(ValueError):
+            self._idle.remove(conn)
+
+    def sweep(self, idle_timeout: float) -> None:
+        """Close connections idle for longer than `idle_timeout` (oldest are first)."""
+        cutoff = self.loop.time() - idle_timeout
+        idle = self._idle
+        while idle and idle[0].idle_since < cutoff:
+            idle.pop(0).close()
+
+    def close(self) -> None:
+        self._closing = True
+        while self._idle:
+            self._idle.pop().close()

@@ -1,0 +1,291 @@
+"""Batched RT samples to the samples stream (DESIGN §5), never on the request path.
+
+`SampleReporter.record()` (the proxy's `Recorder`) appends to the current batch in
+O(1) and does no I/O. A batch holds one experiment's samples; it is sealed (encoded
+once, given the next `seq`) when it reaches the size cap, when the experiment
+changes, or when it is older than the max delay. Sealed batches wait in a bounded
+buffer; a background task sends them, one XADD per batch and several batches per
+pipelined call.
+
+When the stream is down or slow the buffer keeps the newest batches and drops the
+oldest, counting what it drops; sending resumes with exponential backoff. A batch
+whose append timed out may have reached Redis anyway and is then sent twice with the
+same (src, seq), which lets a collector recognise the repeat.
+
+Samples without an experiment (a default upstream, no route) are not sent: there is
+nothing to compare them with. They are counted as `unattributed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from controlplane.kernel.clock import Clock, SystemClock
+from controlplane.kernel.codec import BatchBuilder, BatchMeta, entry_fields
+from controlplane.kernel.errors import CodecError
+from controlplane.kernel.streams import SampleStream
+
+log = logging.getLogger("canary.sidecar.samples")
+
+DEFAULT_BATCH_SIZE = 512
+DEFAULT_MAX_DELAY = 0.050
+DEFAULT_BUFFER_BATCHES = 2_000
+DEFAULT_MAXLEN = 10_000
+DEFAULT_BATCHES_PER_CALL = 64
+DEFAULT_SEND_TIMEOUT = 2.0
+
+
+def instance_id() -> str:
+    """A sidecar instance id, unique across hosts and restarts (`src` of its batches)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Sealed:
+    seq: int
+    n: int
+    fields: Mapping[str, bytes]
+
+
+@dataclass
+class ReporterStats:
+    """Counters since start; `buffered_*` are gauges of what waits to be sent."""
+
+    samples_recorded: int = 0
+    samples_sent: int = 0
+    samples_dropped: int = 0
+    samples_unattributed: int = 0
+    batches_sent: int = 0
+    batches_dropped: int = 0
+    send_errors: int = 0
+    buffered_samples: int = 0
+    buffered_batches: int = 0
+
+
+class SampleReporter:
+    """Implements the proxy's `Recorder`: record() never blocks and never raises."""
+
+    def __init__(
+        self,
+        stream: SampleStream,
+        service: str,
+        *,
+        clock: Clock | None = None,
+        source: str | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        max_delay: float = DEFAULT_MAX_DELAY,
+        buffer_batches: int = DEFAULT_BUFFER_BATCHES,
+        maxlen: int = DEFAULT_MAXLEN,
+        batches_per_call: int = DEFAULT_BATCHES_PER_CALL,
+        send_timeout: float = DEFAULT_SEND_TIMEOUT,
+        backoff_initial: float = 0.05,
+        backoff_max: float = 2.0,
+    ) -> None:
+        if batch_size < 1 or buffer_batches < 1 or batches_per_call < 1:
+            raise ValueError("batch_size, buffer_batches and batches_per_call must be ≥ 1")
+        self._stream = stream
+        self.service = service
+        self.source = source or instance_id()
+        self._clock: Clock = clock or SystemClock()
+        self._batch_size = batch_size
+        self._max_delay = max_delay
+        self._buffer_batches = buffer_batches
+        self._maxlen = maxlen
+        self._per_call = batches_per_call
+        self._send_timeout = send_timeout
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+
+        self._builder = BatchBuilder()
+        self._experiment: str | None = None
+        self._opened_at = 0.0  # clock.monotonic() of the current batch's first sample
+        self._seq = 0
+        self._buffer: deque[_Sealed] = deque()
+        self._buffered_samples = 0
+        self._inflight: list[_Sealed] = []
+        self.stats = ReporterStats()
+
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # --- the request path ---------------------------------------------------
+
+    def record(
+        self,
+        ts: float,
+        experiment: str | None,
+        variant: str,
+        rt_us: int,
+        outcome: int,
+        unit_hash: int,
+    ) -> None:
+        try:
+            self.stats.samples_recorded += 1
+            if experiment is None:
+                self.stats.samples_unattributed += 1
+                return
+            if experiment != self._experiment:
+                self._seal()
+                self._experiment = experiment
+            builder = self._builder
+            if not len(builder):
+                self._opened_at = self._clock.monotonic()
+                # arms the sender's max-delay timer: once per batch, not per sample
+                self._wake.set()
+            builder.add(ts, variant, rt_us, outcome, unit_hash)
+            if len(builder) >= self._batch_size:
+                self._seal()
+                self._wake.set()
+        except Exception:  # a sample is never worth failing a request over
+            self.stats.samples_dropped += 1
+            log.exception("sample dropped while recording")
+
+    # --- batching -----------------------------------------------------------
+
+    def _seal(self) -> None:
+        """Encode the current batch (if any) and queue it; drop the oldest when full."""
+        builder = self._builder
+        n = len(builder)
+        if not n or self._experiment is None:
+            return
+        self._builder = BatchBuilder()
+        try:
+            payload = builder.encode()
+        except CodecError as exc:  # e.g. an over-long variant name from a request header
+            self.stats.samples_dropped += n
+            self.stats.batches_dropped += 1
+            log.warning("a batch of %d samples could not be encoded: %s", n, exc)
+            return
+        self._seq += 1
+        meta = BatchMeta(experiment=self._experiment, source=self.source, seq=self._seq, n=n)
+        self._buffer.append(_Sealed(self._seq, n, entry_fields(meta, payload)))
+        self._buffered_samples += n
+        self._trim()
+
+    def _trim(self) -> None:
+        while len(self._buffer) + len(self._inflight) > self._buffer_batches and self._buffer:
+            dropped = self._buffer.popleft()
+            self._buffered_samples -= dropped.n
+            self.stats.batches_dropped += 1
+            self.stats.samples_dropped += dropped.n
+
+    def seal_due(self) -> bool:
+        """Seal the current batch if it is older than the max delay; True if it did."""
+        if len(self._builder) and self._clock.monotonic() - self._opened_at >= self._max_delay:
+            self._seal()
+            return True
+        return False
+
+    def _next_due_in(self) -> float | None:
+        if not len(self._builder):
+            return None
+        return max(self._max_delay - (self._clock.monotonic() - self._opened_at), 0.0)
+
+    # --- sending ------------------------------------------------------------
+
+    async def send_pending(self) -> bool:
+        """Send every sealed batch, several per call; False when the stream failed."""
+        while self._buffer:
+            count = min(self._per_call, len(self._buffer))
+            self._inflight = [self._buffer.popleft() for _ in range(count)]
+            try:
+                async with asyncio.timeout(self._send_timeout):
+                    await self._stream.append(
+                        self.service,
+                        [batch.fields for batch in self._inflight],
+                        maxlen=self._maxlen,
+                    )
+            except asyncio.CancelledError:
+                self._requeue()
+                raise
+            except Exception as exc:
+                self.stats.send_errors += 1
+                self._requeue()
+                log.warning("samples not sent (%s); %d batches buffered", exc, len(self._buffer))
+                return False
+            sent = self._inflight
+            self._inflight = []
+            self._buffered_samples -= sum(batch.n for batch in sent)
+            self.stats.batches_sent += len(sent)
+            self.stats.samples_sent += sum(batch.n for batch in sent)
+        return True
+
+    def _requeue(self) -> None:
+        # the batches go back in front: they are older than anything queued since
+        self._buffer.extendleft(reversed(self._inflight))
+        self._inflight = []
+        self._trim()
+
+    async def flush(self) -> bool:
+        """Seal the current batch whatever its age and send everything now."""
+        self._seal()
+        return await self.send_pending()
+
+    def snapshot(self) -> ReporterStats:
+        stats = ReporterStats(**vars(self.stats))
+        stats.buffered_batches = len(self._buffer) + len(self._inflight)
+        stats.buffered_samples = self._buffered_samples + len(self._builder)
+        return stats
+
+    # --- lifecycle ----------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"sample-reporter:{self.service}")
+
+    async def _run(self) -> None:
+        backoff = self._backoff_initial
+        while True:
+            due = self._next_due_in()
+            if not self._buffer:
+                # wait for a full batch, or until the open batch reaches its max delay
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(due):
+                        await self._wake.wait()
+                self._wake.clear()
+                self.seal_due()
+            if not self._buffer:
+                continue
+            if await self.send_pending():
+                backoff = self._backoff_initial
+                continue
+            # Backing off: record() keeps filling the bounded buffer meanwhile.
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self._backoff_max)
+            self.seal_due()
+
+    async def close(self, deadline: float = 5.0) -> None:
+        """Stop the background task and flush what can be sent within deadline seconds."""
+        if self._closing:
+            return
+        self._closing = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._seal()
+        try:
+            async with asyncio.timeout(deadline):
+                backoff = self._backoff_initial
+                while not await self.send_pending():
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, self._backoff_max)
+        except TimeoutError:
+            pass
+        stats = self.snapshot()
+        if stats.buffered_samples:
+            log.warning(
+                "closing with %d samples unsent (%d batches)",
+                stats.buffered_samples,
+                stats.buffered_batches,
+            )

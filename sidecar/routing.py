@@ -1,0 +1,330 @@
+"""The route in force and how it is kept fresh (DESIGN §4, §9).
+
+`RouteTable` is the proxy's `Chooser`: it holds the route in force (compiled once per
+route: upstreams parsed, bucket ranges laid out) and an optional default upstream,
+and assigns each request to a variant.
+
+`RouteWatcher` keeps the table in step with `<prefix>/routes/<service>`: it reads the
+key, then watches it from that revision. It is fail-static: when the store cannot be
+reached the route in force stays and the watcher reconnects with backoff; a malformed
+route, or one older than the route in force, is rejected and counted and the route in
+force stays; a deleted key falls back to the default upstream (or 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from controlplane.kernel.errors import ValidationFailed
+from controlplane.kernel.keys import EtcdKeys
+from controlplane.kernel.kv import EventKind, KeyValueStore
+from controlplane.kernel.routes import BASELINE, Route, parse_route
+from sidecar.assignment import BUCKETS, BucketLayout, bucket_and_hash
+from sidecar.choice import Choice, NoRoute, Upstream
+
+log = logging.getLogger("canary.sidecar.routes")
+
+FORCE_HEADER = "x-canary-force"
+DEFAULT_VARIANT = "default"
+
+
+def cookie_value(cookie_header: str | None, name: str) -> str | None:
+    """The value of one cookie in a Cookie header, without SimpleCookie's strictness.
+
+    Browsers send `a=1; b=2`; a malformed pair elsewhere in the header must not hide
+    the sticky cookie, so pairs are split leniently.
+    """
+    if not cookie_header:
+        return None
+    for pair in cookie_header.split(";"):
+        key, sep, value = pair.partition("=")
+        if sep and key.strip() == name:
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                value = value[1:-1]
+            return value or None
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A route compiled for the request path: nothing is parsed per request."""
+
+    route: Route
+    experiment: str
+    salt: str
+    header: str | None
+    cookie: str | None
+    layout: BucketLayout
+    # one Choice per layout slot, with unit_hash 0, reused for requests without a unit
+    slots: tuple[Choice, ...]
+    by_name: Mapping[str, Choice]
+
+    @classmethod
+    def compile(cls, route: Route) -> _Plan:
+        experiment = str(route.experiment)
+        by_name: dict[str, Choice] = {}
+        for variant in route.variants:
+            # ValueError here makes the whole route malformed, before it is in force
+            upstream = Upstream.parse(variant.upstream)
+            by_name[variant.name] = Choice(experiment, variant.name, upstream, 0)
+        layout = BucketLayout.from_weights(
+            [(v.name, v.weight) for v in route.variants], baseline=BASELINE
+        )
+        return cls(
+            route=route,
+            experiment=experiment,
+            salt=route.salt,
+            header=route.sticky.header.lower() if route.sticky.header else None,
+            cookie=route.sticky.cookie,
+            layout=layout,
+            slots=tuple(by_name[name] for name in layout.names),
+            by_name=by_name,
+        )
+
+
+class RouteTable:
+    """Chooses a variant and its upstream for each request (the proxy's `Chooser`)."""
+
+    def __init__(
+        self,
+        *,
+        default_upstream: Upstream | None = None,
+        force_enabled: bool = False,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._default = (
+            Choice(None, DEFAULT_VARIANT, default_upstream, 0) if default_upstream else None
+        )
+        self._force_enabled = force_enabled
+        self._randbelow = (rng or random.Random()).randrange
+        self._plan: _Plan | None = None
+
+    @property
+    def route(self) -> Route | None:
+        plan = self._plan
+        return plan.route if plan else None
+
+    @property
+    def default_upstream(self) -> Upstream | None:
+        return self._default.upstream if self._default else None
+
+    @property
+    def ready(self) -> bool:
+        """A request can be routed: a route or a default upstream is in force."""
+        return self._plan is not None or self._default is not None
+
+    def apply(self, route: Route | None) -> None:
+        """Put a route in force (None: back to the default upstream or 503).
+
+        Raises ValueError when a variant's upstream URL does not parse; the route in
+        force then stays.
+        """
+        self._plan = _Plan.compile(route) if route is not None else None
+
+    def choose(self, headers: Mapping[str, str]) -> Choice:
+        plan = self._plan
+        if plan is None:
+            if self._default is None:
+                raise NoRoute("no route in force and no default upstream")
+            return self._default
+        unit = headers.get(plan.header) if plan.header else None
+        if not unit and plan.cookie:
+            unit = cookie_value(headers.get("cookie"), plan.cookie)
+        if self._force_enabled:
+            forced = headers.get(FORCE_HEADER)
+            if forced:
+                choice = plan.by_name.get(forced)
+                if choice is not None:
+                    if unit:
+                        _, hashed = bucket_and_hash(plan.salt, unit)
+                        return Choice(choice.experiment, choice.variant, choice.upstream, hashed)
+                    return choice
+        if not unit:
+            return plan.slots[plan.layout.index_at(self._randbelow(BUCKETS))]
+        bucket, hashed = bucket_and_hash(plan.salt, unit)
+        choice = plan.slots[plan.layout.index_at(bucket)]
+        return Choice(choice.experiment, choice.variant, choice.upstream, hashed)
+
+
+@dataclass
+class WatcherStats:
+    applied: int = 0
+    rejected_malformed: int = 0
+    rejected_stale: int = 0
+    deleted: int = 0
+    store_errors: int = 0
+    connected: bool = False
+
+    @property
+    def rejected(self) -> int:
+        return self.rejected_malformed + self.rejected_stale
+
+
+class RouteWatcher:
+    """Keeps a RouteTable in step with the service's route key in the store."""
+
+    def __init__(
+        self,
+        kv: KeyValueStore,
+        table: RouteTable,
+        *,
+        service: str,
+        prefix: str = "/canary",
+        backoff_initial: float = 0.1,
+        backoff_max: float = 5.0,
+    ) -> None:
+        self._kv = kv
+        self._table = table
+        self.service = service
+        self.key = EtcdKeys(prefix).route(service)
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self.stats = WatcherStats()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        # replaced on every change, so a waiter never misses one
+        self._changed = asyncio.Event()
+        self._first_load = asyncio.Event()
+
+    @property
+    def table(self) -> RouteTable:
+        return self._table
+
+    @property
+    def revision(self) -> int | None:
+        """The `revision` field of the route in force, None without one."""
+        route = self._table.route
+        return route.revision if route else None
+
+    # --- lifecycle ----------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"route-watcher:{self.service}")
+
+    async def wait_loaded(self, timeout: float) -> bool:
+        """Wait until the first read of the key answered (the store may be down)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._first_load.wait()
+        return self._first_load.is_set()
+
+    async def wait_for(self, predicate: Callable[[Route | None], bool], timeout: float) -> bool:
+        """Wait until the route in force satisfies predicate; False on timeout."""
+        try:
+            async with asyncio.timeout(timeout):
+                while not predicate(self._table.route):
+                    await self._changed.wait()
+        except TimeoutError:
+            return predicate(self._table.route)
+        return True
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # --- applying values ----------------------------------------------------
+
+    def apply_value(self, value: bytes | None) -> bool:
+        """Apply one value of the key (None: deleted). Returns True when put in force."""
+        if value is None:
+            if self._table.route is not None:
+                log.info("route for %s deleted: default upstream or 503", self.service)
+                self.stats.deleted += 1
+            self._table.apply(None)
+            self._notify()
+            return True
+        try:
+            route = parse_route(value)
+            current = self._table.route
+            # Revisions are per experiment: a new experiment starts again from 1,
+            # so only a lower revision of the same experiment is stale.
+            if (
+                current is not None
+                and str(current.experiment) == str(route.experiment)
+                and route.revision < current.revision
+            ):
+                self.stats.rejected_stale += 1
+                log.warning(
+                    "route for %s rejected: revision %d is older than %d in force",
+                    self.service,
+                    route.revision,
+                    current.revision,
+                )
+                return False
+            self._table.apply(route)
+        except (ValidationFailed, ValueError) as exc:
+            self.stats.rejected_malformed += 1
+            log.warning("route for %s rejected as malformed: %s", self.service, exc)
+            return False
+        self.stats.applied += 1
+        log.info(
+            "route for %s in force: experiment %s revision %d %s",
+            self.service,
+            route.experiment,
+            route.revision,
+            {v.name: v.weight for v in route.variants},
+        )
+        self._notify()
+        return True
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # --- the loop -----------------------------------------------------------
+
+    async def _run(self) -> None:
+        delay = self._backoff_initial
+        while not self._stopping.is_set():
+            try:
+                await self._load_and_watch()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # fail-static: whatever the store does, keep routing
+                self.stats.store_errors += 1
+                self.stats.connected = False
+                log.warning(
+                    "route store unavailable for %s (%s); keeping the route in force, "
+                    "retrying in %.1f s",
+                    self.service,
+                    exc,
+                    delay,
+                )
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._stopping.wait()
+                delay = min(delay * 2, self._backoff_max)
+                continue
+            # The watch ended without an error (the store closed it): read again,
+            # after a short pause so a store that keeps doing so is not hammered.
+            delay = self._backoff_initial
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._stopping.wait()
+
+    async def _load_and_watch(self) -> None:
+        values, revision = await self._kv.get_prefix(self.key)
+        current = next((kv for kv in values if kv.key == self.key), None)
+        self.stats.connected = True
+        self.apply_value(current.value if current else None)
+        self._first_load.set()
+        # The key is a prefix of longer keys (`svc` of `svc-2`): keep only our own.
+        async for event in self._kv.watch_prefix(self.key, start_revision=revision):
+            if event.key != self.key:
+                continue
+            self.stats.connected = True
+            if event.kind is EventKind.DELETE:
+                self.apply_value(None)
+            else:
+                self.apply_value(event.value)

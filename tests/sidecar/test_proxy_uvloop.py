@@ -1,0 +1,49 @@
+"""The proxy on uvloop, the loop a deployed sidecar runs on: its transports differ
+from asyncio's (they are not `asyncio.Transport` subclasses, their buffers differ)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from controlplane.kernel.codec import CONNECT_ERROR
+from tests.sidecar.proxy_harness import harness
+from tests.support.processes import free_port
+
+uvloop = pytest.importorskip("uvloop")
+
+
+async def _scenario() -> None:
+    async with harness() as h:
+        for _ in range(5):
+            response = await h.client.get("/echo?x=1", headers={"x-test-variant": "canary"})
+            assert response.status_code == 200
+            assert response.headers["x-canary-variant"] == "canary"
+        assert h.canary.connections == 1
+
+        size = 20 * 1024 * 1024
+        received = 0
+        async with h.client.stream("GET", f"/download/{size}") as streamed:
+            async for chunk in streamed.aiter_raw():
+                received += len(chunk)
+        assert received == size
+
+        async def body() -> AsyncIterator[bytes]:
+            for _ in range(80):
+                yield b"z" * 256 * 1024
+
+        uploaded = await h.client.post("/upload", content=body())
+        assert uploaded.json()["body_len"] == size
+
+        h.chooser.routes["canary"] = type(h.chooser.routes["canary"]).parse(
+            f"http://127.0.0.1:{free_port()}"
+        )
+        failed = await h.client.get("/echo", headers={"x-test-variant": "canary"})
+        assert failed.status_code == 502
+        assert h.recorder.samples[-1].outcome == CONNECT_ERROR
+
+
+def test_the_proxy_runs_on_uvloop() -> None:
+    uvloop.run(asyncio.wait_for(_scenario(), 30))
