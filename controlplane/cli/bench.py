@@ -10,7 +10,11 @@ from typing import Annotated, Any
 import typer
 
 # name -> "module:function"; the function takes keyword options and returns a dict
-BENCHMARKS: dict[str, str] = {}
+BENCHMARKS: dict[str, str] = {
+    "decision": "controlplane.benchmarks.decision:run",
+    "collector": "controlplane.benchmarks.collector:run",
+    "sidecar": "controlplane.benchmarks.sidecar:run",
+}
 
 
 def register(app: typer.Typer) -> None:
