@@ -12,17 +12,11 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from controlplane.decision.tally import Tally
+from controlplane.experiments.lifecycle import TERMINAL
+from controlplane.experiments.lifecycle import TRANSITIONS as LIFECYCLE_TRANSITIONS
+from controlplane.experiments.lifecycle import ExperimentState as ExperimentStatus
 from controlplane.kernel.errors import IllegalTransition
 from controlplane.kernel.routes import TOTAL_WEIGHT, RouteState
-
-
-class ExperimentStatus(StrEnum):
-    DRAFT = "draft"
-    RUNNING = "running"
-    PAUSED = "paused"
-    PROMOTED = "promoted"
-    ROLLED_BACK = "rolled_back"
-    ABORTED = "aborted"
 
 
 class BreakerState(StrEnum):
@@ -31,32 +25,15 @@ class BreakerState(StrEnum):
     HALF_OPEN = "half_open"
 
 
-TERMINAL_STATUSES = frozenset(
-    {ExperimentStatus.PROMOTED, ExperimentStatus.ROLLED_BACK, ExperimentStatus.ABORTED}
-)
+TERMINAL_STATUSES = TERMINAL
 
-# DESIGN §7: draft → running ⇄ paused → promoted | rolled_back; aborted by hand.
+# DESIGN §7, derived from the one experiment lifecycle table (action-based) so the two
+# can never disagree: state -> the states some action leads to from it.
 EXPERIMENT_TRANSITIONS: dict[ExperimentStatus, frozenset[ExperimentStatus]] = {
-    ExperimentStatus.DRAFT: frozenset({ExperimentStatus.RUNNING, ExperimentStatus.ABORTED}),
-    ExperimentStatus.RUNNING: frozenset(
-        {
-            ExperimentStatus.PAUSED,
-            ExperimentStatus.PROMOTED,
-            ExperimentStatus.ROLLED_BACK,
-            ExperimentStatus.ABORTED,
-        }
-    ),
-    ExperimentStatus.PAUSED: frozenset(
-        {
-            ExperimentStatus.RUNNING,
-            ExperimentStatus.PROMOTED,
-            ExperimentStatus.ROLLED_BACK,
-            ExperimentStatus.ABORTED,
-        }
-    ),
-    ExperimentStatus.PROMOTED: frozenset(),
-    ExperimentStatus.ROLLED_BACK: frozenset(),
-    ExperimentStatus.ABORTED: frozenset(),
+    state: frozenset(
+        target for sources, target in LIFECYCLE_TRANSITIONS.values() if state in sources
+    )
+    for state in ExperimentStatus
 }
 
 # DESIGN §7: closed → open → half_open → closed, or half_open → open on a failed probe.
