@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from controlplane.cli import bench, collector, experiments, rules, server, sidecar
+from controlplane.cli import bench, collector, demo, experiments, rules, server, sidecar
 
 app = typer.Typer(
     name="canary",
@@ -18,7 +18,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for module in (bench, collector, experiments, rules, server, sidecar):
+for module in (bench, collector, demo, experiments, rules, server, sidecar):
     module.register(app)
 
 

@@ -1,0 +1,443 @@
+"""Orchestration: start every part in one process, run both scenarios, stop cleanly.
+
+The in-process KV store and stream bus only connect the parts that share the very
+same objects, so one `Backends` is opened and handed to the API (with its
+controller), the collector and the sidecar. With `real` the same parts run on the
+configured etcd, Redis and SQL database instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.live import Live
+
+from controlplane.demo.load import LoadGenerator
+from controlplane.demo.scenarios import (
+    SERVICE,
+    ReleaseManager,
+    RouteLog,
+    ScenarioRunner,
+    ScenarioSpec,
+    Timing,
+)
+from controlplane.demo.summary import ScenarioResult, all_ok, summary_table
+from controlplane.demo.upstreams import LatencyProfile, UpstreamServer
+from controlplane.demo.view import render
+from controlplane.kernel.kv import Fence, KeyValue, KeyValueStore, Leadership, WatchEvent
+from controlplane.kernel.settings import Settings, parse_host_port
+from controlplane.kernel.streams import SampleStream, StreamEntry
+from controlplane.runtime import Backends
+
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+LOAD_RATE = 200.0
+USERS = 5_000
+SAMPLES_SETTLE_SEC = 5.0
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    real: bool = False
+    quick: bool = False
+    live: bool = True
+    api_listen: str = "127.0.0.1:8080"
+    rate: float = LOAD_RATE
+
+
+class SharedKV:
+    """The process's KV store lent to a part whose stop() would close it: close is a no-op."""
+
+    def __init__(self, inner: KeyValueStore) -> None:
+        self._inner = inner
+
+    async def get(self, key: str) -> KeyValue | None:
+        return await self._inner.get(key)
+
+    async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
+        return await self._inner.get_prefix(prefix)
+
+    async def put(self, key: str, value: bytes, *, fence: Fence | None = None) -> int:
+        return await self._inner.put(key, value, fence=fence)
+
+    async def compare_and_swap(
+        self, key: str, value: bytes, *, expected_mod_revision: int, fence: Fence | None = None
+    ) -> int:
+        return await self._inner.compare_and_swap(
+            key, value, expected_mod_revision=expected_mod_revision, fence=fence
+        )
+
+    async def delete(self, key: str) -> bool:
+        return await self._inner.delete(key)
+
+    def watch_prefix(self, prefix: str, *, start_revision: int = 0) -> AsyncIterator[WatchEvent]:
+        return self._inner.watch_prefix(prefix, start_revision=start_revision)
+
+    def leadership(self, name: str, *, identity: str, ttl: int) -> Leadership:
+        return self._inner.leadership(name, identity=identity, ttl=ttl)
+
+    async def ping(self) -> None:
+        await self._inner.ping()
+
+    async def close(self) -> None:
+        return None
+
+
+class CountingStream:
+    """The shared sample stream as the sidecar sees it: counts what it appended, per
+    experiment, so the summary can set samples sent against samples counted."""
+
+    def __init__(self, inner: SampleStream) -> None:
+        self._inner = inner
+        self.sent: dict[str, int] = {}
+
+    async def append(
+        self, service: str, batches: Sequence[Mapping[str, bytes]], *, maxlen: int
+    ) -> list[str]:
+        ids = await self._inner.append(service, batches, maxlen=maxlen)
+        for batch in batches:  # only once the append succeeded
+            experiment = batch["exp"].decode()
+            self.sent[experiment] = self.sent.get(experiment, 0) + int(batch["n"])
+        return ids
+
+    async def ensure_group(self, service: str, group: str) -> None:
+        await self._inner.ensure_group(service, group)
+
+    async def read_group(
+        self, services: Sequence[str], group: str, consumer: str, *, count: int, block_ms: int
+    ) -> list[StreamEntry]:
+        return await self._inner.read_group(
+            services, group, consumer, count=count, block_ms=block_ms
+        )
+
+    async def ack(self, service: str, group: str, entry_ids: Sequence[str]) -> int:
+        return await self._inner.ack(service, group, entry_ids)
+
+    async def claim_idle(
+        self, service: str, group: str, consumer: str, *, min_idle_ms: int, count: int
+    ) -> list[StreamEntry]:
+        return await self._inner.claim_idle(
+            service, group, consumer, min_idle_ms=min_idle_ms, count=count
+        )
+
+    async def pending(self, service: str, group: str) -> int:
+        return await self._inner.pending(service, group)
+
+    async def services(self) -> list[str]:
+        return await self._inner.services()
+
+    async def close(self) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def demo_settings(options: DemoOptions) -> Iterator[Settings]:
+    """Embedded: SQLite in a temporary directory, in-process etcd and Redis."""
+    if options.real:
+        yield Settings()
+        return
+    with tempfile.TemporaryDirectory(prefix="canary-demo-") as tmp:
+        path = Path(tmp) / "canary.db"
+        yield Settings(database_url=f"sqlite:///{path}", etcd="memory://", redis_url="memory://")
+
+
+def bind_api_socket(listen: str) -> socket.socket:
+    """The asked address if it is free, else a free port on the same host."""
+    host, port = parse_host_port(listen)
+    for candidate in (port, 0):
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, candidate))
+        except OSError:
+            sock.close()
+            if candidate == 0:
+                raise
+            continue
+        sock.listen(512)
+        sock.setblocking(False)
+        return sock
+    raise OSError(f"cannot bind {listen}")  # pragma: no cover - the loop returns or raises
+
+
+class Demo:
+    """Every part of the demo; `run()` starts them, runs the scenarios and stops them."""
+
+    def __init__(self, options: DemoOptions, console: Console) -> None:
+        self.options = options
+        self.console = console
+        self.timing = Timing.for_mode(quick=options.quick)
+        self.started = time.time()
+        self.load: LoadGenerator | None = None
+        self.runners: list[ScenarioRunner] = []
+        self.results: list[ScenarioResult] = []
+        # On shared, real backends a run of its own service: no route or experiment
+        # left by an earlier (or a concurrent) run can get in its way.
+        self.service = f"{SERVICE}-{uuid.uuid4().hex[:6]}" if options.real else SERVICE
+
+    def say(self, line: str) -> None:
+        if not self.options.live:
+            self.console.print(
+                f"{time.time() - self.started:6.1f}s  {line}", markup=False, highlight=False
+            )
+
+    async def run(self) -> int:
+        async with contextlib.AsyncExitStack() as stack:
+            settings = stack.enter_context(demo_settings(self.options))
+            backends = await self._backends(settings, stack)
+            v1, v2, v3 = (
+                UpstreamServer(name, LatencyProfile(), seed=seed)
+                for seed, name in enumerate(("shop v1", "shop v2", "shop v3"))
+            )
+            for upstream in (v1, v2, v3):
+                await upstream.start()
+                stack.push_async_callback(upstream.close)
+            sidecar, samples = await self._sidecar(backends, v1.url, stack)
+            collector = await self._collector(backends, stack)
+            api_url = await self._api(settings, backends, stack)
+            if self.options.real:
+                stack.push_async_callback(self._forget_service, backends)
+            routes = RouteLog(backends.kv, backends.keys, self.service)
+            await routes.start()
+            stack.push_async_callback(routes.stop)
+            self.load = load = LoadGenerator(
+                "127.0.0.1", sidecar.proxy.port, rate=self.options.rate, users=USERS
+            )
+            load.start()
+            stack.push_async_callback(load.stop)
+            http = httpx.AsyncClient(base_url=api_url, timeout=10.0)
+            stack.push_async_callback(http.aclose)
+            self.say(
+                f"control plane on {api_url}, sidecar for {self.service} on "
+                f"127.0.0.1:{sidecar.proxy.port}, {self.options.rate:g} requests/s"
+            )
+            api = ReleaseManager(http)
+            specs = [
+                ScenarioSpec("healthy", "healthy canary", "promoted", baseline=v1, canary=v2),
+                ScenarioSpec(
+                    "degraded", "canary slows down x5 after its second step", "rolled_back",
+                    baseline=v2, canary=v3, degrade_at_step=2,
+                ),
+            ]  # fmt: skip
+            self.runners = [
+                ScenarioRunner(
+                    spec,
+                    api=api,
+                    board=backends.board,
+                    routes=routes,
+                    load=load,
+                    timing=self.timing,
+                    service=self.service,
+                    say=self.say,
+                )
+                for spec in specs
+            ]
+            marks = await self._run_scenarios()
+            # quiesce: no new samples, the reporter's buffer sent, the collector caught up
+            await load.stop()
+            await sidecar.reporter.flush()
+            counted = await self._counted(collector, samples)
+            self.results = [
+                ScenarioResult(
+                    progress=runner.progress,
+                    load=after.minus(before),
+                    samples_sent=samples.sent.get(str(runner.progress.experiment_id), 0),
+                    samples_counted=counted.get(str(runner.progress.experiment_id), 0),
+                )
+                for runner, (before, after) in zip(self.runners, marks, strict=True)
+            ]
+            self.console.print()
+            self.console.print(summary_table(self.results))
+            total_sidecar = load.stats.sidecar_failed
+            ok = all_ok(self.results) and total_sidecar == 0
+            if total_sidecar and all_ok(self.results):
+                self.console.print(f"[red]{total_sidecar} requests failed by the sidecar[/]")
+            return EXIT_OK if ok else EXIT_FAILED
+        return EXIT_FAILED  # pragma: no cover - the stack does not swallow errors
+
+    async def _run_scenarios(self) -> list[tuple[Any, Any]]:
+        assert self.load is not None
+        load = self.load
+        marks = []
+        live: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if self.options.live:
+            live = Live(
+                get_renderable=lambda: render([r.progress for r in self.runners], self.load),
+                console=self.console,
+                refresh_per_second=4,
+            )
+        with live:
+            for runner in self.runners:
+                before = load.stats.copy()
+                await runner.run()
+                marks.append((before, load.stats.copy()))
+        return marks
+
+    # --- the parts ----------------------------------------------------------
+
+    async def _backends(self, settings: Settings, stack: contextlib.AsyncExitStack) -> Backends:
+        from controlplane.db import migrate
+        from controlplane.runtime import open_backends
+
+        await asyncio.to_thread(migrate.upgrade, settings.database_url)
+        backends = await open_backends(settings)
+        stack.push_async_callback(backends.close)
+        return backends
+
+    async def _sidecar(
+        self, backends: Backends, default_upstream: str, stack: contextlib.AsyncExitStack
+    ) -> tuple[Any, CountingStream]:
+        from sidecar.choice import Upstream
+        from sidecar.main import Sidecar
+
+        assert backends.streams is not None
+        samples = CountingStream(backends.streams)
+        sidecar = Sidecar(
+            service=self.service,
+            kv=SharedKV(backends.kv),
+            stream=samples,
+            etcd_prefix=backends.settings.etcd_prefix,
+            # before the first experiment (and between them) users still get served
+            default_upstream=Upstream.parse(default_upstream),
+            clock=backends.clock,
+        )
+        try:
+            await sidecar.start(("127.0.0.1", 0))
+        except BaseException:
+            await sidecar.stop()
+            raise
+        stack.push_async_callback(sidecar.stop)
+        return sidecar, samples
+
+    async def _collector(self, backends: Backends, stack: contextlib.AsyncExitStack) -> Any:
+        from controlplane.collector.service import Collector
+
+        assert backends.streams is not None and backends.board is not None
+        collector = Collector(
+            backends.streams, backends.board, backends.kv, backends.keys,
+            consumer_name=f"demo-{uuid.uuid4().hex[:8]}", clock=backends.clock,
+        )  # fmt: skip
+        await collector.load_config()
+        stop = asyncio.Event()
+        task = asyncio.create_task(collector.run(stop), name="demo-collector")
+
+        async def halt() -> None:
+            stop.set()
+            try:
+                await asyncio.wait_for(task, timeout=10)
+            except (TimeoutError, Exception):
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
+        stack.push_async_callback(halt)
+        return collector
+
+    async def _api(
+        self, settings: Settings, backends: Backends, stack: contextlib.AsyncExitStack
+    ) -> str:
+        import uvicorn
+
+        from controlplane.api.app import create_app
+        from controlplane.controller.runner import Controller
+
+        class EmbeddedServer(uvicorn.Server):
+            # The demo handles SIGINT/SIGTERM itself; uvicorn would re-raise them after
+            # its shutdown, interrupting the demo's own clean stop.
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                yield
+
+        app = create_app(settings, backends=backends, services=[Controller()])
+        sock = bind_api_socket(self.options.api_listen)
+        host, port = sock.getsockname()[:2]
+        config = uvicorn.Config(
+            app, log_config=None, log_level="warning", access_log=False, lifespan="on",
+            timeout_graceful_shutdown=3,
+        )  # fmt: skip
+        server = EmbeddedServer(config)
+        task = asyncio.create_task(server.serve(sockets=[sock]), name="demo-api")
+
+        async def halt() -> None:
+            server.should_exit = True
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(task, timeout=15)
+            sock.close()
+
+        stack.push_async_callback(halt)
+        while not server.started:
+            if task.done():
+                task.result()  # raise why it did not start
+                raise RuntimeError("the API stopped while starting")
+            await asyncio.sleep(0.02)
+        return f"http://{host}:{port}"
+
+    async def _forget_service(self, backends: Backends) -> None:
+        """Remove the run's route and rule from etcd; the SQL audit trail stays."""
+        for key in (backends.keys.route(self.service), backends.keys.rule(self.service)):
+            with contextlib.suppress(Exception):
+                await backends.kv.delete(key)
+
+    async def _counted(self, collector: Any, samples: CountingStream) -> dict[str, int]:
+        """Samples the collector applied, per experiment, once it has read all there is."""
+
+        def counts() -> dict[str, int]:
+            return {exp: w.counters.ingested for exp, w in collector.windows.items()}
+
+        deadline = time.monotonic() + SAMPLES_SETTLE_SEC
+        while time.monotonic() < deadline:
+            if all(counts().get(exp, 0) >= n for exp, n in samples.sent.items()):
+                break
+            await asyncio.sleep(0.1)
+        return counts()
+
+
+async def run_demo(options: DemoOptions, console: Console | None = None) -> int:
+    """Run the demo; the exit code: 0 when both scenarios ended as expected."""
+    return await Demo(options, console or Console()).run()
+
+
+def main(options: DemoOptions, console: Console | None = None) -> int:
+    """Run the demo until it ends or SIGINT/SIGTERM arrives; then stop every part."""
+    import signal
+
+    console = console or Console()
+
+    async def entry() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        interrupted: list[int] = []
+
+        def interrupt() -> None:
+            if not interrupted:  # a second signal must not break the clean stop
+                interrupted.append(1)
+                task.cancel()
+
+        handled = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, interrupt)
+                handled.append(sig)
+        try:
+            return await run_demo(options, console)
+        except asyncio.CancelledError:
+            if not interrupted:
+                raise
+            console.print("canary demo: interrupted, everything stopped")
+            return EXIT_INTERRUPTED
+        finally:
+            for sig in handled:
+                loop.remove_signal_handler(sig)
+
+    return asyncio.run(entry())

@@ -1,0 +1,33 @@
+"""`canary demo --quick --no-live`, end to end, in this process."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from controlplane.demo.run import EXIT_OK, Demo, DemoOptions
+
+
+@pytest.mark.timeout(150)
+async def test_quick_demo_promotes_the_healthy_canary_and_rolls_back_the_degraded() -> None:
+    out = io.StringIO()
+    demo = Demo(
+        DemoOptions(quick=True, live=False, api_listen="127.0.0.1:0"),
+        Console(file=out, width=120),
+    )
+    code = await demo.run()
+    text = out.getvalue()
+    assert code == EXIT_OK, text
+    healthy, degraded = demo.results
+    assert healthy.progress.state == "promoted", text
+    assert degraded.progress.state == "rolled_back", text
+    for result in demo.results:
+        assert result.load.sidecar_failed == 0, text
+        assert result.samples_sent == result.samples_counted > 0, text
+    # the degraded canary was caught and cut off, and the events say so
+    assert degraded.progress.tripped_at is not None and degraded.progress.cut_at is not None
+    kinds = [e.kind for e in degraded.progress.events]
+    assert "tripped" in kinds and "half_open" in kinds and "rolled_back" in kinds
+    assert "canary demo: summary" in text
