@@ -14,9 +14,12 @@ from typing import Any, TypeVar
 from controlplane.decision.tally import Tally
 from controlplane.experiments.lifecycle import TERMINAL
 from controlplane.experiments.lifecycle import TRANSITIONS as LIFECYCLE_TRANSITIONS
-from controlplane.experiments.lifecycle import ExperimentState as ExperimentStatus
+from controlplane.experiments.lifecycle import ExperimentState
 from controlplane.kernel.errors import IllegalTransition
 from controlplane.kernel.routes import TOTAL_WEIGHT, RouteState
+
+
+ExperimentStatus = ExperimentState  # the decision core's name for the same enum
 
 
 class BreakerState(StrEnum):
@@ -29,11 +32,11 @@ TERMINAL_STATUSES = TERMINAL
 
 # DESIGN §7, derived from the one experiment lifecycle table (action-based) so the two
 # can never disagree: state -> the states some action leads to from it.
-EXPERIMENT_TRANSITIONS: dict[ExperimentStatus, frozenset[ExperimentStatus]] = {
+EXPERIMENT_TRANSITIONS: dict[ExperimentState, frozenset[ExperimentState]] = {
     state: frozenset(
         target for sources, target in LIFECYCLE_TRANSITIONS.values() if state in sources
     )
-    for state in ExperimentStatus
+    for state in ExperimentState
 }
 
 # DESIGN §7: closed → open → half_open → closed, or half_open → open on a failed probe.
@@ -44,11 +47,11 @@ BREAKER_TRANSITIONS: dict[BreakerState, frozenset[BreakerState]] = {
 }
 
 _TABLES: dict[type[StrEnum], tuple[str, dict[Any, frozenset[Any]]]] = {
-    ExperimentStatus: ("experiment", EXPERIMENT_TRANSITIONS),
+    ExperimentState: ("experiment", EXPERIMENT_TRANSITIONS),
     BreakerState: ("breaker", BREAKER_TRANSITIONS),
 }
 
-S = TypeVar("S", ExperimentStatus, BreakerState)
+S = TypeVar("S", ExperimentState, BreakerState)
 
 
 def transition(current: S, target: S) -> S:
