@@ -108,18 +108,17 @@ class Sidecar:
         log.info("sidecar for %s on %s:%d", self.service, listen[0], self.proxy.port)
 
     async def stop(self) -> None:
-        """Stop accepting, finish in-flight requests, flush samples, close the stores."""
+        """Stop accepting, finish in-flight requests, flush samples.
+
+        The stores stay open: whoever opened them closes them (`run_sidecar`, or the
+        process that shares them among its parts).
+        """
         self._draining = True
         await self.proxy.stop(self.timeouts.drain)
         await self.watcher.stop()
         await self.reporter.close(self.timeouts.flush)
         if self._admin_started:
             await self.admin.stop()
-        for close in (self.kv.close, self.stream.close):
-            try:
-                await close()
-            except Exception as exc:  # the process is going away; say so and go on
-                log.warning("closing a store failed: %s", exc)
 
 
 async def run_sidecar(
@@ -166,3 +165,8 @@ async def run_sidecar(
     finally:
         for sig in handled:
             loop.remove_signal_handler(sig)
+        for close in (kv.close, stream.close):
+            try:
+                await close()
+            except Exception as exc:  # the process is going away; say so and go on
+                log.warning("closing a store failed: %s", exc)

@@ -14,7 +14,7 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,6 @@ from controlplane.demo.scenarios import (
 from controlplane.demo.summary import ScenarioResult, all_ok, summary_table
 from controlplane.demo.upstreams import LatencyProfile, UpstreamServer
 from controlplane.demo.view import render
-from controlplane.kernel.kv import Fence, KeyValue, KeyValueStore, Leadership, WatchEvent
 from controlplane.kernel.settings import Settings, parse_host_port
 from controlplane.kernel.streams import SampleStream, StreamEntry
 from controlplane.runtime import Backends
@@ -53,44 +52,6 @@ class DemoOptions:
     live: bool = True
     api_listen: str = "127.0.0.1:8080"
     rate: float = LOAD_RATE
-
-
-class SharedKV:
-    """The process's KV store lent to a part whose stop() would close it: close is a no-op."""
-
-    def __init__(self, inner: KeyValueStore) -> None:
-        self._inner = inner
-
-    async def get(self, key: str) -> KeyValue | None:
-        return await self._inner.get(key)
-
-    async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
-        return await self._inner.get_prefix(prefix)
-
-    async def put(self, key: str, value: bytes, *, fence: Fence | None = None) -> int:
-        return await self._inner.put(key, value, fence=fence)
-
-    async def compare_and_swap(
-        self, key: str, value: bytes, *, expected_mod_revision: int, fence: Fence | None = None
-    ) -> int:
-        return await self._inner.compare_and_swap(
-            key, value, expected_mod_revision=expected_mod_revision, fence=fence
-        )
-
-    async def delete(self, key: str) -> bool:
-        return await self._inner.delete(key)
-
-    def watch_prefix(self, prefix: str, *, start_revision: int = 0) -> AsyncIterator[WatchEvent]:
-        return self._inner.watch_prefix(prefix, start_revision=start_revision)
-
-    def leadership(self, name: str, *, identity: str, ttl: int) -> Leadership:
-        return self._inner.leadership(name, identity=identity, ttl=ttl)
-
-    async def ping(self) -> None:
-        await self._inner.ping()
-
-    async def close(self) -> None:
-        return None
 
 
 class CountingStream:
@@ -304,7 +265,7 @@ class Demo:
         samples = CountingStream(backends.streams)
         sidecar = Sidecar(
             service=self.service,
-            kv=SharedKV(backends.kv),
+            kv=backends.kv,
             stream=samples,
             etcd_prefix=backends.settings.etcd_prefix,
             # before the first experiment (and between them) users still get served
