@@ -3,6 +3,7 @@
     kernel error / request error      status
     ValidationFailed, bad request      422   errors: [{loc, msg}]
     NotFound, unknown route            404
+    NotEnoughHistory                   409   service, windows_found, windows_needed
     Conflict, IllegalTransition        409   current_state when known
     StoredValueInvalid                 502   errors: the stored value's fields
     BackendUnavailable                 503
@@ -20,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from controlplane.decision.recommend import NotEnoughHistory
 from controlplane.experiments.service_rules import StoredValueInvalid
 from controlplane.kernel.errors import (
     BackendError,
@@ -41,6 +43,7 @@ PROBLEM_BASE = "https://canary.dev/problems/"
 _STATUS: list[tuple[type[CanaryError], int, str]] = [
     (ValidationFailed, 422, "validation-failed"),
     (NotFound, 404, "not-found"),
+    (NotEnoughHistory, 409, "insufficient-history"),
     (IllegalTransition, 409, "illegal-transition"),
     (Conflict, 409, "conflict"),
     (StoredValueInvalid, 502, "stored-value-invalid"),
@@ -95,6 +98,10 @@ def canary_error_response(exc: CanaryError, instance: str | None) -> JSONRespons
     current = getattr(exc, "current", None)
     if isinstance(exc, Conflict) and isinstance(current, str):
         extensions["current_state"] = current
+    # machine-readable numbers an error carries beyond its text (e.g. windows found)
+    more = getattr(exc, "problem_extensions", None)
+    if isinstance(more, dict):
+        extensions.update(more)
     errors = getattr(exc, "errors", None)
     if status >= 500:
         log.warning("%s answered %d: %s", instance, status, exc)

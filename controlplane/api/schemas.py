@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -240,6 +240,73 @@ class ExperimentPublic(BaseModel):
             created_at=experiment.created_at,
             updated_at=experiment.updated_at,
         )
+
+
+class StepLive(BaseModel):
+    index: int = Field(description="0-based position in the schedule")
+    weight_bp: int = Field(ge=0, le=TOTAL_WEIGHT)
+    hold_sec: int
+    started_at: datetime | None = Field(description="when the step's hold began")
+    due_at: datetime | None = Field(
+        description="started_at + hold_sec while running with the breaker closed, else null"
+    )
+
+
+class SnapshotLive(BaseModel):
+    """One variant's latest window as the collectors published it (DESIGN §5)."""
+
+    count: int
+    failures: int
+    failure_ratio: float
+    mean_ms: float | None
+    p50_ms: float | None
+    p90_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    p999_ms: float | None
+    window_sec: int
+    window_start: float
+    window_end: float
+    ts: float = Field(description="when the snapshot was taken, epoch seconds")
+
+
+NextCheckFor = Literal["step_due", "cooldown_end", "probe_due", "controller_recheck"]
+
+
+class ExperimentLive(BaseModel):
+    """The rollout as the controller and the collectors last left it."""
+
+    breaker_state: str
+    trips: int
+    max_trips: int | None = Field(description="from the rule in force; null when unknown")
+    step: StepLive | None = Field(description="null before the start")
+    canary_weight_bp: int = Field(ge=0, le=TOTAL_WEIGHT)
+    baseline_weight_bp: int = Field(ge=0, le=TOTAL_WEIGHT)
+    route_revision: int
+    next_check_at: datetime | None = Field(
+        description="when the rollout next moves on its own; null when it does not"
+    )
+    next_check_for: NextCheckFor | None = Field(
+        description="step_due (closed), cooldown_end (open), probe_due (half-open); "
+        "controller_recheck when the rule is unknown and the controller's own time is shown"
+    )
+    controller_next_check_at: datetime | None = Field(
+        description="the latest time the controller asked to look again, at its last round"
+    )
+    last_reason: str | None = Field(description="the controller's reason at its last round")
+    rule_source: Literal["experiment", "service"] | None
+    rule_note: str | None = None
+    snapshots: dict[str, SnapshotLive] | None = Field(
+        description="latest window per variant; null when it could not be read"
+    )
+    snapshots_note: str | None = None
+    snapshots_error: str | None = None
+
+
+class ExperimentDetail(ExperimentPublic):
+    """One experiment with its live rollout (GET /v1/experiments/{id})."""
+
+    live: ExperimentLive
 
 
 class EventPublic(BaseModel):

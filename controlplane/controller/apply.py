@@ -59,13 +59,17 @@ def _write_row(
 
 def _record(
     *, session: Session, experiment: Experiment, decision: Decision, rule: BreakerRule,
-    route: Route | None, at: Any,
+    route: Route | None, fence: Fence | None, at: Any,
 ) -> None:
     for event in decision.events:
         payload: dict[str, Any] = dict(event.payload)
         payload["rule"] = rule.model_dump(mode="json")
         if route is not None:
             payload["route_revision"] = route.revision
+        if fence is not None:
+            # which leadership term decided (and fenced the route write): the etcd
+            # create revision of the leader's election key, whose value names it
+            payload["leader_fence"] = {"key": fence.key, "revision": fence.create_revision}
         records.record_event(
             session=session,
             experiment_id=experiment.id,
@@ -107,6 +111,7 @@ async def apply_decision(
             )
             experiment.route_revision = route.revision
         await tx.run(
-            _record, experiment=experiment, decision=decision, rule=rule, route=route, at=at
+            _record, experiment=experiment, decision=decision, rule=rule, route=route,
+            fence=fence, at=at,
         )
     return route

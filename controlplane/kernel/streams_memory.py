@@ -215,6 +215,16 @@ class MemoryStreams:
         self._check_open()
         return dict(self._stats.get(experiment, {}))
 
+    async def recent_decisions(self, count: int) -> list[dict[str, str]]:
+        self._check_open()
+        if count <= 0:
+            return []
+        newest = reversed(self._decisions.ids[-count:])
+        return [
+            {name: value.decode() for name, value in self._decisions.data[entry_id].items()}
+            for entry_id in newest
+        ]
+
     def decisions_length(self) -> int:
         """Entries held in the decisions stream (XLEN), for gauges and tests."""
         return len(self._decisions.ids)

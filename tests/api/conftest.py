@@ -96,3 +96,25 @@ def create(client: httpx.AsyncClient) -> Callable[..., Any]:
         return created
 
     return make
+
+
+@pytest.fixture
+async def stream_backends(settings: Settings, clock: FakeClock) -> AsyncIterator[Backends]:
+    """Backends with the sample streams and the snapshot board open (Redis or in-process)."""
+    opened = await open_backends(settings, clock=clock, streams=True)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@pytest.fixture
+async def stream_client(
+    settings: Settings, stream_backends: Backends
+) -> AsyncIterator[httpx.AsyncClient]:
+    """An API client whose app reads the snapshot board of `stream_backends`."""
+    app = create_app(settings, backends=stream_backends)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://canary") as http:
+            yield http

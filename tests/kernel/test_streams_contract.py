@@ -318,6 +318,23 @@ async def test_publish_refuses_an_empty_decision(backend: Backend) -> None:
         await backend.board.publish("7", {"canary": "{}"}, {})
 
 
+async def test_recent_decisions_are_the_newest_entries_newest_first(backend: Backend) -> None:
+    b = backend.board
+    assert await b.recent_decisions(10) == []
+    for n in range(5):
+        await b.publish(str(n % 2), {}, {"experiment": str(n % 2), "ts": str(n), "v": "é"})
+
+    newest = await b.recent_decisions(3)
+
+    assert newest == [
+        {"experiment": "0", "ts": "4", "v": "é"},
+        {"experiment": "1", "ts": "3", "v": "é"},
+        {"experiment": "0", "ts": "2", "v": "é"},
+    ]
+    assert [e["ts"] for e in await b.recent_decisions(100)] == ["4", "3", "2", "1", "0"]
+    assert await b.recent_decisions(0) == []
+
+
 async def test_close_twice_is_harmless(backend: Backend) -> None:
     await backend.stream.close()
     await backend.board.close()

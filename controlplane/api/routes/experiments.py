@@ -7,11 +7,22 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Path, Query, Response, status
 from sqlalchemy.orm import Session
 
-from controlplane.api.deps import ActorDep, ClockDep, DatabaseDep, KeysDep, KvDep, Limit, Offset
+from controlplane.api.deps import (
+    ActorDep,
+    BackendsDep,
+    ClockDep,
+    DatabaseDep,
+    KeysDep,
+    KvDep,
+    Limit,
+    Offset,
+)
+from controlplane.api.live import read_live
 from controlplane.api.schemas import (
     ActionRequest,
     EventPublic,
     ExperimentCreate,
+    ExperimentDetail,
     ExperimentPublic,
     ExperimentUpdate,
     Page,
@@ -78,10 +89,13 @@ async def list_experiments(
     return await database.read(load)
 
 
-@router.get("/{experiment_id}", response_model=ExperimentPublic, responses={404: PROBLEMS[404]})
-async def get_experiment(experiment_id: ExperimentId, database: DatabaseDep) -> ExperimentPublic:
-    experiment = await database.read(records.get_experiment, experiment_id=experiment_id)
-    return ExperimentPublic.of(experiment)
+@router.get("/{experiment_id}", response_model=ExperimentDetail, responses={404: PROBLEMS[404]})
+async def get_experiment(experiment_id: ExperimentId, backends: BackendsDep) -> ExperimentDetail:
+    """The experiment and its live rollout: breaker, step, weights, what is due next and
+    the latest snapshot per variant (left out, with a note, when Redis cannot be read)."""
+    experiment = await backends.database.read(records.get_experiment, experiment_id=experiment_id)
+    live = await read_live(backends, experiment)
+    return ExperimentDetail(**dict(ExperimentPublic.of(experiment)), live=live)
 
 
 @router.patch(

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Path
+from fastapi import APIRouter, Body, Path, Query
 from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
-from controlplane.api.deps import ActorDep, ClockDep, DatabaseDep, KeysDep, KvDep
-from controlplane.experiments.service_rules import read_rule, write_rule
-from controlplane.kernel.errors import FieldError, ValidationFailed
+from controlplane.api.deps import ActorDep, BackendsDep, ClockDep, DatabaseDep, KeysDep, KvDep
+from controlplane.db.models import Experiment
+from controlplane.decision.recommend import (
+    MIN_WINDOWS,
+    NotEnoughHistory,
+    baseline_windows,
+    recommend,
+)
+from controlplane.experiments.service_rules import StoredValueInvalid, read_rule, write_rule
+from controlplane.kernel.errors import FieldError, NotFound, ValidationFailed
 from controlplane.kernel.rules import BreakerRule, ServiceName, pydantic_field_errors
+from controlplane.kernel.streams_memory import DECISIONS_MAXLEN
 
 router = APIRouter(prefix="/v1/services", tags=["rules"])
 
@@ -69,3 +79,60 @@ async def put_rule(
     return await write_rule(
         database=database, kv=kv, keys=keys, clock=clock, rule=rule, actor=actor
     )
+
+
+# a rule's defaults when the service has none yet (or an unreadable one)
+_DEFAULT_PERCENTILE = BreakerRule.model_fields["percentile"].default
+_DEFAULT_MIN_SAMPLES = BreakerRule.model_fields["min_samples"].default
+
+
+def experiment_ids(*, session: Session, service: str) -> set[str]:
+    """Every experiment the service ever had, as the decisions stream names them."""
+    ids = session.scalars(select(Experiment.id).where(Experiment.service == service))
+    return {str(i) for i in ids}
+
+
+@router.get(
+    "/{service}/rule/recommendation",
+    responses={
+        409: {"description": "not enough baseline history (windows found and needed)"},
+        503: {"description": "Redis unavailable"},
+    },
+)
+async def recommend_rule(
+    service: ServicePath,
+    backends: BackendsDep,
+    windows: Annotated[
+        bool, Query(description="also list every window the numbers came from")
+    ] = False,
+) -> dict[str, Any]:
+    """Propose threshold_ms and failure_ratio from the baseline's recent windows.
+
+    The history is the `canary:decisions` stream (the newest entries the collectors
+    published for the service's experiments), one value per non-overlapping window;
+    the answer carries the per-window summary, the multipliers and the window count.
+    """
+    try:
+        current: BreakerRule | None = await read_rule(
+            kv=backends.kv, keys=backends.keys, service=service
+        )
+    except (NotFound, StoredValueInvalid):
+        current = None
+    percentile = current.percentile if current else _DEFAULT_PERCENTILE
+    min_samples = current.min_samples if current else _DEFAULT_MIN_SAMPLES
+    if backends.board is None:
+        raise NotEnoughHistory(
+            service, 0, MIN_WINDOWS, "this API process reads no snapshot board"
+        )
+    ids = await backends.database.read(experiment_ids, service=service)
+    # the whole retained stream: it is bounded by DECISIONS_MAXLEN (DESIGN §5)
+    entries = await backends.board.recent_decisions(DECISIONS_MAXLEN) if ids else []
+    found = baseline_windows(entries, ids, percentile=percentile, min_samples=min_samples)
+    proposal = recommend(service, found, percentile=percentile, min_samples=min_samples)
+    body = proposal.to_dict(with_windows=windows)
+    if current is not None:
+        body["current"] = {
+            "threshold_ms": current.threshold_ms,
+            "failure_ratio": current.failure_ratio,
+        }
+    return body

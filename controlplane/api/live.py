@@ -1,0 +1,202 @@
+"""The live view of one experiment: read the rule and the snapshots, then derive.
+
+    read_live:  rule (inline, else etcd) → snapshots (board) → live_view (pure)
+
+The view is best effort by design: an experiment's row is the answer, and what
+lives elsewhere (the service rule in etcd, the snapshots in Redis) is added when it
+can be read and replaced by a note when it cannot, so a backend outage never turns
+GET /v1/experiments/{id} into an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Literal
+
+from controlplane.api.schemas import ExperimentLive, NextCheckFor, SnapshotLive, StepLive
+from controlplane.collector.sharding import read_merged_snapshots
+from controlplane.controller.state import inline_rule, rollout_state_of, steps_of
+from controlplane.db.models import Experiment
+from controlplane.decision.model import BreakerState, ExperimentStatus, RolloutState
+from controlplane.experiments.service_rules import read_rule
+from controlplane.kernel.errors import CanaryError, NotFound
+from controlplane.kernel.routes import TOTAL_WEIGHT
+from controlplane.kernel.rules import BreakerRule
+from controlplane.kernel.snapshots import WindowSnapshot
+from controlplane.runtime import Backends
+
+# A GET should answer promptly even when Redis or etcd hangs rather than refuses.
+READ_TIMEOUT_SEC = 1.0
+
+RuleSource = Literal["experiment", "service"]
+
+
+def _at(epoch: float | None) -> datetime | None:
+    return datetime.fromtimestamp(epoch, UTC) if epoch is not None else None
+
+
+def _state_of(experiment: Experiment, now: float) -> RolloutState | None:
+    """The controller's state reconciled with the row; None before the start."""
+    if experiment.state == ExperimentStatus.DRAFT.value or experiment.current_step < 0:
+        return None
+    try:
+        return rollout_state_of(experiment, now)
+    except (KeyError, TypeError, ValueError):
+        return None  # a stored state this version cannot read: show the row alone
+
+
+def next_check(
+    state: RolloutState | None, rule: BreakerRule | None, hold_sec: float | None
+) -> tuple[float | None, NextCheckFor | None]:
+    """When the rollout moves on its own, and why: DESIGN §7 read off the state.
+
+    open → the cooldown ends (opened_at + cooldown_sec); half-open → the probe window
+    is over (probe_started_at + window_sec); closed → the step's hold is over.
+    Nothing moves on its own while paused or after the end.
+    """
+    if state is None or state.status is not ExperimentStatus.RUNNING:
+        return None, None
+    if state.breaker is BreakerState.CLOSED:
+        if hold_sec is None:
+            return None, None
+        return state.step_started_at + hold_sec, "step_due"
+    if rule is None:
+        return None, None
+    if state.breaker is BreakerState.OPEN and state.opened_at is not None:
+        return state.opened_at + rule.cooldown_sec, "cooldown_end"
+    if state.breaker is BreakerState.HALF_OPEN and state.probe_started_at is not None:
+        return state.probe_started_at + rule.window_sec, "probe_due"
+    return None, None
+
+
+def snapshot_live(snapshot: WindowSnapshot) -> SnapshotLive:
+    return SnapshotLive(
+        count=snapshot.count,
+        failures=snapshot.failures,
+        failure_ratio=snapshot.failure_ratio,
+        mean_ms=snapshot.mean_ms,
+        p50_ms=snapshot.p50_ms,
+        p90_ms=snapshot.p90_ms,
+        p95_ms=snapshot.p95_ms,
+        p99_ms=snapshot.p99_ms,
+        p999_ms=snapshot.p999_ms,
+        window_sec=snapshot.window_sec,
+        window_start=snapshot.window_start,
+        window_end=snapshot.window_end,
+        ts=snapshot.ts,
+    )
+
+
+def live_view(
+    experiment: Experiment,
+    *,
+    now: float,
+    rule: BreakerRule | None,
+    rule_source: RuleSource | None,
+    rule_note: str | None,
+    snapshots: Mapping[str, WindowSnapshot] | None,
+    snapshots_note: str | None,
+    snapshots_error: str | None,
+) -> ExperimentLive:
+    """The live view from what was read. Pure."""
+    state = _state_of(experiment, now)
+    step: StepLive | None = None
+    hold: float | None = None
+    if state is not None:
+        steps = steps_of(experiment)
+        index = min(state.step_index, len(steps) - 1)
+        hold = steps[index].hold_sec
+        # only a closed breaker counts the hold down (rule-free: the hold is the step's)
+        due, _ = next_check(state, None, hold)
+        step = StepLive(
+            index=index,
+            weight_bp=steps[index].weight_bp,
+            hold_sec=int(hold),
+            started_at=_at(state.step_started_at),
+            due_at=_at(due),
+        )
+    at, why = next_check(state, rule, hold)
+    stored = experiment.rollout_state or {}
+    controller_at = stored.get("next_check_at")
+    controller_at = float(controller_at) if isinstance(controller_at, int | float) else None
+    if at is None and why is None and state is not None and rule is None:
+        running_tripped = (
+            state.status is ExperimentStatus.RUNNING and state.breaker is not BreakerState.CLOSED
+        )
+        if running_tripped and controller_at is not None:
+            # without the rule the cooldown is unknown: show when the controller looks
+            at, why = controller_at, "controller_recheck"
+    reason = stored.get("last_reason")
+    return ExperimentLive(
+        breaker_state=experiment.breaker_state,
+        trips=experiment.trips,
+        max_trips=rule.max_trips if rule else None,
+        step=step,
+        canary_weight_bp=experiment.canary_weight_bp,
+        baseline_weight_bp=TOTAL_WEIGHT - experiment.canary_weight_bp,
+        route_revision=experiment.route_revision,
+        next_check_at=_at(at),
+        next_check_for=why,
+        controller_next_check_at=_at(controller_at),
+        last_reason=reason if isinstance(reason, str) else None,
+        rule_source=rule_source,
+        rule_note=rule_note,
+        snapshots=(
+            {name: snapshot_live(s) for name, s in sorted(snapshots.items())}
+            if snapshots is not None
+            else None
+        ),
+        snapshots_note=snapshots_note,
+        snapshots_error=snapshots_error,
+    )
+
+
+async def _rule_in_force(
+    backends: Backends, experiment: Experiment
+) -> tuple[BreakerRule | None, RuleSource | None, str | None]:
+    own = inline_rule(experiment)
+    if own is not None:
+        return own, "experiment", None
+    try:
+        async with asyncio.timeout(READ_TIMEOUT_SEC):
+            rule = await read_rule(kv=backends.kv, keys=backends.keys, service=experiment.service)
+    except NotFound:
+        return None, None, f"no breaker rule for service {experiment.service!r}"
+    except (CanaryError, TimeoutError) as exc:
+        return None, None, f"the service rule could not be read: {exc or 'timed out'}"
+    return rule, "service", None
+
+
+async def _snapshots(
+    backends: Backends, experiment: Experiment, now: float
+) -> tuple[dict[str, WindowSnapshot] | None, str | None, str | None]:
+    """(snapshots, note, error): the latest window per variant, merged over collectors."""
+    if backends.board is None:
+        return None, "this API process reads no snapshot board (started without streams)", None
+    try:
+        async with asyncio.timeout(READ_TIMEOUT_SEC):
+            snapshots = await read_merged_snapshots(backends.board, str(experiment.id), now)
+    except TimeoutError:
+        return None, None, f"the snapshot board did not answer within {READ_TIMEOUT_SEC:g}s"
+    except CanaryError as exc:
+        return None, None, f"the snapshots could not be read: {exc}"
+    note = None if snapshots else "no snapshot published for this experiment yet"
+    return snapshots, note, None
+
+
+async def read_live(backends: Backends, experiment: Experiment) -> ExperimentLive:
+    now = backends.clock.now()
+    rule, source, rule_note = await _rule_in_force(backends, experiment)
+    snapshots, note, error = await _snapshots(backends, experiment, now)
+    return live_view(
+        experiment,
+        now=now,
+        rule=rule,
+        rule_source=source,
+        rule_note=rule_note,
+        snapshots=snapshots,
+        snapshots_note=note,
+        snapshots_error=error,
+    )
