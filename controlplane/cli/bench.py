@@ -22,7 +22,9 @@ def register(app: typer.Typer) -> None:
     def bench_command(
         name: Annotated[str, typer.Argument(help="which benchmark: " + ", ".join(BENCHMARKS))],
         as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
-        quick: Annotated[bool, typer.Option("--quick", help="a smaller run, for a smoke test")] = False,
+        quick: Annotated[
+            bool, typer.Option("--quick", help="a smaller run, for a smoke test")
+        ] = False,
         save: Annotated[
             Path | None, typer.Option("--save", help="also write the JSON to this file")
         ] = None,

@@ -13,8 +13,8 @@ from controlplane.db.models import Experiment
 from controlplane.decision.model import BreakerState, ExperimentStatus, RolloutState, Step
 from controlplane.decision.tally import Tally
 from controlplane.kernel.errors import ValidationFailed
-from controlplane.kernel.rules import BreakerRule, parse_rule
 from controlplane.kernel.routes import TOTAL_WEIGHT
+from controlplane.kernel.rules import BreakerRule, parse_rule
 
 
 def epoch(at: datetime | None, default: float) -> float:

@@ -12,12 +12,10 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from controlplane.decision.tally import Tally
-from controlplane.experiments.lifecycle import TERMINAL
+from controlplane.experiments.lifecycle import TERMINAL, ExperimentState
 from controlplane.experiments.lifecycle import TRANSITIONS as LIFECYCLE_TRANSITIONS
-from controlplane.experiments.lifecycle import ExperimentState
 from controlplane.kernel.errors import IllegalTransition
 from controlplane.kernel.routes import TOTAL_WEIGHT, RouteState
-
 
 ExperimentStatus = ExperimentState  # the decision core's name for the same enum
 

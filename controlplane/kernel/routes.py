@@ -73,7 +73,9 @@ class Route(BaseModel):
         return self.model_dump_json()
 
 
-def two_way_variants(baseline_url: str, canary_url: str, canary_bp: int) -> tuple[RouteVariant, ...]:
+def two_way_variants(
+    baseline_url: str, canary_url: str, canary_bp: int
+) -> tuple[RouteVariant, ...]:
     """The baseline/canary pair with canary_bp basis points to the canary."""
     if not 0 <= canary_bp <= TOTAL_WEIGHT:
         raise ValueError(f"canary weight {canary_bp} outside 0..{TOTAL_WEIGHT}")

@@ -65,7 +65,7 @@ def _payload() -> bytes:
 
 @pytest.mark.parametrize("cut", [0, 5, 12, 20, -1])
 def test_truncated_payload_is_a_clear_error(cut: int) -> None:
-    with pytest.raises(CodecError, match="truncated|checksum"):
+    with pytest.raises(CodecError, match=r"truncated|checksum"):
         decode(_payload()[:cut])
 
 

@@ -87,5 +87,5 @@ def test_settings_read_canary_variables(monkeypatch: pytest.MonkeyPatch) -> None
 
 @pytest.mark.parametrize("bad", ["8080", "host:", "host:99999", "host:port"])
 def test_host_port_errors_name_the_value(bad: str) -> None:
-    with pytest.raises(Exception, match="HOST:PORT|out of range"):
+    with pytest.raises(Exception, match=r"HOST:PORT|out of range"):
         parse_host_port(bad)
