@@ -26,6 +26,7 @@ from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.codec import ABORTED, CONNECT_ERROR, TIMEOUT
 from sidecar.choice import Choice, Chooser, NoRoute, Recorder, Upstream
 from sidecar.proxy import errors
+from sidecar.proxy.corking import CorkedWriter
 from sidecar.proxy.headers import (
     Header,
     chooser_view,
@@ -462,7 +463,7 @@ class Exchange:
             log.exception("the sample recorder raised")
 
 
-class ClientConnection(asyncio.Protocol):
+class ClientConnection(CorkedWriter, asyncio.Protocol):
     """One client socket: parses requests, runs their exchanges in order."""
 
     __slots__ = (
@@ -472,7 +473,6 @@ class ClientConnection(asyncio.Protocol):
         "_head_budget",
         "_headers",
         "_named",
-        "_out",
         "_url",
         "client_ip",
         "closed",
@@ -663,36 +663,9 @@ class ClientConnection(asyncio.Protocol):
     def idle(self) -> bool:
         return self.current is None and self.parsing is None
 
-    def write(self, data: bytes) -> None:
-        out = self._out
-        if out is not None:
-            out.append(data)
-        elif not self.closed and self.transport is not None:
-            self.transport.write(data)
-
-    def writelines(self, parts: list[bytes]) -> None:
-        out = self._out
-        if out is not None:
-            out += parts
-        elif not self.closed and self.transport is not None:
-            self.transport.writelines(parts)
-
-    def cork(self) -> bool:
-        """Collect writes until `uncork()`; False if already corked (nested)."""
-        if self._out is not None:
-            return False
-        self._out = []
-        return True
-
     def uncork(self) -> None:
         """Send what was collected in one go, then record what finished meanwhile."""
-        out = self._out
-        self._out = None
-        if out and not self.closed and self.transport is not None:
-            if len(out) == 1:
-                self.transport.write(out[0])
-            else:
-                self.transport.writelines(out)
+        self.send_held()
         if self._after_flush:
             finished, self._after_flush = self._after_flush, []
             for exchange, outcome in finished:

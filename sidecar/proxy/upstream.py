@@ -16,6 +16,7 @@ from typing import Protocol, cast
 import httptools
 
 from sidecar.choice import Upstream
+from sidecar.proxy.corking import CorkedWriter
 from sidecar.proxy.headers import Header, connection_options
 
 _NO_BODY_STATUSES = frozenset({204, 304})
@@ -53,14 +54,13 @@ EMPTY = 3  # HEAD, 204, 304
 TE_OTHER = 4  # while parsing: a Transfer-Encoding other than chunked (read until close)
 
 
-class UpstreamConnection(asyncio.Protocol):
+class UpstreamConnection(CorkedWriter, asyncio.Protocol):
     __slots__ = (
         "_body_framing",
         "_headers",
         "_last_activity",
         "_loop",
         "_named",
-        "_out",
         "_parser",
         "_reason",
         "_reset_parser",
@@ -227,35 +227,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._status = 0
         self.framing = LENGTH
 
-    def write(self, data: bytes) -> None:
-        if self._out is not None:
-            self._out.append(data)
-            return
-        assert self.transport is not None
-        self.transport.write(data)
-
-    def writelines(self, parts: list[bytes]) -> None:
-        if self._out is not None:
-            self._out += parts
-            return
-        assert self.transport is not None
-        self.transport.writelines(parts)
-
-    def cork(self) -> bool:
-        """Hold writes until `uncork()` (one send per client read); False if held already."""
-        if self._out is not None:
-            return False
-        self._out = []
-        return True
-
     def uncork(self) -> None:
-        out = self._out
-        self._out = None
-        if out and not self.closed and self.transport is not None:
-            if len(out) == 1:
-                self.transport.write(out[0])
-            else:
-                self.transport.writelines(out)
+        self.send_held()
 
     def arm_read_timeout(self) -> None:
         """Start (or keep) the read timeout: it fires after `read_timeout` seconds
