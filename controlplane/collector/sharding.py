@@ -249,7 +249,7 @@ def merge_snapshots(
             merged.add(local.totals(name, now))
         for partial in chosen:
             if int(partial.data.get("bins", mapping.bins)) != mapping.bins:
-                continue  # a collector running another α: its bins do not line up
+                continue  # a collector running another alpha: its bins do not line up
             totals = partial.totals(name, start=start, threshold_ms=threshold_ms, bins=mapping.bins)
             if totals is not None:
                 merged.add(totals)

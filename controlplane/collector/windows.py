@@ -2,15 +2,15 @@
 
 Each variant keeps a ring of 1-second buckets. A bucket holds the count, failures,
 the sum of response times, the exact count above the rule's threshold, a log-bucket
-histogram (the DDSketch mapping, relative accuracy α) and a small bottom-k reservoir.
+histogram (the DDSketch mapping, relative accuracy alpha) and a small bottom-k reservoir.
 A running sum over the buckets inside the window is kept with subtract-on-evict, so
 a snapshot costs O(bins), not O(window).
 
 Percentiles use the inverted-CDF definition (DESIGN §8): P_q is the smallest x with
 F(x) ≥ q, read from the histogram as the representative value of the bin holding the
-ceil(q·n)-th smallest sample, so every reported value is within α of the exact one.
+ceil(q·n)-th smallest sample, so every reported value is within alpha of the exact one.
 
-"P_q > threshold" holds exactly when more than (1 − q)·n samples are above the
+"P_q > threshold" holds exactly when more than (1 - q)·n samples are above the
 threshold, which is why each bucket also counts those samples exactly.
 
 No I/O and no clock reads outside the injected clock: the service feeds batches in
@@ -24,11 +24,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from controlplane.kernel.codec import ABORTED, DecodedBatch
+from controlplane.kernel.codec import ABORTED, DecodedBatch, RawBatch
 from controlplane.kernel.rules import PERCENTILES, BreakerRule
 from controlplane.kernel.snapshots import PERCENTILE_FIELDS, WindowSnapshot
 
@@ -40,19 +41,27 @@ RESERVOIR_SIZE = 512
 # reservoir is a uniform sample whenever no second holds more than this share of it.
 SECOND_RESERVOIR_SIZE = 64
 _U32_LIMIT = 2**32
+# Groups (second x variant) up to which per-group RT sums are masked reductions: a
+# weighted bincount costs several ns per sample whatever the number of groups.
+_MASKED_SUM_GROUPS = 4
+_REMAP_CACHE = 1024
+# A filling bucket gives a key to each of its samples up to this many in one ingest;
+# above, only to those whose key falls under a bound (see _reservoir_candidates).
+_SAMPLED_FILL = 8192
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
 
 class LogMapping:
-    """The DDSketch logarithmic mapping over integer microseconds, 0 … 2**32 − 1.
+    """The DDSketch logarithmic mapping over integer microseconds, 0 … 2**32 - 1.
 
-    Value bin i covers (γ^(i−1), γ^i] with γ = (1+α')/(1−α'), and its representative
-    value 2γ^i/(γ+1) is within α' of anything in it. The index is computed in float32
-    (three times faster than float64 here); its rounding can move a value sitting on a
-    bin edge into the neighbour bin by a few parts per million, so the bins are built
-    for α' = α·(1 − 1e-3), which keeps every reported value within α.
+    Value bin i covers (gamma^(i-1), gamma^i] with gamma = (1+alpha')/(1-alpha'), and its
+    representative value 2 gamma^i/(gamma+1) is within alpha' of anything in it. The index
+    is computed in float32 (three times faster than float64 here); its rounding can move
+    a value sitting on a bin edge into the neighbour bin by a few parts per million, so
+    the bins are built for alpha' = alpha·(1 - 1e-3), which keeps every reported value
+    within alpha.
 
     Zero is its own bin (array index 0): log(max(x, 0.5)) puts it below every bin a
     positive integer can reach, and the few array slots in between stay empty.
@@ -80,9 +89,8 @@ class LogMapping:
         np.log(x, out=x)
         x *= self._scale
         np.ceil(x, out=x)
-        index = x.astype(np.int64)
-        index += self.offset
-        return index
+        x += np.float32(self.offset)  # small integers: exact in float32
+        return x.astype(np.int64)
 
     def above_mask(self, threshold_ms: float | None) -> npt.NDArray[np.bool_]:
         """Bins the histogram estimate counts as above threshold_ms."""
@@ -217,8 +225,32 @@ def bottom_k(
     return keys[keep], values[keep]
 
 
+def _concat(parts: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _timestamps(batch: DecodedBatch | RawBatch) -> F64:
+    if isinstance(batch, RawBatch):
+        return batch.t0 + batch.dt_us.astype(np.float64) / 1e6
+    return batch.ts
+
+
 class _VariantRing:
     """One variant's 1-second buckets and the running sum over those in the window."""
+
+    # per slot (one second each), allocated together by _allocate
+    second: I64
+    count: I64
+    failures: I64
+    sum_us: F64
+    above: I64
+    stale: npt.NDArray[np.bool_]
+    dirty: npt.NDArray[np.bool_]
+    hist: npt.NDArray[np.int32]
+    res_keys: npt.NDArray[np.float32]
+    res_us: npt.NDArray[np.uint32]
+    res_fill: I64
+    res_tau: npt.NDArray[np.float32]
 
     def __init__(self, bins: int, capacity: int) -> None:
         self.bins = bins
@@ -233,7 +265,7 @@ class _VariantRing:
 
     def _allocate(self, capacity: int) -> None:
         old = self.__dict__.get("second")
-        fresh = {
+        fresh: dict[str, npt.NDArray[Any]] = {
             "second": np.full(capacity, -1, dtype=np.int64),
             "count": np.zeros(capacity, dtype=np.int64),
             "failures": np.zeros(capacity, dtype=np.int64),
@@ -350,6 +382,7 @@ class ExperimentWindow:
         self.counters = IngestCounters()
         self._rng = np.random.default_rng(seed)
         self._variants: dict[str, int] = {}
+        self._remaps: dict[tuple[str, ...], I64] = {}
         self._rings: list[_VariantRing] = []
         self._failure_table = failure_table(config.failure_statuses)
         self._threshold_us = self._threshold_in_us(config.threshold_ms)
@@ -428,32 +461,56 @@ class ExperimentWindow:
 
     # --- ingestion ----------------------------------------------------------
 
-    def record(self, batch: DecodedBatch, now: float) -> None:
+    def record(self, batch: DecodedBatch | RawBatch, now: float) -> None:
         self.record_many([batch], now)
 
-    def record_many(self, batches: Sequence[DecodedBatch], now: float) -> None:
-        """Ingest several decoded batches at once, vectorised over all their samples."""
-        batches = [b for b in batches if len(b)]
+    def _remap(self, names: tuple[str, ...]) -> I64:
+        """A batch's variant indices → ring indices, cached per variant table."""
+        remap = self._remaps.get(names)
+        if remap is None:
+            if len(self._remaps) >= _REMAP_CACHE:
+                self._remaps.clear()
+            remap = np.array([self._variant_index(v) for v in names], dtype=np.int64)
+            self._remaps[names] = remap
+        return remap
+
+    def record_many(self, batches: Sequence[DecodedBatch | RawBatch], now: float) -> None:
+        """Ingest several batches at once, vectorised over all their samples.
+
+        Batches are decoded ones or raw views (`RawBatch`, as the collector reads them);
+        their columns are concatenated once and ingested in one pass.
+        """
+        batches = [b for b in batches if b.rt_us.shape[0]]
         if not batches:
             self.advance(now)
             return
-        parts = []
-        for batch in batches:
-            remap = np.array([self._variant_index(v) for v in batch.variants], dtype=np.int64)
-            parts.append(remap[batch.variant])
-        if len(batches) == 1:
-            variant, ts = parts[0], batches[0].ts
-            rt_us, outcome = batches[0].rt_us, batches[0].outcome
+        names = batches[0].variants
+        variant: npt.NDArray[np.integer[Any]]
+        if all(b.variants == names for b in batches):
+            variant = _concat([b.variant for b in batches])
+            if names != self.variants[: len(names)]:  # else the indices are ring indices
+                variant = self._remap(names)[variant]
         else:
-            variant = np.concatenate(parts)
-            ts = np.concatenate([b.ts for b in batches])
-            rt_us = np.concatenate([b.rt_us for b in batches])
-            outcome = np.concatenate([b.outcome for b in batches])
+            variant = _concat([self._remap(b.variants)[b.variant] for b in batches])
+        if all(isinstance(b, RawBatch) for b in batches):
+            raw = [b for b in batches if isinstance(b, RawBatch)]
+            t0 = np.array([b.t0 for b in raw], dtype=np.float64)
+            dt = _concat([b.dt_us for b in raw]).astype(np.float64)
+            dt /= 1e6
+            if len(raw) == 1:
+                dt += t0[0]
+            else:
+                dt += np.repeat(t0, [b.rt_us.shape[0] for b in raw])
+            ts = dt
+        else:
+            ts = _concat([_timestamps(b) for b in batches])
+        rt_us = _concat([b.rt_us for b in batches])
+        outcome = _concat([b.outcome for b in batches])
         self.ingest(variant, ts, rt_us, outcome, now)
 
     def ingest(
         self,
-        variant: I64,
+        variant: npt.NDArray[np.integer[Any]],
         ts: F64,
         rt_us: npt.NDArray[np.uint32],
         outcome: npt.NDArray[np.uint16],
@@ -462,34 +519,49 @@ class ExperimentWindow:
         """The vectorised core: columns of equal length, variant as ring indices."""
         self.advance(now)
         n = int(ts.shape[0])
-        ahead = ts > now + self.skew_sec
-        clamped = int(np.count_nonzero(ahead))
-        if clamped:
-            ts = np.where(ahead, now, ts)
-            self.counters.clamped += clamped
-        second = np.floor(ts).astype(np.int64)
-        late = second < self._tail
-        n_late = int(np.count_nonzero(late))
-        if n_late:
-            self.counters.late += n_late
-            keep = ~late
-            variant, ts, second = variant[keep], ts[keep], second[keep]
-            rt_us, outcome = rt_us[keep], outcome[keep]
-        m = n - n_late
-        if m == 0:
+        if n == 0:
             return
+        lo, hi = float(ts.min()), float(ts.max())
+        limit = now + self.skew_sec
+        if hi > limit:
+            ahead = ts > limit
+            self.counters.clamped += int(np.count_nonzero(ahead))
+            ts = np.where(ahead, now, ts)
+            lo, hi = float(ts.min()), float(ts.max())
+        if math.floor(lo) < self._tail:
+            keep = np.floor(ts) >= self._tail
+            m = int(np.count_nonzero(keep))
+            self.counters.late += n - m
+            if m == 0:
+                return
+            variant, ts, rt_us, outcome = variant[keep], ts[keep], rt_us[keep], outcome[keep]
+            lo, hi = float(ts.min()), float(ts.max())
+        else:
+            m = n
         self.counters.ingested += m
         self.changed = True
         n_variants = len(self._rings)
-        first = int(second.min())
-        span = int(second.max()) - first + 1
+        first = math.floor(lo)
+        span = math.floor(hi) - first + 1
         groups = span * n_variants
-        group = second - first
-        group *= n_variants
-        group += variant
         bins = self.mapping.bins
-        flat = group * bins
-        flat += self.mapping.index(rt_us)
+        flat = self.mapping.index(rt_us)
+        group: I64 | None = None  # None: every sample is in group 0
+        if span > 1:
+            if span == 2:  # a read across one second boundary: one comparison
+                group = (ts >= first + 1).astype(np.int64)
+            elif first >= 0:  # ts - first is exact (a multiple of ts's ulp), >= 0
+                group = (ts - first).astype(np.int64)
+            else:
+                group = np.floor(ts).astype(np.int64)
+                group -= first
+            if n_variants > 1:
+                group *= n_variants
+                group += variant
+        elif n_variants > 1:
+            group = variant.astype(np.int64, copy=False)
+        if group is not None:
+            flat += group * bins
         hist = np.bincount(flat, minlength=groups * bins).reshape(groups, bins)
         counts = hist.sum(axis=1)
         if self.config.failure_statuses is None:
@@ -497,20 +569,26 @@ class ExperimentWindow:
             failed = (outcome >= 500) | ((outcome < 100) & (outcome != ABORTED))
         else:
             failed = self._failure_table[outcome]
-        failures = np.bincount(group[failed], minlength=groups)
-        sums = np.bincount(group, weights=rt_us, minlength=groups)
-        aboves = np.bincount(group[rt_us > self._threshold_us], minlength=groups)
-
         active = [int(g) for g in np.flatnonzero(counts)]
+        failures = self._per_group(group, failed, groups)
+        aboves = self._per_group(group, self._above(rt_us), groups)
+        sums = self._sums(group, rt_us, groups, active)
+
         slots: dict[int, int] = {}
         taus = np.full(groups, 2.0, dtype=np.float32)
+        k = SECOND_RESERVOIR_SIZE
         for g in active:
             ring = self._rings[g % n_variants]
             slot = ring.slot_for(first + g // n_variants)
             slots[g] = slot
-            taus[g] = ring.res_tau[slot]
-        cand_pos, cand_keys = self._reservoir_candidates(group, taus)
-        cand_group = group[cand_pos]
+            fill = int(ring.res_fill[slot])
+            if fill >= k:
+                taus[g] = ring.res_tau[slot]
+            elif int(counts[g]) > _SAMPLED_FILL:
+                # filling, with many samples: about 4k of their keys fall below this
+                taus[g] = 4 * k / int(counts[g])
+        cand_pos, cand_keys = self._reservoir_candidates(group, taus, active, m)
+        cand_group = group[cand_pos] if group is not None else np.zeros_like(cand_pos)
 
         for g in active:
             ring = self._rings[g % n_variants]
@@ -527,46 +605,99 @@ class ExperimentWindow:
                 ring.win_above += int(aboves[g])
             ring.win_hist += hist[g]
             mine = cand_group == g
-            if mine.any():
-                ring.offer(slot, cand_keys[mine], rt_us[cand_pos[mine]].astype(np.uint32))
+            keys, pos = cand_keys[mine], cand_pos[mine]
+            fill = int(ring.res_fill[slot])
+            if fill < k and taus[g] < 1.0:
+                # a filling bucket offered only keys below taus[g]: that is its bottom-k
+                # only if at least k of its keys (old and new) are below taus[g]
+                below = int(np.count_nonzero(ring.res_keys[slot, :fill] < taus[g]))
+                if below + keys.shape[0] < k:
+                    pos = np.arange(m) if group is None else np.flatnonzero(group == g)
+                    keys = self._rng.random(pos.shape[0], dtype=np.float32)
+            if keys.shape[0]:
+                ring.offer(slot, keys, rt_us[pos].astype(np.uint32))
         # the batch's newest sample stands for every variant in it: lag is a health
         # figure, and a per-variant max would cost a pass over the batch per variant
-        newest = float(ts.max())
         for g in active:
             ring = self._rings[g % n_variants]
-            if ring.newest_ts is None or newest > ring.newest_ts:
-                ring.newest_ts = newest
+            if ring.newest_ts is None or hi > ring.newest_ts:
+                ring.newest_ts = hi
+
+    def _above(self, rt_us: npt.NDArray[np.uint32]) -> npt.NDArray[np.bool_] | None:
+        """Samples above the threshold (None: none can be), in integer comparisons."""
+        threshold = self._threshold_us
+        if threshold >= _U32_LIMIT - 1:
+            return None
+        if threshold < 0:
+            return np.ones(rt_us.shape[0], dtype=bool)
+        # integer rt > t  ⟺  rt > floor(t)
+        return rt_us > np.uint32(math.floor(threshold))
+
+    @staticmethod
+    def _per_group(group: I64 | None, mask: npt.NDArray[np.bool_] | None, groups: int) -> I64:
+        """How many samples of each group the mask selects."""
+        if mask is None:
+            return np.zeros(groups, dtype=np.int64)
+        if group is None:
+            out = np.zeros(groups, dtype=np.int64)
+            out[0] = np.count_nonzero(mask)
+            return out
+        return np.bincount(group[mask], minlength=groups)
+
+    @staticmethod
+    def _sums(
+        group: I64 | None, rt_us: npt.NDArray[np.uint32], groups: int, active: list[int]
+    ) -> npt.NDArray[np.float64]:
+        """Exact RT sum per group (integers summed in u64, then as float64)."""
+        out = np.zeros(groups, dtype=np.float64)
+        if group is None:
+            out[0] = float(rt_us.sum(dtype=np.uint64))
+        elif len(active) <= _MASKED_SUM_GROUPS:
+            total = int(rt_us.sum(dtype=np.uint64))
+            for g in active[1:]:
+                part = int((rt_us * (group == g)).sum(dtype=np.uint64))
+                out[g] = float(part)
+                total -= part
+            out[active[0]] = float(total)
+        else:
+            out[:] = np.bincount(group, weights=rt_us, minlength=groups)
+        return out
 
     def _reservoir_candidates(
-        self, group: I64, taus: npt.NDArray[np.float32]
+        self, group: I64 | None, taus: npt.NDArray[np.float32], active: list[int], m: int
     ) -> tuple[I64, npt.NDArray[np.float32]]:
-        """Positions whose random key falls under their bucket's k-th key, and the keys.
+        """Positions whose random key falls under their group's tau, and the keys.
 
         Bottom-k sampling gives every sample a uniform key and keeps the k smallest.
-        A bucket whose reservoir is not full yet needs a key for each of its samples.
-        Once full, only keys below its k-th key (tau) matter, so instead of drawing a
-        key per sample, draw how many fall below the largest tau (binomial), where
-        (uniform positions) and their keys (uniform below it), then keep those under
-        their own bucket's tau: the same distribution for a fraction of the cost.
-        Positions drawn twice are kept once.
+        Only keys below a group's tau matter: its reservoir's k-th key once full, or
+        (filling, with many samples) a bound the k-th smallest key is almost surely
+        under (the caller checks, and draws every key when it is not). tau ≥ 1 means
+        every sample gets a key. Instead of drawing a key per sample, draw how many
+        fall below the largest tau (binomial), where (uniform positions) and their
+        keys (uniform below it), then keep those under their own group's tau: the
+        same distribution for a fraction of the cost. Positions drawn twice are kept
+        once. `group` None: every sample is in group 0.
         """
-        m = group.shape[0]
-        filling = taus >= 1.0
         parts_pos: list[I64] = []
         parts_keys: list[npt.NDArray[np.float32]] = []
-        if filling.any():
-            pos = np.flatnonzero(filling[group])
+        sampled = [float(taus[g]) for g in active if taus[g] < 1.0]
+        if len(sampled) < len(active):  # some groups give every sample a key: one pass
+            if group is None:
+                pos = np.arange(m, dtype=np.int64)
+            else:
+                pos = np.flatnonzero(taus[group] >= 1.0)
             parts_pos.append(pos)
             parts_keys.append(self._rng.random(pos.shape[0], dtype=np.float32))
-        full_taus = taus[~filling]
-        if full_taus.shape[0]:
-            tau = float(full_taus.max())
+        if sampled:
+            tau = max(sampled)
             hits = int(self._rng.binomial(m, tau))
             if hits:
-                pos = np.unique(self._rng.integers(0, m, hits))
-                pos = pos[~filling[group[pos]]]
+                drawn = np.zeros(m, dtype=bool)
+                drawn[self._rng.integers(0, m, hits)] = True
+                pos = np.flatnonzero(drawn)
+                limit = taus[np.zeros_like(pos) if group is None else group[pos]]
                 keys = self._rng.random(pos.shape[0], dtype=np.float32) * np.float32(tau)
-                keep = keys < taus[group[pos]]
+                keep = (keys < limit) & (limit < 1.0)
                 parts_pos.append(pos[keep])
                 parts_keys.append(keys[keep])
         if not parts_pos:

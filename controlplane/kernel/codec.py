@@ -9,9 +9,9 @@ Payload, version 1, little-endian:
     magic  b"CSB"          3 bytes
     version u8             = 1
     n       u32            samples in the batch
-    k       u8             number of variant names, then k × (u8 length, utf-8 bytes)
+    k       u8             number of variant names, then k x (u8 length, utf-8 bytes)
     t0      f64            batch base time, seconds since the epoch
-    dt_us   u32[n]         sample time − t0, microseconds
+    dt_us   u32[n]         sample time - t0, microseconds
     variant u8[n]          index into the variant names
     rt_us   u32[n]         response time, microseconds (saturates at ~71 minutes)
     outcome u16[n]         HTTP status, or CONNECT_ERROR / TIMEOUT / ABORTED below 100
@@ -125,16 +125,37 @@ class DecodedBatch:
         return int(self.rt_us.shape[0])
 
 
-def decode(payload: bytes) -> DecodedBatch:
-    """Decode a payload; raises CodecError on anything corrupt or truncated."""
+@dataclass(frozen=True)
+class RawBatch:
+    """A checked payload's columns as read-only views into it (no copies).
+
+    For consumers that concatenate many batches before using them: `ts` is
+    `t0 + dt_us / 1e6`, computed by whoever concatenates (`decode` does it for one).
+    """
+
+    variants: tuple[str, ...]
+    t0: float
+    dt_us: npt.NDArray[np.uint32]
+    variant: npt.NDArray[np.uint8]
+    rt_us: npt.NDArray[np.uint32]
+    outcome: npt.NDArray[np.uint16]
+    unit: npt.NDArray[np.uint32]
+
+    def __len__(self) -> int:
+        return int(self.rt_us.shape[0])
+
+
+def decode_raw(payload: bytes) -> RawBatch:
+    """Check a payload and view its columns; raises CodecError on anything corrupt."""
     import numpy as np
 
     if len(payload) < _HEAD.size + _T0.size + _CRC.size:
         raise CodecError(f"sample payload truncated: {len(payload)} bytes")
-    body, (crc,) = payload[: -_CRC.size], _CRC.unpack(payload[-_CRC.size :])
-    if zlib.crc32(body) != crc:
+    end = len(payload) - _CRC.size
+    (crc,) = _CRC.unpack_from(payload, end)
+    if zlib.crc32(memoryview(payload)[:end]) != crc:
         raise CodecError("sample payload checksum mismatch (corrupt or truncated)")
-    magic, version, n, k = _HEAD.unpack_from(body, 0)
+    magic, version, n, k = _HEAD.unpack_from(payload, 0)
     if magic != MAGIC:
         raise CodecError(f"not a sample payload (magic {magic!r})")
     if version != VERSION:
@@ -143,37 +164,48 @@ def decode(payload: bytes) -> DecodedBatch:
     names: list[str] = []
     try:
         for _ in range(k):
-            size = body[offset]
-            names.append(body[offset + 1 : offset + 1 + size].decode())
+            size = payload[offset]
+            if offset + 1 + size > end:
+                raise IndexError(offset)
+            names.append(payload[offset + 1 : offset + 1 + size].decode())
             offset += 1 + size
     except (IndexError, UnicodeDecodeError) as exc:
         raise CodecError("sample payload has a corrupt variant table") from exc
-    if len(body) != offset + _T0.size + n * _BYTES_PER_SAMPLE:
+    if end != offset + _T0.size + n * _BYTES_PER_SAMPLE:
         raise CodecError(f"sample payload length does not match its {n} samples")
-    (t0,) = _T0.unpack_from(body, offset)
+    (t0,) = _T0.unpack_from(payload, offset)
     offset += _T0.size
-
-    def column(dtype: str, width: int) -> npt.NDArray[np.generic]:
-        nonlocal offset
-        values = np.frombuffer(body, dtype=dtype, count=n, offset=offset)
-        offset += n * width
-        return values
-
-    dt = column("<u4", 4)
-    variant = column("u1", 1)
-    rt_us = column("<u4", 4)
-    outcome = column("<u2", 2)
-    unit = column("<u4", 4)
+    frombuffer = np.frombuffer
+    dt = frombuffer(payload, dtype="<u4", count=n, offset=offset)
+    offset += 4 * n
+    variant = frombuffer(payload, dtype="u1", count=n, offset=offset)
+    offset += n
+    rt_us = frombuffer(payload, dtype="<u4", count=n, offset=offset)
+    offset += 4 * n
+    outcome = frombuffer(payload, dtype="<u2", count=n, offset=offset)
+    offset += 2 * n
+    unit = frombuffer(payload, dtype="<u4", count=n, offset=offset)
     if n and int(variant.max()) >= len(names):
         raise CodecError("sample payload names a variant it does not define")
+    return RawBatch(tuple(names), t0, dt, variant, rt_us, outcome, unit)
+
+
+def _owned(raw: RawBatch) -> DecodedBatch:
+    import numpy as np
+
     return DecodedBatch(
-        variants=tuple(names),
-        ts=t0 + dt.astype(np.float64) / 1e6,
-        variant=variant.astype(np.uint8),
-        rt_us=rt_us.astype(np.uint32),
-        outcome=outcome.astype(np.uint16),
-        unit=unit.astype(np.uint32),
+        variants=raw.variants,
+        ts=raw.t0 + raw.dt_us.astype(np.float64) / 1e6,
+        variant=raw.variant.astype(np.uint8),
+        rt_us=raw.rt_us.astype(np.uint32),
+        outcome=raw.outcome.astype(np.uint16),
+        unit=raw.unit.astype(np.uint32),
     )
+
+
+def decode(payload: bytes) -> DecodedBatch:
+    """Decode a payload; raises CodecError on anything corrupt or truncated."""
+    return _owned(decode_raw(payload))
 
 
 @dataclass(frozen=True)
@@ -196,8 +228,8 @@ def entry_fields(meta: BatchMeta, payload: bytes) -> dict[str, bytes]:
     }
 
 
-def parse_entry(fields: Mapping[str, bytes]) -> tuple[BatchMeta, DecodedBatch]:
-    """Validate and decode one stream entry; CodecError names what is wrong."""
+def parse_entry_raw(fields: Mapping[str, bytes]) -> tuple[BatchMeta, RawBatch]:
+    """Validate one stream entry and view its columns (see `decode_raw`)."""
     try:
         version = int(fields["v"])
         meta = BatchMeta(
@@ -213,7 +245,13 @@ def parse_entry(fields: Mapping[str, bytes]) -> tuple[BatchMeta, DecodedBatch]:
         raise CodecError(f"sample entry has a malformed field: {exc}") from exc
     if version != VERSION:
         raise CodecError(f"unsupported sample entry version {version}")
-    batch = decode(payload)
+    batch = decode_raw(payload)
     if len(batch) != meta.n:
         raise CodecError(f"sample entry says n={meta.n} but carries {len(batch)} samples")
     return meta, batch
+
+
+def parse_entry(fields: Mapping[str, bytes]) -> tuple[BatchMeta, DecodedBatch]:
+    """Validate and decode one stream entry; CodecError names what is wrong."""
+    meta, raw = parse_entry_raw(fields)
+    return meta, _owned(raw)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -28,7 +27,6 @@ import redis.exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.commands.core import AsyncScript
 from redis.typing import EncodableT, FieldT
 
 from controlplane.kernel.errors import BackendError, BackendUnavailable
@@ -46,92 +44,6 @@ DEFAULT_RETRIES = 1
 FALLBACK_DELIVERIES = 2
 
 log = logging.getLogger("canary.streams")
-
-# XREADGROUP without BLOCK, run inside Redis, answering a flat list instead of a nest
-# of bulk strings: redis-py's pure-Python reply parser costs several µs per element
-# (≈14 per entry), which made reply parsing the collector's main cost. The first
-# element packs everything small, little-endian: per stream with entries, the key's
-# index in KEYS (1-based) and the entry count; per entry, the id and the field count;
-# per field, the name and the value, or length -1 for a value > 64 bytes, which is the
-# next element of the list instead (a sample payload: copied once, not concatenated).
-# Returns an empty list when there is nothing new.
-_READ_PACKED = """
-local args = {'XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3], 'STREAMS'}
-for i = 1, #KEYS do args[#args + 1] = KEYS[i] end
-for i = 1, #KEYS do args[#args + 1] = '>' end
-local reply = redis.call(unpack(args))
-if not reply then return {} end
-local index = {}
-for i = 1, #KEYS do index[KEYS[i]] = i end
-local pack = struct.pack
-local head, out = {}, {''}
-for _, stream in ipairs(reply) do
-  local entries = stream[2]
-  head[#head + 1] = pack('<I4I4', index[stream[1]], #entries)
-  for _, entry in ipairs(entries) do
-    local id, fields = entry[1], entry[2]
-    if not fields then fields = {} end
-    head[#head + 1] = pack('<I4', #id) .. id .. pack('<I4', #fields)
-    for j = 1, #fields - 1, 2 do
-      local name, value = fields[j], fields[j + 1]
-      if #value > 64 then
-        head[#head + 1] = pack('<I4', #name) .. name .. pack('<i4', -1)
-        out[#out + 1] = value
-      else
-        head[#head + 1] = pack('<I4', #name) .. name .. pack('<I4', #value) .. value
-      end
-    end
-  end
-end
-out[1] = table.concat(head)
-return out
-"""
-_U32 = struct.Struct("<I")
-_I32 = struct.Struct("<i")
-_U32x2 = struct.Struct("<II")
-
-
-def unpack_entries(
-    reply: Sequence[bytes], services: Sequence[str]
-) -> list[tuple[str, str, dict[str, bytes]]]:
-    """(service, entry id, fields) from the reply of _READ_PACKED."""
-    out: list[tuple[str, str, dict[str, bytes]]] = []
-    if not reply:
-        return out
-    packed, big = reply[0], iter(reply[1:])
-    pos, end = 0, len(packed)
-    u32, i32, u32x2 = _U32.unpack_from, _I32.unpack_from, _U32x2.unpack_from
-    try:
-        while pos < end:
-            key_index, n = u32x2(packed, pos)
-            pos += 8
-            service = services[key_index - 1]
-            for _ in range(n):
-                (size,) = u32(packed, pos)
-                pos += 4
-                entry_id = packed[pos : pos + size].decode()
-                pos += size
-                (n_fields,) = u32(packed, pos)
-                pos += 4
-                fields: dict[str, bytes] = {}
-                for _ in range(n_fields // 2):
-                    (size,) = u32(packed, pos)
-                    pos += 4
-                    name = packed[pos : pos + size].decode()
-                    pos += size
-                    (size,) = i32(packed, pos)
-                    pos += 4
-                    if size < 0:
-                        fields[name] = next(big)
-                    else:
-                        fields[name] = packed[pos : pos + size]
-                        pos += size
-                out.append((service, entry_id, fields))
-    except (struct.error, StopIteration, IndexError, UnicodeDecodeError) as exc:
-        raise BackendError(f"malformed packed stream reply: {exc}") from exc
-    if pos != end or next(big, None) is not None:
-        raise BackendError("malformed packed stream reply: trailing data")
-    return out
 
 
 @contextmanager
@@ -193,7 +105,6 @@ class RedisStreams:
         self._blocking = _open_client(
             url, socket_timeout=None, connect_timeout=connect_timeout, retries=retries
         )
-        self._read_packed: AsyncScript | None = self._client.register_script(_READ_PACKED)
 
     # --- SampleStream -------------------------------------------------------
 
@@ -226,13 +137,8 @@ class RedisStreams:
         if not services:
             return []
         service_of = {self._keys.samples(service): service for service in services}
+        entries: list[StreamEntry] = []
         with _boundary("read_group"):
-            # New entries without blocking first, packed by a script (cheap to parse);
-            # only when there are none, the blocking read (few entries arrive per call
-            # there, so its reply's parsing cost does not matter).
-            entries = await self._read_group_packed(service_of, group, consumer, count)
-            if entries or (block_ms <= 0 and self._read_packed is not None):
-                return entries
             try:
                 reply = await self._xreadgroup(service_of, group, consumer, count, block_ms)
             except redis_errors.ResponseError as exc:
@@ -250,34 +156,6 @@ class RedisStreams:
                     continue
                 entries.append(StreamEntry(service, _text(entry_id), _fields(fields), 1))
         return entries
-
-    async def _read_group_packed(
-        self, service_of: Mapping[str, str], group: str, consumer: str, count: int
-    ) -> list[StreamEntry]:
-        script = self._read_packed
-        if script is None:
-            return []
-        keys = list(service_of)
-        try:
-            try:
-                packed = await script(keys=keys, args=[group, consumer, count])
-            except redis_errors.ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                # as in the plain read: the stream went away with its group
-                for key in keys:
-                    await self._create_group(key, group)
-                packed = await script(keys=keys, args=[group, consumer, count])
-        except redis_errors.ResponseError as exc:
-            # scripting refused (disabled, read-only replica, …): plain reads from now on
-            log.warning("packed stream reads unavailable, using plain XREADGROUP: %s", exc)
-            self._read_packed = None
-            return []
-        services = [service_of[key] for key in keys]
-        return [
-            StreamEntry(service, entry_id, fields, 1)
-            for service, entry_id, fields in unpack_entries(packed, services)
-        ]
 
     async def ack(self, service: str, group: str, entry_ids: Sequence[str]) -> int:
         if not entry_ids:

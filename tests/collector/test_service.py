@@ -89,7 +89,7 @@ async def test_corrupt_entry_is_skipped_acked_and_counted(memory_setup) -> None:
 async def test_redelivered_batch_is_not_counted_twice(memory_setup) -> None:  # type: ignore[no-untyped-def]
     collector, streams, clock = memory_setup
     batches = make_batches(np.full(1_024, 1_000, np.uint32), clock.now())
-    await streams.append(SERVICE, batches + [batches[0]], maxlen=100)
+    await streams.append(SERVICE, [*batches, batches[0]], maxlen=100)
     await collector.step()
     clock.advance(0.2)
     await collector.step()
@@ -198,7 +198,7 @@ async def test_real_redis_and_etcd_ingest_and_publish(
         corrupt = dict(batches[3])
         corrupt["data"] = b"garbage"
         await streams.append(
-            SERVICE, batches[:5] + [corrupt] + batches[5:] + [batches[0]], maxlen=10_000
+            SERVICE, [*batches[:5], corrupt, *batches[5:], batches[0]], maxlen=10_000
         )
         expected = rt.shape[0]
         total = 0
