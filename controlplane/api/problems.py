@@ -38,7 +38,7 @@ from controlplane.kernel.errors import (
 log = logging.getLogger(__name__)
 
 PROBLEM_JSON = "application/problem+json"
-PROBLEM_BASE = "https://canary.dev/problems/"
+PROBLEM_BASE = "urn:canary:problem:"  # a name, not a page to fetch
 
 _STATUS: list[tuple[type[CanaryError], int, str]] = [
     (ValidationFailed, 422, "validation-failed"),

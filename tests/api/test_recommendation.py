@@ -117,7 +117,7 @@ async def test_too_little_history_is_a_409_saying_found_and_needed(
     assert response.status_code == 409
     assert response.headers["content-type"] == "application/problem+json"
     problem = response.json()
-    assert problem["type"].endswith("/insufficient-history")
+    assert problem["type"] == "urn:canary:problem:insufficient-history"
     assert (problem["windows_found"], problem["windows_needed"]) == (3, 10)
     assert "found 3" in problem["detail"] and "at least 10" in problem["detail"]
 
