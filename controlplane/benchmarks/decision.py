@@ -6,9 +6,11 @@ Bernoulli failures). A window here is exact over the samples visible to a collec
 core alone: route propagation to the sidecars comes on top.
 
 (a) A/A: baseline and canary identical; full step schedules, `decide` every 250 ms as
-    the controller calls it; a run with any trip is a false trip.
-(b) Detection: the canary at 100 req/s degrades at a known instant; the time from
-    the onset to the decision that cuts its weight.
+    the controller calls it (the rule's window and the fast window, both from the
+    same samples); a run with any trip is a false trip.
+(b) Detection: the canary at 100 req/s degrades at a known instant during a step
+    with the A/A runs' hold; the time from the onset to the decision that cuts its
+    weight.
 (c) Flagger-style reference on the same traffic: a threshold check every 60 s over a
     60-s window, rollback after 5 failed checks.
 """
@@ -38,6 +40,7 @@ from controlplane.decision import (
     decide,
     start,
 )
+from controlplane.decision.rollout import fast_window_sec
 from controlplane.decision.tally import Tally
 from controlplane.kernel.routes import BASELINE, CANARY, TOTAL_WEIGHT
 from controlplane.kernel.rules import BreakerRule
@@ -87,6 +90,7 @@ SCENARIOS: dict[str, tuple[float, float]] = {
     "failures_20pct": (1.0, 0.20),
 }
 DETECTION_CANARY_BP = 5000  # 100 of 200 req/s
+DETECTION_HOLD_SEC = 60.0
 FLAGGER_INTERVAL_SEC = 60.0
 FLAGGER_THRESHOLD = 5
 
@@ -214,13 +218,25 @@ class Traffic:
                 error[bad] = self.degrade.error_rate
             self.variants[name].add(ts, rt, self.rng.random(n) < error)
 
-    def snapshots(self, now: float, rule: BreakerRule, *, reservoir: bool) -> dict[str, Any]:
+    def snapshots(
+        self, now: float, rule: BreakerRule, *, reservoir: bool, window_sec: int | None = None
+    ) -> dict[str, WindowSnapshot]:
+        window = rule.window_sec if window_sec is None else window_sec
         hi = now - SAMPLE_LAG_SEC
-        lo = hi - rule.window_sec
+        lo = hi - window
         return {
-            name: v.snapshot(lo, hi, now, rule.window_sec, reservoir=reservoir)
+            name: v.snapshot(lo, hi, now, window, reservoir=reservoir)
             for name, v in self.variants.items()
         }
+
+    def fast_snapshots(
+        self, now: float, rule: BreakerRule, *, reservoir: bool
+    ) -> dict[str, WindowSnapshot] | None:
+        """The same data over the fast window, as the controller reads it a second time."""
+        fast = fast_window_sec(rule.window_sec)
+        if fast is None:
+            return None
+        return self.snapshots(now, rule, reservoir=reservoir, window_sec=fast)
 
 
 class Controller:
@@ -247,9 +263,9 @@ class Controller:
 # ---------------------------------------------------------------- (a) A/A
 
 
-def aa_run(args: tuple[str, int, float]) -> dict[str, Any]:
+def aa_run(args: tuple[str, int, float, bool]) -> dict[str, Any]:
     """One full schedule with identical variants."""
-    mode, seed, hold_sec = args
+    mode, seed, hold_sec, use_fast = args
     rule = BASELINE_RULE if mode == "baseline" else RULE
     steps = tuple(
         replace(s, hold_sec=hold_sec)
@@ -265,8 +281,10 @@ def aa_run(args: tuple[str, int, float]) -> dict[str, Any]:
     while loop.state.status is ExperimentStatus.RUNNING and now < limit:
         traffic.generate(now, now + EVAL_INTERVAL_SEC, loop.weight_at(now))
         now += EVAL_INTERVAL_SEC
-        snaps = traffic.snapshots(now, rule, reservoir=mode == "baseline")
-        d = decide(loop.state, snaps, rule, steps, now)
+        reservoir = mode == "baseline"
+        snaps = traffic.snapshots(now, rule, reservoir=reservoir)
+        fast = traffic.fast_snapshots(now, rule, reservoir=reservoir) if use_fast else None
+        d = decide(loop.state, snaps, rule, steps, now, fast)
         loop.state = d.new_state
         loop.apply(d.actions, now)
         kinds = [e.kind for e in d.events]
@@ -276,6 +294,7 @@ def aa_run(args: tuple[str, int, float]) -> dict[str, Any]:
         # what a naive check would do: alarm on any bound exceeded in any window
         if any(g["exceeded"] for g in window.get("guardrails", {}).values()):
             naive_alarm = True
+
     return {
         "tripped": trips > 0,
         "promoted": loop.state.status is ExperimentStatus.PROMOTED,
@@ -288,16 +307,18 @@ def aa_run(args: tuple[str, int, float]) -> dict[str, Any]:
 # ---------------------------------------------------------------- (b) detection
 
 
-def detection_run(args: tuple[str, str, int]) -> dict[str, Any]:
+def detection_run(args: tuple[str, str, int, bool]) -> dict[str, Any]:
     """Steady canary at 100 req/s; degrades at `onset`; seconds to the weight cut."""
-    mode, scenario, seed = args
+    mode, scenario, seed, use_fast = args
     rule = BASELINE_RULE if mode == "baseline" else RULE
     factor, error_rate = SCENARIOS[scenario]
     rng = np.random.default_rng(seed)
     warmup = rule.window_sec + 5.0
     onset = warmup + float(rng.uniform(0, 1))  # random phase against the 250-ms ticks
     traffic = Traffic(rng, rule.threshold_ms, Degradation(onset, factor, error_rate))
-    steps = (Step(DETECTION_CANARY_BP / 100, 10**9),)
+    # the A/A runs' step hold: the false-alarm budget is the same as theirs (a
+    # degraded canary never passes the step gate, so the step does not end)
+    steps = (Step(DETECTION_CANARY_BP / 100, DETECTION_HOLD_SEC),)
     state = RolloutState(
         status=ExperimentStatus.RUNNING,
         breaker=BreakerState.CLOSED,
@@ -313,9 +334,10 @@ def detection_run(args: tuple[str, str, int]) -> dict[str, Any]:
         now += EVAL_INTERVAL_SEC
         if now < rule.window_sec:
             continue
-        d = decide(
-            state, traffic.snapshots(now, rule, reservoir=mode == "baseline"), rule, steps, now
-        )
+        reservoir = mode == "baseline"
+        snaps = traffic.snapshots(now, rule, reservoir=reservoir)
+        fast = traffic.fast_snapshots(now, rule, reservoir=reservoir) if use_fast else None
+        d = decide(state, snaps, rule, steps, now, fast)
         state = d.new_state
         write = d.route_write
         if write is not None and write.canary_bp < DETECTION_CANARY_BP:
@@ -388,7 +410,8 @@ def _times(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run(*, quick: bool, progress: bool) -> dict[str, Any]:
     began = time.perf_counter()
-    aa_runs = 3 if quick else 200
+    # 400 runs per mode: with no false trip the 95% upper bound is below 1%
+    aa_runs = 3 if quick else 400
     hold = 10.0 if quick else 60.0
     detection_runs = 2 if quick else 40
     flagger_runs = 2 if quick else 40
@@ -401,7 +424,7 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
     aa: dict[str, Any] = {}
     for mode in ("absolute", "baseline"):
         say(f"A/A {mode}: {aa_runs} runs")
-        results = _map(aa_run, [(mode, 1_000 + i, hold) for i in range(aa_runs)], workers)
+        results = _map(aa_run, [(mode, 1_000 + i, hold, True) for i in range(aa_runs)], workers)
         trips = sum(r["tripped"] for r in results)
         promoted = [r["duration_s"] for r in results if r["promoted"]]
         aa[mode] = {
@@ -419,9 +442,9 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
     flagger: dict[str, Any] = {}
     for name in SCENARIOS:
         say(f"detection {name}: {detection_runs} runs per mode, Flagger {flagger_runs}")
-        jobs = [("absolute", name, 50_000 + i) for i in range(detection_runs)]
+        jobs = [("absolute", name, 50_000 + i, True) for i in range(detection_runs)]
         detection[name] = _times(_map(detection_run, jobs, workers))
-        jobs = [("baseline", name, 60_000 + i) for i in range(detection_runs)]
+        jobs = [("baseline", name, 60_000 + i, True) for i in range(detection_runs)]
         detection_baseline[name] = _times(_map(detection_run, jobs, workers))
         flagger[name] = _times(
             _map(flagger_run, [(name, 70_000 + i) for i in range(flagger_runs)], workers)
@@ -446,6 +469,8 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
         "steps_pct": [s.weight_pct for s in ABSOLUTE_STEPS],
         "steps_baseline_compare_pct": [s.weight_pct for s in BASELINE_STEPS],
         "hold_sec": hold,
+        "fast_window_sec": fast_window_sec(RULE.window_sec),
+        "detection_hold_sec": DETECTION_HOLD_SEC,
         "traffic": {
             "total_rps": TOTAL_RPS,
             "latency": f"lognormal(median {MEDIAN_MS} ms, sigma {SIGMA})",

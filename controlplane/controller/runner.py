@@ -26,7 +26,7 @@ from controlplane.controller.rulebook import RuleBook, RuleRejection
 from controlplane.controller.state import inline_rule, rollout_state_of, steps_of
 from controlplane.db import experiments as records
 from controlplane.db.models import ACTIVE_STATES, Experiment
-from controlplane.decision.rollout import decide
+from controlplane.decision.rollout import decide, fast_window_sec
 from controlplane.experiments.actions import utc_now
 from controlplane.kernel.errors import BackendError, CanaryError, NotLeader, RevisionConflict
 from controlplane.kernel.kv import Fence
@@ -36,6 +36,7 @@ from controlplane.runtime import Backends
 log = logging.getLogger(__name__)
 
 SnapshotReader = Callable[[Backends, str], Awaitable[Mapping[str, WindowSnapshot]]]
+FastSnapshotReader = Callable[[Backends, str, int], Awaitable[Mapping[str, WindowSnapshot]]]
 
 
 async def board_snapshots(backends: Backends, experiment: str) -> Mapping[str, WindowSnapshot]:
@@ -45,6 +46,19 @@ async def board_snapshots(backends: Backends, experiment: str) -> Mapping[str, W
     if backends.board is None:
         return {}
     return await read_merged_snapshots(backends.board, experiment, backends.clock.now())
+
+
+async def board_fast_snapshots(
+    backends: Backends, experiment: str, window_sec: int
+) -> Mapping[str, WindowSnapshot]:
+    """The same per-second partials merged over a shorter window (the fast window)."""
+    from controlplane.collector.sharding import read_merged_snapshots
+
+    if backends.board is None:
+        return {}
+    return await read_merged_snapshots(
+        backends.board, experiment, backends.clock.now(), window_sec=window_sec
+    )
 
 
 @dataclass
@@ -65,6 +79,8 @@ class Controller:
     tick: float = 0.25
     lease_ttl: int = 5
     snapshot_reader: SnapshotReader = board_snapshots
+    # None: judge the rule's window only
+    fast_snapshot_reader: FastSnapshotReader | None = board_fast_snapshots
     stats: ControllerStats = field(default_factory=ControllerStats)
     _task: asyncio.Task[None] | None = None
     _rulebook: RuleBook | None = None
@@ -187,7 +203,11 @@ class Controller:
         now = backends.clock.now()
         state = rollout_state_of(experiment, now)
         snapshots = await self.snapshot_reader(backends, str(experiment.id))
-        decision = decide(state, snapshots, rule, steps_of(experiment), now)
+        fast_sec = fast_window_sec(rule.window_sec)
+        fast = None
+        if fast_sec is not None and self.fast_snapshot_reader is not None:
+            fast = await self.fast_snapshot_reader(backends, str(experiment.id), fast_sec)
+        decision = decide(state, snapshots, rule, steps_of(experiment), now, fast)
         self.stats.evaluations += 1
         if decision.new_state == state and not decision.actions:
             return decision.next_check_at

@@ -254,8 +254,12 @@ def evaluate(
     rule: BreakerRule,
     *,
     always_test: bool = False,
+    alpha: float | None = None,
 ) -> Evaluation:
     """Judge one pair of windows against the rule.
+
+    `alpha` is the significance this look is held to (the rule's by default); the
+    rollout passes a smaller, per-look share of the rule's alpha (see rollout.py).
 
     Tests run only when a guardrail is over its bound (or `always_test`, at step
     gates): a test cannot turn a window within bounds into a breach, and skipping it
@@ -294,7 +298,7 @@ def evaluate(
     guardrails = build(always_test)
     if not always_test and any(g.exceeded for g in guardrails):
         guardrails = build(True)
-    judged = _apply_tests(guardrails, rule.alpha)
+    judged = _apply_tests(guardrails, rule.alpha if alpha is None else alpha)
     breached = [g for g in judged if g.breached]
     if breached:
         reason = "breach: " + "; ".join(_describe(g) for g in breached)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from controlplane.decision.tally import Tally
+from controlplane.decision.tally import SrmTally, Tally
 from controlplane.experiments.lifecycle import TERMINAL, ExperimentState
 from controlplane.experiments.lifecycle import TRANSITIONS as LIFECYCLE_TRANSITIONS
 from controlplane.kernel.errors import IllegalTransition
@@ -101,6 +101,8 @@ class RolloutState:
     no_data_since: float | None = None
     srm_flagged: bool = False
     tally: Tally = field(default_factory=Tally)
+    # the sample-ratio check's counts at the current weight (None: none yet)
+    srm_tally: SrmTally | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.canary_bp <= TOTAL_WEIGHT:
@@ -126,6 +128,7 @@ class RolloutState:
             "no_data_since": self.no_data_since,
             "srm_flagged": self.srm_flagged,
             "tally": self.tally.to_dict(),
+            "srm_tally": self.srm_tally.to_dict() if self.srm_tally is not None else None,
         }
 
     @classmethod
@@ -145,6 +148,7 @@ class RolloutState:
             no_data_since=data.get("no_data_since"),
             srm_flagged=bool(data.get("srm_flagged", False)),
             tally=Tally.from_dict(data["tally"]) if data.get("tally") else Tally(),
+            srm_tally=SrmTally.from_dict(data["srm_tally"]) if data.get("srm_tally") else None,
         )
 
 

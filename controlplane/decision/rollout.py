@@ -1,6 +1,6 @@
 """The rollout: breaker and step schedule as one pure function.
 
-    decide(state, snapshots, rule, steps, now) -> Decision
+    decide(state, snapshots, rule, steps, now, fast=None) -> Decision
 
 No I/O and no clock: `now` and the snapshots come in, the new state and the actions
 to apply go out. The controller calls it on every fresh snapshot and no later than
@@ -13,13 +13,19 @@ Breaker (DESIGN §7)::
                       └────probe fails─────┘        the max_trips-th trip: rolled back
 
 A trip needs `rule.consecutive_breaches` breached evaluations in a row, each on a
-snapshot not judged before (a newer `ts`). A step advances only while closed, after
-its `hold_sec`, once the disjoint windows of the step hold `min_samples` canary
-samples and their merged evidence is within every bound.
+snapshot not judged before (a newer `ts`). A look is breached when the rule's window
+or the optional fast window (the last `fast_window_sec(window_sec)` seconds, merged
+from the same per-second data) breaches. Each look holds its tests to a share of
+`rule.alpha` (`look_alphas`, docs/decisions/0003-false-alarm-control.md): the rule's
+alpha is the false-alarm budget of a whole step, split evenly over the step's looks
+at both window lengths. A step advances only
+while closed, after its `hold_sec`, once the disjoint windows of the step hold
+`min_samples` canary samples and their merged evidence is within every bound.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +46,7 @@ from controlplane.decision.model import (
     transition,
 )
 from controlplane.decision.stats import SrmResult, sample_ratio_mismatch
-from controlplane.decision.tally import Tally
+from controlplane.decision.tally import SrmTally, Tally
 from controlplane.kernel.routes import BASELINE, CANARY, TOTAL_WEIGHT, RouteState
 from controlplane.kernel.rules import Action, BreakerRule, NoDataPolicy, SrmPolicy
 from controlplane.kernel.snapshots import WindowSnapshot
@@ -49,6 +55,45 @@ from controlplane.kernel.snapshots import WindowSnapshot
 ROUTE_SETTLE_SEC = 1.0
 # when only new samples can change the outcome, look again at least this often
 RECHECK_SEC = 1.0
+# the fast window: a fifth of the rule's window, at least this long
+FAST_WINDOW_DIVISOR = 5
+MIN_FAST_WINDOW_SEC = 2
+# a step's false-alarm budget covers at most this much of its hold; a longer hold
+# spends `rule.alpha` again per this many seconds rather than growing ever less sensitive
+MAX_BUDGET_HORIZON_SEC = 600.0
+# the budget is split over one look per this interval: the controller's tick
+# (controlplane/controller/runner.py), at most one look per fresh snapshot
+LOOK_INTERVAL_SEC = 0.25
+
+
+def fast_window_sec(window_sec: int) -> int | None:
+    """The fast window's length for a rule's window, or None when it would not be shorter."""
+    fast = max(MIN_FAST_WINDOW_SEC, window_sec // FAST_WINDOW_DIVISOR)
+    return fast if fast < window_sec else None
+
+
+def look_alphas(
+    state: RolloutState, rule: BreakerRule, steps: Sequence[Step], *, fast: bool
+) -> tuple[float, float | None]:
+    """Per-look significance for the rule's window and the fast window.
+
+    The step (or the probe) gets `rule.alpha` as its false-alarm budget, split in
+    half between the two window lengths when a fast window is judged, and each half
+    Bonferroni-split over the looks in the step's horizon (its hold, or the probe's
+    window), one per `LOOK_INTERVAL_SEC`. Bonferroni over the looks holds whatever
+    the correlation between them; splitting over the disjoint windows only
+    (horizon / window) does not bound a sliding window's maximum, which crosses a
+    level far more often than one window does (a scan statistic).
+    """
+    if state.breaker is BreakerState.HALF_OPEN:
+        horizon = float(rule.window_sec)
+    else:
+        horizon = steps[min(state.step_index, len(steps) - 1)].hold_sec
+    horizon = min(max(horizon, float(rule.window_sec)), MAX_BUDGET_HORIZON_SEC)
+    fast_sec = fast_window_sec(rule.window_sec) if fast else None
+    share = rule.alpha / 2 if fast_sec is not None else rule.alpha
+    per_look = share / math.ceil(horizon / LOOK_INTERVAL_SEC - 1e-9)
+    return per_look, per_look if fast_sec is not None else None
 
 
 @dataclass(frozen=True)
@@ -62,6 +107,24 @@ class _Look:
     evaluation: Evaluation | None
     srm: SrmResult | None
     srm_changed: bool
+    fast_evaluation: Evaluation | None = None
+    alphas: tuple[float, float | None] | None = None
+
+    @property
+    def breached(self) -> bool:
+        return any(e is not None and e.breached for e in (self.evaluation, self.fast_evaluation))
+
+    def breach_reason(self) -> str:
+        parts = []
+        if self.evaluation is not None and self.evaluation.breached:
+            parts.append(f"window: {self.evaluation.reason}")
+        if self.fast_evaluation is not None and self.fast_evaluation.breached:
+            parts.append(f"fast window: {self.fast_evaluation.reason}")
+        if parts:
+            return "; ".join(parts)
+        if self.evaluation is not None:
+            return self.evaluation.reason
+        return "no new snapshot"
 
 
 def start(steps: Sequence[Step], now: float) -> Decision:
@@ -92,8 +155,14 @@ def decide(
     rule: BreakerRule,
     steps: Sequence[Step],
     now: float,
+    fast: Mapping[str, WindowSnapshot] | None = None,
 ) -> Decision:
-    """The next step of one experiment's rollout, from its state and latest snapshots."""
+    """The next step of one experiment's rollout, from its state and latest snapshots.
+
+    `fast`, when given, is the same data over the last `fast_window_sec(window_sec)`
+    seconds: judged alongside the rule's window so that a fresh breach is not diluted
+    by the older samples of a long window.
+    """
     _check_steps(steps)
     if state.status is not ExperimentStatus.RUNNING:
         # paused or finished: whatever the API set stays in force
@@ -101,7 +170,7 @@ def decide(
         return Decision(state, (), reason, {"at": now, "status": state.status.value}, None)
     if state.breaker is BreakerState.OPEN:
         return _while_open(state, rule, now)
-    state, look = _observe(state, snapshots, rule, now)
+    state, look = _observe(state, snapshots, fast, rule, steps, now)
     if state.breaker is BreakerState.HALF_OPEN:
         return _while_half_open(state, look, rule, steps, now)
     return _while_closed(state, look, rule, steps, now)
@@ -111,7 +180,12 @@ def decide(
 
 
 def _observe(
-    state: RolloutState, snapshots: Mapping[str, WindowSnapshot], rule: BreakerRule, now: float
+    state: RolloutState,
+    snapshots: Mapping[str, WindowSnapshot],
+    fast: Mapping[str, WindowSnapshot] | None,
+    rule: BreakerRule,
+    steps: Sequence[Step],
+    now: float,
 ) -> tuple[RolloutState, _Look]:
     canary, baseline = snapshots.get(CANARY), snapshots.get(BASELINE)
     stale_note = None
@@ -128,19 +202,34 @@ def _observe(
     )
     changes: dict[str, Any] = {"no_data_since": no_data_since}
     evaluation: Evaluation | None = None
+    fast_evaluation: Evaluation | None = None
+    alphas: tuple[float, float | None] | None = None
     srm: SrmResult | None = None
     if fresh and canary is not None:
-        evaluation = evaluate(canary, baseline, rule)
-        changes["last_snapshot_ts"] = canary.ts
+        fast_canary = fast.get(CANARY) if fast is not None else None
+        if fast_canary is not None and now - fast_canary.ts > rule.window_sec:
+            fast_canary = None
+        alphas = look_alphas(state, rule, steps, fast=fast_canary is not None)
+        evaluation = evaluate(canary, baseline, rule, alpha=alphas[0])
         counts = evaluation.breached and _judges_current_weight(state, canary)
+        if fast_canary is not None and alphas[1] is not None:
+            assert fast is not None
+            fast_evaluation = evaluate(fast_canary, fast.get(BASELINE), rule, alpha=alphas[1])
+            counts = counts or (
+                fast_evaluation.breached and _judges_current_weight(state, fast_canary)
+            )
+        changes["last_snapshot_ts"] = canary.ts
         changes["consecutive_breaches"] = state.consecutive_breaches + 1 if counts else 0
         if canary.count > 0:
             changes["tally"] = state.tally.add(canary, baseline)
-        srm = _srm_check(state, canary, baseline)
+        srm_tally, srm = _srm_check(state, canary, baseline)
+        changes["srm_tally"] = srm_tally
         if srm is not None:
             changes["srm_flagged"] = srm.mismatch
     srm_changed = srm is not None and srm.mismatch != state.srm_flagged
-    look = _Look(canary, baseline, fresh, stale_note, evaluation, srm, srm_changed)
+    look = _Look(
+        canary, baseline, fresh, stale_note, evaluation, srm, srm_changed, fast_evaluation, alphas
+    )
     return state.with_changes(**changes), look
 
 
@@ -154,13 +243,23 @@ def _judges_current_weight(state: RolloutState, canary: WindowSnapshot) -> bool:
 
 def _srm_check(
     state: RolloutState, canary: WindowSnapshot, baseline: WindowSnapshot | None
-) -> SrmResult | None:
+) -> tuple[SrmTally | None, SrmResult | None]:
+    """The assignment counts at this weight, and a verdict when a new window adds to them.
+
+    Only disjoint windows that start after the route settled are added up (a window
+    that straddles a weight change mixes two splits), and the sum is judged with an
+    always-valid test, so judging it again at every new window does not inflate
+    the false-warning rate.
+    """
+    tally = state.srm_tally
+    if tally is None or tally.since != state.weight_since:
+        tally = SrmTally.starting(state.weight_since, state.weight_since + ROUTE_SETTLE_SEC)
     if baseline is None or not 0 < state.canary_bp < TOTAL_WEIGHT:
-        return None
-    # a window that straddles a weight change mixes two splits: judge only settled ones
-    if canary.window_start < state.weight_since + ROUTE_SETTLE_SEC:
-        return None
-    return sample_ratio_mismatch(baseline.count, canary.count, state.canary_bp)
+        return tally, None
+    if not tally.accepts(canary.window_start):
+        return tally, None
+    tally = tally.add(baseline.count, canary.count, canary.window_end)
+    return tally, sample_ratio_mismatch(tally.baseline, tally.canary, state.canary_bp)
 
 
 # ---------------------------------------------------------------- per breaker state
@@ -274,8 +373,7 @@ def _trip_reason(state: RolloutState, look: _Look, rule: BreakerRule, now: float
     ):
         return f"no canary samples for {now - state.no_data_since:.1f}s (no_data: fail)"
     if state.consecutive_breaches >= rule.consecutive_breaches:
-        last = look.evaluation.reason if look.evaluation is not None else "no new snapshot"
-        return f"{state.consecutive_breaches} breached evaluations in a row; {last}"
+        return f"{state.consecutive_breaches} breached evaluations in a row; {look.breach_reason()}"
     return None
 
 
@@ -487,6 +585,10 @@ def _evidence(
         "rule": rule.model_dump(mode="json"),
     }
     if look is not None:
+        if look.alphas is not None:
+            evidence["look_alpha"] = {"window": look.alphas[0], "fast_window": look.alphas[1]}
+        if look.fast_evaluation is not None:
+            evidence["fast_window"] = look.fast_evaluation.to_dict()
         if look.evaluation is not None:
             evidence["window"] = look.evaluation.to_dict()
         else:

@@ -17,6 +17,10 @@ from scipy import stats as sps
 SRM_P_VALUE = 0.001
 # chi-square is only trusted with a few expected samples in each arm
 SRM_MIN_EXPECTED = 10.0
+# the always-valid SRM test's Beta prior around the configured split: as much weight
+# as this many samples (a mismatch of a tenth of the split at 50/50 is within one
+# prior standard deviation)
+SRM_PRIOR_SAMPLES = 100.0
 
 
 @dataclass(frozen=True)
@@ -125,9 +129,12 @@ class SrmResult:
     statistic: float
     p_value: float
     mismatch: bool
+    always_valid_p: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "method": "beta_binomial_mixture_sprt",
+            "always_valid_p": self.always_valid_p,
             "baseline_count": self.baseline_count,
             "canary_count": self.canary_count,
             "expected_canary_fraction": self.expected_canary_fraction,
@@ -142,11 +149,16 @@ class SrmResult:
 def sample_ratio_mismatch(
     baseline_count: int, canary_count: int, canary_bp: int, total_bp: int = 10_000
 ) -> SrmResult | None:
-    """Chi-square of the observed split against the weights; None if too few to judge.
+    """The observed split against the weights; None if too few to judge.
 
-    The same statistic and p-value as scipy.stats.chisquare with one degree of
-    freedom, computed directly: it runs on every look, and the generic wrapper costs
-    milliseconds where this costs microseconds.
+    `statistic` and `p_value` are scipy.stats.chisquare's with one degree of freedom
+    (computed directly: the generic wrapper costs milliseconds, this microseconds).
+    They hold for one look at a fixed sample; the controller looks again and again
+    at growing counts, so the verdict (`mismatch`) comes from an always-valid test:
+    a mixture sequential probability ratio test (a Beta prior centred on the
+    configured split against the split itself), whose p-value 1/BF is valid at any
+    number of looks (Ville's inequality) - p < 0.001 means a false warning in at most
+    one step in a thousand, however often the step is looked at.
     """
     total = baseline_count + canary_count
     fraction = canary_bp / total_bp
@@ -157,11 +169,31 @@ def sample_ratio_mismatch(
         canary_count - expected[1]
     ) ** 2 / expected[1]
     p = float(spc.chdtrc(1, statistic))
+    always_valid = always_valid_split_p(baseline_count, canary_count, fraction)
     return SrmResult(
         baseline_count=baseline_count,
         canary_count=canary_count,
         expected_canary_fraction=fraction,
         statistic=float(statistic),
         p_value=p,
-        mismatch=p < SRM_P_VALUE,
+        mismatch=always_valid < SRM_P_VALUE,
+        always_valid_p=always_valid,
     )
+
+
+def always_valid_split_p(baseline_count: int, canary_count: int, fraction: float) -> float:
+    """1 / Bayes factor of "the canary share follows a Beta prior around `fraction`"
+    against "it is `fraction`", capped at 1.
+
+    Under H0 the Bayes factor is a nonnegative martingale in the samples, so the
+    chance it ever exceeds 1/alpha is at most alpha, whatever the looks.
+    """
+    a = SRM_PRIOR_SAMPLES * fraction
+    b = SRM_PRIOR_SAMPLES * (1 - fraction)
+    log_bf = (
+        float(spc.betaln(a + canary_count, b + baseline_count))
+        - float(spc.betaln(a, b))
+        - float(spc.xlogy(canary_count, fraction))
+        - float(spc.xlogy(baseline_count, 1 - fraction))
+    )
+    return float(min(1.0, np.exp(-log_bf)))

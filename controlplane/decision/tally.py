@@ -189,3 +189,54 @@ class Tally:
             canary=VariantTally.from_dict(data["canary"]),
             baseline=VariantTally.from_dict(data["baseline"]),
         )
+
+
+@dataclass(frozen=True)
+class SrmTally:
+    """Assignment counts of disjoint, settled windows at one weight (the one since `since`).
+
+    The sample-ratio check judges these accumulated counts rather than each sliding
+    window: overlapping windows re-count the same requests, and a check repeated on
+    every look over them false-alarms far more often than its p-value says.
+    """
+
+    since: float
+    counted_until: float
+    baseline: int = 0
+    canary: int = 0
+    windows: int = 0
+
+    @classmethod
+    def starting(cls, since: float, settled_at: float) -> SrmTally:
+        return cls(since=since, counted_until=settled_at)
+
+    def accepts(self, window_start: float) -> bool:
+        return window_start >= self.counted_until - 1e-6
+
+    def add(self, baseline: int, canary: int, window_end: float) -> SrmTally:
+        return replace(
+            self,
+            counted_until=window_end,
+            baseline=self.baseline + baseline,
+            canary=self.canary + canary,
+            windows=self.windows + 1,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "since": self.since,
+            "counted_until": self.counted_until,
+            "baseline": self.baseline,
+            "canary": self.canary,
+            "windows": self.windows,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SrmTally:
+        return cls(
+            since=float(data["since"]),
+            counted_until=float(data["counted_until"]),
+            baseline=int(data.get("baseline", 0)),
+            canary=int(data.get("canary", 0)),
+            windows=int(data.get("windows", 0)),
+        )

@@ -12,6 +12,7 @@ from controlplane.decision import (
     Step,
     transition,
 )
+from controlplane.decision.tally import SrmTally
 from controlplane.kernel.errors import IllegalTransition
 from tests.decision.factory import T0, snap, state
 
@@ -67,6 +68,9 @@ def test_state_refuses_weight_outside_basis_points() -> None:
 
 def test_state_round_trips_through_json() -> None:
     tally = state().tally.add(snap("canary", T0 + 10, count=20, reservoir=(1.0, 2.0)), None)
-    original = state(trips=1, consecutive_breaches=1, tally=tally, srm_flagged=True)
+    srm_tally = SrmTally.starting(T0, T0 + 1).add(950, 50, T0 + 11)
+    original = state(
+        trips=1, consecutive_breaches=1, tally=tally, srm_flagged=True, srm_tally=srm_tally
+    )
     again = RolloutState.from_dict(json.loads(json.dumps(original.to_dict())))
     assert again == original

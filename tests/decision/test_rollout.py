@@ -373,8 +373,17 @@ def test_sample_ratio_mismatch_is_reported_once_as_an_event() -> None:
     assert d1.new_state.srm_flagged
     d2 = at(d1.new_state, _skewed(T0 + 20.25), T0 + 20.25)
     assert kinds(d2) == []
+    # the verdict is on the step's disjoint windows: an overlapping fair window adds
+    # nothing, and one fair window does not outweigh the skewed one
     d3 = at(d2.new_state, healthy(T0 + 20.5, bp=500), T0 + 20.5)
-    assert kinds(d3) == [EventKind.SRM_CLEARED]
+    assert kinds(d3) == [] and d3.new_state.srm_flagged
+    d4 = at(d3.new_state, healthy(T0 + 30, bp=500), T0 + 30)
+    assert kinds(d4) == [] and d4.new_state.srm_flagged
+    # a new weight starts new counts: its first fair settled window clears it
+    moved = d4.new_state.with_changes(canary_bp=500, weight_since=T0 + 35)
+    d5 = at(moved, healthy(T0 + 46, bp=500), T0 + 46)
+    assert kinds(d5) == [EventKind.SRM_CLEARED]
+    assert not d5.new_state.srm_flagged
 
 
 def test_sample_ratio_mismatch_waits_for_windows_after_the_weight_change() -> None:
