@@ -434,8 +434,12 @@ class Collector:
 
     async def publish(self, experiment: str, now: float) -> dict[str, WindowSnapshot]:
         window = self.windows[experiment]
-        held = self._held.pop(experiment, _Held())
-        unacked = [f"{service}/{entry_id}" for service, entry_id in held.entries]
+        # held until published and acked: entries a failed publish or ack left
+        # pending stay listed as unacked in the next partial, so no claimer counts
+        # them again (a second ack of an entry is harmless)
+        held = self._held.get(experiment, _Held())
+        included = list(held.entries)
+        unacked = [f"{service}/{entry_id}" for service, entry_id in included]
         partial = export_partial(window, now, collector=self.name, unacked=unacked)
         others = {
             name: raw
@@ -452,10 +456,13 @@ class Collector:
         self._last_publish[experiment] = now
         self.metrics.publishes.inc()
         by_service: dict[str, list[str]] = {}
-        for service, entry_id in held.entries:
+        for service, entry_id in included:
             by_service.setdefault(service, []).append(entry_id)
         for service, ids in by_service.items():
             await self.streams.ack(service, COLLECTOR_GROUP, ids)
+        del held.entries[: len(included)]
+        if not held.entries:
+            self._held.pop(experiment, None)
         return snapshots
 
     async def flush(self) -> None:

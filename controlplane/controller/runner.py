@@ -28,7 +28,13 @@ from controlplane.db import experiments as records
 from controlplane.db.models import ACTIVE_STATES, Experiment
 from controlplane.decision.rollout import decide, fast_window_sec
 from controlplane.experiments.actions import utc_now
-from controlplane.kernel.errors import BackendError, CanaryError, NotLeader, RevisionConflict
+from controlplane.kernel.errors import (
+    BackendError,
+    CanaryError,
+    CodecError,
+    NotLeader,
+    RevisionConflict,
+)
 from controlplane.kernel.kv import Fence
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.runtime import Backends
@@ -122,6 +128,11 @@ class Controller:
             except BackendError as exc:
                 log.warning("controller %s steps down: %s", self.identity, exc)
                 await asyncio.sleep(1.0)
+            except Exception:
+                # a bug must not end the loop for good while the process looks healthy
+                log.exception("controller %s steps down after an unexpected error",
+                              self.identity)
+                await asyncio.sleep(1.0)
             finally:
                 self.stats.leader = False
                 with contextlib.suppress(Exception):
@@ -201,7 +212,13 @@ class Controller:
             await self._report_no_rule(backends, experiment)
             return None
         now = backends.clock.now()
-        state = rollout_state_of(experiment, now)
+        try:
+            state = rollout_state_of(experiment, now)
+        except (KeyError, TypeError, ValueError) as exc:
+            # one unreadable row must not stop the evaluation of every other one
+            raise CodecError(
+                f"stored rollout state unreadable ({type(exc).__name__}: {exc})"
+            ) from exc
         snapshots = await self.snapshot_reader(backends, str(experiment.id))
         fast_sec = fast_window_sec(rule.window_sec)
         fast = None

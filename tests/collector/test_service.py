@@ -226,3 +226,68 @@ async def test_real_redis_and_etcd_ingest_and_publish(
             task.cancel()
         await streams.close()
         await kv.close()
+
+
+class _BoardDownOnce:
+    """The real in-process board, unreachable for the first publish (an outage)."""
+
+    def __init__(self, board: object) -> None:
+        self._board = board
+        self.failures = 1
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._board, name)
+
+    async def publish(self, *args: object, **kwargs: object) -> None:
+        from controlplane.kernel.errors import BackendUnavailable
+
+        if self.failures:
+            self.failures -= 1
+            raise BackendUnavailable("redis unavailable")
+        await self._board.publish(*args, **kwargs)  # type: ignore[attr-defined]
+
+
+async def test_entries_held_across_a_failed_publish_are_not_claimed_and_counted_twice() -> None:
+    from controlplane.kernel.errors import BackendUnavailable
+
+    clock = FakeClock()
+    streams, board = open_streams("memory://", clock=clock)
+    flaky = _BoardDownOnce(board)
+    kv = open_kv("memory://", clock=clock)
+    keys = EtcdKeys("/t")
+    a = Collector(
+        streams,
+        flaky,
+        kv,
+        keys,
+        consumer_name="a",
+        clock=clock,
+        block_ms=0,  # type: ignore[arg-type]
+        claim_idle_ms=1000,
+    )
+    b = Collector(
+        streams, board, kv, keys, consumer_name="b", clock=clock, block_ms=0, claim_idle_ms=1000
+    )
+    try:
+        await streams.append(
+            SERVICE, make_batches(np.full(512 * 4, 2_000, np.uint32), clock.now()), maxlen=100
+        )
+        await a.load_config()
+        with pytest.raises(BackendUnavailable):
+            await a.step()  # reads every entry; Redis away when it publishes
+        clock.advance(0.2)
+        await a.publish(EXPERIMENT, clock.now())  # back: the partial counts every entry
+        # a dies here; b claims whatever a left pending
+        await b.load_config()
+        for _ in range(30):
+            clock.advance(0.2)
+            await b.step()
+        snaps = await read_merged_snapshots(board, EXPERIMENT, clock.now())
+        assert sum(s.count for s in snaps.values()) == 512 * 4
+        assert await streams.pending(SERVICE, "collectors") == 0
+    finally:
+        for c in (a, b):
+            for task in c._watch_tasks:
+                task.cancel()
+        await streams.close()
+        await kv.close()

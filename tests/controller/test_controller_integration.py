@@ -187,3 +187,34 @@ async def test_half_open_probe_after_cooldown_then_rollback_on_second_trip(rig: 
     kinds = [kind for kind, _ in await rig.events()]
     assert kinds.count("tripped") + kinds.count("probe_failed") >= 2
     assert "rolled_back" in kinds
+
+
+async def test_an_unreadable_rollout_state_skips_that_experiment_not_the_round(rig: Rig) -> None:
+    from controlplane.db.models import Experiment
+
+    other = await create_experiment(
+        database=rig.backends.database, clock=rig.clock, actor="user:test",
+        spec=ExperimentSpec(
+            name="cart v2", service="cart", baseline_upstream="http://127.0.0.1:9003",
+            canary_upstream="http://127.0.0.1:9004", steps=(StepSpec(1000, 30),),
+            sticky_header="x-user-id", sticky_cookie=None,
+            rule=RULE.model_copy(update={"service": "cart"}).model_dump(mode="json"),
+        ),
+    )
+    await apply_action(
+        database=rig.backends.database, kv=rig.backends.kv, keys=rig.backends.keys,
+        clock=rig.clock, experiment_id=other.id, action=Action.START, actor="user:test",
+    )
+
+    def corrupt(*, session):  # type: ignore[no-untyped-def]
+        row = session.get(Experiment, rig.experiment_id)
+        row.rollout_state = {"status": "running"}  # written by another version, say
+
+    async with rig.backends.database.transaction() as tx:
+        await tx.run(corrupt)
+
+    rig.clock.advance(1.0)
+    await rig.controller.evaluate_all(rig.backends, rig.fence)
+
+    assert rig.controller.stats.errors == 1
+    assert rig.controller.stats.evaluations == 1, "the other experiment is still evaluated"
