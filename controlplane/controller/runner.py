@@ -36,28 +36,24 @@ from controlplane.kernel.errors import (
     RevisionConflict,
 )
 from controlplane.kernel.kv import Fence
+from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.runtime import Backends
 
 log = logging.getLogger(__name__)
 
-SnapshotReader = Callable[[Backends, str], Awaitable[Mapping[str, WindowSnapshot]]]
-FastSnapshotReader = Callable[[Backends, str, int], Awaitable[Mapping[str, WindowSnapshot]]]
+SnapshotReader = Callable[[Backends, str, int], Awaitable[Mapping[str, WindowSnapshot]]]
 
 
-async def board_snapshots(backends: Backends, experiment: str) -> Mapping[str, WindowSnapshot]:
-    """The latest window per variant, merged exactly across every collector's part."""
-    from controlplane.collector.sharding import read_merged_snapshots
-
-    if backends.board is None:
-        return {}
-    return await read_merged_snapshots(backends.board, experiment, backends.clock.now())
-
-
-async def board_fast_snapshots(
+async def board_snapshots(
     backends: Backends, experiment: str, window_sec: int
 ) -> Mapping[str, WindowSnapshot]:
-    """The same per-second partials merged over a shorter window (the fast window)."""
+    """Every collector's per-second partials merged exactly over `window_sec` seconds.
+
+    The window is the rule's (or the fast window's), not whatever the collectors were
+    last configured with, so an inline rule or a rule just reloaded is judged on its
+    own window length.
+    """
     from controlplane.collector.sharding import read_merged_snapshots
 
     if backends.board is None:
@@ -73,6 +69,7 @@ class ControllerStats:
     decisions_applied: int = 0
     conflicts: int = 0
     errors: int = 0
+    snapshot_errors: int = 0
     leader: bool = False
     terms: int = 0
 
@@ -85,8 +82,9 @@ class Controller:
     tick: float = 0.25
     lease_ttl: int = 5
     snapshot_reader: SnapshotReader = board_snapshots
+    # judge the last few seconds too (decision.rollout.fast_window_sec); False: off
+    fast_window: bool = True
     # None: judge the rule's window only
-    fast_snapshot_reader: FastSnapshotReader | None = board_fast_snapshots
     stats: ControllerStats = field(default_factory=ControllerStats)
     _task: asyncio.Task[None] | None = None
     _rulebook: RuleBook | None = None
@@ -219,11 +217,7 @@ class Controller:
             raise CodecError(
                 f"stored rollout state unreadable ({type(exc).__name__}: {exc})"
             ) from exc
-        snapshots = await self.snapshot_reader(backends, str(experiment.id))
-        fast_sec = fast_window_sec(rule.window_sec)
-        fast = None
-        if fast_sec is not None and self.fast_snapshot_reader is not None:
-            fast = await self.fast_snapshot_reader(backends, str(experiment.id), fast_sec)
+        snapshots, fast = await self._read_windows(backends, str(experiment.id), rule)
         decision = decide(state, snapshots, rule, steps_of(experiment), now, fast)
         self.stats.evaluations += 1
         if decision.new_state == state and not decision.actions:
@@ -238,6 +232,29 @@ class Controller:
         )
         self.stats.decisions_applied += 1
         return decision.next_check_at
+
+    async def _read_windows(
+        self, backends: Backends, experiment: str, rule: BreakerRule
+    ) -> tuple[Mapping[str, WindowSnapshot], Mapping[str, WindowSnapshot] | None]:
+        """The rule's window and the fast one; no data at all while Redis is away.
+
+        A snapshot store outage is judged by the rule's no-data policy (hold, or fail
+        after its timeout) for this experiment; it is no reason to give up leadership.
+        """
+        fast_sec = fast_window_sec(rule.window_sec) if self.fast_window else None
+        try:
+            snapshots = await self.snapshot_reader(backends, experiment, rule.window_sec)
+            fast = (
+                await self.snapshot_reader(backends, experiment, fast_sec)
+                if fast_sec is not None
+                else None
+            )
+        except BackendError as exc:
+            self.stats.snapshot_errors += 1
+            log.warning("experiment %s: snapshots unavailable (%s); judged as no data",
+                        experiment, exc)
+            return {}, None
+        return snapshots, fast
 
     async def _report_no_rule(self, backends: Backends, experiment: Experiment) -> None:
         if experiment.id in self._no_rule_reported:

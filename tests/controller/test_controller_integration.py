@@ -218,3 +218,21 @@ async def test_an_unreadable_rollout_state_skips_that_experiment_not_the_round(r
 
     assert rig.controller.stats.errors == 1
     assert rig.controller.stats.evaluations == 1, "the other experiment is still evaluated"
+
+
+async def test_a_snapshot_store_outage_is_no_data_not_a_step_down(rig: Rig) -> None:
+    """Redis away: the round completes (no BackendError escapes to the leader loop)."""
+    from controlplane.kernel.streams_redis import RedisStreams
+    from tests.support.processes import free_port
+
+    healthy = rig.backends.board
+    dead = RedisStreams(f"redis://127.0.0.1:{free_port()}/0")
+    rig.backends.board = dead
+    try:
+        rig.clock.advance(1.0)
+        await rig.controller.evaluate_all(rig.backends, rig.fence)
+        assert rig.controller.stats.snapshot_errors >= 1
+        assert await rig.route() == (1000, "running")
+    finally:
+        rig.backends.board = healthy
+        await dead.close()
