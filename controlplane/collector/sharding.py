@@ -26,6 +26,7 @@ in `unacked`, skipped by the claimer) or after the ack.
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import math
 import zlib
@@ -45,6 +46,7 @@ from controlplane.collector.windows import (
     WindowTotals,
     bottom_k,
 )
+from controlplane.kernel.errors import CodecError
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.kernel.streams import SnapshotBoard
 
@@ -283,9 +285,16 @@ async def read_merged_snapshots(
     fields = await board.read(experiment)
     partials = parse_partials(fields)
     if partials:
-        return merge_snapshots(
-            experiment, partials, now, window_sec=window_sec, threshold_ms=threshold_ms
-        )
+        try:
+            return merge_snapshots(
+                experiment, partials, now, window_sec=window_sec, threshold_ms=threshold_ms
+            )
+        except (KeyError, TypeError, ValueError, AttributeError, binascii.Error, zlib.error) as exc:
+            # a damaged stats hash is this experiment's problem, reported as such
+            raise CodecError(
+                f"experiment {experiment}: a partial window in the stats hash is "
+                f"malformed ({type(exc).__name__}: {exc})"
+            ) from exc
     snapshots: dict[str, WindowSnapshot] = {}
     for name, raw in fields.items():
         if name.startswith(PART_PREFIX):

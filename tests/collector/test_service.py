@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -291,3 +292,16 @@ async def test_entries_held_across_a_failed_publish_are_not_claimed_and_counted_
                 task.cancel()
         await streams.close()
         await kv.close()
+
+
+async def test_a_malformed_partial_is_a_codec_error_for_its_experiment_only() -> None:
+    from controlplane.collector.sharding import PART_PREFIX, read_merged_snapshots
+    from controlplane.kernel.errors import CodecError
+    from controlplane.kernel.streams_memory import MemoryStreams
+
+    board = MemoryStreams()
+    bad = json.dumps({"v": 1, "ts": 1.0, "window_sec": 5, "variants": {"canary": {}}})
+    await board.publish("7", {f"{PART_PREFIX}c1": bad}, {"experiment": "7"})
+    with pytest.raises(CodecError, match="experiment 7"):
+        await read_merged_snapshots(board, "7", 10.0)
+    assert await read_merged_snapshots(board, "8", 10.0) == {}
