@@ -21,7 +21,13 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlch
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
-from controlplane.kernel.errors import BackendUnavailable, CanaryError, ConfigError, Conflict
+from controlplane.kernel.errors import (
+    BackendUnavailable,
+    CanaryError,
+    ConfigError,
+    Conflict,
+    RevisionConflict,
+)
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 
@@ -69,7 +75,8 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
 def translate_db_error(exc: SQLAlchemyError) -> CanaryError:
     """Map a driver error to the product's tree (kernel.errors) at this boundary."""
     if isinstance(exc, StaleDataError):
-        return Conflict("the experiment changed concurrently; read it again and retry")
+        # a lost optimistic-concurrency race, the same kind as a lost etcd CAS
+        return RevisionConflict("the experiment changed concurrently; read it again and retry")
     if isinstance(exc, IntegrityError):
         return Conflict(f"the change conflicts with stored data: {exc.orig}")
     if isinstance(exc, OperationalError | DBAPIError):
