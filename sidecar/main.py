@@ -17,9 +17,7 @@ layer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 from dataclasses import dataclass
 
 from prometheus_client.registry import CollectorRegistry
@@ -28,6 +26,7 @@ from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.kv import KeyValueStore
 from controlplane.kernel.kv_factory import open_kv
 from controlplane.kernel.settings import Settings
+from controlplane.kernel.signals import on_stop_signals
 from controlplane.kernel.streams import SampleStream
 from controlplane.kernel.streams_factory import open_streams
 from sidecar.admin import AdminServer, SidecarCollector
@@ -146,25 +145,17 @@ async def run_sidecar(
         timeouts=timeouts,
     )
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    handled: list[signal.Signals] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        # not on every platform, nor outside the main thread
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, stop.set)
-            handled.append(sig)
     try:
-        try:
-            await sidecar.start(listen, admin)
-        except BaseException:
+        with on_stop_signals(stop.set):
+            try:
+                await sidecar.start(listen, admin)
+            except BaseException:
+                await sidecar.stop()
+                raise
+            await stop.wait()
+            log.info("sidecar for %s stopping", service)
             await sidecar.stop()
-            raise
-        await stop.wait()
-        log.info("sidecar for %s stopping", service)
-        await sidecar.stop()
     finally:
-        for sig in handled:
-            loop.remove_signal_handler(sig)
         for close in (kv.close, stream.close):
             try:
                 await close()

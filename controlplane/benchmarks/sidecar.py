@@ -49,6 +49,7 @@ import httptools
 import numpy as np
 
 from controlplane.kernel.codec import BatchBuilder
+from controlplane.kernel.signals import on_stop_signals
 
 RATE = 1_000  # requests/s for the latency runs
 WRK_CONNECTIONS = 50
@@ -280,10 +281,8 @@ async def _serve_fixed(port: int) -> None:
 
 async def _until_sigterm() -> None:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    with on_stop_signals(stop.set):
+        await stop.wait()
 
 
 async def _serve_proxy(listen: str, upstream_url: str) -> None:

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
 import uuid
 
@@ -22,6 +21,7 @@ from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.keys import EtcdKeys
 from controlplane.kernel.kv_factory import open_kv
 from controlplane.kernel.settings import Settings, parse_host_port
+from controlplane.kernel.signals import on_stop_signals
 from controlplane.kernel.streams_factory import open_streams
 
 log = logging.getLogger("canary.collector")
@@ -87,16 +87,14 @@ async def run_collector(
         claim_idle_ms=claim_idle_ms, count=count,
     )  # fmt: skip
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     server = None
     if admin:
         host, port = parse_host_port(admin)
         server = await _serve_admin(collector, host, port)
     log.info("collector %s started", collector.name)
     try:
-        await collector.run(stop)
+        with on_stop_signals(stop.set):
+            await collector.run(stop)
     finally:
         if server is not None:
             server.close()

@@ -36,6 +36,7 @@ from controlplane.demo.summary import ScenarioResult, all_ok, summary_table
 from controlplane.demo.upstreams import LatencyProfile, UpstreamServer
 from controlplane.demo.view import render
 from controlplane.kernel.settings import Settings, parse_host_port
+from controlplane.kernel.signals import on_stop_signals
 from controlplane.kernel.streams import SampleStream, StreamEntry
 from controlplane.runtime import Backends
 
@@ -370,14 +371,11 @@ async def run_demo(options: DemoOptions, console: Console | None = None) -> int:
 
 def main(options: DemoOptions, console: Console | None = None) -> int:
     """Run the demo until it ends or SIGINT/SIGTERM arrives; then stop every part."""
-    import signal
-
     console = console or Console()
 
     async def entry() -> int:
         task = asyncio.current_task()
         assert task is not None
-        loop = asyncio.get_running_loop()
         interrupted: list[int] = []
 
         def interrupt() -> None:
@@ -385,20 +383,13 @@ def main(options: DemoOptions, console: Console | None = None) -> int:
                 interrupted.append(1)
                 task.cancel()
 
-        handled = []
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, interrupt)
-                handled.append(sig)
-        try:
-            return await run_demo(options, console)
-        except asyncio.CancelledError:
-            if not interrupted:
-                raise
-            console.print("canary demo: interrupted, everything stopped")
-            return EXIT_INTERRUPTED
-        finally:
-            for sig in handled:
-                loop.remove_signal_handler(sig)
+        with on_stop_signals(interrupt):
+            try:
+                return await run_demo(options, console)
+            except asyncio.CancelledError:
+                if not interrupted:
+                    raise
+                console.print("canary demo: interrupted, everything stopped")
+                return EXIT_INTERRUPTED
 
     return asyncio.run(entry())
