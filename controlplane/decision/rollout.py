@@ -320,11 +320,7 @@ def _while_closed(
             return _advance(state, look, rule, steps, now, gate, srm_events)
         reason = f"step due, but the step's evidence does not pass: {gate.reason}"
 
-    evidence = _evidence(state, state, rule, now, look, gate=gate)
-    candidates = [due] if now < due else [_next_data_at(state, rule, now)]
-    if rule.no_data is NoDataPolicy.FAIL and state.no_data_since is not None:
-        candidates.append(state.no_data_since + rule.no_data_timeout_sec)
-    return Decision(state, srm_events, reason, evidence, min(candidates))
+    return _hold(state, look, rule, now, gate, reason, srm_events, until=due)
 
 
 def _while_half_open(
@@ -355,14 +351,30 @@ def _while_half_open(
             return _close(state, look, rule, steps, now, gate, srm_events)
         reason = f"probe inconclusive, gathering more samples: {gate.reason}"
 
-    evidence = _evidence(state, state, rule, now, look, gate=gate)
-    candidates = [probe_end] if now < probe_end else [_next_data_at(state, rule, now)]
-    if rule.no_data is NoDataPolicy.FAIL and state.no_data_since is not None:
-        candidates.append(state.no_data_since + rule.no_data_timeout_sec)
-    return Decision(state, srm_events, reason, evidence, min(candidates))
+    return _hold(state, look, rule, now, gate, reason, srm_events, until=probe_end)
 
 
 # ---------------------------------------------------------------- transitions
+
+
+def _hold(
+    state: RolloutState,
+    look: _Look,
+    rule: BreakerRule,
+    now: float,
+    gate: Evaluation | None,
+    reason: str,
+    srm_events: tuple[RolloutAction, ...],
+    *,
+    until: float,
+) -> Decision:
+    """No move now: look again when `until` comes, or new data may change the outcome
+    (and by the no-data deadline when the rule fails on no data)."""
+    evidence = _evidence(state, state, rule, now, look, gate=gate)
+    candidates = [until] if now < until else [_next_data_at(state, rule, now)]
+    if rule.no_data is NoDataPolicy.FAIL and state.no_data_since is not None:
+        candidates.append(state.no_data_since + rule.no_data_timeout_sec)
+    return Decision(state, srm_events, reason, evidence, min(candidates))
 
 
 def _trip_reason(state: RolloutState, look: _Look, rule: BreakerRule, now: float) -> str | None:
