@@ -6,6 +6,7 @@ uses its own service names, so experiments of different tests never collide.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import uvicorn
+from fastapi import FastAPI
 
 from controlplane.api.app import create_app
 from controlplane.db import migrate
@@ -30,19 +32,12 @@ def free_port() -> int:
         return port
 
 
-@pytest.fixture(scope="module")
-def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    database_url = f"sqlite:///{tmp_path_factory.mktemp('api') / 'canary.db'}"
-    migrate.upgrade(database_url)
-    settings = Settings(database_url=database_url, etcd="memory://", redis_url="memory://")
+@contextlib.contextmanager
+def serving(app: FastAPI) -> Iterator[str]:
+    """Serve `app` with uvicorn in a thread on a free port; yield its base URL."""
     port = free_port()
     config = uvicorn.Config(
-        create_app(settings),
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-        ws="none",
-        lifespan="on",
+        app, host="127.0.0.1", port=port, log_level="warning", ws="none", lifespan="on"
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="canary-api", daemon=True)
@@ -59,6 +54,15 @@ def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    database_url = f"sqlite:///{tmp_path_factory.mktemp('api') / 'canary.db'}"
+    migrate.upgrade(database_url)
+    settings = Settings(database_url=database_url, etcd="memory://", redis_url="memory://")
+    with serving(create_app(settings)) as url:
+        yield url
 
 
 @pytest.fixture

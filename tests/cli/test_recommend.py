@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 from typer.testing import CliRunner
 
 from controlplane.api.app import create_app
@@ -20,7 +17,7 @@ from controlplane.cli.main import app
 from controlplane.db import migrate
 from controlplane.kernel.settings import Settings
 from controlplane.kernel.streams_redis import RedisStreams
-from tests.cli.conftest import STARTUP_TIMEOUT_SEC, free_port
+from tests.cli.conftest import serving
 
 SERVICE = "reco-cli"
 
@@ -36,26 +33,8 @@ def streaming_api(tmp_path: Path, redis_url: str, redis_namespace: str) -> Itera
         redis_url=redis_url,
         redis_namespace=redis_namespace,
     )
-    port = free_port()
-    config = uvicorn.Config(
-        create_app(settings, streams=True),
-        host="127.0.0.1", port=port, log_level="warning", ws="none", lifespan="on",
-    )  # fmt: skip
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="canary-api", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + STARTUP_TIMEOUT_SEC
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            server.should_exit = True
-            thread.join(timeout=5)
-            pytest.fail("the API did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with serving(create_app(settings, streams=True)) as url:
+        yield url
 
 
 async def publish_history(
