@@ -7,7 +7,7 @@ routes, etcd or Redis.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -80,6 +80,10 @@ class Chooser(Protocol):
         ...
 
 
+# One request's sample: (ts, experiment, variant, rt_us, outcome, unit_hash).
+Sample = tuple[float, str | None, str, int, int, int]
+
+
 class Recorder(Protocol):
     def record(
         self,
@@ -92,4 +96,9 @@ class Recorder(Protocol):
     ) -> None:
         """Never blocks, never raises; outcome = HTTP status, or codec.CONNECT_ERROR /
         TIMEOUT / ABORTED."""
+        ...
+
+    def record_many(self, samples: Sequence[Sample]) -> None:
+        """`record` for several samples, in order; what the proxy calls, every few
+        milliseconds or few hundred requests, so the per-request cost stays small."""
         ...

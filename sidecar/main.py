@@ -83,7 +83,9 @@ class Sidecar:
         )
         self.proxy = ProxyServer(self.table, self.reporter, options=options, clock=self.clock)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(ProxyMetricsCollector(self.proxy.metrics))
+        self.registry.register(
+            ProxyMetricsCollector(self.proxy.metrics, before_collect=self.proxy.flush_samples)
+        )
         self.registry.register(SidecarCollector(reporter=self.reporter, watcher=self.watcher))
         self.admin = AdminServer(registry=self.registry, ready=self.ready)
         self._draining = False
@@ -101,8 +103,10 @@ class Sidecar:
         self.reporter.start()
         self.watcher.start()
         if not await self.watcher.wait_loaded(self.timeouts.first_route):
-            log.warning("route store not answering yet: serving %s meanwhile",
-                        "the default upstream" if self.table.ready else "503")
+            log.warning(
+                "route store not answering yet: serving %s meanwhile",
+                "the default upstream" if self.table.ready else "503",
+            )
         await self.proxy.start(*listen)
         log.info("sidecar for %s on %s:%d", self.service, listen[0], self.proxy.port)
 

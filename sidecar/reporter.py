@@ -25,13 +25,14 @@ import os
 import socket
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.codec import BatchBuilder, BatchMeta, entry_fields
 from controlplane.kernel.errors import CodecError
 from controlplane.kernel.streams import SampleStream
+from sidecar.choice import Sample
 
 log = logging.getLogger("canary.sidecar.samples")
 
@@ -148,6 +149,45 @@ class SampleReporter:
         except Exception:  # a sample is never worth failing a request over
             self.stats.samples_dropped += 1
             log.exception("sample dropped while recording")
+
+    def record_many(self, samples: Sequence[Sample]) -> None:
+        try:
+            self.stats.samples_recorded += len(samples)
+            if len({sample[1] for sample in samples}) <= 1:
+                self._record_run(samples)
+                return
+            start = 0
+            for index in range(1, len(samples) + 1):
+                if index == len(samples) or samples[index][1] != samples[start][1]:
+                    self._record_run(samples[start:index])
+                    start = index
+        except Exception:  # a sample is never worth failing a request over
+            self.stats.samples_dropped += len(samples)
+            log.exception("samples dropped while recording")
+
+    def _record_run(self, samples: Sequence[Sample]) -> None:
+        """Samples of one experiment, in as many batches as they fill."""
+        if not samples:
+            return
+        experiment = samples[0][1]
+        if experiment is None:
+            self.stats.samples_unattributed += len(samples)
+            return
+        if experiment != self._experiment:
+            self._seal()
+            self._experiment = experiment
+        while samples:
+            builder = self._builder
+            room = self._batch_size - len(builder)
+            part, samples = samples[:room], samples[room:]
+            if not len(builder):
+                self._opened_at = self._clock.monotonic()
+                self._wake.set()  # arms the sender's max-delay timer
+            ts, _, variants, rt_us, outcomes, units = zip(*part, strict=True)
+            builder.add_columns(ts, variants, rt_us, outcomes, units)
+            if len(builder) >= self._batch_size:
+                self._seal()
+                self._wake.set()
 
     # --- batching -----------------------------------------------------------
 

@@ -40,7 +40,7 @@ import tempfile
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -286,7 +286,7 @@ async def _until_sigterm() -> None:
 
 
 async def _serve_proxy(listen: str, upstream_url: str) -> None:
-    from sidecar.choice import Choice, Upstream
+    from sidecar.choice import Choice, Sample, Upstream
     from sidecar.proxy import ProxyServer
 
     choice = Choice(
@@ -298,7 +298,8 @@ async def _serve_proxy(listen: str, upstream_url: str) -> None:
             return choice
 
     class BatchingRecorder:
-        """Costs what a batching reporter costs on the request path: one append."""
+        """Costs what the sample reporter costs on the proxy's side: columns into a
+        batch, encoded every 512 samples."""
 
         def __init__(self) -> None:
             self.batch = BatchBuilder()
@@ -312,7 +313,11 @@ async def _serve_proxy(listen: str, upstream_url: str) -> None:
             outcome: int,
             unit_hash: int,
         ) -> None:
-            self.batch.add(ts, variant, rt_us, outcome, unit_hash)
+            self.record_many([(ts, experiment, variant, rt_us, outcome, unit_hash)])
+
+        def record_many(self, samples: Sequence[Sample]) -> None:
+            ts, _, variants, rt_us, outcomes, units = zip(*samples, strict=True)
+            self.batch.add_columns(ts, variants, rt_us, outcomes, units)
             if len(self.batch) >= 512:
                 self.batch.encode()
                 self.batch = BatchBuilder()

@@ -48,4 +48,4 @@ class CorkedWriter:
             if len(out) == 1:
                 self.transport.write(out[0])
             else:
-                self.transport.writelines(out)
+                self.transport.write(b"".join(out))

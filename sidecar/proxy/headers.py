@@ -1,14 +1,16 @@
 """Request and response heads as the proxy rewrites them.
 
-Headers travel as `(lower_name, raw_name, value)` byte triples: the lower-case name
-is computed once in the parser callback and serves every lookup; the raw name keeps
-the sender's spelling on the way out. These functions run for every request, so the
-per-header decision is one dictionary lookup (see `_action`).
+Request headers travel as `(lower_name, raw_name, value)` byte triples: the lower-case
+name is computed once in the parser callback and serves every lookup; the raw name
+keeps the sender's spelling on the way out. The per-header decision is one dictionary
+lookup (see `_action`). Response heads are rewritten whole, as bytes (see below).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any, cast
 
 Header = tuple[bytes, bytes, bytes]
 
@@ -27,30 +29,23 @@ VARIANT = b"x-canary-variant"
 EXPERIMENT = b"x-canary-experiment"
 # set by the proxy itself: any value the client sent is replaced, never trusted
 _SET_ON_REQUEST = frozenset({b"host", b"x-forwarded-proto", VARIANT, EXPERIMENT})
-_SET_ON_RESPONSE = frozenset({VARIANT})
 
 _KEEP, _DROP, _FORWARDED_FOR, _LENGTH = 0, 1, 2, 3
 _CACHE_LIMIT = 4096  # distinct header names remembered; unusual names beyond are computed
 _request_actions: dict[bytes, int] = {}
-_response_actions: dict[bytes, int] = {}
 
 
-def _action(lower: bytes, *, request: bool) -> int:
-    if (
-        lower in HOP_BY_HOP
-        or lower.startswith(b"proxy-")
-        or lower in (_SET_ON_REQUEST if request else _SET_ON_RESPONSE)
-    ):
+def _action(lower: bytes) -> int:
+    if lower in HOP_BY_HOP or lower.startswith(b"proxy-") or lower in _SET_ON_REQUEST:
         action = _DROP
-    elif request and lower == b"x-forwarded-for":
+    elif lower == b"x-forwarded-for":
         action = _FORWARDED_FOR
     elif lower == b"content-length":
         action = _LENGTH
     else:
         action = _KEEP
-    cache = _request_actions if request else _response_actions
-    if len(cache) < _CACHE_LIMIT:
-        cache[lower] = action
+    if len(_request_actions) < _CACHE_LIMIT:
+        _request_actions[lower] = action
     return action
 
 
@@ -66,27 +61,62 @@ def connection_options(value: bytes) -> frozenset[bytes] | None:
     return frozenset(tokens) if tokens else None
 
 
-def connection_tokens(headers: Iterable[Header]) -> frozenset[bytes]:
-    """Every extra header name listed in `Connection` headers, lower-case."""
-    named: set[bytes] = set()
-    for lower, _, value in headers:
-        if lower == b"connection":
-            named |= connection_options(value) or frozenset()
-    return frozenset(named)
-
-
-def chooser_view(headers: Iterable[Header]) -> dict[str, str]:
+class HeaderView(Mapping[str, str]):
     """The header mapping a Chooser sees: lower-case names, the first of duplicates,
-    except cookies, which are joined with "; " as one Cookie header would be."""
-    view: dict[str, str] = {}
-    for lower, _, value in headers:
-        name = lower.decode("latin-1")
-        if name in view:
-            if name == "cookie":
-                view[name] = view[name] + "; " + value.decode("latin-1")
-            continue
-        view[name] = value.decode("latin-1")
-    return view
+    except cookies, which are joined with "; " as one Cookie header would be.
+
+    A chooser looks at one to three names per request, so `get` scans the request's
+    headers for the one asked for instead of decoding them all into a dict."""
+
+    __slots__ = ("_headers", "_view")
+
+    def __init__(self, headers: list[Header]) -> None:
+        self._headers = headers
+        self._view: dict[str, str] | None = None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        view = self._view
+        if view is not None:
+            return view.get(key, default)
+        try:
+            wanted = key.encode("latin-1")
+        except UnicodeEncodeError:
+            return default
+        found: bytes | None = None
+        for lower, _, value in self._headers:
+            if lower == wanted:
+                if found is None:
+                    found = value
+                    if wanted != b"cookie":
+                        break
+                else:
+                    found += b"; " + value
+        return default if found is None else found.decode("latin-1")
+
+    def __getitem__(self, key: str) -> str:
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return cast(str, value)
+
+    def _all(self) -> dict[str, str]:
+        view = self._view
+        if view is None:
+            view = self._view = {}
+            for lower, _, value in self._headers:
+                name = lower.decode("latin-1")
+                if name in view:
+                    if name == "cookie":
+                        view[name] = view[name] + "; " + value.decode("latin-1")
+                    continue
+                view[name] = value.decode("latin-1")
+        return view
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
 
 
 def request_head(
@@ -110,7 +140,7 @@ def request_head(
     for lower, raw, value in headers:
         action = actions.get(lower)
         if action is None:
-            action = _action(lower, request=True)
+            action = _action(lower)
         if action:
             if action == _FORWARDED_FOR:
                 forwarded_for = value if forwarded_for is None else forwarded_for + b", " + value
@@ -129,61 +159,140 @@ def request_head(
     return b"".join(out)
 
 
-_status_lines: dict[tuple[int, bytes], bytes] = {}
+# --- response heads ------------------------------------------------------------
+#
+# A response head reaches these functions as the upstream sent it, already checked by
+# httptools: CRLF line ends, no obs-fold, no space before a colon, one Content-Length.
+# So one regular expression over the whole head finds the few fields the proxy reads or
+# drops, and everything else passes as it came, without a Python step per field.
+# `fields` is the head after its status line and before the blank line that ends it:
+# "\r\nName: value" per field.
+
+# Matched against the lower-cased fields, so no IGNORECASE (several times slower);
+# bytes.lower() changes ASCII letters only, so positions stay those of the original.
+_RESPONSE_FIELD = re.compile(
+    rb"\r\n(connection|content-length|keep-alive|proxy-[^:]*|te|trailer"
+    rb"|transfer-encoding|upgrade|x-canary-variant):[ \t]*([^\r]*)"
+)
+# The fields a typical response does not carry (Transfer-Encoding included: its
+# framing needs the full reading). Without any of them, which one search tells, only
+# Connection and Content-Length matter, and bytes.find finds them faster than a loop
+# over regex matches would.
+_RESPONSE_RARE = re.compile(
+    rb"\r\n(?:keep-alive|proxy-[^:]*|te|trailer|transfer-encoding|upgrade|x-canary-variant):"
+)
+_CONNECTION = b"\r\nconnection:"
 
 
-def _status_line(status: int, reason: bytes) -> bytes:
-    key = (status, reason)
-    line = _status_lines.get(key)
-    if line is None:
-        line = b"HTTP/1.1 %d %s\r\n" % (status, reason)
-        if len(_status_lines) < _CACHE_LIMIT:
-            _status_lines[key] = line
-    return line
+class ResponseFields:
+    """What the proxy reads from a response head's fields."""
+
+    __slots__ = ("coding", "drop", "has_length", "length_span", "named")
+
+    def __init__(self, fields: bytes) -> None:
+        self.coding: bytes | None = None  # the last Transfer-Encoding value, lower-case
+        self.named: frozenset[bytes] | None = None  # extra names Connection lists
+        self.length_span: tuple[int, int] | None = None  # Content-Length's span
+        low = fields.lower()
+        if _RESPONSE_RARE.search(low) is None:
+            start = low.find(_CONNECTION)
+            if start < 0:
+                self.drop: list[tuple[int, int]] = []  # spans of the hop-by-hop fields
+                self.has_length = low.find(b"\r\ncontent-length:") >= 0
+                return
+            end = low.find(b"\r", start + 2)
+            if end < 0:
+                end = len(low)
+            if low.find(_CONNECTION, end) < 0:  # one Connection field, the usual case
+                self.drop = [(start, end)]
+                self.named = connection_options(low[start + 13 : end].strip())
+                self.has_length = low.find(b"\r\ncontent-length:") >= 0
+                return
+        self._all(low)
+
+    def _all(self, low: bytes) -> None:
+        """Every field the proxy reads or drops, in order (the general case)."""
+        self.has_length = False
+        self.drop = []
+        for match in _RESPONSE_FIELD.finditer(low):
+            name = match.group(1)
+            if name == b"content-length":
+                self.has_length = True
+                self.length_span = match.span()
+                continue
+            self.drop.append(match.span())
+            if name == b"transfer-encoding":
+                self.coding = match.group(2).rstrip()
+            elif name == b"connection":
+                options = connection_options(match.group(2).rstrip())
+                if options is not None:
+                    named = self.named
+                    self.named = options if named is None else named | options
+
+
+def split_response_head(head: bytes) -> tuple[bytes, bytes]:
+    """(status line as HTTP/1.1, fields) of a head without its final blank line."""
+    line_end = head.find(b"\r\n")
+    if line_end < 0:
+        line_end = len(head)
+    line = head[:line_end]
+    if not line.startswith(b"HTTP/1.1 "):
+        line = b"HTTP/1.1" + line[8:]  # the proxy speaks HTTP/1.1 to its clients
+    return line, head[line_end:]
+
+
+def _cut(fields: bytes, spans: list[tuple[int, int]]) -> bytes:
+    if not spans:
+        return fields
+    parts = []
+    at = 0
+    for start, end in spans:
+        parts.append(fields[at:start])
+        at = end
+    parts.append(fields[at:])
+    return b"".join(parts)
+
+
+def _without_named(fields: bytes, named: frozenset[bytes]) -> bytes:
+    kept = [
+        line for line in fields.split(b"\r\n")[1:] if line.partition(b":")[0].lower() not in named
+    ]
+    return b"".join([b"\r\n" + line for line in kept])
 
 
 def response_head(
-    status: int,
-    reason: bytes,
-    headers: list[Header],
+    status_line: bytes,
+    fields: bytes,
+    scan: ResponseFields,
     *,
     variant: bytes,
     chunked: bool,
     close: bool,
     keep_alive_1_0: bool,
-    named: frozenset[bytes] | None,
 ) -> bytes:
-    """The head sent to the client: hop-by-hop headers dropped, X-Canary-Variant set,
-    framing and connection handling chosen by the caller."""
-    out = [_status_line(status, reason)]
-    actions = _response_actions
-    for lower, raw, value in headers:
-        action = actions.get(lower)
-        if action is None:
-            action = _action(lower, request=False)
-        if action and (action == _DROP or chunked):
-            continue
-        if named is not None and lower in named:
-            continue
-        out += (raw, b": ", value, b"\r\n")
-    out += (b"X-Canary-Variant: ", variant, b"\r\n")
+    """The head sent to the client: hop-by-hop fields (and those Connection names)
+    dropped, X-Canary-Variant set, framing and connection handling chosen by the
+    caller (`chunked`: the proxy re-frames the body, so the upstream's length goes)."""
+    drop = scan.drop
+    if chunked and scan.length_span is not None:
+        drop = sorted([*drop, scan.length_span])
+    fields = _cut(fields, drop)
+    if scan.named is not None:
+        fields = _without_named(fields, scan.named)
+    out = [status_line, fields, b"\r\nX-Canary-Variant: ", variant]
     if chunked:
-        out.append(b"Transfer-Encoding: chunked\r\n")
+        out.append(b"\r\nTransfer-Encoding: chunked")
     if close:
-        out.append(b"Connection: close\r\n")
+        out.append(b"\r\nConnection: close")
     elif keep_alive_1_0:
-        out.append(b"Connection: keep-alive\r\n")
-    out.append(b"\r\n")
+        out.append(b"\r\nConnection: keep-alive")
+    out.append(b"\r\n\r\n")
     return b"".join(out)
 
 
-def interim_head(status: int, reason: bytes, headers: list[Header]) -> bytes:
-    """A 1xx response (e.g. 100 Continue) relayed as it came, minus hop-by-hop headers."""
-    named = connection_tokens(headers)
-    out = [_status_line(status, reason)]
-    for lower, raw, value in headers:
-        if lower in HOP_BY_HOP or lower.startswith(b"proxy-") or lower in named:
-            continue
-        out += (raw, b": ", value, b"\r\n")
-    out.append(b"\r\n")
-    return b"".join(out)
+def interim_head(status_line: bytes, fields: bytes, scan: ResponseFields) -> bytes:
+    """A 1xx response (e.g. 100 Continue) relayed as it came, minus hop-by-hop fields."""
+    fields = _cut(fields, scan.drop)
+    if scan.named is not None:
+        fields = _without_named(fields, scan.named)
+    return b"".join([status_line, fields, b"\r\n\r\n"])

@@ -8,12 +8,15 @@ turns them into metric families when /metrics is scraped.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from controlplane.kernel.codec import ABORTED, CONNECT_ERROR, TIMEOUT
+from sidecar.choice import Sample
 
 # seconds; proxy overhead is tens of microseconds when a pooled connection is ready
 OVERHEAD_BUCKETS = (
@@ -68,15 +71,37 @@ class ProxyMetrics:
             self.overhead_sum += overhead_s
             self.overhead_count += 1
 
+    def observe_many(self, samples: Sequence[Sample], overheads: Sequence[float]) -> None:
+        """`observe` for several requests; an overhead below 0 means none was measured."""
+        requests = self.requests
+        for key, count in Counter([(s[2], s[4]) for s in samples]).items():
+            requests[key] = requests.get(key, 0) + count
+        counts = self.overhead_counts
+        measured = [o for o in overheads if o >= 0]
+        for index in map(partial(bisect_left, OVERHEAD_BUCKETS), measured):
+            counts[index] += 1
+        self.overhead_sum += sum(measured)
+        self.overhead_count += len(measured)
+
 
 class ProxyMetricsCollector(Collector):
     """`registry.register(ProxyMetricsCollector(server.metrics))` exports the counters."""
 
-    def __init__(self, metrics: ProxyMetrics, prefix: str = "canary_sidecar") -> None:
+    def __init__(
+        self,
+        metrics: ProxyMetrics,
+        prefix: str = "canary_sidecar",
+        *,
+        before_collect: Callable[[], None] | None = None,
+    ) -> None:
         self._metrics = metrics
         self._prefix = prefix
+        # e.g. ProxyServer.flush_samples, so a scrape counts every finished request
+        self._before_collect = before_collect
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
+        if self._before_collect is not None:
+            self._before_collect()
         m = self._metrics
         requests = CounterMetricFamily(
             f"{self._prefix}_requests",

@@ -24,12 +24,13 @@ import httptools
 
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.codec import ABORTED, CONNECT_ERROR, TIMEOUT
-from sidecar.choice import Choice, Chooser, NoRoute, Recorder, Upstream
+from sidecar.choice import Choice, Chooser, NoRoute, Recorder, Sample, Upstream
 from sidecar.proxy import errors
 from sidecar.proxy.corking import CorkedWriter
 from sidecar.proxy.headers import (
     Header,
-    chooser_view,
+    HeaderView,
+    ResponseFields,
     connection_options,
     interim_head,
     request_head,
@@ -74,6 +75,13 @@ class ProxyOptions:
     ssl_context: ssl.SSLContext | None = None  # for https upstreams; default: system CAs
     backlog: int = 1024
     max_head_bytes: int = 64 * 1024  # request line + headers; larger answers 431
+
+
+# finished requests are handed to the recorder when this many wait, or this long after
+# the first of them: bulk is cheaper, and a few milliseconds do not matter to windows
+# of seconds
+SAMPLE_FLUSH_COUNT = 256
+SAMPLE_FLUSH_DELAY = 0.005
 
 
 def _chunk(data: bytes) -> list[bytes]:
@@ -157,7 +165,7 @@ class Exchange:
         """Choose the variant and send the head upstream (the exchange is current)."""
         server = self.client.server
         try:
-            choice = server.chooser.choose(chooser_view(self.headers))
+            choice = server.chooser.choose(HeaderView(self.headers))
         except NoRoute as exc:
             self._local_answer(errors.no_route(str(exc), close=self._must_close()), 503)
             return
@@ -289,15 +297,15 @@ class Exchange:
     def response_head(
         self,
         status: int,
-        reason: bytes,
-        headers: list[Header],
+        status_line: bytes,
+        fields: bytes,
+        scan: ResponseFields,
         framing: int,
-        named: frozenset[bytes] | None,
     ) -> None:
         client = self.client
         if status < 200:
             if status != 101:  # upgrades are not tunnelled: Upgrade was not forwarded
-                client.write(interim_head(status, reason, headers))
+                client.write(interim_head(status_line, fields, scan))
             return
         self.status = status
         if framing in (CHUNKED, UNTIL_CLOSE):
@@ -305,17 +313,16 @@ class Exchange:
                 self.close_after = True  # an HTTP/1.0 client reads to the end instead
             else:
                 self.resp_chunked = True
-        close = self._must_close()
+        close = self.close_after or client.server.draining
         client.write(
             response_head(
-                status,
-                reason,
-                headers,
+                status_line,
+                fields,
+                scan,
                 variant=self.variant,
                 chunked=self.resp_chunked,
                 close=close,
                 keep_alive_1_0=self.http_1_0 and not close,
-                named=named,
             )
         )
         self.resp_started = True
@@ -443,24 +450,7 @@ class Exchange:
     def _record(self, outcome: int) -> None:
         """After the response went out: metrics and one sample."""
         if self.choice is not None and not self.client.record_after_flush(self, outcome):
-            self.record_now(outcome)
-
-    def record_now(self, outcome: int) -> None:
-        choice = self.choice
-        if choice is None:
-            return
-        server = self.client.server
-        rt = server.clock.monotonic() - self.t0
-        t_sent = self.t_sent
-        server.metrics.observe(
-            choice.variant, outcome, None if t_sent is None else t_sent - self.t0
-        )
-        try:
-            server.recorder.record(
-                self.ts, choice.experiment, choice.variant, int(rt * 1e6), outcome, choice.unit_hash
-            )
-        except Exception:  # a recorder must not raise; if one does, the request is done
-            log.exception("the sample recorder raised")
+            self.client.server.finished([(self, outcome)])
 
 
 class ClientConnection(CorkedWriter, asyncio.Protocol):
@@ -668,8 +658,7 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         self.send_held()
         if self._after_flush:
             finished, self._after_flush = self._after_flush, []
-            for exchange, outcome in finished:
-                exchange.record_now(outcome)
+            self.server.finished(finished)
 
     def record_after_flush(self, exchange: Exchange, outcome: int) -> bool:
         """Defer a record until the response bytes are handed to the transport."""
@@ -735,6 +724,11 @@ class ProxyServer:
         self._connections: set[ClientConnection] = set()
         self._all_closed: asyncio.Event | None = None
         self._sweeper: asyncio.TimerHandle | None = None
+        # finished requests wait here for `flush_samples`: the recorder and the
+        # metrics take them in bulk, a C loop per column instead of calls per request
+        self._samples: list[Sample] = []
+        self._overheads: list[float] = []
+        self._flush_timer: asyncio.TimerHandle | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -787,6 +781,7 @@ class ProxyServer:
         if self.tasks:
             await asyncio.gather(*self.tasks, return_exceptions=True)
         await self._server.wait_closed()
+        self.flush_samples()
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
@@ -797,6 +792,52 @@ class ProxyServer:
         # let the transports' close callbacks run before the loop may be closed
         await asyncio.sleep(0)
         self._server = None
+
+    # --- samples ----------------------------------------------------------------
+
+    def finished(self, done: list[tuple[Exchange, int]]) -> None:
+        """Exchanges whose response went out (outcome: status or failure kind)."""
+        end = self.clock.monotonic()
+        samples = self._samples
+        overheads = self._overheads
+        for exchange, outcome in done:
+            choice = exchange.choice
+            if choice is None:
+                continue
+            t0 = exchange.t0
+            samples.append(
+                (
+                    exchange.ts,
+                    choice.experiment,
+                    choice.variant,
+                    int((end - t0) * 1e6),
+                    outcome,
+                    choice.unit_hash,
+                )
+            )
+            t_sent = exchange.t_sent
+            overheads.append(-1.0 if t_sent is None else t_sent - t0)
+        if len(samples) >= SAMPLE_FLUSH_COUNT:
+            self.flush_samples()
+        elif self._flush_timer is None and self._loop is not None:
+            self._flush_timer = self._loop.call_later(SAMPLE_FLUSH_DELAY, self.flush_samples)
+
+    def flush_samples(self) -> None:
+        """Hand what finished since the last flush to the metrics and the recorder."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        samples = self._samples
+        if not samples:
+            return
+        overheads = self._overheads
+        self._samples = []
+        self._overheads = []
+        self.metrics.observe_many(samples, overheads)
+        try:
+            self.recorder.record_many(samples)
+        except Exception:  # a recorder must not raise; if one does, the requests are done
+            log.exception("the sample recorder raised")
 
     # --- used by connections ----------------------------------------------------
 

@@ -17,9 +17,12 @@ import httptools
 
 from sidecar.choice import Upstream
 from sidecar.proxy.corking import CorkedWriter
-from sidecar.proxy.headers import Header, connection_options
+from sidecar.proxy.headers import ResponseFields, split_response_head
 
 _NO_BODY_STATUSES = frozenset({204, 304})
+# a response head (status line and fields) larger than this is refused: without a
+# limit an upstream could make the proxy hold any amount of memory
+MAX_RESPONSE_HEAD = 64 * 1024
 
 
 class UpstreamUser(Protocol):
@@ -28,10 +31,10 @@ class UpstreamUser(Protocol):
     def response_head(
         self,
         status: int,
-        reason: bytes,
-        headers: list[Header],
+        status_line: bytes,
+        fields: bytes,
+        scan: ResponseFields,
         framing: int,
-        named: frozenset[bytes] | None,
     ) -> None: ...
     def response_body(self, chunk: bytes) -> None: ...
     def response_complete(self, reusable: bool) -> None: ...
@@ -51,18 +54,18 @@ LENGTH = 0  # Content-Length
 CHUNKED = 1
 UNTIL_CLOSE = 2  # neither: the body ends when the upstream closes
 EMPTY = 3  # HEAD, 204, 304
-TE_OTHER = 4  # while parsing: a Transfer-Encoding other than chunked (read until close)
+
+
+class _InvalidResponse(Exception):
+    """Raised from a parser callback; httptools wraps it in HttpParserCallbackError."""
 
 
 class UpstreamConnection(CorkedWriter, asyncio.Protocol):
     __slots__ = (
-        "_body_framing",
-        "_headers",
+        "_head",
         "_last_activity",
         "_loop",
-        "_named",
         "_parser",
-        "_reason",
         "_reset_parser",
         "_status",
         "_timer",
@@ -90,11 +93,11 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         self.reading_paused = False
         self.idle_since = 0.0
         self.framing = LENGTH
-        self._headers: list[Header] = []
-        self._reason = b""
+        # The bytes received since the current response head began, while one is
+        # owed; None otherwise. httptools reports no field callbacks here (the head
+        # is rewritten whole, see headers.response_head), only where the head ends.
+        self._head: bytes | None = None
         self._status = 0
-        self._named: frozenset[bytes] | None = None
-        self._body_framing = UNTIL_CLOSE
         self._reset_parser = False
         self._timer: asyncio.TimerHandle | None = None
         self._waiting = False
@@ -115,15 +118,27 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
             self.abort()
             return
         self.got_data = True
+        head = self._head
+        if head is not None:
+            head = self._head = head + data if head else data
         # the response head and body of one read leave to the client in one send
         corked = user.batch_begin()
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+            head = self._head
+            if head is not None and len(head) > MAX_RESPONSE_HEAD:
+                raise _InvalidResponse
+        except (httptools.HttpParserError, _InvalidResponse) as exc:
             failed = self.user
             self.abort()
             if failed is not None:
-                failed.upstream_lost(self, f"invalid response: {exc}")
+                if isinstance(exc, _InvalidResponse) or isinstance(
+                    exc.__context__, _InvalidResponse
+                ):
+                    reason = f"response head larger than {MAX_RESPONSE_HEAD} bytes"
+                else:
+                    reason = f"invalid response: {exc}"
+                failed.upstream_lost(self, reason)
         finally:
             if corked:
                 user.batch_end()
@@ -160,33 +175,24 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
 
     # --- httptools callbacks ----------------------------------------------------
 
-    def on_message_begin(self) -> None:
-        self._headers = []
-        self._reason = b""
-        self._named = None
-        self._body_framing = UNTIL_CLOSE
-
-    def on_status(self, reason: bytes) -> None:
-        self._reason += reason
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        lower = name.lower()
-        if lower == b"content-length":
-            if self._body_framing == UNTIL_CLOSE:  # Transfer-Encoding wins
-                self._body_framing = LENGTH
-        elif lower == b"transfer-encoding":
-            self._body_framing = CHUNKED if value.lower().endswith(b"chunked") else TE_OTHER
-        elif lower == b"connection":
-            options = connection_options(value)
-            if options is not None:
-                self._named = options if self._named is None else self._named | options
-        self._headers.append((lower, name, value))
-
     def on_headers_complete(self) -> None:
         user = self.user
         if user is None:
             return
         status = self._status = self._parser.get_status_code()
+        received = self._head
+        end = -1 if received is None else received.find(b"\r\n\r\n")
+        if received is None or end < 0 or end > MAX_RESPONSE_HEAD:
+            raise _InvalidResponse  # httptools ends a head only at CRLF CRLF
+        # after an interim (1xx) response the next head starts right behind this one
+        self._head = received[end + 4 :] if status < 200 else None
+        status_line, fields = split_response_head(received[:end])
+        scan = ResponseFields(fields)
+        coding = scan.coding
+        if coding is not None:  # Transfer-Encoding wins over a length
+            body_framing = CHUNKED if coding.endswith(b"chunked") else UNTIL_CLOSE
+        else:
+            body_framing = LENGTH if scan.has_length else UNTIL_CLOSE
         if status < 200:
             framing = EMPTY
         elif user.no_body:
@@ -195,11 +201,9 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         elif status in _NO_BODY_STATUSES:
             framing = EMPTY
         else:
-            framing = self._body_framing  # seen in on_header
-            if framing == TE_OTHER:
-                framing = UNTIL_CLOSE
+            framing = body_framing
         self.framing = framing
-        user.response_head(status, self._reason, self._headers, framing, self._named)
+        user.response_head(status, status_line, fields, scan, framing)
         if self._reset_parser and self.user is user:
             self._finish(user, self._parser.should_keep_alive())
 
@@ -226,6 +230,7 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         self.got_data = False
         self._status = 0
         self.framing = LENGTH
+        self._head = b""  # the response starts with the next byte received
 
     def uncork(self) -> None:
         self.send_held()

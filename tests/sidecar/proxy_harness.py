@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -67,6 +67,10 @@ class ListRecorder:
         unit_hash: int,
     ) -> None:
         self.samples.append(Sample(ts, experiment, variant, rt_us, outcome, unit_hash))
+        self.changed.set()
+
+    def record_many(self, samples: Sequence[tuple[float, str | None, str, int, int, int]]) -> None:
+        self.samples.extend(Sample(*sample) for sample in samples)
         self.changed.set()
 
     async def wait_for(self, count: int) -> list[Sample]:

@@ -40,9 +40,11 @@ async def _scenario() -> None:
         h.chooser.routes["canary"] = type(h.chooser.routes["canary"]).parse(
             f"http://127.0.0.1:{free_port()}"
         )
+        before = len(h.recorder.samples)
         failed = await h.client.get("/echo", headers={"x-test-variant": "canary"})
         assert failed.status_code == 502
-        assert h.recorder.samples[-1].outcome == CONNECT_ERROR
+        samples = await h.recorder.wait_for(before + 1)
+        assert samples[-1].outcome == CONNECT_ERROR
 
 
 def test_the_proxy_runs_on_uvloop() -> None:

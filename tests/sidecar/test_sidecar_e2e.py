@@ -171,9 +171,13 @@ async def test_split_stickiness_hot_reload_and_outages(stack: Stack) -> None:
     for i in range(100):
         assert (await stack.get(f"r-{i}")).status_code == 200
     await wait_until(lambda: stack.sidecar.reporter.snapshot().send_errors > 0)
-    stats = stack.sidecar.reporter.snapshot()
-    assert stats.samples_sent == sent_before
-    assert stats.buffered_samples + stats.samples_dropped >= 100
+    # the proxy hands samples to the reporter every few milliseconds
+    await wait_until(
+        lambda: (stats := stack.sidecar.reporter.snapshot()).buffered_samples
+        + stats.samples_dropped
+        >= 100
+    )
+    assert stack.sidecar.reporter.snapshot().samples_sent == sent_before
     stack.redis.start()
     await wait_until(lambda: stack.sidecar.reporter.snapshot().samples_sent >= sent_before + 100,
                      timeout=15)
