@@ -129,8 +129,26 @@ class SampleReporter:
         outcome: int,
         unit_hash: int,
     ) -> None:
+        self.stats.samples_recorded += 1
+        self._add_one((ts, experiment, variant, rt_us, outcome, unit_hash))
+
+    def record_many(self, samples: Sequence[Sample]) -> None:
+        self.stats.samples_recorded += len(samples)
         try:
-            self.stats.samples_recorded += 1
+            if len({sample[1] for sample in samples}) <= 1:
+                self._add_run(samples)
+                return
+            start = 0
+            for index in range(1, len(samples) + 1):
+                if index == len(samples) or samples[index][1] != samples[start][1]:
+                    self._add_run(samples[start:index])
+                    start = index
+        except Exception:  # a bug, not a bad sample (those are dropped one by one)
+            log.exception("recording samples failed")
+
+    def _add_one(self, sample: Sample) -> None:
+        ts, experiment, variant, rt_us, outcome, unit_hash = sample
+        try:
             if experiment is None:
                 self.stats.samples_unattributed += 1
                 return
@@ -150,22 +168,7 @@ class SampleReporter:
             self.stats.samples_dropped += 1
             log.exception("sample dropped while recording")
 
-    def record_many(self, samples: Sequence[Sample]) -> None:
-        try:
-            self.stats.samples_recorded += len(samples)
-            if len({sample[1] for sample in samples}) <= 1:
-                self._record_run(samples)
-                return
-            start = 0
-            for index in range(1, len(samples) + 1):
-                if index == len(samples) or samples[index][1] != samples[start][1]:
-                    self._record_run(samples[start:index])
-                    start = index
-        except Exception:  # a sample is never worth failing a request over
-            self.stats.samples_dropped += len(samples)
-            log.exception("samples dropped while recording")
-
-    def _record_run(self, samples: Sequence[Sample]) -> None:
+    def _add_run(self, samples: Sequence[Sample]) -> None:
         """Samples of one experiment, in as many batches as they fill."""
         if not samples:
             return
@@ -183,8 +186,15 @@ class SampleReporter:
             if not len(builder):
                 self._opened_at = self._clock.monotonic()
                 self._wake.set()  # arms the sender's max-delay timer
-            ts, _, variants, rt_us, outcomes, units = zip(*part, strict=True)
-            builder.add_columns(ts, variants, rt_us, outcomes, units)
+            try:
+                ts, _, variants, rt_us, outcomes, units = zip(*part, strict=True)
+                builder.add_columns(ts, variants, rt_us, outcomes, units)
+            except Exception:
+                # e.g. one variant name too many for this batch; add_columns changed
+                # nothing, so each sample goes as `record` would take it, alone
+                for sample in part:
+                    self._add_one(sample)
+                continue
             if len(builder) >= self._batch_size:
                 self._seal()
                 self._wake.set()

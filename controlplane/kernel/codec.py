@@ -104,26 +104,34 @@ class BatchBuilder:
         outcomes: Sequence[int],
         units: Sequence[int],
     ) -> None:
-        """Add several samples given column by column (what `add` does for each, with
-        C loops instead of a Python call per sample: the sidecar records this way)."""
+        """Add several samples given column by column: what `add` does for each, with
+        C loops instead of a Python call per sample (the sidecar records this way).
+        All or nothing: on an error (CodecError, or a value out of its column's range)
+        the builder is left as it was."""
         if not ts:
             return
         index = self._variants
-        for name in set(variants).difference(index):
-            if len(index) >= 255:
-                raise CodecError("a batch holds at most 255 variant names")
-            index[name] = len(index)
-        t0 = self._t0
-        if t0 is None:
-            t0 = self._t0 = ts[0]
-        dt = [int((t - t0) * 1e6) for t in ts]
-        self._dt.extend(_clamped(dt))
-        self._variant.extend(map(index.__getitem__, variants))
-        self._rt.extend(_clamped(rt_us))
-        self._outcome.extend(outcomes)
+        # new names are numbered in order of first appearance, as `add` numbers them
+        new = [name for name in dict.fromkeys(variants) if name not in index]
+        if len(index) + len(new) > 255:
+            raise CodecError("a batch holds at most 255 variant names")
+        lookup = {**index, **{name: len(index) + i for i, name in enumerate(new)}}
+        t0 = ts[0] if self._t0 is None else self._t0
         if units and (min(units) < 0 or max(units) > _U32_MAX):
             units = [unit & _U32_MAX for unit in units]
-        self._unit.extend(units)
+        columns = (
+            array("I", _clamped([int((t - t0) * 1e6) for t in ts])),
+            array("B", map(lookup.__getitem__, variants)),
+            array("I", _clamped(rt_us)),
+            array("H", outcomes),
+            array("I", units),
+        )
+        index.update(lookup)
+        self._t0 = t0
+        for column, values in zip(
+            (self._dt, self._variant, self._rt, self._outcome, self._unit), columns, strict=True
+        ):
+            column.extend(values)
 
     def encode(self) -> bytes:
         names = sorted(self._variants, key=self._variants.__getitem__)

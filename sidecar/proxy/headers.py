@@ -192,7 +192,9 @@ class ResponseFields:
     def __init__(self, fields: bytes) -> None:
         self.coding: bytes | None = None  # the last Transfer-Encoding value, lower-case
         self.named: frozenset[bytes] | None = None  # extra names Connection lists
-        self.length_span: tuple[int, int] | None = None  # Content-Length's span
+        # Content-Length's span: found by the general path; the fast path leaves it
+        # to `length_field`, needed only when the proxy re-frames a body
+        self.length_span: tuple[int, int] | None = None
         low = fields.lower()
         if _RESPONSE_RARE.search(low) is None:
             start = low.find(_CONNECTION)
@@ -209,6 +211,15 @@ class ResponseFields:
                 self.has_length = low.find(b"\r\ncontent-length:") >= 0
                 return
         self._all(low)
+
+    def length_field(self, fields: bytes) -> tuple[int, int] | None:
+        """The span of the Content-Length field in `fields` (the ones scanned)."""
+        if self.length_span is None and self.has_length:
+            low = fields.lower()
+            start = low.find(b"\r\ncontent-length:")
+            end = low.find(b"\r", start + 2)
+            self.length_span = (start, len(low) if end < 0 else end)
+        return self.length_span
 
     def _all(self, low: bytes) -> None:
         """Every field the proxy reads or drops, in order (the general case)."""
@@ -274,8 +285,10 @@ def response_head(
     dropped, X-Canary-Variant set, framing and connection handling chosen by the
     caller (`chunked`: the proxy re-frames the body, so the upstream's length goes)."""
     drop = scan.drop
-    if chunked and scan.length_span is not None:
-        drop = sorted([*drop, scan.length_span])
+    if chunked:
+        length = scan.length_field(fields)
+        if length is not None:
+            drop = sorted([*drop, length])
     fields = _cut(fields, drop)
     if scan.named is not None:
         fields = _without_named(fields, scan.named)

@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -98,6 +100,7 @@ class Exchange:
         "client",
         "close_after",
         "connect_task",
+        "has_body",
         "head",
         "headers",
         "http_1_0",
@@ -130,6 +133,7 @@ class Exchange:
         http_1_0: bool,
         chunked: bool,
         named: frozenset[bytes] | None,
+        has_body: bool,
     ) -> None:
         clock = client.server.clock
         self.t0 = clock.monotonic()
@@ -142,6 +146,7 @@ class Exchange:
         self.close_after = not keep_alive
         self.http_1_0 = http_1_0
         self.chunked = chunked
+        self.has_body = has_body  # chunked or a non-zero Content-Length
         self.named = named  # header names the client's Connection header lists
         self.choice: Choice | None = None
         self.variant = b""
@@ -235,7 +240,9 @@ class Exchange:
     def _attach(self, conn: UpstreamConnection) -> None:
         self.upstream = conn
         conn.attach(self)
-        self.client.cork_upstream(conn)
+        if self.has_body:
+            # the head and what the same read brings of the body leave in one send
+            self.client.cork_upstream(conn)
         if self.client.write_paused:
             conn.pause_reading()
         pending = self.pending
@@ -256,7 +263,8 @@ class Exchange:
         else:
             conn.write(self.head)
         self.t_sent = self.client.server.clock.monotonic()
-        self.client.unblock(_WAIT_UPSTREAM)
+        if self.client.read_block:
+            self.client.unblock(_WAIT_UPSTREAM)
         if self.req_complete:
             conn.arm_read_timeout()
 
@@ -287,12 +295,6 @@ class Exchange:
         self._attach(conn)
 
     # --- response side (called by UpstreamConnection) ---------------------------
-
-    def batch_begin(self) -> bool:
-        return self.client.cork()
-
-    def batch_end(self) -> None:
-        self.client.uncork()
 
     def response_head(
         self,
@@ -342,7 +344,8 @@ class Exchange:
         if conn is not None:
             # a request still being sent cannot share its connection with the next one
             conn.release(reusable and self.req_complete)
-        self.client.unblock(_UPSTREAM_FULL | _WAIT_UPSTREAM)
+        if self.client.read_block:
+            self.client.unblock(_UPSTREAM_FULL | _WAIT_UPSTREAM)
         self._record(self.status)
         if self.req_complete:
             self.client.exchange_finished(self)
@@ -460,6 +463,7 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         "_after_flush",
         "_chunked",
         "_corked_upstreams",
+        "_has_length",
         "_head_budget",
         "_headers",
         "_named",
@@ -492,6 +496,7 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         self._url = b""
         self._headers: list[Header] = []
         self._chunked = False
+        self._has_length = False
         self._named: frozenset[bytes] | None = None
         self._head_budget = server.options.max_head_bytes
         # Writes collected while one read is processed leave in one send: syscalls,
@@ -508,7 +513,7 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and peer:
             self.client_ip = str(peer[0]).encode()
-        self.idle_since = self.server.loop.time()
+        self.idle_since = self.server.time()
         self.server.connection_opened(self)
 
     def data_received(self, data: bytes) -> None:
@@ -571,13 +576,6 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
 
     # --- httptools callbacks ----------------------------------------------------
 
-    def on_message_begin(self) -> None:
-        self._url = b""
-        self._headers = []
-        self._chunked = False
-        self._named = None
-        self._head_budget = self.server.options.max_head_bytes
-
     # httptools sets no limit on a request head: without one a client could make the
     # proxy hold any amount of memory. `_head_budget` is what is left of the limit.
 
@@ -592,7 +590,9 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         if budget < 0:
             raise _HeadTooLarge
         lower = name.lower()
-        if lower == b"transfer-encoding":
+        if lower == b"content-length":
+            self._has_length = value.strip().lstrip(b"0") != b""
+        elif lower == b"transfer-encoding":
             self._chunked = value.lower().endswith(b"chunked")
         elif lower == b"connection":
             options = connection_options(value)
@@ -611,7 +611,14 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
             parser.get_http_version() == "1.0",  # http_1_0
             self._chunked,
             self._named,
+            self._chunked or self._has_length,  # has_body
         )
+        # what the next request's head is gathered into
+        self._url = b""
+        self._headers = []
+        self._chunked = self._has_length = False
+        self._named = None
+        self._head_budget = self.server.options.max_head_bytes
         self.parsing = exchange
         if self.current is None:
             self.current = exchange
@@ -647,7 +654,7 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
             self.current = following
             following.start()
         else:
-            self.idle_since = self.server.loop.time()
+            self.idle_since = self.server.time()
 
     @property
     def idle(self) -> bool:
@@ -716,6 +723,8 @@ class ProxyServer:
         self.metrics = metrics if metrics is not None else ProxyMetrics()
         self.forwarded_proto = self.options.forwarded_proto.encode()
         self.draining = False
+        # the loop's clock once started (idle times are measured on it)
+        self.time: Callable[[], float] = time.monotonic
         self.tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
@@ -738,6 +747,7 @@ class ProxyServer:
     async def start(self, host: str, port: int) -> None:
         """Listen on host:port (port 0: any free port, see `port`)."""
         self._loop = asyncio.get_running_loop()
+        self.time = self._loop.time
         self._all_closed = asyncio.Event()
         self._server = await self._loop.create_server(
             lambda: ClientConnection(self),

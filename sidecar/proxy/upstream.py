@@ -45,8 +45,19 @@ class UpstreamUser(Protocol):
 
     no_body: bool  # a response to HEAD: it ends with its head
 
-    def batch_begin(self) -> bool: ...
-    def batch_end(self) -> None: ...
+    @property
+    def client(self) -> Downstream:
+        """Where the response goes."""
+        ...
+
+
+class Downstream(Protocol):
+    """The client side as the upstream side sees it: what one read of a response
+    produces (head, body) is held between `cork()` and `uncork()` and leaves in one
+    send."""
+
+    def cork(self) -> bool: ...
+    def uncork(self) -> None: ...
 
 
 # response framing as seen on the upstream side
@@ -122,7 +133,8 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         if head is not None:
             head = self._head = head + data if head else data
         # the response head and body of one read leave to the client in one send
-        corked = user.batch_begin()
+        client = user.client
+        corked = client.cork()
         try:
             self._parser.feed_data(data)
             head = self._head
@@ -141,7 +153,7 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
                 failed.upstream_lost(self, reason)
         finally:
             if corked:
-                user.batch_end()
+                client.uncork()
         if self._reset_parser:
             # a response to HEAD ends with its head, which httptools cannot be told
             self._reset_parser = False
@@ -281,7 +293,8 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         """Give the connection back after a complete exchange."""
         self.user = None
         self._waiting = False
-        self.resume_reading()
+        if self.reading_paused:
+            self.resume_reading()
         if reusable and not self.closed:
             self.pool.release(self)
         else:

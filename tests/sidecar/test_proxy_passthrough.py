@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import re
+import zlib
 from collections.abc import AsyncIterator
 
 import pytest
+from prometheus_client.registry import CollectorRegistry
 
 from sidecar.choice import Upstream
+from sidecar.proxy import ProxyMetricsCollector
+from sidecar.proxy import server as proxy_server
+from sidecar.proxy.upstream import MAX_RESPONSE_HEAD
 from tests.sidecar.proxy_harness import EXPERIMENT, harness
 
 
@@ -229,3 +234,115 @@ def test_upstream_parse(url: str, expected: Upstream) -> None:
 def test_upstream_parse_rejects(url: str) -> None:
     with pytest.raises(ValueError, match="upstream URL"):
         Upstream.parse(url)
+
+
+@pytest.mark.parametrize("timer", [True, False], ids=["timer", "count-and-stop"])
+async def test_every_request_is_recorded_exactly_once(
+    timer: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    n = 300  # a full bulk of SAMPLE_FLUSH_COUNT (256) and a remainder
+    if not timer:  # only full bulks go before stop(), which hands over the rest
+        monkeypatch.setattr(proxy_server, "SAMPLE_FLUSH_DELAY", 3600.0)
+    async with harness() as h:
+
+        async def one(i: int) -> tuple[int, str, int]:
+            variant = "canary" if i % 3 == 0 else "baseline"
+            response = await h.client.get(
+                f"/status/{200 + i % 5}",
+                headers={"x-test-variant": variant, "x-user-id": f"user-{i}"},
+            )
+            assert response.status_code == 200 + i % 5
+            return zlib.crc32(f"user-{i}".encode()), variant, 200 + i % 5
+
+        expected = await asyncio.gather(*(one(i) for i in range(n)))
+        if timer:
+            await h.recorder.wait_for(n)
+        else:
+            full = n - n % proxy_server.SAMPLE_FLUSH_COUNT
+            await h.recorder.wait_for(full)
+            assert len(h.recorder.samples) == full
+        await h.proxy.stop(timeout=2)  # flushes whatever could still be waiting
+        recorded = h.recorder.samples
+        assert sorted((s.unit_hash, s.variant, s.outcome) for s in recorded) == sorted(expected)
+        assert {s.experiment for s in recorded} == {EXPERIMENT}
+
+
+async def test_a_scrape_and_stop_hand_over_the_samples_still_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(proxy_server, "SAMPLE_FLUSH_DELAY", 3600.0)  # no timer flush here
+    async with harness() as h:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(
+            ProxyMetricsCollector(h.proxy.metrics, before_collect=h.proxy.flush_samples)
+        )
+        response = await h.client.get("/echo", headers={"x-test-variant": "canary"})
+        assert response.status_code == 200
+        assert h.recorder.samples == []  # finished, waiting for a flush
+        labels = {"variant": "canary", "status": "200"}
+        assert registry.get_sample_value("canary_sidecar_requests_total", labels) == 1
+        assert [(s.variant, s.outcome) for s in h.recorder.samples] == [("canary", 200)]
+
+        assert (await h.client.get("/status/404")).status_code == 404
+        assert len(h.recorder.samples) == 1
+        await h.proxy.stop(timeout=2)
+        outcomes = [(s.variant, s.outcome) for s in h.recorder.samples]
+        assert outcomes == [("canary", 200), ("baseline", 404)]
+
+
+async def _one_response_upstream(head_bytes: int) -> asyncio.Server:
+    """Answers any request with a head of about `head_bytes` (one big field)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            start = b"HTTP/1.1 200 OK\r\nX-Big: "
+            end = b"\r\nContent-Length: 2\r\nConnection: close\r\n\r\n"
+            writer.write(start + b"b" * (head_bytes - len(start) - len(end)) + end + b"ok")
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the proxy gave up on this response
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+@pytest.mark.parametrize(
+    ("head_bytes", "status"),
+    [
+        (MAX_RESPONSE_HEAD - 1024, 200),
+        (MAX_RESPONSE_HEAD + 1024, 502),
+        (4 * MAX_RESPONSE_HEAD, 502),
+    ],
+)
+async def test_a_response_head_over_the_limit_answers_502(head_bytes: int, status: int) -> None:
+    big = await _one_response_upstream(head_bytes)
+    try:
+        async with harness() as h:
+            port = big.sockets[0].getsockname()[1]
+            h.chooser.routes["canary"] = Upstream.parse(f"http://127.0.0.1:{port}")
+            # a raw client: httpx refuses heads this large itself
+            reader, writer = await asyncio.open_connection("127.0.0.1", h.proxy.port)
+            try:
+                writer.write(
+                    b"GET /big HTTP/1.1\r\nHost: x\r\nx-test-variant: canary\r\n"
+                    b"Connection: close\r\n\r\n"
+                )
+                data = await reader.read()
+            finally:
+                writer.close()
+                await writer.wait_closed()
+            head, _, body = data.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 %d " % status)
+            if status == 200:
+                assert body == b"ok"
+                assert len(head) > MAX_RESPONSE_HEAD - 1100  # the big field went through
+            else:
+                assert b"application/problem+json" in head
+                assert b"canary" in body
+            [sample] = await h.recorder.wait_for(1)
+            assert (sample.variant, sample.outcome) == ("canary", status)
+    finally:
+        big.close()
+        await big.wait_closed()

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import TIMEOUT, parse_entry
@@ -264,3 +267,137 @@ async def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met before the deadline")
         await asyncio.sleep(0.01)
+
+
+# --- record_many: what record does for each sample, in order ----------------------
+
+AnySample = tuple[float, str | None, str, int, int, int]
+
+any_samples = st.lists(
+    st.tuples(
+        st.floats(min_value=0, max_value=100).map(lambda t: 1_800_000_000.0 + t),
+        st.sampled_from(["7", "7", "8", "9", None]),
+        st.sampled_from(["baseline", "canary", "canary-2"]),
+        st.integers(-5, 2**33),
+        st.sampled_from([TIMEOUT, 200, 404, 503]),
+        st.integers(0, 2**32 - 1),
+    ),
+    max_size=60,
+)
+
+
+def decoded_entries(entries: Sequence[Mapping[str, bytes]]) -> list[tuple[object, list[object]]]:
+    """(meta, samples) per batch, variant indices resolved to names."""
+    out: list[tuple[object, list[object]]] = []
+    for fields in entries:
+        meta, batch = parse_entry(fields)
+        rows: list[object] = [
+            (
+                float(batch.ts[i]),
+                batch.variants[batch.variant[i]],
+                int(batch.rt_us[i]),
+                int(batch.outcome[i]),
+                int(batch.unit[i]),
+            )
+            for i in range(len(batch))
+        ]
+        out.append((meta, rows))
+    return out
+
+
+Twins = tuple[DownStream, SampleReporter, DownStream, SampleReporter]
+
+
+def twin_reporters(batch_size: int) -> Twins:
+    """Two reporters alike (same source) over two streams that are up."""
+    streams = DownStream(), DownStream()
+    reporters = []
+    for bus in streams:
+        bus.up = True
+        reporters.append(
+            SampleReporter(
+                bus,  # type: ignore[arg-type]
+                SERVICE,
+                source="src",
+                batch_size=batch_size,
+                clock=FakeClock(),
+            )
+        )
+    return streams[0], reporters[0], streams[1], reporters[1]
+
+
+@settings(max_examples=150, deadline=None)
+@given(any_samples, st.integers(1, 8), st.lists(st.integers(0, 60), max_size=6))
+def test_record_many_does_what_record_does_per_sample(
+    recorded: list[AnySample], batch_size: int, cuts: list[int]
+) -> None:
+    one_stream, one, many_stream, many = twin_reporters(batch_size)
+    # random-sized slices, empty ones included; the state must agree after each
+    bounds = sorted([0, len(recorded), *(min(cut, len(recorded)) for cut in cuts)])
+    for start, end in itertools.pairwise(bounds):
+        for sample in recorded[start:end]:
+            one.record(*sample)
+        many.record_many(recorded[start:end])
+        assert many.snapshot() == one.snapshot()
+
+    async def flush_both() -> None:
+        assert await one.flush()
+        assert await many.flush()
+
+    asyncio.run(flush_both())
+    assert decoded_entries(many_stream.appended) == decoded_entries(one_stream.appended)
+    assert many.snapshot() == one.snapshot()
+    stats = many.snapshot()
+    unattributed = sum(1 for s in recorded if s[1] is None)
+    assert (stats.samples_recorded, stats.samples_unattributed) == (len(recorded), unattributed)
+    assert stats.samples_sent == len(recorded) - unattributed
+
+
+async def test_record_many_seals_on_experiment_change_and_at_the_batch_size(
+    stream: SampleStream,
+) -> None:
+    reporter = SampleReporter(stream, SERVICE, batch_size=4, clock=FakeClock())
+    unattributed = (1_800_000_000.5, None, "default", 10, 200, 0)
+    recorded = [*samples(3, "7"), unattributed, *samples(6, "8"), *samples(2, "7")]
+    reporter.record_many(recorded)  # type: ignore[arg-type]
+    stats = reporter.snapshot()
+    assert (stats.buffered_batches, stats.buffered_samples) == (3, 11)  # "7" x2 still open
+    await reporter.flush()
+    batches = await read_all(stream)
+    assert [(s[0][1], len(s)) for _, _, s in batches] == [("7", 3), ("8", 4), ("8", 2), ("7", 2)]
+    assert [seq for _, seq, _ in batches] == [1, 2, 3, 4]
+    sent = [sample for _, _, s in batches for sample in s]
+    expected = [s for s in recorded if s[1] is not None]
+    assert [d[1:] for d in sent] == [s[1:] for s in expected]
+    assert [d[0] for d in sent] == pytest.approx([s[0] for s in expected], abs=1e-6)
+    stats = reporter.snapshot()
+    assert (stats.samples_recorded, stats.samples_unattributed, stats.samples_sent) == (12, 1, 11)
+    await reporter.close()
+
+
+async def test_record_many_over_the_variant_limit_drops_only_what_record_drops() -> None:
+    one_stream, one, many_stream, many = twin_reporters(512)
+    over = [(1.0, "7", f"v{i}", 1, 200, 0) for i in range(300)]
+    after = [(2.0, "8", "canary", 1, 200, 0), (3.0, "9", "baseline", 1, 200, 0)]
+    for sample in over + after:
+        one.record(*sample)
+    many.record_many(over)
+    many.record_many(after)
+    assert await one.flush() and await many.flush()
+    assert one.snapshot().samples_dropped == 45
+    assert many.snapshot() == one.snapshot()
+    assert decoded_entries(many_stream.appended) == decoded_entries(one_stream.appended)
+
+
+async def test_record_many_counts_each_sample_once_when_a_run_fails() -> None:
+    stream = DownStream()
+    stream.up = True
+    reporter = SampleReporter(stream, SERVICE, clock=FakeClock())  # type: ignore[arg-type]
+    good = samples(3, "7")
+    over = [(2.0, "8", f"v{i}", 1, 200, 0) for i in range(300)]
+    reporter.record_many([*good, *over, *samples(2, "9")])
+    assert await reporter.flush()
+    stats = reporter.snapshot()
+    assert stats.samples_recorded == 305
+    assert stats.samples_sent + stats.samples_dropped == 305
+    assert (stats.samples_sent, stats.samples_dropped) == (3 + 255 + 2, 45)
