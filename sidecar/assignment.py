@@ -83,9 +83,6 @@ class BucketLayout:
     def variant_at(self, bucket_: int) -> str:
         return self.names[bisect_right(self.bounds, bucket_)]
 
-    def index_at(self, bucket_: int) -> int:
-        return bisect_right(self.bounds, bucket_)
-
 
 def buckets_of(layout: BucketLayout, variant: str) -> int:
     """Buckets owned by a variant, for checks and docs."""
