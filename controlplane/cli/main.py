@@ -6,6 +6,9 @@ imports its heavy dependencies inside the commands, so `canary --help` stays fas
 
 from __future__ import annotations
 
+import sys
+from typing import cast
+
 import typer
 
 from controlplane.cli import bench, collector, demo, experiments, rules, server, sidecar
@@ -22,5 +25,40 @@ for module in (bench, collector, demo, experiments, rules, server, sidecar):
     module.register(app)
 
 
+# Typer ≥ 0.20 carries its own copy of click and older ones use click itself: take the
+# exception classes from whichever copy typer raises, through its public BadParameter.
+_UsageError = cast(type[Exception], typer.BadParameter.__base__)
+_ClickException = cast(type[Exception], _UsageError.__base__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a command; the exit code. A usage error (unknown command or option, a missing
+    or malformed value) is one line on stderr and exit code 2, not a framed panel."""
+    try:
+        result = app(args=argv, prog_name="canary", standalone_mode=False)
+    except _ClickException as exc:
+        ctx = getattr(exc, "ctx", None)
+        code = int(getattr(exc, "exit_code", 1))
+        if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+            print(ctx.get_help())  # `canary` alone, or a group without a command
+            return 0
+        message = str(exc.format_message()).rstrip(".")  # type: ignore[attr-defined]
+        if isinstance(exc, _UsageError):
+            command = ctx.command_path if ctx is not None else "canary"
+            print(f"{command}: {message} (see '{command} --help')", file=sys.stderr)
+        else:
+            print(f"canary: {message}", file=sys.stderr)
+        return code
+    except typer.Abort:
+        print("canary: aborted", file=sys.stderr)
+        return 1
+    return result if isinstance(result, int) else 0
+
+
+def run() -> None:
+    """The console script."""
+    sys.exit(main())
+
+
 if __name__ == "__main__":
-    app()
+    run()

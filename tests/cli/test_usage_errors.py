@@ -1,0 +1,32 @@
+"""The console script's usage errors: one line on stderr, exit code 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.cli.main import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["exp", "list", "--bogus"], "canary exp list: No such option: --bogus"),
+        (["nosuch"], "canary: No such command 'nosuch'"),
+        (["exp", "list", "--limit", "abc"], "canary exp list: Invalid value for '--limit'"),
+        (["rules", "show"], "Missing argument"),
+    ],
+)
+def test_a_usage_error_is_one_line_and_exit_2(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1, err
+    assert expected in err
+    assert err.rstrip().endswith("--help')")
+
+
+def test_help_still_prints_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["exp", "--help"]) == 0
+    assert "list" in capsys.readouterr().out
