@@ -17,14 +17,17 @@ import json
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from controlplane.collector.sharding import (
     PART_PREFIX,
+    Partial,
+    expired_partials,
     export_partial,
+    last_second,
     merge_snapshots,
     parse_partials,
     part_field,
@@ -38,7 +41,7 @@ from controlplane.collector.windows import (
 )
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import BatchMeta, RawBatch, parse_entry_raw
-from controlplane.kernel.errors import CanaryError, CodecError, ValidationFailed
+from controlplane.kernel.errors import BackendError, CanaryError, CodecError, ValidationFailed
 from controlplane.kernel.keys import COLLECTOR_GROUP, EtcdKeys
 from controlplane.kernel.kv import EventKind, KeyValueStore
 from controlplane.kernel.routes import parse_route
@@ -124,6 +127,11 @@ class CollectorMetrics:
         )  # fmt: skip
         self.publishes = Counter(
             "canary_collector_publishes", "experiment snapshots published", registry=registry
+        )
+        self.partials_removed = Counter(
+            "canary_collector_partials_removed",
+            "other collectors' partial windows removed from stats hashes, out of every window",
+            registry=registry,
         )
 
 
@@ -446,8 +454,15 @@ class Collector:
             for name, raw in (await self.board.read(experiment)).items()
             if name.startswith(PART_PREFIX) and name != part_field(self.name)
         }
+        partials = parse_partials(others)
+        expired = expired_partials(partials, now, own=self.name, retained_sec=window.retained_sec)
+        gone = {p.collector for p in expired}  # they add nothing to any window: skip them
         snapshots = merge_snapshots(
-            experiment, parse_partials(others), now, local=window, local_collector=self.name
+            experiment,
+            [p for p in partials if p.collector not in gone],
+            now,
+            local=window,
+            local_collector=self.name,
         )
         fields = {name: snap.to_json() for name, snap in snapshots.items()}
         fields[part_field(self.name)] = json.dumps(partial, separators=(",", ":"))
@@ -463,7 +478,40 @@ class Collector:
         del held.entries[: len(included)]
         if not held.entries:
             self._held.pop(experiment, None)
+        if expired:
+            await self._remove_expired(experiment, expired, others, now)
         return snapshots
+
+    async def _remove_expired(
+        self, experiment: str, expired: Sequence[Partial], raw: Mapping[str, str], now: float
+    ) -> None:
+        """Delete dead collectors' partials from the stats hash (sharding.expired_partials).
+
+        Only a field still holding the value read and judged is deleted (an atomic
+        compare-and-delete), so an owner that is alive after all and republished in
+        between keeps its field. One paused for longer than the horizon, its field
+        removed, simply writes it again with its next publish (its window, evicted to
+        its `now`, holds nothing older). Housekeeping only: a failure waits for the
+        next publish.
+        """
+        expected = {part_field(p.collector): raw[part_field(p.collector)] for p in expired}
+        try:
+            removed = set(await self.board.remove_if_unchanged(experiment, expected))
+        except BackendError as exc:
+            log.warning("experiment %s: expired partial windows not removed: %s", experiment, exc)
+            return
+        for partial in expired:
+            if part_field(partial.collector) not in removed:
+                continue
+            self.metrics.partials_removed.inc()
+            newest = last_second(partial)
+            log.info(
+                "experiment %s: removed the partial window of collector %s, out of every "
+                "window (its newest second %ss before now)",
+                experiment,
+                partial.collector,
+                "?" if newest is None else math.floor(now) - newest,
+            )
 
     async def flush(self) -> None:
         """Publish and ack everything held (SIGTERM): nothing read stays pending."""

@@ -21,6 +21,11 @@ Exactness under a crash (docs/decisions/0004-collector-sharding.md):
 So an entry is counted exactly once whether its collector dies before publishing
 (still pending, claimed and counted by a live one), between publish and ack (listed
 in `unacked`, skipped by the claimer) or after the ack.
+
+A dead collector's partial ages out of every window but would stay in the hash, read
+and parsed by every reader, one more with each collector restart. A live collector
+removes, when it publishes, the partials of others that no window can reach any more
+(`expired_partials`, which also says why that is safe for the `unacked` lists).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import numpy.typing as npt
 
 from controlplane.collector.windows import (
     DEFAULT_ALPHA,
+    MAX_WINDOW_SEC,
     RESERVOIR_SIZE,
     SECOND_RESERVOIR_SIZE,
     ExperimentWindow,
@@ -52,6 +58,10 @@ from controlplane.kernel.streams import SnapshotBoard
 
 PART_PREFIX = "@part:"
 PARTIAL_VERSION = 1
+# On top of the longest window: a partial is removed only this much later than the
+# moment it left every window, to absorb a late tick and the clocks of the collectors
+# and readers (the controller, on another host) disagreeing by a few seconds.
+EXPIRY_MARGIN_SEC = 5
 
 
 def part_field(collector: str) -> str:
@@ -194,6 +204,73 @@ def parse_partials(fields: Mapping[str, str]) -> list[Partial]:
         if isinstance(data, dict) and data.get("v") == PARTIAL_VERSION:
             partials.append(Partial(name[len(PART_PREFIX) :], data))
     return partials
+
+
+def last_second(partial: Partial) -> int | None:
+    """The newest second a partial can add to a window; None when it cannot be read.
+
+    Its newest bucket, or the second it was published in if that is later: a partial
+    with no bucket left is judged by its age, and a live collector, which republishes
+    every experiment it holds at least every HEARTBEAT_SEC, always looks recent.
+    """
+    try:
+        newest = math.floor(float(partial.data["ts"]))
+        for part in partial.data["variants"].values():
+            if part["sec"]:
+                newest = max(newest, int(max(part["sec"])))
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+        return None
+    return newest
+
+
+def expired_partials(
+    partials: Iterable[Partial],
+    now: float,
+    *,
+    own: str,
+    retained_sec: int,
+    margin_sec: int = EXPIRY_MARGIN_SEC,
+) -> list[Partial]:
+    """Other collectors' partials that no window a reader may ask for reaches at `now`.
+
+    What a reader can ask: the controller reads with its rule's `window_sec` (or the
+    shorter fast window), other readers with the newest partial's; a rule change
+    reaches collectors and controller through the same etcd key. So the longest window
+    is the longest of `retained_sec` (what this collector's ring holds for the
+    experiment: every window it has applied to it, plus the skew) and the `window_sec`
+    each partial was written under (another collector may have seen a longer rule
+    first; capped at MAX_WINDOW_SEC, beyond which no rule goes). A reader's window at
+    `now` starts at floor(now) - window + 1, so a partial whose newest second is below
+    floor(now) - longest - margin_sec adds nothing to any window, now or later.
+
+    Why removing it is then safe for the `unacked` lists (module docstring): every
+    sample of an entry the partial lists lies in a second no later than its newest one
+    (applied into one of its buckets, or dropped as late or evicted, hence older), so
+    all of them are out of every window too. A claimer that no longer finds the entry
+    listed applies it again; its samples are older than the claimer's window and
+    dropped as late, and the partial that counted them counts in no window any more:
+    within any window the entry is counted at most once. (A sample from beyond the
+    clock skew was clamped to the second it arrived in; counted again it lands in the
+    present window, once there too.) Claims come after `claim_idle_ms` (30 s by
+    default), so in practice the claimer has long skipped and acked those entries.
+    An owner alive after all keeps its field: see Collector._remove_expired.
+
+    Unreadable fields (another version, malformed) are never judged dead: they are not
+    in `partials`, or `last_second` cannot read them. This collector's own is kept.
+    """
+    every = list(partials)
+    longest = retained_sec
+    for partial in every:
+        window = partial.data.get("window_sec")
+        if isinstance(window, int) and not isinstance(window, bool):
+            longest = max(longest, min(window, MAX_WINDOW_SEC))
+    horizon = math.floor(now) - longest - margin_sec
+    expired = []
+    for partial in every:
+        newest = last_second(partial)
+        if partial.collector != own and newest is not None and newest < horizon:
+            expired.append(partial)
+    return expired
 
 
 def unacked_elsewhere(fields: Mapping[str, str], *, own: str) -> frozenset[str]:

@@ -399,6 +399,15 @@ class ExperimentWindow:
     def _capacity(self) -> int:
         return self._longest + math.ceil(self.skew_sec) + 2
 
+    @property
+    def retained_sec(self) -> int:
+        """Seconds a ring holds: the longest window configured so far, plus the skew.
+
+        Bounds every window this experiment was configured with here, and so every
+        partial this collector publishes for it (see sharding.expired_partials).
+        """
+        return self._capacity()
+
     def reconfigure(self, config: WindowConfig, now: float) -> None:
         """Apply a rule change live: window length, threshold, failure statuses."""
         if config == self.config:

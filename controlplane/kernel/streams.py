@@ -72,6 +72,14 @@ class SnapshotBoard(Protocol):
         """variant -> snapshot JSON, empty when nothing was published."""
         ...
 
+    async def remove_if_unchanged(self, experiment: str, expected: Mapping[str, str]) -> list[str]:
+        """Delete each stats hash field whose value is still exactly `expected[field]`.
+
+        One atomic compare-and-delete: a field written again since it was read keeps
+        its new value. Returns the fields deleted; changed or missing ones are not.
+        """
+        ...
+
     async def recent_decisions(self, count: int) -> list[dict[str, str]]:
         """The newest `count` decisions entries (XREVRANGE), newest first, as text fields."""
         ...

@@ -215,6 +215,16 @@ class MemoryStreams:
         self._check_open()
         return dict(self._stats.get(experiment, {}))
 
+    async def remove_if_unchanged(self, experiment: str, expected: Mapping[str, str]) -> list[str]:
+        self._check_open()
+        stats = self._stats.get(experiment, {})
+        removed = [name for name, value in expected.items() if stats.get(name) == value]
+        for name in removed:
+            del stats[name]
+        if not stats:
+            self._stats.pop(experiment, None)  # as Redis drops an emptied hash
+        return removed
+
     async def recent_decisions(self, count: int) -> list[dict[str, str]]:
         self._check_open()
         if count <= 0:

@@ -43,6 +43,19 @@ DEFAULT_RETRIES = 1
 # XPENDING does not say either, an entry being claimed was delivered at least twice.
 FALLBACK_DELIVERIES = 2
 
+# Compare-and-delete of hash fields (SnapshotBoard.remove_if_unchanged): ARGV holds
+# field, expected value, field, expected value, …; answers the fields it deleted.
+_REMOVE_IF_UNCHANGED = """
+local removed = {}
+for i = 1, #ARGV, 2 do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    removed[#removed + 1] = ARGV[i]
+  end
+end
+return removed
+"""
+
 log = logging.getLogger("canary.streams")
 
 
@@ -105,6 +118,7 @@ class RedisStreams:
         self._blocking = _open_client(
             url, socket_timeout=None, connect_timeout=connect_timeout, retries=retries
         )
+        self._remove_if_unchanged = self._client.register_script(_REMOVE_IF_UNCHANGED)
 
     # --- SampleStream -------------------------------------------------------
 
@@ -244,6 +258,16 @@ class RedisStreams:
         with _boundary("read"):
             raw = await self._client.hgetall(self._keys.stats(experiment))
         return {_text(name): _text(value) for name, value in raw.items()}
+
+    async def remove_if_unchanged(self, experiment: str, expected: Mapping[str, str]) -> list[str]:
+        if not expected:
+            return []
+        args = [part for name, value in expected.items() for part in (name, value)]
+        with _boundary("remove_if_unchanged"):
+            removed: Any = await self._remove_if_unchanged(
+                keys=[self._keys.stats(experiment)], args=args
+            )
+        return [_text(name) for name in removed or ()]
 
     async def recent_decisions(self, count: int) -> list[dict[str, str]]:
         if count <= 0:

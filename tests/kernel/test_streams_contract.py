@@ -313,6 +313,39 @@ async def test_snapshot_board_publish_and_read(backend: Backend) -> None:
     assert await backend.decisions_length() == 2
 
 
+async def test_remove_if_unchanged_deletes_only_fields_still_holding_the_read_value(
+    backend: Backend,
+) -> None:
+    b = backend.board
+    big = json.dumps({"hist": "é" * 40_000})
+    await b.publish("7", {"@part:a": big, "@part:b": "old-b", "canary": "{}"}, {"exp": "7"})
+    await b.publish("7", {"@part:b": "new-b"}, {"exp": "7"})  # its owner wrote it again
+
+    removed = await b.remove_if_unchanged(
+        "7", {"@part:a": big, "@part:b": "old-b", "@part:never": "x"}
+    )
+
+    assert removed == ["@part:a"]
+    assert await b.read("7") == {"@part:b": "new-b", "canary": "{}"}
+    assert await b.remove_if_unchanged("7", {"@part:a": big}) == []
+    assert await b.remove_if_unchanged("7", {}) == []
+    assert await b.remove_if_unchanged("8", {"@part:b": "new-b"}) == []
+    assert await b.read("7") == {"@part:b": "new-b", "canary": "{}"}
+
+
+async def test_removing_the_last_fields_leaves_an_empty_hash(backend: Backend) -> None:
+    b = backend.board
+    await b.publish("7", {"@part:a": "a", "@part:b": "b"}, {"exp": "7"})
+
+    assert sorted(await b.remove_if_unchanged("7", {"@part:a": "a", "@part:b": "b"})) == [
+        "@part:a",
+        "@part:b",
+    ]
+    assert await b.read("7") == {}
+    await b.publish("7", {"@part:a": "again"}, {"exp": "7"})
+    assert await b.read("7") == {"@part:a": "again"}
+
+
 async def test_publish_refuses_an_empty_decision(backend: Backend) -> None:
     with pytest.raises(ValueError):
         await backend.board.publish("7", {"canary": "{}"}, {})
@@ -374,6 +407,7 @@ async def test_redis_down_raises_backend_unavailable_and_recovers(
     try:
         await streams.ensure_group("pay", GROUP)
         assert len(await streams.append("pay", [batch(1)], maxlen=10)) == 1
+        assert await streams.remove_if_unchanged("7", {"canary": "{}"}) == []  # script cached
 
         own_redis.stop()
         with pytest.raises(BackendUnavailable):
@@ -382,6 +416,8 @@ async def test_redis_down_raises_backend_unavailable_and_recovers(
             await streams.read_group(["pay"], GROUP, "c1", count=10, block_ms=50)
         with pytest.raises(BackendUnavailable):
             await streams.publish("7", {"canary": "{}"}, {"exp": "7"})
+        with pytest.raises(BackendUnavailable):
+            await streams.remove_if_unchanged("7", {"canary": "{}"})
 
         own_redis.start()
         assert len(await streams.append("pay", [batch(3)], maxlen=10)) == 1
@@ -389,5 +425,8 @@ async def test_redis_down_raises_backend_unavailable_and_recovers(
         # with the next read instead of failing it.
         got = await streams.read_group(["pay"], GROUP, "c1", count=10, block_ms=0)
         assert [e.fields["seq"] for e in got] == [b"3"]
+        # the restarted server lost the script cache too: it is loaded again
+        await streams.publish("7", {"canary": "{}"}, {"exp": "7"})
+        assert await streams.remove_if_unchanged("7", {"canary": "{}"}) == ["canary"]
     finally:
         await streams.close()
