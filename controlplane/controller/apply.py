@@ -20,7 +20,7 @@ from controlplane.decision.model import Decision, Promote, Rollback
 from controlplane.experiments.actions import route_source, utc_now
 from controlplane.kernel.errors import RevisionConflict
 from controlplane.kernel.kv import Fence
-from controlplane.kernel.routes import Route
+from controlplane.kernel.routes import Route, RouteState
 from controlplane.kernel.rules import BreakerRule
 from controlplane.routing.publish import publish_route
 from controlplane.runtime import Backends
@@ -84,6 +84,28 @@ def _record(
         )
 
 
+async def publish_for_row(
+    backends: Backends,
+    row: Experiment,
+    *,
+    canary_bp: int,
+    state: RouteState,
+    fence: Fence | None,
+) -> Route:
+    """Publish the route `row` owns and note its revision in the row, inside the
+    transaction that holds the row (a route write between flush and commit)."""
+    route = await publish_route(
+        backends.kv,
+        backends.keys,
+        experiment=route_source(row),
+        canary_bp=canary_bp,
+        state=state,
+        fence=fence,
+    )
+    row.route_revision = route.revision
+    return route
+
+
 async def apply_decision(
     backends: Backends,
     *,
@@ -101,15 +123,10 @@ async def apply_decision(
         route: Route | None = None
         write = decision.route_write
         if write is not None:
-            route = await publish_route(
-                backends.kv,
-                backends.keys,
-                experiment=route_source(experiment),
-                canary_bp=write.canary_bp,
-                state=write.route_state,
+            route = await publish_for_row(
+                backends, experiment, canary_bp=write.canary_bp, state=write.route_state,
                 fence=fence,
             )
-            experiment.route_revision = route.revision
         await tx.run(
             _record, experiment=experiment, decision=decision, rule=rule, route=route,
             fence=fence, at=at,

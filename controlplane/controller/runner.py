@@ -1,6 +1,7 @@
 """The controller loop: lead, then evaluate every active experiment, again and again.
 
-    campaign → (load → rule → snapshots → decide → apply) per experiment → wait
+    campaign → record rejected rules → (load → reconcile the route → rule → snapshots
+    → decide → apply) per experiment → wait
 
 Only the elected leader evaluates, and every route it writes is fenced by its
 leadership, so a deposed leader can never write. Losing etcd means stepping down.
@@ -22,6 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controlplane.controller.apply import apply_decision
+from controlplane.controller.reconcile import reconcile_route
 from controlplane.controller.rulebook import RuleBook, RuleRejection
 from controlplane.controller.state import inline_rule, rollout_state_of, steps_of
 from controlplane.db import experiments as records
@@ -41,6 +43,8 @@ from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.runtime import Backends
 
 log = logging.getLogger(__name__)
+
+RULE_REJECTED = "rule_rejected"
 
 SnapshotReader = Callable[[Backends, str, int], Awaitable[Mapping[str, WindowSnapshot]]]
 
@@ -70,6 +74,7 @@ class ControllerStats:
     conflicts: int = 0
     errors: int = 0
     snapshot_errors: int = 0
+    routes_reconciled: int = 0
     leader: bool = False
     terms: int = 0
 
@@ -89,6 +94,8 @@ class Controller:
     _task: asyncio.Task[None] | None = None
     _rulebook: RuleBook | None = None
     _no_rule_reported: set[int] = field(default_factory=set)
+    # per service, the rejected rule value known to be in the events table
+    _rejections_recorded: dict[str, RuleRejection] = field(default_factory=dict)
 
     async def start(self, backends: Backends) -> None:
         await self.open(backends)
@@ -96,9 +103,7 @@ class Controller:
 
     async def open(self, backends: Backends) -> None:
         """Follow the rules in etcd; `start` also campaigns and runs the loop."""
-        self._rulebook = RuleBook(
-            backends.kv, backends.keys, on_rejected=lambda r: self._rule_rejected(backends, r)
-        )
+        self._rulebook = RuleBook(backends.kv, backends.keys)
         await self._rulebook.start()
 
     async def stop(self) -> None:
@@ -175,11 +180,17 @@ class Controller:
             session.expunge_all()
             return list(rows)
 
+        await self._record_rejections(backends)
         experiments = await backends.database.read(active)
         earliest: float | None = None
         for experiment in experiments:
             try:
-                next_at = await self.evaluate(backends, experiment, fence)
+                next_at: float | None
+                if await self._reconcile(backends, experiment, fence):
+                    # the row moved on (its version too): decide from it next round, at once
+                    next_at = backends.clock.now()
+                else:
+                    next_at = await self.evaluate(backends, experiment, fence)
             except NotLeader:
                 raise
             except RevisionConflict as exc:
@@ -196,6 +207,19 @@ class Controller:
             if next_at is not None:
                 earliest = next_at if earliest is None else min(earliest, next_at)
         return earliest
+
+    async def _reconcile(
+        self, backends: Backends, experiment: Experiment, fence: Fence | None
+    ) -> bool:
+        """Repair a route whose write never committed (controller.reconcile); True if so."""
+        route = await reconcile_route(backends, experiment=experiment, fence=fence)
+        if route is None:
+            return False
+        self.stats.routes_reconciled += 1
+        log.warning("experiment %d: etcd held a route the database never committed; "
+                    "re-published the experiment's route as revision %d",
+                    experiment.id, route.revision)
+        return True
 
     async def evaluate(
         self, backends: Backends, experiment: Experiment, fence: Fence | None
@@ -275,21 +299,41 @@ class Controller:
         async with backends.database.transaction() as tx:
             await tx.run(write)
 
-    async def _rule_rejected(self, backends: Backends, rejection: RuleRejection) -> None:
-        if not self.stats.leader:
-            return  # one replica records it, not every one
+    async def _record_rejections(self, backends: Backends) -> None:
+        """Record each invalid stored rule as one `rule_rejected` event, as the leader.
 
+        Done each round rather than when the rule book reads the value, so that a
+        value rejected before this replica led is recorded too; the latest event of
+        the service says whether a previous leader (or this one before a restart)
+        recorded that very value already.
+        """
+        if self._rulebook is None:
+            return
+        for rejection in self._rulebook.rejections():
+            done = self._rejections_recorded.get(rejection.service)
+            if done is not None and done.same_value(rejection):
+                continue
+            try:
+                await self._record_rejection(backends, rejection)
+            except CanaryError as exc:
+                log.warning("could not record a rejected rule: %s", exc)
+                continue  # tried again next round
+            self._rejections_recorded[rejection.service] = rejection
+
+    async def _record_rejection(self, backends: Backends, rejection: RuleRejection) -> None:
         def write(*, session: Session) -> None:
+            latest = records.latest_event(
+                session=session, service=rejection.service, kind=RULE_REJECTED
+            )
+            if latest is not None and rejection.recorded_in(latest.payload):
+                return
             records.record_event(
                 session=session, service=rejection.service, at=utc_now(backends.clock),
-                actor="controller", kind="rule_rejected",
+                actor="controller", kind=RULE_REJECTED,
                 reason=f"invalid rule at etcd revision {rejection.revision} ignored; "
                 f"the last valid rule stays in force: {rejection.error}",
-                payload={"etcd_revision": rejection.revision, "error": rejection.error},
+                payload=rejection.event_payload(),
             )
 
-        try:
-            async with backends.database.transaction() as tx:
-                await tx.run(write)
-        except CanaryError as exc:
-            log.warning("could not record a rejected rule: %s", exc)
+        async with backends.database.transaction() as tx:
+            await tx.run(write)

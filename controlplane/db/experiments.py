@@ -177,6 +177,17 @@ def record_event(
     return event
 
 
+def latest_event(*, session: Session, service: str, kind: str) -> Event | None:
+    """The service's most recent event of `kind`, if any."""
+    query = (
+        select(Event)
+        .where(Event.service == service, Event.kind == kind)
+        .order_by(Event.id.desc())
+        .limit(1)
+    )
+    return session.scalars(query).first()
+
+
 def list_events(
     *,
     session: Session,

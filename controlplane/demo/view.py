@@ -71,7 +71,7 @@ def scenario_panel(progress: ScenarioProgress) -> Panel:
     # time and kind keep their width; the reason takes what is left, cut short
     events = Table(box=None, show_header=False, pad_edge=False, expand=True)
     events.add_column("at", style="dim", no_wrap=True, width=7)
-    events.add_column("kind", style="bold", no_wrap=True, width=13)
+    events.add_column("kind", style="bold", no_wrap=True, width=16)
     events.add_column("reason", overflow="ellipsis", no_wrap=True, ratio=1)
     origin = progress.started_at or 0.0
     for line in progress.events[-EVENTS_SHOWN:]:

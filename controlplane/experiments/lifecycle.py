@@ -6,7 +6,9 @@
     running | paused ──rollback─► rolled_back
     draft | running | paused ──abort──► aborted
 
-Pure: no I/O, no clock. `transition` is the only way to change a state.
+Pure: no I/O, no clock. `transition` is the only way to change a state;
+`route_after` says what an action publishes, `route_state_of` what route a state
+stands for (the controller re-publishes it when etcd and the row disagree).
 """
 
 from __future__ import annotations
@@ -117,3 +119,27 @@ def route_after(
             if previous is ExperimentState.DRAFT:
                 return None
             return RoutePlan(0, RouteState.ROLLED_BACK, step)
+
+
+# the route state of a running experiment, by its breaker state (decision.model.BreakerState)
+_RUNNING_ROUTE = {"open": RouteState.TRIPPED, "half_open": RouteState.HALF_OPEN}
+
+
+def route_state_of(state: ExperimentState | str, breaker: str) -> RouteState | None:
+    """The route state an experiment in `state` stands for; None: a draft has no route.
+
+    A running experiment's route follows its breaker, as the controller writes it
+    (open: tripped, half-open: half_open). An aborted experiment sends the canary
+    nothing, as `route_after(ABORT)` publishes.
+    """
+    match ExperimentState(state):
+        case ExperimentState.DRAFT:
+            return None
+        case ExperimentState.RUNNING:
+            return _RUNNING_ROUTE.get(breaker, RouteState.RUNNING)
+        case ExperimentState.PAUSED:
+            return RouteState.PAUSED
+        case ExperimentState.PROMOTED:
+            return RouteState.PROMOTED
+        case ExperimentState.ROLLED_BACK | ExperimentState.ABORTED:
+            return RouteState.ROLLED_BACK

@@ -6,7 +6,11 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 
+from controlplane.controller.runner import Controller
+from controlplane.db import experiments as records
+from controlplane.kernel.errors import BackendUnavailable
 from controlplane.kernel.routes import Route, parse_route
 from controlplane.runtime import Backends
 
@@ -171,3 +175,38 @@ async def test_a_failed_route_write_changes_nothing_and_answers_503(
     assert (after["state"], after["current_step"], after["canary_weight_bp"]) == ("draft", -1, 0)
     events = (await client.get(f"/v1/experiments/{experiment['id']}/events")).json()
     assert [e["kind"] for e in events["items"]] == ["created"]
+
+
+async def test_a_route_left_by_an_action_that_did_not_commit_is_reconciled_and_listed(
+    client: httpx.AsyncClient, create: Create, backends: Backends,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    experiment = await create()
+    eid = experiment["id"]
+    await act(client, eid, "start")
+    record_event = records.record_event
+
+    def fail_on_pause(**kwargs: Any) -> Any:
+        if kwargs["kind"] == "pause":
+            raise BackendUnavailable("injected: the database went away before the commit")
+        return record_event(**kwargs)
+
+    monkeypatch.setattr(records, "record_event", fail_on_pause)
+    response = await client.post(f"/v1/experiments/{eid}/pause")
+    assert response.status_code == 503
+    monkeypatch.setattr(records, "record_event", record_event)
+    orphan = await stored_route(backends)
+    assert orphan is not None and orphan.state == "paused"
+    assert (await client.get(f"/v1/experiments/{eid}")).json()["state"] == "running"
+
+    await Controller(identity="test").evaluate_all(backends, None)
+
+    after = (await client.get(f"/v1/experiments/{eid}")).json()
+    route = await stored_route(backends)
+    assert route is not None and route.state == "running"
+    assert route.revision == after["route_revision"] > orphan.revision
+    events = (await client.get(f"/v1/experiments/{eid}/events")).json()["items"]
+    assert [e["kind"] for e in events] == ["created", "start", "route_reconciled"]
+    assert events[-1]["actor"] == "controller"
+    assert events[-1]["payload"]["stored"]["revision"] == orphan.revision
+    assert events[-1]["payload"]["restored"]["state"] == "running"

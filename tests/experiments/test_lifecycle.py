@@ -8,6 +8,7 @@ from controlplane.experiments.lifecycle import (
     Action,
     ExperimentState,
     route_after,
+    route_state_of,
     transition,
 )
 from controlplane.kernel.errors import IllegalTransition
@@ -65,3 +66,33 @@ def test_route_after_each_action(
     else:
         assert plan is not None
         assert (plan.canary_bp, plan.state, plan.step) == expected
+
+
+@pytest.mark.parametrize(
+    ("state", "breaker", "expected"),
+    [
+        (S.DRAFT, "closed", None),
+        (S.RUNNING, "closed", RouteState.RUNNING),
+        (S.RUNNING, "open", RouteState.TRIPPED),
+        (S.RUNNING, "half_open", RouteState.HALF_OPEN),
+        (S.PAUSED, "open", RouteState.PAUSED),
+        (S.PROMOTED, "closed", RouteState.PROMOTED),
+        (S.ROLLED_BACK, "open", RouteState.ROLLED_BACK),
+        (S.ABORTED, "closed", RouteState.ROLLED_BACK),
+    ],
+)
+def test_route_state_of_each_state_and_breaker(
+    state: ExperimentState, breaker: str, expected: RouteState | None
+) -> None:
+    assert route_state_of(state, breaker) is expected
+
+
+@pytest.mark.parametrize(("source", "action"), sorted(LEGAL))
+def test_route_state_of_agrees_with_what_each_action_publishes(
+    source: ExperimentState, action: Action
+) -> None:
+    plan = route_after(action, previous=source, first_step_bp=500, canary_bp=2500, step=2)
+    if plan is None:  # a draft aborted: it never had a route to stand for
+        assert (source, action) == (S.DRAFT, A.ABORT)
+        return
+    assert plan.state is route_state_of(transition(source, action), "closed")
