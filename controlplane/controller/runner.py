@@ -1,7 +1,8 @@
 """The controller loop: lead, then evaluate every active experiment, again and again.
 
     campaign → record rejected rules → (load → reconcile the route → rule → snapshots
-    → decide → apply) per experiment → wait
+    → decide → apply) per experiment → restore the routes of services with no active
+    experiment that no committed transaction wrote (a failed start) → wait
 
 Only the elected leader evaluates, and every route it writes is fenced by its
 leadership, so a deposed leader can never write. Losing etcd means stepping down.
@@ -23,6 +24,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controlplane.controller.apply import apply_decision
+from controlplane.controller.orphans import OrphanRoute, find_orphan_routes, restore_route
 from controlplane.controller.reconcile import reconcile_route
 from controlplane.controller.rulebook import RuleBook, RuleRejection
 from controlplane.controller.state import inline_rule, rollout_state_of, steps_of
@@ -169,7 +171,8 @@ class Controller:
     # ------------------------------------------------------------- evaluation
 
     async def evaluate_all(self, backends: Backends, fence: Fence | None) -> float | None:
-        """One round over the active experiments; the earliest time to look again."""
+        """One round over the active experiments, then over the routes none of them owns
+        (controller.orphans); the earliest time to look again."""
 
         def active(*, session: Session) -> list[Experiment]:
             rows = session.scalars(
@@ -206,7 +209,40 @@ class Controller:
                 continue
             if next_at is not None:
                 earliest = next_at if earliest is None else min(earliest, next_at)
+        await self._restore_orphans(backends, {e.service for e in experiments}, fence)
         return earliest
+
+    async def _restore_orphans(
+        self, backends: Backends, active_services: set[str], fence: Fence | None
+    ) -> None:
+        """Services with no active experiment whose route no committed transaction
+        wrote (a start that failed after its etcd write) go back to what the database
+        says (controller.orphans)."""
+        for orphan in await find_orphan_routes(backends, active_services=active_services):
+            try:
+                await self._restore_orphan(backends, orphan, fence)
+            except NotLeader:
+                raise
+            except RevisionConflict as exc:
+                # a start committed or the route moved meanwhile: look again next round
+                self.stats.conflicts += 1
+                log.info("route of %r changed under the controller: %s", orphan.service, exc)
+            except BackendError:
+                raise
+            except CanaryError as exc:
+                self.stats.errors += 1
+                log.warning("route of %r not restored: %s", orphan.service, exc)
+
+    async def _restore_orphan(
+        self, backends: Backends, orphan: OrphanRoute, fence: Fence | None
+    ) -> None:
+        route = await restore_route(backends, orphan=orphan, fence=fence)
+        self.stats.routes_reconciled += 1
+        log.warning("service %r: etcd held a route of experiment %s (revision %d) that no "
+                    "committed transaction wrote, and no experiment is active; restored "
+                    "the database's route (experiment %s, canary %d bp) as revision %d",
+                    orphan.service, orphan.stored.experiment, orphan.stored.revision,
+                    route.experiment, route.weight_of("canary"), route.revision)
 
     async def _reconcile(
         self, backends: Backends, experiment: Experiment, fence: Fence | None

@@ -7,17 +7,20 @@ controlplane.experiments); these functions only read and write rows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session
 
 from controlplane.db.models import ACTIVE_STATES, Event, Experiment, Step, Variant
 from controlplane.kernel.errors import NotFound
 from controlplane.kernel.routes import BASELINE, CANARY
+
+# States an experiment ends in; its last route stays the service's route until the next.
+FINISHED_STATES = ("promoted", "rolled_back", "aborted")
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,42 @@ def active_experiment(
     if excluding is not None:
         query = query.where(Experiment.id != excluding)
     return session.scalars(query.limit(1)).first()
+
+
+def route_marks(
+    *, session: Session, experiment_ids: Collection[int]
+) -> Sequence[Row[int, str, str, int, int]]:
+    """(id, service, state, route_revision, version) of each of these experiments that
+    exists: what a route naming one by id can be checked against, without its children."""
+    if not experiment_ids:
+        return []
+    query = select(
+        Experiment.id,
+        Experiment.service,
+        Experiment.state,
+        Experiment.route_revision,
+        Experiment.version,
+    ).where(Experiment.id.in_(sorted(experiment_ids)))
+    return session.execute(query).all()
+
+
+def last_finished_route(*, session: Session, service: str) -> Experiment | None:
+    """The service's finished experiment whose route was committed last, if one published any.
+
+    A route's revision is one above the route it replaces, across the experiments of a
+    service (routing.publish), so the highest `route_revision` is the latest route.
+    """
+    query = (
+        select(Experiment)
+        .where(
+            Experiment.service == service,
+            Experiment.state.in_(FINISHED_STATES),
+            Experiment.route_revision > 0,
+        )
+        .order_by(Experiment.route_revision.desc(), Experiment.id.desc())
+        .limit(1)
+    )
+    return session.scalars(query).first()
 
 
 def delete_experiment(*, session: Session, experiment: Experiment) -> None:

@@ -210,3 +210,47 @@ async def test_a_route_left_by_an_action_that_did_not_commit_is_reconciled_and_l
     assert events[-1]["actor"] == "controller"
     assert events[-1]["payload"]["stored"]["revision"] == orphan.revision
     assert events[-1]["payload"]["restored"]["state"] == "running"
+
+
+async def test_a_start_that_did_not_commit_is_undone_by_the_next_round_and_listed(
+    client: httpx.AsyncClient, create: Create, backends: Backends,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The draft stays a draft: the route goes back to the baseline only, not deleted."""
+    experiment = await create()
+    eid = experiment["id"]
+    record_event = records.record_event
+
+    def fail_on_start(**kwargs: Any) -> Any:
+        if kwargs["kind"] == "start":
+            raise BackendUnavailable("injected: the database went away before the commit")
+        return record_event(**kwargs)
+
+    monkeypatch.setattr(records, "record_event", fail_on_start)
+    response = await client.post(f"/v1/experiments/{eid}/start")
+    assert response.status_code == 503
+    monkeypatch.setattr(records, "record_event", record_event)
+    orphan = await stored_route(backends)
+    assert orphan is not None and orphan.experiment == eid and orphan.weight_of("canary") > 0
+    assert (await client.get(f"/v1/experiments/{eid}")).json()["state"] == "draft"
+
+    await Controller(identity="test").evaluate_all(backends, None)
+
+    after = (await client.get(f"/v1/experiments/{eid}")).json()
+    assert after["state"] == "draft"
+    route = await stored_route(backends)
+    assert route is not None and route.revision == after["route_revision"] > orphan.revision
+    assert (route.state, route.weight_of("canary"), route.weight_of("baseline")) == (
+        "rolled_back", 0, 10_000
+    )
+    events = (await client.get(f"/v1/experiments/{eid}/events")).json()["items"]
+    assert [e["kind"] for e in events] == ["created", "route_reconciled"]
+    assert events[-1]["actor"] == "controller"
+    assert events[-1]["payload"]["stored"]["revision"] == orphan.revision
+    assert events[-1]["payload"]["restored"]["from"] == "baseline_only"
+
+    # the user starts it again: it runs from its first step
+    started = await act(client, eid, "start")
+    route = await stored_route(backends)
+    assert route is not None and route.revision == started["route_revision"]
+    assert route.weight_of("canary") == started["canary_weight_bp"] > 0

@@ -27,12 +27,13 @@ from controlplane.experiments.lifecycle import Action
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.errors import BackendError, BackendUnavailable
 from controlplane.kernel.kv import Fence, Leadership
-from controlplane.kernel.routes import Route, RouteState, Sticky, parse_route, two_way_variants
+from controlplane.kernel.routes import Route, RouteState, parse_route
 from controlplane.kernel.settings import Settings
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.runtime import Backends, open_backends
 from tests.decision.factory import rule as make_rule
 from tests.decision.factory import slow
+from tests.support.routes import two_way_route
 
 SERVICE = "checkout"
 FIRST_STEP_BP = 500
@@ -47,14 +48,7 @@ def stored(
     canary_bp: int = 2500,
     state: RouteState = RouteState.PAUSED,
 ) -> Route:
-    return Route(
-        experiment=experiment,
-        revision=revision,
-        salt="s",
-        sticky=Sticky(),
-        variants=two_way_variants("http://v1", "http://v2", canary_bp),
-        state=state,
-    )
+    return two_way_route(revision, experiment=experiment, canary_bp=canary_bp, state=state)
 
 
 ROW = RowRoute(experiment=7, route_revision=4, canary_bp=500, state=RouteState.RUNNING)
