@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -121,6 +122,13 @@ class BackgroundService(Protocol):
     async def stop(self) -> None:
         """Stop and release what it holds (leadership, buffers); called on shutdown."""
         ...
+
+
+@runtime_checkable
+class ExportsMetrics(Protocol):
+    """A background part with counters of its own for the API's /metrics."""
+
+    def metrics_collector(self) -> Collector: ...
 
 
 # Or simply a coroutine function that runs until it is cancelled.

@@ -16,7 +16,13 @@ from controlplane.api.deps import get_settings
 from controlplane.api.routes import experiments, health, rules
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.settings import Settings
-from controlplane.runtime import Backends, Background, BackgroundService, open_backends
+from controlplane.runtime import (
+    Backends,
+    Background,
+    BackgroundService,
+    ExportsMetrics,
+    open_backends,
+)
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +105,10 @@ def create_app(
     app.state.backends = None
     app.dependency_overrides[get_settings] = lambda: settings
     problems.install(app)
-    metrics.install(app)
+    exported = metrics.install(app)
+    for service in services:
+        if isinstance(service, ExportsMetrics):
+            exported.registry.register(service.metrics_collector())
     for router in (health.router, experiments.router, rules.router):
         app.include_router(router)
     return app

@@ -20,10 +20,12 @@ import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
+from prometheus_client.registry import Collector
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controlplane.controller.apply import apply_decision
+from controlplane.controller.metrics import ControllerMetricsCollector, ControllerStats
 from controlplane.controller.orphans import OrphanRoute, find_orphan_routes, restore_route
 from controlplane.controller.reconcile import reconcile_route
 from controlplane.controller.rulebook import RuleBook, RuleRejection
@@ -70,18 +72,6 @@ async def board_snapshots(
 
 
 @dataclass
-class ControllerStats:
-    evaluations: int = 0
-    decisions_applied: int = 0
-    conflicts: int = 0
-    errors: int = 0
-    snapshot_errors: int = 0
-    routes_reconciled: int = 0
-    leader: bool = False
-    terms: int = 0
-
-
-@dataclass
 class Controller:
     """A BackgroundService for the API's lifespan (see controlplane.runtime)."""
 
@@ -98,6 +88,10 @@ class Controller:
     _no_rule_reported: set[int] = field(default_factory=set)
     # per service, the rejected rule value known to be in the events table
     _rejections_recorded: dict[str, RuleRejection] = field(default_factory=dict)
+
+    def metrics_collector(self) -> Collector:
+        """Its counters for the API's /metrics (the app registers it)."""
+        return ControllerMetricsCollector(self.stats)
 
     async def start(self, backends: Backends) -> None:
         await self.open(backends)

@@ -1,0 +1,50 @@
+"""The controller's counters, and their export on the API's /metrics (read at scrape
+time, so the controller only bumps integers)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+@dataclass
+class ControllerStats:
+    evaluations: int = 0
+    decisions_applied: int = 0
+    conflicts: int = 0
+    errors: int = 0
+    snapshot_errors: int = 0
+    routes_reconciled: int = 0
+    leader: bool = False
+    terms: int = 0
+
+
+class ControllerMetricsCollector(Collector):
+    def __init__(self, stats: ControllerStats, prefix: str = "canary_controller") -> None:
+        self._stats = stats
+        self._prefix = prefix
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        s = self._stats
+        p = self._prefix
+        yield GaugeMetricFamily(
+            f"{p}_leader", "1 while this replica leads the controller", value=int(s.leader)
+        )
+        counters = (
+            ("leadership_terms", "Leadership terms this replica has won", s.terms),
+            ("evaluations", "Experiment evaluations (one per active experiment per round)",
+             s.evaluations),
+            ("decisions_applied", "Decisions written (row, route, events)", s.decisions_applied),
+            ("conflicts", "Rounds that lost a race on an experiment's row or route",
+             s.conflicts),
+            ("errors", "Evaluations that failed (logged)", s.errors),
+            ("snapshot_errors", "Snapshot reads that failed (judged as no data)",
+             s.snapshot_errors),
+            ("routes_reconciled", "Routes re-published because their transaction failed",
+             s.routes_reconciled),
+        )  # fmt: skip
+        for name, help_text, value in counters:
+            yield CounterMetricFamily(f"{p}_{name}", help_text, value=value)
