@@ -190,6 +190,7 @@ def _begin_action(
         first_step_bp=experiment.steps[0].weight_bp,
         canary_bp=experiment.canary_weight_bp,
         step=experiment.current_step,
+        breaker=experiment.breaker_state,
     )
     experiment.state = target.value
     experiment.updated_at = now

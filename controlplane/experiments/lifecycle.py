@@ -99,10 +99,12 @@ def route_after(
     first_step_bp: int,
     canary_bp: int,
     step: int,
+    breaker: str = "closed",
 ) -> RoutePlan | None:
     """The route an action publishes, or None when there is none to publish.
 
-    Aborting a draft publishes nothing: it never had a route.
+    Aborting a draft publishes nothing: it never had a route. Resuming keeps what the
+    breaker says (an experiment paused while tripped resumes tripped, at weight 0).
     """
     match action:
         case Action.START:
@@ -110,7 +112,7 @@ def route_after(
         case Action.PAUSE:
             return RoutePlan(canary_bp, RouteState.PAUSED, step)
         case Action.RESUME:
-            return RoutePlan(canary_bp, RouteState.RUNNING, step)
+            return RoutePlan(canary_bp, _RUNNING_ROUTE.get(breaker, RouteState.RUNNING), step)
         case Action.PROMOTE:
             return RoutePlan(TOTAL_WEIGHT, RouteState.PROMOTED, step)
         case Action.ROLLBACK:

@@ -87,12 +87,17 @@ def test_route_state_of_each_state_and_breaker(
     assert route_state_of(state, breaker) is expected
 
 
+@pytest.mark.parametrize("breaker", ["closed", "open", "half_open"])
 @pytest.mark.parametrize(("source", "action"), sorted(LEGAL))
 def test_route_state_of_agrees_with_what_each_action_publishes(
-    source: ExperimentState, action: Action
+    source: ExperimentState, action: Action, breaker: str
 ) -> None:
-    plan = route_after(action, previous=source, first_step_bp=500, canary_bp=2500, step=2)
+    plan = route_after(
+        action, previous=source, first_step_bp=500, canary_bp=2500, step=2, breaker=breaker
+    )
     if plan is None:  # a draft aborted: it never had a route to stand for
         assert (source, action) == (S.DRAFT, A.ABORT)
         return
-    assert plan.state is route_state_of(transition(source, action), "closed")
+    # a start resets the breaker (closed); every other action keeps it
+    kept = "closed" if action is A.START else breaker
+    assert plan.state is route_state_of(transition(source, action), kept)
