@@ -13,6 +13,10 @@ core alone: route propagation to the sidecars comes on top.
     weight.
 (c) Flagger-style reference on the same traffic: a threshold check every 60 s over a
     60-s window, rollback after 5 failed checks.
+(d) Clustered A/A: the same schedules and looks as (a), but the requests come from a
+    population of users with heavy-tailed request shares, sticky assignment and
+    per-user latency and failure effects (identical in both arms), as real traffic
+    does; the decision core still treats every request as an independent sample.
 """
 
 from __future__ import annotations
@@ -93,6 +97,36 @@ DETECTION_CANARY_BP = 5000  # 100 of 200 req/s
 DETECTION_HOLD_SEC = 60.0
 FLAGGER_INTERVAL_SEC = 60.0
 FLAGGER_THRESHOLD = 5
+
+# (d) clustered traffic. The request-level marginal (per-request RT and failure
+# chance, averaged over the population) is the independent traffic's, so the only
+# difference from (a) is that requests share their user's effects and arm.
+# A few thousand active users over a rollout's minutes: enough that the 1% step holds
+# about 50 of them, few enough that each user makes many requests.
+CLUSTER_USERS = 5_000
+# request share of the user of rank k proportional to 1/k (Zipf, the classic fit of
+# requests per client): the top user makes 11% of the requests, the top 10 32%, the
+# top 100 57% (1 / sum of squared shares: 50 "effective" users) - a few heavy clients
+# (integrations, bots, power users) that end up wholly in one arm.
+CLUSTER_ZIPF_EXPONENT = 1.0
+# per-user multiplicative latency factor, lognormal with median 1: a slow account or
+# region is 1.35x at one sigma, 1.8x at two
+CLUSTER_USER_SIGMA = 0.3
+# per-request spread within a user, chosen so the population's per-request latency is
+# still lognormal(MEDIAN_MS, SIGMA): 0.3^2 + 0.4^2 = 0.5^2 (the rule's threshold keeps
+# its meaning, 1.25 x the healthy P95)
+CLUSTER_REQUEST_SIGMA = math.sqrt(SIGMA**2 - CLUSTER_USER_SIGMA**2)
+# a small fraction of users have a broken client or account that fails half of its
+# requests: 0.2%, about 10 of 5,000, so one of the 10 heaviest users is broken in about
+# 2 runs in 100
+CLUSTER_BROKEN_SHARE = 0.002
+CLUSTER_BROKEN_ERROR_RATE = 0.5
+# everyone else fails a little less than ERROR_RATE, so that the population's expected
+# failure rate is ERROR_RATE (0.4% + 0.2% x 50% = 0.5%)
+CLUSTER_USER_ERROR_RATE = (ERROR_RATE - CLUSTER_BROKEN_SHARE * CLUSTER_BROKEN_ERROR_RATE) / (
+    1 - CLUSTER_BROKEN_SHARE
+)
+CLUSTERED_SEED = 3_000  # clustered A/A runs draw their seeds from here (A/A: 1_000)
 
 
 # ---------------------------------------------------------------- simulated traffic
@@ -239,6 +273,63 @@ class Traffic:
         return self.snapshots(now, rule, reservoir=reservoir, window_sec=fast)
 
 
+def zipf_shares(users: int = CLUSTER_USERS, exponent: float = CLUSTER_ZIPF_EXPONENT) -> F64:
+    """Each user's share of the requests, heaviest first (they sum to 1)."""
+    weights = 1.0 / np.arange(1, users + 1, dtype=np.float64) ** exponent
+    shares: F64 = weights / weights.sum()
+    return shares
+
+
+class ClusteredTraffic(Traffic):
+    """Requests from a population of users, each sticky to one arm (DESIGN §8, §9).
+
+    Per run, every user gets a bucket in 0..9999 (a uniform draw standing in for the
+    salted hash), a latency factor and a failure probability, all independent of each
+    other: the arms differ only in which users they hold, so this is still A/A. A user
+    is in the canary iff its bucket is below the canary weight in basis points, as the
+    sidecar assigns: at weight w' >= w every canary user of weight w stays there.
+    Arrivals are Poisson at TOTAL_RPS; each request's user is drawn by share.
+    """
+
+    def __init__(self, rng: np.random.Generator, threshold_ms: float) -> None:
+        super().__init__(rng, threshold_ms, Degradation())
+        shares = zipf_shares()
+        self.shares = shares
+        self._cdf = np.cumsum(shares)
+        self._cdf[-1] = 1.0
+        n = shares.size
+        self.bucket = rng.integers(0, TOTAL_WEIGHT, n)
+        self.latency_factor: F64 = rng.lognormal(0.0, CLUSTER_USER_SIGMA, n)
+        broken = rng.random(n) < CLUSTER_BROKEN_SHARE
+        self.error_rate: F64 = np.where(
+            broken, CLUSTER_BROKEN_ERROR_RATE, CLUSTER_USER_ERROR_RATE
+        ).astype(np.float64)
+
+    def canary_users(self, canary_bp: int) -> npt.NDArray[np.bool_]:
+        """Which users the canary holds at this weight."""
+        in_canary: npt.NDArray[np.bool_] = self.bucket < canary_bp
+        return in_canary
+
+    def draw(
+        self, t0: float, t1: float
+    ) -> tuple[F64, npt.NDArray[np.intp], F64, npt.NDArray[np.bool_]]:
+        """Requests in (t0, t1): time, user, RT and failed, time-ordered."""
+        n = int(self.rng.poisson(TOTAL_RPS * (t1 - t0)))
+        ts = np.sort(self.rng.uniform(t0, t1, n))
+        user = np.searchsorted(self._cdf, self.rng.random(n), side="right")
+        rt = self.rng.lognormal(math.log(MEDIAN_MS), CLUSTER_REQUEST_SIGMA, n)
+        rt *= self.latency_factor[user]
+        failed = self.rng.random(n) < self.error_rate[user]
+        return ts, user, rt, failed
+
+    def generate(self, t0: float, t1: float, canary_bp: int) -> None:
+        ts, user, rt, failed = self.draw(t0, t1)
+        canary = self.canary_users(canary_bp)[user]
+        self.variants[CANARY].add(ts[canary], rt[canary], failed[canary])
+        baseline = ~canary
+        self.variants[BASELINE].add(ts[baseline], rt[baseline], failed[baseline])
+
+
 class Controller:
     """The loop around decide(): evaluate every tick, apply route writes after a delay."""
 
@@ -267,16 +358,29 @@ def aa_run(args: tuple[str, int, float, bool]) -> dict[str, Any]:
     """One full schedule with identical variants."""
     mode, seed, hold_sec, use_fast = args
     rule = BASELINE_RULE if mode == "baseline" else RULE
+    rng = np.random.default_rng(seed)
+    return _aa_schedule(mode, Traffic(rng, rule.threshold_ms, Degradation()), hold_sec, use_fast)
+
+
+def aa_clustered_run(args: tuple[str, int, float, bool]) -> dict[str, Any]:
+    """One full schedule with identical variants, on clustered traffic (d)."""
+    mode, seed, hold_sec, use_fast = args
+    rule = BASELINE_RULE if mode == "baseline" else RULE
+    rng = np.random.default_rng(seed)
+    return _aa_schedule(mode, ClusteredTraffic(rng, rule.threshold_ms), hold_sec, use_fast)
+
+
+def _aa_schedule(mode: str, traffic: Traffic, hold_sec: float, use_fast: bool) -> dict[str, Any]:
+    rule = BASELINE_RULE if mode == "baseline" else RULE
     steps = tuple(
         replace(s, hold_sec=hold_sec)
         for s in (BASELINE_STEPS if mode == "baseline" else ABSOLUTE_STEPS)
     )
-    rng = np.random.default_rng(seed)
-    traffic = Traffic(rng, rule.threshold_ms, Degradation())
     first = start(steps, 0.0)
     loop = Controller(rule, steps, first.new_state)
     loop.apply(first.actions, 0.0)
     now, trips, srm_events, naive_alarm = 0.0, 0, 0, False
+    first_trip: dict[str, Any] | None = None
     limit = 20 * len(steps) * max(hold_sec, rule.window_sec)
     while loop.state.status is ExperimentStatus.RUNNING and now < limit:
         traffic.generate(now, now + EVAL_INTERVAL_SEC, loop.weight_at(now))
@@ -284,11 +388,15 @@ def aa_run(args: tuple[str, int, float, bool]) -> dict[str, Any]:
         reservoir = mode == "baseline"
         snaps = traffic.snapshots(now, rule, reservoir=reservoir)
         fast = traffic.fast_snapshots(now, rule, reservoir=reservoir) if use_fast else None
+        before = loop.state
         d = decide(loop.state, snaps, rule, steps, now, fast)
         loop.state = d.new_state
         loop.apply(d.actions, now)
         kinds = [e.kind for e in d.events]
-        trips += kinds.count(EventKind.TRIPPED) + kinds.count(EventKind.PROBE_FAILED)
+        tripped = kinds.count(EventKind.TRIPPED) + kinds.count(EventKind.PROBE_FAILED)
+        if tripped and first_trip is None:
+            first_trip = _trip_summary(d.evidence, before.canary_bp, now)
+        trips += tripped
         srm_events += kinds.count(EventKind.SRM_DETECTED)
         window = d.evidence.get("window", {})
         # what a naive check would do: alarm on any bound exceeded in any window
@@ -301,7 +409,22 @@ def aa_run(args: tuple[str, int, float, bool]) -> dict[str, Any]:
         "duration_s": now,
         "srm_warned": srm_events > 0,
         "naive_alarm": naive_alarm,
+        "first_trip": first_trip,
+        "status": loop.state.status.value,
     }
+
+
+def _trip_summary(evidence: dict[str, Any], canary_bp: int, now: float) -> dict[str, Any]:
+    """Where a trip came from: the weight, and the guardrails breached in either window."""
+    breached = sorted(
+        {
+            name
+            for key in ("window", "fast_window")
+            for name, g in (evidence.get(key) or {}).get("guardrails", {}).items()
+            if g.get("breached")
+        }
+    )
+    return {"at_s": now, "canary_bp": canary_bp, "guardrails": breached}
 
 
 # ---------------------------------------------------------------- (b) detection
@@ -394,6 +517,65 @@ def _rate_with_ci(hits: int, runs: int) -> dict[str, Any]:
     return {"rate": hits / runs if runs else 0.0, "ci95": [lo, hi]}
 
 
+def _aa_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    trips = sum(r["tripped"] for r in results)
+    promoted = [r["duration_s"] for r in results if r["promoted"]]
+    return {
+        "runs": len(results),
+        "false_trips": trips,
+        "false_trip_rate": _rate_with_ci(trips, len(results)),
+        "promoted": len(promoted),
+        "median_time_to_promote_s": float(np.median(promoted)) if promoted else None,
+        "srm_warning_rate": sum(r["srm_warned"] for r in results) / len(results),
+        "naive_alarm_rate": sum(r["naive_alarm"] for r in results) / len(results),
+    }
+
+
+def _trip_breakdown(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each run's first trip: at which step weight, on which guardrails."""
+    firsts = [r["first_trip"] for r in results if r["first_trip"] is not None]
+    by_step: dict[str, int] = {}
+    by_guardrail: dict[str, int] = {}
+    for t in firsts:
+        step = f"{t['canary_bp'] / 100:g}"
+        by_step[step] = by_step.get(step, 0) + 1
+        key = "+".join(t["guardrails"]) or "other"
+        by_guardrail[key] = by_guardrail.get(key, 0) + 1
+    return {
+        "first_trip_by_canary_pct": dict(sorted(by_step.items(), key=lambda kv: float(kv[0]))),
+        "first_trip_by_guardrail": dict(sorted(by_guardrail.items())),
+        "rolled_back": sum(r["status"] == ExperimentStatus.ROLLED_BACK.value for r in results),
+        # neither promoted nor rolled back by the end of the run (20 x the schedule's
+        # length): a step gate that never passes, since the gate wants every guardrail
+        # within its bound, while no look is significant enough to trip
+        "stalled": sum(r["status"] == ExperimentStatus.RUNNING.value for r in results),
+    }
+
+
+def _clustered_parameters() -> dict[str, Any]:
+    shares = zipf_shares()
+    top = np.cumsum(shares)
+    return {
+        "users": CLUSTER_USERS,
+        "request_share": f"zipf(exponent {CLUSTER_ZIPF_EXPONENT}) over user rank",
+        "top_user_share": float(top[0]),
+        "top_10_users_share": float(top[9]),
+        "top_100_users_share": float(top[99]),
+        "effective_users": float(1.0 / np.sum(shares**2)),
+        "assignment": "uniform bucket in 0..9999 per user; canary iff bucket < canary_bp",
+        "user_latency_factor": f"lognormal(median 1, sigma {CLUSTER_USER_SIGMA})",
+        "request_latency": (
+            f"lognormal(median {MEDIAN_MS} ms, sigma {CLUSTER_REQUEST_SIGMA:.4g})"
+            " x the user's factor"
+        ),
+        "broken_user_share": CLUSTER_BROKEN_SHARE,
+        "broken_user_error_rate": CLUSTER_BROKEN_ERROR_RATE,
+        "user_error_rate": CLUSTER_USER_ERROR_RATE,
+        "population_error_rate": ERROR_RATE,
+        "seeds_from": CLUSTERED_SEED,
+    }
+
+
 def _times(results: list[dict[str, Any]]) -> dict[str, Any]:
     found = [r["detected_s"] for r in results if r["detected_s"] is not None]
     early = sum(1 for r in results if r.get("before_onset"))
@@ -413,6 +595,8 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
     # 400 runs per mode: with no false trip the 95% upper bound is below 1%
     aa_runs = 3 if quick else 400
     hold = 10.0 if quick else 60.0
+    # the same count as (a), so the two false-trip rates have the same precision
+    clustered_runs = 3 if quick else 400
     detection_runs = 2 if quick else 40
     flagger_runs = 2 if quick else 40
     workers = 1 if quick else max(1, min(2, os.cpu_count() or 1))
@@ -425,17 +609,22 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
     for mode in ("absolute", "baseline"):
         say(f"A/A {mode}: {aa_runs} runs")
         results = _map(aa_run, [(mode, 1_000 + i, hold, True) for i in range(aa_runs)], workers)
-        trips = sum(r["tripped"] for r in results)
-        promoted = [r["duration_s"] for r in results if r["promoted"]]
-        aa[mode] = {
-            "runs": len(results),
-            "false_trips": trips,
-            "false_trip_rate": _rate_with_ci(trips, len(results)),
-            "promoted": len(promoted),
-            "median_time_to_promote_s": float(np.median(promoted)) if promoted else None,
-            "srm_warning_rate": sum(r["srm_warned"] for r in results) / len(results),
-            "naive_alarm_rate": sum(r["naive_alarm"] for r in results) / len(results),
-        }
+        aa[mode] = _aa_summary(results)
+
+    aa_clustered: dict[str, Any] = {}
+    for mode in ("absolute", "baseline"):
+        say(f"A/A clustered {mode}: {clustered_runs} runs")
+        seeds = range(CLUSTERED_SEED, CLUSTERED_SEED + clustered_runs)
+        results = _map(aa_clustered_run, [(mode, seed, hold, True) for seed in seeds], workers)
+        aa_clustered[mode] = {**_aa_summary(results), **_trip_breakdown(results)}
+    clustered_trips = sum(m["false_trips"] for m in aa_clustered.values())
+    clustered_total = sum(m["runs"] for m in aa_clustered.values())
+    aa_clustered["both_modes"] = {
+        "runs": clustered_total,
+        "false_trips": clustered_trips,
+        "false_trip_rate": _rate_with_ci(clustered_trips, clustered_total),
+    }
+    aa_clustered["traffic"] = _clustered_parameters()
 
     detection: dict[str, Any] = {}
     detection_baseline: dict[str, Any] = {}
@@ -461,6 +650,7 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
         "false_trip_rate": total_trips / total_runs,
         "false_trip_rate_ci95": _rate_with_ci(total_trips, total_runs)["ci95"],
         "aa": aa,
+        "aa_clustered": aa_clustered,
         "detection": detection,
         "detection_baseline_compare": detection_baseline,
         "flagger_reference_s": flagger,
