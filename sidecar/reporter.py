@@ -152,18 +152,9 @@ class SampleReporter:
             if experiment is None:
                 self.stats.samples_unattributed += 1
                 return
-            if experiment != self._experiment:
-                self._seal()
-                self._experiment = experiment
-            builder = self._builder
-            if not len(builder):
-                self._opened_at = self._clock.monotonic()
-                # arms the sender's max-delay timer: once per batch, not per sample
-                self._wake.set()
+            builder = self._open_batch(experiment)
             builder.add(ts, variant, rt_us, outcome, unit_hash)
-            if len(builder) >= self._batch_size:
-                self._seal()
-                self._wake.set()
+            self._seal_if_full(builder)
         except Exception:  # a sample is never worth failing a request over
             self.stats.samples_dropped += 1
             log.exception("sample dropped while recording")
@@ -176,16 +167,10 @@ class SampleReporter:
         if experiment is None:
             self.stats.samples_unattributed += len(samples)
             return
-        if experiment != self._experiment:
-            self._seal()
-            self._experiment = experiment
         while samples:
-            builder = self._builder
+            builder = self._open_batch(experiment)
             room = self._batch_size - len(builder)
             part, samples = samples[:room], samples[room:]
-            if not len(builder):
-                self._opened_at = self._clock.monotonic()
-                self._wake.set()  # arms the sender's max-delay timer
             try:
                 ts, _, variants, rt_us, outcomes, units = zip(*part, strict=True)
                 builder.add_columns(ts, variants, rt_us, outcomes, units)
@@ -195,9 +180,24 @@ class SampleReporter:
                 for sample in part:
                     self._add_one(sample)
                 continue
-            if len(builder) >= self._batch_size:
-                self._seal()
-                self._wake.set()
+            self._seal_if_full(builder)
+
+    def _open_batch(self, experiment: str) -> BatchBuilder:
+        """The batch `experiment`'s samples go into (a batch holds one experiment)."""
+        if experiment != self._experiment:
+            self._seal()
+            self._experiment = experiment
+        builder = self._builder
+        if not len(builder):
+            self._opened_at = self._clock.monotonic()
+            # arms the sender's max-delay timer: once per batch, not per sample
+            self._wake.set()
+        return builder
+
+    def _seal_if_full(self, builder: BatchBuilder) -> None:
+        if len(builder) >= self._batch_size:
+            self._seal()
+            self._wake.set()
 
     # --- batching -----------------------------------------------------------
 

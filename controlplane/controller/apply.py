@@ -57,6 +57,13 @@ def _write_row(
     return experiment
 
 
+def fence_entry(fence: Fence) -> dict[str, Any]:
+    """Which leadership term decided (and fenced the route write), for an event's
+    payload: the etcd create revision of the leader's election key, whose value
+    names it."""
+    return {"key": fence.key, "revision": fence.create_revision}
+
+
 def _record(
     *, session: Session, experiment: Experiment, decision: Decision, rule: BreakerRule,
     route: Route | None, fence: Fence | None, at: Any,
@@ -67,9 +74,7 @@ def _record(
         if route is not None:
             payload["route_revision"] = route.revision
         if fence is not None:
-            # which leadership term decided (and fenced the route write): the etcd
-            # create revision of the leader's election key, whose value names it
-            payload["leader_fence"] = {"key": fence.key, "revision": fence.create_revision}
+            payload["leader_fence"] = fence_entry(fence)
         records.record_event(
             session=session,
             experiment_id=experiment.id,

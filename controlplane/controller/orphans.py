@@ -42,7 +42,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from controlplane.controller.reconcile import ROUTE_RECONCILED, stored_route
+from controlplane.controller.apply import fence_entry
+from controlplane.controller.reconcile import ROUTE_RECONCILED, route_fields, stored_route
 from controlplane.db import experiments as records
 from controlplane.db.models import ACTIVE_STATES, Experiment
 from controlplane.experiments.actions import route_source, utc_now
@@ -292,15 +293,6 @@ def _source(stored: Route, service: str) -> RouteSource:
     )
 
 
-def _route_fields(route: Route) -> dict[str, Any]:
-    return {
-        "experiment": route.experiment,
-        "revision": route.revision,
-        "canary_weight_bp": route.weight_of(CANARY),
-        "state": route.state.value,
-    }
-
-
 def _why(orphan: OrphanRoute) -> str:
     stored, named = orphan.stored, orphan.named
     head = (
@@ -350,9 +342,9 @@ def _note_and_record(
     owner = orphan.owner
     named = orphan.named
     payload: dict[str, Any] = {
-        "stored": _route_fields(orphan.stored),
+        "stored": route_fields(orphan.stored),
         "restored": {
-            **_route_fields(route),
+            **route_fields(route),
             "from": "finished_experiment" if restore.finished is not None else "baseline_only",
         },
         "named_row": (
@@ -367,7 +359,7 @@ def _note_and_record(
         "route_revision": route.revision,
     }
     if fence is not None:
-        payload["leader_fence"] = {"key": fence.key, "revision": fence.create_revision}
+        payload["leader_fence"] = fence_entry(fence)
     records.record_event(
         session=session,
         experiment_id=owner.experiment if owner is not None else None,

@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from controlplane.controller.apply import publish_for_row
+from controlplane.controller.apply import fence_entry, publish_for_row
 from controlplane.db import experiments as records
 from controlplane.db.models import Experiment
 from controlplane.experiments.actions import utc_now
@@ -104,6 +104,16 @@ def _lock_row(*, session: Session, experiment_id: int, version: int, at: datetim
     return experiment
 
 
+def route_fields(route: Route) -> dict[str, Any]:
+    """A route as an event's payload names it."""
+    return {
+        "experiment": route.experiment,
+        "revision": route.revision,
+        "canary_weight_bp": route.weight_of(CANARY),
+        "state": route.state.value,
+    }
+
+
 def _record(
     *,
     session: Session,
@@ -115,22 +125,13 @@ def _record(
 ) -> None:
     stored = drift.stored
     payload: dict[str, Any] = {
-        "stored": {
-            "experiment": stored.experiment,
-            "revision": stored.revision,
-            "canary_weight_bp": stored.weight_of(CANARY),
-            "state": stored.state.value,
-        },
-        "restored": {
-            "revision": route.revision,
-            "canary_weight_bp": route.weight_of(CANARY),
-            "state": route.state.value,
-        },
+        "stored": route_fields(stored),
+        "restored": route_fields(route),
         "row_route_revision": drift.known_revision,
         "route_revision": route.revision,
     }
     if fence is not None:
-        payload["leader_fence"] = {"key": fence.key, "revision": fence.create_revision}
+        payload["leader_fence"] = fence_entry(fence)
     records.record_event(
         session=session,
         experiment_id=experiment.id,

@@ -22,7 +22,9 @@ def on_stop_signals(callback: Callable[[], None]) -> Iterator[list[signal.Signal
     for sig in STOP_SIGNALS:
         try:
             loop.add_signal_handler(sig, callback)
-        except (NotImplementedError, RuntimeError, ValueError):  # no signals here
+        except (NotImplementedError, RuntimeError, ValueError):
+            # a loop without signal support (Windows) or outside the main thread: the
+            # caller then stops some other way (its own shutdown path, a cancel)
             continue
         handled.append(sig)
     try:

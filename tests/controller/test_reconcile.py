@@ -207,6 +207,7 @@ async def test_a_route_whose_api_action_did_not_commit_is_republished_once(
         "state": "paused",
     }
     assert event["restored"] == {
+        "experiment": rig.experiment_id,
         "revision": route.revision,
         "canary_weight_bp": FIRST_STEP_BP,
         "state": "running",
