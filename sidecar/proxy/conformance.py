@@ -42,9 +42,10 @@ class Rejected(Exception):
 NOT_NOMINABLE = frozenset({b"content-length", b"transfer-encoding", b"host"})
 
 
-def check_connection_options(options: frozenset[bytes]) -> None:
-    """Refuse a Connection field that names a framing or addressing field."""
-    named = options & NOT_NOMINABLE
+def check_connection(value: bytes) -> None:
+    """Refuse a Connection field that names a framing or addressing field (called
+    for values other than the plain keep-alive / close)."""
+    named = {t.strip(b" \t").lower() for t in value.split(b",")} & NOT_NOMINABLE
     if named:
         listed = ", ".join(sorted(n.decode("latin-1") for n in named))
         raise Rejected(400, "connection_option", f"Connection must not name {listed}")
@@ -118,8 +119,8 @@ def request_target(method: bytes, target: bytes, host: bytes | None) -> bytes:
 
 def parser_error_reason(exc: httptools.HttpParserError) -> str:
     """The counter label of a request httptools refused."""
-    text = str(exc)
-    if "Content-Length" in text or "Transfer-Encoding" in text or "chunk" in text:
+    text = str(exc).lower()
+    if "content-length" in text or "transfer-encoding" in text or "chunk" in text:
         return "framing"
     if isinstance(exc, httptools.HttpParserInvalidMethodError):
         return "method"

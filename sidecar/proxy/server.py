@@ -31,6 +31,7 @@ from sidecar.proxy import conformance, errors
 from sidecar.proxy.conformance import Rejected
 from sidecar.proxy.corking import CorkedWriter
 from sidecar.proxy.headers import (
+    PLAIN_CONNECTION,
     Header,
     HeaderView,
     ResponseFields,
@@ -692,10 +693,10 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
                 raise conformance.duplicate_transfer_encoding()
             conformance.check_transfer_coding(value)
             self._chunked = True
-        elif lower == b"connection":
+        elif lower == b"connection" and value not in PLAIN_CONNECTION:
+            conformance.check_connection(value)
             options = connection_options(value)
             if options is not None:
-                conformance.check_connection_options(options)
                 self._named = options if self._named is None else self._named | options
         self._headers.append((lower, name, value))
 
