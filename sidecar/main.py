@@ -17,8 +17,10 @@ layer.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.registry import CollectorRegistry
 
@@ -32,6 +34,7 @@ from controlplane.kernel.streams_factory import open_streams
 from sidecar.admin import AdminServer, SidecarCollector
 from sidecar.choice import Upstream
 from sidecar.proxy import ProxyMetricsCollector, ProxyOptions, ProxyServer
+from sidecar.proxy.limits import default_max_connections, raise_fd_limit
 from sidecar.reporter import SampleReporter
 from sidecar.routing import RouteTable, RouteWatcher
 
@@ -47,6 +50,7 @@ class Timeouts:
     drain: float = 10.0  # in-flight requests get this long at shutdown
     flush: float = 5.0  # the sample buffer gets this long at shutdown
     first_route: float = 2.0  # start-up waits this long for the first route read
+    head: float = 10.0  # seconds for a client's request head to arrive (then 408)
 
 
 class Sidecar:
@@ -62,6 +66,7 @@ class Sidecar:
         default_upstream: Upstream | None = None,
         force_header_enabled: bool = False,
         timeouts: Timeouts | None = None,
+        max_connections: int = 10_000,
         proxy_options: ProxyOptions | None = None,
         reporter: SampleReporter | None = None,
         clock: Clock | None = None,
@@ -80,6 +85,8 @@ class Sidecar:
             connect_timeout=self.timeouts.connect,
             read_timeout=self.timeouts.read,
             shutdown_timeout=self.timeouts.drain,
+            head_timeout=self.timeouts.head,
+            max_connections=max_connections,
         )
         self.proxy = ProxyServer(self.table, self.reporter, options=options, clock=self.clock)
         self.registry = CollectorRegistry(auto_describe=False)
@@ -133,9 +140,17 @@ async def run_sidecar(
     default_upstream: str | None = None,
     force_header_enabled: bool = False,
     timeouts: Timeouts | None = None,
+    max_connections: int | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Run a sidecar until SIGTERM/SIGINT (or `stop` is set), then shut down cleanly."""
+    """Run a sidecar until SIGTERM/SIGINT (or `stop` is set), then shut down cleanly.
+
+    The soft descriptor limit is raised to the hard one first; `max_connections`
+    defaults to what that limit carries (see `sidecar.proxy.limits`)."""
+    fd_limit = raise_fd_limit()
+    if max_connections is None:
+        max_connections = default_max_connections(fd_limit)
+    log.info("descriptor limit %d: at most %d client connections", fd_limit, max_connections)
     upstream = Upstream.parse(default_upstream) if default_upstream else None
     kv = open_kv(settings.etcd)
     stream, _ = open_streams(settings.redis_url, namespace=settings.redis_namespace)
@@ -147,7 +162,9 @@ async def run_sidecar(
         default_upstream=upstream,
         force_header_enabled=force_header_enabled,
         timeouts=timeouts,
+        max_connections=max_connections,
     )
+    _report_accept_errors(sidecar.proxy)
     stop = stop or asyncio.Event()
     try:
         with on_stop_signals(stop.set):
@@ -165,3 +182,25 @@ async def run_sidecar(
                 await close()
             except Exception as exc:  # the process is going away; say so and go on
                 log.warning("closing a store failed: %s", exc)
+
+
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def _report_accept_errors(proxy: ProxyServer) -> None:
+    """asyncio reports a failed accept() (out of descriptors) to the loop's exception
+    handler once a second; route it to the proxy's rate-limited warning instead."""
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, OSError) and exc.errno in _OUT_OF_RESOURCES:
+            proxy.accept_failed(exc)
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)

@@ -60,6 +60,21 @@ def register(app: typer.Typer) -> None:
             float | None,
             typer.Option("--read-timeout", help="seconds of upstream silence before a 504"),
         ] = None,
+        head_timeout: Annotated[
+            float | None,
+            typer.Option(
+                "--head-timeout", help="seconds for a client's request head to arrive (408)"
+            ),
+        ] = None,
+        max_connections: Annotated[
+            int | None,
+            typer.Option(
+                "--max-connections",
+                envvar="CANARY_SIDECAR_MAX_CONNECTIONS",
+                help="client connections held at once, more get 503 "
+                "(default: 10000, less if the descriptor limit is lower)",
+            ),
+        ] = None,
     ) -> None:
         """Proxy a service: routes from etcd, samples to Redis, admin endpoints."""
         from pydantic import ValidationError
@@ -68,12 +83,21 @@ def register(app: typer.Typer) -> None:
         from controlplane.kernel.settings import Settings, parse_host_port
         from sidecar.choice import Upstream
         from sidecar.main import Timeouts, run_sidecar
+        from sidecar.proxy.limits import connection_capacity, raise_fd_limit
 
         if not _SERVICE.match(service):
             raise _fail(f"invalid service name {service!r}: lower-case letters, digits, '.', "
                         "'_' or '-', 1-63 characters")
         _positive("--connect-timeout", connect_timeout)
         _positive("--read-timeout", read_timeout)
+        _positive("--head-timeout", head_timeout)
+        if max_connections is not None:
+            capacity = connection_capacity(raise_fd_limit())
+            if not 1 <= max_connections <= capacity:
+                raise _fail(
+                    f"--max-connections must be between 1 and {capacity} (what the "
+                    f"descriptor limit carries), got {max_connections}"
+                )
         overrides = {"etcd": etcd, "etcd_prefix": etcd_prefix, "redis_url": redis}
         try:
             settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -94,7 +118,9 @@ def register(app: typer.Typer) -> None:
         )
         defaults = Timeouts()
         timeouts = Timeouts(
-            connect=connect_timeout or defaults.connect, read=read_timeout or defaults.read
+            connect=connect_timeout or defaults.connect,
+            read=read_timeout or defaults.read,
+            head=head_timeout or defaults.head,
         )
         _run_loop(
             run_sidecar(
@@ -105,6 +131,7 @@ def register(app: typer.Typer) -> None:
                 default_upstream=default_upstream,
                 force_header_enabled=allow_force,
                 timeouts=timeouts,
+                max_connections=max_connections,
             )
         )
 

@@ -13,8 +13,9 @@ def problem_response(
     variant: str | None,
     experiment: str | None,
     close: bool,
+    extra: tuple[str, ...] = (),
 ) -> bytes:
-    """A complete HTTP/1.1 response, head and body."""
+    """A complete HTTP/1.1 response, head and body; `extra`: more "Name: value" fields."""
     phrase = HTTPStatus(status).phrase
     problem: dict[str, object] = {
         "type": "about:blank",
@@ -34,6 +35,7 @@ def problem_response(
     ]
     if variant is not None:
         head.append(f"X-Canary-Variant: {variant}")
+    head += extra
     if close:
         head.append("Connection: close")
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
@@ -69,14 +71,43 @@ def no_route(detail: str, *, close: bool) -> bytes:
     )
 
 
-def bad_request(detail: str) -> bytes:
-    return problem_response(400, detail, variant=None, experiment=None, close=True)
-
-
 def head_too_large(limit: int) -> bytes:
     return problem_response(
         431,
         f"request line and headers exceed {limit} bytes",
+        variant=None,
+        experiment=None,
+        close=True,
+    )
+
+
+# RFC 9110 §15.5.6: a 405 names the methods that are allowed
+_ALLOW = "Allow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE"
+
+
+def rejected(status: int, detail: str) -> bytes:
+    """A request the proxy refuses to forward; the connection closes after it."""
+    extra = (_ALLOW,) if status == 405 else ()
+    return problem_response(
+        status, detail, variant=None, experiment=None, close=True, extra=extra
+    )
+
+
+def too_many_connections(limit: int, retry_after: int) -> bytes:
+    return problem_response(
+        503,
+        f"the sidecar holds its maximum of {limit} client connections; retry later",
+        variant=None,
+        experiment=None,
+        close=True,
+        extra=(f"Retry-After: {retry_after}",),
+    )
+
+
+def head_timeout(seconds: float) -> bytes:
+    return problem_response(
+        408,
+        f"the request head did not arrive within {seconds:g} s",
         variant=None,
         experiment=None,
         close=True,

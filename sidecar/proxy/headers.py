@@ -49,13 +49,13 @@ def _action(lower: bytes) -> int:
     return action
 
 
-_PLAIN_CONNECTION = frozenset({b"keep-alive", b"Keep-Alive", b"close", b"Close", b"upgrade"})
+PLAIN_CONNECTION = frozenset({b"keep-alive", b"Keep-Alive", b"close", b"Close", b"upgrade"})
 
 
 def connection_options(value: bytes) -> frozenset[bytes] | None:
     """Header names a `Connection` value lists beyond the standard hop-by-hop ones
     (they are hop-by-hop too), or None for the usual `keep-alive` / `close`."""
-    if value in _PLAIN_CONNECTION:
+    if value in PLAIN_CONNECTION:
         return None
     tokens = {t.strip().lower() for t in value.split(b",")} - HOP_BY_HOP - {b"", b"close"}
     return frozenset(tokens) if tokens else None

@@ -46,9 +46,11 @@ class ProxyMetrics:
 
     __slots__ = (
         "connections",
+        "connections_refused",
         "overhead_count",
         "overhead_counts",
         "overhead_sum",
+        "rejected",
         "requests",
         "upstream_connects",
         "upstream_retries",
@@ -60,6 +62,9 @@ class ProxyMetrics:
         self.overhead_sum = 0.0
         self.overhead_count = 0
         self.connections = 0  # open client connections
+        self.connections_refused = 0  # closed at once: the connection cap was reached
+        # requests refused before reaching an upstream, by reason (framing, version, …)
+        self.rejected: dict[str, int] = {}
         self.upstream_connects = 0  # fresh upstream connections opened
         self.upstream_retries = 0  # stale pooled connections retried on a fresh one
 
@@ -70,6 +75,9 @@ class ProxyMetrics:
             self.overhead_counts[bisect_left(OVERHEAD_BUCKETS, overhead_s)] += 1
             self.overhead_sum += overhead_s
             self.overhead_count += 1
+
+    def reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
 
     def observe_many(self, samples: Sequence[Sample], overheads: Sequence[float]) -> None:
         """`observe` for several requests; an overhead below 0 means none was measured."""
@@ -127,6 +135,19 @@ class ProxyMetricsCollector(Collector):
         yield GaugeMetricFamily(
             f"{self._prefix}_client_connections", "Open client connections", value=m.connections
         )
+        yield CounterMetricFamily(
+            f"{self._prefix}_connections_refused",
+            "Client connections closed at once with a 503: the connection cap was reached",
+            value=m.connections_refused,
+        )
+        rejected = CounterMetricFamily(
+            f"{self._prefix}_rejected_requests",
+            "Requests refused before reaching an upstream, by reason",
+            labels=["reason"],
+        )
+        for reason, count in sorted(m.rejected.items()):
+            rejected.add_metric([reason], count)
+        yield rejected
         yield CounterMetricFamily(
             f"{self._prefix}_upstream_connects",
             "Fresh upstream connections opened",

@@ -27,9 +27,11 @@ import httptools
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.codec import ABORTED, CONNECT_ERROR, TIMEOUT
 from sidecar.choice import Choice, Chooser, NoRoute, Recorder, Sample, Upstream
-from sidecar.proxy import errors
+from sidecar.proxy import conformance, errors
+from sidecar.proxy.conformance import Rejected
 from sidecar.proxy.corking import CorkedWriter
 from sidecar.proxy.headers import (
+    PLAIN_CONNECTION,
     Header,
     HeaderView,
     ResponseFields,
@@ -38,6 +40,7 @@ from sidecar.proxy.headers import (
     request_head,
     response_head,
 )
+from sidecar.proxy.limits import RateLimitedLog
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.upstream import (
     CHUNKED,
@@ -60,8 +63,9 @@ _PIPELINED = 4  # a pipelined request waits for the one before it
 _STOPPED = 8  # nothing more will be read (upgrade requested, parse error)
 
 
-class _HeadTooLarge(Exception):
-    """Raised from a parser callback; httptools wraps it in HttpParserCallbackError."""
+# after an upstream answered before the request body was all in, the rest of the body
+# is read and dropped for at most this long, so the close does not reset the answer
+_LINGER = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +81,11 @@ class ProxyOptions:
     ssl_context: ssl.SSLContext | None = None  # for https upstreams; default: system CAs
     backlog: int = 1024
     max_head_bytes: int = 64 * 1024  # request line + headers; larger answers 431
+    # client connections held at once; more are answered 503 and closed at once
+    max_connections: int = 10_000
+    # seconds for a request head to arrive in full, from its first byte (from the
+    # connection's opening for its first request); then 408 and close
+    head_timeout: float = 10.0
 
 
 # finished requests are handed to the recorder when this many wait, or this long after
@@ -192,9 +201,11 @@ class Exchange:
         host = pool.host_header
         if opts.preserve_host:
             host = next((v for low, _, v in self.headers if low == b"host"), host)
+        target = self.target
+        base = pool.base_path
         self.head = request_head(
             self.method,
-            pool.base_path + self.target,
+            base + target if base and target != b"*" else target,
             self.headers,
             host=host,
             client_ip=self.client.client_ip,
@@ -310,6 +321,10 @@ class Exchange:
                 client.write(interim_head(status_line, fields, scan))
             return
         self.status = status
+        if not self.req_complete:
+            # answered before the request was all in: the connection cannot be trusted
+            # to frame what follows, so it closes after this response
+            self.close_after = True
         if framing in (CHUNKED, UNTIL_CLOSE):
             if self.http_1_0:
                 self.close_after = True  # an HTTP/1.0 client reads to the end instead
@@ -349,6 +364,14 @@ class Exchange:
         self._record(self.status)
         if self.req_complete:
             self.client.exchange_finished(self)
+        else:
+            self.client.linger()
+
+    def upstream_invalid(self, conn: UpstreamConnection, reason: str) -> None:
+        """The upstream's response is malformed or badly framed: neither connection
+        can be trusted to carry another message."""
+        self.close_after = True
+        self.upstream_lost(conn, reason)
 
     def upstream_lost(self, conn: UpstreamConnection, reason: str) -> None:
         if conn is not self.upstream:
@@ -437,6 +460,24 @@ class Exchange:
         self.client.abort()
         self._record(outcome)
 
+    def request_broken(self) -> None:
+        """The request's body broke its framing part-way: the upstream holds part of a
+        request, so its connection is cut, never pooled."""
+        task = self.connect_task
+        if task is not None:
+            task.cancel()
+            self.connect_task = None
+        conn = self.upstream
+        self.upstream = None
+        self.pending = None
+        self.close_after = True
+        if conn is not None:
+            conn.abort()
+        if not self.resp_done and self.choice is not None:
+            self.resp_done = True
+            self._record(ABORTED if self.resp_started else 400)
+        self.resp_done = True
+
     def client_lost(self) -> None:
         task = self.connect_task
         if task is not None:
@@ -466,16 +507,20 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         "_has_length",
         "_head_budget",
         "_headers",
+        "_host",
         "_named",
+        "_rejection",
         "_url",
         "client_ip",
         "closed",
         "current",
+        "head_since",
         "idle_since",
         "parser",
         "parsing",
         "queue",
         "read_block",
+        "refused",
         "server",
         "transport",
         "write_paused",
@@ -493,8 +538,13 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         self.read_block = 0
         self.write_paused = False
         self.idle_since = 0.0
+        # when the request head being received began (0.0: none is), see on_message_begin
+        self.head_since = 0.0
+        self.refused = False  # closed at once: the connection cap was reached
+        self._rejection: bytes | None = None  # sent once the requests before it are answered
         self._url = b""
         self._headers: list[Header] = []
+        self._host: bytes | None = None
         self._chunked = False
         self._has_length = False
         self._named: frozenset[bytes] | None = None
@@ -513,7 +563,7 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and peer:
             self.client_ip = str(peer[0]).encode()
-        self.idle_since = self.server.time()
+        self.idle_since = self.head_since = self.server.time()
         self.server.connection_opened(self)
 
     def data_received(self, data: bytes) -> None:
@@ -529,23 +579,55 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
                 last.close_after = True
             self.block(_STOPPED)
         except httptools.HttpParserError as exc:
-            self.block(_STOPPED)
-            current = self.current
-            if current is None or not current.resp_started:
-                if current is not None:
-                    current.resp_done = True
-                if isinstance(exc.__context__, _HeadTooLarge):
-                    limit = self.server.options.max_head_bytes
-                    self.write(errors.head_too_large(limit))
-                else:
-                    self.write(errors.bad_request(f"malformed request: {exc}"))
-                self.close()
-            else:
-                self.abort()
+            self.refuse(exc)
         finally:
             self._corked_upstreams = None
             for upstream in corked:
                 upstream.uncork()
+
+    def refuse(self, exc: httptools.HttpParserError) -> None:
+        """A request was refused, by httptools or by the checks in `conformance`.
+
+        Nothing after it on this connection is read: its framing is in doubt. A
+        request whose body was being read when it broke has its upstream connection
+        cut. Complete requests before it are answered first, then the error, then
+        the connection closes."""
+        self.block(_STOPPED)
+        cause = exc.__context__
+        if isinstance(cause, Rejected):
+            status, reason, detail = cause.status, cause.reason, cause.detail
+        else:
+            status, reason = 400, conformance.parser_error_reason(exc)
+            detail = f"malformed request: {exc}"
+        self.server.metrics.reject(reason)
+        response = (
+            errors.head_too_large(self.server.options.max_head_bytes)
+            if status == 431
+            else errors.rejected(status, detail)
+        )
+        broken = self.parsing
+        self.parsing = None
+        if broken is not None:
+            broken.request_broken()
+            if broken is self.current:
+                self.current = None
+                if broken.resp_started:
+                    self.abort()  # part of its response is out: all that is left is to cut
+                    return
+            else:  # queued behind the current request and never started
+                self.queue.remove(broken)
+        if self.current is None:
+            self.write(response)
+            self.close()
+        else:
+            self._rejection = response  # after the responses still owed
+
+    def linger(self) -> None:
+        """The response went out before its request was all in: the rest of the
+        request is read and dropped, then the connection closes (at the latest after
+        `_LINGER` seconds; closing with unread data would reset the response)."""
+        if not self.closed:
+            self.server.loop.call_later(_LINGER, self.close)
 
     def cork_upstream(self, upstream: UpstreamConnection) -> None:
         """While this read is processed, hold what goes to `upstream` for one send."""
@@ -560,7 +642,8 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         self.queue.clear()
         if current is not None:
             current.client_lost()
-        self.server.connection_closed(self)
+        if not self.refused:
+            self.server.connection_closed(self)
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -579,22 +662,39 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
     # httptools sets no limit on a request head: without one a client could make the
     # proxy hold any amount of memory. `_head_budget` is what is left of the limit.
 
+    def on_message_begin(self) -> None:
+        if not self.head_since:  # a new connection's head is timed from its opening
+            self.head_since = self.server.time()
+
     def on_url(self, url: bytes) -> None:
         self._url += url
         self._head_budget -= len(url)
         if self._head_budget < 0:
-            raise _HeadTooLarge
+            raise self._too_large()
+
+    def _too_large(self) -> Rejected:
+        limit = self.server.options.max_head_bytes
+        return Rejected(431, "head_too_large", f"request line and headers exceed {limit} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         budget = self._head_budget = self._head_budget - len(name) - len(value) - 4
         if budget < 0:
-            raise _HeadTooLarge
+            raise self._too_large()
         lower = name.lower()
-        if lower == b"content-length":
+        if lower == b"host":
+            if self._host is not None:
+                raise conformance.duplicate_host()
+            self._host = value
+        elif lower == b"content-length":
+            # httptools has checked it is one decimal number, at most surrounded by OWS
             self._has_length = value.strip().lstrip(b"0") != b""
         elif lower == b"transfer-encoding":
-            self._chunked = value.lower().endswith(b"chunked")
-        elif lower == b"connection":
+            if self._chunked:
+                raise conformance.duplicate_transfer_encoding()
+            conformance.check_transfer_coding(value)
+            self._chunked = True
+        elif lower == b"connection" and value not in PLAIN_CONNECTION:
+            conformance.check_connection(value)
             options = connection_options(value)
             if options is not None:
                 self._named = options if self._named is None else self._named | options
@@ -602,13 +702,28 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         parser = self.parser
+        version = parser.get_http_version()
+        method = parser.get_method()
+        if version != "1.1":
+            if version != "1.0":
+                raise conformance.unsupported_version(version)
+            if self._chunked:  # RFC 9112 §6.1: an HTTP/1.0 message's framing is faulty
+                raise Rejected(400, "framing", "Transfer-Encoding in an HTTP/1.0 request")
+        elif self._host is None:
+            raise conformance.missing_host()
+        if method == b"CONNECT":
+            raise conformance.connect_refused()
+        target = self._url
+        if not target.startswith(b"/"):
+            target = conformance.request_target(method, target, self._host)
+        self.head_since = 0.0
         exchange = Exchange(
             self,
-            parser.get_method(),
-            self._url,
+            method,
+            target,
             self._headers,
             parser.should_keep_alive(),  # keep_alive
-            parser.get_http_version() == "1.0",  # http_1_0
+            version == "1.0",  # http_1_0
             self._chunked,
             self._named,
             self._chunked or self._has_length,  # has_body
@@ -616,6 +731,7 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         # what the next request's head is gathered into
         self._url = b""
         self._headers = []
+        self._host = None
         self._chunked = self._has_length = False
         self._named = None
         self._head_budget = self.server.options.max_head_bytes
@@ -653,6 +769,9 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
                 self.unblock(_PIPELINED)
             self.current = following
             following.start()
+        elif self._rejection is not None:
+            self.write(self._rejection)
+            self.close()
         else:
             self.idle_since = self.server.time()
 
@@ -738,6 +857,8 @@ class ProxyServer:
         self._samples: list[Sample] = []
         self._overheads: list[float] = []
         self._flush_timer: asyncio.TimerHandle | None = None
+        self._refusals = RateLimitedLog(log, lambda: self.time())
+        self._accept_errors = RateLimitedLog(log, lambda: self.time())
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -875,6 +996,19 @@ class ProxyServer:
         return pool
 
     def connection_opened(self, conn: ClientConnection) -> None:
+        limit = self.options.max_connections
+        if len(self._connections) >= limit:
+            # answered and closed at once: the descriptor is free again right away
+            conn.refused = True
+            conn.write(errors.too_many_connections(limit, retry_after=1))
+            conn.block(_STOPPED)
+            conn.close()
+            self.metrics.connections_refused += 1
+            self._refusals.warning(
+                "refusing client connections: %d open, the maximum (--max-connections)",
+                limit,
+            )
+            return
         self._connections.add(conn)
         self.metrics.connections += 1
         if self.draining:
@@ -886,15 +1020,46 @@ class ProxyServer:
         if not self._connections and self._all_closed is not None:
             self._all_closed.set()
 
+    def accept_failed(self, exc: BaseException | None) -> None:
+        """accept() failed (e.g. EMFILE: out of descriptors): say so, not too often."""
+        self._accept_errors.warning(
+            "accepting a client connection failed (%s) with %d open", exc, len(self._connections)
+        )
+
     def _sweep_interval(self) -> float:
         opts = self.options
-        return max(0.05, min(1.0, opts.client_idle_timeout / 4, opts.pool_idle_timeout / 4))
+        return max(
+            0.05,
+            min(
+                1.0,
+                opts.client_idle_timeout / 4,
+                opts.pool_idle_timeout / 4,
+                opts.head_timeout / 4,
+            ),
+        )
 
     def _sweep(self) -> None:
-        """Close idle client connections and idle upstream connections past their time."""
+        """Close idle client connections and idle upstream connections past their time,
+        and answer 408 to connections whose request head is overdue."""
         loop = self.loop
-        cutoff = loop.time() - self.options.client_idle_timeout
-        for conn in [c for c in self._connections if c.idle and c.idle_since < cutoff]:
+        now = loop.time()
+        cutoff = now - self.options.client_idle_timeout
+        head_cutoff = now - self.options.head_timeout
+        overdue, idle = [], []
+        for conn in self._connections:
+            if conn.current is not None:
+                continue  # a response is owed: the head after it is timed once it is out
+            if conn.head_since:
+                if conn.head_since < head_cutoff:
+                    overdue.append(conn)
+            elif conn.parsing is None and conn.idle_since < cutoff:
+                idle.append(conn)
+        for conn in idle:
+            conn.close()
+        for conn in overdue:
+            self.metrics.reject("head_timeout")
+            conn.block(_STOPPED)
+            conn.write(errors.head_timeout(self.options.head_timeout))
             conn.close()
         for pool in self._pools.values():
             pool.sweep(self.options.pool_idle_timeout)

@@ -39,6 +39,7 @@ class UpstreamUser(Protocol):
     def response_body(self, chunk: bytes) -> None: ...
     def response_complete(self, reusable: bool) -> None: ...
     def upstream_lost(self, conn: UpstreamConnection, reason: str) -> None: ...
+    def upstream_invalid(self, conn: UpstreamConnection, reason: str) -> None: ...
     def upstream_timeout(self, conn: UpstreamConnection) -> None: ...
     def upstream_pause_writing(self) -> None: ...
     def upstream_resume_writing(self) -> None: ...
@@ -69,6 +70,11 @@ EMPTY = 3  # HEAD, 204, 304
 
 class _InvalidResponse(Exception):
     """Raised from a parser callback; httptools wraps it in HttpParserCallbackError."""
+
+
+# a response whose Connection names these would have them dropped on the way to the
+# client while the body they frame is relayed: the client would misread the framing
+_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
 
 
 class UpstreamConnection(CorkedWriter, asyncio.Protocol):
@@ -139,18 +145,19 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
             self._parser.feed_data(data)
             head = self._head
             if head is not None and len(head) > MAX_RESPONSE_HEAD:
-                raise _InvalidResponse
+                raise _InvalidResponse(f"response head larger than {MAX_RESPONSE_HEAD} bytes")
         except (httptools.HttpParserError, _InvalidResponse) as exc:
+            # the response's framing is in doubt: this connection never carries another
             failed = self.user
             self.abort()
             if failed is not None:
-                if isinstance(exc, _InvalidResponse) or isinstance(
-                    exc.__context__, _InvalidResponse
-                ):
-                    reason = f"response head larger than {MAX_RESPONSE_HEAD} bytes"
+                if isinstance(exc, _InvalidResponse):
+                    reason = str(exc)
+                elif isinstance(exc.__context__, _InvalidResponse):
+                    reason = str(exc.__context__)
                 else:
                     reason = f"invalid response: {exc}"
-                failed.upstream_lost(self, reason)
+                failed.upstream_invalid(self, reason)
         finally:
             if corked:
                 client.uncork()
@@ -195,11 +202,14 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         received = self._head
         end = -1 if received is None else received.find(b"\r\n\r\n")
         if received is None or end < 0 or end > MAX_RESPONSE_HEAD:
-            raise _InvalidResponse  # httptools ends a head only at CRLF CRLF
+            # httptools ends a head only at CRLF CRLF
+            raise _InvalidResponse(f"response head larger than {MAX_RESPONSE_HEAD} bytes")
         # after an interim (1xx) response the next head starts right behind this one
         self._head = received[end + 4 :] if status < 200 else None
         status_line, fields = split_response_head(received[:end])
         scan = ResponseFields(fields)
+        if scan.named is not None and scan.named & _FRAMING:
+            raise _InvalidResponse("the response's Connection field names its framing")
         coding = scan.coding
         if coding is not None:  # Transfer-Encoding wins over a length
             body_framing = CHUNKED if coding.endswith(b"chunked") else UNTIL_CLOSE
