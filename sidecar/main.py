@@ -27,6 +27,8 @@ from prometheus_client.registry import CollectorRegistry
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.kv import KeyValueStore
 from controlplane.kernel.kv_factory import open_kv
+from controlplane.kernel.sample_auth import SampleSigner
+from controlplane.kernel.sample_keys import SampleKeys
 from controlplane.kernel.settings import Settings
 from controlplane.kernel.signals import on_stop_signals
 from controlplane.kernel.streams import SampleStream
@@ -70,6 +72,7 @@ class Sidecar:
         proxy_options: ProxyOptions | None = None,
         reporter: SampleReporter | None = None,
         clock: Clock | None = None,
+        sample_keys: SampleKeys | None = None,
     ) -> None:
         self.service = service
         self.timeouts = timeouts or Timeouts()
@@ -80,7 +83,10 @@ class Sidecar:
             default_upstream=default_upstream, force_enabled=force_header_enabled
         )
         self.watcher = RouteWatcher(kv, self.table, service=service, prefix=etcd_prefix)
-        self.reporter = reporter or SampleReporter(stream, service, clock=self.clock)
+        signer = SampleSigner(sample_keys) if sample_keys is not None else None
+        self.reporter = reporter or SampleReporter(
+            stream, service, clock=self.clock, signer=signer
+        )
         options = proxy_options or ProxyOptions(
             connect_timeout=self.timeouts.connect,
             read_timeout=self.timeouts.read,
@@ -142,6 +148,7 @@ async def run_sidecar(
     timeouts: Timeouts | None = None,
     max_connections: int | None = None,
     stop: asyncio.Event | None = None,
+    sample_keys: SampleKeys | None = None,
 ) -> None:
     """Run a sidecar until SIGTERM/SIGINT (or `stop` is set), then shut down cleanly.
 
@@ -163,8 +170,11 @@ async def run_sidecar(
         force_header_enabled=force_header_enabled,
         timeouts=timeouts,
         max_connections=max_connections,
+        sample_keys=sample_keys,
     )
     _report_accept_errors(sidecar.proxy)
+    if sample_keys is None:
+        log.warning("no sample keys configured: samples are sent unsigned")
     stop = stop or asyncio.Event()
     try:
         with on_stop_signals(stop.set):

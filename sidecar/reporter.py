@@ -13,7 +13,12 @@ whose append timed out may have reached Redis anyway and is then sent twice with
 same (src, seq), which lets a collector recognise the repeat.
 
 Samples without an experiment (a default upstream, no route) are not sent: there is
-nothing to compare them with. They are counted as `unattributed`.
+nothing to compare them with. They are counted as `unattributed`. A batch whose
+experiment id does not match the kernel's pattern would be refused by every
+collector, so it is dropped (and counted) here.
+
+With a key set configured each batch is signed (HMAC-SHA256, sample_auth.py) once,
+when it is sealed; a retried send repeats the same signed fields.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from dataclasses import dataclass
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.codec import BatchBuilder, BatchMeta, entry_fields
 from controlplane.kernel.errors import CodecError
+from controlplane.kernel.keys import is_experiment_id
+from controlplane.kernel.sample_auth import SampleSigner
 from controlplane.kernel.streams import SampleStream
 from sidecar.choice import Sample
 
@@ -89,6 +96,7 @@ class SampleReporter:
         send_timeout: float = DEFAULT_SEND_TIMEOUT,
         backoff_initial: float = 0.05,
         backoff_max: float = 2.0,
+        signer: SampleSigner | None = None,
     ) -> None:
         if batch_size < 1 or buffer_batches < 1 or batches_per_call < 1:
             raise ValueError("batch_size, buffer_batches and batches_per_call must be ≥ 1")
@@ -104,6 +112,8 @@ class SampleReporter:
         self._send_timeout = send_timeout
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
+        self._signer = signer
+        self._refused_experiment: str | None = None  # the last one logged, not every batch
 
         self._builder = BatchBuilder()
         self._experiment: str | None = None
@@ -208,6 +218,16 @@ class SampleReporter:
         if not n or self._experiment is None:
             return
         self._builder = BatchBuilder()
+        if not is_experiment_id(self._experiment):
+            self.stats.samples_dropped += n
+            self.stats.batches_dropped += 1
+            if self._experiment != self._refused_experiment:
+                self._refused_experiment = self._experiment
+                log.warning(
+                    "samples of a malformed experiment id (%d characters) dropped",
+                    len(self._experiment),
+                )
+            return
         try:
             payload = builder.encode()
         except CodecError as exc:  # e.g. an over-long variant name from a request header
@@ -217,7 +237,10 @@ class SampleReporter:
             return
         self._seq += 1
         meta = BatchMeta(experiment=self._experiment, source=self.source, seq=self._seq, n=n)
-        self._buffer.append(_Sealed(self._seq, n, entry_fields(meta, payload)))
+        fields = entry_fields(meta, payload)
+        if self._signer is not None:
+            fields = self._signer.sign(self.service, fields)
+        self._buffer.append(_Sealed(self._seq, n, fields))
         self._buffered_samples += n
         self._trim()
 

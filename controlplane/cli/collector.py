@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from controlplane.kernel.sample_keys import SampleKeys
 
 
 def register(app: typer.Typer) -> None:
@@ -29,6 +32,15 @@ def register(app: typer.Typer) -> None:
             int, typer.Option("--claim-idle-ms", help="claim others' entries idle this long")
         ] = 30_000,
         count: Annotated[int, typer.Option("--count", help="entries per read")] = 200,
+        # sample authentication (decision 0009)
+        sample_keys_file: Annotated[
+            str | None,
+            typer.Option(
+                "--sample-keys-file",
+                help="kid:secret lines; refuse batches not signed with one of them "
+                "[env CANARY_SAMPLE_KEYS_FILE, or the keys in CANARY_SAMPLE_KEYS]",
+            ),
+        ] = None,
     ) -> None:
         """Read sample batches (consumer group `collectors`) and publish snapshots."""
         from controlplane.collector.main import main
@@ -45,4 +57,20 @@ def register(app: typer.Typer) -> None:
             if value is not None
         }
         settings = Settings(**overrides)
-        main(settings, name=name, admin=admin, tick=tick, claim_idle_ms=claim_idle_ms, count=count)
+        sample_keys = _sample_keys_or_exit(sample_keys_file)
+        main(
+            settings, name=name, admin=admin, tick=tick, claim_idle_ms=claim_idle_ms,
+            count=count, sample_keys=sample_keys,
+        )  # fmt: skip
+
+
+def _sample_keys_or_exit(path: str | None) -> SampleKeys | None:
+    """The configured sample keys, or one line on stderr and exit code 2."""
+    from controlplane.kernel.errors import ConfigError
+    from controlplane.kernel.sample_keys import load_sample_keys
+
+    try:
+        return load_sample_keys(path)
+    except ConfigError as exc:
+        typer.echo(f"canary collector: {exc}", err=True)
+        raise typer.Exit(2) from exc

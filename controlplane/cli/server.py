@@ -52,8 +52,10 @@ def background_services(settings: Settings, *, embedded: bool) -> Sequence[Backg
     services: list[Background] = []
     if embedded:
         from controlplane.collector.embedded import EmbeddedCollector
+        from controlplane.kernel.sample_keys import generate_sample_keys
 
-        services.append(EmbeddedCollector())
+        # in-process only: whatever signs samples here shares this process's key
+        services.append(EmbeddedCollector(sample_keys=generate_sample_keys()))
     services.append(Controller())
     return services
 

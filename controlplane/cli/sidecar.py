@@ -75,11 +75,21 @@ def register(app: typer.Typer) -> None:
                 "(default: 10000, less if the descriptor limit is lower)",
             ),
         ] = None,
+        # sample authentication (decision 0009)
+        sample_keys_file: Annotated[
+            str | None,
+            typer.Option(
+                "--sample-keys-file",
+                help="kid:secret lines; batches are signed with the first key "
+                "[env CANARY_SAMPLE_KEYS_FILE, or the keys in CANARY_SAMPLE_KEYS]",
+            ),
+        ] = None,
     ) -> None:
         """Proxy a service: routes from etcd, samples to Redis, admin endpoints."""
         from pydantic import ValidationError
 
         from controlplane.kernel.errors import ConfigError
+        from controlplane.kernel.sample_keys import load_sample_keys
         from controlplane.kernel.settings import Settings, parse_host_port
         from sidecar.choice import Upstream
         from sidecar.main import Timeouts, run_sidecar
@@ -111,6 +121,10 @@ def register(app: typer.Typer) -> None:
             raise _fail(f"{where}: {first['msg']}") from exc
         except (ConfigError, ValueError) as exc:
             raise _fail(str(exc)) from exc
+        try:
+            sample_keys = load_sample_keys(sample_keys_file)
+        except ConfigError as exc:
+            raise _fail(str(exc)) from exc
 
         logging.basicConfig(
             level=settings.log_level.upper(),
@@ -132,6 +146,7 @@ def register(app: typer.Typer) -> None:
                 force_header_enabled=allow_force,
                 timeouts=timeouts,
                 max_connections=max_connections,
+                sample_keys=sample_keys,
             )
         )
 

@@ -2,6 +2,8 @@
 
 In the embedded mode the sample bus is in-process, so the collector must run in the
 process that owns it, sharing the very same Backends as the API and controller.
+It verifies sample batches with `sample_keys`: `canary dev` gives it a random key
+generated in the process, so the embedded path runs signed like production.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 
 from controlplane.collector.main import default_name
 from controlplane.collector.service import Collector
+from controlplane.kernel.sample_keys import SampleKeys
 from controlplane.runtime import Backends
 
 
@@ -21,6 +24,7 @@ class EmbeddedCollector:
 
     name: str = field(default_factory=default_name)
     tick: float = 0.1
+    sample_keys: SampleKeys | None = None
     collector: Collector | None = None
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _task: asyncio.Task[None] | None = None
@@ -36,6 +40,7 @@ class EmbeddedCollector:
             consumer_name=self.name,
             clock=backends.clock,
             tick=self.tick,
+            sample_keys=self.sample_keys,
         )
         await self.collector.load_config()
         self._task = asyncio.create_task(self.collector.run(self._stop), name="collector")

@@ -1,7 +1,8 @@
 """`canary collector`: the collector process with its admin endpoints.
 
 /healthz answers while the process runs; /readyz once the configuration is loaded
-and the loop has completed a round recently; /metrics is Prometheus text.
+and the loop has completed a round recently (its body adds "samples unauthenticated"
+while no sample keys are configured); /metrics is Prometheus text.
 SIGTERM (or SIGINT) stops reading, publishes and acks what is held, and exits.
 """
 
@@ -20,6 +21,7 @@ from controlplane.collector.service import Collector
 from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.keys import EtcdKeys
 from controlplane.kernel.kv_factory import open_kv
+from controlplane.kernel.sample_keys import SampleKeys
 from controlplane.kernel.settings import Settings, parse_host_port
 from controlplane.kernel.signals import on_stop_signals
 from controlplane.kernel.streams_factory import open_streams
@@ -49,7 +51,8 @@ async def _serve_admin(collector: Collector, host: str, port: int) -> asyncio.Se
                 fresh = last is not None and collector.clock.monotonic() - last < READY_STALE_SEC
                 ready = collector.config_loaded.is_set() and fresh
                 status = "200 OK" if ready else "503 Service Unavailable"
-                body = b"ready\n" if ready else b"not ready\n"
+                body = b"ready" if ready else b"not ready"
+                body += b"\n" if collector.authenticated else b" (samples unauthenticated)\n"
             elif path == "/metrics":
                 status, ctype = "200 OK", CONTENT_TYPE_LATEST
                 body = generate_latest(collector.metrics.registry)
@@ -75,6 +78,7 @@ async def run_collector(
     tick: float,
     claim_idle_ms: int,
     count: int,
+    sample_keys: SampleKeys | None = None,
 ) -> None:
     clock = SystemClock()
     streams, board = open_streams(
@@ -84,8 +88,12 @@ async def run_collector(
     collector = Collector(
         streams, board, kv, EtcdKeys(settings.etcd_prefix),
         consumer_name=name or default_name(), clock=clock, tick=tick,
-        claim_idle_ms=claim_idle_ms, count=count,
+        claim_idle_ms=claim_idle_ms, count=count, sample_keys=sample_keys,
     )  # fmt: skip
+    if sample_keys is None:
+        log.warning("no sample keys configured: unsigned sample batches are accepted")
+    else:
+        log.info("sample batches verified with keys %s", ", ".join(sample_keys.kids))
     stop = asyncio.Event()
     server = None
     if admin:
@@ -115,6 +123,7 @@ def main(
     tick: float = 0.1,
     claim_idle_ms: int = 30_000,
     count: int = 200,
+    sample_keys: SampleKeys | None = None,
 ) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(),
@@ -128,6 +137,12 @@ def main(
         runner = asyncio.run  # type: ignore[assignment]
     runner(
         run_collector(
-            settings, name=name, admin=admin, tick=tick, claim_idle_ms=claim_idle_ms, count=count
+            settings,
+            name=name,
+            admin=admin,
+            tick=tick,
+            claim_idle_ms=claim_idle_ms,
+            count=count,
+            sample_keys=sample_keys,
         )
     )

@@ -7,6 +7,10 @@ and routes from etcd) is watched in a task of its own and applied live.
 
 Ordering is what makes counts exact (see sharding.py): an entry is acked only after
 a partial window containing it is on the board.
+
+Entries are untrusted: each passes screening.screen_entry (signature when keys are
+configured, strict decode, plausible times) on its own, and one that fails is counted
+under its reason, acked and skipped without touching the others of the same read.
 """
 
 from __future__ import annotations
@@ -22,6 +26,15 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from controlplane.collector.screening import (
+    DROP_REASONS,
+    INTERNAL_ERROR,
+    MAX_VARIANTS_PER_EXPERIMENT,
+    TOO_MANY_VARIANTS,
+    DropLog,
+    experiment_of,
+    screen_entry,
+)
 from controlplane.collector.sharding import (
     PART_PREFIX,
     Partial,
@@ -40,12 +53,14 @@ from controlplane.collector.windows import (
     WindowConfig,
 )
 from controlplane.kernel.clock import Clock
-from controlplane.kernel.codec import BatchMeta, RawBatch, parse_entry_raw
+from controlplane.kernel.codec import BatchMeta, RawBatch
 from controlplane.kernel.errors import BackendError, CanaryError, CodecError, ValidationFailed
-from controlplane.kernel.keys import COLLECTOR_GROUP, EtcdKeys
+from controlplane.kernel.keys import COLLECTOR_GROUP, EtcdKeys, is_service_name
 from controlplane.kernel.kv import EventKind, KeyValueStore
 from controlplane.kernel.routes import parse_route
 from controlplane.kernel.rules import parse_rule
+from controlplane.kernel.sample_auth import SampleVerifier
+from controlplane.kernel.sample_keys import SampleKeys
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.kernel.streams import SampleStream, SnapshotBoard, StreamEntry
 
@@ -102,9 +117,22 @@ class CollectorMetrics:
             registry=registry,
         )  # fmt: skip
         self.corrupt = Counter(
-            "canary_collector_entries_corrupt", "stream entries that failed to decode (acked)",
+            "canary_collector_entries_corrupt",
+            "stream entries dropped for any reason (acked); by reason: batches_dropped",
             registry=registry,
+        )
+        self.dropped = Counter(
+            "canary_collector_batches_dropped",
+            "sample batches dropped and acked, by reason (unsigned, bad_signature, …)",
+            ["reason"], registry=registry,
         )  # fmt: skip
+        for reason in DROP_REASONS:
+            self.dropped.labels(reason)  # every reason shows, at 0, before its first drop
+        self.authenticated = Gauge(
+            "canary_collector_samples_authenticated",
+            "1: only batches signed with a configured key are counted; 0: unsigned accepted",
+            registry=registry,
+        )
         self.duplicates = Counter(
             "canary_collector_batches_duplicate", "re-delivered batches not counted again",
             registry=registry,
@@ -164,6 +192,7 @@ class Collector:
         alpha: float = 0.01,
         default_window_sec: int = 60,
         registry: CollectorRegistry | None = None,
+        sample_keys: SampleKeys | None = None,
     ) -> None:
         self.streams = streams
         self.board = board
@@ -181,6 +210,10 @@ class Collector:
         self.mapping = LogMapping(alpha)
         self.default_config = WindowConfig(window_sec=default_window_sec)
         self.metrics = CollectorMetrics(registry or CollectorRegistry())
+        # with keys, unsigned and badly signed batches are refused; without, accepted
+        self.verifier = SampleVerifier(sample_keys) if sample_keys is not None else None
+        self.metrics.authenticated.set(1 if self.verifier is not None else 0)
+        self._drop_log = DropLog(log, clock)
         self.configs: dict[str, WindowConfig] = {}
         self.route_services: set[str] = set()
         self.windows: dict[str, ExperimentWindow] = {}
@@ -204,8 +237,16 @@ class Collector:
     # --- configuration ------------------------------------------------------
 
     @property
+    def authenticated(self) -> bool:
+        """Are sample batches verified (keys configured)? /readyz and a gauge say so."""
+        return self.verifier is not None
+
+    @property
     def services(self) -> set[str]:
-        return set(self.configs) | self.route_services | self._stream_services
+        # service names from etcd keys and stream keys become Redis keys: only
+        # well-formed ones (keys.is_service_name)
+        found = set(self.configs) | self.route_services | self._stream_services
+        return {service for service in found if is_service_name(service)}
 
     def config_for(self, service: str) -> WindowConfig:
         return self.configs.get(service, self.default_config)
@@ -356,19 +397,21 @@ class Collector:
                     break
                 self.metrics.claimed.inc(len(entries))
                 listed: set[str] = set()
-                for experiment in {
-                    e.fields.get("exp", b"").decode("utf-8", "replace") for e in entries
-                }:
-                    if experiment:
-                        listed |= unacked_elsewhere(
-                            await self.board.read(experiment), own=self.name
-                        )
+                # only well-formed ids are looked up (a key is made of them); the
+                # entries themselves are screened in apply like any others
+                for experiment in {experiment_of(e) for e in entries} - {None}:
+                    assert experiment is not None
+                    listed |= unacked_elsewhere(await self.board.read(experiment), own=self.name)
                 self.apply(entries, claimed_unacked=frozenset(listed))
                 if len(entries) < self.count:
                     break
 
     def apply(self, entries: Sequence[StreamEntry], *, claimed_unacked: frozenset[str]) -> None:
-        """Decode, de-duplicate and apply entries; nothing here awaits."""
+        """Screen, de-duplicate and apply entries; nothing here awaits.
+
+        A bad entry is dropped on its own (counted, acked with the next publish); the
+        good ones of the same read are applied exactly as if it had not been there.
+        """
         if not entries:
             return
         now = self.clock.now()
@@ -377,11 +420,10 @@ class Collector:
         by_experiment: dict[str, list[RawBatch]] = {}
         for entry in entries:
             try:
-                meta, batch = parse_entry_raw(entry.fields)
+                meta, batch = screen_entry(entry, now, self.verifier)
+                self._check_variants(meta.experiment, batch, by_experiment)
             except CodecError as exc:
-                self.metrics.corrupt.inc()
-                log.warning("corrupt entry %s on %s, acked: %s", entry.entry_id, entry.service, exc)
-                self._ack_now.setdefault(entry.service, []).append(entry.entry_id)
+                self._drop(entry, exc.reason, str(exc))
                 continue
             self.experiment_service.setdefault(meta.experiment, entry.service)
             self._window(meta.experiment, now)  # so a publish (and the ack) follows
@@ -396,10 +438,38 @@ class Collector:
         for experiment, batches in by_experiment.items():
             window = self._window(experiment, now)
             before = window.counters.ingested, window.counters.late, window.counters.clamped
-            window.record_many(batches, now)
+            try:
+                window.record_many(batches, now)
+            except Exception as exc:  # a bug, not bad input (screened): never stop the loop
+                self.metrics.dropped.labels(INTERNAL_ERROR).inc(len(batches))
+                log.exception("experiment %s: %d batches not applied", experiment, len(batches))
+                self._drop_log.dropped(INTERNAL_ERROR, "-", "-", type(exc).__name__)
             self.metrics.ingested.inc(window.counters.ingested - before[0])
             self.metrics.late.inc(window.counters.late - before[1])
             self.metrics.clamped.inc(window.counters.clamped - before[2])
+
+    def _check_variants(
+        self, experiment: str, batch: RawBatch, pending: Mapping[str, list[RawBatch]]
+    ) -> None:
+        """Refuse a batch that would give its experiment too many variants (a ring each)."""
+        window = self.windows.get(experiment)
+        known = set(window.variants) if window is not None else set()
+        if known.issuperset(batch.variants):
+            return
+        for other in pending.get(experiment, ()):
+            known.update(other.variants)
+        if len(known | set(batch.variants)) > MAX_VARIANTS_PER_EXPERIMENT:
+            raise CodecError(
+                f"batch would give experiment {experiment} more than "
+                f"{MAX_VARIANTS_PER_EXPERIMENT} variants",
+                TOO_MANY_VARIANTS,
+            )
+
+    def _drop(self, entry: StreamEntry, reason: str, detail: str) -> None:
+        self.metrics.corrupt.inc()
+        self.metrics.dropped.labels(reason).inc()
+        self._drop_log.dropped(reason, entry.service, entry.entry_id, detail)
+        self._ack_now.setdefault(entry.service, []).append(entry.entry_id)
 
     def _is_duplicate(
         self, entry: StreamEntry, meta: BatchMeta, claimed_unacked: frozenset[str]

@@ -35,6 +35,7 @@ from controlplane.demo.scenarios import (
 from controlplane.demo.summary import ScenarioResult, all_ok, summary_table
 from controlplane.demo.upstreams import LatencyProfile, UpstreamServer
 from controlplane.demo.view import render
+from controlplane.kernel.sample_keys import generate_sample_keys
 from controlplane.kernel.settings import Settings, parse_host_port
 from controlplane.kernel.signals import on_stop_signals
 from controlplane.kernel.streams import SampleStream, StreamEntry
@@ -146,6 +147,9 @@ class Demo:
         # On shared, real backends a run of its own service: no route or experiment
         # left by an earlier (or a concurrent) run can get in its way.
         self.service = f"{SERVICE}-{uuid.uuid4().hex[:6]}" if options.real else SERVICE
+        # the sidecar and the collector run here: they share a key made for this run,
+        # so the demo's samples travel signed and are verified as in production
+        self.sample_keys = generate_sample_keys("demo")
 
     def say(self, line: str) -> None:
         if not self.options.live:
@@ -265,6 +269,7 @@ class Demo:
         assert backends.streams is not None
         samples = CountingStream(backends.streams)
         sidecar = Sidecar(
+            sample_keys=self.sample_keys,
             service=self.service,
             kv=backends.kv,
             stream=samples,
@@ -288,6 +293,7 @@ class Demo:
         collector = Collector(
             backends.streams, backends.board, backends.kv, backends.keys,
             consumer_name=f"demo-{uuid.uuid4().hex[:8]}", clock=backends.clock,
+            sample_keys=self.sample_keys,
         )  # fmt: skip
         await collector.load_config()
         stop = asyncio.Event()

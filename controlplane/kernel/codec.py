@@ -17,10 +17,22 @@ Payload, version 1, little-endian:
     outcome u16[n]         HTTP status, or CONNECT_ERROR / TIMEOUT / ABORTED below 100
     unit    u32[n]         32-bit hash of the sticky unit (0: none), for per-unit analysis
     crc32   u32            zlib.crc32 of everything before it
+
+Every byte of an entry is untrusted (anyone who can write to Redis writes entries),
+so decoding is strict and bounded, all of it here: a caller gets a valid batch or a
+CodecError whose `reason` is a fixed label (one of REASONS) for its drop counter.
+What the format makes unrepresentable needs no check (a latency is a u32 of µs:
+never NaN or negative; its largest value is the builder's saturation mark). What it
+can carry is checked: t0 finite, sample counts within the byte length and
+MAX_SAMPLES, outcomes an HTTP status (100-999) or one of the codes below 100,
+variant names printable and unique, the entry's experiment id and source bounded
+(controlplane.kernel.keys). `check_times` bounds t0 against the reader's clock.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import struct
 import sys
 import zlib
@@ -30,6 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from controlplane.kernel.errors import CodecError
+from controlplane.kernel.keys import is_experiment_id
 
 if TYPE_CHECKING:
     import numpy as np
@@ -47,6 +60,35 @@ _CRC = struct.Struct("<I")
 _U32_MAX = 0xFFFF_FFFF
 _BYTES_PER_SAMPLE = 4 + 1 + 4 + 2 + 4
 _LITTLE = sys.byteorder == "little"
+
+# bounds of what a collector accepts (a sidecar sends 512 samples, ~7.7 KB, by default)
+MAX_SAMPLES = 65_536
+MAX_PAYLOAD = _HEAD.size + 255 * 256 + _T0.size + MAX_SAMPLES * _BYTES_PER_SAMPLE + _CRC.size
+MAX_SOURCE = 128
+# t0 further from the reader's clock than this is not a clock skew but a bad batch;
+# closer, the window counts samples as late or clamps them (windows.py)
+MAX_PAST_SEC = 86_400.0
+MAX_AHEAD_SEC = 600.0
+_SOURCE = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+_DIGITS = re.compile(rb"[0-9]{1,19}")
+_FIELD_MAX = 64  # bytes of a numeric or id field worth parsing at all
+
+# the reasons a CodecError gives: bounded label values for the collector's counter
+MALFORMED = "malformed"
+BAD_VERSION = "bad_version"
+TRUNCATED = "truncated"
+OVERSIZED = "oversized"
+BAD_CHECKSUM = "bad_checksum"
+BAD_COUNT = "bad_count"
+BAD_TIMESTAMP = "bad_timestamp"
+BAD_VARIANT = "bad_variant"
+BAD_OUTCOME = "bad_outcome"
+BAD_EXPERIMENT = "bad_experiment"
+BAD_SOURCE = "bad_source"
+REASONS = (
+    MALFORMED, BAD_VERSION, TRUNCATED, OVERSIZED, BAD_CHECKSUM, BAD_COUNT, BAD_TIMESTAMP,
+    BAD_VARIANT, BAD_OUTCOME, BAD_EXPERIMENT, BAD_SOURCE,
+)  # fmt: skip
 
 
 def is_failure_outcome(outcome: int, *, failure_statuses: frozenset[int] | None = None) -> bool:
@@ -86,6 +128,8 @@ class BatchBuilder:
                 raise CodecError("a batch holds at most 255 variant names")
             index = self._variants[variant] = len(self._variants)
         if self._t0 is None:
+            if not math.isfinite(ts):
+                raise CodecError("a sample time must be a finite number", BAD_TIMESTAMP)
             self._t0 = ts
         # samples recorded slightly out of order (concurrent requests) clamp to t0;
         # comparisons rather than min/max calls: this runs once per proxied request
@@ -117,6 +161,8 @@ class BatchBuilder:
             raise CodecError("a batch holds at most 255 variant names")
         lookup = {**index, **{name: len(index) + i for i, name in enumerate(new)}}
         t0 = ts[0] if self._t0 is None else self._t0
+        if not math.isfinite(t0):
+            raise CodecError("a sample time must be a finite number", BAD_TIMESTAMP)
         if units and (min(units) < 0 or max(units) > _U32_MAX):
             units = [unit & _U32_MAX for unit in units]
         columns = (
@@ -195,31 +241,30 @@ def decode_raw(payload: bytes) -> RawBatch:
     """Check a payload and view its columns; raises CodecError on anything corrupt."""
     import numpy as np
 
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        raise CodecError("sample payload is not bytes", MALFORMED)
     if len(payload) < _HEAD.size + _T0.size + _CRC.size:
-        raise CodecError(f"sample payload truncated: {len(payload)} bytes")
+        raise CodecError(f"sample payload truncated: {len(payload)} bytes", TRUNCATED)
+    if len(payload) > MAX_PAYLOAD:
+        raise CodecError(f"sample payload of {len(payload)} bytes is too large", OVERSIZED)
     end = len(payload) - _CRC.size
     (crc,) = _CRC.unpack_from(payload, end)
     if zlib.crc32(memoryview(payload)[:end]) != crc:
-        raise CodecError("sample payload checksum mismatch (corrupt or truncated)")
+        raise CodecError("sample payload checksum mismatch (corrupt or truncated)", BAD_CHECKSUM)
     magic, version, n, k = _HEAD.unpack_from(payload, 0)
     if magic != MAGIC:
-        raise CodecError(f"not a sample payload (magic {magic!r})")
+        raise CodecError("not a sample payload (bad magic)", MALFORMED)
     if version != VERSION:
-        raise CodecError(f"unsupported sample payload version {version}")
-    offset = _HEAD.size
-    names: list[str] = []
-    try:
-        for _ in range(k):
-            size = payload[offset]
-            if offset + 1 + size > end:
-                raise IndexError(offset)
-            names.append(payload[offset + 1 : offset + 1 + size].decode())
-            offset += 1 + size
-    except (IndexError, UnicodeDecodeError) as exc:
-        raise CodecError("sample payload has a corrupt variant table") from exc
+        raise CodecError(f"unsupported sample payload version {version}", BAD_VERSION)
+    if n > MAX_SAMPLES:
+        raise CodecError(f"sample payload claims {n} samples, over {MAX_SAMPLES}", BAD_COUNT)
+    names = _variant_names(payload, k, end)
+    offset = _HEAD.size + sum(1 + len(name.encode()) for name in names)
     if end != offset + _T0.size + n * _BYTES_PER_SAMPLE:
-        raise CodecError(f"sample payload length does not match its {n} samples")
+        raise CodecError(f"sample payload length does not match its {n} samples", BAD_COUNT)
     (t0,) = _T0.unpack_from(payload, offset)
+    if not math.isfinite(t0):
+        raise CodecError("sample payload has a non-finite base time", BAD_TIMESTAMP)
     offset += _T0.size
     frombuffer = np.frombuffer
     dt = frombuffer(payload, dtype="<u4", count=n, offset=offset)
@@ -232,8 +277,70 @@ def decode_raw(payload: bytes) -> RawBatch:
     offset += 2 * n
     unit = frombuffer(payload, dtype="<u4", count=n, offset=offset)
     if n and int(variant.max()) >= len(names):
-        raise CodecError("sample payload names a variant it does not define")
+        raise CodecError("sample payload names a variant it does not define", BAD_VARIANT)
+    if n and _outcomes_out_of_range(outcome):
+        raise CodecError("sample payload has an outcome out of range", BAD_OUTCOME)
     return RawBatch(tuple(names), t0, dt, variant, rt_us, outcome, unit)
+
+
+def _variant_names(payload: bytes, k: int, end: int) -> list[str]:
+    """The variant table: k printable, unique, non-empty UTF-8 names within the payload."""
+    names: list[str] = []
+    offset = _HEAD.size
+    for _ in range(k):
+        if offset >= end:
+            raise CodecError("sample payload has a truncated variant table", BAD_VARIANT)
+        size = payload[offset]
+        if not size or offset + 1 + size > end:
+            raise CodecError("sample payload has a corrupt variant table", BAD_VARIANT)
+        try:
+            name = bytes(payload[offset + 1 : offset + 1 + size]).decode()
+        except UnicodeDecodeError as exc:
+            raise CodecError("sample payload has a non-UTF-8 variant name", BAD_VARIANT) from exc
+        if not name.isprintable():
+            raise CodecError("sample payload has an unprintable variant name", BAD_VARIANT)
+        names.append(name)
+        offset += 1 + size
+    if len(set(names)) != len(names):
+        raise CodecError("sample payload names a variant twice", BAD_VARIANT)
+    return names
+
+
+_OUTCOME_OK: npt.NDArray[np.bool_] | None = None
+
+
+def _outcomes_out_of_range(outcome: npt.NDArray[np.uint16]) -> bool:
+    """Any outcome neither one of the codes below 100 nor a three-digit HTTP status?"""
+    global _OUTCOME_OK
+    if _OUTCOME_OK is None:
+        import numpy as np
+
+        # one gather over the column: cheaper than the two comparisons it replaces
+        table = np.zeros(65536, dtype=bool)
+        table[: ABORTED + 1] = True
+        table[100:1000] = True
+        _OUTCOME_OK = table
+    return not bool(_OUTCOME_OK[outcome].all())
+
+
+def check_times(
+    batch: RawBatch,
+    now: float,
+    *,
+    max_past_sec: float = MAX_PAST_SEC,
+    max_ahead_sec: float = MAX_AHEAD_SEC,
+) -> None:
+    """Refuse a batch whose samples lie absurdly far from `now` (the reader's clock).
+
+    Within the bounds the window decides (late samples dropped, early ones clamped);
+    outside them the batch is bad, not late: a broken clock, a forged or replayed batch.
+    """
+    last = batch.t0 + (int(batch.dt_us.max()) / 1e6 if len(batch) else 0.0)
+    if batch.t0 < now - max_past_sec or last > now + max_ahead_sec:
+        raise CodecError(
+            f"sample batch times lie {batch.t0 - now:+.0f} s from the collector's clock",
+            BAD_TIMESTAMP,
+        )
 
 
 def _owned(raw: RawBatch) -> DecodedBatch:
@@ -274,26 +381,50 @@ def entry_fields(meta: BatchMeta, payload: bytes) -> dict[str, bytes]:
     }
 
 
+def _field(fields: Mapping[str, bytes], name: str) -> bytes:
+    try:
+        value = fields[name]
+    except KeyError as exc:
+        raise CodecError(f"sample entry lacks field {name!r}", MALFORMED) from exc
+    if not isinstance(value, bytes):
+        raise CodecError(f"sample entry field {name!r} is not bytes", MALFORMED)
+    return value
+
+
+def _number(fields: Mapping[str, bytes], name: str) -> int:
+    value = _field(fields, name)
+    if not _DIGITS.fullmatch(value):
+        # the value is not echoed: it may be kilobytes of anything
+        raise CodecError(f"sample entry field {name!r} is not a number", MALFORMED)
+    return int(value)
+
+
+def parse_meta(fields: Mapping[str, bytes]) -> BatchMeta:
+    """The entry's fields other than the payload, checked and bounded."""
+    version = _number(fields, "v")
+    if version != VERSION:
+        raise CodecError(f"unsupported sample entry version {version}", BAD_VERSION)
+    raw_exp = _field(fields, "exp")
+    experiment = raw_exp.decode("ascii", "replace") if len(raw_exp) <= _FIELD_MAX else ""
+    if not is_experiment_id(experiment):
+        raise CodecError(f"malformed experiment id ({len(raw_exp)} bytes)", BAD_EXPERIMENT)
+    source = _field(fields, "src")
+    if not _SOURCE.fullmatch(source):
+        raise CodecError(f"malformed source ({len(source)} bytes)", BAD_SOURCE)
+    n = _number(fields, "n")
+    if not 0 < n <= MAX_SAMPLES:
+        raise CodecError(f"sample entry says n={n}: not 1..{MAX_SAMPLES}", BAD_COUNT)
+    return BatchMeta(experiment, source.decode("ascii"), _number(fields, "seq"), n)
+
+
 def parse_entry_raw(fields: Mapping[str, bytes]) -> tuple[BatchMeta, RawBatch]:
     """Validate one stream entry and view its columns (see `decode_raw`)."""
-    try:
-        version = int(fields["v"])
-        meta = BatchMeta(
-            experiment=fields["exp"].decode(),
-            source=fields["src"].decode(),
-            seq=int(fields["seq"]),
-            n=int(fields["n"]),
-        )
-        payload = fields["data"]
-    except KeyError as exc:
-        raise CodecError(f"sample entry lacks field {exc.args[0]!r}") from exc
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CodecError(f"sample entry has a malformed field: {exc}") from exc
-    if version != VERSION:
-        raise CodecError(f"unsupported sample entry version {version}")
-    batch = decode_raw(payload)
+    meta = parse_meta(fields)
+    batch = decode_raw(_field(fields, "data"))
     if len(batch) != meta.n:
-        raise CodecError(f"sample entry says n={meta.n} but carries {len(batch)} samples")
+        raise CodecError(
+            f"sample entry says n={meta.n} but carries {len(batch)} samples", BAD_COUNT
+        )
     return meta, batch
 
 

@@ -85,4 +85,8 @@ class NotLeader(BackendError):
 
 
 class CodecError(CanaryError):
-    pass
+    """`reason` is a short fixed label (a metrics label value), never input bytes."""
+
+    def __init__(self, message: str, reason: str = "malformed") -> None:
+        super().__init__(message)
+        self.reason = reason

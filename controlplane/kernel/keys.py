@@ -1,8 +1,39 @@
-"""Key names shared by every part (DESIGN §4 and §5): one place to spell them."""
+"""Key names shared by every part (DESIGN §4 and §5): one place to spell them.
+
+Experiment ids and service names reach this module from sample batches, i.e. from
+whoever can write to Redis. Both have one pattern each, defined here, checked before
+any key is formatted from them: a key never carries `../`, braces (which would move
+it to another Redis Cluster hash slot) or kilobytes of attacker bytes.
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+from controlplane.kernel.errors import ValidationFailed
+
+# ids the control plane assigns are integers; hand-written routes may use short names
+EXPERIMENT_ID_MAX = 64
+EXPERIMENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+SERVICE_NAME_MAX = 63
+SERVICE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+
+
+def is_experiment_id(value: str) -> bool:
+    """Does `value` match the experiment-id pattern (bounded length, no separators)?"""
+    return len(value) <= EXPERIMENT_ID_MAX and EXPERIMENT_ID.fullmatch(value) is not None
+
+
+def is_service_name(value: str) -> bool:
+    return len(value) <= SERVICE_NAME_MAX and SERVICE_NAME.fullmatch(value) is not None
+
+
+def _checked(kind: str, value: str, valid: bool) -> str:
+    if not valid:
+        # the value itself is not echoed: it may be anything a Redis writer sent
+        raise ValidationFailed(f"malformed {kind} ({len(value)} characters) refused as a key")
+    return value
 
 
 @dataclass(frozen=True)
@@ -36,10 +67,13 @@ class RedisKeys:
     namespace: str = "canary"
 
     def samples(self, service: str) -> str:
+        _checked("service name", service, is_service_name(service))
         return f"{self.namespace}:samples:{{{service}}}"
 
     def stats(self, experiment: str | int) -> str:
-        return f"{self.namespace}:stats:{{{experiment}}}"
+        text = str(experiment)
+        _checked("experiment id", text, is_experiment_id(text))
+        return f"{self.namespace}:stats:{{{text}}}"
 
     @property
     def decisions(self) -> str:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.errors import BackendUnavailable
+from controlplane.kernel.keys import is_service_name
 from controlplane.kernel.streams import StreamEntry
 
 DECISIONS_MAXLEN = 10_000
@@ -189,7 +190,7 @@ class MemoryStreams:
 
     async def services(self) -> list[str]:
         self._check_open()
-        return sorted(self._streams)
+        return sorted(s for s in self._streams if is_service_name(s))
 
     def length(self, service: str) -> int:
         """Entries held in the service's stream (XLEN), for gauges and tests."""

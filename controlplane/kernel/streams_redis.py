@@ -30,7 +30,7 @@ from redis.backoff import NoBackoff
 from redis.typing import EncodableT, FieldT
 
 from controlplane.kernel.errors import BackendError, BackendUnavailable
-from controlplane.kernel.keys import RedisKeys
+from controlplane.kernel.keys import RedisKeys, is_service_name
 from controlplane.kernel.streams import StreamEntry
 
 DECISIONS_MAXLEN = 10_000
@@ -232,7 +232,10 @@ class RedisStreams:
             async for key in self._client.scan_iter(
                 match=self._keys.samples_pattern, count=1000, _type="stream"
             ):
-                found.add(self._keys.service_of_samples(_text(key)))
+                service = self._keys.service_of_samples(_text(key))
+                # a stream anyone else created under a malformed name is not ours to read
+                if is_service_name(service):
+                    found.add(service)
         return sorted(found)
 
     # --- SnapshotBoard ------------------------------------------------------
