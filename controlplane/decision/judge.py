@@ -468,6 +468,13 @@ def _count_at_most(x: FloatArray, y: FloatArray, v: float) -> int:
     return int(len(x) * len(y) - np.sum(below))
 
 
+def _smallest_above(x: FloatArray, y: FloatArray, v: float) -> float:
+    # per row, the largest y_j < x_i - v gives the smallest x_i - y_j > v
+    j = np.searchsorted(y, x - v, side="left") - 1
+    rows = j >= 0
+    return float(np.min(x[rows] - y[j[rows]]))
+
+
 def _select_by_bisection(x: FloatArray, y: FloatArray, r: int) -> float:
     """The r-th smallest difference without materialising all n*m of them."""
     lo = float(x[0] - y[-1])
@@ -482,10 +489,19 @@ def _select_by_bisection(x: FloatArray, y: FloatArray, r: int) -> float:
     while count_hi - count_lo > BAND_PAIRS and np.nextafter(lo, math.inf) < hi:
         mid = lo + (hi - lo) / 2
         c = _count_at_most(x, y, mid)
+        stalled = c == count_lo
         if c >= r:
             hi, count_hi = mid, c
         else:
             lo, count_lo = mid, c
+        if stalled:
+            # halving moved lo through a gap (tied differences sit together): jump to
+            # the smallest difference above it, which may already hold rank r
+            nearest = _smallest_above(x, y, lo)
+            at_nearest = _count_at_most(x, y, nearest)
+            if at_nearest >= r:
+                return nearest  # nothing lies between lo and it
+            lo, count_lo = nearest, at_nearest
     if count_hi - count_lo > BAND_PAIRS:
         return hi  # the band is one value as far as floats can tell
     # the differences in (lo, hi]: per row, y_j in [x_i - hi, x_i - lo)
