@@ -13,7 +13,7 @@ from fastapi import FastAPI
 
 from controlplane.api import metrics, problems
 from controlplane.api.deps import get_settings
-from controlplane.api.routes import experiments, health, rules
+from controlplane.api.routes import experiments, health, judge, rules
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.settings import Settings
 from controlplane.runtime import (
@@ -109,6 +109,6 @@ def create_app(
     for service in services:
         if isinstance(service, ExportsMetrics):
             exported.registry.register(service.metrics_collector())
-    for router in (health.router, experiments.router, rules.router):
+    for router in (health.router, experiments.router, rules.router, judge.router):
         app.include_router(router)
     return app

@@ -11,7 +11,7 @@ from typing import cast
 
 import typer
 
-from controlplane.cli import bench, collector, demo, experiments, rules, server, sidecar
+from controlplane.cli import bench, collector, demo, experiments, judge, rules, server, sidecar
 
 app = typer.Typer(
     name="canary",
@@ -21,7 +21,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for module in (bench, collector, demo, experiments, rules, server, sidecar):
+for module in (bench, collector, demo, experiments, judge, rules, server, sidecar):
     module.register(app)
 
 

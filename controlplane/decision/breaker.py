@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from controlplane.decision import directional
 from controlplane.decision.stats import (
     TestResult,
     failure_bound_test,
@@ -156,9 +157,26 @@ def _absolute_latency(canary: WindowSnapshot, rule: BreakerRule, test: bool) -> 
     )
 
 
+def _from_gate(name: str, gate: directional.Gate) -> Guardrail:
+    """The hook for the rule's judgment knobs (direction, effect): see directional.py."""
+    return Guardrail(
+        name=name,
+        basis=gate.basis,
+        observed=gate.observed,
+        bound=gate.bound,
+        exceeded=gate.exceeded,
+        breached=gate.exceeded,
+        test=gate.test,
+        note=gate.note,
+    )
+
+
 def _baseline_latency(
     canary: WindowSnapshot, baseline: WindowSnapshot, rule: BreakerRule, test: bool
 ) -> Guardrail:
+    if directional.latency_knobs_set(rule):
+        gate = directional.baseline_latency_gate(canary, baseline, rule, test)
+        return _from_gate("latency", gate)
     q = rule.percentile
     c, b = canary.percentile_ms(q), baseline.percentile_ms(q)
     exceeded = c is not None and b is not None and c > rule.baseline_margin * b
@@ -188,6 +206,10 @@ def _baseline_latency(
 def _failures(
     canary: WindowSnapshot, baseline: WindowSnapshot | None, rule: BreakerRule, test: bool
 ) -> Guardrail:
+    knobs = directional.failure_knobs_set(rule)
+    if knobs and rule.compare is Compare.BASELINE and baseline is not None:
+        gate = directional.baseline_failure_gate(canary, baseline, rule, test)
+        return _from_gate("failures", gate)
     exceeded = canary.failure_ratio > rule.failure_ratio
     result: TestResult | None = None
     if test:

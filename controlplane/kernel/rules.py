@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+import math
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from controlplane.kernel.errors import FieldError, ValidationFailed
+from controlplane.kernel.judgment import EffectGate, GuardrailDirections
 
 SERVICE_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,62})$"
 ServiceName = Annotated[
@@ -70,6 +79,47 @@ class BreakerRule(BaseModel):
     no_data: NoDataPolicy = NoDataPolicy.HOLD
     no_data_timeout_sec: float = Field(default=300, gt=0)
     srm: SrmPolicy = SrmPolicy.WARN
+    # Kayenta-compatible judgment knobs (docs/decisions/0013); left unset, every
+    # decision is the same as without them
+    direction: GuardrailDirections = Field(
+        default_factory=GuardrailDirections,
+        description="per guardrail, which change is bad: increase, decrease or either",
+    )
+    effect: EffectGate | None = Field(
+        default=None, description="effect-size gate of the baseline latency comparison"
+    )
+    confidence: float | None = Field(
+        default=None,
+        gt=0.5,
+        lt=1,
+        allow_inf_nan=False,
+        strict=True,
+        description="1 - alpha: the chance a healthy canary passes a step; sets alpha",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _confidence_sets_alpha(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        confidence = data.get("confidence")
+        if isinstance(confidence, bool) or not isinstance(confidence, int | float):
+            return data  # absent, or the field's own validation names what is wrong
+        if not 0.5 < confidence < 1:
+            return data
+        alpha = 1 - float(confidence)
+        given = data.get("alpha")
+        if isinstance(given, int | float) and not math.isclose(given, alpha, abs_tol=1e-12):
+            raise ValueError(f"alpha {given} contradicts confidence {confidence}: give one")
+        return {**data, "alpha": alpha}
+
+    @model_validator(mode="after")
+    def _knobs_compare_with_the_baseline(self) -> BreakerRule:
+        if self.compare is Compare.ABSOLUTE and (
+            self.effect is not None or not self.direction.is_default
+        ):
+            raise ValueError("direction and effect need compare: baseline")
+        return self
 
     @field_validator("percentile")
     @classmethod
