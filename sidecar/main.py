@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from prometheus_client.registry import CollectorRegistry
 
+from controlplane.kernel.backend_access import etcd_access, redis_access
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.kv import KeyValueStore
 from controlplane.kernel.kv_factory import open_kv
@@ -137,8 +138,15 @@ async def run_sidecar(
 ) -> None:
     """Run a sidecar until SIGTERM/SIGINT (or `stop` is set), then shut down cleanly."""
     upstream = Upstream.parse(default_upstream) if default_upstream else None
-    kv = open_kv(settings.etcd)
-    stream, _ = open_streams(settings.redis_url, namespace=settings.redis_namespace)
+    kv = open_kv(settings.etcd, access=etcd_access(settings))
+    try:
+        stream, _ = open_streams(
+            settings.redis_url, namespace=settings.redis_namespace,
+            access=redis_access(settings),
+        )
+    except BaseException:
+        await kv.close()
+        raise
     sidecar = Sidecar(
         service=service,
         kv=kv,

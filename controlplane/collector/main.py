@@ -17,6 +17,7 @@ import uuid
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controlplane.collector.service import Collector
+from controlplane.kernel.backend_access import etcd_access, redis_access
 from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.keys import EtcdKeys
 from controlplane.kernel.kv_factory import open_kv
@@ -78,9 +79,10 @@ async def run_collector(
 ) -> None:
     clock = SystemClock()
     streams, board = open_streams(
-        settings.redis_url, namespace=settings.redis_namespace, clock=clock
+        settings.redis_url, namespace=settings.redis_namespace, clock=clock,
+        access=redis_access(settings),
     )
-    kv = open_kv(settings.etcd, clock=clock)
+    kv = open_kv(settings.etcd, clock=clock, access=etcd_access(settings))
     collector = Collector(
         streams, board, kv, EtcdKeys(settings.etcd_prefix),
         consumer_name=name or default_name(), clock=clock, tick=tick,
