@@ -96,6 +96,10 @@ class _TokenRejected(BackendUnavailable):
     """etcd refused the auth token: expired, or revoked by an auth change."""
 
 
+class _PermissionDenied(BackendError):
+    """The etcd user's roles do not cover the key."""
+
+
 class _AuthDisabled(BackendError):
     """A user is configured but etcd does not have authentication enabled."""
 
@@ -162,7 +166,7 @@ def _translated(operation: str) -> Iterator[None]:
     except EtcdUnauthenticatedError as exc:
         raise _TokenRejected(f"etcd {operation}: the auth token was refused ({exc})") from exc
     except EtcdPermissionDeniedError as exc:
-        raise BackendError(
+        raise _PermissionDenied(
             f"etcd {operation}: permission denied (the etcd user needs a role on this prefix)"
         ) from exc
     except (EtcdConnectionError, EtcdTransientError) as exc:
@@ -470,8 +474,13 @@ class EtcdKV:
 
     async def ping(self) -> None:
         kv, _ = self._connect()
-        await self._call("ping", lambda: kv.get(
-            "/", timeout=PING_TIMEOUT, max_attempts=1, count_only=True))
+        try:
+            await self._call("ping", lambda: kv.get(
+                "/", timeout=PING_TIMEOUT, max_attempts=1, count_only=True))
+        except _PermissionDenied:
+            # a user confined to its prefix may not read "/": etcd answered and
+            # accepted the token, which is all a ping asks
+            return
 
     async def close(self) -> None:
         # Handing leadership over now spares the other candidates a whole TTL.
