@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from prometheus_client.registry import CollectorRegistry
 
+from controlplane.kernel.admin_access import admin_token
 from controlplane.kernel.backend_access import etcd_access, redis_access
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.kv import KeyValueStore
@@ -66,6 +67,7 @@ class Sidecar:
         proxy_options: ProxyOptions | None = None,
         reporter: SampleReporter | None = None,
         clock: Clock | None = None,
+        admin_token: str | None = None,
     ) -> None:
         self.service = service
         self.timeouts = timeouts or Timeouts()
@@ -88,7 +90,8 @@ class Sidecar:
             ProxyMetricsCollector(self.proxy.metrics, before_collect=self.proxy.flush_samples)
         )
         self.registry.register(SidecarCollector(reporter=self.reporter, watcher=self.watcher))
-        self.admin = AdminServer(registry=self.registry, ready=self.ready)
+        self.admin = AdminServer(registry=self.registry, ready=self.ready, token=admin_token)
+        self.registry.register(self.admin.metrics_collector())
         self._draining = False
         self._admin_started = False
 
@@ -138,6 +141,7 @@ async def run_sidecar(
 ) -> None:
     """Run a sidecar until SIGTERM/SIGINT (or `stop` is set), then shut down cleanly."""
     upstream = Upstream.parse(default_upstream) if default_upstream else None
+    token = admin_token(settings.admin_token_file)
     kv = open_kv(settings.etcd, access=etcd_access(settings))
     try:
         stream, _ = open_streams(
@@ -155,6 +159,7 @@ async def run_sidecar(
         default_upstream=upstream,
         force_header_enabled=force_header_enabled,
         timeouts=timeouts,
+        admin_token=token,
     )
     stop = stop or asyncio.Event()
     try:

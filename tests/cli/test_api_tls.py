@@ -100,9 +100,9 @@ def test_mtls_refuses_a_client_without_a_certificate_and_admits_one_with(
     mtls_api: str, pki: Pki, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    with CanaryClient(mtls_api, tls=client_context(ca_file=pki.ca_file)) as client:
-        with pytest.raises(ApiUnreachable):
-            client.list_experiments()
+    with (CanaryClient(mtls_api, tls=client_context(ca_file=pki.ca_file)) as client,
+          pytest.raises(ApiUnreachable)):
+        client.list_experiments()
     monkeypatch.setenv("CANARY_CA_FILE", pki.ca_file)
     monkeypatch.setenv("CANARY_CLIENT_CERT", pki.client_cert)
     monkeypatch.setenv("CANARY_CLIENT_KEY", pki.client_key)
