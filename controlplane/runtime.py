@@ -71,9 +71,10 @@ async def _quietly(closing: Awaitable[None], what: str) -> None:
 
 
 async def open_kv_store(settings: Settings, *, clock: Clock | None = None) -> KeyValueStore:
+    from controlplane.kernel.backend_access import etcd_access
     from controlplane.kernel.kv_factory import open_kv
 
-    store = open_kv(settings.etcd, clock=clock)
+    store = open_kv(settings.etcd, clock=clock, access=etcd_access(settings))
     if inspect.isawaitable(store):
         store = await store
     return store
@@ -99,11 +100,13 @@ async def open_backends(
         redis_keys=RedisKeys(settings.redis_namespace),
     )
     if streams:
+        from controlplane.kernel.backend_access import redis_access
         from controlplane.kernel.streams_factory import open_streams
 
         try:
             backends.streams, backends.board = open_streams(
-                settings.redis_url, namespace=settings.redis_namespace, clock=clock
+                settings.redis_url, namespace=settings.redis_namespace, clock=clock,
+                access=redis_access(settings),
             )
         except BaseException:
             await backends.close()

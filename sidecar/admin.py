@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from controlplane.kernel.admin_access import allowed, header, warn_if_exposed
 from sidecar.reporter import SampleReporter
 from sidecar.routing import RouteWatcher
 
@@ -28,7 +29,8 @@ log = logging.getLogger("canary.sidecar.admin")
 
 _MAX_HEAD = 16 * 1024
 _READ_TIMEOUT = 5.0
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+_REASONS = {200: "OK", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+            503: "Service Unavailable"}
 
 
 class SidecarCollector(Collector):
@@ -90,13 +92,25 @@ class SidecarCollector(Collector):
 class AdminServer:
     """GET /healthz (alive), /readyz (`ready()`), /metrics (the registry)."""
 
-    def __init__(self, *, registry: CollectorRegistry, ready: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        *,
+        registry: CollectorRegistry,
+        ready: Callable[[], bool],
+        token: str | None = None,
+    ) -> None:
         self._registry = registry
         self._ready = ready
+        self._token = token
+        self.unauthorized = 0  # requests refused for a missing or wrong token
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
 
+    def metrics_collector(self) -> Collector:
+        return _AdminCollector(self)
+
     async def start(self, host: str, port: int) -> None:
+        warn_if_exposed(host, self._token, log, "sidecar")
         self._server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
 
     @property
@@ -126,10 +140,17 @@ class AdminServer:
             if len(head) > _MAX_HEAD:
                 return
             method, target = _request_line(head)
-            status, content_type, body = self._answer(method, target.split("?", 1)[0])
+            path = target.split("?", 1)[0]
+            if allowed(path, header(head, b"authorization"), self._token):
+                status, content_type, body = self._answer(method, path)
+                extra = ""
+            else:
+                self.unauthorized += 1
+                status, content_type, body = 401, "text/plain; charset=utf-8", b"unauthorized\n"
+                extra = 'WWW-Authenticate: Bearer realm="canary-admin"\r\n'
             writer.write(
                 f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\n"
-                f"Content-Type: {content_type}\r\n"
+                f"Content-Type: {content_type}\r\n{extra}"
                 f"Content-Length: {len(body)}\r\n"
                 "Connection: close\r\n\r\n".encode()
                 + (b"" if method == "HEAD" else body)
@@ -158,6 +179,18 @@ class AdminServer:
         if path == "/metrics":
             return 200, CONTENT_TYPE_LATEST, generate_latest(self._registry)
         return 404, text, b"not found\n"
+
+
+class _AdminCollector(Collector):
+    def __init__(self, admin: AdminServer) -> None:
+        self._admin = admin
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "canary_sidecar_admin_unauthorized",
+            "Admin requests refused for a missing or wrong bearer token",
+            value=self._admin.unauthorized,
+        )
 
 
 def _request_line(head: bytes) -> tuple[str, str]:

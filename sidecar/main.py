@@ -24,6 +24,8 @@ from typing import Any
 
 from prometheus_client.registry import CollectorRegistry
 
+from controlplane.kernel.admin_access import admin_token
+from controlplane.kernel.backend_access import etcd_access, redis_access
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.kv import KeyValueStore
 from controlplane.kernel.kv_factory import open_kv
@@ -73,6 +75,7 @@ class Sidecar:
         reporter: SampleReporter | None = None,
         clock: Clock | None = None,
         sample_keys: SampleKeys | None = None,
+        admin_token: str | None = None,
     ) -> None:
         self.service = service
         self.timeouts = timeouts or Timeouts()
@@ -100,7 +103,8 @@ class Sidecar:
             ProxyMetricsCollector(self.proxy.metrics, before_collect=self.proxy.flush_samples)
         )
         self.registry.register(SidecarCollector(reporter=self.reporter, watcher=self.watcher))
-        self.admin = AdminServer(registry=self.registry, ready=self.ready)
+        self.admin = AdminServer(registry=self.registry, ready=self.ready, token=admin_token)
+        self.registry.register(self.admin.metrics_collector())
         self._draining = False
         self._admin_started = False
 
@@ -159,8 +163,16 @@ async def run_sidecar(
         max_connections = default_max_connections(fd_limit)
     log.info("descriptor limit %d: at most %d client connections", fd_limit, max_connections)
     upstream = Upstream.parse(default_upstream) if default_upstream else None
-    kv = open_kv(settings.etcd)
-    stream, _ = open_streams(settings.redis_url, namespace=settings.redis_namespace)
+    token = admin_token(settings.admin_token_file)
+    kv = open_kv(settings.etcd, access=etcd_access(settings))
+    try:
+        stream, _ = open_streams(
+            settings.redis_url, namespace=settings.redis_namespace,
+            access=redis_access(settings),
+        )
+    except BaseException:
+        await kv.close()
+        raise
     sidecar = Sidecar(
         service=service,
         kv=kv,
@@ -171,6 +183,7 @@ async def run_sidecar(
         timeouts=timeouts,
         max_connections=max_connections,
         sample_keys=sample_keys,
+        admin_token=token,
     )
     _report_accept_errors(sidecar.proxy)
     if sample_keys is None:

@@ -22,7 +22,9 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--redis-namespace", help="first segment of Redis keys")
         ] = None,
         admin: Annotated[
-            str | None, typer.Option("--admin", help="HOST:PORT for /healthz, /readyz, /metrics")
+            str | None,
+            typer.Option("--admin", help="[HOST]:PORT for /healthz, /readyz, /metrics "
+                         "(host 127.0.0.1)"),
         ] = None,
         name: Annotated[
             str | None, typer.Option("--name", help="consumer name (default: unique per process)")
@@ -41,6 +43,11 @@ def register(app: typer.Typer) -> None:
                 "[env CANARY_SAMPLE_KEYS_FILE, or the keys in CANARY_SAMPLE_KEYS]",
             ),
         ] = None,
+        admin_token_file: Annotated[
+            str | None,
+            typer.Option("--admin-token-file", help="bearer token for /metrics "
+                         "(env CANARY_ADMIN_TOKEN_FILE)"),
+        ] = None,
     ) -> None:
         """Read sample batches (consumer group `collectors`) and publish snapshots."""
         from controlplane.collector.main import main
@@ -53,6 +60,7 @@ def register(app: typer.Typer) -> None:
                 "etcd": etcd,
                 "etcd_prefix": etcd_prefix,
                 "redis_namespace": namespace,
+                "admin_token_file": admin_token_file,
             }.items()
             if value is not None
         }

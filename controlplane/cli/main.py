@@ -7,11 +7,21 @@ imports its heavy dependencies inside the commands, so `canary --help` stays fas
 from __future__ import annotations
 
 import sys
-from typing import cast
+from typing import Annotated, cast
 
 import typer
 
-from controlplane.cli import bench, collector, demo, experiments, judge, rules, server, sidecar
+from controlplane.cli import (
+    bench,
+    collector,
+    demo,
+    experiments,
+    judge,
+    remote,
+    rules,
+    server,
+    sidecar,
+)
 
 app = typer.Typer(
     name="canary",
@@ -23,6 +33,17 @@ app = typer.Typer(
 
 for module in (bench, collector, demo, experiments, judge, rules, server, sidecar):
     module.register(app)
+
+
+@app.callback()
+def _options(
+    ca_file: Annotated[
+        str | None,
+        typer.Option("--ca-file", help="CA file the client trusts for an https:// API "
+                     "[env CANARY_CA_FILE]"),
+    ] = None,
+) -> None:
+    remote.set_ca_file(ca_file)
 
 
 # Typer ≥ 0.20 carries its own copy of click and older ones use click itself: take the

@@ -16,6 +16,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any
@@ -57,10 +58,31 @@ def current_user() -> str | None:
         return None
 
 
+def client_tls(settings: Settings, *, ca_file: str | None = None) -> ssl.SSLContext | None:
+    """The client's TLS context from --ca-file / CANARY_CA_FILE and CANARY_CLIENT_CERT /
+    CANARY_CLIENT_KEY (mTLS); None: the system's CAs and no client certificate."""
+    from controlplane.kernel.tls import client_context
+
+    ca = ca_file or settings.ca_file
+    if not (ca or settings.client_cert or settings.client_key):
+        return None
+    return client_context(ca_file=ca, cert_file=settings.client_cert,
+                          key_file=settings.client_key, what="API TLS")
+
+
 def open_client(api: str) -> CanaryClient:
     from controlplane.client.api_client import CanaryClient
 
-    return CanaryClient(api, actor=current_user())
+    return CanaryClient(api, actor=current_user(), tls=client_tls(Settings(), ca_file=_ca_file))
+
+
+_ca_file: str | None = None
+
+
+def set_ca_file(path: str | None) -> None:
+    """--ca-file, given before the command (`canary --ca-file F exp list`)."""
+    global _ca_file
+    _ca_file = path
 
 
 def exit_code_for(error: CanaryError) -> int:

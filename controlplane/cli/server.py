@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -60,6 +60,31 @@ def background_services(settings: Settings, *, embedded: bool) -> Sequence[Backg
     return services
 
 
+def tls_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's TLS options from --tls-cert/--tls-key[/--tls-client-ca]; {} for plain HTTP.
+
+    The files are loaded once here first, so a missing, unreadable or mismatched file
+    is a one-line ConfigError before anything listens (uvicorn's own error is a
+    traceback). With a client CA, clients must present a certificate it signed.
+    """
+    import ssl
+
+    from controlplane.kernel.errors import ConfigError
+    from controlplane.kernel.tls import server_context
+
+    if not (settings.tls_cert or settings.tls_key or settings.tls_client_ca):
+        return {}
+    if not (settings.tls_cert and settings.tls_key):
+        raise ConfigError("--tls-cert and --tls-key go together (CANARY_TLS_CERT, CANARY_TLS_KEY)")
+    server_context(cert_file=settings.tls_cert, key_file=settings.tls_key,
+                   client_ca_file=settings.tls_client_ca, what="API TLS")
+    options: dict[str, Any] = {"ssl_certfile": settings.tls_cert,
+                               "ssl_keyfile": settings.tls_key}
+    if settings.tls_client_ca:
+        options.update(ssl_ca_certs=settings.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
+    return options
+
+
 def run_api(settings: Settings, *, services: Sequence[Background] = ()) -> None:
     """Serve until SIGINT/SIGTERM; uvicorn then drains requests and runs the lifespan's
     shutdown, which stops the services and closes the backends."""
@@ -67,6 +92,7 @@ def run_api(settings: Settings, *, services: Sequence[Background] = ()) -> None:
 
     from controlplane.api.app import create_app
 
+    tls = tls_options(settings)
     app = create_app(settings, services=services, streams=bool(services))
     host, port = settings.listen_host_port
     config = uvicorn.Config(
@@ -76,6 +102,7 @@ def run_api(settings: Settings, *, services: Sequence[Background] = ()) -> None:
         log_level=settings.log_level.lower(),
         lifespan="on",
         timeout_graceful_shutdown=10,
+        **tls,
     )
     uvicorn.Server(config).run()
 
@@ -132,16 +159,37 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--redis", help="redis://… or memory:// [env CANARY_REDIS_URL]"),
         ] = None,
+        tls_cert: Annotated[
+            str | None, typer.Option("--tls-cert", help="serve HTTPS: certificate (PEM) "
+                                     "[env CANARY_TLS_CERT]")
+        ] = None,
+        tls_key: Annotated[
+            str | None, typer.Option("--tls-key", help="its private key [env CANARY_TLS_KEY]")
+        ] = None,
+        tls_client_ca: Annotated[
+            str | None, typer.Option("--tls-client-ca", help="require client certificates "
+                                     "signed by this CA [env CANARY_TLS_CLIENT_CA]")
+        ] = None,
     ) -> None:
         """API (and controller) on the configured backends. Run `canary db upgrade` first."""
+        from controlplane.kernel.errors import ConfigError
+
         settings = settings_with(
             listen=listen,
             database_url=database_url,
             etcd=etcd,
             etcd_prefix=etcd_prefix,
             redis_url=redis,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_client_ca=tls_client_ca,
         )
         _setup_logging(settings.log_level)
+        try:
+            tls_options(settings)
+        except ConfigError as exc:
+            typer.echo(f"canary serve: {exc}", err=True)
+            raise typer.Exit(2) from exc
         run_api(settings, services=background_services(settings, embedded=False))
 
     db = typer.Typer(help="Database migrations (Alembic).", no_args_is_help=True)

@@ -34,7 +34,8 @@ def register(app: typer.Typer) -> None:
         listen: Annotated[str, typer.Option("--listen", help="HOST:PORT the proxy serves on")],
         admin: Annotated[
             str | None,
-            typer.Option("--admin", help="HOST:PORT for /healthz, /readyz and /metrics"),
+            typer.Option("--admin", help="[HOST]:PORT for /healthz, /readyz, /metrics "
+                         "(host 127.0.0.1)"),
         ] = None,
         etcd: Annotated[
             str | None, typer.Option("--etcd", help="host:port[,…] or memory:// (env CANARY_ETCD)")
@@ -84,10 +85,16 @@ def register(app: typer.Typer) -> None:
                 "[env CANARY_SAMPLE_KEYS_FILE, or the keys in CANARY_SAMPLE_KEYS]",
             ),
         ] = None,
+        admin_token_file: Annotated[
+            str | None,
+            typer.Option("--admin-token-file", help="bearer token for /metrics "
+                         "(env CANARY_ADMIN_TOKEN_FILE)"),
+        ] = None,
     ) -> None:
         """Proxy a service: routes from etcd, samples to Redis, admin endpoints."""
         from pydantic import ValidationError
 
+        from controlplane.kernel.admin_access import admin_token
         from controlplane.kernel.errors import ConfigError
         from controlplane.kernel.sample_keys import load_sample_keys
         from controlplane.kernel.settings import Settings, parse_host_port
@@ -108,9 +115,11 @@ def register(app: typer.Typer) -> None:
                     f"--max-connections must be between 1 and {capacity} (what the "
                     f"descriptor limit carries), got {max_connections}"
                 )
-        overrides = {"etcd": etcd, "etcd_prefix": etcd_prefix, "redis_url": redis}
+        overrides = {"etcd": etcd, "etcd_prefix": etcd_prefix, "redis_url": redis,
+                     "admin_token_file": admin_token_file}
         try:
             settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+            admin_token(settings.admin_token_file)  # an unreadable file fails here
             listen_at = parse_host_port(listen)
             admin_at = parse_host_port(admin) if admin else None
             if default_upstream:

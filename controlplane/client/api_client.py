@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import ssl
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -88,6 +89,8 @@ class CanaryClient:
 
     actor: who the audit trail names for changes made through this client
         (sent as X-Canary-User). `transport` lets tests route requests in-process.
+    tls: the context for https:// (a private CA, a client certificate for mTLS);
+        None verifies against the system's CAs.
     """
 
     def __init__(
@@ -97,6 +100,7 @@ class CanaryClient:
         actor: str | None = None,
         timeout: float = DEFAULT_TIMEOUT_SEC,
         transport: httpx.BaseTransport | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if not re.match(r"^https?://[^/\s]+", base_url):
             raise ConfigError(f"the API URL must be http(s)://HOST[:PORT], got {base_url!r}")
@@ -105,7 +109,8 @@ class CanaryClient:
         if actor and ACTOR_PATTERN.match(actor):
             headers["X-Canary-User"] = actor
         self._http = httpx.Client(
-            base_url=self.base_url, timeout=timeout, transport=transport, headers=headers
+            base_url=self.base_url, timeout=timeout, transport=transport, headers=headers,
+            verify=tls if tls is not None else True,
         )
 
     def close(self) -> None:

@@ -18,6 +18,8 @@ import uuid
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controlplane.collector.service import Collector
+from controlplane.kernel.admin_access import admin_token, allowed, header, warn_if_exposed
+from controlplane.kernel.backend_access import etcd_access, redis_access
 from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.keys import EtcdKeys
 from controlplane.kernel.kv_factory import open_kv
@@ -36,15 +38,31 @@ def default_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-async def _serve_admin(collector: Collector, host: str, port: int) -> asyncio.Server:
+_MAX_HEADERS = 100
+
+
+async def _serve_admin(
+    collector: Collector, host: str, port: int, *, token: str | None = None
+) -> asyncio.Server:
+    warn_if_exposed(host, token, log, "collector")
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request = await reader.readline()
-            while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                pass
+            lines = [request.rstrip(b"\r\n")]
+            while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                if len(lines) > _MAX_HEADERS:
+                    return
+                lines.append(line.rstrip(b"\r\n"))
             path = request.split(b" ")[1].decode() if request.count(b" ") >= 2 else "/"
+            path = path.split("?", 1)[0]
             status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
-            if path == "/healthz":
+            extra = ""
+            if not allowed(path, header(b"\r\n".join(lines), b"authorization"), token):
+                collector.metrics.admin_unauthorized.inc()
+                status, body = "401 Unauthorized", b"unauthorized\n"
+                extra = 'WWW-Authenticate: Bearer realm="canary-admin"\r\n'
+            elif path == "/healthz":
                 status, body = "200 OK", b"ok\n"
             elif path == "/readyz":
                 last = collector.last_loop_ok
@@ -57,12 +75,12 @@ async def _serve_admin(collector: Collector, host: str, port: int) -> asyncio.Se
                 status, ctype = "200 OK", CONTENT_TYPE_LATEST
                 body = generate_latest(collector.metrics.registry)
             head = (
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n{extra}"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
             )
             writer.write(head.encode() + body)
             await writer.drain()
-        except (ConnectionError, IndexError, UnicodeDecodeError):
+        except (ConnectionError, IndexError, UnicodeDecodeError, ValueError):
             pass
         finally:
             writer.close()
@@ -82,9 +100,10 @@ async def run_collector(
 ) -> None:
     clock = SystemClock()
     streams, board = open_streams(
-        settings.redis_url, namespace=settings.redis_namespace, clock=clock
+        settings.redis_url, namespace=settings.redis_namespace, clock=clock,
+        access=redis_access(settings),
     )
-    kv = open_kv(settings.etcd, clock=clock)
+    kv = open_kv(settings.etcd, clock=clock, access=etcd_access(settings))
     collector = Collector(
         streams, board, kv, EtcdKeys(settings.etcd_prefix),
         consumer_name=name or default_name(), clock=clock, tick=tick,
@@ -98,7 +117,9 @@ async def run_collector(
     server = None
     if admin:
         host, port = parse_host_port(admin)
-        server = await _serve_admin(collector, host, port)
+        server = await _serve_admin(
+            collector, host, port, token=admin_token(settings.admin_token_file)
+        )
     log.info("collector %s started", collector.name)
     try:
         with on_stop_signals(stop.set):

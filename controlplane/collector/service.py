@@ -161,6 +161,10 @@ class CollectorMetrics:
             "other collectors' partial windows removed from stats hashes, out of every window",
             registry=registry,
         )
+        self.admin_unauthorized = Counter(
+            "canary_collector_admin_unauthorized",
+            "admin requests refused for a missing or wrong bearer token", registry=registry,
+        )
 
 
 @dataclass

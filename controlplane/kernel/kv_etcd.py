@@ -12,6 +12,14 @@ docs/decisions/0001-etcd-client.md):
 - lease keepalive: etcd3aio's LeaseKeepalive only logs failures, so a leader could
   not tell that its lease lapsed. Here the TTL is tracked locally and `lost()`
   returns as soon as it runs out without a confirmed renewal.
+
+TLS and auth (`EtcdAccess`): ``https://`` endpoints or a CA select a TLS channel,
+with a client certificate for etcd's ``--client-cert-auth``. With a user, the
+client authenticates on first use and sends the token with every call; etcd's
+tokens expire (simple tokens after 5 idle minutes), so a call refused for its
+token authenticates again and is retried once, and a watch that etcd cancels for
+want of permission is reopened once with a fresh token. The password is read only
+to authenticate and never appears in an error.
 """
 
 from __future__ import annotations
@@ -21,8 +29,8 @@ import contextlib
 import ipaddress
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -33,9 +41,12 @@ from etcd3aio import (
     prefix_range_end,
 )
 from etcd3aio._protobuf import Compare, WatchCreateRequest, WatchRequest, WatchStub
+from etcd3aio.auth import AuthService
+from etcd3aio.errors import EtcdPermissionDeniedError, EtcdUnauthenticatedError
 from etcd3aio.kv import KVService
 from etcd3aio.lease import LeaseService
 
+from controlplane.kernel.backend_access import EtcdAccess
 from controlplane.kernel.errors import (
     BackendError,
     BackendUnavailable,
@@ -78,19 +89,45 @@ _CHANNEL_OPTIONS: list[tuple[str, int | str | bool]] = [
     ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
 _EVENT_DELETE = 1  # mvccpb.Event.EventType
+_T = TypeVar("_T")
+
+
+class _TokenRejected(BackendUnavailable):
+    """etcd refused the auth token: expired, or revoked by an auth change."""
+
+
+class _PermissionDenied(BackendError):
+    """The etcd user's roles do not cover the key."""
+
+
+class _AuthDisabled(BackendError):
+    """A user is configured but etcd does not have authentication enabled."""
+
+
+def endpoints_use_tls(text: str) -> bool:
+    """True for https:// endpoints, False for plain ones; a mix is a ConfigError."""
+    schemes = {part.strip().partition("://")[0].lower() if "://" in part else ""
+               for part in text.split(",")}
+    secure = schemes == {"https"}
+    if not secure and "https" in schemes:
+        raise ConfigError("etcd endpoints mix https:// and plain ones")
+    return secure
 
 
 def parse_endpoints(text: str) -> list[tuple[str, int]]:
-    """'host:port[,host:port…]' (an http:// scheme is tolerated) -> [(host, port)]."""
+    """'host:port[,host:port…]' (an http:// or https:// scheme is tolerated) -> [(host, port)]."""
     endpoints: list[tuple[str, int]] = []
     for part in text.split(","):
         item = part.strip()
-        if item.startswith("http://"):
-            item = item[len("http://"):].rstrip("/")
-        elif "://" in item:
-            raise ConfigError(
-                f"etcd endpoint {part.strip()!r}: expected host:port (TLS is not configured here)"
-            )
+        for scheme in ("http://", "https://"):
+            if item.lower().startswith(scheme):
+                item = item[len(scheme):].rstrip("/")
+                break
+        else:
+            if "://" in item:
+                raise ConfigError(
+                    f"etcd endpoint {part.strip()!r}: expected host:port, http:// or https://"
+                )
         if not item:
             raise ConfigError(f"empty etcd endpoint in {text!r}")
         host, port = parse_host_port(item)
@@ -126,6 +163,12 @@ def _join(host: str, port: int) -> str:
 def _translated(operation: str) -> Iterator[None]:
     try:
         yield
+    except EtcdUnauthenticatedError as exc:
+        raise _TokenRejected(f"etcd {operation}: the auth token was refused ({exc})") from exc
+    except EtcdPermissionDeniedError as exc:
+        raise _PermissionDenied(
+            f"etcd {operation}: permission denied (the etcd user needs a role on this prefix)"
+        ) from exc
     except (EtcdConnectionError, EtcdTransientError) as exc:
         raise BackendUnavailable(f"etcd {operation}: {exc}") from exc
     except TimeoutError as exc:
@@ -134,11 +177,47 @@ def _translated(operation: str) -> Iterator[None]:
         raise BackendUnavailable(f"etcd {operation}: the client is closed") from exc
     except grpc.aio.AioRpcError as exc:
         message = f"etcd {operation}: {exc.code().name} {exc.details() or ''}".rstrip()
+        if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+            raise _TokenRejected(message) from exc
+        if _needs_credentials(exc):
+            raise BackendUnavailable(
+                f"etcd {operation}: etcd requires authentication: set CANARY_ETCD_USER and "
+                "CANARY_ETCD_PASSWORD_FILE (or CANARY_ETCD_PASSWORD)"
+            ) from exc
         if exc.code() in _TRANSIENT:
             raise BackendUnavailable(message) from exc
         raise BackendError(message) from exc
     except EtcdError as exc:
         raise BackendError(f"etcd {operation}: {exc}") from exc
+
+
+def _needs_credentials(exc: grpc.aio.AioRpcError) -> bool:
+    return exc.code() == grpc.StatusCode.INVALID_ARGUMENT and "user name is empty" in (
+        exc.details() or ""
+    )
+
+
+@contextlib.contextmanager
+def _authenticating(user: str) -> Iterator[None]:
+    try:
+        yield
+    except grpc.aio.AioRpcError as exc:
+        details = exc.details() or ""
+        if "authentication is not enabled" in details:
+            raise _AuthDisabled(details) from exc
+        if "authentication failed" in details:
+            raise BackendUnavailable(
+                f"etcd: authentication as {user!r} failed: wrong user name or password"
+            ) from exc
+        raise
+    except EtcdUnauthenticatedError as exc:
+        raise BackendUnavailable(f"etcd: authentication as {user!r} refused: {exc}") from exc
+
+
+def _credentials(access: EtcdAccess) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(
+        root_certificates=access.ca, private_key=access.key, certificate_chain=access.cert
+    )
 
 
 def _key_value(raw: Any) -> KeyValue:
@@ -166,15 +245,27 @@ def _fence_holds(fence: Fence, range_response: Any) -> bool:
 
 class EtcdKV:
     def __init__(
-        self, endpoints: str, *, timeout: float = DEFAULT_TIMEOUT, rpc_attempts: int = 3
+        self,
+        endpoints: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        rpc_attempts: int = 3,
+        access: EtcdAccess | None = None,
     ) -> None:
         self._target = grpc_target(parse_endpoints(endpoints))
+        self._access = access or EtcdAccess()
+        self._tls = endpoints_use_tls(endpoints) or self._access.tls
+        if self._access.cert is not None and not self._tls:
+            raise ConfigError("an etcd client certificate is set but TLS is not")
         self._timeout = timeout
         self._rpc_attempts = rpc_attempts
         self._channel: grpc.aio.Channel | None = None
         self._kv: KVService | None = None
         self._lease: LeaseService | None = None
+        self._auth: AuthService | None = None
         self._watch: Any = None
+        self._token: str | None = None
+        self._auth_lock: asyncio.Lock | None = None
         self._closed = False
         self._leaderships: set[EtcdLeadership] = set()
 
@@ -183,38 +274,94 @@ class EtcdKV:
         if self._closed:
             raise BackendUnavailable("the etcd client is closed")
         if self._kv is None or self._lease is None:
-            self._channel = grpc.aio.insecure_channel(self._target, options=_CHANNEL_OPTIONS)
+            if self._tls:
+                self._channel = grpc.aio.secure_channel(
+                    self._target, _credentials(self._access), options=_CHANNEL_OPTIONS
+                )
+            else:
+                self._channel = grpc.aio.insecure_channel(self._target, options=_CHANNEL_OPTIONS)
             self._kv = KVService(self._channel, max_attempts=self._rpc_attempts)
             self._lease = LeaseService(self._channel, max_attempts=self._rpc_attempts)
+            self._auth = AuthService(self._channel, max_attempts=self._rpc_attempts)
             self._watch = WatchStub(self._channel)
+            self._apply_token(self._token)
         return self._kv, self._lease
+
+    # -- authentication --
+
+    def _apply_token(self, token: str | None) -> None:
+        self._token = token
+        for service in (self._kv, self._lease):
+            if service is not None:
+                service.set_token(token or None)
+
+    def _metadata(self) -> tuple[tuple[str, str], ...] | None:
+        return (("token", self._token),) if self._token else None
+
+    async def _authenticated(self) -> None:
+        """Hold a token when a user is configured (authenticating once for all callers)."""
+        user = self._access.user
+        if user is None or self._token is not None:
+            return
+        self._connect()
+        if self._auth_lock is None:
+            self._auth_lock = asyncio.Lock()
+        async with self._auth_lock:
+            if self._token is not None or self._auth is None:
+                return
+            password = self._access.password() or ""
+            try:
+                with _translated("authenticate"), _authenticating(user):
+                    response = await self._auth.authenticate(
+                        user, password, timeout=self._timeout
+                    )
+            except _AuthDisabled:
+                _log.warning("etcd has authentication disabled: calls go without a token")
+                self._apply_token("")
+                return
+            self._apply_token(str(response.token))
+
+    def _forget_token(self, stale: str | None) -> None:
+        if self._token == stale:
+            self._apply_token(None)
+
+    async def _call(self, operation: str, call: Callable[[], Awaitable[_T]]) -> _T:
+        """One etcd call; a refused token is renewed and the call made once more."""
+        for attempt in (1, 2):
+            await self._authenticated()
+            token = self._token
+            try:
+                with _translated(operation):
+                    return await call()
+            except _TokenRejected:
+                if self._access.user is None or attempt == 2:
+                    raise
+                self._forget_token(token)
+        raise AssertionError("unreachable")
 
     async def get(self, key: str) -> KeyValue | None:
         kv, _ = self._connect()
-        with _translated("get"):
-            response = await kv.get(key, timeout=self._timeout)
+        response = await self._call("get", lambda: kv.get(key, timeout=self._timeout))
         return _key_value(response.kvs[0]) if response.kvs else None
 
     async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         kv, _ = self._connect()
-        with _translated("get_prefix"):
-            response = await kv.get(prefix, range_end=prefix_range_end(prefix),
-                                    timeout=self._timeout)
+        response = await self._call("get_prefix", lambda: kv.get(
+            prefix, range_end=prefix_range_end(prefix), timeout=self._timeout))
         return [_key_value(item) for item in response.kvs], int(response.header.revision)
 
     async def put(self, key: str, value: bytes, *, fence: Fence | None = None) -> int:
         kv, _ = self._connect()
         if fence is None:
-            with _translated("put"):
-                response = await kv.put(key, value, timeout=self._timeout)
+            response = await self._call(
+                "put", lambda: kv.put(key, value, timeout=self._timeout))
             return int(response.header.revision)
-        with _translated("put"):
-            txn = await kv.txn(
-                [_fence_compare(fence)],
-                [KVService.txn_op_put(key, value)],
-                [KVService.txn_op_get(fence.key)],
-                timeout=self._timeout,
-            )
+        txn = await self._call("put", lambda: kv.txn(
+            [_fence_compare(fence)],
+            [KVService.txn_op_put(key, value)],
+            [KVService.txn_op_get(fence.key)],
+            timeout=self._timeout,
+        ))
         if not txn.succeeded:
             raise NotLeader(f"leadership {fence.key} at revision {fence.create_revision} is gone")
         return int(txn.header.revision)
@@ -230,9 +377,8 @@ class EtcdKV:
         if fence is not None:
             compares.append(_fence_compare(fence))
             on_failure.append(KVService.txn_op_get(fence.key))
-        with _translated("compare_and_swap"):
-            txn = await kv.txn(compares, [KVService.txn_op_put(key, value)], on_failure,
-                               timeout=self._timeout)
+        txn = await self._call("compare_and_swap", lambda: kv.txn(
+            compares, [KVService.txn_op_put(key, value)], on_failure, timeout=self._timeout))
         if txn.succeeded:
             return int(txn.header.revision)
         if fence is not None and not _fence_holds(fence, txn.responses[1]):
@@ -243,8 +389,7 @@ class EtcdKV:
 
     async def delete(self, key: str) -> bool:
         kv, _ = self._connect()
-        with _translated("delete"):
-            response = await kv.delete(key, timeout=self._timeout)
+        response = await self._call("delete", lambda: kv.delete(key, timeout=self._timeout))
         return int(response.deleted) > 0
 
     def watch_prefix(self, prefix: str, *, start_revision: int = 0) -> AsyncIterator[WatchEvent]:
@@ -259,24 +404,41 @@ class EtcdKV:
         # `after` is the last revision the caller has seen; 0 until the first stream
         # tells us which revision "now" is.
         backoff = _WATCH_BACKOFF_SECONDS
+        renewed = False  # the token was renewed for this stream after a refusal
         while not self._closed:
             self._connect()
+            try:
+                await self._authenticated()
+            except BackendUnavailable as exc:
+                _log.warning("etcd watch on %s cannot authenticate (%s); retrying in %.1f s",
+                             key, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _WATCH_MAX_BACKOFF_SECONDS)
+                continue
+            token = self._token
             # etcd's start_revision is inclusive; ours is exclusive.
             request = WatchCreateRequest(
                 key=key.encode(), range_end=range_end, start_revision=after + 1 if after else 0
             )
             requests = _WatchRequests(request)
-            stream = self._watch.Watch(requests)
+            stream = self._watch.Watch(requests, metadata=self._metadata())
             try:
                 async for response in stream:
                     if response.compact_revision > 0:
                         raise RevisionCompacted(after, int(response.compact_revision) - 1)
                     if response.canceled:
+                        # etcd answers an expired token on a watch with "permission
+                        # denied": one fresh token tells the two apart.
+                        if self._access.user is not None and not renewed:
+                            renewed = True
+                            self._forget_token(token)
+                            break
                         raise BackendError(f"etcd cancelled the watch: {response.cancel_reason}")
                     if response.created:
                         if not after:
                             after = int(response.header.revision)
                         backoff = _WATCH_BACKOFF_SECONDS
+                        renewed = False
                         continue
                     for event in response.events:
                         after = int(event.kv.mod_revision)
@@ -291,7 +453,9 @@ class EtcdKV:
             except grpc.aio.AioRpcError as exc:
                 if self._closed:
                     return
-                if exc.code() not in _TRANSIENT:
+                if exc.code() == grpc.StatusCode.UNAUTHENTICATED and self._access.user:
+                    self._forget_token(token)
+                elif exc.code() not in _TRANSIENT:
                     raise BackendError(f"etcd watch: {exc.code().name} {exc.details()}") from exc
                 _log.warning("etcd watch on %s lost (%s); resuming after revision %d in %.1f s",
                              key, exc.code().name, after, backoff)
@@ -310,8 +474,13 @@ class EtcdKV:
 
     async def ping(self) -> None:
         kv, _ = self._connect()
-        with _translated("ping"):
-            await kv.get("/", timeout=PING_TIMEOUT, max_attempts=1, count_only=True)
+        try:
+            await self._call("ping", lambda: kv.get(
+                "/", timeout=PING_TIMEOUT, max_attempts=1, count_only=True))
+        except _PermissionDenied:
+            # a user confined to its prefix may not read "/": etcd answered and
+            # accepted the token, which is all a ping asks
+            return
 
     async def close(self) -> None:
         # Handing leadership over now spares the other candidates a whole TTL.
@@ -321,21 +490,28 @@ class EtcdKV:
         self._leaderships.clear()
         self._closed = True
         channel, self._channel = self._channel, None
-        self._kv = self._lease = self._watch = None
+        self._kv = self._lease = self._auth = self._watch = None
+        self._token = None
         if channel is not None:
             await channel.close()
 
     async def _keep_alive_once(self, lease_id: int) -> int:
         """One keepalive round trip; returns the lease's remaining TTL (0: expired)."""
         _, lease = self._connect()
-        with _translated("lease keepalive"):
+
+        async def once() -> int | None:
             stream = lease.keep_alive(lease_id)
             try:
                 async for response in stream:
                     return int(response.TTL)
             finally:
                 stream.cancel()
-        raise BackendUnavailable("etcd lease keepalive: the stream ended without an answer")
+            return None
+
+        remaining = await self._call("lease keepalive", once)
+        if remaining is None:
+            raise BackendUnavailable("etcd lease keepalive: the stream ended without an answer")
+        return remaining
 
 
 class _WatchRequests:
@@ -400,30 +576,42 @@ class EtcdLeadership:
             return self._fence
         await self._stop_keepalive()
         while True:
-            kv, lease = self._store._connect()
             # A lease per attempt: a waiting candidate holds nothing that could expire.
             asked_at = time.monotonic()
-            with _translated("campaign"):
-                granted = await lease.grant(self._ttl, timeout=self._store._timeout)
-                txn = await kv.txn(
-                    [KVService.txn_compare_create_revision(self._name, 0)],
-                    [KVService.txn_op_put(self._name, self._identity, lease=granted.ID)],
-                    [KVService.txn_op_get(self._name)],
-                    timeout=self._store._timeout,
-                )
+            lease_id, ttl, txn = await self._claim()
             if txn.succeeded:
-                self._lease_id = int(granted.ID)
-                self._expires_at = asked_at + int(granted.TTL)
+                self._lease_id = lease_id
+                self._expires_at = asked_at + ttl
                 self._fence = Fence(key=self._name, create_revision=int(txn.header.revision))
                 self._lost = asyncio.Event()
                 self._keepalive = asyncio.create_task(
-                    self._keep_alive(int(granted.TTL)), name=f"lease-keepalive-{self._name}"
+                    self._keep_alive(ttl), name=f"lease-keepalive-{self._name}"
                 )
                 return self._fence
             # An unrevoked lease only lingers for its TTL, holding no key.
-            with contextlib.suppress(BackendError), _translated("campaign"):
-                await lease.revoke(int(granted.ID), timeout=self._store._timeout)
+            with contextlib.suppress(BackendError):
+                await self._revoke(lease_id)
             await self._wait_for_vacancy(int(txn.header.revision))
+
+    async def _claim(self) -> tuple[int, int, Any]:
+        """Grant a lease and create the election key on it if absent: (lease, TTL, txn)."""
+        kv, lease = self._store._connect()
+        timeout = self._store._timeout
+        granted = await self._store._call(
+            "campaign", lambda: lease.grant(self._ttl, timeout=timeout))
+        lease_id = int(granted.ID)
+        txn = await self._store._call("campaign", lambda: kv.txn(
+            [KVService.txn_compare_create_revision(self._name, 0)],
+            [KVService.txn_op_put(self._name, self._identity, lease=lease_id)],
+            [KVService.txn_op_get(self._name)],
+            timeout=timeout,
+        ))
+        return lease_id, int(granted.TTL), txn
+
+    async def _revoke(self, lease_id: int) -> None:
+        _, lease = self._store._connect()
+        timeout = self._store._timeout
+        await self._store._call("campaign", lambda: lease.revoke(lease_id, timeout=timeout))
 
     async def _wait_for_vacancy(self, seen: int) -> None:
         async with contextlib.aclosing(
@@ -442,8 +630,8 @@ class EtcdLeadership:
         self._lost.set()
         if lease_id:
             _, lease = self._store._connect()
-            with _translated("resign"):
-                await lease.revoke(lease_id, timeout=timeout, max_attempts=attempts)
+            await self._store._call("resign", lambda: lease.revoke(
+                lease_id, timeout=timeout, max_attempts=attempts))
 
     async def lost(self) -> None:
         if self._fence is None:

@@ -60,3 +60,30 @@ class Settings(BaseSettings):
     @property
     def listen_host_port(self) -> tuple[str, int]:
         return parse_host_port(self.listen)
+
+    # TLS and backend credentials
+    tls_cert: str | None = Field(default=None, description="API server certificate (PEM)")
+    tls_key: str | None = Field(default=None, description="API server private key (PEM)")
+    tls_client_ca: str | None = Field(
+        default=None, description="CA of API client certificates; set: mTLS required"
+    )
+    ca_file: str | None = Field(default=None, description="CA the CLI trusts for the API")
+    client_cert: str | None = Field(default=None, description="CLI client certificate (mTLS)")
+    client_key: str | None = Field(default=None, description="CLI client key (mTLS)")
+    etcd_ca_file: str | None = Field(default=None, description="CA of etcd's certificate")
+    etcd_cert_file: str | None = Field(default=None, description="client certificate for etcd")
+    etcd_key_file: str | None = Field(default=None, description="client key for etcd")
+    etcd_user: str | None = Field(default=None, description="etcd user (auth enabled)")
+    etcd_password: str | None = Field(default=None, repr=False, description="etcd password")
+    etcd_password_file: str | None = Field(
+        default=None, description="file holding the etcd password (wins over etcd_password)"
+    )
+    redis_ca_file: str | None = Field(default=None, description="CA of Redis's certificate")
+    redis_cert_file: str | None = Field(default=None, description="client certificate for Redis")
+    redis_key_file: str | None = Field(default=None, description="client key for Redis")
+    redis_password_file: str | None = Field(
+        default=None, description="file holding the Redis password (instead of in the URL)"
+    )
+    admin_token_file: str | None = Field(
+        default=None, description="bearer token required by admin endpoints (except probes)"
+    )

@@ -11,14 +11,26 @@ to each other (sidecar, collector, controller in `canary dev`) share one pair.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.errors import ConfigError
+from controlplane.kernel.secrets import mask_url
 from controlplane.kernel.streams import SampleStream, SnapshotBoard
+
+if TYPE_CHECKING:
+    from controlplane.kernel.backend_access import RedisAccess
 
 
 def open_streams(
-    url: str, *, namespace: str = "canary", clock: Clock | None = None
+    url: str,
+    *,
+    namespace: str = "canary",
+    clock: Clock | None = None,
+    access: RedisAccess | None = None,
 ) -> tuple[SampleStream, SnapshotBoard]:
+    """access: TLS files and a password file for redis:// and rediss:// (see
+    `controlplane.kernel.backend_access.redis_access`)."""
     scheme, sep, _ = url.strip().partition("://")
     scheme = scheme.lower()
     if sep and scheme == "memory":
@@ -30,6 +42,6 @@ def open_streams(
         # Imported here so the embedded mode never needs the Redis driver loaded.
         from controlplane.kernel.streams_redis import RedisStreams
 
-        redis_backend = RedisStreams(url.strip(), namespace=namespace)
+        redis_backend = RedisStreams(url.strip(), namespace=namespace, access=access)
         return redis_backend, redis_backend
-    raise ConfigError(f"unsupported stream URL {url!r}: expected memory://, redis:// or rediss://")
+    raise ConfigError(f"unsupported stream URL {mask_url(url)!r}: expected memory://, redis:// or rediss://")

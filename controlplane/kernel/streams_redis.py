@@ -13,6 +13,11 @@ Every driver error is translated at this boundary: unreachable or slow Redis bec
 
 Timeouts come from the constructor, or from the URL (``?socket_timeout=…&
 socket_connect_timeout=…``), which wins as in redis-py.
+
+TLS and credentials (`RedisAccess`): ``rediss://`` with a CA and optionally a client
+certificate; the password in the URL or in a file, read again for every new
+connection (a rotated password needs no restart). The URL is never logged with its
+password, and errors name the server without it.
 """
 
 from __future__ import annotations
@@ -22,15 +27,19 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import redis.exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.credentials import CredentialProvider
 from redis.typing import EncodableT, FieldT
 
-from controlplane.kernel.errors import BackendError, BackendUnavailable
+from controlplane.kernel.backend_access import RedisAccess
+from controlplane.kernel.errors import BackendError, BackendUnavailable, ConfigError
 from controlplane.kernel.keys import RedisKeys, is_service_name
+from controlplane.kernel.secrets import url_password
 from controlplane.kernel.streams import StreamEntry
 
 DECISIONS_MAXLEN = 10_000
@@ -63,6 +72,11 @@ log = logging.getLogger("canary.streams")
 def _boundary(operation: str) -> Iterator[None]:
     try:
         yield
+    except redis_errors.AuthenticationError as exc:
+        # redis-py's message names neither the user nor the password
+        raise BackendUnavailable(
+            f"redis refused the credentials during {operation}: {exc}"
+        ) from exc
     except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
         raise BackendUnavailable(f"redis unavailable during {operation}: {exc}") from exc
     except redis_errors.RedisError as exc:
@@ -85,17 +99,69 @@ def _wire(mapping: Mapping[str, bytes] | Mapping[str, str]) -> dict[FieldT, Enco
     return {name: value for name, value in mapping.items()}
 
 
+class _FilePassword(CredentialProvider):
+    """The URL's user name with a password read (again) for each new connection."""
+
+    def __init__(self, username: str | None, access: RedisAccess) -> None:
+        self._username = username
+        self._access = access
+
+    def get_credentials(self) -> tuple[str] | tuple[str, str]:
+        password = self._access.password() or ""
+        return (self._username, password) if self._username else (password,)
+
+    async def get_credentials_async(self) -> tuple[str] | tuple[str, str]:
+        return self.get_credentials()
+
+
+def _connection_options(url: str, access: RedisAccess | None) -> tuple[str, dict[str, Any]]:
+    """The URL to hand redis-py and its keyword arguments for TLS and a password kept
+    out of the URL."""
+    if access is None:
+        return url, {}
+    options: dict[str, Any] = {}
+    secure = url.lower().startswith("rediss://")
+    if access.ca_file or access.cert_file:
+        if not secure:
+            raise ConfigError("Redis TLS files are set but the URL is not rediss://")
+        options.update(ssl_ca_certs=access.ca_file, ssl_certfile=access.cert_file,
+                       ssl_keyfile=access.key_file, ssl_cert_reqs="required")
+    if access.password() is not None:
+        if url_password(url) is not None:
+            raise ConfigError("the Redis password is both in the URL and in "
+                              "CANARY_REDIS_PASSWORD_FILE: give it once")
+        username = urlsplit(url).username
+        options["credential_provider"] = _FilePassword(username, access)
+        # from_url would pass the URL's user name too, which redis-py refuses
+        # alongside a credential provider
+        url = _without_userinfo(url)
+    return url, options
+
+
 def _open_client(
-    url: str, *, socket_timeout: float | None, connect_timeout: float, retries: int
+    url: str,
+    *,
+    socket_timeout: float | None,
+    connect_timeout: float,
+    retries: int,
+    access: RedisAccess | None = None,
 ) -> Redis:
+    url, options = _connection_options(url, access)
     client: Redis = Redis.from_url(
         url,
         decode_responses=False,
         socket_timeout=socket_timeout,
         socket_connect_timeout=connect_timeout,
         retry=Retry(NoBackoff(), retries),
+        **options,
     )
     return client
+
+
+def _without_userinfo(url: str) -> str:
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
 
 class RedisStreams:
@@ -109,14 +175,17 @@ class RedisStreams:
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         retries: int = DEFAULT_RETRIES,
+        access: RedisAccess | None = None,
     ) -> None:
         self._keys = RedisKeys(namespace)
         self._socket_timeout = socket_timeout
         self._client = _open_client(
-            url, socket_timeout=socket_timeout, connect_timeout=connect_timeout, retries=retries
+            url, socket_timeout=socket_timeout, connect_timeout=connect_timeout, retries=retries,
+            access=access,
         )
         self._blocking = _open_client(
-            url, socket_timeout=None, connect_timeout=connect_timeout, retries=retries
+            url, socket_timeout=None, connect_timeout=connect_timeout, retries=retries,
+            access=access,
         )
         self._remove_if_unchanged = self._client.register_script(_REMOVE_IF_UNCHANGED)
 

@@ -428,12 +428,14 @@ def test_memory_url_opens_the_in_process_store() -> None:
 def test_endpoint_lists_open_etcd() -> None:
     assert isinstance(open_kv("127.0.0.1:2379,127.0.0.1:22379"), EtcdKV)
     assert isinstance(open_kv("etcd.internal:2379"), EtcdKV)
+    assert isinstance(open_kv("https://etcd.internal:2379"), EtcdKV)
 
 
 @pytest.mark.parametrize(
     "url",
-    ["", "localhost", "127.0.0.1:notaport", "127.0.0.1:70000", "https://etcd:2379",
-     "memory://elsewhere", "etcd-a:2379,etcd-b:2379", "127.0.0.1:2379,"],
+    ["", "localhost", "127.0.0.1:notaport", "127.0.0.1:70000", "grpc://etcd:2379",
+     "memory://elsewhere", "etcd-a:2379,etcd-b:2379", "127.0.0.1:2379,",
+     "https://10.0.0.1:2379,10.0.0.2:2379"],
 )
 def test_bad_urls_raise_config_error_on_one_line(url: str) -> None:
     with pytest.raises(ConfigError) as caught:
