@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +77,7 @@ class Sidecar:
         clock: Clock | None = None,
         sample_keys: SampleKeys | None = None,
         admin_token: str | None = None,
+        listen_tls: ssl.SSLContext | None = None,
     ) -> None:
         self.service = service
         self.timeouts = timeouts or Timeouts()
@@ -96,6 +98,7 @@ class Sidecar:
             shutdown_timeout=self.timeouts.drain,
             head_timeout=self.timeouts.head,
             max_connections=max_connections,
+            listen_tls=listen_tls,
         )
         self.proxy = ProxyServer(self.table, self.reporter, options=options, clock=self.clock)
         self.registry = CollectorRegistry(auto_describe=False)
@@ -153,6 +156,7 @@ async def run_sidecar(
     max_connections: int | None = None,
     stop: asyncio.Event | None = None,
     sample_keys: SampleKeys | None = None,
+    listen_tls: ssl.SSLContext | None = None,
 ) -> None:
     """Run a sidecar until SIGTERM/SIGINT (or `stop` is set), then shut down cleanly.
 
@@ -184,6 +188,7 @@ async def run_sidecar(
         max_connections=max_connections,
         sample_keys=sample_keys,
         admin_token=token,
+        listen_tls=listen_tls,
     )
     _report_accept_errors(sidecar.proxy)
     if sample_keys is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
+import ssl
 from collections.abc import Coroutine
 from typing import Annotated, Any
 
@@ -90,6 +91,18 @@ def register(app: typer.Typer) -> None:
             typer.Option("--admin-token-file", help="bearer token for /metrics "
                          "(env CANARY_ADMIN_TOKEN_FILE)"),
         ] = None,
+        # the listener's TLS (decision 0011)
+        tls_cert: Annotated[
+            str | None,
+            typer.Option("--tls-cert", help="serve clients over HTTPS with this certificate "
+                         "chain (PEM) [env CANARY_SIDECAR_TLS_CERT]",
+                         envvar="CANARY_SIDECAR_TLS_CERT"),
+        ] = None,
+        tls_key: Annotated[
+            str | None,
+            typer.Option("--tls-key", help="the certificate's private key (PEM) "
+                         "[env CANARY_SIDECAR_TLS_KEY]", envvar="CANARY_SIDECAR_TLS_KEY"),
+        ] = None,
     ) -> None:
         """Proxy a service: routes from etcd, samples to Redis, admin endpoints."""
         from pydantic import ValidationError
@@ -132,6 +145,7 @@ def register(app: typer.Typer) -> None:
             raise _fail(str(exc)) from exc
         try:
             sample_keys = load_sample_keys(sample_keys_file)
+            listen_tls = _listen_tls(tls_cert, tls_key)
         except ConfigError as exc:
             raise _fail(str(exc)) from exc
 
@@ -156,8 +170,21 @@ def register(app: typer.Typer) -> None:
                 timeouts=timeouts,
                 max_connections=max_connections,
                 sample_keys=sample_keys,
+                listen_tls=listen_tls,
             )
         )
+
+
+def _listen_tls(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """The listener's TLS context, or None for plain HTTP; both files or neither."""
+    from controlplane.kernel.errors import ConfigError
+    from controlplane.kernel.tls import server_context
+
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ConfigError("--tls-cert and --tls-key go together")
+    return server_context(cert_file=cert, key_file=key, what="sidecar TLS")
 
 
 def _run_loop(main: Coroutine[Any, Any, None]) -> None:

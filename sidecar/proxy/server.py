@@ -86,6 +86,9 @@ class ProxyOptions:
     # seconds for a request head to arrive in full, from its first byte (from the
     # connection's opening for its first request); then 408 and close
     head_timeout: float = 10.0
+    # the listener's TLS (clients speak HTTPS to the sidecar); X-Forwarded-Proto then
+    # says https
+    listen_tls: ssl.SSLContext | None = None
 
 
 # finished requests are handed to the recorder when this many wait, or this long after
@@ -840,7 +843,8 @@ class ProxyServer:
         self.options = options if options is not None else ProxyOptions()
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.metrics = metrics if metrics is not None else ProxyMetrics()
-        self.forwarded_proto = self.options.forwarded_proto.encode()
+        proto = "https" if self.options.listen_tls is not None else self.options.forwarded_proto
+        self.forwarded_proto = proto.encode()
         self.draining = False
         # the loop's clock once started (idle times are measured on it)
         self.time: Callable[[], float] = time.monotonic
@@ -876,6 +880,7 @@ class ProxyServer:
             port,
             backlog=self.options.backlog,
             reuse_address=True,
+            ssl=self.options.listen_tls,
         )
         self._sweeper = self._loop.call_later(self._sweep_interval(), self._sweep)
 

@@ -75,3 +75,72 @@ async def test_an_untrusted_certificate_is_a_connect_error(self_signed: tuple[Pa
     finally:
         await proxy.stop(timeout=2)
         await upstream.stop()
+
+
+async def test_serves_clients_over_https_and_says_so_upstream(tmp_path: Path) -> None:
+    """`--tls-cert/--tls-key`: clients speak HTTPS to the sidecar; the upstream gets a
+    plain request that says X-Forwarded-Proto: https, whatever the client claimed."""
+    from controlplane.kernel.tls import server_context
+    from tests.sidecar.recording_upstream import RecordingUpstream
+    from tests.support.tls import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    upstream = RecordingUpstream()
+    await upstream.start()
+    listen_tls = server_context(cert_file=pki.server_cert, key_file=pki.server_key)
+    recorder = ListRecorder()
+    proxy = ProxyServer(
+        HeaderChooser({"baseline": upstream.url}),
+        recorder,
+        options=ProxyOptions(listen_tls=listen_tls),
+    )
+    await proxy.start("127.0.0.1", 0)
+    try:
+        trusted = ssl.create_default_context(cafile=pki.ca_file)
+        async with httpx.AsyncClient(
+            base_url=f"https://127.0.0.1:{proxy.port}", verify=trusted
+        ) as client:
+            response = await client.post(
+                "/orders", content=b"x" * 1000, headers={"x-forwarded-proto": "gopher"}
+            )
+        assert response.status_code == 200
+        (received,) = upstream.complete
+        assert received.target == "/orders"
+        assert received.body == b"x" * 1000
+        assert received.all("x-forwarded-proto") == ["https"]
+        # a client that does not trust the certificate never gets a request through
+        untrusted = ssl.create_default_context(cafile=pki.other_ca_file)
+        async with httpx.AsyncClient(
+            base_url=f"https://127.0.0.1:{proxy.port}", verify=untrusted
+        ) as client:
+            with pytest.raises(httpx.ConnectError):
+                await client.get("/never")
+        # nor does a client speaking plain HTTP to the TLS port
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{proxy.port}") as client:
+            with pytest.raises(httpx.HTTPError):
+                await client.get("/never")
+        assert [r.target for r in upstream.complete] == ["/orders"]
+    finally:
+        await proxy.stop(timeout=2)
+        await upstream.stop()
+
+
+def test_the_cli_needs_both_tls_files(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from controlplane.cli.main import app
+
+    cert = tmp_path / "cert.pem"
+    cert.write_text("not a certificate")
+    result = CliRunner().invoke(
+        app, ["sidecar", "--service", "shop", "--listen", "127.0.0.1:0", "--tls-cert", str(cert)]
+    )
+    assert result.exit_code == 2
+    assert "--tls-cert and --tls-key go together" in result.output
+    result = CliRunner().invoke(
+        app,
+        ["sidecar", "--service", "shop", "--listen", "127.0.0.1:0",
+         "--tls-cert", str(cert), "--tls-key", str(cert)],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "sidecar TLS" in result.output
