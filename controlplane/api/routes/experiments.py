@@ -42,12 +42,34 @@ router = APIRouter(prefix="/v1/experiments", tags=["experiments"])
 
 NO_SUCH = {404: "no such experiment"}
 
+_ITEM = "#/paths/~1v1~1experiments~1{experiment_id}"
+
+
+def _link(path: str, method: str) -> dict[str, object]:
+    return {
+        "operationRef": f"{_ITEM}{path}/{method}",
+        "parameters": {"experiment_id": "$response.body#/id"},
+    }
+
+
+# OpenAPI links: what a client (or a stateful test) can do with a created experiment
+CREATED_LINKS = {
+    "GetExperiment": _link("", "get"),
+    "UpdateExperiment": _link("", "patch"),
+    "DeleteExperiment": _link("", "delete"),
+    "ListEvents": _link("~1events", "get"),
+    **{f"{a.value.capitalize()}Experiment": _link(f"~1{a.value}", "post") for a in Action},
+}
+
 
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=ExperimentPublic,
-    responses=problem_responses(body=True),
+    responses={
+        201: {"description": "the draft, at Location", "links": CREATED_LINKS},
+        **problem_responses(body=True),
+    },
 )
 async def create_experiment(
     body: ExperimentCreate,
