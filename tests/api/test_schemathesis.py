@@ -27,7 +27,7 @@ from controlplane.db import migrate
 from controlplane.kernel.settings import Settings
 from tests.conftest import ETCD, unique
 
-EXAMPLES = 25
+EXAMPLES = 15
 STEPS = 10
 STATEFUL_EXAMPLES = 8
 
@@ -75,7 +75,6 @@ OPERATIONS = [
     or operation.get("parameters")
     or operation.get("requestBody")
 ]
-
 
 
 @pytest.mark.parametrize(("path", "method", "mode"), OPERATIONS)
