@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from controlplane.api import metrics, problems
+from controlplane.api.body_limits import BodyLimits
 from controlplane.api.deps import get_settings
 from controlplane.api.routes import experiments, health, judge, rules
 from controlplane.kernel.clock import Clock
@@ -104,7 +105,8 @@ def create_app(
     )
     app.state.backends = None
     app.dependency_overrides[get_settings] = lambda: settings
-    problems.install(app)
+    app.add_middleware(BodyLimits)
+    problems.install(app)  # its catch-all wraps everything above
     exported = metrics.install(app)
     for service in services:
         if isinstance(service, ExportsMetrics):

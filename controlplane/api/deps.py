@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Annotated
 
-from fastapi import Depends, Header, Query, Request
+from fastapi import Depends, Header, Path, Query, Request
 
 from controlplane.db.session import Database
 from controlplane.kernel.clock import Clock
@@ -18,6 +18,7 @@ from controlplane.kernel.errors import BackendUnavailable
 from controlplane.kernel.keys import EtcdKeys
 from controlplane.kernel.kv import KeyValueStore
 from controlplane.kernel.settings import Settings
+from controlplane.kernel.values import SQL_INT_MAX
 from controlplane.runtime import Backends
 
 
@@ -67,4 +68,13 @@ KeysDep = Annotated[EtcdKeys, Depends(get_keys)]
 ClockDep = Annotated[Clock, Depends(get_clock)]
 ActorDep = Annotated[str, Depends(get_actor)]
 Limit = Annotated[int, Query(ge=1, le=500, description="page size")]
-Offset = Annotated[int, Query(ge=0, description="items to skip")]
+Offset = Annotated[int, Query(ge=0, le=SQL_INT_MAX, description="items to skip")]
+# Any integer is a well-formed id: one outside the SQL range names no row, so it is a
+# 404 (raised by the lookup), not a 422 about bounds. The schema still states them.
+ExperimentId = Annotated[
+    int,
+    Path(
+        description="experiment id",
+        json_schema_extra={"minimum": 1, "maximum": SQL_INT_MAX},
+    ),
+]

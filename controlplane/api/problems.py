@@ -8,18 +8,25 @@
     StoredValueInvalid                 502   errors: the stored value's fields
     BackendUnavailable                 503
     other BackendError                 502
+    anything else (a bug)              500   generic detail + correlation_id (logged)
+
+`problem_responses(...)` is how routes declare these in the OpenAPI document: every
+status a route can answer with, as application/problem+json with the `Problem` schema.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlplane.decision.recommend import NotEnoughHistory
 from controlplane.experiments.service_rules import StoredValueInvalid
@@ -57,11 +64,71 @@ TITLES = {
     404: "Not found",
     405: "Method not allowed",
     409: "Conflict",
+    413: "Content too large",
+    415: "Unsupported media type",
     422: "Invalid request",
     500: "Internal error",
     502: "Bad gateway",
     503: "Service unavailable",
 }
+
+
+class ProblemFieldError(BaseModel):
+    loc: list[str | int]
+    msg: str
+
+
+class Problem(BaseModel):
+    """RFC 7807 problem details; some problems carry more members (current_state, …)."""
+
+    model_config = ConfigDict(extra="allow", title="Problem")
+
+    type: str = Field(examples=["urn:canary:problem:validation-failed"])
+    title: str
+    status: int = Field(ge=100, le=599)
+    detail: str
+    instance: str | None = None
+    errors: list[ProblemFieldError] | None = Field(
+        default=None, description="the fields at fault, for 422 and stored-value errors"
+    )
+    correlation_id: str | None = Field(
+        default=None, description="on 500: quote it to operators, it is in their logs"
+    )
+
+
+_DESCRIPTIONS = {
+    400: "malformed request",
+    404: "no such resource",
+    409: "not allowed in the current state, or a concurrent change",
+    413: "request body too large",
+    415: "request body is not JSON",
+    422: "invalid parameters or body (the fields are named)",
+    500: "unexpected error (a correlation id is logged with it)",
+    502: "a stored value or a backend answer is invalid",
+    503: "a backend is unavailable; nothing was changed",
+}
+
+# Statuses any route may answer with. Authentication adds 401 and 403 here.
+ALWAYS: tuple[int, ...] = (400, 404, 422, 500, 503)
+# ... and routes that take a request body.
+WITH_BODY: tuple[int, ...] = (413, 415)
+
+PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
+
+
+def problem_responses(
+    *statuses: int, body: bool = False, notes: dict[int, str] | None = None
+) -> dict[int | str, dict[str, Any]]:
+    """The `responses=` of a route: ALWAYS, WITH_BODY when `body`, plus `statuses`."""
+    codes = sorted({*ALWAYS, *(WITH_BODY if body else ()), *statuses})
+    notes = notes or {}
+    return {
+        code: {
+            "description": notes.get(code, _DESCRIPTIONS.get(code, TITLES.get(code, "error"))),
+            "content": {PROBLEM_JSON: {"schema": PROBLEM_REF}},
+        }
+        for code in codes
+    }
 
 
 def problem(
@@ -117,6 +184,47 @@ def canary_error_response(exc: CanaryError, instance: str | None) -> JSONRespons
     )
 
 
+class CatchAll:
+    """ASGI middleware: an exception nothing else handled becomes a problem+json 500.
+
+    The client gets a generic detail and a correlation id; the log gets the same id with
+    the traceback. Nothing of the exception (SQL, constraint names, values) is sent.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception:
+            correlation = uuid.uuid4().hex
+            path = str(scope.get("path", ""))
+            log.exception("internal error %s on %s %s", correlation, scope.get("method"), path)
+            if started:
+                raise  # too late for an answer: the server drops the connection
+            response = problem(
+                500,
+                detail=f"internal error; correlation id {correlation}",
+                kind="internal-error",
+                instance=path,
+                headers={"X-Correlation-Id": correlation},
+                correlation_id=correlation,
+            )
+            await response(scope, receive, send)
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers; the rest of the API only raises kernel errors."""
 
@@ -151,3 +259,23 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(CanaryError, on_canary_error)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_middleware(CatchAll)
+    _document(app)
+
+
+def _document(app: FastAPI) -> None:
+    """Put the Problem schema into the document's components (routes refer to it)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            problem_schema = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
+            for name, sub in problem_schema.pop("$defs", {}).items():
+                components.setdefault(name, sub)
+            components["Problem"] = problem_schema
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -7,11 +7,9 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
-    AnyHttpUrl,
     BaseModel,
     ConfigDict,
     Field,
-    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
@@ -22,27 +20,19 @@ from controlplane.db.models import Event, Experiment
 from controlplane.experiments.lifecycle import ExperimentState
 from controlplane.kernel.errors import FieldError, ValidationFailed
 from controlplane.kernel.routes import BASELINE, CANARY, TOTAL_WEIGHT, Sticky
-from controlplane.kernel.rules import BreakerRule, ServiceName, pydantic_field_errors
+from controlplane.kernel.rules import BreakerRule, pydantic_field_errors
+from controlplane.kernel.values import (
+    DisplayName,
+    Reason,
+    ServiceName,
+    UpstreamPolicy,
+    UpstreamUrl,
+)
 
-_http_url = TypeAdapter(AnyHttpUrl)
+Upstream = UpstreamUrl
 
 
-def _check_upstream(value: str) -> str:
-    # Validated as a URL, but kept exactly as written (AnyHttpUrl would normalise it).
-    _http_url.validate_python(value)
-    return value
-
-
-Upstream = Annotated[
-    str,
-    Field(
-        min_length=8,
-        max_length=2048,
-        pattern=r"^https?://\S+$",
-        examples=["http://payments-v2:8080"],
-    ),
-    AfterValidator(_check_upstream),
-]
+MAX_HOLD_SEC = 7 * 24 * 3600
 
 
 class VariantIn(BaseModel):
@@ -61,14 +51,23 @@ class Variants(BaseModel):
 class StepIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    weight_pct: float = Field(gt=0, le=100, description="canary share, 0.01 % resolution")
-    hold_sec: int = Field(ge=0, le=7 * 24 * 3600, description="how long the step holds")
+    weight_pct: float = Field(
+        strict=True,
+        allow_inf_nan=False,
+        gt=0,
+        le=100,
+        description="canary share, 0.01 % resolution (0.01 to 100)",
+    )
+    hold_sec: int = Field(strict=True, ge=0, le=MAX_HOLD_SEC, description="how long the step holds")
 
     @field_validator("weight_pct")
     @classmethod
     def _basis_points(cls, value: float) -> float:
         if abs(value * 100 - round(value * 100)) > 1e-6:
             raise ValueError("weight_pct has a resolution of 0.01 (one basis point)")
+        # a share that rounds to 0 bp (or past 10000) would only fail at the database
+        if not 1 <= round(value * 100) <= TOTAL_WEIGHT:
+            raise ValueError("weight_pct must be between 0.01 and 100")
         return value
 
     @property
@@ -102,7 +101,7 @@ def _fill_rule_service(data: Any) -> Any:
 class ExperimentCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=128, examples=["payments v2 rollout"])
+    name: DisplayName
     service: ServiceName
     variants: Variants
     steps: Annotated[Steps, AfterValidator(_steps_increase)]
@@ -158,7 +157,7 @@ class ExperimentUpdate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(default=None, min_length=1, max_length=128)
+    name: DisplayName | None = None
     service: ServiceName | None = None
     variants: Variants | None = None
     steps: Annotated[Steps, AfterValidator(_steps_increase)] | None = None
@@ -181,10 +180,22 @@ class ExperimentUpdate(BaseModel):
             ) from exc
 
 
+def check_upstreams(spec: ExperimentSpec, policy: UpstreamPolicy) -> ExperimentSpec:
+    """Refuse upstream hosts the deployment does not allow (CANARY_UPSTREAM_ALLOW)."""
+    urls = [(BASELINE, spec.baseline_upstream), (CANARY, spec.canary_upstream)]
+    refused = policy.refusals(urls)
+    if refused:
+        raise ValidationFailed(
+            "upstream not allowed",
+            [FieldError(("body", "variants", name, "upstream"), why) for name, why in refused],
+        )
+    return spec
+
+
 class ActionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    reason: str = Field(default="", max_length=1000, description="recorded in the event")
+    reason: Reason = ""
 
 
 class StepPublic(BaseModel):

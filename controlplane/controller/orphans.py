@@ -51,6 +51,7 @@ from controlplane.experiments.lifecycle import route_state_of
 from controlplane.kernel.errors import RevisionConflict, ValidationFailed
 from controlplane.kernel.kv import Fence, KeyValue
 from controlplane.kernel.routes import BASELINE, CANARY, Route, RouteState, parse_route
+from controlplane.kernel.values import in_sql_range
 from controlplane.routing.publish import RouteSource, publish_route
 from controlplane.runtime import Backends
 
@@ -115,7 +116,10 @@ def experiment_id_of(route: Route) -> int | None:
     """The experiment row id a route names; None for a name no row can have."""
     if isinstance(route.experiment, int):
         return route.experiment
-    return int(route.experiment) if route.experiment.isdigit() else None
+    if not (route.experiment.isascii() and route.experiment.isdigit()):
+        return None
+    number = int(route.experiment)
+    return number if in_sql_range(number) else None  # a larger number names no row
 
 
 def routes_by_service(values: Iterable[KeyValue], prefix: str) -> dict[str, Route]:

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from controlplane.db.models import ACTIVE_STATES, Event, Experiment, Step, Variant
 from controlplane.kernel.errors import NotFound
 from controlplane.kernel.routes import BASELINE, CANARY
+from controlplane.kernel.values import in_sql_range
 
 # States an experiment ends in; its last route stays the service's route until the next.
 FINISHED_STATES = ("promoted", "rolled_back", "aborted")
@@ -107,7 +108,8 @@ def replace_spec(
 
 
 def get_experiment(*, session: Session, experiment_id: int) -> Experiment:
-    experiment = session.get(Experiment, experiment_id)
+    # out of the SQL range no row can match, and the driver would overflow on it
+    experiment = session.get(Experiment, experiment_id) if in_sql_range(experiment_id) else None
     if experiment is None:
         raise NotFound(f"no experiment {experiment_id}")
     return experiment
@@ -128,9 +130,7 @@ def list_experiments(
     if state is not None:
         query = query.where(Experiment.state == state)
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = session.scalars(
-        query.order_by(Experiment.id.desc()).limit(limit).offset(offset)
-    ).all()
+    rows = session.scalars(query.order_by(Experiment.id.desc()).limit(limit).offset(offset)).all()
     return list(rows), total
 
 

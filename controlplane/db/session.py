@@ -9,6 +9,7 @@ etcd write of a route), and it commits only after that await succeeds.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
@@ -17,7 +18,13 @@ import anyio
 import anyio.to_thread
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import (
+    DataError,
+    DBAPIError,
+    IntegrityError,
+    OperationalError,
+    SQLAlchemyError,
+)
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -27,7 +34,10 @@ from controlplane.kernel.errors import (
     ConfigError,
     Conflict,
     RevisionConflict,
+    ValidationFailed,
 )
+
+log = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 
@@ -73,15 +83,22 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
 
 
 def translate_db_error(exc: SQLAlchemyError) -> CanaryError:
-    """Map a driver error to the product's tree (kernel.errors) at this boundary."""
+    """Map a driver error to the product's tree (kernel.errors) at this boundary.
+
+    The driver's text (SQL, constraint and table names, values) is logged here and
+    never carried on: the message of the translated error may reach an API client.
+    """
     if isinstance(exc, StaleDataError):
         # a lost optimistic-concurrency race, the same kind as a lost etcd CAS
         return RevisionConflict("the experiment changed concurrently; read it again and retry")
+    log.warning("database error: %s", getattr(exc, "orig", None) or exc)
     if isinstance(exc, IntegrityError):
-        return Conflict(f"the change conflicts with stored data: {exc.orig}")
+        return Conflict("the change conflicts with stored data")
+    if isinstance(exc, DataError):
+        return ValidationFailed("a value is out of range for the database")
     if isinstance(exc, OperationalError | DBAPIError):
-        return BackendUnavailable(f"database unavailable: {exc.orig}")
-    return BackendUnavailable(f"database error: {exc}")
+        return BackendUnavailable("database unavailable")
+    return BackendUnavailable("database error")
 
 
 @contextmanager

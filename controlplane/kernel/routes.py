@@ -1,4 +1,8 @@
-"""The route table the sidecars apply (DESIGN §4): weights in basis points, sum 10000."""
+"""The route table the sidecars apply (DESIGN §4): weights in basis points, sum 10000.
+
+The API, the controller and every sidecar parse routes with these models, whose
+field types come from kernel.values: what the API admits is what a sidecar applies.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from controlplane.kernel.errors import ValidationFailed
 from controlplane.kernel.rules import pydantic_field_errors
+from controlplane.kernel.values import (
+    HttpToken,
+    RouteExperiment,
+    RouteRevision,
+    Salt,
+    UpstreamUrl,
+    VariantName,
+)
 
 TOTAL_WEIGHT = 10_000
 BASELINE = "baseline"
@@ -28,8 +40,8 @@ class RouteState(StrEnum):
 class Sticky(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    header: str | None = Field(default="x-user-id")
-    cookie: str | None = None
+    header: HttpToken | None = Field(default="x-user-id")
+    cookie: HttpToken | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> Sticky:
@@ -41,19 +53,19 @@ class Sticky(BaseModel):
 class RouteVariant(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(min_length=1, max_length=64)
-    upstream: str = Field(pattern=r"^https?://", description="http(s) URL of the upstream")
-    weight: int = Field(ge=0, le=TOTAL_WEIGHT)
+    name: VariantName
+    upstream: UpstreamUrl
+    weight: int = Field(strict=True, ge=0, le=TOTAL_WEIGHT)
 
 
 class Route(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    experiment: int | str
-    revision: int = Field(ge=0)
-    salt: str = Field(min_length=1)
+    experiment: RouteExperiment
+    revision: RouteRevision
+    salt: Salt
     sticky: Sticky = Field(default_factory=Sticky)
-    variants: tuple[RouteVariant, ...] = Field(min_length=1)
+    variants: tuple[RouteVariant, ...] = Field(min_length=1, max_length=16)
     state: RouteState
 
     @model_validator(mode="after")

@@ -18,16 +18,16 @@ from pydantic import (
 
 from controlplane.kernel.errors import FieldError, ValidationFailed
 from controlplane.kernel.judgment import EffectGate, GuardrailDirections
+from controlplane.kernel.values import (
+    MAX_COUNT,
+    MAX_DURATION_SEC,
+    MAX_THRESHOLD_MS,
+    SERVICE_PATTERN,
+    ServiceName,
+)
 
-SERVICE_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,62})$"
-ServiceName = Annotated[
-    str,
-    Field(
-        pattern=SERVICE_PATTERN,
-        description="lower-case letters, digits, '.', '_' or '-', 1-63 characters",
-        examples=["payment-api"],
-    ),
-]
+__all__ = ["SERVICE_PATTERN", "BreakerRule", "ServiceName", "parse_rule"]
+
 
 PERCENTILES: tuple[float, ...] = (50, 90, 95, 99, 99.9)
 
@@ -53,31 +53,76 @@ class SrmPolicy(StrEnum):
 
 
 class BreakerRule(BaseModel):
-    """A service's breaker rule. The first five fields come from the original spec."""
+    """A service's breaker rule. The first five fields come from the original spec.
+
+    Every number is strict (no bools or strings), finite and bounded above, so the
+    controller's arithmetic on them (now + cooldown_sec) stays in range (values.py).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     service: ServiceName
-    threshold_ms: float = Field(gt=0, description="RT bound on the chosen percentile")
-    window_sec: int = Field(default=60, ge=1, le=3600, description="sliding window")
-    failure_ratio: float = Field(default=0.3, gt=0, le=1, description="failed / total bound")
-    cooldown_sec: float = Field(default=300, ge=0, description="open time before a probe")
-    percentile: float = Field(default=95, description="one of 50, 90, 95, 99, 99.9")
-    min_samples: int = Field(default=100, ge=1, description="no verdict on fewer samples")
+    threshold_ms: float = Field(
+        gt=0,
+        le=MAX_THRESHOLD_MS,
+        strict=True,
+        allow_inf_nan=False,
+        description="RT bound on the chosen percentile",
+    )
+    window_sec: int = Field(default=60, ge=1, le=3600, strict=True, description="sliding window")
+    failure_ratio: float = Field(
+        default=0.3,
+        gt=0,
+        le=1,
+        strict=True,
+        allow_inf_nan=False,
+        description="failed / total bound",
+    )
+    cooldown_sec: float = Field(
+        default=300,
+        ge=0,
+        le=MAX_DURATION_SEC,
+        strict=True,
+        allow_inf_nan=False,
+        description="open time before a probe",
+    )
+    percentile: float = Field(
+        default=95, strict=True, allow_inf_nan=False, description="one of 50, 90, 95, 99, 99.9"
+    )
+    min_samples: int = Field(
+        default=100, ge=1, le=MAX_COUNT, strict=True, description="no verdict on fewer samples"
+    )
     compare: Compare = Compare.ABSOLUTE
-    baseline_margin: float = Field(default=1.2, ge=1.0)
+    baseline_margin: float = Field(default=1.2, ge=1.0, le=100.0, strict=True, allow_inf_nan=False)
     action: Action = Action.STOP
-    half_open_weight: int = Field(default=100, ge=1, le=10000, description="basis points")
-    max_trips: int = Field(default=3, ge=1)
-    failure_statuses: list[int] | Literal["5xx"] = Field(
-        default="5xx", description="statuses that count as failures besides connect errors"
+    half_open_weight: int = Field(
+        default=100, ge=1, le=10000, strict=True, description="basis points"
+    )
+    max_trips: int = Field(default=3, ge=1, le=1000, strict=True)
+    failure_statuses: list[Annotated[int, Field(strict=True)]] | Literal["5xx"] = Field(
+        default="5xx",
+        max_length=500,
+        description="statuses that count as failures besides connect errors",
     )
     consecutive_breaches: int = Field(
-        default=2, ge=1, le=100, description="breached evaluations in a row before a trip"
+        default=2,
+        ge=1,
+        le=100,
+        strict=True,
+        description="breached evaluations in a row before a trip",
     )
-    alpha: float = Field(default=0.01, gt=0, lt=0.5, description="significance of the tests")
+    alpha: float = Field(
+        default=0.01,
+        gt=0,
+        lt=0.5,
+        strict=True,
+        allow_inf_nan=False,
+        description="significance of the tests",
+    )
     no_data: NoDataPolicy = NoDataPolicy.HOLD
-    no_data_timeout_sec: float = Field(default=300, gt=0)
+    no_data_timeout_sec: float = Field(
+        default=300, gt=0, le=MAX_DURATION_SEC, strict=True, allow_inf_nan=False
+    )
     srm: SrmPolicy = SrmPolicy.WARN
     # Kayenta-compatible judgment knobs (docs/decisions/0013); left unset, every
     # decision is the same as without them

@@ -6,6 +6,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from controlplane.kernel.errors import ConfigError
+from controlplane.kernel.values import UpstreamPolicy
 
 
 def parse_host_port(value: str, *, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -42,6 +43,21 @@ class Settings(BaseSettings):
     listen: str = Field(default="127.0.0.1:8080", description="HOST:PORT the API serves on")
     api: str = Field(default="http://127.0.0.1:8080", description="API base URL for the CLI")
     log_level: str = Field(default="info")
+    upstream_allow: str = Field(
+        default="",
+        description="hosts/CIDRs upstreams may name, comma-separated; empty = any host "
+        "except link-local and cloud metadata addresses",
+    )
+
+    @field_validator("upstream_allow")
+    @classmethod
+    def _allow_shape(cls, value: str) -> str:
+        UpstreamPolicy.parse(value)
+        return value
+
+    @property
+    def upstream_policy(self) -> UpstreamPolicy:
+        return UpstreamPolicy.parse(self.upstream_allow)
 
     @field_validator("etcd_prefix")
     @classmethod

@@ -6,8 +6,9 @@ import random
 from collections import Counter
 
 import pytest
+from pydantic import ValidationError
 
-from controlplane.kernel.routes import Route, RouteState, Sticky, two_way_variants
+from controlplane.kernel.routes import Route, RouteState, RouteVariant, Sticky, two_way_variants
 from sidecar.assignment import bucket
 from sidecar.choice import NoRoute, Upstream
 from sidecar.routing import RouteTable, cookie_value
@@ -124,9 +125,15 @@ def test_no_route_and_no_default_raises_no_route() -> None:
 def test_a_route_with_an_unparseable_upstream_is_refused_and_the_old_one_stays() -> None:
     table = RouteTable()
     table.apply(make_route(2500))
-    bad = Route.model_validate(
-        {**make_route().model_dump(), "variants": [
-            {"name": "baseline", "upstream": "http://", "weight": 10000}]}
+    with pytest.raises(ValidationError):  # the route model refuses it first ...
+        Route.model_validate(
+            {**make_route().model_dump(), "variants": [
+                {"name": "baseline", "upstream": "http://", "weight": 10000}]}
+        )
+    # ... and the table still does, should one be built without validation
+    bad = make_route().model_copy(
+        update={"variants": (RouteVariant.model_construct(
+            name="baseline", upstream="http://", weight=10000),)}
     )
     with pytest.raises(ValueError):
         table.apply(bad)

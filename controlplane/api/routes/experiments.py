@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Path, Query, Response, status
+from fastapi import APIRouter, Body, Query, Response, status
 from sqlalchemy.orm import Session
 
 from controlplane.api.deps import (
@@ -12,12 +12,15 @@ from controlplane.api.deps import (
     BackendsDep,
     ClockDep,
     DatabaseDep,
+    ExperimentId,
     KeysDep,
     KvDep,
     Limit,
     Offset,
+    SettingsDep,
 )
 from controlplane.api.live import read_live
+from controlplane.api.problems import problem_responses
 from controlplane.api.schemas import (
     ActionRequest,
     EventPublic,
@@ -26,21 +29,36 @@ from controlplane.api.schemas import (
     ExperimentPublic,
     ExperimentUpdate,
     Page,
+    check_upstreams,
 )
 from controlplane.db import experiments as records
+from controlplane.db.experiments import ExperimentSpec
 from controlplane.experiments import actions
 from controlplane.experiments.lifecycle import Action, ExperimentState
-from controlplane.kernel.rules import ServiceName
+from controlplane.kernel.values import ServiceName
 
 router = APIRouter(prefix="/v1/experiments", tags=["experiments"])
 
-ExperimentId = Annotated[int, Path(ge=1, description="experiment id")]
 
-PROBLEMS = {
-    404: {"description": "no such experiment"},
-    409: {"description": "not allowed in the current state"},
-    422: {"description": "invalid body"},
-    503: {"description": "a backend is unavailable; nothing was changed"},
+NO_SUCH = {404: "no such experiment"}
+
+_ITEM = "#/paths/~1v1~1experiments~1{experiment_id}"
+
+
+def _link(path: str, method: str) -> dict[str, object]:
+    return {
+        "operationRef": f"{_ITEM}{path}/{method}",
+        "parameters": {"experiment_id": "$response.body#/id"},
+    }
+
+
+# OpenAPI links: what a client (or a stateful test) can do with a created experiment
+CREATED_LINKS = {
+    "GetExperiment": _link("", "get"),
+    "UpdateExperiment": _link("", "patch"),
+    "DeleteExperiment": _link("", "delete"),
+    "ListEvents": _link("~1events", "get"),
+    **{f"{a.value.capitalize()}Experiment": _link(f"~1{a.value}", "post") for a in Action},
 }
 
 
@@ -48,7 +66,10 @@ PROBLEMS = {
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=ExperimentPublic,
-    responses={422: PROBLEMS[422]},
+    responses={
+        201: {"description": "the draft, at Location", "links": CREATED_LINKS},
+        **problem_responses(body=True),
+    },
 )
 async def create_experiment(
     body: ExperimentCreate,
@@ -56,16 +77,18 @@ async def create_experiment(
     database: DatabaseDep,
     clock: ClockDep,
     actor: ActorDep,
+    settings: SettingsDep,
 ) -> ExperimentPublic:
     """Create a draft experiment."""
+    spec = check_upstreams(body.to_spec(), settings.upstream_policy)
     experiment = await actions.create_experiment(
-        database=database, clock=clock, spec=body.to_spec(), actor=actor
+        database=database, clock=clock, spec=spec, actor=actor
     )
     response.headers["Location"] = f"{router.prefix}/{experiment.id}"
     return ExperimentPublic.of(experiment)
 
 
-@router.get("", response_model=Page[ExperimentPublic])
+@router.get("", response_model=Page[ExperimentPublic], responses=problem_responses())
 async def list_experiments(
     database: DatabaseDep,
     service: Annotated[ServiceName | None, Query()] = None,
@@ -89,7 +112,11 @@ async def list_experiments(
     return await database.read(load)
 
 
-@router.get("/{experiment_id}", response_model=ExperimentDetail, responses={404: PROBLEMS[404]})
+@router.get(
+    "/{experiment_id}",
+    response_model=ExperimentDetail,
+    responses=problem_responses(notes=NO_SUCH),
+)
 async def get_experiment(experiment_id: ExperimentId, backends: BackendsDep) -> ExperimentDetail:
     """The experiment and its live rollout: breaker, step, weights, what is due next and
     the latest snapshot per variant (left out, with a note, when Redis cannot be read)."""
@@ -101,7 +128,7 @@ async def get_experiment(experiment_id: ExperimentId, backends: BackendsDep) -> 
 @router.patch(
     "/{experiment_id}",
     response_model=ExperimentPublic,
-    responses={k: PROBLEMS[k] for k in (404, 409, 422)},
+    responses=problem_responses(409, body=True, notes=NO_SUCH),
 )
 async def update_experiment(
     experiment_id: ExperimentId,
@@ -109,13 +136,19 @@ async def update_experiment(
     database: DatabaseDep,
     clock: ClockDep,
     actor: ActorDep,
+    settings: SettingsDep,
 ) -> ExperimentPublic:
     """Change a draft: the fields given replace the stored ones."""
+    policy = settings.upstream_policy
+
+    def change(spec: ExperimentSpec) -> ExperimentSpec:
+        return check_upstreams(body.apply(spec), policy)
+
     experiment = await actions.update_experiment(
         database=database,
         clock=clock,
         experiment_id=experiment_id,
-        change=body.apply,
+        change=change,
         actor=actor,
     )
     return ExperimentPublic.of(experiment)
@@ -124,7 +157,7 @@ async def update_experiment(
 @router.delete(
     "/{experiment_id}",
     status_code=status.HTTP_204_NO_CONTENT,
-    responses={k: PROBLEMS[k] for k in (404, 409)},
+    responses=problem_responses(409, notes=NO_SUCH),
 )
 async def delete_experiment(
     experiment_id: ExperimentId, database: DatabaseDep, clock: ClockDep, actor: ActorDep
@@ -136,7 +169,9 @@ async def delete_experiment(
 
 
 @router.get(
-    "/{experiment_id}/events", response_model=Page[EventPublic], responses={404: PROBLEMS[404]}
+    "/{experiment_id}/events",
+    response_model=Page[EventPublic],
+    responses=problem_responses(notes=NO_SUCH),
 )
 async def list_events(
     experiment_id: ExperimentId,
@@ -187,7 +222,7 @@ def _action_endpoint(action: Action) -> None:
         act,
         methods=["POST"],
         response_model=ExperimentPublic,
-        responses={k: PROBLEMS[k] for k in (404, 409, 503)},
+        responses=problem_responses(409, body=True, notes=NO_SUCH),
         summary=f"{action.value.capitalize()} an experiment",
     )
 

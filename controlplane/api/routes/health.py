@@ -2,23 +2,35 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from controlplane.api.problems import problem_responses
 from controlplane.kernel.errors import CanaryError
 
 router = APIRouter(tags=["health"])
 
 CHECK_TIMEOUT_SEC = 2.0
 
+# /readyz answers 503 with its own JSON body (the checks), which probes read
+READYZ: dict[int | str, dict[str, Any]] = {
+    **problem_responses(),
+    503: {
+        "description": "a backend does not answer",
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    },
+}
 
-@router.get("/healthz")
+
+@router.get("/healthz", responses=problem_responses())
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses={503: {"description": "a backend does not answer"}})
+@router.get("/readyz", responses=READYZ)
 async def readyz(request: Request) -> JSONResponse:
     backends = getattr(request.app.state, "backends", None)
     if backends is None:

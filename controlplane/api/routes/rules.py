@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controlplane.api.deps import ActorDep, BackendsDep, ClockDep, DatabaseDep, KeysDep, KvDep
+from controlplane.api.problems import problem_responses
 from controlplane.db.models import Experiment
 from controlplane.decision.recommend import (
     MIN_WINDOWS,
@@ -19,8 +20,9 @@ from controlplane.decision.recommend import (
 )
 from controlplane.experiments.service_rules import StoredValueInvalid, read_rule, write_rule
 from controlplane.kernel.errors import FieldError, NotFound, ValidationFailed
-from controlplane.kernel.rules import BreakerRule, ServiceName, pydantic_field_errors
+from controlplane.kernel.rules import BreakerRule, pydantic_field_errors
 from controlplane.kernel.streams_memory import DECISIONS_MAXLEN
+from controlplane.kernel.values import ServiceName
 
 router = APIRouter(prefix="/v1/services", tags=["rules"])
 
@@ -45,10 +47,13 @@ def rule_for(service: str, body: dict[str, Any]) -> BreakerRule:
 @router.get(
     "/{service}/rule",
     response_model=BreakerRule,
-    responses={
-        404: {"description": "the service has no rule"},
-        502: {"description": "the stored rule is invalid (its fields are named)"},
-    },
+    responses=problem_responses(
+        502,
+        notes={
+            404: "the service has no rule",
+            502: "the stored rule is invalid (its fields are named)",
+        },
+    ),
 )
 async def get_rule(service: ServicePath, kv: KvDep, keys: KeysDep) -> BreakerRule:
     return await read_rule(kv=kv, keys=keys, service=service)
@@ -57,7 +62,7 @@ async def get_rule(service: ServicePath, kv: KvDep, keys: KeysDep) -> BreakerRul
 @router.put(
     "/{service}/rule",
     response_model=BreakerRule,
-    responses={422: {"description": "invalid rule"}, 503: {"description": "etcd unavailable"}},
+    responses=problem_responses(body=True, notes={422: "invalid rule"}),
 )
 async def put_rule(
     service: ServicePath,
@@ -94,10 +99,9 @@ def experiment_ids(*, session: Session, service: str) -> set[str]:
 
 @router.get(
     "/{service}/rule/recommendation",
-    responses={
-        409: {"description": "not enough baseline history (windows found and needed)"},
-        503: {"description": "Redis unavailable"},
-    },
+    responses=problem_responses(
+        409, notes={409: "not enough baseline history (windows found and needed)"}
+    ),
 )
 async def recommend_rule(
     service: ServicePath,
@@ -121,9 +125,7 @@ async def recommend_rule(
     percentile = current.percentile if current else _DEFAULT_PERCENTILE
     min_samples = current.min_samples if current else _DEFAULT_MIN_SAMPLES
     if backends.board is None:
-        raise NotEnoughHistory(
-            service, 0, MIN_WINDOWS, "this API process reads no snapshot board"
-        )
+        raise NotEnoughHistory(service, 0, MIN_WINDOWS, "this API process reads no snapshot board")
     ids = await backends.database.read(experiment_ids, service=service)
     # the whole retained stream: it is bounded by DECISIONS_MAXLEN (DESIGN §5)
     entries = await backends.board.recent_decisions(DECISIONS_MAXLEN) if ids else []

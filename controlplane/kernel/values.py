@@ -1,0 +1,275 @@
+"""Value types shared by every reader of a value: the API, the controller, the sidecars.
+
+Each type is an Annotated pydantic type carrying its own bounds, so a value means the
+same wherever it is parsed (an API body, a route or rule read back from etcd, a CLI
+file). What the API accepts, a sidecar or the controller accepts too, and nothing the
+API refuses can be written through it.
+
+Principles:
+- numbers are finite and bounded above, so arithmetic on them (a timestamp plus a
+  cooldown, a window count) stays finite and inside datetime's range;
+- numbers are strict: `true` is not 1 and `"5"` is not 5;
+- names a human reads (experiment names, reasons) are printable: no control,
+  format or terminal escape characters, bounded length;
+- names that reach the wire (sticky header and cookie names) are RFC 9110 tokens;
+- names that become etcd keys match a strict pattern;
+- upstream URLs are http(s) with a host and nothing that a sidecar would refuse
+  (userinfo, query, fragment, a port out of range, a host that is not IDNA-encodable).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Annotated, Final
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, Field
+
+# --- numbers -------------------------------------------------------------------------
+
+# SQL ids and offsets: the signed 64-bit range every supported database can compare
+# against (SQLite's INTEGER, PostgreSQL's BIGINT); anything larger overflows the driver.
+SQL_INT_MAX: Final = 2**63 - 1
+
+# Route revisions are stored in experiments.route_revision, a 32-bit INTEGER on
+# PostgreSQL: a revision the control plane could never write is refused everywhere.
+# One publish a second would take 68 years to get there.
+ROUTE_REVISION_MAX: Final = 2**31 - 1
+
+DAY_SEC: Final = 24 * 3600
+# The longest duration any rule or step may name (cooldowns, holds, timeouts). A year
+# keeps `now + duration` far inside datetime's range (year 9999) and float precision.
+MAX_DURATION_SEC: Final = 365 * DAY_SEC
+MAX_THRESHOLD_MS: Final = 3_600_000.0  # an hour: beyond it, a latency bound means "off"
+MAX_COUNT: Final = 1_000_000_000  # sample counts, trips: well within 64-bit sums
+
+
+SqlId = Annotated[int, Field(strict=True, ge=1, le=SQL_INT_MAX)]
+RouteRevision = Annotated[int, Field(strict=True, ge=0, le=ROUTE_REVISION_MAX)]
+
+
+def in_sql_range(value: int) -> bool:
+    """Whether an id can be looked up at all (out of range is simply not there)."""
+    return 1 <= value <= SQL_INT_MAX
+
+
+# --- text ----------------------------------------------------------------------------
+
+
+def unprintable(text: str) -> str | None:
+    """The first character a terminal or log would not show as itself, if any.
+
+    Unicode category C covers C0/C1 controls (CR, LF, ESC of terminal escapes, DEL),
+    format characters (bidirectional overrides, zero-width joiners), surrogates,
+    private-use and unassigned code points.
+    """
+    for char in text:
+        if unicodedata.category(char).startswith("C"):
+            return char
+    return None
+
+
+def _printable(value: str) -> str:
+    bad = unprintable(value)
+    if bad is not None:
+        raise ValueError(f"must not contain control or format characters (found U+{ord(bad):04X})")
+    if not value.strip():
+        raise ValueError("must not be blank")
+    return value
+
+
+def _printable_or_empty(value: str) -> str:
+    return _printable(value) if value else value
+
+
+DisplayName = Annotated[
+    str,
+    Field(min_length=1, max_length=128, examples=["payments v2 rollout"]),
+    AfterValidator(_printable),
+]
+Reason = Annotated[
+    str,
+    Field(max_length=1000, description="recorded in the event; printable, one line"),
+    AfterValidator(_printable_or_empty),
+]
+
+SERVICE_PATTERN: Final = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+ServiceName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=63,
+        pattern=SERVICE_PATTERN,
+        description="lower-case letters, digits, '.', '_' or '-', 1-63 characters",
+        examples=["payment-api"],
+    ),
+]
+VARIANT_PATTERN: Final = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+VariantName = Annotated[str, Field(min_length=1, max_length=64, pattern=VARIANT_PATTERN)]
+
+# RFC 9110 §5.6.2 token (also RFC 6265's cookie-name): no CR/LF, spaces, separators.
+TOKEN_PATTERN: Final = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"
+TOKEN_MAX: Final = 64
+HttpToken = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=TOKEN_MAX,
+        pattern=TOKEN_PATTERN,
+        description="an RFC 9110 token, 1-64 characters",
+    ),
+]
+
+SALT_PATTERN: Final = r"^[A-Za-z0-9._-]{1,64}$"
+Salt = Annotated[str, Field(min_length=1, max_length=64, pattern=SALT_PATTERN)]
+# A route names its experiment by SQL id, or by a hand-written name (bounded, printable).
+RouteExperiment = SqlId | Annotated[str, Field(min_length=1, max_length=64, pattern=SALT_PATTERN)]
+
+
+# --- upstream URLs -------------------------------------------------------------------
+
+URL_MAX: Final = 2048
+_SCHEMES: Final = ("http", "https")
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamParts:
+    scheme: str
+    host: str
+    port: int | None
+    path: str
+
+
+def split_upstream(url: str) -> UpstreamParts:
+    """Check an upstream URL's shape; raises ValueError that never echoes the URL.
+
+    The message must not repeat the value: a refused URL may carry a password.
+    """
+    if len(url) > URL_MAX:
+        raise ValueError(f"upstream URL longer than {URL_MAX} characters")
+    if unprintable(url) is not None or any(c.isspace() for c in url):
+        raise ValueError("upstream URL must not contain spaces or control characters")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise ValueError("upstream URL is malformed (bad host or port)") from None
+    if parts.scheme.lower() not in _SCHEMES or not url.lower().startswith(("http://", "https://")):
+        raise ValueError("upstream URL must start with http:// or https://")
+    if "@" in parts.netloc:
+        raise ValueError("upstream URL must not carry credentials (user:password@)")
+    if not parts.hostname:
+        raise ValueError("upstream URL has no host")
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        raise ValueError("upstream URL must not carry a query or fragment")
+    if port is not None and port == 0:
+        raise ValueError("upstream URL port must be 1-65535")
+    try:
+        parts.hostname.encode("idna")  # the Host header and TLS name need it
+    except UnicodeError:
+        raise ValueError("upstream URL has an invalid host name") from None
+    return UpstreamParts(parts.scheme.lower(), parts.hostname, port, parts.path)
+
+
+def _upstream(value: str) -> str:
+    split_upstream(value)
+    return value  # kept exactly as written
+
+
+UpstreamUrl = Annotated[
+    str,
+    Field(
+        min_length=8,
+        max_length=URL_MAX,
+        description="http(s)://host[:port][/prefix], no credentials, query or fragment",
+        examples=["http://payments-v2:8080"],
+    ),
+    AfterValidator(_upstream),
+]
+
+
+# --- which upstream hosts may be named ------------------------------------------------
+
+# Cloud metadata services and link-local space: an upstream there turns the proxy
+# into a way to read instance credentials. Refused unless explicitly allowed.
+METADATA_HOSTS: Final = frozenset({"metadata.google.internal", "metadata"})
+METADATA_NETWORKS: Final = (
+    ipaddress.ip_network("169.254.0.0/16"),
+    ipaddress.ip_network("fe80::/10"),
+    ipaddress.ip_network("fd00:ec2::254/128"),
+)
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class UpstreamPolicy:
+    """Which hosts an upstream may name: empty `hosts`/`networks` = any host, except
+    link-local and metadata addresses, which only an explicit entry admits."""
+
+    hosts: frozenset[str] = frozenset()
+    networks: tuple[Network, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> UpstreamPolicy:
+        """`host,10.0.0.0/8,…` (CANARY_UPSTREAM_ALLOW); raises ValueError on a bad entry."""
+        hosts: set[str] = set()
+        networks: list[Network] = []
+        for raw in text.split(","):
+            entry = raw.strip().lower()
+            if not entry:
+                continue
+            try:
+                networks.append(ipaddress.ip_network(entry, strict=False))
+                continue
+            except ValueError:
+                pass
+            if (
+                unprintable(entry) is not None
+                or not entry.replace("-", "").replace(".", "").isalnum()
+            ):
+                raise ValueError(f"upstream allow-list entry {entry!r} is not a host or CIDR")
+            hosts.add(entry.rstrip("."))
+        return cls(frozenset(hosts), tuple(networks))
+
+    @property
+    def restricted(self) -> bool:
+        return bool(self.hosts or self.networks)
+
+    def _listed(
+        self, host: str, address: ipaddress.IPv4Address | ipaddress.IPv6Address | None
+    ) -> bool:
+        if host in self.hosts:
+            return True
+        return address is not None and any(address in net for net in self.networks)
+
+    def refusal(self, host: str) -> str | None:
+        """Why `host` may not be an upstream, or None. Host names are not resolved."""
+        name = host.lower().rstrip(".").strip("[]")
+        try:
+            address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(
+                name
+            )
+        except ValueError:
+            address = None
+        if self._listed(name, address):
+            return None
+        if name in METADATA_HOSTS or (
+            address is not None and any(address in net for net in METADATA_NETWORKS)
+        ):
+            return "upstream host is a link-local or cloud metadata address"
+        if self.restricted:
+            return "upstream host is not in the allowed hosts (CANARY_UPSTREAM_ALLOW)"
+        return None
+
+    def refusals(self, urls: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+        """(label, reason) for each (label, url) whose host is refused."""
+        found = []
+        for label, url in urls:
+            reason = self.refusal(split_upstream(url).host)
+            if reason is not None:
+                found.append((label, reason))
+        return found
