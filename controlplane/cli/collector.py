@@ -44,5 +44,5 @@ def register(app: typer.Typer) -> None:
             }.items()
             if value is not None
         }
-        settings = Settings(**overrides)
+        settings = Settings.model_validate(overrides)
         main(settings, name=name, admin=admin, tick=tick, claim_idle_ms=claim_idle_ms, count=count)

@@ -36,7 +36,7 @@ def settings_with(**overrides: str | None) -> Settings:
 
     given = {k: v for k, v in overrides.items() if v is not None}
     try:
-        return Settings(**given)
+        return Settings.model_validate(given)
     except ValidationError as exc:
         raise typer.BadParameter(str(exc)) from exc
 

@@ -76,7 +76,8 @@ def register(app: typer.Typer) -> None:
         _positive("--read-timeout", read_timeout)
         overrides = {"etcd": etcd, "etcd_prefix": etcd_prefix, "redis_url": redis}
         try:
-            settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+            given = {k: v for k, v in overrides.items() if v is not None}
+            settings = Settings.model_validate(given)
             listen_at = parse_host_port(listen)
             admin_at = parse_host_port(admin) if admin else None
             if default_upstream:

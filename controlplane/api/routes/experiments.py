@@ -8,7 +8,6 @@ from fastapi import APIRouter, Body, Path, Query, Response, status
 from sqlalchemy.orm import Session
 
 from controlplane.api.deps import (
-    ActorDep,
     BackendsDep,
     ClockDep,
     DatabaseDep,
@@ -27,12 +26,16 @@ from controlplane.api.schemas import (
     ExperimentUpdate,
     Page,
 )
+from controlplane.api.security import ActorDep, require
+from controlplane.auth.roles import Role
 from controlplane.db import experiments as records
 from controlplane.experiments import actions
 from controlplane.experiments.lifecycle import Action, ExperimentState
 from controlplane.kernel.rules import ServiceName
 
 router = APIRouter(prefix="/v1/experiments", tags=["experiments"])
+
+VIEWER, OPERATOR, ADMIN = (require(r) for r in (Role.VIEWER, Role.OPERATOR, Role.ADMIN))
 
 ExperimentId = Annotated[int, Path(ge=1, description="experiment id")]
 
@@ -49,6 +52,7 @@ PROBLEMS = {
     status_code=status.HTTP_201_CREATED,
     response_model=ExperimentPublic,
     responses={422: PROBLEMS[422]},
+    dependencies=[ADMIN],
 )
 async def create_experiment(
     body: ExperimentCreate,
@@ -65,7 +69,7 @@ async def create_experiment(
     return ExperimentPublic.of(experiment)
 
 
-@router.get("", response_model=Page[ExperimentPublic])
+@router.get("", response_model=Page[ExperimentPublic], dependencies=[VIEWER])
 async def list_experiments(
     database: DatabaseDep,
     service: Annotated[ServiceName | None, Query()] = None,
@@ -89,7 +93,12 @@ async def list_experiments(
     return await database.read(load)
 
 
-@router.get("/{experiment_id}", response_model=ExperimentDetail, responses={404: PROBLEMS[404]})
+@router.get(
+    "/{experiment_id}",
+    response_model=ExperimentDetail,
+    responses={404: PROBLEMS[404]},
+    dependencies=[VIEWER],
+)
 async def get_experiment(experiment_id: ExperimentId, backends: BackendsDep) -> ExperimentDetail:
     """The experiment and its live rollout: breaker, step, weights, what is due next and
     the latest snapshot per variant (left out, with a note, when Redis cannot be read)."""
@@ -102,6 +111,7 @@ async def get_experiment(experiment_id: ExperimentId, backends: BackendsDep) -> 
     "/{experiment_id}",
     response_model=ExperimentPublic,
     responses={k: PROBLEMS[k] for k in (404, 409, 422)},
+    dependencies=[ADMIN],
 )
 async def update_experiment(
     experiment_id: ExperimentId,
@@ -125,6 +135,7 @@ async def update_experiment(
     "/{experiment_id}",
     status_code=status.HTTP_204_NO_CONTENT,
     responses={k: PROBLEMS[k] for k in (404, 409)},
+    dependencies=[ADMIN],
 )
 async def delete_experiment(
     experiment_id: ExperimentId, database: DatabaseDep, clock: ClockDep, actor: ActorDep
@@ -136,7 +147,10 @@ async def delete_experiment(
 
 
 @router.get(
-    "/{experiment_id}/events", response_model=Page[EventPublic], responses={404: PROBLEMS[404]}
+    "/{experiment_id}/events",
+    response_model=Page[EventPublic],
+    responses={404: PROBLEMS[404]},
+    dependencies=[VIEWER],
 )
 async def list_events(
     experiment_id: ExperimentId,
@@ -189,6 +203,7 @@ def _action_endpoint(action: Action) -> None:
         response_model=ExperimentPublic,
         responses={k: PROBLEMS[k] for k in (404, 409, 503)},
         summary=f"{action.value.capitalize()} an experiment",
+        dependencies=[OPERATOR],
     )
 
 

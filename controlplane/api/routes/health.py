@@ -6,9 +6,11 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from controlplane.api.security import public
 from controlplane.kernel.errors import CanaryError
 
-router = APIRouter(tags=["health"])
+# probes must answer without credentials; they tell nothing but up or not
+router = APIRouter(tags=["health"], dependencies=[public()])
 
 CHECK_TIMEOUT_SEC = 2.0
 

@@ -9,7 +9,9 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controlplane.api.deps import ActorDep, BackendsDep, ClockDep, DatabaseDep, KeysDep, KvDep
+from controlplane.api.deps import BackendsDep, ClockDep, DatabaseDep, KeysDep, KvDep
+from controlplane.api.security import ActorDep, require
+from controlplane.auth.roles import Role
 from controlplane.db.models import Experiment
 from controlplane.decision.recommend import (
     MIN_WINDOWS,
@@ -49,6 +51,7 @@ def rule_for(service: str, body: dict[str, Any]) -> BreakerRule:
         404: {"description": "the service has no rule"},
         502: {"description": "the stored rule is invalid (its fields are named)"},
     },
+    dependencies=[require(Role.VIEWER)],
 )
 async def get_rule(service: ServicePath, kv: KvDep, keys: KeysDep) -> BreakerRule:
     return await read_rule(kv=kv, keys=keys, service=service)
@@ -58,6 +61,7 @@ async def get_rule(service: ServicePath, kv: KvDep, keys: KeysDep) -> BreakerRul
     "/{service}/rule",
     response_model=BreakerRule,
     responses={422: {"description": "invalid rule"}, 503: {"description": "etcd unavailable"}},
+    dependencies=[require(Role.ADMIN)],
 )
 async def put_rule(
     service: ServicePath,
@@ -98,6 +102,7 @@ def experiment_ids(*, session: Session, service: str) -> set[str]:
         409: {"description": "not enough baseline history (windows found and needed)"},
         503: {"description": "Redis unavailable"},
     },
+    dependencies=[require(Role.VIEWER)],
 )
 async def recommend_rule(
     service: ServicePath,
@@ -121,9 +126,7 @@ async def recommend_rule(
     percentile = current.percentile if current else _DEFAULT_PERCENTILE
     min_samples = current.min_samples if current else _DEFAULT_MIN_SAMPLES
     if backends.board is None:
-        raise NotEnoughHistory(
-            service, 0, MIN_WINDOWS, "this API process reads no snapshot board"
-        )
+        raise NotEnoughHistory(service, 0, MIN_WINDOWS, "this API process reads no snapshot board")
     ids = await backends.database.read(experiment_ids, service=service)
     # the whole retained stream: it is bounded by DECISIONS_MAXLEN (DESIGN §5)
     entries = await backends.board.recent_decisions(DECISIONS_MAXLEN) if ids else []
