@@ -7,11 +7,22 @@ imports its heavy dependencies inside the commands, so `canary --help` stays fas
 from __future__ import annotations
 
 import sys
-from typing import cast
+from pathlib import Path
+from typing import Annotated, cast
 
 import typer
 
-from controlplane.cli import bench, collector, demo, experiments, rules, server, sidecar
+from controlplane.cli import (
+    bench,
+    collector,
+    demo,
+    experiments,
+    remote,
+    rules,
+    server,
+    sidecar,
+    tokens,
+)
 
 app = typer.Typer(
     name="canary",
@@ -21,7 +32,23 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for module in (bench, collector, demo, experiments, rules, server, sidecar):
+
+@app.callback()
+def root(
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file",
+            help="file holding the API token (else CANARY_TOKEN, else "
+            "$CANARY_CONFIG or ~/.config/canary/token)",
+        ),
+    ] = None,
+) -> None:
+    """Canary releases and A/B experiments with circuit breaking."""
+    remote.token_file = token_file
+
+
+for module in (bench, collector, demo, experiments, rules, server, sidecar, tokens):
     module.register(app)
 
 

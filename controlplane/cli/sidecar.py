@@ -70,8 +70,10 @@ def register(app: typer.Typer) -> None:
         from sidecar.main import Timeouts, run_sidecar
 
         if not _SERVICE.match(service):
-            raise _fail(f"invalid service name {service!r}: lower-case letters, digits, '.', "
-                        "'_' or '-', 1-63 characters")
+            raise _fail(
+                f"invalid service name {service!r}: lower-case letters, digits, '.', "
+                "'_' or '-', 1-63 characters"
+            )
         _positive("--connect-timeout", connect_timeout)
         _positive("--read-timeout", read_timeout)
         overrides = {"etcd": etcd, "etcd_prefix": etcd_prefix, "redis_url": redis}
