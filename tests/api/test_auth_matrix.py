@@ -22,25 +22,25 @@ from controlplane.runtime import Backends
 from tests.api.conftest import API_BASE
 from tests.support.auth import bearer
 
-V, O, A = Role.VIEWER, Role.OPERATOR, Role.ADMIN
+VIEW, OPER, ADMIN = Role.VIEWER, Role.OPERATOR, Role.ADMIN
 ACTIONS = ("start", "pause", "resume", "promote", "rollback", "abort")
 MATRIX: dict[tuple[str, str], Role | None] = {
     ("GET", "/healthz"): None,
     ("GET", "/readyz"): None,
-    ("GET", "/metrics"): V,
-    ("GET", "/v1/experiments"): V,
-    ("POST", "/v1/experiments"): A,
-    ("GET", "/v1/experiments/{experiment_id}"): V,
-    ("PATCH", "/v1/experiments/{experiment_id}"): A,
-    ("DELETE", "/v1/experiments/{experiment_id}"): A,
-    ("GET", "/v1/experiments/{experiment_id}/events"): V,
-    **{("POST", f"/v1/experiments/{{experiment_id}}/{a}"): O for a in ACTIONS},
-    ("GET", "/v1/services/{service}/rule"): V,
-    ("PUT", "/v1/services/{service}/rule"): A,
-    ("GET", "/v1/services/{service}/rule/recommendation"): V,
-    ("GET", "/v1/tokens"): A,
-    ("POST", "/v1/tokens"): A,
-    ("DELETE", "/v1/tokens/{token_id}"): A,
+    ("GET", "/metrics"): VIEW,
+    ("GET", "/v1/experiments"): VIEW,
+    ("POST", "/v1/experiments"): ADMIN,
+    ("GET", "/v1/experiments/{experiment_id}"): VIEW,
+    ("PATCH", "/v1/experiments/{experiment_id}"): ADMIN,
+    ("DELETE", "/v1/experiments/{experiment_id}"): ADMIN,
+    ("GET", "/v1/experiments/{experiment_id}/events"): VIEW,
+    **{("POST", f"/v1/experiments/{{experiment_id}}/{a}"): OPER for a in ACTIONS},
+    ("GET", "/v1/services/{service}/rule"): VIEW,
+    ("PUT", "/v1/services/{service}/rule"): ADMIN,
+    ("GET", "/v1/services/{service}/rule/recommendation"): VIEW,
+    ("GET", "/v1/tokens"): ADMIN,
+    ("POST", "/v1/tokens"): ADMIN,
+    ("DELETE", "/v1/tokens/{token_id}"): ADMIN,
 }
 PARAMS = {"{experiment_id}": "987654", "{service}": "payment-api", "{token_id}": "987654"}
 
