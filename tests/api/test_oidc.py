@@ -110,10 +110,10 @@ def hs_with_public_key() -> str:
     """The classic forgery: HMAC keyed with the public key's bytes."""
     now = int(time.time())
     claims = {"iss": ISSUER, "aud": AUDIENCE, "sub": "x", "exp": now + 300, "groups": ["platform"]}
+    secret = b"an-hmac-secret-that-only-an-attacker-knows"
     return jwt.api_jws.PyJWS().encode(
-        json.dumps(claims).encode(), b"an-hmac-secret-that-only-an-attacker-knows", algorithm="HS256",
-        headers={"kid": "rsa-1"},
-    )  # fmt: skip
+        json.dumps(claims).encode(), secret, algorithm="HS256", headers={"kid": "rsa-1"}
+    )
 
 
 @pytest.mark.parametrize(
