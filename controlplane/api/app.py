@@ -11,10 +11,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from controlplane.api import metrics, problems
-from controlplane.api.body_limits import BodyLimits
+from controlplane.api import metrics, problems, security
 from controlplane.api.deps import get_settings
-from controlplane.api.routes import experiments, health, judge, rules
+from controlplane.api.hygiene.body_limit import BodyLimitMiddleware
+from controlplane.api.hygiene.json_writes import JsonWritesMiddleware
+from controlplane.api.hygiene.trusted_hosts import TrustedHostsMiddleware
+from controlplane.api.routes import experiments, health, judge, rules, tokens
+from controlplane.auth.oidc import OidcVerifier
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.settings import Settings
 from controlplane.runtime import (
@@ -74,6 +77,7 @@ def create_app(
     clock: Clock | None = None,
     services: Sequence[Background] = (),
     streams: bool = False,
+    insecure: bool = False,
 ) -> FastAPI:
     """The API for `settings`.
 
@@ -82,6 +86,8 @@ def create_app(
         database and the KV store (and the streams if `streams`) and closes them.
     services: background parts (controller, collector) run for the app's lifetime,
         each given the same Backends.
+    insecure: serve requests without credentials as `anonymous` admin (only ever from
+        an explicit `--insecure`; nothing in the environment turns it on).
     """
 
     @asynccontextmanager
@@ -105,12 +111,36 @@ def create_app(
     )
     app.state.backends = None
     app.dependency_overrides[get_settings] = lambda: settings
-    app.add_middleware(BodyLimits)
-    problems.install(app)  # its catch-all wraps everything above
-    exported = metrics.install(app)
+    exported = metrics.ApiMetrics()
+    exported.insecure.set(1 if insecure else 0)
+    app.state.auth = security.Authenticator(
+        insecure=insecure,
+        oidc=OidcVerifier.from_settings(settings),
+        failures=exported.auth_failures,
+    )
+    # added innermost first: a request meets the metrics, then Host, JSON, size
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, reject=exported.reject)
+    app.add_middleware(JsonWritesMiddleware, reject=exported.reject)
+    app.add_middleware(
+        TrustedHostsMiddleware, trusted=settings.trusted_host_list, reject=exported.reject
+    )
+    problems.install(app)
+    metrics.install(app, exported)
     for service in services:
         if isinstance(service, ExportsMetrics):
             exported.registry.register(service.metrics_collector())
-    for router in (health.router, experiments.router, rules.router, judge.router):
+    for router in (
+        health.router,
+        experiments.router,
+        rules.router,
+        judge.router,
+        tokens.router,
+    ):
         app.include_router(router)
+    # the schema and its pages describe the API, which is no secret; data needs a role
+    open_pages = [p for p in (app.openapi_url, app.docs_url, app.redoc_url) if p]
+    if app.docs_url and app.swagger_ui_oauth2_redirect_url:
+        open_pages.append(app.swagger_ui_oauth2_redirect_url)
+    security.check_guarded(app, open_pages)
+    security.document(app)
     return app

@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Annotated
 
-from fastapi import Depends, Header, Path, Query, Request
+from fastapi import Depends, Path, Query, Request
 
 from controlplane.db.session import Database
 from controlplane.kernel.clock import Clock
@@ -50,23 +50,12 @@ def get_clock(backends: BackendsDep) -> Clock:
     return backends.clock
 
 
-def get_actor(
-    x_canary_user: Annotated[
-        str | None,
-        Header(max_length=100, pattern=r"^[\w.@-]+$", description="who acts (audit trail)"),
-    ] = None,
-) -> str:
-    """Who the audit trail names: `user:<name>` when the caller says, else `api`."""
-    return f"user:{x_canary_user}" if x_canary_user else "api"
-
-
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 BackendsDep = Annotated[Backends, Depends(get_backends)]
 DatabaseDep = Annotated[Database, Depends(get_database)]
 KvDep = Annotated[KeyValueStore, Depends(get_kv)]
 KeysDep = Annotated[EtcdKeys, Depends(get_keys)]
 ClockDep = Annotated[Clock, Depends(get_clock)]
-ActorDep = Annotated[str, Depends(get_actor)]
 Limit = Annotated[int, Query(ge=1, le=500, description="page size")]
 Offset = Annotated[int, Query(ge=0, le=SQL_INT_MAX, description="items to skip")]
 # Any integer is a well-formed id: one outside the SQL range names no row, so it is a

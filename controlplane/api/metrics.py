@@ -10,9 +10,12 @@ from __future__ import annotations
 import time
 
 from fastapi import FastAPI, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from controlplane.api.security import require
+from controlplane.auth.roles import Role
 
 UNMATCHED = "<unmatched>"
 
@@ -33,6 +36,27 @@ class ApiMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
             registry=self.registry,
         )
+
+        self.rejected = Counter(
+            "canary_api_rejected_requests",
+            "Requests refused before routing (untrusted Host, not JSON, too large)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.auth_failures = Counter(
+            "canary_api_auth_failures",
+            "Requests whose credentials were missing or did not verify",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.insecure = Gauge(
+            "canary_api_insecure",
+            "1 when the API serves without authentication (--insecure)",
+            registry=self.registry,
+        )
+
+    def reject(self, reason: str) -> None:
+        self.rejected.labels(reason).inc()
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         labels = (method, route, str(status))
@@ -69,17 +93,15 @@ class MetricsMiddleware:
             # The router records the matched route in the scope it was given.
             route = scope.get("route")
             template = getattr(route, "path", None) or UNMATCHED
-            self.metrics.observe(
-                scope["method"], template, status, time.perf_counter() - started
-            )
+            self.metrics.observe(scope["method"], template, status, time.perf_counter() - started)
 
 
-def install(app: FastAPI) -> ApiMetrics:
-    metrics = ApiMetrics()
+def install(app: FastAPI, metrics: ApiMetrics) -> ApiMetrics:
     app.state.metrics = metrics
     app.add_middleware(MetricsMiddleware, metrics=metrics)
 
-    @app.get("/metrics", include_in_schema=False)
+    # the counters tell which experiments and services exist: viewers only
+    @app.get("/metrics", include_in_schema=False, dependencies=[require(Role.VIEWER)])
     async def metrics_endpoint(request: Request) -> Response:
         return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

@@ -2,6 +2,8 @@
 
     kernel error / request error      status
     ValidationFailed, bad request      422   errors: [{loc, msg}]
+    Unauthenticated                    401   required_role; WWW-Authenticate: Bearer
+    Forbidden                          403   required_role
     NotFound, unknown route            404
     NotEnoughHistory                   409   service, windows_found, windows_needed
     Conflict, IllegalTransition        409   current_state when known
@@ -37,8 +39,10 @@ from controlplane.kernel.errors import (
     ConfigError,
     Conflict,
     FieldError,
+    Forbidden,
     IllegalTransition,
     NotFound,
+    Unauthenticated,
     ValidationFailed,
 )
 
@@ -49,6 +53,8 @@ PROBLEM_BASE = "urn:canary:problem:"  # a name, not a page to fetch
 
 _STATUS: list[tuple[type[CanaryError], int, str]] = [
     (ValidationFailed, 422, "validation-failed"),
+    (Unauthenticated, 401, "unauthenticated"),
+    (Forbidden, 403, "forbidden"),
     (NotFound, 404, "not-found"),
     (NotEnoughHistory, 409, "insufficient-history"),
     (IllegalTransition, 409, "illegal-transition"),
@@ -61,6 +67,8 @@ _STATUS: list[tuple[type[CanaryError], int, str]] = [
 
 TITLES = {
     400: "Bad request",
+    401: "Unauthenticated",
+    403: "Forbidden",
     404: "Not found",
     405: "Method not allowed",
     409: "Conflict",
@@ -169,6 +177,15 @@ def canary_error_response(exc: CanaryError, instance: str | None) -> JSONRespons
     more = getattr(exc, "problem_extensions", None)
     if isinstance(more, dict):
         extensions.update(more)
+    role = getattr(exc, "required_role", None)
+    if isinstance(role, str):
+        extensions["required_role"] = role
+    headers: dict[str, str] | None = None
+    if status == 503:
+        headers = {"Retry-After": "1"}
+    elif status == 401:
+        # RFC 6750: the scheme, and whether the credentials given were wrong
+        headers = {"WWW-Authenticate": 'Bearer realm="canary"'}
     errors = getattr(exc, "errors", None)
     if status >= 500:
         log.warning("%s answered %d: %s", instance, status, exc)
@@ -179,7 +196,7 @@ def canary_error_response(exc: CanaryError, instance: str | None) -> JSONRespons
         kind=kind,
         instance=instance,
         errors=list(errors) if errors is not None else None,
-        headers={"Retry-After": "1"} if status == 503 else None,
+        headers=headers,
         **extensions,
     )
 

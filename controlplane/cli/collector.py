@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
             }.items()
             if value is not None
         }
-        settings = Settings(**overrides)
+        settings = Settings.model_validate(overrides)
         sample_keys = _sample_keys_or_exit(sample_keys_file)
         main(
             settings, name=name, admin=admin, tick=tick, claim_idle_ms=claim_idle_ms,

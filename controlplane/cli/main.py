@@ -7,6 +7,7 @@ imports its heavy dependencies inside the commands, so `canary --help` stays fas
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated, cast
 
 import typer
@@ -21,6 +22,7 @@ from controlplane.cli import (
     rules,
     server,
     sidecar,
+    tokens,
 )
 
 app = typer.Typer(
@@ -31,19 +33,32 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for module in (bench, collector, demo, experiments, judge, rules, server, sidecar):
-    module.register(app)
-
 
 @app.callback()
-def _options(
+def root(
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file",
+            help="file holding the API token (else CANARY_TOKEN, else "
+            "$CANARY_CONFIG or ~/.config/canary/token)",
+        ),
+    ] = None,
     ca_file: Annotated[
         str | None,
-        typer.Option("--ca-file", help="CA file the client trusts for an https:// API "
-                     "[env CANARY_CA_FILE]"),
+        typer.Option(
+            "--ca-file",
+            help="CA file the client trusts for an https:// API [env CANARY_CA_FILE]",
+        ),
     ] = None,
 ) -> None:
-    remote.set_ca_file(ca_file)
+    """Canary releases and A/B experiments with circuit breaking."""
+    remote.token_file = token_file
+    remote.ca_file = ca_file
+
+
+for module in (bench, collector, demo, experiments, judge, rules, server, sidecar, tokens):
+    module.register(app)
 
 
 # Typer ≥ 0.20 carries its own copy of click and older ones use click itself: take the

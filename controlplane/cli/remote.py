@@ -3,8 +3,8 @@
 Exit codes, so scripts and CI pipelines can tell outcomes apart:
 
     0  done
-    1  the API refused the change (409: illegal transition, one running per service)
-       or failed (5xx)
+    1  the API refused the change (409: illegal transition, one running per service),
+       refused the caller (401: no or a bad token, 403: a role too low), or failed (5xx)
     2  usage or input error: a bad file, an invalid body (422), an unknown id (404),
        an API that cannot be reached
 
@@ -13,12 +13,11 @@ Every error is one line on stderr, prefixed with the command that failed.
 
 from __future__ import annotations
 
-import getpass
 import json
-import os
 import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -46,16 +45,10 @@ DEFAULT_API: str = Settings.model_fields["api"].default
 JsonOption = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
 
 
-def current_user() -> str | None:
-    """Who the audit trail names: CANARY_USER, else the login name (None if unknown)."""
-    named = os.environ.get("CANARY_USER")
-    if named:
-        return named
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):
-        # a container may run under a uid with no passwd entry
-        return None
+# `canary --token-file F …` and `canary --ca-file F …`, set by the root command
+# before any subcommand runs
+token_file: Path | None = None
+ca_file: str | None = None
 
 
 def client_tls(settings: Settings, *, ca_file: str | None = None) -> ssl.SSLContext | None:
@@ -72,23 +65,17 @@ def client_tls(settings: Settings, *, ca_file: str | None = None) -> ssl.SSLCont
 
 def open_client(api: str) -> CanaryClient:
     from controlplane.client.api_client import CanaryClient
+    from controlplane.client.credentials import find_token
 
-    return CanaryClient(api, actor=current_user(), tls=client_tls(Settings(), ca_file=_ca_file))
-
-
-_ca_file: str | None = None
-
-
-def set_ca_file(path: str | None) -> None:
-    """--ca-file, given before the command (`canary --ca-file F exp list`)."""
-    global _ca_file
-    _ca_file = path
+    return CanaryClient(
+        api, token=find_token(token_file), tls=client_tls(Settings(), ca_file=ca_file)
+    )
 
 
 def exit_code_for(error: CanaryError) -> int:
     from controlplane.client.api_client import ClientError
 
-    if isinstance(error, ClientError) and (error.status == 409 or error.status >= 500):
+    if isinstance(error, ClientError) and (error.status in (401, 403, 409) or error.status >= 500):
         return EXIT_REFUSED
     return EXIT_USAGE
 
@@ -110,7 +97,10 @@ def reporting(command: str, *, exit_code: int | None = None) -> Iterator[None]:
         yield
     except CanaryError as exc:
         code = exit_code if exit_code is not None else exit_code_for(exc)
-        raise fail(command, str(exc), code) from None
+        message = str(exc)
+        if getattr(exc, "status", None) == 401:
+            message += " (give a token: CANARY_TOKEN, --token-file or ~/.config/canary/token)"
+        raise fail(command, message, code) from None
 
 
 def print_json(value: Any) -> None:

@@ -6,6 +6,7 @@ Heavy imports (FastAPI, SQLAlchemy, Alembic, uvicorn) happen inside the commands
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +29,7 @@ DatabaseOption = Annotated[
 ]
 
 
-def settings_with(**overrides: str | None) -> Settings:
+def settings_with(**overrides: str | int | None) -> Settings:
     """CANARY_* from the environment, overridden by the flags that were given."""
     from pydantic import ValidationError
 
@@ -36,7 +37,7 @@ def settings_with(**overrides: str | None) -> Settings:
 
     given = {k: v for k, v in overrides.items() if v is not None}
     try:
-        return Settings(**given)
+        return Settings.model_validate(given)
     except ValidationError as exc:
         raise typer.BadParameter(str(exc)) from exc
 
@@ -85,7 +86,9 @@ def tls_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
-def run_api(settings: Settings, *, services: Sequence[Background] = ()) -> None:
+def run_api(
+    settings: Settings, *, services: Sequence[Background] = (), insecure: bool = False
+) -> None:
     """Serve until SIGINT/SIGTERM; uvicorn then drains requests and runs the lifespan's
     shutdown, which stops the services and closes the backends."""
     import uvicorn
@@ -93,7 +96,7 @@ def run_api(settings: Settings, *, services: Sequence[Background] = ()) -> None:
     from controlplane.api.app import create_app
 
     tls = tls_options(settings)
-    app = create_app(settings, services=services, streams=bool(services))
+    app = create_app(settings, services=services, streams=bool(services), insecure=insecure)
     host, port = settings.listen_host_port
     config = uvicorn.Config(
         app,
@@ -126,6 +129,89 @@ def _migrate_or_exit(url: str) -> None:
         raise typer.Exit(1) from exc
 
 
+def _auth_or_exit(settings: Settings, *, insecure: bool) -> None:
+    """Serve only with a way to authenticate: live tokens in the database, or OIDC;
+    `--insecure` serves without, and says so loudly."""
+    from controlplane.auth.oidc import OidcVerifier
+    from controlplane.db.session import db_errors, make_engine, make_sessionmaker
+    from controlplane.db.tokens import count_live_tokens
+    from controlplane.kernel.errors import CanaryError
+
+    if insecure:
+        log.warning(
+            "INSECURE: serving WITHOUT authentication (--insecure): anyone who reaches "
+            "http://%s may create, start and delete experiments",
+            settings.listen,
+        )
+        return
+    try:
+        if OidcVerifier.from_settings(settings) is not None:
+            return
+        engine = make_engine(settings.database_url)
+        try:
+            with db_errors(), make_sessionmaker(engine)() as session:
+                live = count_live_tokens(session=session)
+        finally:
+            engine.dispose()
+    except CanaryError as exc:
+        typer.echo(f"canary serve: cannot check authentication: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    if live == 0:
+        typer.echo(
+            "canary serve: no authentication configured: create a token with `canary token "
+            "create --name NAME --role admin`, or set CANARY_OIDC_ISSUER (or pass --insecure)",
+            err=True,
+        )
+        raise typer.Exit(1)
+
+
+def _dev_token(settings: Settings) -> str:
+    """A fresh admin token named `dev` (the previous one revoked), so `canary dev`
+    needs no set-up and a token it printed earlier stops working."""
+    from controlplane.auth.roles import Role
+    from controlplane.db.session import db_errors, make_engine, make_sessionmaker
+    from controlplane.db.tokens import issue_token, revoke_token
+    from controlplane.experiments.actions import utc_now
+    from controlplane.kernel.clock import SystemClock
+    from controlplane.kernel.errors import NotFound
+
+    now = utc_now(SystemClock())
+    engine = make_engine(settings.database_url)
+    try:
+        with db_errors(), make_sessionmaker(engine).begin() as session:
+            with contextlib.suppress(NotFound):
+                revoke_token(session=session, ref=DEV_TOKEN_NAME, now=now)
+            _, token = issue_token(
+                session=session, name=DEV_TOKEN_NAME, role=Role.ADMIN,
+                created_by="canary dev", now=now,
+            )  # fmt: skip
+    finally:
+        engine.dispose()
+    return token
+
+
+DEV_TOKEN_NAME = "dev"
+
+InsecureOption = Annotated[
+    bool,
+    typer.Option(
+        "--insecure",
+        help="serve WITHOUT authentication: every caller is an admin (never in production)",
+    ),
+]
+TrustedHostsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--trusted-hosts",
+        help="Host header values answered, comma-separated [env CANARY_TRUSTED_HOSTS]",
+    ),
+]
+MaxBodyOption = Annotated[
+    int | None,
+    typer.Option("--max-body-bytes", help="largest request body [env CANARY_MAX_BODY_BYTES]"),
+]
+
+
 def register(app: typer.Typer) -> None:
     @app.command("dev")
     def dev_command(
@@ -143,6 +229,12 @@ def register(app: typer.Typer) -> None:
         _migrate_or_exit(settings.database_url)
         log.info("database: %s (SQLite, migrated to head)", path)
         log.info("etcd and Redis: in-process (memory://); API on http://%s", settings.listen)
+        token = _dev_token(settings)
+        typer.echo(
+            f"admin token for this run (the previous `dev` token is revoked):\n"
+            f"  export CANARY_TOKEN={token}",
+            err=True,
+        )
         run_api(settings, services=background_services(settings, embedded=True))
 
     @app.command("serve")
@@ -170,8 +262,14 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--tls-client-ca", help="require client certificates "
                                      "signed by this CA [env CANARY_TLS_CLIENT_CA]")
         ] = None,
+        trusted_hosts: TrustedHostsOption = None,
+        max_body_bytes: MaxBodyOption = None,
+        insecure: InsecureOption = False,
     ) -> None:
-        """API (and controller) on the configured backends. Run `canary db upgrade` first."""
+        """API (and controller) on the configured backends. Run `canary db upgrade` first.
+
+        Refuses to start without authentication: API tokens (`canary token create`) or
+        OIDC (CANARY_OIDC_*), unless --insecure."""
         from controlplane.kernel.errors import ConfigError
 
         settings = settings_with(
@@ -183,6 +281,8 @@ def register(app: typer.Typer) -> None:
             tls_cert=tls_cert,
             tls_key=tls_key,
             tls_client_ca=tls_client_ca,
+            trusted_hosts=trusted_hosts,
+            max_body_bytes=max_body_bytes,
         )
         _setup_logging(settings.log_level)
         try:
@@ -190,7 +290,8 @@ def register(app: typer.Typer) -> None:
         except ConfigError as exc:
             typer.echo(f"canary serve: {exc}", err=True)
             raise typer.Exit(2) from exc
-        run_api(settings, services=background_services(settings, embedded=False))
+        _auth_or_exit(settings, insecure=insecure)
+        run_api(settings, services=background_services(settings, embedded=False), insecure=insecure)
 
     db = typer.Typer(help="Database migrations (Alembic).", no_args_is_help=True)
     app.add_typer(db, name="db")

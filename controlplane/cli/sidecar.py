@@ -116,8 +116,10 @@ def register(app: typer.Typer) -> None:
         from sidecar.proxy.limits import connection_capacity, raise_fd_limit
 
         if not _SERVICE.match(service):
-            raise _fail(f"invalid service name {service!r}: lower-case letters, digits, '.', "
-                        "'_' or '-', 1-63 characters")
+            raise _fail(
+                f"invalid service name {service!r}: lower-case letters, digits, '.', "
+                "'_' or '-', 1-63 characters"
+            )
         _positive("--connect-timeout", connect_timeout)
         _positive("--read-timeout", read_timeout)
         _positive("--head-timeout", head_timeout)
@@ -131,7 +133,8 @@ def register(app: typer.Typer) -> None:
         overrides = {"etcd": etcd, "etcd_prefix": etcd_prefix, "redis_url": redis,
                      "admin_token_file": admin_token_file}
         try:
-            settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+            given = {k: v for k, v in overrides.items() if v is not None}
+            settings = Settings.model_validate(given)
             admin_token(settings.admin_token_file)  # an unreadable file fails here
             listen_at = parse_host_port(listen)
             admin_at = parse_host_port(admin) if admin else None

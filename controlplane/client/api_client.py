@@ -27,8 +27,7 @@ Json = dict[str, Any]
 
 DEFAULT_TIMEOUT_SEC = 10.0
 EVENTS_PAGE = 500  # the API's largest page
-# what the API accepts in X-Canary-User; another name is left out rather than refused
-ACTOR_PATTERN = re.compile(r"^[\w.@-]{1,100}$")
+WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 ACTIONS = ("start", "pause", "resume", "promote", "rollback", "abort")
 
 
@@ -87,8 +86,8 @@ def _problem(response: httpx.Response) -> ClientError:
 class CanaryClient:
     """REST API v1.
 
-    actor: who the audit trail names for changes made through this client
-        (sent as X-Canary-User). `transport` lets tests route requests in-process.
+    token: the bearer token (an API token or an OIDC JWT); the API records who it
+        names in the audit trail. `transport` lets tests route requests in-process.
     tls: the context for https:// (a private CA, a client certificate for mTLS);
         None verifies against the system's CAs.
     """
@@ -97,7 +96,7 @@ class CanaryClient:
         self,
         base_url: str,
         *,
-        actor: str | None = None,
+        token: str | None = None,
         timeout: float = DEFAULT_TIMEOUT_SEC,
         transport: httpx.BaseTransport | None = None,
         tls: ssl.SSLContext | None = None,
@@ -106,8 +105,8 @@ class CanaryClient:
             raise ConfigError(f"the API URL must be http(s)://HOST[:PORT], got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         headers = {"Accept": "application/json, application/problem+json"}
-        if actor and ACTOR_PATTERN.match(actor):
-            headers["X-Canary-User"] = actor
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.Client(
             base_url=self.base_url, timeout=timeout, transport=transport, headers=headers,
             verify=tls if tls is not None else True,
@@ -135,8 +134,10 @@ class CanaryClient:
         json: Any = None,
         params: Mapping[str, str | int] | None = None,
     ) -> Any:
+        # writes are always JSON, even without a body: the API refuses anything else
+        headers = {"Content-Type": "application/json"} if method in WRITES else None
         try:
-            response = self._http.request(method, path, json=json, params=params)
+            response = self._http.request(method, path, json=json, params=params, headers=headers)
         except httpx.TimeoutException as exc:
             raise ApiUnreachable(self.base_url, f"no answer within {self._timeout()} s") from exc
         except httpx.TransportError as exc:

@@ -1,4 +1,5 @@
-"""Typed ORM models: experiments, their variants and steps, and the events audit trail.
+"""Typed ORM models: experiments, their variants and steps, the events audit trail
+and the API tokens.
 
 The migrations in migrations/versions must describe exactly these tables; a test
 compares them with Alembic's autogenerate.
@@ -180,3 +181,32 @@ class Event(Base):
     to_state: Mapped[str | None] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(Text, default="")
     payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+TOKEN_ROLES = ("viewer", "operator", "admin")
+
+
+class ApiToken(Base):
+    """An API token: only its SHA-256 is kept; the token itself is shown once."""
+
+    __tablename__ = "api_tokens"
+    __table_args__ = (
+        CheckConstraint(_in("role", TOKEN_ROLES), name="role"),
+        # one live token per name; a revoked token's name may be given out again
+        Index(
+            "uq_api_tokens_active_name",
+            "name",
+            unique=True,
+            postgresql_where=text("revoked_at IS NULL"),
+            sqlite_where=text("revoked_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    role: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime]
+    created_by: Mapped[str] = mapped_column(String(128))
+    last_used_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]

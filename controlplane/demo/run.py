@@ -25,6 +25,7 @@ from rich.live import Live
 
 from controlplane.demo.load import LoadGenerator
 from controlplane.demo.scenarios import (
+    ACTOR,
     SERVICE,
     ReleaseManager,
     RouteLog,
@@ -181,7 +182,10 @@ class Demo:
             )
             load.start()
             stack.push_async_callback(load.stop)
-            http = httpx.AsyncClient(base_url=api_url, timeout=10.0)
+            token = await self._token(backends, stack)
+            http = httpx.AsyncClient(
+                base_url=api_url, timeout=10.0, headers={"Authorization": f"Bearer {token}"}
+            )
             stack.push_async_callback(http.aclose)
             self.say(
                 f"control plane on {api_url}, sidecar for {self.service} on "
@@ -259,6 +263,28 @@ class Demo:
         backends = await open_backends(settings)
         stack.push_async_callback(backends.close)
         return backends
+
+    async def _token(self, backends: Backends, stack: contextlib.AsyncExitStack) -> str:
+        """An admin token for the demo's release manager, revoked when the demo ends."""
+        from controlplane.auth.roles import Role
+        from controlplane.db.tokens import issue_token, revoke_token
+        from controlplane.experiments.actions import utc_now
+
+        name = f"{ACTOR}-{uuid.uuid4().hex[:6]}"
+        async with backends.database.transaction() as tx:
+            info, token = await tx.run(
+                issue_token, name=name, role=Role.ADMIN, created_by="canary demo",
+                now=utc_now(backends.clock),
+            )  # fmt: skip
+
+        async def revoke() -> None:
+            with contextlib.suppress(Exception):
+                async with backends.database.transaction() as tx:
+                    await tx.run(revoke_token, ref=str(info.id), now=utc_now(backends.clock))
+
+        stack.push_async_callback(revoke)
+        self.say(f"API token {name} (admin, revoked at the end): export CANARY_TOKEN={token}")
+        return token
 
     async def _sidecar(
         self, backends: Backends, default_upstream: str, stack: contextlib.AsyncExitStack

@@ -30,7 +30,7 @@ from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.kernel.streams import SnapshotBoard
 
 SERVICE = "demo-shop"
-ACTOR = "release-manager"
+ACTOR = "release-manager"  # the name of the demo's API token, as the trail shows it
 TERMINAL = frozenset({"promoted", "rolled_back", "aborted"})
 POLL_SEC = 0.25
 THRESHOLD_MS = 500
@@ -145,7 +145,6 @@ class ReleaseManager:
         try:
             response = await self.http.request(
                 method, path, json=body, params=params or None,
-                headers={"X-Canary-User": ACTOR},
             )  # fmt: skip
         except httpx.HTTPError as exc:
             raise DemoError(f"{method} {path}: no answer from the API ({exc})") from exc

@@ -4,6 +4,8 @@
     ├── ConfigError              bad settings, URL or file
     ├── ValidationFailed         a value broke a schema (carries field paths)
     ├── NotFound                 an unknown experiment, service or key
+    ├── Unauthenticated          no credentials, or credentials that do not verify
+    ├── Forbidden                a verified identity without the role a route needs
     ├── Conflict                 a state or revision did not allow the change
     │   ├── IllegalTransition    a lifecycle refused the transition
     │   └── RevisionConflict     compare-and-swap lost against a newer write
@@ -54,6 +56,21 @@ class ValidationFailed(CanaryError):
 
 class NotFound(CanaryError):
     pass
+
+
+class Unauthenticated(CanaryError):
+    """No credentials, or ones that do not verify; `required_role` names what the
+    route needs, so a client can say which role to ask for."""
+
+    def __init__(self, message: str, *, required_role: str | None = None) -> None:
+        self.required_role = required_role
+        super().__init__(message)
+
+
+class Forbidden(CanaryError):
+    def __init__(self, message: str, *, required_role: str | None = None) -> None:
+        self.required_role = required_role
+        super().__init__(message)
 
 
 class Conflict(CanaryError):

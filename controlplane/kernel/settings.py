@@ -103,3 +103,47 @@ class Settings(BaseSettings):
     admin_token_file: str | None = Field(
         default=None, description="bearer token required by admin endpoints (except probes)"
     )
+
+    # authentication
+    trusted_hosts: str = Field(
+        default="",
+        description="Host header values answered, comma-separated (`*.example.com` "
+        "allowed, `*` for any); empty: the listen host, localhost, 127.0.0.1 and ::1",
+    )
+    max_body_bytes: int = Field(
+        default=1024 * 1024, ge=1, le=64 * 1024 * 1024, description="largest request body"
+    )
+    oidc_issuer: str = Field(default="", description="OIDC issuer (iss); empty: no OIDC")
+    oidc_audience: str = Field(default="", description="the audience (aud) tokens must name")
+    oidc_jwks_url: str = Field(default="", description="URL of the issuer's JWKS")
+    oidc_jwks_file: str = Field(default="", description="a JWKS file, instead of the URL")
+    oidc_algorithms: str = Field(
+        default="RS256,ES256", description="accepted signature algorithms, comma-separated"
+    )
+    oidc_roles_claim: str = Field(
+        default="roles", description="the claim holding the caller's roles or groups"
+    )
+    oidc_role_map: str = Field(
+        default="",
+        description="claim value=role pairs, comma-separated (e.g. sre=operator); the "
+        "role names themselves always map to their role",
+    )
+    oidc_leeway_sec: int = Field(
+        default=30, ge=0, le=300, description="clock skew allowed on exp/nbf/iat"
+    )
+
+    @property
+    def oidc_enabled(self) -> bool:
+        return bool(self.oidc_issuer)
+
+    @property
+    def trusted_host_list(self) -> list[str]:
+        given = [h.strip().lower() for h in self.trusted_hosts.split(",") if h.strip()]
+        if given:
+            return given
+        defaults = ["localhost", "127.0.0.1", "::1"]
+        host = self.listen_host_port[0].lower()
+        # a wildcard bind names no host a client would use: loopback names only
+        if host not in ("0.0.0.0", "::", "") and host not in defaults:
+            defaults.insert(0, host)
+        return defaults

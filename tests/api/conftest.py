@@ -14,6 +14,9 @@ from controlplane.db.session import make_engine
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.settings import Settings
 from controlplane.runtime import Backends, open_backends
+from tests.support.auth import bearer, install_test_tokens
+
+API_BASE = "http://localhost"  # a trusted Host by default
 
 
 def experiment_body(**overrides: Any) -> dict[str, Any]:
@@ -50,7 +53,7 @@ def pg_url(migrated_pg: str) -> Iterator[str]:
     try:
         with engine.begin() as conn:
             conn.exec_driver_sql(
-                "TRUNCATE events, steps, variants, experiments RESTART IDENTITY CASCADE"
+                "TRUNCATE events, steps, variants, experiments, api_tokens RESTART IDENTITY CASCADE"
             )
     finally:
         engine.dispose()
@@ -59,7 +62,9 @@ def pg_url(migrated_pg: str) -> Iterator[str]:
 
 @pytest.fixture
 def settings(backend_settings: Settings) -> Settings:
+    """Migrated, with one token per role (the clients below carry the admin's)."""
     migrate.upgrade(backend_settings.database_url)
+    install_test_tokens(backend_settings.database_url)
     return backend_settings
 
 
@@ -83,7 +88,9 @@ async def client(settings: Settings, backends: Backends) -> AsyncIterator[httpx.
     app = create_app(settings, backends=backends)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://canary") as http:
+        async with httpx.AsyncClient(
+            transport=transport, base_url=API_BASE, headers=bearer()
+        ) as http:
             yield http
 
 
@@ -116,5 +123,7 @@ async def stream_client(
     app = create_app(settings, backends=stream_backends)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://canary") as http:
+        async with httpx.AsyncClient(
+            transport=transport, base_url=API_BASE, headers=bearer()
+        ) as http:
             yield http

@@ -8,6 +8,8 @@ from controlplane.api.app import create_app
 from controlplane.controller.runner import Controller
 from controlplane.kernel.settings import Settings
 from controlplane.runtime import Backends
+from tests.api.conftest import API_BASE
+from tests.support.auth import bearer
 
 
 async def test_healthz_and_readyz_answer_when_backends_are_up(client: httpx.AsyncClient) -> None:
@@ -57,7 +59,9 @@ async def test_metrics_carry_the_controller_counters_when_it_runs_in_the_app(
     app = create_app(settings, backends=backends, services=[controller])
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://canary") as http:
+        async with httpx.AsyncClient(
+            transport=transport, base_url=API_BASE, headers=bearer()
+        ) as http:
             controller.stats.routes_reconciled = 3  # as if three rounds had repaired one
             controller.stats.conflicts = 2
             text = (await http.get("/metrics")).text

@@ -8,11 +8,13 @@ from typing import Any
 import httpx
 import pytest
 
+from controlplane.auth.roles import Role
 from controlplane.controller.runner import Controller
 from controlplane.db import experiments as records
 from controlplane.kernel.errors import BackendUnavailable
 from controlplane.kernel.routes import Route, parse_route
 from controlplane.runtime import Backends
+from tests.support.auth import ADMIN_ACTOR, bearer
 
 Create = Callable[..., Any]
 
@@ -136,7 +138,8 @@ async def test_every_transition_is_an_event_naming_who_and_the_numbers(
 ) -> None:
     experiment = await create()
     eid = experiment["id"]
-    alice = {"X-Canary-User": "alice"}
+    # the operator's token names who acts; a self-declared user name changes nothing
+    alice = {**bearer(Role.OPERATOR), "X-Canary-User": "alice"}
     await act(client, eid, "start", headers=alice, json={"reason": "release 2.4"})
     await act(client, eid, "pause")
     await act(client, eid, "resume", headers=alice)
@@ -151,7 +154,8 @@ async def test_every_transition_is_an_event_naming_who_and_the_numbers(
         ("resume", "paused", "running"),
         ("rollback", "running", "rolled_back"),
     ]
-    assert [e["actor"] for e in events] == ["api", "user:alice", "api", "user:alice", "api"]
+    operator, admin = "token:test-operator", ADMIN_ACTOR
+    assert [e["actor"] for e in events] == [admin, operator, admin, operator, admin]
     assert events[1]["reason"] == "release 2.4"
     assert events[1]["payload"]["canary_weight_bp"] == 100
     assert events[4]["payload"]["canary_weight_bp"] == 0

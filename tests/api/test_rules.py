@@ -9,6 +9,7 @@ import httpx
 from controlplane.db import experiments as records
 from controlplane.kernel.rules import parse_rule
 from controlplane.runtime import Backends
+from tests.support.auth import ADMIN_ACTOR
 
 RULE = {"threshold_ms": 800, "window_sec": 60, "failure_ratio": 0.3, "percentile": 95}
 
@@ -36,7 +37,7 @@ async def test_put_stores_the_rule_in_etcd_and_get_reads_it_back(
 async def test_each_change_is_a_service_event_in_sql(
     client: httpx.AsyncClient, backends: Backends
 ) -> None:
-    headers = {"X-Canary-User": "bob"}
+    headers = {"X-Canary-User": "bob"}  # not who the trail names: the token is
     await client.put("/v1/services/payment-api/rule", json=RULE, headers=headers)
     await client.put("/v1/services/payment-api/rule", json=RULE, headers=headers)  # no change
     await client.put(
@@ -45,7 +46,7 @@ async def test_each_change_is_a_service_event_in_sql(
     events, total = await backends.database.read(records.list_events, service="payment-api")
     assert total == 2
     assert all(e.kind == "rule_changed" and e.experiment_id is None for e in events)
-    assert events[0].actor == "user:bob" and events[0].payload["previous"] is None
+    assert events[0].actor == ADMIN_ACTOR and events[0].payload["previous"] is None
     assert events[1].payload["previous"]["max_trips"] == 3
     assert events[1].payload["rule"]["max_trips"] == 5
 

@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from controlplane.api.app import create_app
 from controlplane.db import migrate
 from controlplane.kernel.settings import Settings
+from tests.support.auth import ADMIN_TOKEN, install_test_tokens
 
 STARTUP_TIMEOUT_SEC = 10.0
 
@@ -60,9 +61,17 @@ def serving(app: FastAPI) -> Iterator[str]:
 def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     database_url = f"sqlite:///{tmp_path_factory.mktemp('api') / 'canary.db'}"
     migrate.upgrade(database_url)
+    install_test_tokens(database_url)
     settings = Settings(database_url=database_url, etcd="memory://", redis_url="memory://")
     with serving(create_app(settings)) as url:
         yield url
+
+
+@pytest.fixture(autouse=True)
+def admin_token(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every command of these tests carries the test admin token (see tests/support/auth)."""
+    monkeypatch.setenv("CANARY_TOKEN", ADMIN_TOKEN)
+    return ADMIN_TOKEN
 
 
 @pytest.fixture

@@ -12,12 +12,15 @@ API = "http://canary.test"
 
 
 def client_answering(handler: httpx.MockTransport) -> CanaryClient:
-    return CanaryClient(API, actor="ci-bot", transport=handler)
+    return CanaryClient(API, token="cnry_ci-bot-token", transport=handler)
 
 
 def test_problem_json_becomes_a_client_error_with_its_fields() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
-        assert request.headers["X-Canary-User"] == "ci-bot"
+        assert request.headers["Authorization"] == "Bearer cnry_ci-bot-token"
+        # every write is JSON, even a body-less action (the API refuses anything else)
+        assert request.headers["Content-Type"] == "application/json"
+        assert "X-Canary-User" not in request.headers
         body = {"title": "Conflict", "status": 409, "detail": "cannot pause a draft"}
         return httpx.Response(409, json=body, headers={"content-type": "application/problem+json"})
 

@@ -14,6 +14,7 @@ from typer.testing import CliRunner, Result
 
 from controlplane.cli.main import app
 from controlplane.client import files
+from tests.support.auth import ADMIN_ACTOR, bearer
 
 runner = CliRunner()
 
@@ -68,7 +69,7 @@ def test_start_pause_resume_promote_move_the_experiment_and_log_who(
     api_url: str, experiment_file: Path
 ) -> None:
     experiment_id = created(api_url, experiment_file)
-    env = {"CANARY_USER": "release-bot"}
+    env = {"CANARY_USER": "release-bot"}  # a name the caller picks: not what the trail says
     steps = [("start", "running (canary 1%)"), ("pause", "paused"), ("resume", "running")]
     for action, expected in [*steps, ("promote", "promoted (canary 100%)")]:
         result = canary(api_url, "exp", action, experiment_id, "--reason", "by hand", env=env)
@@ -82,7 +83,7 @@ def test_start_pause_resume_promote_move_the_experiment_and_log_who(
         ("paused", "running"),
         ("running", "promoted"),
     ]
-    assert events[-1]["actor"] == "user:release-bot" and events[-1]["reason"] == "by hand"
+    assert events[-1]["actor"] == ADMIN_ACTOR and events[-1]["reason"] == "by hand"
 
 
 def test_illegal_transition_is_one_line_and_exit_1(api_url: str, experiment_file: Path) -> None:
@@ -109,7 +110,8 @@ def test_wait_follows_a_running_experiment_and_exits_1_when_rolled_back(
 
     def roll_back_soon() -> None:
         time.sleep(0.3)
-        httpx.post(f"{api_url}/v1/experiments/{experiment_id}/rollback").raise_for_status()
+        url = f"{api_url}/v1/experiments/{experiment_id}/rollback"
+        httpx.post(url, headers=bearer()).raise_for_status()
 
     thread = threading.Thread(target=roll_back_soon)
     thread.start()

@@ -18,6 +18,7 @@ from controlplane.db import migrate
 from controlplane.kernel.settings import Settings
 from controlplane.kernel.streams_redis import RedisStreams
 from tests.cli.conftest import serving
+from tests.support.auth import bearer, install_test_tokens
 
 SERVICE = "reco-cli"
 
@@ -27,6 +28,7 @@ def streaming_api(tmp_path: Path, redis_url: str, redis_namespace: str) -> Itera
     """The API with its streams open, so it reads the decisions stream of the namespace."""
     database_url = f"sqlite:///{tmp_path / 'canary.db'}"
     migrate.upgrade(database_url)
+    install_test_tokens(database_url)
     settings = Settings(
         database_url=database_url,
         etcd="memory://",
@@ -67,7 +69,9 @@ def test_rules_recommend_prints_the_proposal_and_its_numbers(
         "variants": {"baseline": {"upstream": "http://b:80"}, "canary": {"upstream": "http://c:80"}},
         "steps": [{"weight_pct": 10, "hold_sec": 60}],
     }  # fmt: skip
-    created = httpx.post(f"{streaming_api}/v1/experiments", json=body, timeout=10)
+    created = httpx.post(
+        f"{streaming_api}/v1/experiments", json=body, timeout=10, headers=bearer()
+    )
     assert created.status_code == 201, created.text
     p95s = [100.0 + 4 * i for i in range(12)]
     asyncio.run(publish_history(redis_url, redis_namespace, str(created.json()["id"]), p95s))

@@ -32,6 +32,7 @@ from tests.e2e.helpers import (
     poll,
     reserve_ports,
 )
+from tests.support.auth import bearer, install_test_tokens
 from tests.support.processes import EtcdProcess, environ_with, wait_port
 
 PROCESSES = pytest.StashKey[Processes]()
@@ -87,6 +88,8 @@ async def launch(
         upgrade = procs.start("db-upgrade", [*canary_command(), "db", "upgrade"], env)
         code = await asyncio.to_thread(upgrade.wait_exit, 120)
         assert code == 0, f"canary db upgrade failed ({code}):\n{upgrade.tail()}"
+        # `canary serve` refuses to start without a token in the database
+        await asyncio.to_thread(install_test_tokens, pg_url)
 
         upstreams = []
         for name, seed in (("baseline", 1), ("canary", 2)):
@@ -102,7 +105,7 @@ async def launch(
             upstreams.append(Upstream(proc, port, control))
 
         kv = open_kv(etcd)
-        http = httpx.AsyncClient(timeout=5.0, trust_env=False)
+        http = httpx.AsyncClient(timeout=5.0, trust_env=False, headers=bearer())
         stack = Stack(
             procs=procs, env=env, etcd_endpoint=etcd, keys=EtcdKeys(etcd_prefix), kv=kv,
             http=http, baseline=upstreams[0], canary=upstreams[1],

@@ -380,7 +380,6 @@ class Stack:
     async def api(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
         response = await self.http.request(
             method, f"{self.live_api()}{path}", json=body, params=params or None,
-            headers={"X-Canary-User": USER},
         )  # fmt: skip
         assert response.status_code < 400, (
             f"{method} {path}: {response.status_code} {response.text}"

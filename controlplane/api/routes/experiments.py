@@ -8,7 +8,6 @@ from fastapi import APIRouter, Body, Query, Response, status
 from sqlalchemy.orm import Session
 
 from controlplane.api.deps import (
-    ActorDep,
     BackendsDep,
     ClockDep,
     DatabaseDep,
@@ -31,6 +30,8 @@ from controlplane.api.schemas import (
     Page,
     check_upstreams,
 )
+from controlplane.api.security import ActorDep, require
+from controlplane.auth.roles import Role
 from controlplane.db import experiments as records
 from controlplane.db.experiments import ExperimentSpec
 from controlplane.experiments import actions
@@ -38,6 +39,8 @@ from controlplane.experiments.lifecycle import Action, ExperimentState
 from controlplane.kernel.values import ServiceName
 
 router = APIRouter(prefix="/v1/experiments", tags=["experiments"])
+
+VIEWER, OPERATOR, ADMIN = (require(r) for r in (Role.VIEWER, Role.OPERATOR, Role.ADMIN))
 
 
 NO_SUCH = {404: "no such experiment"}
@@ -70,6 +73,7 @@ CREATED_LINKS = {
         201: {"description": "the draft, at Location", "links": CREATED_LINKS},
         **problem_responses(body=True),
     },
+    dependencies=[ADMIN],
 )
 async def create_experiment(
     body: ExperimentCreate,
@@ -88,7 +92,12 @@ async def create_experiment(
     return ExperimentPublic.of(experiment)
 
 
-@router.get("", response_model=Page[ExperimentPublic], responses=problem_responses())
+@router.get(
+    "",
+    response_model=Page[ExperimentPublic],
+    responses=problem_responses(),
+    dependencies=[VIEWER],
+)
 async def list_experiments(
     database: DatabaseDep,
     service: Annotated[ServiceName | None, Query()] = None,
@@ -116,6 +125,7 @@ async def list_experiments(
     "/{experiment_id}",
     response_model=ExperimentDetail,
     responses=problem_responses(notes=NO_SUCH),
+    dependencies=[VIEWER],
 )
 async def get_experiment(experiment_id: ExperimentId, backends: BackendsDep) -> ExperimentDetail:
     """The experiment and its live rollout: breaker, step, weights, what is due next and
@@ -129,6 +139,7 @@ async def get_experiment(experiment_id: ExperimentId, backends: BackendsDep) -> 
     "/{experiment_id}",
     response_model=ExperimentPublic,
     responses=problem_responses(409, body=True, notes=NO_SUCH),
+    dependencies=[ADMIN],
 )
 async def update_experiment(
     experiment_id: ExperimentId,
@@ -158,6 +169,7 @@ async def update_experiment(
     "/{experiment_id}",
     status_code=status.HTTP_204_NO_CONTENT,
     responses=problem_responses(409, notes=NO_SUCH),
+    dependencies=[ADMIN],
 )
 async def delete_experiment(
     experiment_id: ExperimentId, database: DatabaseDep, clock: ClockDep, actor: ActorDep
@@ -172,6 +184,7 @@ async def delete_experiment(
     "/{experiment_id}/events",
     response_model=Page[EventPublic],
     responses=problem_responses(notes=NO_SUCH),
+    dependencies=[VIEWER],
 )
 async def list_events(
     experiment_id: ExperimentId,
@@ -224,6 +237,7 @@ def _action_endpoint(action: Action) -> None:
         response_model=ExperimentPublic,
         responses=problem_responses(409, body=True, notes=NO_SUCH),
         summary=f"{action.value.capitalize()} an experiment",
+        dependencies=[OPERATOR],
     )
 
 

@@ -9,9 +9,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from controlplane.api.problems import problem_responses
+from controlplane.api.security import public
 from controlplane.kernel.errors import CanaryError
 
-router = APIRouter(tags=["health"])
+# probes must answer without credentials; they tell nothing but up or not
+router = APIRouter(tags=["health"], dependencies=[public()])
 
 CHECK_TIMEOUT_SEC = 2.0
 

@@ -11,11 +11,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from controlplane.api.problems import problem_responses
+from controlplane.api.security import require
+from controlplane.auth.roles import Role
 from controlplane.decision.judge import DEFAULT_CONFIDENCE, FailureCounts, judge
 from controlplane.kernel.errors import ValidationFailed
 from controlplane.kernel.judgment import Direction, EffectGate
 
-router = APIRouter(prefix="/v1", tags=["judge"])
+# stateless, but CPU-bound on large sample sets: callers need a token
+router = APIRouter(prefix="/v1", tags=["judge"], dependencies=[require(Role.VIEWER)])
 
 MAX_SAMPLES = 100_000
 # a latency of more than ~11.5 days in milliseconds is not a measurement
@@ -79,7 +83,9 @@ class JudgeRequest(BaseModel):
 
 @router.post(
     "/judge",
-    responses={422: {"description": "invalid samples or knobs (the fields are named)"}},
+    responses=problem_responses(
+        body=True, notes={422: "invalid samples or knobs (the fields are named)"}
+    ),
 )
 def judge_samples(body: JudgeRequest) -> dict[str, Any]:
     """Classify the canary against the baseline: pass, high, low or nodata, with the

@@ -9,8 +9,10 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controlplane.api.deps import ActorDep, BackendsDep, ClockDep, DatabaseDep, KeysDep, KvDep
+from controlplane.api.deps import BackendsDep, ClockDep, DatabaseDep, KeysDep, KvDep
 from controlplane.api.problems import problem_responses
+from controlplane.api.security import ActorDep, require
+from controlplane.auth.roles import Role
 from controlplane.db.models import Experiment
 from controlplane.decision.recommend import (
     MIN_WINDOWS,
@@ -54,6 +56,7 @@ def rule_for(service: str, body: dict[str, Any]) -> BreakerRule:
             502: "the stored rule is invalid (its fields are named)",
         },
     ),
+    dependencies=[require(Role.VIEWER)],
 )
 async def get_rule(service: ServicePath, kv: KvDep, keys: KeysDep) -> BreakerRule:
     return await read_rule(kv=kv, keys=keys, service=service)
@@ -63,6 +66,7 @@ async def get_rule(service: ServicePath, kv: KvDep, keys: KeysDep) -> BreakerRul
     "/{service}/rule",
     response_model=BreakerRule,
     responses=problem_responses(body=True, notes={422: "invalid rule"}),
+    dependencies=[require(Role.ADMIN)],
 )
 async def put_rule(
     service: ServicePath,
@@ -102,6 +106,7 @@ def experiment_ids(*, session: Session, service: str) -> set[str]:
     responses=problem_responses(
         409, notes={409: "not enough baseline history (windows found and needed)"}
     ),
+    dependencies=[require(Role.VIEWER)],
 )
 async def recommend_rule(
     service: ServicePath,

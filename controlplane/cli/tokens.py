@@ -1,0 +1,132 @@
+"""`canary token create|list|revoke`: API tokens, straight on the database.
+
+They need no API, so the first admin token can be made before one runs (bootstrap);
+admins may also manage tokens remotely through /v1/tokens.
+"""
+
+from __future__ import annotations
+
+import getpass
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, TypeVar
+
+import typer
+
+from controlplane.cli.remote import JsonOption, fail, print_json
+from controlplane.cli.server import DatabaseOption, settings_with
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+T = TypeVar("T")
+
+
+def _creator() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (OSError, KeyError):
+        return "cli"
+
+
+def register(app: typer.Typer) -> None:
+    token = typer.Typer(help="API tokens (on the database directly).", no_args_is_help=True)
+    app.add_typer(token, name="token")
+
+    @token.command("create")
+    def create_command(
+        name: Annotated[str, typer.Option("--name", help="who or what holds the token")],
+        role: Annotated[str, typer.Option("--role", help="viewer, operator or admin")],
+        database_url: DatabaseOption = None,
+    ) -> None:
+        """Create a token and print it, once: only its hash is stored."""
+        from controlplane.auth.roles import parse_role
+        from controlplane.db.tokens import issue_token
+        from controlplane.experiments.actions import utc_now
+        from controlplane.kernel.clock import SystemClock
+        from controlplane.kernel.errors import CanaryError
+
+        command = "canary token create"
+        try:
+            parsed = parse_role(role)
+        except ValueError as exc:
+            raise fail(command, str(exc)) from None
+        url = settings_with(database_url=database_url).database_url
+        try:
+            info, secret = _in_session(
+                url,
+                lambda session: issue_token(
+                    session=session, name=name, role=parsed, created_by=_creator(),
+                    now=utc_now(SystemClock()),
+                ),
+            )  # fmt: skip
+        except CanaryError as exc:
+            raise fail(command, str(exc), 1) from None
+        typer.echo(secret)
+        typer.echo(
+            f"token {info.id} {info.name!r} ({info.role.value}) created; it is shown only "
+            f"this once: export CANARY_TOKEN=<the line above>",
+            err=True,
+        )
+
+    @token.command("list")
+    def list_command(
+        database_url: DatabaseOption = None,
+        revoked: Annotated[bool, typer.Option("--revoked", help="also revoked ones")] = False,
+        as_json: JsonOption = False,
+    ) -> None:
+        """The tokens (never their secrets)."""
+        from controlplane.db.tokens import list_tokens
+        from controlplane.kernel.errors import CanaryError
+
+        url = settings_with(database_url=database_url).database_url
+        try:
+            found = _in_session(
+                url, lambda session: list_tokens(session=session, include_revoked=revoked)
+            )
+        except CanaryError as exc:
+            raise fail("canary token list", str(exc), 1) from None
+        if as_json:
+            print_json([info.__dict__ for info in found])
+            return
+        for info in found:
+            used = info.last_used_at.isoformat() if info.last_used_at else "never"
+            state = f"revoked {info.revoked_at.isoformat()}" if info.revoked_at else "live"
+            typer.echo(
+                f"{info.id:>4}  {info.name:<24} {info.role.value:<9} created "
+                f"{info.created_at.isoformat()} by {info.created_by}, used {used}, {state}"
+            )
+
+    @token.command("revoke")
+    def revoke_command(
+        ref: Annotated[str, typer.Argument(metavar="ID|NAME", help="the token's id or name")],
+        database_url: DatabaseOption = None,
+    ) -> None:
+        """Revoke a token: the API refuses it from the next request on."""
+        from controlplane.db.tokens import revoke_token
+        from controlplane.experiments.actions import utc_now
+        from controlplane.kernel.clock import SystemClock
+        from controlplane.kernel.errors import CanaryError, NotFound
+
+        url = settings_with(database_url=database_url).database_url
+        try:
+            info = _in_session(
+                url,
+                lambda session: revoke_token(session=session, ref=ref, now=utc_now(SystemClock())),
+            )
+        except NotFound as exc:
+            raise fail("canary token revoke", str(exc), 2) from None
+        except CanaryError as exc:
+            raise fail("canary token revoke", str(exc), 1) from None
+        typer.echo(f"token {info.id} {info.name!r} revoked")
+
+
+def _in_session(url: str, work: Callable[[Session], T]) -> T:
+    """Run `work` in one committed transaction on the database at `url`."""
+    from controlplane.db.session import db_errors, make_engine, make_sessionmaker
+
+    engine = make_engine(url)
+    try:
+        with db_errors(), make_sessionmaker(engine).begin() as session:
+            return work(session)
+    finally:
+        engine.dispose()
