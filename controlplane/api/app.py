@@ -119,8 +119,15 @@ def create_app(
         failures=exported.auth_failures,
     )
     # added innermost first: a request meets the metrics, then Host, JSON, size
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, reject=exported.reject)
-    app.add_middleware(JsonWritesMiddleware, reject=exported.reject)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        limit=settings.max_body_bytes,
+        reject=exported.reject,
+        larger={"/v1/judge": judge.MAX_BODY_BYTES},
+    )
+    app.add_middleware(
+        JsonWritesMiddleware, reject=exported.reject, credentials_required=not insecure
+    )
     app.add_middleware(
         TrustedHostsMiddleware, trusted=settings.trusted_host_list, reject=exported.reject
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import random
 from typing import Any
 
 import httpx
@@ -133,3 +135,25 @@ async def test_more_than_the_sample_bound_is_refused(client: httpx.AsyncClient) 
     response = await client.post("/v1/judge", json=body)
     assert response.status_code == 422
     assert response.json()["errors"][0]["loc"] == ["body", "baseline"]
+
+
+async def test_full_sample_sets_fit_the_judges_own_body_limit(client: httpx.AsyncClient) -> None:
+    """Two sets at the bound are megabytes of JSON: the judge takes them, while every
+    other route keeps the API's body limit."""
+    rng = random.Random(7)
+    body = {
+        "baseline": [round(rng.uniform(50, 150), 3) for _ in range(MAX_SAMPLES)],
+        "canary": [round(rng.uniform(50, 150), 3) for _ in range(MAX_SAMPLES)],
+    }
+    raw = json.dumps(body).encode()
+    assert len(raw) > 1024 * 1024  # over the default limit of every other route
+    response = await client.post(
+        "/v1/judge", content=raw, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["classification"] == "pass"
+    elsewhere = await client.post(
+        "/v1/experiments", content=raw, headers={"content-type": "application/json"}
+    )
+    assert elsewhere.status_code == 413
+    assert elsewhere.headers["content-type"].startswith("application/problem+json")

@@ -20,15 +20,27 @@ class BodyTooLarge(HTTPException):
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, *, limit: int, reject: Reject) -> None:
+    """`limit` for every path, except the paths in `larger`, which name their own
+    (the one-shot judge takes whole sample sets, megabytes of JSON)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        limit: int,
+        reject: Reject,
+        larger: dict[str, int] | None = None,
+    ) -> None:
         self.app = app
-        self.limit = limit
+        self.default_limit = limit
+        self.larger = larger or {}
         self.reject = reject
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = max(self.default_limit, self.larger.get(scope.get("path", ""), 0))
         declared = header(scope, b"content-length")
         if declared is not None:
             text = declared.strip()
@@ -36,9 +48,9 @@ class BodyLimitMiddleware:
                 self.reject("bad_content_length")
                 await refuse(scope, receive, send, 400, "malformed Content-Length", "bad-request")
                 return
-            if int(text) > self.limit:
+            if int(text) > limit:
                 self.reject("body_too_large")
-                await refuse(scope, receive, send, 413, BodyTooLarge(self.limit).detail,
+                await refuse(scope, receive, send, 413, BodyTooLarge(limit).detail,
                              "body-too-large")  # fmt: skip
                 return
         seen = 0
@@ -49,9 +61,9 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
+                if seen > limit:
                     self.reject("body_too_large")
-                    raise BodyTooLarge(self.limit)
+                    raise BodyTooLarge(limit)
             return message
 
         async def noting(message: Message) -> None:

@@ -22,6 +22,8 @@ from controlplane.kernel.judgment import Direction, EffectGate
 router = APIRouter(prefix="/v1", tags=["judge"], dependencies=[require(Role.VIEWER)])
 
 MAX_SAMPLES = 100_000
+# two full sample sets written as JSON numbers of up to ~24 characters each
+MAX_BODY_BYTES = 2 * MAX_SAMPLES * 25 + 64 * 1024
 # a latency of more than ~11.5 days in milliseconds is not a measurement
 MAX_LATENCY_MS = 1e9
 MAX_REQUESTS = 10**12
