@@ -1,4 +1,4 @@
-"""Variant assignment (DESIGN §9): a stable hash of the unit into 10,000 buckets.
+"""Variant assignment (architecture §9): a stable hash of the unit into 10,000 buckets.
 
     digest    = blake2b((salt + ":" + unit).encode("utf-8"), digest_size=8)
     bucket    = int.from_bytes(digest, "big") % 10000

@@ -1,4 +1,4 @@
-"""Batched RT samples to the samples stream (DESIGN §5), never on the request path.
+"""Batched RT samples to the samples stream (architecture §5), never on the request path.
 
 `SampleReporter.record()` (the proxy's `Recorder`) appends to the current batch in
 O(1) and does no I/O. A batch holds one experiment's samples; it is sealed (encoded

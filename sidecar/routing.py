@@ -1,4 +1,4 @@
-"""The route in force and how it is kept fresh (DESIGN §4, §9).
+"""The route in force and how it is kept fresh (architecture §4, §9).
 
 `RouteTable` is the proxy's `Chooser`: it holds the route in force (compiled once per
 route: upstreams parsed, bucket ranges laid out) and an optional default upstream,

@@ -50,7 +50,7 @@ def _state_of(experiment: Experiment, now: float) -> RolloutState | None:
 def next_check(
     state: RolloutState | None, rule: BreakerRule | None, hold_sec: float | None
 ) -> tuple[float | None, NextCheckFor | None]:
-    """When the rollout moves on its own, and why: DESIGN §7 read off the state.
+    """When the rollout moves on its own, and why: architecture §7 read off the state.
 
     open → the cooldown ends (opened_at + cooldown_sec); half-open → the probe window
     is over (probe_started_at + window_sec); closed → the step's hold is over.

@@ -264,7 +264,7 @@ class StepLive(BaseModel):
 
 
 class SnapshotLive(BaseModel):
-    """One variant's latest window as the collectors published it (DESIGN §5)."""
+    """One variant's latest window as the collectors published it (architecture §5)."""
 
     count: int
     failures: int

@@ -281,7 +281,7 @@ def zipf_shares(users: int = CLUSTER_USERS, exponent: float = CLUSTER_ZIPF_EXPON
 
 
 class ClusteredTraffic(Traffic):
-    """Requests from a population of users, each sticky to one arm (DESIGN §8, §9).
+    """Requests from a population of users, each sticky to one arm (architecture §8, §9).
 
     Per run, every user gets a bucket in 0..9999 (a uniform draw standing in for the
     salted hash), a latency factor and a failure probability, all independent of each

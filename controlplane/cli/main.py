@@ -1,4 +1,4 @@
-"""`canary` — the one console script (DESIGN §10).
+"""`canary` — the one console script (architecture §10).
 
 Each command group lives in its own module with a `register(app)` function and
 imports its heavy dependencies inside the commands, so `canary --help` stays fast.

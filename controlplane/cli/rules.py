@@ -1,4 +1,4 @@
-"""`canary rules …`: a service's breaker rule (DESIGN §6) through the REST API."""
+"""`canary rules …`: a service's breaker rule (architecture §6) through the REST API."""
 
 from __future__ import annotations
 

@@ -225,7 +225,7 @@ def experiment_schema() -> type[BaseModel] | None:
 
 
 def rule_schema() -> type[BaseModel] | None:
-    # the rule's contract lives in the kernel (DESIGN §6); the API may wrap it
+    # the rule's contract lives in the kernel (architecture §6); the API may wrap it
     return _schema("controlplane.api.schemas", ("RulePut", "RuleIn", "BreakerRule")) or _schema(
         "controlplane.kernel.rules", ("BreakerRule",)
     )

@@ -7,7 +7,7 @@ under the field `@part:<collector>`: per second in the window, the count, failur
 RT sum, exact above-threshold count and the sparse histogram, plus a reservoir. A
 reader sums the partials second by second, drops the seconds that have left its
 window, and gets the window over everything every collector applied. The plain
-`<variant>` fields (DESIGN §5) are the merge as the publishing collector saw it.
+`<variant>` fields (architecture §5) are the merge as the publishing collector saw it.
 
 Exactness under a crash (docs/decisions/0004-collector-sharding.md):
 

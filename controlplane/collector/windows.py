@@ -6,7 +6,7 @@ histogram (the DDSketch mapping, relative accuracy alpha) and a small bottom-k r
 A running sum over the buckets inside the window is kept with subtract-on-evict, so
 a snapshot costs O(bins), not O(window).
 
-Percentiles use the inverted-CDF definition (DESIGN §8): P_q is the smallest x with
+Percentiles use the inverted-CDF definition (architecture §8): P_q is the smallest x with
 F(x) ≥ q, read from the histogram as the representative value of the bin holding the
 ceil(q·n)-th smallest sample, so every reported value is within alpha of the exact one.
 

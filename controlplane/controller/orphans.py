@@ -21,9 +21,10 @@ Such a route goes back to what the database says the service's traffic is:
   describes it (`route_state_of`): promoted, everything to the released canary;
   rolled back or aborted, everything to the baseline;
 - else a baseline-only route (canary 0 bp, `rolled_back`) built from the named draft
-  (or, without one, from the stored route itself). DESIGN §4 has no route state for
-  "no experiment", and deleting the key would leave a sidecar without a default
-  upstream answering 503: the baseline is what the service is meant to serve.
+  (or, without one, from the stored route itself). The route contract (architecture
+  §4) has no state for "no experiment", and deleting the key would leave a sidecar
+  without a default upstream answering 503: the baseline is what the service is
+  meant to serve.
 
 The row the restored route names learns its revision, so the next round finds route
 and database in line, and `route_reconciled` is recorded on the row the stored route

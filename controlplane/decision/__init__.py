@@ -1,7 +1,7 @@
 """The decision core: breaker, rollout schedule and statistics as pure functions.
 
 It gets window snapshots and returns decisions; it imports no adapter, reads no
-clock and does no I/O (DESIGN §11).
+clock and does no I/O (architecture §11).
 """
 
 from controlplane.decision.breaker import Evaluation, Guardrail, Verdict, evaluate

@@ -2,7 +2,7 @@
 
 Two guardrails, latency and failures, each first checked against its bound and then,
 where a test exists, required to be significant after a Holm correction across both.
-The bound alone is what DESIGN §6 says; the test is the guard against calling a
+The bound alone is what the rule states (architecture §6); the test is the guard against calling a
 breach on noise (a window of 100 samples from a healthy canary shows P95 above the
 threshold now and then). "Too few samples" and "no data" are verdicts of their own,
 never a pass.

@@ -28,8 +28,8 @@ class BreakerState(StrEnum):
 
 TERMINAL_STATUSES = TERMINAL
 
-# DESIGN §7, derived from the one experiment lifecycle table (action-based) so the two
-# can never disagree: state -> the states some action leads to from it.
+# architecture §7, derived from the one experiment lifecycle table (action-based) so
+# the two can never disagree: state -> the states some action leads to from it.
 EXPERIMENT_TRANSITIONS: dict[ExperimentState, frozenset[ExperimentState]] = {
     state: frozenset(
         target for sources, target in LIFECYCLE_TRANSITIONS.values() if state in sources
@@ -37,7 +37,8 @@ EXPERIMENT_TRANSITIONS: dict[ExperimentState, frozenset[ExperimentState]] = {
     for state in ExperimentState
 }
 
-# DESIGN §7: closed → open → half_open → closed, or half_open → open on a failed probe.
+# architecture §7: closed → open → half_open → closed, or half_open → open on a failed
+# probe.
 BREAKER_TRANSITIONS: dict[BreakerState, frozenset[BreakerState]] = {
     BreakerState.CLOSED: frozenset({BreakerState.OPEN}),
     BreakerState.OPEN: frozenset({BreakerState.HALF_OPEN}),

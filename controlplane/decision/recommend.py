@@ -1,4 +1,4 @@
-"""A proposed breaker rule from the baseline's recent windows (DESIGN §6). Pure.
+"""A proposed breaker rule from the baseline's recent windows (architecture §6). Pure.
 
     decisions entries ─► baseline_windows() ─► recommend() ─► Recommendation
 

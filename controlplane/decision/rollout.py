@@ -6,7 +6,7 @@ No I/O and no clock: `now` and the snapshots come in, the new state and the acti
 to apply go out. The controller calls it on every fresh snapshot and no later than
 `decision.next_check_at`.
 
-Breaker (DESIGN §7)::
+Breaker (architecture §7)::
 
     closed ──trip──► open ──cooldown──► half_open ──probe passes──► closed
                       ▲                    │
@@ -51,7 +51,8 @@ from controlplane.kernel.routes import BASELINE, CANARY, TOTAL_WEIGHT, RouteStat
 from controlplane.kernel.rules import Action, BreakerRule, NoDataPolicy, SrmPolicy
 from controlplane.kernel.snapshots import WindowSnapshot
 
-# sidecars apply a new route within a second (DESIGN §2); the split is judged after that
+# sidecars apply a new route as soon as their watch delivers it (architecture §4), well
+# within a second; the split is judged after that
 ROUTE_SETTLE_SEC = 1.0
 # when only new samples can change the outcome, look again at least this often
 RECHECK_SEC = 1.0

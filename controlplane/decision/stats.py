@@ -1,4 +1,4 @@
-"""The significance tests behind the breaker (DESIGN §8), as small typed results.
+"""The significance tests behind the breaker (architecture §8), as small typed results.
 
 Every result holds plain floats so it can go into an event's evidence as is.
 """
@@ -13,7 +13,7 @@ import numpy as np
 from scipy import special as spc
 from scipy import stats as sps
 
-# DESIGN §8: a sample ratio mismatch is reported below this p-value
+# a sample ratio mismatch is reported below this p-value (architecture §8)
 SRM_P_VALUE = 0.001
 # chi-square is only trusted with a few expected samples in each arm
 SRM_MIN_EXPECTED = 10.0
@@ -45,7 +45,7 @@ def quantile_exceedance_test(above: int, count: int, tail: float) -> TestResult:
     """H0: at most `tail` of the population lies above the threshold (P_q <= T).
 
     The exact binomial (sign) test on the above-threshold count: with the P_q
-    definition of DESIGN §8, "P_q > T" is "more than (1 - q) of samples above T",
+    definition (architecture §8), "P_q > T" is "more than (1 - q) of samples above T",
     so this is an exact test of the percentile against the threshold.
     """
     return TestResult(

@@ -1,4 +1,4 @@
-"""The experiment lifecycle (DESIGN §7): states, actions and the one legal-move table.
+"""The experiment lifecycle (architecture §7): states, actions and the one legal-move table.
 
     draft ──start──► running ──pause──► paused
                        ▲  ◄──resume──────┘

@@ -1,4 +1,4 @@
-"""The sample batch codec (DESIGN §5): compact, columnar, versioned, checksummed.
+"""The sample batch codec (architecture §5): compact, columnar, versioned, checksummed.
 
 A batch is one Redis Stream entry with fields `v, exp, src, seq, n, data`. `data`
 is the binary payload below; the sidecar builds it with `BatchBuilder` (stdlib
@@ -370,7 +370,7 @@ class BatchMeta:
 
 
 def entry_fields(meta: BatchMeta, payload: bytes) -> dict[str, bytes]:
-    """The stream entry's fields for one batch (DESIGN §5)."""
+    """The stream entry's fields for one batch (architecture §5)."""
     return {
         "v": str(VERSION).encode(),
         "exp": meta.experiment.encode(),

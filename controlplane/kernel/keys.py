@@ -1,4 +1,4 @@
-"""Key names shared by every part (DESIGN §4 and §5): one place to spell them.
+"""Key names shared by every part (architecture §4 and §5): one place to spell them.
 
 Experiment ids and service names reach this module from sample batches, i.e. from
 whoever can write to Redis. Both have one pattern each, defined here, checked before

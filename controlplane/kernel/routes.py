@@ -1,4 +1,4 @@
-"""The route table the sidecars apply (DESIGN §4): weights in basis points, sum 10000.
+"""The route table the sidecars apply (architecture §4): weights in basis points, sum 10000.
 
 The API, the controller and every sidecar parse routes with these models, whose
 field types come from kernel.values: what the API admits is what a sidecar applies.

@@ -1,4 +1,4 @@
-"""The breaker rule (DESIGN §6): the contract between the API, etcd and the controller."""
+"""The breaker rule (architecture §6): the contract between the API, etcd and the controller."""
 
 from __future__ import annotations
 

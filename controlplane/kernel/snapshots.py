@@ -1,6 +1,6 @@
 """A window snapshot: what the collector publishes and the controller decides on.
 
-The JSON form is the `canary:stats:{<experiment>}` hash field value (DESIGN §5).
+The JSON form is the `canary:stats:{<experiment>}` hash field value (architecture §5).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sample streams and the snapshot board on Redis ≥ 6.2 (DESIGN §5).
+"""Sample streams and the snapshot board on Redis ≥ 6.2 (architecture §5).
 
 `RedisStreams` is both the `SampleStream` and the `SnapshotBoard`; one object owns
 two connection pools:

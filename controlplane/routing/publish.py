@@ -1,4 +1,4 @@
-"""Publishing a service's route (DESIGN §4) with compare-and-swap.
+"""Publishing a service's route (architecture §4) with compare-and-swap.
 
 Shared by the API (lifecycle actions) and the controller (steps, trips, probes), so it
 knows neither FastAPI nor SQL: it takes plain values and a KeyValueStore.

@@ -1,4 +1,4 @@
-"""Assignment (DESIGN §9): published vectors, monotonic ramp, shares within ±0.3 pp."""
+"""Assignment (architecture §9): published vectors, monotonic ramp, shares within ±0.3 pp."""
 
 from __future__ import annotations
 

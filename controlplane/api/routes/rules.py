@@ -73,7 +73,7 @@ async def put_rule(
     body: Annotated[
         dict[str, Any],
         Body(
-            description="a breaker rule (DESIGN §6); `service` may be omitted",
+            description="a breaker rule (docs/architecture.md §6); `service` may be omitted",
             examples=[{"threshold_ms": 800, "window_sec": 60, "failure_ratio": 0.3}],
         ),
     ],
@@ -132,7 +132,7 @@ async def recommend_rule(
     if backends.board is None:
         raise NotEnoughHistory(service, 0, MIN_WINDOWS, "this API process reads no snapshot board")
     ids = await backends.database.read(experiment_ids, service=service)
-    # the whole retained stream: it is bounded by DECISIONS_MAXLEN (DESIGN §5)
+    # the whole retained stream: it is bounded by DECISIONS_MAXLEN (architecture §5)
     entries = await backends.board.recent_decisions(DECISIONS_MAXLEN) if ids else []
     found = baseline_windows(entries, ids, percentile=percentile, min_samples=min_samples)
     proposal = recommend(service, found, percentile=percentile, min_samples=min_samples)
