@@ -15,7 +15,8 @@ from controlplane.api.app import create_app
 from controlplane.db.session import translate_db_error
 from controlplane.kernel.settings import Settings
 from controlplane.runtime import Backends
-from tests.api.conftest import experiment_body
+from tests.api.conftest import API_BASE, experiment_body
+from tests.support.auth import bearer
 
 PROBLEM = "application/problem+json"
 
@@ -209,14 +210,14 @@ async def test_a_reason_with_control_characters_is_refused(
     assert_problem(response, 422, "reason")
 
 
-async def test_bodies_must_be_json_and_small(client: httpx.AsyncClient) -> None:
+async def test_bodies_must_be_json_and_small(client: httpx.AsyncClient, settings: Settings) -> None:
     wrong_type = await client.post(
         "/v1/experiments", content=b"name=x", headers={"content-type": "text/plain"}
     )
     assert_problem(wrong_type, 415)
     large = await client.post(
         "/v1/experiments",
-        content=b" " * (512 * 1024),
+        content=b" " * (settings.max_body_bytes + 1),
         headers={"content-type": "application/json"},
     )
     assert_problem(large, 413)
@@ -228,7 +229,9 @@ async def test_an_allow_list_admits_only_its_hosts(settings: Settings, backends:
     app = create_app(allowing, backends=backends)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://canary") as http:
+        async with httpx.AsyncClient(
+            transport=transport, base_url=API_BASE, headers=bearer()
+        ) as http:
             ok = experiment_body(
                 variants={
                     "baseline": {"upstream": "http://payments-v1:8080"},
@@ -251,7 +254,9 @@ async def test_an_unexpected_error_is_a_generic_problem_with_a_logged_correlatio
     app.add_api_route("/v1/broken", broken)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://canary") as http:
+        async with httpx.AsyncClient(
+            transport=transport, base_url=API_BASE, headers=bearer()
+        ) as http:
             with caplog.at_level(logging.ERROR):
                 response = await http.get("/v1/broken")
     body = assert_problem(response, 500)
