@@ -7,14 +7,11 @@ sidecar package are imported: a sidecar never loads the API or the SQL layer.
 from __future__ import annotations
 
 import logging
-import re
 import ssl
 from collections.abc import Coroutine
 from typing import Annotated, Any
 
 import typer
-
-_SERVICE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,62})$")
 
 
 def _fail(message: str) -> typer.Exit:
@@ -109,13 +106,14 @@ def register(app: typer.Typer) -> None:
 
         from controlplane.kernel.admin_access import admin_token
         from controlplane.kernel.errors import ConfigError
+        from controlplane.kernel.keys import is_service_name
         from controlplane.kernel.sample_keys import load_sample_keys
         from controlplane.kernel.settings import Settings, parse_host_port
         from sidecar.choice import Upstream
         from sidecar.main import Timeouts, run_sidecar
         from sidecar.proxy.limits import connection_capacity, raise_fd_limit
 
-        if not _SERVICE.match(service):
+        if not is_service_name(service):
             raise _fail(
                 f"invalid service name {service!r}: lower-case letters, digits, '.', "
                 "'_' or '-', 1-63 characters"

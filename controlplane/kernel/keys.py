@@ -12,12 +12,13 @@ import re
 from dataclasses import dataclass
 
 from controlplane.kernel.errors import ValidationFailed
+from controlplane.kernel.values import EXPERIMENT_ID_PATTERN, SERVICE_PATTERN
 
 # ids the control plane assigns are integers; hand-written routes may use short names
 EXPERIMENT_ID_MAX = 64
-EXPERIMENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+EXPERIMENT_ID = re.compile(EXPERIMENT_ID_PATTERN)
 SERVICE_NAME_MAX = 63
-SERVICE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+SERVICE_NAME = re.compile(SERVICE_PATTERN)
 
 
 def is_experiment_id(value: str) -> bool:

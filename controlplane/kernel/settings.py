@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -65,6 +67,18 @@ class Settings(BaseSettings):
         value = "/" + value.strip("/")
         if value == "/":
             raise ValueError("etcd prefix must not be empty")
+        return value
+
+    @field_validator("redis_namespace")
+    @classmethod
+    def _namespace_shape(cls, value: str) -> str:
+        # the first segment of every Redis key: braces would break the Cluster hash
+        # tags, and glob characters the stream scan
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}", value):
+            raise ValueError(
+                "Redis namespace must be 1-32 letters, digits, '_' or '-', starting "
+                "with a letter or digit"
+            )
         return value
 
     @field_validator("listen")

@@ -126,7 +126,12 @@ HttpToken = Annotated[
 SALT_PATTERN: Final = r"^[A-Za-z0-9._-]{1,64}$"
 Salt = Annotated[str, Field(min_length=1, max_length=64, pattern=SALT_PATTERN)]
 # A route names its experiment by SQL id, or by a hand-written name (bounded, printable).
-RouteExperiment = SqlId | Annotated[str, Field(min_length=1, max_length=64, pattern=SALT_PATTERN)]
+# a route's experiment: the SQL id, or a name given by hand; either becomes a Redis key
+# (the collectors check sample batches against this same pattern)
+EXPERIMENT_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+RouteExperiment = SqlId | Annotated[
+    str, Field(min_length=1, max_length=64, pattern=EXPERIMENT_ID_PATTERN)
+]
 
 
 # --- upstream URLs -------------------------------------------------------------------

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from controlplane.api.schemas import ExperimentCreate, VariantIn
 from controlplane.kernel.errors import ValidationFailed
+from controlplane.kernel.keys import is_experiment_id
 from controlplane.kernel.routes import parse_route
 from controlplane.kernel.rules import parse_rule
 from controlplane.kernel.values import UpstreamPolicy, split_upstream
@@ -159,6 +160,21 @@ def test_routes_with_out_of_range_fields_are_refused(changes: dict[str, Any]) ->
         parse_route(route(**changes))
 
 
+@pytest.mark.parametrize("name", ["-x", "_x", ".x", "x" * 65, "a/b", "{x}", ""])
+def test_a_route_names_only_experiments_whose_samples_a_collector_would_count(name: str) -> None:
+    """A named experiment the sidecars serve but whose samples the collectors drop
+    would be judged on nothing: both sides use the one pattern."""
+    assert not is_experiment_id(name)
+    with pytest.raises(ValidationFailed):
+        parse_route(route(experiment=name))
+
+
+@pytest.mark.parametrize("name", ["shop-v2", "A1", "x" * 64, "7"])
+def test_a_name_the_route_accepts_is_one_the_collector_accepts(name: str) -> None:
+    assert parse_route(route(experiment=name)).experiment == name
+    assert is_experiment_id(name)
+
+
 def test_a_weight_given_as_a_bool_is_refused_by_the_route_parser() -> None:
     body = route()
     body["variants"][1]["weight"] = True
@@ -231,3 +247,14 @@ def test_upstream_policy(allow: str, host: str, refused: bool) -> None:
 def test_a_bad_allow_list_entry_is_a_configuration_error(entry: str) -> None:
     with pytest.raises(ValueError):
         UpstreamPolicy.parse(entry)
+
+
+@pytest.mark.parametrize("namespace", ["", "{x}", "a*", "a:b", "-a", "x" * 33, "a b"])
+def test_a_redis_namespace_that_would_break_keys_is_refused(namespace: str) -> None:
+    from pydantic import ValidationError
+
+    from controlplane.kernel.settings import Settings
+
+    with pytest.raises(ValidationError, match="Redis namespace"):
+        Settings(redis_namespace=namespace)
+    assert Settings(redis_namespace="canary-test_1").redis_namespace == "canary-test_1"
