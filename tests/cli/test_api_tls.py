@@ -22,6 +22,7 @@ from controlplane.kernel.errors import ConfigError
 from controlplane.kernel.settings import Settings
 from controlplane.kernel.tls import client_context
 from tests.cli.conftest import STARTUP_TIMEOUT_SEC, free_port
+from tests.support.auth import ADMIN_TOKEN, install_test_tokens
 from tests.support.tls import Pki, make_pki
 
 
@@ -34,6 +35,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 def serving_tls(settings: Settings, tmp: Path) -> Iterator[str]:
     database_url = f"sqlite:///{tmp / 'canary.db'}"
     migrate.upgrade(database_url)
+    install_test_tokens(database_url)
     app = create_app(settings.model_copy(update={"database_url": database_url}))
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws="none",
@@ -72,7 +74,8 @@ def mtls_api(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
 
 
 def test_the_client_trusting_the_ca_talks_to_the_https_api(https_api: str, pki: Pki) -> None:
-    with CanaryClient(https_api, tls=client_context(ca_file=pki.ca_file)) as client:
+    trusting = client_context(ca_file=pki.ca_file)
+    with CanaryClient(https_api, token=ADMIN_TOKEN, tls=trusting) as client:
         assert client.list_experiments()["items"] == []
 
 
@@ -100,7 +103,8 @@ def test_mtls_refuses_a_client_without_a_certificate_and_admits_one_with(
     mtls_api: str, pki: Pki, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    with (CanaryClient(mtls_api, tls=client_context(ca_file=pki.ca_file)) as client,
+    without_certificate = client_context(ca_file=pki.ca_file)
+    with (CanaryClient(mtls_api, token=ADMIN_TOKEN, tls=without_certificate) as client,
           pytest.raises(ApiUnreachable)):
         client.list_experiments()
     monkeypatch.setenv("CANARY_CA_FILE", pki.ca_file)
