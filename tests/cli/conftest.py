@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
@@ -34,11 +35,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(app: FastAPI) -> Iterator[str]:
-    """Serve `app` with uvicorn in a thread on a free port; yield its base URL."""
+def serving(app: FastAPI, **tls: Any) -> Iterator[str]:
+    """Serve `app` with uvicorn in a thread on a free port; yield its base URL.
+
+    tls: uvicorn's ssl_* options (as `canary serve` builds them): the URL is https."""
     port = free_port()
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", ws="none", lifespan="on"
+        app, host="127.0.0.1", port=port, log_level="warning", ws="none", lifespan="on", **tls
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="canary-api", daemon=True)
@@ -51,7 +54,7 @@ def serving(app: FastAPI) -> Iterator[str]:
             pytest.fail("the API did not start")
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=10)

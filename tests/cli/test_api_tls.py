@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from controlplane.api.app import create_app
 from controlplane.cli.main import main
@@ -21,7 +18,7 @@ from controlplane.db import migrate
 from controlplane.kernel.errors import ConfigError
 from controlplane.kernel.settings import Settings
 from controlplane.kernel.tls import client_context
-from tests.cli.conftest import STARTUP_TIMEOUT_SEC, free_port
+from tests.cli.conftest import serving
 from tests.support.auth import ADMIN_TOKEN, install_test_tokens
 from tests.support.tls import Pki, make_pki
 
@@ -37,24 +34,8 @@ def serving_tls(settings: Settings, tmp: Path) -> Iterator[str]:
     migrate.upgrade(database_url)
     install_test_tokens(database_url)
     app = create_app(settings.model_copy(update={"database_url": database_url}))
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws="none",
-                            lifespan="on", **tls_options(settings))
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="canary-api-tls", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + STARTUP_TIMEOUT_SEC
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            server.should_exit = True
-            thread.join(timeout=5)
-            pytest.fail("the API did not start")
-        time.sleep(0.02)
-    try:
-        yield f"https://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with serving(app, **tls_options(settings)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
