@@ -18,7 +18,7 @@ from controlplane.db import migrate
 from controlplane.kernel.errors import ConfigError
 from controlplane.kernel.settings import Settings
 from controlplane.kernel.tls import client_context
-from tests.cli.conftest import serving
+from tests.cli.conftest import free_port, serving
 from tests.support.auth import ADMIN_TOKEN, install_test_tokens
 from tests.support.tls import Pki, make_pki
 
