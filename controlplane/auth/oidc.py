@@ -20,6 +20,7 @@ import jwt
 
 from controlplane.auth.roles import Principal, Role, parse_role
 from controlplane.kernel.errors import ConfigError, Unauthenticated
+from controlplane.kernel.secrets import read_bounded_file
 from controlplane.kernel.settings import Settings
 
 ASYMMETRIC = frozenset(
@@ -155,13 +156,7 @@ class OidcVerifier:
 
 
 def load_jwks_file(path: Path) -> jwt.PyJWKSet:
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_JWKS_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"cannot read the JWKS file {path}: {exc.strerror}") from None
-    if len(data) > MAX_JWKS_BYTES:
-        raise ConfigError(f"the JWKS file {path} is larger than {MAX_JWKS_BYTES} bytes")
+    data = read_bounded_file(path, what="JWKS file", max_bytes=MAX_JWKS_BYTES)
     try:
         return jwt.PyJWKSet.from_dict(json.loads(data))
     except (ValueError, jwt.PyJWTError) as exc:

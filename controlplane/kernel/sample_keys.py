@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controlplane.kernel.errors import ConfigError
+from controlplane.kernel.secrets import read_bounded_file
 
 MIN_KEY_BYTES = 32
 MAX_KEYS = 16
@@ -117,13 +118,7 @@ def load_sample_keys(
     file = path if path is not None else env.get(FILE_ENV) or None
     if file is not None:
         where = Path(file)
-        try:
-            with where.open("rb") as handle:
-                raw = handle.read(MAX_FILE_BYTES + 1)
-        except OSError as exc:
-            raise ConfigError(f"cannot read the sample keys file {where}: {exc.strerror}") from exc
-        if len(raw) > MAX_FILE_BYTES:
-            raise ConfigError(f"{where}: larger than {MAX_FILE_BYTES} bytes")
+        raw = read_bounded_file(where, what="sample keys file", max_bytes=MAX_FILE_BYTES)
         try:
             text = raw.decode("ascii")
         except UnicodeDecodeError as exc:

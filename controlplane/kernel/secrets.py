@@ -10,6 +10,7 @@ No error raised here ever carries the secret itself, only the file's name.
 
 from __future__ import annotations
 
+import os
 from urllib.parse import urlsplit, urlunsplit
 
 from controlplane.kernel.errors import ConfigError
@@ -19,15 +20,22 @@ MAX_SECRET_BYTES = 4096
 MASK = "***"
 
 
-def read_secret_file(path: str, *, what: str) -> str:
-    """The first line of a secret file, without its line ending; never empty."""
+def read_bounded_file(path: str | os.PathLike[str], *, what: str, max_bytes: int) -> bytes:
+    """A configuration file's bytes, refused past `max_bytes`: a key, certificate or
+    key set is small, and a wrong path (a log, a device) must not be read whole."""
     try:
         with open(path, "rb") as handle:
-            raw = handle.read(MAX_SECRET_BYTES + 1)
+            raw = handle.read(max_bytes + 1)
     except OSError as exc:
         raise ConfigError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_SECRET_BYTES:
-        raise ConfigError(f"{what}: {path} is larger than {MAX_SECRET_BYTES} bytes")
+    if len(raw) > max_bytes:
+        raise ConfigError(f"{what}: {path} is larger than {max_bytes} bytes")
+    return raw
+
+
+def read_secret_file(path: str, *, what: str) -> str:
+    """The first line of a secret file, without its line ending; never empty."""
+    raw = read_bounded_file(path, what=what, max_bytes=MAX_SECRET_BYTES)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ssl
 
 from controlplane.kernel.errors import ConfigError
+from controlplane.kernel.secrets import read_bounded_file
 
 # A certificate bundle of a few hundred CAs is well under this; more is a wrong file.
 MAX_PEM_BYTES = 1024 * 1024
@@ -17,13 +18,7 @@ MAX_PEM_BYTES = 1024 * 1024
 
 def read_pem(path: str, *, what: str) -> bytes:
     """A PEM file's bytes (for gRPC, which takes bytes rather than paths)."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_PEM_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_PEM_BYTES:
-        raise ConfigError(f"{what}: {path} is larger than {MAX_PEM_BYTES} bytes")
+    data = read_bounded_file(path, what=what, max_bytes=MAX_PEM_BYTES)
     if b"-----BEGIN " not in data:
         raise ConfigError(f"{what}: {path} is not a PEM file")
     return data
