@@ -298,7 +298,11 @@ async def test_a_compacted_watch_relists_and_delivers_only_the_difference(
         )
         assert recorder.view == {prefix + "same": b"s", prefix + "changed": b"c2",
                                  prefix + "new": b"n"}  # fmt: skip
-        assert informer.stats.compactions >= 1 and informer.stats.relists >= 1
+        assert informer.stats.relists >= 1
+        if isinstance(outage.consumer_kv, MemoryKV):
+            assert informer.stats.compactions >= 1
+        # etcd: the resumed watch is refused as compacted, or the dropped connection
+        # already ended it with an error the adapter does not resume; a relist either way
         assert recorder.lists[0] is False and True in recorder.lists[1:]
 
         # and it follows again after the relist

@@ -21,6 +21,7 @@ class TcpCut:
         self.port = free_port()
         self._server: asyncio.Server | None = None
         self._transports: set[asyncio.StreamWriter] = set()
+        self._relays: set[asyncio.Task[None]] = set()
 
     @property
     def endpoint(self) -> str:
@@ -34,14 +35,20 @@ class TcpCut:
         server, self._server = self._server, None
         if server is not None:
             server.close()
+        # closed as a dropped peer closes them; the relays end with their sockets
         for writer in list(self._transports):
-            writer.transport.abort()
+            writer.close()
         self._transports.clear()
+        relays, self._relays = set(self._relays), set()
+        await asyncio.gather(*relays, return_exceptions=True)
         if server is not None:
             with contextlib.suppress(Exception):
                 await server.wait_closed()
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._relays.add(task)
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
         except OSError:
@@ -53,7 +60,7 @@ class TcpCut:
         )
         for w in (writer, up_writer):
             self._transports.discard(w)
-            w.transport.abort()
+            w.close()
 
     @staticmethod
     async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -62,4 +69,4 @@ class TcpCut:
                 writer.write(chunk)
                 await writer.drain()
         finally:
-            writer.transport.abort()
+            writer.close()
