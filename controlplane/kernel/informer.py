@@ -197,7 +197,7 @@ class PrefixInformer:
         # a prefix also matches longer keys (`svc` of `svc-2`): the consumer says which
         # keys are its own, and the others are neither kept nor delivered
         self._accept = accept or (lambda key: True)
-        self._backoff = Backoff(policy or BackoffPolicy(), draw=draw)
+        self.backoff = Backoff(policy or BackoffPolicy(), draw=draw)
         self._observer: InformerObserver = observer or _NoObserver()
         self._clock: Clock = clock or SystemClock()
         self._sleep = sleep
@@ -248,10 +248,10 @@ class PrefixInformer:
             self.stats.connected = False
             self.stats.watch_errors += 1
             if self.synced.is_set() and (
-                self._clock.monotonic() - started >= self._backoff.policy.reset_after
+                self._clock.monotonic() - started >= self.backoff.policy.reset_after
             ):
-                self._backoff.reset()  # a long healthy session: this is a first failure
-            delay = self._backoff.next_delay()
+                self.backoff.reset()  # a long healthy session: this is a first failure
+            delay = self.backoff.next_delay()
             log.warning(
                 "%s: watch of %s lost (%s); keeping what is known, reading again in %.2f s",
                 self.name,
@@ -290,7 +290,7 @@ class PrefixInformer:
             elif event.value is not None:
                 self._put(event.key, event.value, event.mod_revision)
             # the first event proves the watch works: failures in a row are over
-            self._backoff.reset()
+            self.backoff.reset()
 
     def _put(self, key: str, value: bytes, mod_revision: int) -> None:
         self._known[key] = Stored(value, mod_revision)
