@@ -16,6 +16,7 @@ under its reason, acked and skipped without touching the others of the same read
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -362,9 +363,16 @@ class Collector:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until `stop` is set; then publish and ack what is held, and return."""
-        if not self.config_loaded.is_set():
-            await self.load_config()
         try:
+            if not self.config_loaded.is_set():
+                # etcd may not answer yet: a stop must still end the wait for it
+                loading = asyncio.create_task(self.load_config())
+                stopping = asyncio.create_task(stop.wait())
+                await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                for waiting in (loading, stopping):
+                    waiting.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await waiting
             while not stop.is_set():
                 await self.step()
         finally:

@@ -91,6 +91,16 @@ class Backoff:
     def reset(self) -> None:
         self.failures = 0
 
+    def after_session(self, up_for: float | None) -> float:
+        """The delay after a session that was up (read the prefix) for `up_for` seconds.
+
+        None: it never got that far. A session up `reset_after` or longer was healthy,
+        so its end is the first failure of a new sequence.
+        """
+        if up_for is not None and up_for >= self.policy.reset_after:
+            self.reset()
+        return self.next_delay()
+
 
 # --- the difference a relist delivers ---------------------------------------------
 
@@ -205,6 +215,7 @@ class PrefixInformer:
         self.revision = 0  # the store revision the consumer is in step with
         self.stats = InformerStats()
         self.synced = asyncio.Event()
+        self._listed_at: float | None = None  # when this session's read succeeded
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -234,7 +245,7 @@ class PrefixInformer:
     async def run(self) -> None:
         """List and watch until cancelled; no error of the store ends it."""
         while True:
-            started = self._clock.monotonic()
+            self._listed_at = None
             error: Exception
             try:
                 await self._list_and_watch()
@@ -247,11 +258,9 @@ class PrefixInformer:
                 error = exc
             self.stats.connected = False
             self.stats.watch_errors += 1
-            if self.synced.is_set() and (
-                self._clock.monotonic() - started >= self.backoff.policy.reset_after
-            ):
-                self.backoff.reset()  # a long healthy session: this is a first failure
-            delay = self.backoff.next_delay()
+            listed_at = self._listed_at
+            up_for = None if listed_at is None else self._clock.monotonic() - listed_at
+            delay = self.backoff.after_session(up_for)
             log.warning(
                 "%s: watch of %s lost (%s); keeping what is known, reading again in %.2f s",
                 self.name,
@@ -275,6 +284,7 @@ class PrefixInformer:
         for item in changes.puts:
             self._put(item.key, item.value, item.mod_revision)
         self.revision = revision
+        self._listed_at = self._clock.monotonic()
         self._observer.listed(relist=relist)
         self.synced.set()
         # the store's start_revision is exclusive: this resumes right after the read

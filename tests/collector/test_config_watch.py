@@ -18,10 +18,11 @@ from controlplane.collector.service import Collector
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.keys import EtcdKeys
 from controlplane.kernel.kv import KeyValueStore
+from controlplane.kernel.kv_etcd import EtcdKV
 from controlplane.kernel.routes import Route, RouteState, Sticky, two_way_variants
 from controlplane.kernel.streams_factory import open_streams
 from tests.support.outage import Outage, open_outage
-from tests.support.processes import EtcdProcess
+from tests.support.processes import EtcdProcess, free_port
 
 WAIT = 15.0  # an upper bound so a broken watch fails the test; no speed claim
 
@@ -109,3 +110,26 @@ async def test_rules_and_routes_deleted_while_the_watch_was_lost_leave_the_view(
     finally:
         await collector.stop_watching()
         await streams.close()
+
+
+async def test_a_stop_ends_the_collector_while_etcd_has_not_answered_yet() -> None:
+    kv = EtcdKV(f"127.0.0.1:{free_port()}")  # nothing listens there
+    clock = FakeClock()
+    streams, board = open_streams("memory://", clock=clock)
+    collector = Collector(streams, board, kv, EtcdKeys("/t"), consumer_name="c1", clock=clock,
+                          block_ms=0)  # fmt: skip
+    stop = asyncio.Event()
+    running = asyncio.create_task(collector.run(stop))
+    try:
+        async with asyncio.timeout(WAIT):
+            while not any(i.stats.watch_errors for i in collector.informers):
+                await asyncio.sleep(0.02)  # polls the failed reads of etcd, not a clock
+        assert not collector.config_loaded.is_set()
+        stop.set()
+        async with asyncio.timeout(WAIT):
+            await running
+        assert collector.informers == []
+    finally:
+        running.cancel()
+        await streams.close()
+        await kv.close()

@@ -63,6 +63,15 @@ def test_a_reset_starts_the_sequence_again() -> None:
     assert backoff.next_delay() == pytest.approx(0.1)
 
 
+def test_only_a_session_that_stayed_up_long_enough_starts_the_sequence_again() -> None:
+    policy = BackoffPolicy(initial=0.1, maximum=10.0, jitter=0.0, reset_after=30.0)
+    backoff = Backoff(policy, draw=lambda: 0.0)
+    assert backoff.after_session(None) == pytest.approx(0.1)  # never read the prefix
+    assert backoff.after_session(None) == pytest.approx(0.2)
+    assert backoff.after_session(29.0) == pytest.approx(0.4)  # up, but not for long
+    assert backoff.after_session(30.0) == pytest.approx(0.1)  # healthy: a first failure
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
