@@ -4,26 +4,28 @@
 route: upstreams parsed, bucket ranges laid out) and an optional default upstream,
 and assigns each request to a variant.
 
-`RouteWatcher` keeps the table in step with `<prefix>/routes/<service>`: it reads the
-key, then watches it from that revision. It is fail-static: when the store cannot be
-reached the route in force stays and the watcher reconnects with backoff; a malformed
-route, or one older than the route in force, is rejected and counted and the route in
-force stays; a deleted key falls back to the default upstream (or 503).
+`RouteWatcher` keeps the table in step with `<prefix>/routes/<service>` through the
+shared list-then-watch loop (controlplane/kernel/informer.py): it reads the key, then
+watches it from that revision, and reads it again after a watch it cannot resume. It
+is fail-static: when the store cannot be reached the route in force stays and the
+informer reads again with backoff; a malformed route, or one older than the route in
+force, is rejected and counted and the route in force stays; a deleted key (also one
+deleted while the store was away) falls back to the default upstream (or 503).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from bisect import bisect_right
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from controlplane.kernel.errors import ValidationFailed
+from controlplane.kernel.informer import BackoffPolicy, PrefixInformer
 from controlplane.kernel.keys import EtcdKeys
-from controlplane.kernel.kv import EventKind, KeyValueStore
+from controlplane.kernel.kv import KeyValueStore
 from controlplane.kernel.routes import BASELINE, Route, parse_route
 from sidecar.assignment import BUCKETS, BucketLayout, bucket_and_hash
 from sidecar.choice import Choice, NoRoute, Upstream
@@ -182,19 +184,25 @@ class RouteWatcher:
         prefix: str = "/canary",
         backoff_initial: float = 0.1,
         backoff_max: float = 5.0,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        self._kv = kv
         self._table = table
         self.service = service
         self.key = EtcdKeys(prefix).route(service)
-        self._backoff_initial = backoff_initial
-        self._backoff_max = backoff_max
         self.stats = WatcherStats()
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
         # replaced on every change, so a waiter never misses one
         self._changed = asyncio.Event()
-        self._first_load = asyncio.Event()
+        # the key is a prefix of longer keys (`svc` of `svc-2`): keep only our own
+        self.informer = PrefixInformer(
+            kv,
+            self.key,
+            self,
+            name=f"route-watcher:{service}",
+            accept=lambda key: key == self.key,
+            policy=BackoffPolicy(initial=backoff_initial, maximum=backoff_max),
+            observer=self,
+            sleep=sleep,
+        )
 
     @property
     def table(self) -> RouteTable:
@@ -209,15 +217,11 @@ class RouteWatcher:
     # --- lifecycle ----------------------------------------------------------
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"route-watcher:{self.service}")
+        self.informer.start()
 
     async def wait_loaded(self, timeout: float) -> bool:
         """Wait until the first read of the key answered (the store may be down)."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await self._first_load.wait()
-        return self._first_load.is_set()
+        return await self.informer.wait_synced(timeout)
 
     async def wait_for(self, predicate: Callable[[Route | None], bool], timeout: float) -> bool:
         """Wait until the route in force satisfies predicate; False on timeout."""
@@ -230,12 +234,23 @@ class RouteWatcher:
         return True
 
     async def stop(self) -> None:
-        self._stopping.set()
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self.informer.stop()
+
+    # --- what the informer delivers (PrefixHandler, InformerObserver) ---------
+
+    def on_put(self, key: str, value: bytes, mod_revision: int) -> None:
+        self.apply_value(value)
+
+    def on_delete(self, key: str) -> None:
+        self.apply_value(None)
+
+    def listed(self, *, relist: bool) -> None:
+        self.stats.connected = True
+
+    def failed(self, error: Exception, *, retry_in: float) -> None:
+        # fail-static: the route in force stays whatever the store does
+        self.stats.store_errors += 1
+        self.stats.connected = False
 
     # --- applying values ----------------------------------------------------
 
@@ -285,50 +300,3 @@ class RouteWatcher:
     def _notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
-
-    # --- the loop -----------------------------------------------------------
-
-    async def _run(self) -> None:
-        delay = self._backoff_initial
-        while not self._stopping.is_set():
-            try:
-                await self._load_and_watch()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # fail-static: whatever the store does, keep routing
-                self.stats.store_errors += 1
-                self.stats.connected = False
-                log.warning(
-                    "route store unavailable for %s (%s); keeping the route in force, "
-                    "retrying in %.1f s",
-                    self.service,
-                    exc,
-                    delay,
-                )
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await self._stopping.wait()
-                delay = min(delay * 2, self._backoff_max)
-                continue
-            # The watch ended without an error (the store closed it): read again,
-            # after a short pause so a store that keeps doing so is not hammered.
-            delay = self._backoff_initial
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._stopping.wait()
-
-    async def _load_and_watch(self) -> None:
-        values, revision = await self._kv.get_prefix(self.key)
-        current = next((kv for kv in values if kv.key == self.key), None)
-        self.stats.connected = True
-        self.apply_value(current.value if current else None)
-        self._first_load.set()
-        # The key is a prefix of longer keys (`svc` of `svc-2`): keep only our own.
-        async for event in self._kv.watch_prefix(self.key, start_revision=revision):
-            if event.key != self.key:
-                continue
-            self.stats.connected = True
-            if event.kind is EventKind.DELETE:
-                self.apply_value(None)
-            else:
-                self.apply_value(event.value)

@@ -55,8 +55,9 @@ from controlplane.collector.windows import (
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import BatchMeta, RawBatch
 from controlplane.kernel.errors import BackendError, CanaryError, CodecError, ValidationFailed
+from controlplane.kernel.informer import PrefixInformer
 from controlplane.kernel.keys import COLLECTOR_GROUP, EtcdKeys, is_service_name
-from controlplane.kernel.kv import EventKind, KeyValueStore
+from controlplane.kernel.kv import KeyValueStore
 from controlplane.kernel.routes import parse_route
 from controlplane.kernel.rules import parse_rule
 from controlplane.kernel.sample_auth import SampleVerifier
@@ -165,6 +166,48 @@ class CollectorMetrics:
             "canary_collector_admin_unauthorized",
             "admin requests refused for a missing or wrong bearer token", registry=registry,
         )
+        self.config_relists = Counter(
+            "canary_collector_config_relists",
+            "rules or routes read again from etcd after a lost watch, by source",
+            ["source"], registry=registry,
+        )  # fmt: skip
+        self.config_watch_errors = Counter(
+            "canary_collector_config_watch_errors",
+            "failed reads or lost watches of rules or routes in etcd, by source",
+            ["source"], registry=registry,
+        )  # fmt: skip
+        for source in ("rules", "routes"):
+            self.config_relists.labels(source)
+            self.config_watch_errors.labels(source)
+
+
+class _ConfigFeed:
+    """One etcd prefix (rules or routes) fed to the collector: handler and metrics hooks."""
+
+    def __init__(
+        self,
+        source: str,
+        prefix: str,
+        apply: Callable[[str, bytes | None], None],
+        metrics: CollectorMetrics,
+    ) -> None:
+        self.source = source
+        self.prefix = prefix
+        self._apply = apply
+        self._metrics = metrics
+
+    def on_put(self, key: str, value: bytes, mod_revision: int) -> None:
+        self._apply(key[len(self.prefix):], value)
+
+    def on_delete(self, key: str) -> None:
+        self._apply(key[len(self.prefix):], None)
+
+    def listed(self, *, relist: bool) -> None:
+        if relist:
+            self._metrics.config_relists.labels(self.source).inc()
+
+    def failed(self, error: Exception, *, retry_in: float) -> None:
+        self._metrics.config_watch_errors.labels(self.source).inc()
 
 
 @dataclass
@@ -231,7 +274,7 @@ class Collector:
         self._last_tick = -math.inf
         self._last_claim = -math.inf
         self._last_services = -math.inf
-        self._watch_tasks: list[asyncio.Task[None]] = []
+        self.informers: list[PrefixInformer] = []
         # the next read, started before applying a full one (a backlog), so that Redis
         # prepares it while this process applies the previous one
         self._prefetch: asyncio.Task[list[StreamEntry]] | None = None
@@ -289,54 +332,52 @@ class Collector:
         self.route_services.add(service)
 
     async def load_config(self) -> None:
-        """Read rules and routes once, then follow them with watches."""
-        for prefix, apply in (
-            (self.keys.rules_prefix, self._apply_rule),
-            (self.keys.routes_prefix, self._apply_route),
-        ):
-            items, revision = await self.kv.get_prefix(prefix)
-            for item in items:
-                apply(self.keys.service_of(item.key, prefix), item.value)
-            self._watch_tasks.append(asyncio.create_task(self._follow(prefix, apply, revision)))
+        """Read rules and routes, then follow them (the shared list-then-watch loop).
+
+        Returns once both were read; while etcd does not answer it keeps trying, with
+        backoff, and /readyz says not ready.
+        """
+        if not self.informers:
+            for source, prefix, apply in (
+                ("rules", self.keys.rules_prefix, self._apply_rule),
+                ("routes", self.keys.routes_prefix, self._apply_route),
+            ):
+                feed = _ConfigFeed(source, prefix, apply, self.metrics)
+                informer = PrefixInformer(
+                    self.kv, prefix, feed, name=f"collector-{source}", observer=feed,
+                    clock=self.clock,
+                )  # fmt: skip
+                informer.start()
+                self.informers.append(informer)
+        for informer in self.informers:
+            await informer.wait_synced()
         self.config_loaded.set()
 
-    async def _follow(
-        self, prefix: str, apply: Callable[[str, bytes | None], None], revision: int
-    ) -> None:
-        while True:
-            try:
-                async for event in self.kv.watch_prefix(prefix, start_revision=revision):
-                    revision = max(revision, event.mod_revision)
-                    value = event.value if event.kind == EventKind.PUT else None
-                    apply(self.keys.service_of(event.key, prefix), value)
-                return  # a watch ends without an error only when its store is closed
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a lost or compacted watch: re-read, then follow again
-                log.warning("watch on %s failed (%s); re-reading", prefix, exc)
-                await asyncio.sleep(0.5)  # back-off between reconnects, not a decision wait
-                with contextlib.suppress(CanaryError):
-                    items, revision = await self.kv.get_prefix(prefix)
-                    for item in items:
-                        apply(self.keys.service_of(item.key, prefix), item.value)
+    async def stop_watching(self) -> None:
+        """Stop following rules and routes; what was read stays in force."""
+        informers, self.informers = self.informers, []
+        for informer in informers:
+            await informer.stop()
 
     # --- the loop -----------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until `stop` is set; then publish and ack what is held, and return."""
-        if not self.config_loaded.is_set():
-            await self.load_config()
         try:
+            if not self.config_loaded.is_set():
+                # etcd may not answer yet: a stop must still end the wait for it
+                loading = asyncio.create_task(self.load_config())
+                stopping = asyncio.create_task(stop.wait())
+                await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                for waiting in (loading, stopping):
+                    waiting.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await waiting
             while not stop.is_set():
                 await self.step()
         finally:
             await self.flush()
-            for task in self._watch_tasks:
-                task.cancel()
-            for task in self._watch_tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-            self._watch_tasks.clear()
+            await self.stop_watching()
 
     async def step(self) -> None:
         """One round: refresh services, claim, read, apply, and publish when due."""

@@ -6,27 +6,26 @@ replaces a valid one: it is counted and logged, and stays listed in `rejections(
 value; the last valid rule stays in force.
 
 A stored value is identified by its key's mod revision and its content hash, so
-reading it again after a watch reconnect is not another rejection.
+reading it again after a watch reconnect is not another rejection. The keys are kept
+in step by the shared list-then-watch loop (controlplane/kernel/informer.py): a rule
+deleted while etcd was away is dropped when the prefix is read again.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.kernel.errors import BackendError, ValidationFailed
+from controlplane.kernel.errors import ValidationFailed
+from controlplane.kernel.informer import PrefixInformer
 from controlplane.kernel.keys import EtcdKeys
-from controlplane.kernel.kv import EventKind, KeyValueStore, RevisionCompacted
+from controlplane.kernel.kv import KeyValueStore
 from controlplane.kernel.rules import BreakerRule, parse_rule
 
 log = logging.getLogger(__name__)
-
-RETRY_SEC = 1.0
 
 
 @dataclass(frozen=True)
@@ -64,14 +63,13 @@ class RuleInForce:
 
 class RuleBook:
     def __init__(self, kv: KeyValueStore, keys: EtcdKeys) -> None:
-        self._kv = kv
-        self._keys = keys
+        self._prefix = keys.rules_prefix
         self._rules: dict[str, RuleInForce] = {}
         # per service, the stored value rejected (while it is the stored one)
         self._rejected: dict[str, RuleRejection] = {}
-        self._task: asyncio.Task[None] | None = None
         self.rejected = 0
-        self.loaded = asyncio.Event()
+        self.informer = PrefixInformer(kv, self._prefix, self, name="rulebook")
+        self.loaded = self.informer.synced
 
     def get(self, service: str) -> RuleInForce | None:
         return self._rules.get(service)
@@ -84,13 +82,18 @@ class RuleBook:
         return [self._rejected[service] for service in sorted(self._rejected)]
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._follow(), name="rulebook")
+        self.informer.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self.informer.stop()
+
+    # --- what the informer delivers (PrefixHandler) -----------------------------
+
+    def on_put(self, key: str, value: bytes, mod_revision: int) -> None:
+        self._apply(key[len(self._prefix):], value, mod_revision)
+
+    def on_delete(self, key: str) -> None:
+        self._apply(key[len(self._prefix):], None, 0)
 
     def _apply(self, service: str, raw: bytes | None, revision: int) -> None:
         if raw is None:
@@ -116,28 +119,3 @@ class RuleBook:
             return
         self._rejected.pop(service, None)
         self._rules[service] = RuleInForce(rule, revision)
-
-    async def _follow(self) -> None:
-        prefix = self._keys.rules_prefix
-        while True:
-            try:
-                items, revision = await self._kv.get_prefix(prefix)
-                seen = set()
-                for item in items:
-                    service = item.key[len(prefix):]
-                    seen.add(service)
-                    self._apply(service, item.value, item.mod_revision)
-                for gone in set(self._rules) - seen:
-                    self._rules.pop(gone, None)
-                for gone in set(self._rejected) - seen:
-                    self._rejected.pop(gone, None)
-                self.loaded.set()
-                async for event in self._kv.watch_prefix(prefix, start_revision=revision):
-                    service = event.key[len(prefix):]
-                    value = event.value if event.kind is EventKind.PUT else None
-                    self._apply(service, value, event.mod_revision)
-                return  # a watch ends without an error only when its store is closed
-            except (BackendError, RevisionCompacted) as exc:
-                # fail-static: the rules in force stay while etcd is away
-                log.warning("rule watch interrupted (%s); retrying", exc)
-                await asyncio.sleep(RETRY_SEC)

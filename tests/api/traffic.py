@@ -8,7 +8,6 @@ publishes the snapshots, which also appends one `canary:decisions` entry.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -90,6 +89,4 @@ async def collecting(backends: Backends, clock: FakeClock) -> AsyncIterator[Traf
     try:
         yield Traffic(backends, clock, collector, np.random.default_rng(11))
     finally:
-        for task in collector._watch_tasks:
-            task.cancel()
-        await asyncio.gather(*collector._watch_tasks, return_exceptions=True)
+        await collector.stop_watching()

@@ -246,8 +246,7 @@ async def world(request: pytest.FixtureRequest) -> AsyncIterator[World]:
         yield w
     finally:
         for c in w.collectors:
-            for task in c._watch_tasks:
-                task.cancel()
+            await c.stop_watching()
         await streams.close()
         await kv.close()
 

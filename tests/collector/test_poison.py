@@ -184,8 +184,7 @@ async def make_setup(
     try:
         yield Setup(collector, streams, clock, add_raw, stats_keys, expected_stats)
     finally:
-        for task in collector._watch_tasks:
-            task.cancel()
+        await collector.stop_watching()
         await streams.close()
         await kv.close()
         if client is not None:

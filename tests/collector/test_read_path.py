@@ -144,8 +144,7 @@ async def test_a_prefetched_read_is_applied_before_shutdown() -> None:
     assert collector._prefetch is None
     assert collector.windows["x"].counters.ingested == 800
     assert await streams.pending("svc", GROUP) == 0
-    for task in collector._watch_tasks:
-        task.cancel()
+    await collector.stop_watching()
     await streams.close()
     await kv.close()
 

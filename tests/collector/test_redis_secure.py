@@ -117,8 +117,7 @@ async def test_samples_and_snapshots_travel_over_tls_and_the_password_is_never_l
         assert merged["canary"].count == samples // 3
     finally:
         await reporter.close(1.0)
-        for task in collector._watch_tasks:
-            task.cancel()
+        await collector.stop_watching()
         for closing in (sidecar_stream, streams, reader):
             await closing.close()
         await kv.close()

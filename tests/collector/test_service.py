@@ -50,8 +50,7 @@ async def memory_setup() -> AsyncIterator[tuple[Collector, object, FakeClock]]:
     )
     await collector.load_config()
     yield collector, streams, clock
-    for task in collector._watch_tasks:
-        task.cancel()
+    await collector.stop_watching()
     await streams.close()
     await kv.close()
 
@@ -172,8 +171,7 @@ async def test_two_collectors_merge_exactly_and_a_dead_ones_entries_are_claimed_
         assert await streams.pending(SERVICE, "collectors") == 0
     finally:
         for c in (a, b):
-            for task in c._watch_tasks:
-                task.cancel()
+            await c.stop_watching()
         await streams.close()
         await kv.close()
 
@@ -223,8 +221,7 @@ async def test_real_redis_and_etcd_ingest_and_publish(
         assert merged.p95_ms is not None and abs(merged.p95_ms - exact) / exact <= 0.01
         assert merged.above_threshold == int(np.count_nonzero(baseline_rt > 100_000))
     finally:
-        for task in collector._watch_tasks:
-            task.cancel()
+        await collector.stop_watching()
         await streams.close()
         await kv.close()
 
@@ -288,8 +285,7 @@ async def test_entries_held_across_a_failed_publish_are_not_claimed_and_counted_
         assert await streams.pending(SERVICE, "collectors") == 0
     finally:
         for c in (a, b):
-            for task in c._watch_tasks:
-                task.cancel()
+            await c.stop_watching()
         await streams.close()
         await kv.close()
 

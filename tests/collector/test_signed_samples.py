@@ -83,8 +83,7 @@ async def drain(bus: Bus, collector: Collector) -> int:
     for _ in range(6):
         await collector.step()
         bus.clock.advance(0.2)
-    for task in collector._watch_tasks:
-        task.cancel()
+    await collector.stop_watching()
     snaps = await read_merged_snapshots(bus.board, EXPERIMENT, bus.clock.now())
     return sum(s.count for s in snaps.values())
 
@@ -204,8 +203,7 @@ async def test_readyz_and_metrics_say_when_samples_are_unauthenticated() -> None
         finally:
             server.close()
             await server.wait_closed()
-            for task in collector._watch_tasks:
-                task.cancel()
+            await collector.stop_watching()
         assert ready.status_code == 200 and ready.text == body
         assert f"canary_collector_samples_authenticated {gauge}" in metrics.text
         assert 'canary_collector_batches_dropped_total{reason="bad_signature"} 0.0' in metrics.text

@@ -135,9 +135,7 @@ async def rig(backend_settings: Settings) -> AsyncIterator[Rig]:
         await leadership.resign()
         await controller.stop()
         await collector.flush()
-        for task in collector._watch_tasks:
-            task.cancel()
-        await asyncio.gather(*collector._watch_tasks, return_exceptions=True)
+        await collector.stop_watching()
         await backends.close()
 
 

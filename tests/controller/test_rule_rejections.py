@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session
 
-from controlplane.controller import rulebook as rulebook_module
 from controlplane.controller.rulebook import RuleBook, RuleRejection
 from controlplane.controller.runner import RULE_REJECTED, Controller
 from controlplane.db import experiments as records
@@ -102,10 +101,9 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 10.0)
 
 @pytest.fixture
 async def backends(
-    backend_settings: Settings, monkeypatch: pytest.MonkeyPatch
+    backend_settings: Settings,
 ) -> AsyncIterator[Backends]:
     upgrade(backend_settings.database_url)
-    monkeypatch.setattr(rulebook_module, "RETRY_SEC", 0.0)  # reconnect at once
     opened = await open_backends(backend_settings, clock=FakeClock())
     try:
         yield opened

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
@@ -16,6 +16,7 @@ from controlplane.kernel.kv_factory import open_kv
 from controlplane.kernel.routes import Route, RouteState, Sticky, two_way_variants
 from sidecar.choice import Upstream
 from sidecar.routing import RouteTable, RouteWatcher
+from tests.support.outage import Outage, open_outage
 from tests.support.processes import EtcdProcess
 
 SERVICE = "checkout"
@@ -171,3 +172,73 @@ async def test_fail_static_while_etcd_is_down_and_resumes_after_restart() -> Non
         await kv.close()
         await writer.close()
         etcd.close()
+
+
+# -- a watch lost for longer than the store keeps history --
+
+
+@pytest.fixture(scope="module")
+def own_etcd() -> Iterator[EtcdProcess]:
+    proc = EtcdProcess()
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.close()
+
+
+@pytest.fixture(params=["memory", "etcd"])
+async def outage(request: pytest.FixtureRequest, own_etcd: EtcdProcess) -> AsyncIterator[Outage]:
+    async with open_outage(request.param, own_etcd) as opened:
+        yield opened
+
+
+async def test_a_route_deleted_while_the_watch_was_lost_is_dropped_after_reconnect(
+    outage: Outage, etcd_prefix: str
+) -> None:
+    keys = EtcdKeys(etcd_prefix)
+    await outage.writer.put(keys.route(SERVICE), route_json(2500, revision=3))
+    await outage.writer.put(keys.route("other"), route_json(2500, revision=1))
+    table = RouteTable(default_upstream=Upstream.parse("http://127.0.0.1:9100"))
+    route_watcher = RouteWatcher(outage.consumer_kv, table, service=SERVICE, prefix=etcd_prefix)
+    route_watcher.start()
+    try:
+        assert await route_watcher.wait_for(at_revision(3), APPLY_TIMEOUT)
+
+        async def delete_route(kv: KeyValueStore) -> None:
+            await kv.delete(keys.route(SERVICE))
+
+        await outage.while_away(delete_route)
+        assert await route_watcher.wait_for(lambda route: route is None, 15.0)
+        assert table.choose({"x-user-id": "alice"}).variant == "default"
+        assert route_watcher.informer.stats.relists >= 1
+        assert route_watcher.stats.deleted == 1
+
+        # a route written again after the relist is followed as before
+        await outage.writer.put(keys.route(SERVICE), route_json(0, revision=1, experiment=9))
+        assert await route_watcher.wait_for(at_revision(1), APPLY_TIMEOUT)
+    finally:
+        await route_watcher.stop()
+
+
+async def test_a_stale_route_written_while_the_watch_was_lost_is_still_rejected(
+    outage: Outage, etcd_prefix: str
+) -> None:
+    key = EtcdKeys(etcd_prefix).route(SERVICE)
+    await outage.writer.put(key, route_json(2500, revision=5))
+    route_watcher = RouteWatcher(outage.consumer_kv, RouteTable(), service=SERVICE,
+                                 prefix=etcd_prefix)  # fmt: skip
+    route_watcher.start()
+    try:
+        assert await route_watcher.wait_for(at_revision(5), APPLY_TIMEOUT)
+
+        async def write_older(kv: KeyValueStore) -> None:
+            await kv.put(key, route_json(0, revision=4))
+
+        await outage.while_away(write_older)
+        async with asyncio.timeout(15.0):
+            while route_watcher.stats.rejected_stale == 0:
+                await asyncio.sleep(0.02)  # polls a counter the informer sets on etcd I/O
+        assert route_watcher.revision == 5
+    finally:
+        await route_watcher.stop()

@@ -17,6 +17,7 @@ import pytest
 
 from controlplane.kernel.codec import parse_entry
 from controlplane.kernel.errors import BackendUnavailable
+from controlplane.kernel.informer import BackoffPolicy
 from controlplane.kernel.keys import COLLECTOR_GROUP, EtcdKeys
 from controlplane.kernel.kv import KeyValueStore
 from controlplane.kernel.kv_factory import open_kv
@@ -87,7 +88,8 @@ async def stack() -> AsyncIterator[Stack]:
         stream, SERVICE, max_delay=0.01, backoff_initial=0.02, backoff_max=0.2
     )
     sidecar = Sidecar(service=SERVICE, kv=kv, stream=stream, reporter=reporter)
-    sidecar.watcher._backoff_max = 0.2  # reconnect quickly after the restart below
+    # read again quickly after the restart below
+    sidecar.watcher.informer.backoff.policy = BackoffPolicy(initial=0.05, maximum=0.2)
     await sidecar.start(("127.0.0.1", 0), ("127.0.0.1", 0))
     client = httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{sidecar.proxy.port}", trust_env=False, timeout=10
