@@ -128,7 +128,8 @@ class RouteReconciler:
                     await listener
 
     async def _listen(self, backends: Backends) -> None:
-        """Forward PostgreSQL's notices; after a lost connection, a full pass, then again."""
+        """Forward PostgreSQL's notices; after a lost connection, listen again (a full
+        pass follows every LISTEN)."""
         changes = backends.route_changes
 
         def accept(payload: str) -> bool:
@@ -140,10 +141,9 @@ class RouteReconciler:
         while True:
             try:
                 await listen_for_routes(backends.database.engine.url, changes.notify,
-                                        accept=accept)
+                                        accept=accept, on_listening=changes.notify_all)
             except BackendError as exc:
-                log.warning("%s; full passes until listening again", exc)
-            changes.notify_all()  # what was committed meanwhile was announced to no one
+                log.warning("%s; listening again in a second (full passes meanwhile)", exc)
             await asyncio.sleep(1.0)
 
     # ------------------------------------------------------------------ one pass

@@ -31,12 +31,17 @@ def _conninfo(url: URL) -> str:
 
 
 async def listen_for_routes(
-    url: URL, on_change: Callable[[str], None], *, accept: Callable[[str], bool]
+    url: URL,
+    on_change: Callable[[str], None],
+    *,
+    accept: Callable[[str], bool],
+    on_listening: Callable[[], None],
 ) -> None:
     """Call `on_change(service)` for every route change committed, until cancelled.
 
-    `accept` checks a payload before it is passed on. Raises BackendUnavailable when the
-    connection is lost (the caller polls meanwhile, then listens again).
+    `on_listening` is called once LISTEN holds: what was committed before was announced
+    to no one. `accept` checks a payload before it is passed on. Raises
+    BackendUnavailable when the connection is lost (the caller listens again).
     """
     try:
         conn = await psycopg.AsyncConnection.connect(_conninfo(url), autocommit=True)
@@ -45,6 +50,7 @@ async def listen_for_routes(
     try:
         async with conn:
             await conn.execute(f"LISTEN {ROUTES_CHANNEL}")
+            on_listening()
             async for note in conn.notifies():
                 if accept(note.payload):
                     on_change(note.payload)
