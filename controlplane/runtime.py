@@ -26,6 +26,7 @@ from controlplane.kernel.keys import EtcdKeys, RedisKeys
 from controlplane.kernel.kv import KeyValueStore
 from controlplane.kernel.settings import Settings
 from controlplane.kernel.streams import SampleStream, SnapshotBoard
+from controlplane.routing.changes import RouteChanges
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ class Backends:
     streams: SampleStream | None = None
     board: SnapshotBoard | None = None
     redis_keys: RedisKeys = field(default_factory=RedisKeys)
+    # committed route changes, for the leader's reconciler in this process
+    route_changes: RouteChanges = field(default_factory=RouteChanges)
     # close() releases only what open_backends opened itself
     _owned: tuple[str, ...] = ("database", "kv", "streams")
 

@@ -17,12 +17,12 @@ from typing import Literal
 
 from controlplane.api.schemas import ExperimentLive, NextCheckFor, SnapshotLive, StepLive
 from controlplane.collector.sharding import read_merged_snapshots
-from controlplane.controller.state import inline_rule, rollout_state_of, steps_of
 from controlplane.db.models import Experiment
 from controlplane.decision.model import BreakerState, ExperimentStatus, RolloutState
+from controlplane.experiments.rollout_state import inline_rule, rollout_state_of, steps_of
 from controlplane.experiments.service_rules import read_rule
-from controlplane.kernel.errors import CanaryError, NotFound
-from controlplane.kernel.routes import TOTAL_WEIGHT
+from controlplane.kernel.errors import CanaryError, NotFound, ValidationFailed
+from controlplane.kernel.routes import TOTAL_WEIGHT, parse_route
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.runtime import Backends
@@ -200,3 +200,24 @@ async def read_live(backends: Backends, experiment: Experiment) -> ExperimentLiv
         snapshots_note=note,
         snapshots_error=error,
     )
+
+
+async def route_applied(
+    backends: Backends, experiment: Experiment
+) -> tuple[bool | None, str | None]:
+    """Whether etcd holds the experiment's desired route yet (its revision or a later
+    one: revisions of a service only grow), and a note when that cannot be told."""
+    if experiment.route_revision <= 0:
+        return None, None
+    try:
+        async with asyncio.timeout(READ_TIMEOUT_SEC):
+            stored = await backends.kv.get(backends.keys.route(experiment.service))
+    except (CanaryError, TimeoutError) as exc:
+        return None, f"the route in etcd could not be read: {exc or 'timed out'}"
+    if stored is None:
+        return False, None
+    try:
+        route = parse_route(stored.value)
+    except ValidationFailed:
+        return False, "etcd holds an unreadable route for the service"
+    return route.revision >= experiment.route_revision, None

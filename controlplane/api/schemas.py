@@ -317,6 +317,12 @@ class ExperimentLive(BaseModel):
 class ExperimentDetail(ExperimentPublic):
     """One experiment with its live rollout (GET /v1/experiments/{id})."""
 
+    route_applied: bool | None = Field(
+        description="whether etcd holds the experiment's desired route (`route_revision`) "
+        "or a later one of its service; null before its first route, or when etcd could "
+        "not be read (see route_note)"
+    )
+    route_note: str | None = None
     live: ExperimentLive
 
 

@@ -27,7 +27,7 @@ from controlplane.auth.oidc import OidcVerifier
 from controlplane.auth.roles import Principal, Role
 from controlplane.auth.tokens import PREFIX, looks_like_token
 from controlplane.db.tokens import find_live_token
-from controlplane.experiments.actions import utc_now
+from controlplane.kernel.clock import utc_now
 from controlplane.kernel.errors import ConfigError, Forbidden, Unauthenticated
 
 ANONYMOUS = Principal("anonymous", Role.ADMIN)

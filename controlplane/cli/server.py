@@ -171,8 +171,7 @@ def _dev_token(settings: Settings) -> str:
     from controlplane.auth.roles import Role
     from controlplane.db.session import db_errors, make_engine, make_sessionmaker
     from controlplane.db.tokens import issue_token, revoke_token
-    from controlplane.experiments.actions import utc_now
-    from controlplane.kernel.clock import SystemClock
+    from controlplane.kernel.clock import SystemClock, utc_now
     from controlplane.kernel.errors import NotFound
 
     now = utc_now(SystemClock())

@@ -41,8 +41,7 @@ def register(app: typer.Typer) -> None:
         """Create a token and print it, once: only its hash is stored."""
         from controlplane.auth.roles import parse_role
         from controlplane.db.tokens import issue_token
-        from controlplane.experiments.actions import utc_now
-        from controlplane.kernel.clock import SystemClock
+        from controlplane.kernel.clock import SystemClock, utc_now
         from controlplane.kernel.errors import CanaryError
 
         command = "canary token create"
@@ -103,8 +102,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Revoke a token: the API refuses it from the next request on."""
         from controlplane.db.tokens import revoke_token
-        from controlplane.experiments.actions import utc_now
-        from controlplane.kernel.clock import SystemClock
+        from controlplane.kernel.clock import SystemClock, utc_now
         from controlplane.kernel.errors import CanaryError, NotFound
 
         url = settings_with(database_url=database_url).database_url

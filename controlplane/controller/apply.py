@@ -1,11 +1,13 @@
-"""Applying one decision: the experiment row, the route and the events, all or nothing.
+"""Applying one decision: the experiment row, its desired route and the events, in one
+transaction, and nothing else.
 
-    load (version check) → write the row (flush) → publish the fenced route → events → commit
+    load (version check) → write the row → the desired route (db.routes) → events
+    → commit → wake the reconciler
 
-The row is flushed first so a concurrent API action (pause, promote…) wins: the
-version check fails and nothing is published. The route goes out before the
-commit; if etcd refuses (RevisionConflict, NotLeader) or is down, the transaction
-rolls back, and the next round decides again from fresh state.
+The row's version check makes a concurrent API action (pause, promote…) win: the
+commit fails and the next round decides again from fresh state. No route reaches
+etcd from here: the leader's reconciler publishes the committed one (within
+milliseconds, woken by the commit), so a failed commit leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -14,15 +16,16 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from controlplane.controller.reconciler import fence_entry
 from controlplane.db import experiments as records
+from controlplane.db import routes as desired_routes
 from controlplane.db.models import Experiment
 from controlplane.decision.model import Decision, Promote, Rollback
-from controlplane.experiments.actions import route_source, utc_now
+from controlplane.kernel.clock import utc_now
 from controlplane.kernel.errors import RevisionConflict
 from controlplane.kernel.kv import Fence
-from controlplane.kernel.routes import Route, RouteState
+from controlplane.kernel.routes import Route
 from controlplane.kernel.rules import BreakerRule
-from controlplane.routing.publish import publish_route
 from controlplane.runtime import Backends
 
 
@@ -57,11 +60,16 @@ def _write_row(
     return experiment
 
 
-def fence_entry(fence: Fence) -> dict[str, Any]:
-    """Which leadership term decided (and fenced the route write), for an event's
-    payload: the etcd create revision of the leader's election key, whose value
-    names it."""
-    return {"key": fence.key, "revision": fence.create_revision}
+def _commit_route(
+    *, session: Session, experiment: Experiment, decision: Decision, at: Any
+) -> Route | None:
+    write = decision.route_write
+    if write is None:
+        return None
+    return desired_routes.commit_route_of(
+        session=session, experiment=experiment, canary_bp=write.canary_bp,
+        state=write.route_state, now=at,
+    )
 
 
 def _record(
@@ -89,28 +97,6 @@ def _record(
         )
 
 
-async def publish_for_row(
-    backends: Backends,
-    row: Experiment,
-    *,
-    canary_bp: int,
-    state: RouteState,
-    fence: Fence | None,
-) -> Route:
-    """Publish the route `row` owns and note its revision in the row, inside the
-    transaction that holds the row (a route write between flush and commit)."""
-    route = await publish_route(
-        backends.kv,
-        backends.keys,
-        experiment=route_source(row),
-        canary_bp=canary_bp,
-        state=state,
-        fence=fence,
-    )
-    row.route_revision = route.revision
-    return route
-
-
 async def apply_decision(
     backends: Backends,
     *,
@@ -120,20 +106,17 @@ async def apply_decision(
     rule: BreakerRule,
     fence: Fence | None,
 ) -> Route | None:
+    """Commit the decision; return the desired route it committed, if any."""
     at = utc_now(backends.clock)
     async with backends.database.transaction() as tx:
         experiment = await tx.run(
             _write_row, experiment_id=experiment_id, version=version, decision=decision, at=at
         )
-        route: Route | None = None
-        write = decision.route_write
-        if write is not None:
-            route = await publish_for_row(
-                backends, experiment, canary_bp=write.canary_bp, state=write.route_state,
-                fence=fence,
-            )
+        route = await tx.run(_commit_route, experiment=experiment, decision=decision, at=at)
         await tx.run(
             _record, experiment=experiment, decision=decision, rule=rule, route=route,
             fence=fence, at=at,
         )
+    if route is not None:
+        backends.route_changes.notify(experiment.service)
     return route

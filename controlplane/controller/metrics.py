@@ -18,6 +18,9 @@ class ControllerStats:
     errors: int = 0
     snapshot_errors: int = 0
     routes_reconciled: int = 0
+    routes_published: int = 0
+    reconcile_passes: int = 0
+    route_notices_dropped: int = 0
     leader: bool = False
     terms: int = 0
 
@@ -43,8 +46,14 @@ class ControllerMetricsCollector(Collector):
             ("errors", "Evaluations that failed (logged)", s.errors),
             ("snapshot_errors", "Snapshot reads that failed (judged as no data)",
              s.snapshot_errors),
-            ("routes_reconciled", "Routes re-published because their transaction failed",
-             s.routes_reconciled),
+            ("routes_reconciled", "Routes repaired in etcd: missing, older, newer, foreign, "
+             "unreadable or unowned (each also a route_reconciled event)", s.routes_reconciled),
+            ("reconcile_passes", "Passes of the route reconciler (full or after a commit)",
+             s.reconcile_passes),
+            ("routes_published", "Routes written to etcd by the reconciler",
+             s.routes_published),
+            ("route_notices_dropped", "Route change notices ignored: no service named",
+             s.route_notices_dropped),
         )  # fmt: skip
         for name, help_text, value in counters:
             yield CounterMetricFamily(f"{p}_{name}", help_text, value=value)

@@ -1,13 +1,15 @@
-"""The controller loop: lead, then evaluate every active experiment, again and again.
+"""The controller loop: lead, then evaluate every active experiment, again and again,
+while the route reconciler makes etcd follow the database.
 
-    campaign → record rejected rules → (load → reconcile the route → rule → snapshots
-    → decide → apply) per experiment → restore the routes of services with no active
-    experiment that no committed transaction wrote (a failed start) → wait
+    campaign → ┬ record rejected rules → (load → rule → snapshots → decide → commit)
+               │   per experiment → wait
+               └ reconcile routes (controller.reconciler), woken by every commit
 
-Only the elected leader evaluates, and every route it writes is fenced by its
-leadership, so a deposed leader can never write. Losing etcd means stepping down.
-The wait between rounds ends at the earliest `next_check_at` any decision asked for,
-and at the latest after one tick.
+Only the elected leader evaluates and reconciles, and every route it writes is fenced
+by its leadership, so a deposed leader can never write. A decision commits to SQL
+only; the reconciler, woken by the commit, publishes its route at once. Losing etcd
+means stepping down. The wait between rounds ends at the earliest `next_check_at`
+any decision asked for, and at the latest after one tick.
 """
 
 from __future__ import annotations
@@ -21,19 +23,17 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.registry import Collector
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controlplane.controller.apply import apply_decision
 from controlplane.controller.metrics import ControllerMetricsCollector, ControllerStats
-from controlplane.controller.orphans import OrphanRoute, find_orphan_routes, restore_route
-from controlplane.controller.reconcile import reconcile_route
+from controlplane.controller.reconciler import RouteReconciler
 from controlplane.controller.rulebook import RuleBook, RuleRejection
-from controlplane.controller.state import inline_rule, rollout_state_of, steps_of
 from controlplane.db import experiments as records
-from controlplane.db.models import ACTIVE_STATES, Experiment
+from controlplane.db.models import Experiment
 from controlplane.decision.rollout import decide, fast_window_sec
-from controlplane.experiments.actions import utc_now
+from controlplane.experiments.rollout_state import inline_rule, rollout_state_of, steps_of
+from controlplane.kernel.clock import utc_now
 from controlplane.kernel.errors import (
     BackendError,
     CanaryError,
@@ -83,11 +83,15 @@ class Controller:
     fast_window: bool = True
     # None: judge the rule's window only
     stats: ControllerStats = field(default_factory=ControllerStats)
+    reconciler: RouteReconciler = field(default_factory=RouteReconciler)
     _task: asyncio.Task[None] | None = None
     _rulebook: RuleBook | None = None
     _no_rule_reported: set[int] = field(default_factory=set)
     # per service, the rejected rule value known to be in the events table
     _rejections_recorded: dict[str, RuleRejection] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.reconciler.stats = self.stats  # one set of counters on /metrics
 
     def metrics_collector(self) -> Collector:
         """Its counters for the API's /metrics (the app registers it)."""
@@ -156,6 +160,22 @@ class Controller:
                     await task
 
     async def _lead(self, backends: Backends, fence: Fence) -> None:
+        reconcile = asyncio.create_task(self.reconciler.run(backends, fence), name="reconciler")
+        evaluate = asyncio.create_task(self._evaluate_forever(backends, fence))
+        try:
+            done, _ = await asyncio.wait(
+                {reconcile, evaluate}, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in done:
+                task.result()  # re-raise NotLeader / BackendError
+        finally:
+            for task in (reconcile, evaluate):
+                task.cancel()
+            for task in (reconcile, evaluate):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    async def _evaluate_forever(self, backends: Backends, fence: Fence) -> None:
         while True:
             next_at = await self.evaluate_all(backends, fence)
             now = backends.clock.now()
@@ -165,33 +185,17 @@ class Controller:
     # ------------------------------------------------------------- evaluation
 
     async def evaluate_all(self, backends: Backends, fence: Fence | None) -> float | None:
-        """One round over the active experiments, then over the routes none of them owns
-        (controller.orphans); the earliest time to look again."""
-
-        def active(*, session: Session) -> list[Experiment]:
-            rows = session.scalars(
-                select(Experiment).where(Experiment.state.in_(ACTIVE_STATES))
-            ).all()
-            for row in rows:  # load the relationships inside the session
-                _ = (row.steps, row.variants)
-            session.expunge_all()
-            return list(rows)
-
+        """One round over the active experiments; the earliest time to look again."""
         await self._record_rejections(backends)
-        experiments = await backends.database.read(active)
+        experiments = await backends.database.read(records.active_experiments)
         earliest: float | None = None
         for experiment in experiments:
             try:
-                next_at: float | None
-                if await self._reconcile(backends, experiment, fence):
-                    # the row moved on (its version too): decide from it next round, at once
-                    next_at = backends.clock.now()
-                else:
-                    next_at = await self.evaluate(backends, experiment, fence)
+                next_at = await self.evaluate(backends, experiment, fence)
             except NotLeader:
                 raise
             except RevisionConflict as exc:
-                # someone (the API) moved the experiment or its route: decide again
+                # someone (the API) moved the experiment: decide again
                 self.stats.conflicts += 1
                 log.info("experiment %d changed under the controller: %s", experiment.id, exc)
                 continue
@@ -203,53 +207,7 @@ class Controller:
                 continue
             if next_at is not None:
                 earliest = next_at if earliest is None else min(earliest, next_at)
-        await self._restore_orphans(backends, {e.service for e in experiments}, fence)
         return earliest
-
-    async def _restore_orphans(
-        self, backends: Backends, active_services: set[str], fence: Fence | None
-    ) -> None:
-        """Services with no active experiment whose route no committed transaction
-        wrote (a start that failed after its etcd write) go back to what the database
-        says (controller.orphans)."""
-        for orphan in await find_orphan_routes(backends, active_services=active_services):
-            try:
-                await self._restore_orphan(backends, orphan, fence)
-            except NotLeader:
-                raise
-            except RevisionConflict as exc:
-                # a start committed or the route moved meanwhile: look again next round
-                self.stats.conflicts += 1
-                log.info("route of %r changed under the controller: %s", orphan.service, exc)
-            except BackendError:
-                raise
-            except CanaryError as exc:
-                self.stats.errors += 1
-                log.warning("route of %r not restored: %s", orphan.service, exc)
-
-    async def _restore_orphan(
-        self, backends: Backends, orphan: OrphanRoute, fence: Fence | None
-    ) -> None:
-        route = await restore_route(backends, orphan=orphan, fence=fence)
-        self.stats.routes_reconciled += 1
-        log.warning("service %r: etcd held a route of experiment %s (revision %d) that no "
-                    "committed transaction wrote, and no experiment is active; restored "
-                    "the database's route (experiment %s, canary %d bp) as revision %d",
-                    orphan.service, orphan.stored.experiment, orphan.stored.revision,
-                    route.experiment, route.weight_of("canary"), route.revision)
-
-    async def _reconcile(
-        self, backends: Backends, experiment: Experiment, fence: Fence | None
-    ) -> bool:
-        """Repair a route whose write never committed (controller.reconcile); True if so."""
-        route = await reconcile_route(backends, experiment=experiment, fence=fence)
-        if route is None:
-            return False
-        self.stats.routes_reconciled += 1
-        log.warning("experiment %d: etcd held a route the database never committed; "
-                    "re-published the experiment's route as revision %d",
-                    experiment.id, route.revision)
-        return True
 
     async def evaluate(
         self, backends: Backends, experiment: Experiment, fence: Fence | None

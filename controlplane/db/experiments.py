@@ -7,21 +7,18 @@ controlplane.experiments); these functions only read and write rows.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from controlplane.db.models import ACTIVE_STATES, Event, Experiment, Step, Variant
 from controlplane.kernel.errors import NotFound
 from controlplane.kernel.routes import BASELINE, CANARY
 from controlplane.kernel.values import in_sql_range
-
-# States an experiment ends in; its last route stays the service's route until the next.
-FINISHED_STATES = ("promoted", "rolled_back", "aborted")
 
 
 @dataclass(frozen=True)
@@ -146,40 +143,14 @@ def active_experiment(
     return session.scalars(query.limit(1)).first()
 
 
-def route_marks(
-    *, session: Session, experiment_ids: Collection[int]
-) -> Sequence[Row[int, str, str, int, int]]:
-    """(id, service, state, route_revision, version) of each of these experiments that
-    exists: what a route naming one by id can be checked against, without its children."""
-    if not experiment_ids:
-        return []
-    query = select(
-        Experiment.id,
-        Experiment.service,
-        Experiment.state,
-        Experiment.route_revision,
-        Experiment.version,
-    ).where(Experiment.id.in_(sorted(experiment_ids)))
-    return session.execute(query).all()
-
-
-def last_finished_route(*, session: Session, service: str) -> Experiment | None:
-    """The service's finished experiment whose route was committed last, if one published any.
-
-    A route's revision is one above the route it replaces, across the experiments of a
-    service (routing.publish), so the highest `route_revision` is the latest route.
-    """
-    query = (
-        select(Experiment)
-        .where(
-            Experiment.service == service,
-            Experiment.state.in_(FINISHED_STATES),
-            Experiment.route_revision > 0,
-        )
-        .order_by(Experiment.route_revision.desc(), Experiment.id.desc())
-        .limit(1)
-    )
-    return session.scalars(query).first()
+def active_experiments(*, session: Session) -> list[Experiment]:
+    """Every running or paused experiment with its steps and variants, detached from
+    the session (the controller reads them across awaits)."""
+    rows = session.scalars(select(Experiment).where(Experiment.state.in_(ACTIVE_STATES))).all()
+    for row in rows:  # load the relationships inside the session
+        _ = (row.steps, row.variants)
+    session.expunge_all()
+    return list(rows)
 
 
 def delete_experiment(*, session: Session, experiment: Experiment) -> None:

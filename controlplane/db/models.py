@@ -1,5 +1,5 @@
-"""Typed ORM models: experiments, their variants and steps, the events audit trail
-and the API tokens.
+"""Typed ORM models: experiments, their variants and steps, the desired route of each
+service, the events audit trail and the API tokens.
 
 The migrations in migrations/versions must describe exactly these tables; a test
 compares them with Alembic's autogenerate.
@@ -181,6 +181,30 @@ class Event(Base):
     to_state: Mapped[str | None] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(Text, default="")
     payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class ServiceRoute(Base):
+    """A service's desired route (architecture §4): the one truth about its traffic.
+
+    Every change of traffic (an API action, a controller decision) commits it here and
+    nothing else; the elected leader makes the route in etcd equal to it
+    (controller.reconciler). `route` is the whole route document, `revision` its
+    revision: it only grows, and an update based on a stale read matches no row.
+    """
+
+    __tablename__ = "service_routes"
+
+    service: Mapped[str] = mapped_column(String(63), primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"), index=True)
+    revision: Mapped[int] = mapped_column(Integer)
+    route: Mapped[dict[str, Any]] = mapped_column(JSON)
+    updated_at: Mapped[datetime]
+
+    # the application sets each new revision itself (previous + 1, or above etcd's)
+    __mapper_args__ = {  # noqa: RUF012 (SQLAlchemy declares it)
+        "version_id_col": revision,
+        "version_id_generator": False,
+    }
 
 
 TOKEN_ROLES = ("viewer", "operator", "admin")

@@ -268,7 +268,7 @@ class Demo:
         """An admin token for the demo's release manager, revoked when the demo ends."""
         from controlplane.auth.roles import Role
         from controlplane.db.tokens import issue_token, revoke_token
-        from controlplane.experiments.actions import utc_now
+        from controlplane.kernel.clock import utc_now
 
         name = f"{ACTOR}-{uuid.uuid4().hex[:6]}"
         async with backends.database.transaction() as tx:

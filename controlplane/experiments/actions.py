@@ -1,11 +1,13 @@
 """What a user can do to an experiment, as named steps over one transaction each.
 
-    load → check the lifecycle → write the state (flush) → publish the route → record
-    the event → commit
+    load → check the lifecycle → write the state (flush) → the desired route
+    (db.routes) → record the event → commit → wake the reconciler
 
-The route is written between the flush and the commit: if etcd refuses or is down,
-the transaction rolls back and nothing is half-written; if the SQL flush fails
-(a concurrent change, a second active experiment), no route is written at all.
+An action writes SQL only. The service's desired route commits with the state, and
+the leader's reconciler (controller.reconciler) makes etcd hold it, woken by the
+commit: the answer comes after the commit, the route follows within milliseconds
+(`route_applied` in the experiment's detail says when). A failed commit leaves
+nothing anywhere.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sqlalchemy.orm import Session
 
 from controlplane.db import experiments as records
+from controlplane.db import routes as desired_routes
 from controlplane.db.experiments import ExperimentSpec
 from controlplane.db.models import Experiment
 from controlplane.db.session import Database
@@ -29,36 +32,14 @@ from controlplane.experiments.lifecycle import (
     route_after,
     transition,
 )
-from controlplane.kernel.clock import Clock
+from controlplane.kernel.clock import Clock, utc_now
 from controlplane.kernel.errors import Conflict
-from controlplane.kernel.keys import EtcdKeys
-from controlplane.kernel.kv import KeyValueStore
-from controlplane.kernel.routes import BASELINE, CANARY, Route, Sticky
-from controlplane.routing.publish import RouteSource, publish_route
-
-# The API decides under the experiment's row version, not on the route it reads, so
-# it may re-read and write again when another writer moved the route meanwhile.
-API_PUBLISH_RETRIES = 2
-
-
-def utc_now(clock: Clock) -> datetime:
-    return datetime.fromtimestamp(clock.now(), UTC)
+from controlplane.kernel.routes import Route
+from controlplane.routing.changes import RouteChanges
 
 
 def new_salt() -> str:
     return secrets.token_hex(8)
-
-
-def route_source(experiment: Experiment) -> RouteSource:
-    return RouteSource(
-        experiment=experiment.id,
-        service=experiment.service,
-        salt=experiment.salt,
-        sticky=Sticky(header=experiment.sticky_header, cookie=experiment.sticky_cookie),
-        baseline_upstream=experiment.upstream_of(BASELINE),
-        canary_upstream=experiment.upstream_of(CANARY),
-        route_revision=experiment.route_revision,
-    )
 
 
 async def create_experiment(
@@ -203,8 +184,7 @@ def _begin_action(
     if action is Action.START:
         experiment.breaker_state = "closed"
         experiment.breaker_changed_at = now
-    # Flushing now checks the row version and the one-active-per-service index
-    # before anything is published.
+    # Flushing now checks the row version and the one-active-per-service index.
     session.flush()
     return _Begun(experiment, previous, plan)
 
@@ -214,19 +194,23 @@ def _finish_action(
     session: Session,
     begun: _Begun,
     action: Action,
-    route: Route | None,
     actor: str,
     reason: str,
     now: datetime,
 ) -> Experiment:
     experiment = begun.experiment
+    route: Route | None = None
+    if begun.plan is not None:
+        route = desired_routes.commit_route_of(
+            session=session, experiment=experiment, canary_bp=begun.plan.canary_bp,
+            state=begun.plan.state, now=now,
+        )
     payload: dict[str, object] = {
         "action": action.value,
         "canary_weight_bp": experiment.canary_weight_bp,
         "step": experiment.current_step,
     }
     if route is not None:
-        experiment.route_revision = route.revision
         payload |= {"route_revision": route.revision, "route_state": route.state.value}
     records.record_event(
         session=session,
@@ -246,33 +230,21 @@ def _finish_action(
 async def apply_action(
     *,
     database: Database,
-    kv: KeyValueStore,
-    keys: EtcdKeys,
+    changes: RouteChanges,
     clock: Clock,
     experiment_id: int,
     action: Action,
     actor: str,
     reason: str = "",
 ) -> Experiment:
+    """Commit the action (state, desired route, event); the route follows via the
+    reconciler, woken through `changes`."""
     now = utc_now(clock)
     async with database.transaction() as tx:
         begun = await tx.run(_begin_action, experiment_id=experiment_id, action=action, now=now)
-        route = None
-        if begun.plan is not None:
-            route = await publish_route(
-                kv,
-                keys,
-                experiment=route_source(begun.experiment),
-                canary_bp=begun.plan.canary_bp,
-                state=begun.plan.state,
-                retries=API_PUBLISH_RETRIES,
-            )
-        return await tx.run(
-            _finish_action,
-            begun=begun,
-            action=action,
-            route=route,
-            actor=actor,
-            reason=reason,
-            now=now,
+        experiment = await tx.run(
+            _finish_action, begun=begun, action=action, actor=actor, reason=reason, now=now
         )
+    if begun.plan is not None:
+        changes.notify(experiment.service)
+    return experiment

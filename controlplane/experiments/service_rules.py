@@ -14,8 +14,7 @@ from sqlalchemy.orm import Session
 
 from controlplane.db import experiments as records
 from controlplane.db.session import Database
-from controlplane.experiments.actions import utc_now
-from controlplane.kernel.clock import Clock
+from controlplane.kernel.clock import Clock, utc_now
 from controlplane.kernel.errors import BackendError, FieldError, NotFound, ValidationFailed
 from controlplane.kernel.keys import EtcdKeys
 from controlplane.kernel.kv import KeyValueStore

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Protocol
 
 
@@ -41,3 +42,8 @@ class FakeClock:
             raise ValueError("a clock does not go back")
         self._now += seconds
         self._mono += seconds
+
+
+def utc_now(clock: Clock) -> datetime:
+    """The clock's time as an aware UTC datetime, for stored timestamps."""
+    return datetime.fromtimestamp(clock.now(), UTC)

@@ -1,4 +1,5 @@
-"""Lifecycle actions: state changes, routes published to the KV store, the events trail."""
+"""Lifecycle actions: state changes, the desired routes they commit (which one pass of
+the reconciler publishes to the KV store), the events trail."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import httpx
 import pytest
 
 from controlplane.auth.roles import Role
-from controlplane.controller.runner import Controller
+from controlplane.controller.reconciler import RouteReconciler
 from controlplane.db import experiments as records
 from controlplane.kernel.errors import BackendUnavailable
 from controlplane.kernel.routes import Route, parse_route
@@ -17,11 +18,27 @@ from controlplane.runtime import Backends
 from tests.support.auth import ADMIN_ACTOR, bearer
 
 Create = Callable[..., Any]
+Stored = Callable[..., Any]
 
 
-async def stored_route(backends: Backends, service: str = "payment-api") -> Route | None:
-    value = await backends.kv.get(backends.keys.route(service))
-    return None if value is None else parse_route(value.value)
+@pytest.fixture
+def reconciler() -> RouteReconciler:
+    """The leader's reconciler, driven one pass at a time by the test."""
+    return RouteReconciler()
+
+
+@pytest.fixture
+def stored_route(
+    backends: Backends, reconciler: RouteReconciler
+) -> Callable[..., Any]:
+    """The service's route in the KV store after one reconciler pass."""
+
+    async def read(service: str = "payment-api") -> Route | None:
+        await reconciler.reconcile(backends, None)
+        value = await backends.kv.get(backends.keys.route(service))
+        return None if value is None else parse_route(value.value)
+
+    return read
 
 
 async def act(client: httpx.AsyncClient, experiment_id: int, action: str, **kw: Any) -> Any:
@@ -31,7 +48,7 @@ async def act(client: httpx.AsyncClient, experiment_id: int, action: str, **kw: 
 
 
 async def test_start_publishes_the_first_step_and_revisions_grow_to_promotion(
-    client: httpx.AsyncClient, create: Create, backends: Backends
+    client: httpx.AsyncClient, create: Create, stored_route: Stored
 ) -> None:
     experiment = await create()
     eid = experiment["id"]
@@ -42,7 +59,7 @@ async def test_start_publishes_the_first_step_and_revisions_grow_to_promotion(
         0,
         100,
     )
-    route = await stored_route(backends)
+    route = await stored_route()
     assert route is not None
     assert route.experiment == eid and route.state == "running"
     assert route.salt == experiment["salt"] and route.sticky.header == "x-user-id"
@@ -57,7 +74,7 @@ async def test_start_publishes_the_first_step_and_revisions_grow_to_promotion(
     ]:
         answered = await act(client, eid, action)
         assert answered["state"] == state
-        route = await stored_route(backends)
+        route = await stored_route()
         assert route is not None
         assert route.state == state and route.weight_of("canary") == canary
         assert sum(v.weight for v in route.variants) == 10_000
@@ -67,12 +84,12 @@ async def test_start_publishes_the_first_step_and_revisions_grow_to_promotion(
 
 
 async def test_rollback_and_abort_send_everything_to_the_baseline(
-    client: httpx.AsyncClient, create: Create, backends: Backends
+    client: httpx.AsyncClient, create: Create, stored_route: Stored
 ) -> None:
     first = await create()
     await act(client, first["id"], "start")
     await act(client, first["id"], "rollback")
-    route = await stored_route(backends)
+    route = await stored_route()
     assert route is not None and route.state == "rolled_back" and route.weight_of("canary") == 0
 
     second = await create()
@@ -80,18 +97,18 @@ async def test_rollback_and_abort_send_everything_to_the_baseline(
     await act(client, second["id"], "pause")
     aborted = await act(client, second["id"], "abort")
     assert aborted["state"] == "aborted"
-    after = await stored_route(backends)
+    after = await stored_route()
     assert after is not None and after.experiment == second["id"]
     assert after.state == "rolled_back" and after.weight_of("canary") == 0
     assert after.revision > route.revision
 
 
 async def test_aborting_a_draft_publishes_nothing(
-    client: httpx.AsyncClient, create: Create, backends: Backends
+    client: httpx.AsyncClient, create: Create, stored_route: Stored
 ) -> None:
     draft = await create(service="quiet-api")
     assert (await act(client, draft["id"], "abort"))["state"] == "aborted"
-    assert await stored_route(backends, "quiet-api") is None
+    assert await stored_route("quiet-api") is None
 
 
 async def test_illegal_transitions_answer_409_naming_the_current_state(
@@ -114,7 +131,7 @@ async def test_illegal_transitions_answer_409_naming_the_current_state(
 
 
 async def test_one_running_or_paused_experiment_per_service(
-    client: httpx.AsyncClient, create: Create, backends: Backends
+    client: httpx.AsyncClient, create: Create, stored_route: Stored
 ) -> None:
     first, second, elsewhere = await create(), await create(), await create(service="other")
     await act(client, first["id"], "start")
@@ -123,13 +140,13 @@ async def test_one_running_or_paused_experiment_per_service(
     assert refused.status_code == 409
     assert f"experiment {first['id']}" in refused.json()["detail"]
     assert (await client.get(f"/v1/experiments/{second['id']}")).json()["state"] == "draft"
-    route = await stored_route(backends)
+    route = await stored_route()
     assert route is not None and route.experiment == first["id"]
 
     await act(client, elsewhere["id"], "start")  # another service is free
     await act(client, first["id"], "promote")
     await act(client, second["id"], "start")  # free again once the first ended
-    route = await stored_route(backends)
+    route = await stored_route()
     assert route is not None and route.experiment == second["id"]
 
 
@@ -167,27 +184,42 @@ async def test_every_transition_is_an_event_naming_who_and_the_numbers(
     assert [e["kind"] for e in second["items"]] == ["resume", "rollback"]
 
 
-async def test_a_failed_route_write_changes_nothing_and_answers_503(
+async def test_an_action_answers_after_the_commit_even_while_etcd_is_down(
     client: httpx.AsyncClient, create: Create, backends: Backends
 ) -> None:
+    """No handler writes etcd: the route follows the commit, and the detail says it has
+    not been seen in etcd."""
     experiment = await create()
     await backends.kv.close()  # the store is gone: every call raises BackendUnavailable
-    response = await client.post(f"/v1/experiments/{experiment['id']}/start")
-    assert response.status_code == 503
-    assert response.headers["content-type"] == "application/problem+json"
-    after = (await client.get(f"/v1/experiments/{experiment['id']}")).json()
-    assert (after["state"], after["current_step"], after["canary_weight_bp"]) == ("draft", -1, 0)
-    events = (await client.get(f"/v1/experiments/{experiment['id']}/events")).json()
-    assert [e["kind"] for e in events["items"]] == ["created"]
+    started = await act(client, experiment["id"], "start")
+    assert (started["state"], started["canary_weight_bp"]) == ("running", 100)
+    detail = (await client.get(f"/v1/experiments/{experiment['id']}")).json()
+    assert detail["route_revision"] == started["route_revision"] > 0
+    assert detail["route_applied"] is None and "could not be read" in detail["route_note"]
 
 
-async def test_a_route_left_by_an_action_that_did_not_commit_is_reconciled_and_listed(
-    client: httpx.AsyncClient, create: Create, backends: Backends,
+async def test_the_detail_says_whether_etcd_holds_the_desired_route(
+    client: httpx.AsyncClient, create: Create, stored_route: Stored
+) -> None:
+    experiment = await create()
+    url = f"/v1/experiments/{experiment['id']}"
+    assert (await client.get(url)).json()["route_applied"] is None  # a draft has no route
+    await act(client, experiment["id"], "start")
+    assert (await client.get(url)).json()["route_applied"] is False  # committed only
+    route = await stored_route()
+    detail = (await client.get(url)).json()
+    assert route is not None and route.revision == detail["route_revision"]
+    assert detail["route_applied"] is True
+
+
+async def test_a_commit_that_fails_after_the_decision_leaves_nothing_in_etcd(
+    client: httpx.AsyncClient, create: Create, stored_route: Stored,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     experiment = await create()
     eid = experiment["id"]
-    await act(client, eid, "start")
+    running = await act(client, eid, "start")
+    assert (await stored_route()) is not None
     record_event = records.record_event
 
     def fail_on_pause(**kwargs: Any) -> Any:
@@ -199,28 +231,22 @@ async def test_a_route_left_by_an_action_that_did_not_commit_is_reconciled_and_l
     response = await client.post(f"/v1/experiments/{eid}/pause")
     assert response.status_code == 503
     monkeypatch.setattr(records, "record_event", record_event)
-    orphan = await stored_route(backends)
-    assert orphan is not None and orphan.state == "paused"
-    assert (await client.get(f"/v1/experiments/{eid}")).json()["state"] == "running"
 
-    await Controller(identity="test").evaluate_all(backends, None)
-
-    after = (await client.get(f"/v1/experiments/{eid}")).json()
-    route = await stored_route(backends)
+    route = await stored_route()
     assert route is not None and route.state == "running"
-    assert route.revision == after["route_revision"] > orphan.revision
+    assert route.revision == running["route_revision"]
+    after = (await client.get(f"/v1/experiments/{eid}")).json()
+    assert (after["state"], after["route_revision"], after["route_applied"]) == (
+        "running", running["route_revision"], True
+    )
     events = (await client.get(f"/v1/experiments/{eid}/events")).json()["items"]
-    assert [e["kind"] for e in events] == ["created", "start", "route_reconciled"]
-    assert events[-1]["actor"] == "controller"
-    assert events[-1]["payload"]["stored"]["revision"] == orphan.revision
-    assert events[-1]["payload"]["restored"]["state"] == "running"
+    assert [e["kind"] for e in events] == ["created", "start"]
 
 
-async def test_a_start_that_did_not_commit_is_undone_by_the_next_round_and_listed(
-    client: httpx.AsyncClient, create: Create, backends: Backends,
+async def test_a_start_that_fails_to_commit_publishes_no_route(
+    client: httpx.AsyncClient, create: Create, stored_route: Stored,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The draft stays a draft: the route goes back to the baseline only, not deleted."""
     experiment = await create()
     eid = experiment["id"]
     record_event = records.record_event
@@ -234,27 +260,11 @@ async def test_a_start_that_did_not_commit_is_undone_by_the_next_round_and_liste
     response = await client.post(f"/v1/experiments/{eid}/start")
     assert response.status_code == 503
     monkeypatch.setattr(records, "record_event", record_event)
-    orphan = await stored_route(backends)
-    assert orphan is not None and orphan.experiment == eid and orphan.weight_of("canary") > 0
+    assert await stored_route() is None
     assert (await client.get(f"/v1/experiments/{eid}")).json()["state"] == "draft"
-
-    await Controller(identity="test").evaluate_all(backends, None)
-
-    after = (await client.get(f"/v1/experiments/{eid}")).json()
-    assert after["state"] == "draft"
-    route = await stored_route(backends)
-    assert route is not None and route.revision == after["route_revision"] > orphan.revision
-    assert (route.state, route.weight_of("canary"), route.weight_of("baseline")) == (
-        "rolled_back", 0, 10_000
-    )
-    events = (await client.get(f"/v1/experiments/{eid}/events")).json()["items"]
-    assert [e["kind"] for e in events] == ["created", "route_reconciled"]
-    assert events[-1]["actor"] == "controller"
-    assert events[-1]["payload"]["stored"]["revision"] == orphan.revision
-    assert events[-1]["payload"]["restored"]["from"] == "baseline_only"
 
     # the user starts it again: it runs from its first step
     started = await act(client, eid, "start")
-    route = await stored_route(backends)
-    assert route is not None and route.revision == started["route_revision"]
+    route = await stored_route()
+    assert route is not None and route.revision == started["route_revision"] == 1
     assert route.weight_of("canary") == started["canary_weight_bp"] > 0

@@ -1,4 +1,5 @@
-"""Law: any experiment the API accepts, once started, publishes weights summing to 10000."""
+"""Law: any experiment the API accepts, once started, commits a route whose weights sum
+to 10000, which the reconciler publishes as it is."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from controlplane.controller.reconciler import RouteReconciler
 from controlplane.kernel.routes import TOTAL_WEIGHT, parse_route
 from controlplane.runtime import Backends
 
@@ -55,6 +57,7 @@ async def test_started_experiment_publishes_weights_summing_to_10000(
     assert created.status_code == 201, created.text
     started = await client.post(f"/v1/experiments/{created.json()['id']}/start")
     assert started.status_code == 200, started.text
+    await RouteReconciler().reconcile(backends, None, services={service})
     stored = await backends.kv.get(backends.keys.route(service))
     assert stored is not None
     route = parse_route(stored.value)

@@ -66,6 +66,8 @@ class Rig:
             await self.collector.step()
         await self.collector.publish_due()
         await self.controller.evaluate_all(self.backends, self.fence)
+        # what the round committed reaches etcd in the same tick: the reconciler's pass
+        await self.controller.reconciler.reconcile(self.backends, self.fence)
 
     async def route(self) -> tuple[int, str]:
         kv = await self.backends.kv.get(self.backends.keys.route(SERVICE))
@@ -114,7 +116,7 @@ async def rig(backend_settings: Settings) -> AsyncIterator[Rig]:
         database=backends.database, clock=clock, spec=spec, actor="user:test"
     )
     await apply_action(
-        database=backends.database, kv=backends.kv, keys=backends.keys, clock=clock,
+        database=backends.database, changes=backends.route_changes, clock=clock,
         experiment_id=experiment.id, action=Action.START, actor="user:test",
     )
     collector = Collector(
@@ -123,6 +125,7 @@ async def rig(backend_settings: Settings) -> AsyncIterator[Rig]:
     )
     await collector.load_config()
     controller = Controller(identity="test-controller")
+    await controller.reconciler.reconcile(backends, None)
     await controller.open(backends)
     assert controller._rulebook is not None
     await asyncio.wait_for(controller._rulebook.loaded.wait(), 10)
@@ -200,7 +203,7 @@ async def test_an_unreadable_rollout_state_skips_that_experiment_not_the_round(r
         ),
     )
     await apply_action(
-        database=rig.backends.database, kv=rig.backends.kv, keys=rig.backends.keys,
+        database=rig.backends.database, changes=rig.backends.route_changes,
         clock=rig.clock, experiment_id=other.id, action=Action.START, actor="user:test",
     )
 

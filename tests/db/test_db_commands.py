@@ -26,7 +26,7 @@ def test_db_commands_walk_the_revisions(
 
     upgraded = runner.invoke(app, ["db", "upgrade", *flag])
     assert upgraded.exit_code == 0, upgraded.output
-    assert "0002" in upgraded.output  # the head: API tokens
+    assert "0003" in upgraded.output  # the head: the desired routes
 
     monkeypatch.setenv("CANARY_DATABASE_URL", sqlite_url)
     assert "up to date" in runner.invoke(app, ["db", "current"]).output

@@ -12,13 +12,11 @@ from controlplane.api.deps import (
     ClockDep,
     DatabaseDep,
     ExperimentId,
-    KeysDep,
-    KvDep,
     Limit,
     Offset,
     SettingsDep,
 )
-from controlplane.api.live import read_live
+from controlplane.api.live import read_live, route_applied
 from controlplane.api.problems import problem_responses
 from controlplane.api.schemas import (
     ActionRequest,
@@ -129,10 +127,15 @@ async def list_experiments(
 )
 async def get_experiment(experiment_id: ExperimentId, backends: BackendsDep) -> ExperimentDetail:
     """The experiment and its live rollout: breaker, step, weights, what is due next and
-    the latest snapshot per variant (left out, with a note, when Redis cannot be read)."""
+    the latest snapshot per variant (left out, with a note, when Redis cannot be read),
+    and whether etcd holds its desired route yet (`route_applied`)."""
     experiment = await backends.database.read(records.get_experiment, experiment_id=experiment_id)
     live = await read_live(backends, experiment)
-    return ExperimentDetail(**dict(ExperimentPublic.of(experiment)), live=live)
+    applied, note = await route_applied(backends, experiment)
+    return ExperimentDetail(
+        **dict(ExperimentPublic.of(experiment)), route_applied=applied, route_note=note,
+        live=live,
+    )
 
 
 @router.patch(
@@ -209,17 +212,14 @@ async def list_events(
 def _action_endpoint(action: Action) -> None:
     async def act(
         experiment_id: ExperimentId,
-        database: DatabaseDep,
-        kv: KvDep,
-        keys: KeysDep,
+        backends: BackendsDep,
         clock: ClockDep,
         actor: ActorDep,
         body: Annotated[ActionRequest | None, Body()] = None,
     ) -> ExperimentPublic:
         experiment = await actions.apply_action(
-            database=database,
-            kv=kv,
-            keys=keys,
+            database=backends.database,
+            changes=backends.route_changes,
             clock=clock,
             experiment_id=experiment_id,
             action=action,
@@ -229,7 +229,11 @@ def _action_endpoint(action: Action) -> None:
         return ExperimentPublic.of(experiment)
 
     act.__name__ = f"{action.value}_experiment"
-    act.__doc__ = f"{action.value.capitalize()} the experiment and publish its route."
+    act.__doc__ = (
+        f"{action.value.capitalize()} the experiment. The answer comes once its state and "
+        "its service's desired route are committed; the route reaches etcd right after "
+        "(`route_applied` in GET /v1/experiments/{id})."
+    )
     router.add_api_route(
         f"/{{experiment_id}}/{action.value}",
         act,

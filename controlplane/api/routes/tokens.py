@@ -16,7 +16,7 @@ from controlplane.api.security import ActorDep, require
 from controlplane.auth.roles import Role
 from controlplane.auth.tokens import NAME_PATTERN
 from controlplane.db import tokens as records
-from controlplane.experiments.actions import utc_now
+from controlplane.kernel.clock import utc_now
 from controlplane.kernel.errors import NotFound
 from controlplane.kernel.values import SQL_INT_MAX, in_sql_range
 

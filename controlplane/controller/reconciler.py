@@ -1,0 +1,298 @@
+"""The leader makes every route in etcd equal to its service's desired route in SQL.
+
+    read stored (etcd) → read desired (SQL) → plan_route (pure) → write, fenced → record
+
+The database is the only truth (db.routes); nothing but this loop writes routes, and
+only while its replica leads: every write is fenced by the leadership and a
+compare-and-swap on the mod revision read, so a deposed leader or a concurrent
+change never lands. It runs
+
+- at once after a commit: an in-process wake-up (routing.changes) when the API or
+  the controller committed in this process; PostgreSQL's NOTIFY (db.listen) when
+  another replica did; on SQLite, which has neither across processes, a full pass
+  every `poll_sec`;
+- a full pass when it takes the lead and every `full_pass_sec`, which repairs what no
+  commit announced: a wiped key, an etcd restored from an old snapshot, a route
+  written by hand. Each repair is a `route_reconciled` event naming what was found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from controlplane.controller.metrics import ControllerStats
+from controlplane.controller.route_plan import Found, Plan, Step, Stored, plan_route
+from controlplane.db import experiments as records
+from controlplane.db import routes as desired_routes
+from controlplane.db.listen import listen_for_routes, listens
+from controlplane.kernel.clock import utc_now
+from controlplane.kernel.errors import (
+    BackendError,
+    CanaryError,
+    NotLeader,
+    RevisionConflict,
+    ValidationFailed,
+)
+from controlplane.kernel.kv import Fence, KeyValue
+from controlplane.kernel.routes import CANARY, Route, parse_route
+from controlplane.kernel.values import ServiceName
+from controlplane.runtime import Backends
+
+log = logging.getLogger(__name__)
+
+ROUTE_RECONCILED = "route_reconciled"
+
+
+def fence_entry(fence: Fence) -> dict[str, Any]:
+    """Which leadership term wrote, for an event's payload: the etcd create revision of
+    the leader's election key, whose value names it."""
+    return {"key": fence.key, "revision": fence.create_revision}
+
+
+def route_fields(route: Route) -> dict[str, Any]:
+    """A route as an event's payload names it."""
+    return {
+        "experiment": route.experiment,
+        "revision": route.revision,
+        "canary_weight_bp": route.weight_of(CANARY),
+        "state": route.state.value,
+    }
+
+
+_SERVICE_NAME: TypeAdapter[str] = TypeAdapter(ServiceName)
+
+
+def is_service_name(name: str) -> bool:
+    """Whether `name` can be a service (a key under the routes prefix, a notice)."""
+    try:
+        _SERVICE_NAME.validate_python(name)
+    except ValidationError:
+        return False
+    return True
+
+
+def stored_of(value: KeyValue) -> Stored:
+    try:
+        return Stored(parse_route(value.value), value.mod_revision)
+    except ValidationFailed:
+        return Stored(None, value.mod_revision)
+
+
+@dataclass
+class RouteReconciler:
+    full_pass_sec: float = 5.0
+    # without LISTEN/NOTIFY (SQLite), how often to look for other processes' commits
+    poll_sec: float = 0.25
+    # after a lost race or a listener failure, look again this soon
+    retry_sec: float = 0.05
+    stats: ControllerStats = field(default_factory=ControllerStats)
+    # per service, the revision this leader last wrote or found in sync
+    _last_written: dict[str, int] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self, backends: Backends, fence: Fence | None) -> None:
+        """Reconcile until cancelled; raises NotLeader or BackendError to step down."""
+        self._last_written.clear()  # a new term trusts nothing it remembers
+        listener = (
+            asyncio.create_task(self._listen(backends))
+            if listens(backends.database.engine.url)
+            else None
+        )
+        loop = asyncio.get_running_loop()
+        try:
+            again = await self.reconcile(backends, fence)
+            next_full = loop.time() + self.full_pass_sec
+            while True:
+                idle = self.full_pass_sec if listener is not None else self.poll_sec
+                timeout = max(min(idle, next_full - loop.time()), 0.0)
+                if again:
+                    timeout = min(timeout, self.retry_sec)
+                wake = await backends.route_changes.wait(timeout)
+                if wake.full or not wake.services or loop.time() >= next_full:
+                    again = await self.reconcile(backends, fence)
+                    next_full = loop.time() + self.full_pass_sec
+                else:
+                    again = await self.reconcile(backends, fence, services=wake.services)
+        finally:
+            if listener is not None:
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await listener
+
+    async def _listen(self, backends: Backends) -> None:
+        """Forward PostgreSQL's notices; after a lost connection, listen again (a full
+        pass follows every LISTEN)."""
+        changes = backends.route_changes
+
+        def accept(payload: str) -> bool:
+            if is_service_name(payload):
+                return True
+            self.stats.route_notices_dropped += 1
+            return False
+
+        while True:
+            try:
+                await listen_for_routes(backends.database.engine.url, changes.notify,
+                                        accept=accept, on_listening=changes.notify_all)
+            except BackendError as exc:
+                log.warning("%s; listening again in a second (full passes meanwhile)", exc)
+            await asyncio.sleep(1.0)
+
+    # ------------------------------------------------------------------ one pass
+
+    async def reconcile(
+        self, backends: Backends, fence: Fence | None, services: Collection[str] | None = None
+    ) -> bool:
+        """One pass over every service (or `services`); True when one must be looked at
+        again soon (a lost race)."""
+        stored = await self._read_stored(backends, services)
+        desired = await backends.database.read(
+            desired_routes.desired_routes, services=services
+        )
+        self.stats.reconcile_passes += 1
+        again = False
+        for service in sorted(set(stored) | set(desired) | set(services or ())):
+            try:
+                await self._reconcile_one(
+                    backends, fence, service, desired.get(service), stored.get(service)
+                )
+            except NotLeader:
+                raise
+            except RevisionConflict as exc:
+                self.stats.conflicts += 1
+                log.info("route of %r changed under the reconciler: %s", service, exc)
+                again = True
+            except BackendError:
+                raise
+            except (CanaryError, ValueError) as exc:
+                self.stats.errors += 1
+                log.warning("route of %r not reconciled: %s", service, exc)
+        return again
+
+    async def _read_stored(
+        self, backends: Backends, services: Collection[str] | None
+    ) -> dict[str, Stored]:
+        if services is not None:
+            found: dict[str, Stored] = {}
+            for service in services:
+                value = await backends.kv.get(backends.keys.route(service))
+                if value is not None:
+                    found[service] = stored_of(value)
+            return found
+        prefix = backends.keys.routes_prefix
+        values, _ = await backends.kv.get_prefix(prefix)
+        return {
+            value.key[len(prefix):]: stored_of(value)
+            for value in values
+            if is_service_name(value.key[len(prefix):])
+        }
+
+    async def _reconcile_one(
+        self, backends: Backends, fence: Fence | None, service: str,
+        desired: Route | None, stored: Stored | None,
+    ) -> None:
+        plan = plan_route(desired, stored, last_written=self._last_written.get(service))
+        if plan.step is Step.NOTHING:
+            if plan.found is Found.IN_SYNC and desired is not None:
+                self._last_written[service] = desired.revision
+            return
+        assert plan.route is not None
+        if plan.step is Step.SUPERSEDE:
+            assert desired is not None
+            await self._supersede(backends, service, plan, desired, stored, fence)
+        await backends.kv.compare_and_swap(
+            backends.keys.route(service),
+            plan.route.to_json().encode(),
+            expected_mod_revision=stored.mod_revision if stored is not None else 0,
+            fence=fence,
+        )
+        self._last_written[service] = plan.route.revision
+        self.stats.routes_published += 1
+        if plan.repair:
+            self.stats.routes_reconciled += 1
+            log.warning("service %r: %s", service, _reason(plan, stored))
+            if plan.step is not Step.SUPERSEDE:  # a supersede recorded it with the route
+                await self._record(backends, service, plan, stored, fence)
+
+    async def _supersede(
+        self, backends: Backends, service: str, plan: Plan, desired: Route,
+        stored: Stored | None, fence: Fence | None,
+    ) -> None:
+        """Commit the desired route at a revision above etcd's, with its event, first:
+        if the write then fails, the next pass publishes what the database says."""
+        assert plan.route is not None
+        route = plan.route
+        now = utc_now(backends.clock)
+        async with backends.database.transaction() as tx:
+            await tx.run(desired_routes.supersede_route, service=service, route=route,
+                         expected_revision=desired.revision, now=now)
+            await tx.run(_record_event, **self._event(service, plan, stored, fence, now))
+
+    async def _record(
+        self, backends: Backends, service: str, plan: Plan, stored: Stored | None,
+        fence: Fence | None,
+    ) -> None:
+        now = utc_now(backends.clock)
+        async with backends.database.transaction() as tx:
+            await tx.run(_record_event, **self._event(service, plan, stored, fence, now))
+
+    def _event(
+        self, service: str, plan: Plan, stored: Stored | None, fence: Fence | None, now: Any
+    ) -> dict[str, Any]:
+        assert plan.route is not None
+        payload: dict[str, Any] = {
+            "found": plan.found.value,
+            "stored": (
+                None if stored is None
+                else "unreadable" if stored.route is None
+                else route_fields(stored.route)
+            ),
+            "published": route_fields(plan.route),
+            "route_revision": plan.route.revision,
+        }
+        if fence is not None:
+            payload["leader_fence"] = fence_entry(fence)
+        experiment = plan.route.experiment if plan.step is not Step.NEUTRALISE else None
+        return {
+            "service": service,
+            "experiment_id": experiment if isinstance(experiment, int) else None,
+            "at": now,
+            "reason": _reason(plan, stored),
+            "payload": payload,
+        }
+
+
+def _record_event(*, session: Any, **event: Any) -> None:
+    records.record_event(session=session, actor="controller", kind=ROUTE_RECONCILED, **event)
+
+
+def _describe(route: Route) -> str:
+    return (f"experiment {route.experiment} revision {route.revision} "
+            f"(canary {route.weight_of(CANARY)} bp, {route.state.value})")
+
+
+def _reason(plan: Plan, stored: Stored | None) -> str:
+    assert plan.route is not None
+    held = (
+        "no route" if stored is None
+        else "an unreadable route" if stored.route is None
+        else f"the route of {_describe(stored.route)}"
+    )
+    what = {
+        Found.MISSING: "the desired route was missing",
+        Found.OLDER: "an older route than the desired one",
+        Found.NEWER: "a route newer than the desired one, which the database never had",
+        Found.FOREIGN: "a route at the desired revision with other content",
+        Found.UNREADABLE: "a value that is no route",
+        Found.UNOWNED: "a route sending canary traffic, for a service the database has "
+                       "no route for",
+    }.get(plan.found, plan.found.value)
+    return f"etcd held {held}: {what}; published {_describe(plan.route)}"

@@ -1,0 +1,124 @@
+"""What the leader does about one service's route: desired (SQL) vs stored (etcd) → step.
+
+Pure: the reconciler (controller.reconciler) reads both sides, asks `plan_route`, and
+does what it says. Level-triggered: the answer depends only on what is there now,
+plus the revision this leader last wrote for the service (which tells a route it
+simply has not published yet from one somebody else changed).
+
+    stored ≡ desired                          → nothing
+    stored newer, or same revision, other     → supersede: desired again, one revision
+      content (a foreign write)                  above the stored one (sidecars refuse
+                                                 a lower revision of what they hold)
+    stored unreadable                         → publish the desired route
+    stored older or missing                   → publish; a repair (recorded) unless it is
+                                                 the route this leader wrote last, or the
+                                                 one just before the desired revision
+    no desired route, stored sends canary     → neutralise: baseline only, one revision
+      traffic                                    above (nothing watches that canary)
+    no desired route otherwise                → leave it
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from controlplane.kernel.routes import (
+    BASELINE,
+    CANARY,
+    TOTAL_WEIGHT,
+    Route,
+    RouteState,
+    RouteVariant,
+)
+from controlplane.kernel.values import ROUTE_REVISION_MAX
+
+
+class Found(StrEnum):
+    """What the reconciler found in etcd, as `route_reconciled` events name it."""
+
+    IN_SYNC = "in_sync"
+    PENDING = "pending"  # a committed route not published yet: the ordinary path
+    MISSING = "missing"
+    OLDER = "older"
+    NEWER = "newer"
+    FOREIGN = "foreign"  # the desired revision with other content
+    UNREADABLE = "unreadable"
+    UNOWNED = "unowned"  # a route on a service the database has none for
+
+
+class Step(StrEnum):
+    NOTHING = "nothing"
+    PUBLISH = "publish"
+    SUPERSEDE = "supersede"  # commit a higher desired revision first, then publish
+    NEUTRALISE = "neutralise"
+
+
+@dataclass(frozen=True)
+class Stored:
+    """The service's key in etcd: its route (None: unreadable) and mod revision."""
+
+    route: Route | None
+    mod_revision: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    step: Step
+    found: Found
+    route: Route | None = None  # what to write
+
+    @property
+    def repair(self) -> bool:
+        """Whether etcd held something it should not: worth a `route_reconciled` event."""
+        return self.found not in (Found.IN_SYNC, Found.PENDING) and self.step is not Step.NOTHING
+
+
+def _above(revision: int) -> int:
+    if revision >= ROUTE_REVISION_MAX:
+        raise ValueError(f"route revision {revision} cannot grow any further")
+    return revision + 1
+
+
+def baseline_only(route: Route, revision: int) -> Route | None:
+    """`route` with everything sent to its baseline; None when it has none."""
+    if not any(v.name == BASELINE for v in route.variants):
+        return None
+    variants = tuple(
+        RouteVariant(name=v.name, upstream=v.upstream,
+                     weight=TOTAL_WEIGHT if v.name == BASELINE else 0)
+        for v in route.variants
+    )
+    return route.model_copy(
+        update={"variants": variants, "state": RouteState.ROLLED_BACK, "revision": revision}
+    )
+
+
+def plan_route(desired: Route | None, stored: Stored | None, *, last_written: int | None) -> Plan:
+    """The step that makes the stored route equal the desired one.
+
+    `stored`: None when the key is missing. `last_written`: the revision this leader
+    last wrote (or saw in sync) for the service; None when it has not yet.
+    """
+    current = stored.route if stored is not None else None
+    if desired is None:
+        if current is None or current.weight_of(CANARY) == 0:
+            return Plan(Step.NOTHING, Found.UNOWNED)
+        neutral = baseline_only(current, _above(current.revision))
+        if neutral is None:
+            return Plan(Step.NOTHING, Found.UNOWNED)
+        return Plan(Step.NEUTRALISE, Found.UNOWNED, neutral)
+    if stored is not None and current is None:
+        return Plan(Step.PUBLISH, Found.UNREADABLE, desired)
+    if current is not None and current.revision >= desired.revision:
+        if current == desired:
+            return Plan(Step.NOTHING, Found.IN_SYNC)
+        found = Found.NEWER if current.revision > desired.revision else Found.FOREIGN
+        above = desired.model_copy(update={"revision": _above(current.revision)})
+        return Plan(Step.SUPERSEDE, found, above)
+    held = current.revision if current is not None else 0
+    # what etcd should hold while the route waits to be published
+    expected = last_written if last_written is not None else desired.revision - 1
+    if held == expected:
+        return Plan(Step.PUBLISH, Found.PENDING, desired)
+    return Plan(Step.PUBLISH, Found.MISSING if current is None else Found.OLDER, desired)

@@ -1,0 +1,328 @@
+"""The leader's reconciler against real etcd and PostgreSQL (then SQLite and memory):
+whatever happens to etcd or to a commit, one pass makes etcd hold the desired routes.
+
+Faults: a decision whose commit fails (nothing reaches etcd); a wiped key or prefix, an
+etcd restored from an old snapshot, a route written by hand (restored within one full
+pass, each with a `route_reconciled` event); a leader gone between commit and publish
+(the next leader publishes); a commit on another replica (LISTEN/NOTIFY wakes the
+leader).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from controlplane.controller.apply import apply_decision
+from controlplane.controller.reconciler import ROUTE_RECONCILED, RouteReconciler
+from controlplane.db import experiments as records
+from controlplane.db import routes as desired_routes
+from controlplane.db.experiments import ExperimentSpec, StepSpec
+from controlplane.db.migrate import upgrade
+from controlplane.decision.model import (
+    BreakerState,
+    Decision,
+    EventKind,
+    RecordEvent,
+    SetCanaryWeight,
+)
+from controlplane.experiments.actions import apply_action, create_experiment
+from controlplane.experiments.lifecycle import Action
+from controlplane.experiments.rollout_state import rollout_state_of
+from controlplane.kernel.clock import FakeClock
+from controlplane.kernel.errors import BackendUnavailable, NotLeader
+from controlplane.kernel.kv import Fence
+from controlplane.kernel.routes import Route, RouteState, parse_route
+from controlplane.kernel.rules import BreakerRule
+from controlplane.kernel.settings import Settings
+from controlplane.runtime import Backends, open_backends
+from tests.support.routes import two_way_route
+
+SERVICE = "checkout"
+RULE = BreakerRule(service=SERVICE, threshold_ms=200)
+
+
+@dataclass
+class Rig:
+    backends: Backends
+    clock: FakeClock
+    fence: Fence
+    reconciler: RouteReconciler
+
+    async def start(self, service: str = SERVICE) -> int:
+        spec = ExperimentSpec(
+            name=f"{service} v2", service=service,
+            baseline_upstream="http://127.0.0.1:9001", canary_upstream="http://127.0.0.1:9002",
+            steps=(StepSpec(1000, 30), StepSpec(10000, 30)),
+            sticky_header="x-user-id", sticky_cookie=None, rule=None,
+        )
+        experiment = await create_experiment(
+            database=self.backends.database, clock=self.clock, spec=spec, actor="user:test"
+        )
+        await self.act(experiment.id, Action.START)
+        return experiment.id
+
+    async def act(self, experiment_id: int, action: Action) -> None:
+        await apply_action(
+            database=self.backends.database, changes=self.backends.route_changes,
+            clock=self.clock, experiment_id=experiment_id, action=action, actor="user:test",
+        )
+
+    async def full_pass(self) -> None:
+        assert not await self.reconciler.reconcile(self.backends, self.fence)
+
+    async def stored(self, service: str = SERVICE) -> Route | None:
+        value = await self.backends.kv.get(self.backends.keys.route(service))
+        return parse_route(value.value) if value is not None else None
+
+    async def put(self, route: Route, service: str = SERVICE) -> None:
+        await self.backends.kv.put(self.backends.keys.route(service), route.to_json().encode())
+
+    async def desired(self, service: str = SERVICE) -> Route | None:
+        return await self.backends.database.read(desired_routes.desired_route, service=service)
+
+    async def events(self, kind: str = ROUTE_RECONCILED) -> list[dict[str, Any]]:
+        def read(*, session: Any) -> list[dict[str, Any]]:
+            rows, _ = records.list_events(session=session, limit=1000)
+            return [
+                {"experiment_id": e.experiment_id, "service": e.service, "actor": e.actor,
+                 "reason": e.reason, **e.payload}
+                for e in rows if e.kind == kind
+            ]
+
+        return await self.backends.database.read(read)
+
+
+@pytest.fixture
+async def rig(backend_settings: Settings) -> AsyncIterator[Rig]:
+    upgrade(backend_settings.database_url)
+    clock = FakeClock()
+    backends = await open_backends(backend_settings, clock=clock, streams=False)
+    leadership = backends.kv.leadership(backends.keys.election, identity="leader", ttl=3600)
+    fence = await leadership.campaign()
+    try:
+        yield Rig(backends, clock, fence, RouteReconciler())
+    finally:
+        await leadership.resign()
+        await backends.close()
+
+
+def trip(rig_state: Any, now: float) -> Decision:
+    state = rig_state.with_changes(breaker=BreakerState.OPEN, canary_bp=0, trips=1,
+                                   opened_at=now)
+    return Decision(
+        new_state=state,
+        actions=(
+            SetCanaryWeight(0, RouteState.TRIPPED),
+            RecordEvent(EventKind.TRIPPED, "p99 over the threshold", {"from": "closed",
+                                                                      "to": "open"}),
+        ),
+        reason="tripped", evidence={}, next_check_at=now + 20,
+    )
+
+
+async def decide_trip(rig: Rig, experiment_id: int) -> Route | None:
+    row = await rig.backends.database.read(records.get_experiment, experiment_id=experiment_id)
+    decision = trip(rollout_state_of(row, rig.clock.now()), rig.clock.now())
+    return await apply_decision(rig.backends, experiment_id=experiment_id, version=row.version,
+                                decision=decision, rule=RULE, fence=rig.fence)
+
+
+async def test_a_decision_reaches_etcd_from_the_wake_up_its_commit_sends(rig: Rig) -> None:
+    eid = await rig.start()
+    await rig.full_pass()
+    started = await rig.stored()
+    assert started is not None and started.weight_of("canary") == 1000
+    await rig.backends.route_changes.wait(0)  # take the start's wake-up
+
+    committed = await decide_trip(rig, eid)
+    assert committed is not None
+    assert await rig.stored() == started, "a decision writes SQL only"
+    wake = await rig.backends.route_changes.wait(0)
+    assert wake.services == {SERVICE}
+    await rig.reconciler.reconcile(rig.backends, rig.fence, services=wake.services)
+    assert await rig.stored() == committed == await rig.desired()
+    assert committed.state is RouteState.TRIPPED and committed.revision == started.revision + 1
+    assert await rig.events() == []  # the ordinary path is no repair
+
+
+async def test_a_decision_whose_commit_fails_reaches_nothing(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    eid = await rig.start()
+    await rig.full_pass()
+    started = await rig.stored()
+    record_event = records.record_event
+
+    def fail_on_trip(**kwargs: Any) -> Any:
+        if kwargs["kind"] == EventKind.TRIPPED.value:
+            raise BackendUnavailable("injected: the database went away before the commit")
+        return record_event(**kwargs)
+
+    monkeypatch.setattr(records, "record_event", fail_on_trip)
+    with pytest.raises(BackendUnavailable):
+        await decide_trip(rig, eid)
+    monkeypatch.setattr(records, "record_event", record_event)
+
+    await rig.full_pass()
+    assert await rig.stored() == started == await rig.desired()
+    row = await rig.backends.database.read(records.get_experiment, experiment_id=eid)
+    assert (row.breaker_state, row.route_revision) == ("closed", started.revision)
+
+
+async def test_a_wiped_key_is_restored_with_an_event(rig: Rig) -> None:
+    eid = await rig.start()
+    await rig.full_pass()
+    desired = await rig.stored()
+    await rig.backends.kv.delete(rig.backends.keys.route(SERVICE))
+
+    await rig.full_pass()
+    assert await rig.stored() == desired
+    [event] = await rig.events()
+    assert (event["found"], event["stored"], event["experiment_id"]) == ("missing", None, eid)
+    assert event["published"]["revision"] == desired.revision
+    assert event["leader_fence"]["revision"] == rig.fence.create_revision
+    assert rig.reconciler.stats.routes_reconciled == 1
+
+
+async def test_a_wiped_prefix_is_restored_for_every_service_in_one_pass(rig: Rig) -> None:
+    services = ["checkout", "cart", "search"]
+    for service in services:
+        await rig.start(service)
+    await rig.full_pass()
+    before = {s: await rig.stored(s) for s in services}
+    for service in services:
+        await rig.backends.kv.delete(rig.backends.keys.route(service))
+
+    await rig.full_pass()
+    assert {s: await rig.stored(s) for s in services} == before
+    assert sorted(e["service"] for e in await rig.events()) == sorted(services)
+
+
+async def test_an_etcd_restored_from_an_old_snapshot_gets_the_desired_routes_back(
+    rig: Rig,
+) -> None:
+    eid = await rig.start()
+    await rig.full_pass()
+    snapshot = await rig.stored()
+    assert snapshot is not None
+    await rig.act(eid, Action.PAUSE)
+    await rig.act(eid, Action.RESUME)
+    await rig.full_pass()
+    desired = await rig.stored()
+    assert desired is not None and desired.revision == snapshot.revision + 2
+
+    await rig.put(snapshot)  # the old revision written back, as a restore does
+    await rig.full_pass()
+    assert await rig.stored() == desired
+    [event] = await rig.events()
+    assert event["found"] == "older"
+    assert event["stored"]["revision"] == snapshot.revision
+
+
+@pytest.mark.parametrize(("revision_offset", "found"), [(40, "newer"), (0, "foreign")])
+async def test_a_route_written_by_hand_is_superseded_above_it(
+    rig: Rig, revision_offset: int, found: str
+) -> None:
+    eid = await rig.start()
+    await rig.full_pass()
+    desired = await rig.stored()
+    assert desired is not None
+    foreign = two_way_route(desired.revision + revision_offset, experiment="by-hand",
+                            canary_bp=9000, state=RouteState.RUNNING)
+    await rig.put(foreign)
+
+    await rig.full_pass()
+    restored = await rig.stored()
+    assert restored == desired.model_copy(update={"revision": foreign.revision + 1})
+    assert await rig.desired() == restored, "the database learns the higher revision first"
+    row = await rig.backends.database.read(records.get_experiment, experiment_id=eid)
+    assert row.route_revision == restored.revision
+    [event] = await rig.events()
+    assert (event["found"], event["stored"]["experiment"]) == (found, "by-hand")
+    await rig.full_pass()
+    assert len(await rig.events()) == 1, "in sync afterwards"
+
+
+async def test_an_unreadable_route_is_replaced(rig: Rig) -> None:
+    await rig.start()
+    await rig.full_pass()
+    desired = await rig.stored()
+    await rig.backends.kv.put(rig.backends.keys.route(SERVICE), b"{not a route")
+    await rig.full_pass()
+    assert await rig.stored() == desired
+    assert [e["found"] for e in await rig.events()] == ["unreadable"]
+
+
+async def test_canary_traffic_on_a_service_the_database_does_not_know_is_stopped(
+    rig: Rig,
+) -> None:
+    stray = two_way_route(3, experiment=99, canary_bp=2500, state=RouteState.RUNNING)
+    await rig.put(stray, "stray")
+    quiet = two_way_route(3, experiment=98, canary_bp=0, state=RouteState.ROLLED_BACK)
+    await rig.put(quiet, "quiet")
+
+    await rig.full_pass()
+    neutral = await rig.stored("stray")
+    assert neutral is not None and neutral.revision == 4
+    assert (neutral.weight_of("baseline"), neutral.weight_of("canary")) == (10_000, 0)
+    assert await rig.stored("quiet") == quiet, "a route sending the canary nothing stays"
+    [event] = await rig.events()
+    assert (event["service"], event["experiment_id"], event["found"]) == ("stray", None, "unowned")
+
+
+async def test_the_next_leader_publishes_what_the_last_one_committed_but_never_wrote(
+    rig: Rig,
+) -> None:
+    """The leader dies between the commit and the publish: the route is in SQL only."""
+    eid = await rig.start()
+    await rig.full_pass()
+    await rig.act(eid, Action.PROMOTE)  # committed; its leader is gone before writing
+    old_fence = rig.fence
+    leadership = rig.backends.kv.leadership(rig.backends.keys.election, identity="next",
+                                            ttl=3600)
+    old = rig.backends.kv.leadership(rig.backends.keys.election, identity="leader", ttl=3600)
+    await old.resign()
+    await rig.backends.kv.delete(old_fence.key)  # the dead leader's lease is gone
+    rig.fence = await leadership.campaign()
+    try:
+        with pytest.raises(NotLeader):  # the deposed leader can no longer write
+            await RouteReconciler().reconcile(rig.backends, old_fence)
+        nxt = RouteReconciler()
+        assert not await nxt.reconcile(rig.backends, rig.fence)
+        promoted = await rig.stored()
+        assert promoted is not None and promoted == await rig.desired()
+        assert (promoted.state, promoted.weight_of("canary")) == ("promoted", 10_000)
+        assert await rig.events() == []  # one commit behind: the ordinary path
+    finally:
+        await leadership.resign()
+
+
+async def test_a_commit_on_another_replica_wakes_the_leader(
+    rig: Rig, backend_settings: Settings
+) -> None:
+    if not backend_settings.database_url.startswith("postgresql"):
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's; SQLite is polled")
+    leader = RouteReconciler(full_pass_sec=3600)  # no full pass would find it
+    running = asyncio.create_task(leader.run(rig.backends, rig.fence))
+    other = await open_backends(backend_settings, clock=rig.clock, streams=False)
+    try:
+        async with asyncio.timeout(10):
+            while leader.stats.reconcile_passes == 0:  # its first full pass is over
+                await asyncio.sleep(0.01)
+        replica = Rig(other, rig.clock, rig.fence, RouteReconciler())
+        passes = leader.stats.reconcile_passes
+        await replica.start()  # committed through the other Backends: no in-process signal
+        async with asyncio.timeout(10):
+            while await rig.stored() is None:
+                await asyncio.sleep(0.02)
+        assert await rig.stored() == await rig.desired()
+        assert leader.stats.reconcile_passes > passes
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await other.close()

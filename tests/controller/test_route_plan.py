@@ -1,0 +1,86 @@
+"""plan_route, the reconciler's decision: desired (SQL) vs stored (etcd) → step. A table."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.controller.route_plan import Found, Plan, Step, Stored, plan_route
+from controlplane.kernel.routes import Route, RouteState
+from tests.support.routes import two_way_route
+
+
+def route(revision: int, canary_bp: int = 500, experiment: int | str = 7,
+          state: RouteState = RouteState.RUNNING) -> Route:
+    return two_way_route(revision, experiment=experiment, canary_bp=canary_bp, state=state)
+
+
+def stored(r: Route | None, mod: int = 40) -> Stored:
+    return Stored(r, mod)
+
+
+DESIRED = route(8)
+
+CASES = [
+    # desired, stored, last written → step, found, revision written
+    ("in sync", DESIRED, stored(DESIRED), None, Step.NOTHING, Found.IN_SYNC, None),
+    ("first route of a service", route(1), None, None, Step.PUBLISH, Found.PENDING, 1),
+    ("one commit not yet published", DESIRED, stored(route(7, 100)), None,
+     Step.PUBLISH, Found.PENDING, 8),
+    ("two commits since this leader wrote", DESIRED, stored(route(6, 100)), 6,
+     Step.PUBLISH, Found.PENDING, 8),
+    ("wiped key", DESIRED, None, 8, Step.PUBLISH, Found.MISSING, 8),
+    ("wiped key, new leader", DESIRED, None, None, Step.PUBLISH, Found.MISSING, 8),
+    ("restored from an old snapshot", DESIRED, stored(route(5, 100)), 8,
+     Step.PUBLISH, Found.OLDER, 8),
+    ("older, new leader", DESIRED, stored(route(3, 100)), None,
+     Step.PUBLISH, Found.OLDER, 8),
+    ("newer than the database knows", DESIRED, stored(route(11, 9000)), 8,
+     Step.SUPERSEDE, Found.NEWER, 12),
+    ("same revision, other content", DESIRED, stored(route(8, 9000)), 8,
+     Step.SUPERSEDE, Found.FOREIGN, 9),
+    ("same revision, other experiment", DESIRED, stored(route(8, experiment="x")), None,
+     Step.SUPERSEDE, Found.FOREIGN, 9),
+    ("unreadable", DESIRED, stored(None), 8, Step.PUBLISH, Found.UNREADABLE, 8),
+    ("nothing either side", None, None, None, Step.NOTHING, Found.UNOWNED, None),
+    ("unowned, no canary traffic", None, stored(route(4, 0)), None,
+     Step.NOTHING, Found.UNOWNED, None),
+    ("unowned, unreadable", None, stored(None), None, Step.NOTHING, Found.UNOWNED, None),
+    ("unowned canary traffic", None, stored(route(4, 2500)), None,
+     Step.NEUTRALISE, Found.UNOWNED, 5),
+]
+
+
+@pytest.mark.parametrize(
+    ("desired", "actual", "last", "step", "found", "written"),
+    [case[1:] for case in CASES],
+    ids=[case[0] for case in CASES],
+)
+def test_plan(
+    desired: Route | None, actual: Stored | None, last: int | None,
+    step: Step, found: Found, written: int | None,
+) -> None:
+    plan = plan_route(desired, actual, last_written=last)
+    assert (plan.step, plan.found) == (step, found)
+    assert (plan.route.revision if plan.route else None) == written
+    assert plan.repair == (found not in (Found.IN_SYNC, Found.PENDING) and step is not Step.NOTHING)
+
+
+def test_what_is_written_is_the_desired_route_or_it_raised_above_etcd() -> None:
+    supersede = plan_route(DESIRED, stored(route(11, 9000)), last_written=None)
+    assert supersede.route == DESIRED.model_copy(update={"revision": 12})
+    publish = plan_route(DESIRED, None, last_written=None)
+    assert publish.route == DESIRED
+
+
+def test_an_unowned_canary_gets_everything_sent_to_its_baseline() -> None:
+    plan = plan_route(None, stored(route(4, 2500)), last_written=None)
+    assert plan == Plan(Step.NEUTRALISE, Found.UNOWNED, plan.route)
+    assert plan.route is not None
+    assert (plan.route.weight_of("baseline"), plan.route.weight_of("canary")) == (10_000, 0)
+    assert plan.route.state is RouteState.ROLLED_BACK and plan.route.experiment == 7
+
+
+def test_a_revision_at_the_ceiling_cannot_be_superseded() -> None:
+    top = route(2**31 - 1, 9000)
+    with pytest.raises(ValueError, match="cannot grow"):
+        plan_route(DESIRED, stored(top), last_written=None)
