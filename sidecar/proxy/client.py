@@ -1,0 +1,355 @@
+"""The client side of the proxy: one `ClientConnection` per client socket.
+
+It parses requests with httptools, applies the checks of `conformance` and the head
+size and time limits, refuses what fails them (then closes: the framing is in doubt),
+and runs its requests' exchanges in order, pipelined ones queued behind the current.
+Writes collected while one read is processed leave in one send (`CorkedWriter`).
+
+Flow control: a full upstream write buffer pauses reading from the client, a full
+client write buffer pauses reading from the upstream, so a body of any size streams
+through with at most a few transport buffers in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import TYPE_CHECKING, cast
+
+import httptools
+
+from sidecar.proxy import conformance, errors
+from sidecar.proxy.conformance import Rejected
+from sidecar.proxy.corking import CorkedWriter
+from sidecar.proxy.exchange import Exchange
+from sidecar.proxy.headers import PLAIN_CONNECTION, Header, connection_options
+from sidecar.proxy.pausing import PIPELINED, STOPPED
+from sidecar.proxy.upstream import UpstreamConnection
+
+if TYPE_CHECKING:
+    from sidecar.proxy.server import ProxyServer
+
+# after an upstream answered before the request body was all in, the rest of the body
+# is read and dropped for at most this long, so the close does not reset the answer
+_LINGER = 2.0
+
+
+class ClientConnection(CorkedWriter, asyncio.Protocol):
+    """One client socket: parses requests, runs their exchanges in order."""
+
+    __slots__ = (
+        "_after_flush",
+        "_chunked",
+        "_corked_upstreams",
+        "_has_length",
+        "_head_budget",
+        "_headers",
+        "_host",
+        "_named",
+        "_rejection",
+        "_url",
+        "client_ip",
+        "closed",
+        "current",
+        "head_since",
+        "idle_since",
+        "parser",
+        "parsing",
+        "queue",
+        "read_block",
+        "refused",
+        "server",
+        "transport",
+        "write_paused",
+    )
+
+    def __init__(self, server: ProxyServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.client_ip = b"unknown"
+        self.closed = False
+        self.current: Exchange | None = None
+        self.parsing: Exchange | None = None
+        self.queue: deque[Exchange] = deque()
+        self.read_block = 0
+        self.write_paused = False
+        self.idle_since = 0.0
+        # when the request head being received began (0.0: none is), see on_message_begin
+        self.head_since = 0.0
+        self.refused = False  # closed at once: the connection cap was reached
+        self._rejection: bytes | None = None  # sent once the requests before it are answered
+        self._url = b""
+        self._headers: list[Header] = []
+        self._host: bytes | None = None
+        self._chunked = False
+        self._has_length = False
+        self._named: frozenset[bytes] | None = None
+        self._head_budget = server.options.max_head_bytes
+        # Writes collected while one read is processed leave in one send: syscalls,
+        # not Python, are most of a small request's cost.
+        self._out: list[bytes] | None = None
+        self._after_flush: list[tuple[Exchange, int]] = []
+        self._corked_upstreams: list[UpstreamConnection] | None = None
+
+    # --- asyncio.Protocol -------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not derive from asyncio.Transport
+        self.transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and peer:
+            self.client_ip = str(peer[0]).encode()
+        self.idle_since = self.head_since = self.server.time()
+        self.server.connection_opened(self)
+
+    def data_received(self, data: bytes) -> None:
+        corked: list[UpstreamConnection] = []
+        self._corked_upstreams = corked
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # the request went on as a plain one (Upgrade is hop-by-hop and dropped);
+            # what follows is another protocol, so the connection ends after it
+            last = self.parsing or (self.queue[-1] if self.queue else self.current)
+            if last is not None:
+                last.close_after = True
+            self.block(STOPPED)
+        except httptools.HttpParserError as exc:
+            self.refuse(exc)
+        finally:
+            self._corked_upstreams = None
+            for upstream in corked:
+                upstream.uncork()
+
+    def refuse(self, exc: httptools.HttpParserError) -> None:
+        """A request was refused, by httptools or by the checks in `conformance`.
+
+        Nothing after it on this connection is read: its framing is in doubt. A
+        request whose body was being read when it broke has its upstream connection
+        cut. Complete requests before it are answered first, then the error, then
+        the connection closes."""
+        self.block(STOPPED)
+        cause = exc.__context__
+        if isinstance(cause, Rejected):
+            status, reason, detail = cause.status, cause.reason, cause.detail
+        else:
+            status, reason = 400, conformance.parser_error_reason(exc)
+            detail = f"malformed request: {exc}"
+        self.server.metrics.reject(reason)
+        response = (
+            errors.head_too_large(self.server.options.max_head_bytes)
+            if status == 431
+            else errors.rejected(status, detail)
+        )
+        broken = self.parsing
+        self.parsing = None
+        if broken is not None:
+            broken.request_broken()
+            if broken is self.current:
+                self.current = None
+                if broken.resp_started:
+                    self.abort()  # part of its response is out: all that is left is to cut
+                    return
+            else:  # queued behind the current request and never started
+                self.queue.remove(broken)
+        if self.current is None:
+            self.write(response)
+            self.close()
+        else:
+            self._rejection = response  # after the responses still owed
+
+    def linger(self) -> None:
+        """The response went out before its request was all in: the rest of the
+        request is read and dropped, then the connection closes (at the latest after
+        `_LINGER` seconds; closing with unread data would reset the response)."""
+        if not self.closed:
+            self.server.loop.call_later(_LINGER, self.close)
+
+    def cork_upstream(self, upstream: UpstreamConnection) -> None:
+        """While this read is processed, hold what goes to `upstream` for one send."""
+        corked = self._corked_upstreams
+        if corked is not None and upstream.cork():
+            corked.append(upstream)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        current = self.current
+        self.current = None
+        self.queue.clear()
+        if current is not None:
+            current.client_lost()
+        if not self.refused:
+            self.server.connection_closed(self)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        current = self.current
+        if current is not None and current.upstream is not None:
+            current.upstream.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        current = self.current
+        if current is not None and current.upstream is not None:
+            current.upstream.resume_reading()
+
+    # --- httptools callbacks ----------------------------------------------------
+
+    # httptools sets no limit on a request head: without one a client could make the
+    # proxy hold any amount of memory. `_head_budget` is what is left of the limit.
+
+    def on_message_begin(self) -> None:
+        if not self.head_since:  # a new connection's head is timed from its opening
+            self.head_since = self.server.time()
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._head_budget -= len(url)
+        if self._head_budget < 0:
+            raise self._too_large()
+
+    def _too_large(self) -> Rejected:
+        limit = self.server.options.max_head_bytes
+        return Rejected(431, "head_too_large", f"request line and headers exceed {limit} bytes")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        budget = self._head_budget = self._head_budget - len(name) - len(value) - 4
+        if budget < 0:
+            raise self._too_large()
+        lower = name.lower()
+        if lower == b"host":
+            if self._host is not None:
+                raise conformance.duplicate_host()
+            self._host = value
+        elif lower == b"content-length":
+            # httptools has checked it is one decimal number, at most surrounded by OWS
+            self._has_length = value.strip().lstrip(b"0") != b""
+        elif lower == b"transfer-encoding":
+            if self._chunked:
+                raise conformance.duplicate_transfer_encoding()
+            conformance.check_transfer_coding(value)
+            self._chunked = True
+        elif lower == b"connection" and value not in PLAIN_CONNECTION:
+            conformance.check_connection(value)
+            options = connection_options(value)
+            if options is not None:
+                self._named = options if self._named is None else self._named | options
+        self._headers.append((lower, name, value))
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        version = parser.get_http_version()
+        method = parser.get_method()
+        if version != "1.1":
+            if version != "1.0":
+                raise conformance.unsupported_version(version)
+            if self._chunked:  # RFC 9112 §6.1: an HTTP/1.0 message's framing is faulty
+                raise Rejected(400, "framing", "Transfer-Encoding in an HTTP/1.0 request")
+        elif self._host is None:
+            raise conformance.missing_host()
+        if method == b"CONNECT":
+            raise conformance.connect_refused()
+        target = self._url
+        if not target.startswith(b"/"):
+            target = conformance.request_target(method, target, self._host)
+        self.head_since = 0.0
+        exchange = Exchange(
+            self,
+            method,
+            target,
+            self._headers,
+            parser.should_keep_alive(),  # keep_alive
+            version == "1.0",  # http_1_0
+            self._chunked,
+            self._named,
+            self._chunked or self._has_length,  # has_body
+        )
+        # what the next request's head is gathered into
+        self._url = b""
+        self._headers = []
+        self._host = None
+        self._chunked = self._has_length = False
+        self._named = None
+        self._head_budget = self.server.options.max_head_bytes
+        self.parsing = exchange
+        if self.current is None:
+            self.current = exchange
+            exchange.start()
+        else:
+            self.queue.append(exchange)
+            self.block(PIPELINED)
+
+    def on_body(self, body: bytes) -> None:
+        exchange = self.parsing
+        if exchange is not None:
+            exchange.request_body(body)
+
+    def on_message_complete(self) -> None:
+        exchange = self.parsing
+        self.parsing = None
+        if exchange is not None:
+            exchange.request_complete()
+
+    # --- used by exchanges ------------------------------------------------------
+
+    def exchange_finished(self, exchange: Exchange) -> None:
+        if exchange is not self.current:
+            return
+        self.current = None
+        if exchange.close_after or self.server.draining:
+            self.close()
+            return
+        if self.queue:
+            following = self.queue.popleft()
+            if not self.queue:
+                self.unblock(PIPELINED)
+            self.current = following
+            following.start()
+        elif self._rejection is not None:
+            self.write(self._rejection)
+            self.close()
+        else:
+            self.idle_since = self.server.time()
+
+    @property
+    def idle(self) -> bool:
+        return self.current is None and self.parsing is None
+
+    def uncork(self) -> None:
+        """Send what was collected in one go, then record what finished meanwhile."""
+        self.send_held()
+        if self._after_flush:
+            finished, self._after_flush = self._after_flush, []
+            self.server.finished(finished)
+
+    def record_after_flush(self, exchange: Exchange, outcome: int) -> bool:
+        """Defer a record until the response bytes are handed to the transport."""
+        if self._out is None:
+            return False
+        self._after_flush.append((exchange, outcome))
+        return True
+
+    def block(self, reason: int) -> None:
+        if not self.read_block and not self.closed and self.transport is not None:
+            self.transport.pause_reading()
+        self.read_block |= reason
+
+    def unblock(self, reasons: int) -> None:
+        if self.read_block & reasons:
+            self.read_block &= ~reasons
+            if not self.read_block and not self.closed and self.transport is not None:
+                self.transport.resume_reading()
+
+    def close(self) -> None:
+        if self._out is not None:
+            self.uncork()  # what was collected goes out before the close
+        if not self.closed and self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self._out is not None:
+            self._out = []
+            self.uncork()  # nothing to send, but deferred records still run
+        if not self.closed and self.transport is not None:
+            self.transport.abort()

@@ -1,0 +1,29 @@
+"""The proxy's settings: timeouts, pool and connection limits, TLS on either side."""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyOptions:
+    connect_timeout: float = 2.0  # seconds to open an upstream connection (→ 504)
+    read_timeout: float = 30.0  # seconds without a byte while a response is owed (→ 504)
+    max_pool_per_upstream: int = 256  # idle keep-alive connections kept per upstream
+    pool_idle_timeout: float = 60.0  # idle upstream connections older than this are closed
+    client_idle_timeout: float = 75.0  # idle keep-alive client connections are closed
+    shutdown_timeout: float = 10.0  # stop(): in-flight requests get this long to finish
+    forwarded_proto: str = "http"  # X-Forwarded-Proto: the scheme clients used
+    preserve_host: bool = False  # pass the client's Host instead of the upstream's
+    ssl_context: ssl.SSLContext | None = None  # for https upstreams; default: system CAs
+    backlog: int = 1024
+    max_head_bytes: int = 64 * 1024  # request line + headers; larger answers 431
+    # client connections held at once; more are answered 503 and closed at once
+    max_connections: int = 10_000
+    # seconds for a request head to arrive in full, from its first byte (from the
+    # connection's opening for its first request); then 408 and close
+    head_timeout: float = 10.0
+    # the listener's TLS (clients speak HTTPS to the sidecar); X-Forwarded-Proto then
+    # says https
+    listen_tls: ssl.SSLContext | None = None
