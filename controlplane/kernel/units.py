@@ -23,6 +23,7 @@ unit (`WindowSnapshot.reservoir_units`): a uniform sample of the window's reques
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,8 +38,8 @@ DISTINCT_K = 1024
 BLOCK_COLUMNS = 5
 _U32 = 2**32
 
-Row = tuple[int, int, int, float, float]
-EMPTY_ROW: Row = (0, 0, 0, 0.0, 0.0)
+F64 = npt.NDArray[np.float64]
+U32 = npt.NDArray[np.uint32]
 
 
 def block_of(unit: npt.NDArray[np.uint32]) -> npt.NDArray[np.int64]:
@@ -49,97 +50,92 @@ def block_of(unit: npt.NDArray[np.uint32]) -> npt.NDArray[np.int64]:
     return rows
 
 
-def bottom_distinct(
-    hashes: Iterable[npt.NDArray[np.uint32]], k: int = DISTINCT_K
-) -> npt.NDArray[np.uint32]:
+def bottom_distinct(hashes: Iterable[npt.NDArray[np.uint32]], k: int = DISTINCT_K) -> U32:
     """The k smallest distinct non-zero hashes of the union, sorted."""
     parts = [h for h in hashes if h.shape[0]]
     if not parts:
         return np.zeros(0, dtype=np.uint32)
-    merged = np.unique(np.concatenate(parts).astype(np.uint32, copy=False))
-    if merged.shape[0] and merged[0] == 0:
-        merged = merged[1:]
-    return merged[:k]
+    ordered = np.sort(np.concatenate(parts).astype(np.uint32, copy=False))
+    first = np.empty(ordered.shape[0], dtype=bool)
+    first[0] = ordered[0] != 0
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    return ordered[first][:k]
 
 
-def _add_rows(a: Row, b: Row) -> Row:
-    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], a[4] + b[4])
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class UnitSummary:
-    """One variant's window (or a step's sum of windows), per unit block."""
+    """One variant's window (or a step's sum of windows), per unit block.
 
-    blocks: tuple[Row, ...] = ()
-    no_unit: Row = EMPTY_ROW
-    distinct: tuple[int, ...] = ()
+    `rows` is (1 + UNIT_BLOCKS) x BLOCK_COLUMNS: row 0 the samples without a unit,
+    then one row per block; `distinct` the sorted bottom-k unit hashes.
+    """
+
+    rows: F64
+    distinct: U32
 
     @classmethod
-    def from_arrays(
-        cls, rows: npt.NDArray[np.float64], distinct: npt.NDArray[np.uint32]
-    ) -> UnitSummary:
-        """From a (1 + UNIT_BLOCKS, BLOCK_COLUMNS) array, row 0 the no-unit samples."""
-        as_rows = [
-            (int(r[0]), int(r[1]), int(r[2]), float(r[3]), float(r[4])) for r in rows.tolist()
-        ]
-        return cls(tuple(as_rows[1:]), as_rows[0], tuple(int(h) for h in distinct.tolist()))
+    def empty(cls) -> UnitSummary:
+        return cls(np.zeros((UNIT_BLOCKS + 1, BLOCK_COLUMNS)), np.zeros(0, dtype=np.uint32))
+
+    @classmethod
+    def from_arrays(cls, rows: F64, distinct: U32) -> UnitSummary:
+        return cls(np.asarray(rows, dtype=np.float64), np.asarray(distinct, dtype=np.uint32))
+
+    @property
+    def blocks(self) -> F64:
+        blocks: F64 = self.rows[1:]
+        return blocks
+
+    @property
+    def no_unit(self) -> F64:
+        row: F64 = self.rows[0]
+        return row
 
     def add(self, other: UnitSummary) -> UnitSummary:
-        if not self.blocks:
-            blocks = other.blocks
-        elif not other.blocks:
-            blocks = self.blocks
-        else:
-            blocks = tuple(_add_rows(a, b) for a, b in zip(self.blocks, other.blocks, strict=True))
-        distinct = bottom_distinct(
-            [np.array(self.distinct, dtype=np.uint32), np.array(other.distinct, dtype=np.uint32)]
-        )
-        return UnitSummary(
-            blocks, _add_rows(self.no_unit, other.no_unit), tuple(int(h) for h in distinct)
-        )
+        return UnitSummary(self.rows + other.rows, bottom_distinct([self.distinct, other.distinct]))
 
     @property
     def unit_samples(self) -> int:
-        return sum(b[0] for b in self.blocks)
+        return int(self.rows[1:, 0].sum())
 
     @property
     def no_unit_samples(self) -> int:
-        return self.no_unit[0]
+        return int(self.rows[0, 0])
 
     def distinct_units(self) -> float:
         """Distinct units: exact below DISTINCT_K, else the KMV estimate (k-1)/u_k."""
-        n = len(self.distinct)
+        n = int(self.distinct.shape[0])
         if n < DISTINCT_K:
             return float(n)
-        return (n - 1) / ((self.distinct[-1] + 1) / _U32)
+        return (n - 1) / ((int(self.distinct[-1]) + 1) / _U32)
 
     def to_dict(self) -> dict[str, Any]:
+        rows = [
+            [int(r[0]), int(r[1]), int(r[2]), float(r[3]), float(r[4])] for r in self.rows.tolist()
+        ]
         return {
-            "blocks": [list(b) for b in self.blocks],
-            "no_unit": list(self.no_unit),
-            "distinct": list(self.distinct),
+            "blocks": rows[1:],
+            "no_unit": rows[0],
+            "distinct": self.distinct.astype(np.int64).tolist(),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> UnitSummary:
         """Strict: a malformed summary is a ValueError, never a half-read one."""
-        blocks = data.get("blocks") or []
-        if not isinstance(blocks, list) or len(blocks) not in (0, UNIT_BLOCKS):
-            raise ValueError(f"unit blocks: expected 0 or {UNIT_BLOCKS} rows")
+        blocks = data.get("blocks")
+        if not isinstance(blocks, list) or len(blocks) != UNIT_BLOCKS:
+            raise ValueError(f"unit blocks: expected {UNIT_BLOCKS} rows")
         distinct = data.get("distinct") or []
         if not isinstance(distinct, list) or len(distinct) > DISTINCT_K:
             raise ValueError(f"distinct units: at most {DISTINCT_K} hashes")
-        hashes = tuple(int(h) for h in distinct)
+        hashes = [int(h) for h in distinct]
         if any(not 0 < h < _U32 for h in hashes):
             raise ValueError("distinct units: hashes are 32-bit and non-zero")
-        return cls(
-            tuple(_row(b) for b in blocks),
-            _row(data.get("no_unit") or list(EMPTY_ROW)),
-            hashes,
-        )
+        rows = [_row(data.get("no_unit")), *(_row(b) for b in blocks)]
+        return cls(np.array(rows, dtype=np.float64), np.array(sorted(set(hashes)), dtype=np.uint32))
 
 
-def _row(raw: Any) -> Row:
+def _row(raw: Any) -> list[float]:
     if not isinstance(raw, (list, tuple)) or len(raw) != BLOCK_COLUMNS:
         raise ValueError(f"a unit block is {BLOCK_COLUMNS} numbers")
     count, failures, above = (int(v) for v in raw[:3])
@@ -148,7 +144,7 @@ def _row(raw: Any) -> Row:
     log_sum, log_sq = float(raw[3]), float(raw[4])
     if not (math.isfinite(log_sum) and math.isfinite(log_sq)):
         raise ValueError("a unit block's log sums are not finite")
-    return (count, failures, above, log_sum, log_sq)
+    return [count, failures, above, log_sum, log_sq]
 
 
 @dataclass(frozen=True)
@@ -178,12 +174,10 @@ def concentration(units: Sequence[int], count: int, top: int = 5) -> Concentrati
     m = len(units)
     if m == 0:
         return Concentration(0, (), None)
-    values, counts = np.unique(np.asarray(units, dtype=np.uint32), return_counts=True)
-    named = values != 0
-    values, counts = values[named], counts[named]
-    order = np.argsort(-counts, kind="stable")[:top]
-    shares = tuple((int(values[i]), float(counts[i]) / m) for i in order)
-    pairs = float(np.sum(counts * (counts - 1)))
+    tally = Counter(units)
+    tally.pop(0, None)  # samples without a unit are each their own
+    shares = tuple((int(u), c / m) for u, c in tally.most_common(top))
+    pairs = float(sum(c * (c - 1) for c in tally.values()))
     if m < 2 or count < 2 or pairs == 0:
         return Concentration(m, shares, None)
     sum_sq = count * (count - 1) * pairs / (m * (m - 1)) + count

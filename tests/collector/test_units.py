@@ -51,11 +51,9 @@ def ingest(window: ExperimentWindow, cols: tuple[np.ndarray, ...], index: np.nda
 
 def assert_same_units(got: WindowSnapshot, want: WindowSnapshot) -> None:
     assert got.units is not None and want.units is not None
-    for a, b in zip(got.units.blocks, want.units.blocks, strict=True):
-        assert a[:3] == b[:3]
-        assert a[3:] == pytest.approx(b[3:], rel=1e-9, abs=1e-6)
-    assert got.units.no_unit[:3] == want.units.no_unit[:3]
-    assert got.units.distinct == want.units.distinct
+    np.testing.assert_array_equal(got.units.rows[:, :3], want.units.rows[:, :3])
+    np.testing.assert_allclose(got.units.rows[:, 3:], want.units.rows[:, 3:], rtol=1e-9, atol=1e-6)
+    np.testing.assert_array_equal(got.units.distinct, want.units.distinct)
 
 
 @settings(max_examples=25, deadline=None)
@@ -105,7 +103,7 @@ def test_a_unit_that_is_half_of_a_window() -> None:
     snap = window.snapshot(START)["canary"]
     assert snap.units is not None
     block = (int(heavy) * UNIT_BLOCKS) >> 32
-    assert snap.units.blocks[block][0] >= n // 2
+    assert snap.units.blocks[block, 0] >= n // 2
     assert snap.units.unit_samples == n
     assert snap.units.no_unit_samples == 0
     found = concentration(snap.reservoir_units, snap.count)
@@ -126,8 +124,7 @@ def test_samples_without_a_unit_are_counted_apart() -> None:
     # the log sums describe the samples: their mean is ln of a typical RT in ms
     canary = snaps["canary"].units
     assert canary is not None
-    count = sum(b[0] for b in canary.blocks) + canary.no_unit[0]
-    mean_log = (sum(b[3] for b in canary.blocks) + canary.no_unit[3]) / count
+    mean_log = canary.rows[:, 3].sum() / canary.rows[:, 0].sum()
     assert mean_log == pytest.approx(np.log(40.0), abs=0.15)
 
 
