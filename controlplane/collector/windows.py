@@ -470,6 +470,7 @@ class ExperimentWindow:
         self._failure_table = failure_table(config.failure_statuses)
         self._threshold_us = self._threshold_in_us(config.threshold_ms)
         self._longest = config.window_sec
+        self._bin_index = np.arange(self.mapping.bins, dtype=np.float64)
         self._tail = math.floor(clock_now) - config.window_sec + 1
         self.changed = False  # set by anything that changes a snapshot; the publisher clears it
 
@@ -673,7 +674,10 @@ class ExperimentWindow:
         above_mask = self._above(rt_us)
         aboves = self._per_group(group, above_mask, groups)
         sums = self._sums(group, rt_us, groups, active)
-        unit_counts, unit_sums = self._unit_rows(group, unit, index, failed, above_mask, groups)
+        if unit.any():
+            unit_counts, unit_sums = self._unit_rows(group, unit, index, failed, above_mask, groups)
+        else:
+            unit_counts, unit_sums = self._unitless_rows(hist, counts, failures, aboves)
 
         slots: dict[int, int] = {}
         taus = np.full(groups, 2.0, dtype=np.float32)
@@ -755,29 +759,57 @@ class ExperimentWindow:
         sums[:, 1] = np.bincount(key, weights=weights, minlength=size)
         return counts.reshape(groups, UNIT_ROWS, 3), sums.reshape(groups, UNIT_ROWS, 2)
 
+    def _unitless_rows(self, hist: I64, counts: I64, failures: I64, aboves: I64) -> tuple[I64, F64]:
+        """`_unit_rows` when no sample has a unit: all in row 0, the index sums read
+        off the histogram (O(groups x bins), no pass over the samples)."""
+        groups = hist.shape[0]
+        unit_counts = np.zeros((groups, UNIT_ROWS, 3), dtype=np.int64)
+        unit_counts[:, 0, 0] = counts
+        unit_counts[:, 0, 1] = failures
+        unit_counts[:, 0, 2] = aboves
+        unit_sums = np.zeros((groups, UNIT_ROWS, 2), dtype=np.float64)
+        weights = self._bin_index
+        unit_sums[:, 0, 0] = hist @ weights
+        unit_sums[:, 0, 1] = hist @ (weights * weights)
+        return unit_counts, unit_sums
+
     def _offer_distinct(
         self, group: I64 | None, unit: U32, active: list[int], slots: dict[int, int]
     ) -> None:
         """Each active second's new unit hashes into its distinct sketch.
 
         Once a second's sketch is full only hashes below its largest can enter, so a
-        single comparison pass filters a batch before anything is sorted.
+        comparison pass filters a batch first. What is left is sorted once, keyed by
+        (group, hash), and each group takes its smallest distinct hashes from its run.
         """
         n_variants = len(self._rings)
-        limit = 0
+        limits = np.zeros(max(active) + 1, dtype=np.int64)
         for g in active:
             held = self._rings[g % n_variants].distinct[slots[g]]
-            limit = max(limit, int(held[-1]) if held.shape[0] >= DISTINCT_K else _U32_LIMIT)
-        if limit == 0:
-            return
-        chosen = np.flatnonzero((unit != 0) & (unit < limit) if limit < _U32_LIMIT else unit != 0)
+            limits[g] = int(held[-1]) if held.shape[0] >= DISTINCT_K else _U32_LIMIT
+        if group is None:
+            chosen = np.flatnonzero((unit != 0) & (unit < limits[0]))
+            keys = unit[chosen].astype(np.uint64)
+        else:
+            chosen = np.flatnonzero((unit != 0) & (unit < limits[group]))
+            keys = group[chosen].astype(np.uint64) << np.uint64(32)
+            keys |= unit[chosen]
         if not chosen.shape[0]:
             return
-        units = unit[chosen]
-        where = group[chosen] if group is not None else None
+        keys.sort()
+        fresh = np.empty(keys.shape[0], dtype=bool)
+        fresh[0] = True
+        np.not_equal(keys[1:], keys[:-1], out=fresh[1:])
+        keys = keys[fresh]
+        edges = np.searchsorted(
+            keys, np.arange(limits.shape[0] + 1, dtype=np.uint64) << np.uint64(32)
+        )
         for g in active:
-            mine = units if where is None else units[where == g]
-            if mine.shape[0]:
+            lo, hi = int(edges[g]), int(edges[g + 1])
+            if hi > lo:
+                mine = (keys[lo : min(hi, lo + DISTINCT_K)] & np.uint64(_U32_LIMIT - 1)).astype(
+                    np.uint32
+                )
                 self._rings[g % n_variants].offer_units(slots[g], mine)
 
     def _above(self, rt_us: npt.NDArray[np.uint32]) -> npt.NDArray[np.bool_] | None:

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.decision.breaker import Evaluation, Verdict, evaluate, unit_evidence
+from controlplane.decision.breaker import Evaluation, Guardrail, Verdict, evaluate, unit_evidence
 from controlplane.decision.model import (
     BreakerState,
     Decision,
@@ -65,6 +65,8 @@ MAX_BUDGET_HORIZON_SEC = 600.0
 # the budget is split over one look per this interval: the controller's tick
 # (controlplane/controller/runner.py), at most one look per fresh snapshot
 LOOK_INTERVAL_SEC = 0.25
+# on clustered evidence a step gate is held by an exceedance only at this significance
+GATE_CLUSTERED_P = 0.05
 
 
 def fast_window_sec(window_sec: int) -> int | None:
@@ -570,8 +572,29 @@ def _gate(state: RolloutState, rule: BreakerRule) -> Evaluation:
 
 def _gate_passes(gate: Evaluation) -> bool:
     # a gate moves traffic up, so it wants every guardrail within its bound, not
-    # merely an exceedance that is not (yet) significant
-    return gate.verdict is Verdict.PASS and not any(g.exceeded for g in gate.guardrails)
+    # merely an exceedance that is not (yet) significant - except on clustered
+    # evidence (below)
+    return gate.verdict is Verdict.PASS and not any(_holds_gate(g) for g in gate.guardrails)
+
+
+def _holds_gate(g: Guardrail) -> bool:
+    """Whether a guardrail keeps the step from advancing.
+
+    Judged per request, any exceedance holds: more requests shrink the noise, so a
+    healthy canary's estimate comes back under the bound. Judged on units, the same
+    sticky units make the step's estimate, and waiting adds few new ones: a slow heavy
+    user keeps a healthy canary's estimate over the bound for the whole step. There an
+    exceedance holds only while it is significant at GATE_CLUSTERED_P (cluster-robust,
+    one-sided) - what the units cannot tell from their own spread is not evidence
+    against the canary, and the next step's units judge it again
+    (docs/decisions/0012-cluster-robust-judgment.md).
+    """
+    if not g.exceeded:
+        return False
+    if g.test is None or not g.test.method.startswith("cluster_robust"):
+        return True
+    p = g.p_adjusted if g.p_adjusted is not None else g.test.p_value
+    return p < GATE_CLUSTERED_P
 
 
 def _next_data_at(state: RolloutState, rule: BreakerRule, now: float) -> float:

@@ -233,15 +233,9 @@ def _cluster_estimate(
 ) -> ClusterEstimate:
     """Σy/Σn with the CR1 variance G/(G-1)·Σ r_b² / N², r_b = y_b - est·n_b.
 
-    The singletons' Σ r² and Σ r⁴ come from their sums: Σ (y_i - e)² = Σy² - 2eΣy + e²n;
-    for the fourth powers (only the degrees of freedom use them) a binary y is exact,
-    a continuous one is approximated as if its residuals were equal in size.
-
-    Degrees of freedom: Satterthwaite's for a sum of independent variance terms,
-    (Σ r_b²)² / Σ r_b⁴ - the effective number of clusters carrying the variance. One
-    heavy unit holding most of it gives about one degree of freedom (a t with Cauchy
-    tails), many comparable units give many: the test is as cautious as the window
-    is concentrated, not as its count of blocks says.
+    The singletons' Σ r² comes from their sums: Σ (y_i - e)² = Σy² - 2eΣy + e²n.
+    Degrees of freedom G - 1, G the clusters with samples (the usual small-G
+    correction; Satterthwaite's, measured against it, is in the decision record).
     """
     used = n > 0
     n, y = n[used], y[used]
@@ -252,12 +246,9 @@ def _cluster_estimate(
     r2 = (y - est * n) ** 2
     single_r2 = max(single_yy - 2 * est * single_y + est * est * single_n, 0.0)
     clusters = int(n.shape[0]) + single_n
-    sum_r2 = float(r2.sum()) + single_r2
-    sum_r4 = float((r2**2).sum()) + (single_r2**2 / single_n if single_n else 0.0)
     scale = clusters / (clusters - 1) if clusters > 1 else 1.0
-    variance = scale * sum_r2 / (total * total)
-    df = sum_r2 * sum_r2 / sum_r4 if sum_r4 > 0 else float(max(clusters - 1, 1))
-    return ClusterEstimate(est, variance, max(1.0, min(df, clusters - 1.0)), clusters, int(total))
+    variance = scale * (float(r2.sum()) + single_r2) / (total * total)
+    return ClusterEstimate(est, variance, max(1.0, clusters - 1.0), clusters, int(total))
 
 
 def cluster_ratio(summary: UnitSummary, column: int) -> ClusterEstimate:

@@ -154,3 +154,22 @@ def test_malformed_unit_summaries_are_refused() -> None:
         UnitSummary.from_dict({"distinct": [0]})
     with pytest.raises(ValueError):
         UnitSummary.from_dict({"no_unit": [1, 0, 0, float("nan"), 0.0]})
+
+
+def test_rows_without_units_read_off_the_histogram_match_the_per_sample_sums() -> None:
+    variant, ts, rt, outcome, unit = columns(9, 2_000, 10, 1.0)
+    alone = fresh()
+    alone.ingest(variant, ts, rt, outcome, START, unit)  # no unit at all: the histogram path
+    mixed = fresh()
+    unit_one = unit.copy()
+    unit_one[-1] = 7  # one sample with a unit: the per-sample path
+    mixed.ingest(variant[:-1], ts[:-1], rt[:-1], outcome[:-1], START, unit_one[:-1])
+    mixed.ingest(variant[-1:], ts[-1:], rt[-1:], outcome[-1:], START, unit_one[-1:])
+    other = fresh()
+    other.ingest(variant, ts, rt, outcome, START, unit_one)
+    for name in ("baseline", "canary"):
+        a, b = mixed.snapshot(START)[name].units, other.snapshot(START)[name].units
+        assert a is not None and b is not None
+        np.testing.assert_array_equal(a.rows[:, :3], b.rows[:, :3])
+        np.testing.assert_allclose(a.rows, b.rows, rtol=1e-12)
+    assert alone.snapshot(START)["canary"].units is not None

@@ -254,3 +254,26 @@ def test_unit_state_survives_the_rollout_state_round_trip() -> None:
     round_trip = WindowSnapshot.from_json(snaps["canary"].to_json())
     assert round_trip.units is not None
     assert round_trip.reservoir_units == snaps["canary"].reservoir_units
+
+
+@pytest.mark.parametrize(("clustered", "advances"), [(True, True), (False, False)])
+def test_a_heavy_slow_unit_does_not_hold_a_step_for_ever(clustered: bool, advances: bool) -> None:
+    """6% above the threshold against a 5% tail, made by one heavy unit: per request
+    that holds the step (more requests would settle it); on units it cannot be told
+    from the unit's own spread, so the step advances and the next one judges again."""
+    rng = np.random.default_rng(9)
+    n = 2000
+    unit = population(rng, n, 60, 0.3)
+    heavy = unit == np.uint32(0xC0FFEE01)
+    above = (heavy & (rng.random(n) < 0.16)) | (~heavy & (rng.random(n) < 0.017))
+    window = with_units(snap("canary", T0 + 50), unit, np.zeros(n, bool), above)
+    if not clustered:
+        window = replace(window, units=None, reservoir_units=())
+    assert window.above_threshold_fraction > 0.05
+    s = state(tally=Tally.starting(T0).add(window, None))
+    # a look whose window overlaps the counted one: the gate judges the tally alone
+    fine = snap("canary", T0 + 59, above=10)
+    d = decide(s, {"canary": fine, "baseline": snap("baseline", T0 + 59)}, rule(), STEPS, T0 + 61)
+    assert (d.new_state.step_index == 1) is advances
+    gate = d.evidence["step_gate"]["guardrails"]["latency"]
+    assert gate["exceeded"]
