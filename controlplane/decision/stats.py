@@ -213,6 +213,10 @@ def always_valid_split_p(baseline_count: int, canary_count: int, fraction: float
 # Samples without a unit are clusters of one.
 
 
+# a block holding more than this share of a window dominates it (see _cluster_estimate)
+DOMINANT_BLOCK_SHARE = 0.5
+
+
 @dataclass(frozen=True)
 class ClusterEstimate:
     """A ratio estimate (Σ y / Σ n) with its cluster-robust variance and degrees of freedom."""
@@ -230,12 +234,25 @@ def _cluster_estimate(
     single_n: int,
     single_y: float,
     single_yy: float,
+    sum_yy: float,
 ) -> ClusterEstimate:
-    """Σy/Σn with the CR1 variance G/(G-1)·Σ r_b² / N², r_b = y_b - est·n_b.
+    """Σy/Σn with the jackknife (CR3) cluster-robust variance.
 
-    The singletons' Σ r² comes from their sums: Σ (y_i - e)² = Σy² - 2eΣy + e²n.
-    Degrees of freedom G - 1, G the clusters with samples (the usual small-G
-    correction; Satterthwaite's, measured against it, is in the decision record).
+    V = (G-1)/G · Σ_b (r_b / (1 - h_b))² / N², r_b = y_b - est·n_b, h_b = n_b / N the
+    block's leverage. The plain sandwich (CR1) is biased low exactly where it matters:
+    a block holding most of the window pulls the estimate to itself, so its residual
+    is near zero however far it is from the rest - with one sticky heavy user making
+    97% of a 1% canary, CR1 found that user "significantly" slower than the baseline.
+    Dividing by 1 - h_b is the leave-one-block-out change of the estimate, which is
+    what that block really contributes (docs/decisions/0012-cluster-robust-judgment.md).
+    A window with a single cluster has no variance estimate: infinite.
+
+    When one block holds more than half of the window the rest cannot say how far a
+    unit's mean may lie from the others', so the variance is at least h² s², s² the
+    per-sample variance: the dominant block's mean anywhere in the requests' spread.
+
+    Samples without a unit are clusters of one, with leverage 1/N; their Σ r² comes
+    from their sums: Σ (y_i - e)² = Σy² - 2eΣy + e²n. Degrees of freedom G - 1.
     """
     used = n > 0
     n, y = n[used], y[used]
@@ -243,12 +260,21 @@ def _cluster_estimate(
     if total <= 0:
         return ClusterEstimate(0.0, 0.0, 1.0, 0, 0)
     est = (float(y.sum()) + single_y) / total
-    r2 = (y - est * n) ** 2
-    single_r2 = max(single_yy - 2 * est * single_y + est * est * single_n, 0.0)
     clusters = int(n.shape[0]) + single_n
-    scale = clusters / (clusters - 1) if clusters > 1 else 1.0
+    if clusters < 2:
+        return ClusterEstimate(est, math.inf, 1.0, clusters, int(total))
+    leverage = n / total
+    r2 = ((y - est * n) / (1.0 - leverage)) ** 2
+    single_r2 = max(single_yy - 2 * est * single_y + est * est * single_n, 0.0)
+    if single_n:
+        single_r2 /= (1.0 - 1.0 / total) ** 2
+    scale = (clusters - 1) / clusters
     variance = scale * (float(r2.sum()) + single_r2) / (total * total)
-    return ClusterEstimate(est, variance, max(1.0, clusters - 1.0), clusters, int(total))
+    heaviest = float(leverage.max()) if leverage.shape[0] else 0.0
+    if heaviest > DOMINANT_BLOCK_SHARE:
+        spread = max(sum_yy / total - est * est, 0.0)
+        variance = max(variance, heaviest * heaviest * spread)
+    return ClusterEstimate(est, variance, clusters - 1.0, clusters, int(total))
 
 
 def cluster_ratio(summary: UnitSummary, column: int) -> ClusterEstimate:
@@ -256,13 +282,17 @@ def cluster_ratio(summary: UnitSummary, column: int) -> ClusterEstimate:
     blocks = summary.blocks
     single_n, single_y = int(summary.no_unit[0]), float(summary.no_unit[column])
     # binary outcomes: y² = y
-    return _cluster_estimate(blocks[:, 0], blocks[:, column], single_n, single_y, single_y)
+    sum_yy = float(blocks[:, column].sum()) + single_y
+    return _cluster_estimate(blocks[:, 0], blocks[:, column], single_n, single_y, single_y, sum_yy)
 
 
 def cluster_log_mean(summary: UnitSummary) -> ClusterEstimate:
     """Mean ln(RT in ms) per sample, clustered by unit block."""
     blocks, row = summary.blocks, summary.no_unit
-    return _cluster_estimate(blocks[:, 0], blocks[:, 3], int(row[0]), float(row[3]), float(row[4]))
+    sum_yy = float(blocks[:, 4].sum()) + float(row[4])
+    return _cluster_estimate(
+        blocks[:, 0], blocks[:, 3], int(row[0]), float(row[3]), float(row[4]), sum_yy
+    )
 
 
 def _t_sf(t: float, df: float) -> float:
@@ -277,6 +307,8 @@ def clustered_bound_test(name: str, est: ClusterEstimate, bound: float) -> TestR
     opposed), so an estimate below it is the estimator's noise with few clusters.
     """
     if est.count == 0:
+        return TestResult(name, "cluster_robust_t_vs_bound", 0.0, 1.0)
+    if est.variance == math.inf:  # a single cluster: nothing to judge it against
         return TestResult(name, "cluster_robust_t_vs_bound", 0.0, 1.0)
     floor = bound * (1 - bound) / est.count
     se = math.sqrt(max(est.variance, floor))
@@ -302,7 +334,7 @@ def clustered_comparison_test(
         vb = max(vb, pooled * (1 - pooled) / baseline.count)
     total = vc + vb
     method = "cluster_robust_welch_t"
-    if total <= 0:
+    if not 0 < total < math.inf:  # no variance, or an arm with a single cluster
         return TestResult(name, method, 0.0, 1.0)
     t = (canary.estimate - baseline.estimate) / math.sqrt(total)
     df = total * total / (vc * vc / canary.df + vb * vb / baseline.df)

@@ -73,6 +73,16 @@ class UnitSummary:
     rows: F64
     distinct: U32
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, UnitSummary):
+            return NotImplemented
+        return bool(
+            np.array_equal(self.rows, other.rows) and np.array_equal(self.distinct, other.distinct)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.rows.tobytes(), self.distinct.tobytes()))
+
     @classmethod
     def empty(cls) -> UnitSummary:
         return cls(np.zeros((UNIT_BLOCKS + 1, BLOCK_COLUMNS)), np.zeros(0, dtype=np.uint32))
