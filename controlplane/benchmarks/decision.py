@@ -49,6 +49,7 @@ from controlplane.decision.tally import Tally
 from controlplane.kernel.routes import BASELINE, CANARY, TOTAL_WEIGHT
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.snapshots import WindowSnapshot
+from controlplane.kernel.units import UNIT_BLOCKS, UnitSummary, block_of, bottom_distinct
 
 F64 = npt.NDArray[np.float64]
 
@@ -127,6 +128,12 @@ CLUSTER_USER_ERROR_RATE = (ERROR_RATE - CLUSTER_BROKEN_SHARE * CLUSTER_BROKEN_ER
     1 - CLUSTER_BROKEN_SHARE
 )
 CLUSTERED_SEED = 3_000  # clustered A/A runs draw their seeds from here (A/A: 1_000)
+CLUSTER_EXPONENTS = (1.0, 0.8)
+# a real sample ratio mismatch: this share of the canary's users never reach it
+SRM_LOST_SHARE = 0.10
+SRM_SEED = 20_000
+# on clustered traffic, the canary degrades at half of the users
+CLUSTERED_SCENARIOS = ("latency_x2", "failures_5pct")
 
 
 # ---------------------------------------------------------------- simulated traffic
@@ -141,6 +148,13 @@ class SimVariant:
         self.n = 0
         self._ts: F64 = np.empty(capacity)
         self._rt: F64 = np.empty(capacity)
+        # per sample: unit hash, its unit row (controlplane/kernel/units.py), ln(ms),
+        # failed, above the threshold
+        self._unit: npt.NDArray[np.uint32] = np.zeros(capacity, dtype=np.uint32)
+        self._row: npt.NDArray[np.int64] = np.zeros(capacity, dtype=np.int64)
+        self._log: F64 = np.zeros(capacity)
+        self._failed: F64 = np.zeros(capacity)
+        self._above: F64 = np.zeros(capacity)
         # running sums with a leading zero: a window's count is a difference of two
         self._cum_failed: npt.NDArray[np.int64] = np.zeros(capacity + 1, dtype=np.int64)
         self._cum_above: npt.NDArray[np.int64] = np.zeros(capacity + 1, dtype=np.int64)
@@ -151,13 +165,22 @@ class SimVariant:
             size *= 2
         if size == self._ts.size:
             return
-        for attr, extra in (("_ts", 0), ("_rt", 0), ("_cum_failed", 1), ("_cum_above", 1)):
+        for attr, extra in (
+            ("_ts", 0), ("_rt", 0), ("_cum_failed", 1), ("_cum_above", 1), ("_unit", 0),
+            ("_row", 0), ("_log", 0), ("_failed", 0), ("_above", 0),
+        ):  # fmt: skip
             old = getattr(self, attr)
             grown = np.zeros(size + extra, dtype=old.dtype)
             grown[: old.size] = old
             setattr(self, attr, grown)
 
-    def add(self, ts: F64, rt: F64, failed: npt.NDArray[np.bool_]) -> None:
+    def add(
+        self,
+        ts: F64,
+        rt: F64,
+        failed: npt.NDArray[np.bool_],
+        unit: npt.NDArray[np.uint32] | None = None,
+    ) -> None:
         k = ts.size
         if not k:
             return
@@ -165,6 +188,12 @@ class SimVariant:
         a, b = self.n, self.n + k
         self._ts[a:b] = ts
         self._rt[a:b] = rt
+        if unit is not None:
+            self._unit[a:b] = unit
+            self._row[a:b] = block_of(unit)
+        self._log[a:b] = np.log(rt)
+        self._failed[a:b] = failed
+        self._above[a:b] = rt > self.threshold_ms
         self._cum_failed[a + 1 : b + 1] = self._cum_failed[a] + np.cumsum(failed)
         self._cum_above[a + 1 : b + 1] = self._cum_above[a] + np.cumsum(rt > self.threshold_ms)
         self.n = b
@@ -189,9 +218,16 @@ class SimVariant:
             if reservoir:
                 stride = max(1, math.ceil(count / RESERVOIR_SIZE))
                 res = tuple(window[::stride].tolist())
+        units = self._units(i, j)
+        res_units: tuple[int, ...] = ()
+        if res:
+            stride = max(1, math.ceil(count / RESERVOIR_SIZE))
+            res_units = tuple(self._unit[i:j:stride].tolist())
         return WindowSnapshot(
             experiment="bench",
             variant=self.name,
+            reservoir_units=res_units,
+            units=units,
             count=count,
             failures=int(self._cum_failed[j] - self._cum_failed[i]),
             window_sec=window_sec,
@@ -208,6 +244,22 @@ class SimVariant:
             threshold_exact=True,
             reservoir_ms=res,
         )
+
+    def _units(self, i: int, j: int) -> UnitSummary:
+        """The window's unit sums, as the collector keeps them (exact ln here)."""
+        rows = self._row[i:j]
+        size = UNIT_BLOCKS + 1
+        logs = self._log[i:j]
+        table: F64 = np.column_stack(
+            [
+                np.bincount(rows, minlength=size).astype(np.float64),
+                np.bincount(rows, weights=self._failed[i:j], minlength=size),
+                np.bincount(rows, weights=self._above[i:j], minlength=size),
+                np.bincount(rows, weights=logs, minlength=size),
+                np.bincount(rows, weights=logs * logs, minlength=size),
+            ]
+        )
+        return UnitSummary.from_arrays(table, bottom_distinct([self._unit[i:j]]))
 
     def counts(self, lo: float, hi: float) -> tuple[int, int, int]:
         """(count, failures, above threshold) over (lo, hi]."""
@@ -250,7 +302,10 @@ class Traffic:
                 bad = ts >= self.degrade.onset
                 rt[bad] *= self.degrade.latency_factor
                 error[bad] = self.degrade.error_rate
-            self.variants[name].add(ts, rt, self.rng.random(n) < error)
+            failed = self.rng.random(n) < error
+            # every request from its own unit: independent traffic, as units see it
+            unit = self.rng.integers(1, 2**32, n, dtype=np.uint64).astype(np.uint32)
+            self.variants[name].add(ts, rt, failed, unit)
 
     def snapshots(
         self, now: float, rule: BreakerRule, *, reservoir: bool, window_sec: int | None = None
@@ -291,9 +346,17 @@ class ClusteredTraffic(Traffic):
     Arrivals are Poisson at TOTAL_RPS; each request's user is drawn by share.
     """
 
-    def __init__(self, rng: np.random.Generator, threshold_ms: float) -> None:
-        super().__init__(rng, threshold_ms, Degradation())
-        shares = zipf_shares()
+    def __init__(
+        self,
+        rng: np.random.Generator,
+        threshold_ms: float,
+        *,
+        exponent: float = CLUSTER_ZIPF_EXPONENT,
+        degrade: Degradation = Degradation(),
+        lost_share: float = 0.0,
+    ) -> None:
+        super().__init__(rng, threshold_ms, degrade)
+        shares = zipf_shares(exponent=exponent)
         self.shares = shares
         self._cdf = np.cumsum(shares)
         self._cdf[-1] = 1.0
@@ -304,6 +367,9 @@ class ClusteredTraffic(Traffic):
         self.error_rate: F64 = np.where(
             broken, CLUSTER_BROKEN_ERROR_RATE, CLUSTER_USER_ERROR_RATE
         ).astype(np.float64)
+        self.unit_hash = rng.integers(1, 2**32, n, dtype=np.uint64).astype(np.uint32)
+        # a real SRM: these users' canary requests never reach it (a crash on login)
+        self.lost = rng.random(n) < lost_share
 
     def canary_users(self, canary_bp: int) -> npt.NDArray[np.bool_]:
         """Which users the canary holds at this weight."""
@@ -325,9 +391,17 @@ class ClusteredTraffic(Traffic):
     def generate(self, t0: float, t1: float, canary_bp: int) -> None:
         ts, user, rt, failed = self.draw(t0, t1)
         canary = self.canary_users(canary_bp)[user]
-        self.variants[CANARY].add(ts[canary], rt[canary], failed[canary])
+        bad = canary & (ts >= self.degrade.onset)
+        if bad.any():
+            rt[bad] *= self.degrade.latency_factor
+            # the canary's own failures on top of the user's
+            extra = max(self.degrade.error_rate - ERROR_RATE, 0.0)
+            failed[bad] |= self.rng.random(int(bad.sum())) < extra
+        unit = self.unit_hash[user]
+        seen = canary & ~self.lost[user]
+        self.variants[CANARY].add(ts[seen], rt[seen], failed[seen], unit[seen])
         baseline = ~canary
-        self.variants[BASELINE].add(ts[baseline], rt[baseline], failed[baseline])
+        self.variants[BASELINE].add(ts[baseline], rt[baseline], failed[baseline], unit[baseline])
 
 
 class Controller:
@@ -362,12 +436,17 @@ def aa_run(args: tuple[str, int, float, bool]) -> dict[str, Any]:
     return _aa_schedule(mode, Traffic(rng, rule.threshold_ms, Degradation()), hold_sec, use_fast)
 
 
-def aa_clustered_run(args: tuple[str, int, float, bool]) -> dict[str, Any]:
-    """One full schedule with identical variants, on clustered traffic (d)."""
-    mode, seed, hold_sec, use_fast = args
+def aa_clustered_run(args: tuple[str, int, float, bool, float, float]) -> dict[str, Any]:
+    """One full schedule with identical variants, on clustered traffic (d).
+
+    args: mode, seed, hold, fast window, Zipf exponent, share of users the canary
+    loses (0 for A/A; > 0 is a real sample ratio mismatch).
+    """
+    mode, seed, hold_sec, use_fast, exponent, lost = args
     rule = BASELINE_RULE if mode == "baseline" else RULE
     rng = np.random.default_rng(seed)
-    return _aa_schedule(mode, ClusteredTraffic(rng, rule.threshold_ms), hold_sec, use_fast)
+    traffic = ClusteredTraffic(rng, rule.threshold_ms, exponent=exponent, lost_share=lost)
+    return _aa_schedule(mode, traffic, hold_sec, use_fast)
 
 
 def _aa_schedule(mode: str, traffic: Traffic, hold_sec: float, use_fast: bool) -> dict[str, Any]:
@@ -430,15 +509,26 @@ def _trip_summary(evidence: dict[str, Any], canary_bp: int, now: float) -> dict[
 # ---------------------------------------------------------------- (b) detection
 
 
-def detection_run(args: tuple[str, str, int, bool]) -> dict[str, Any]:
-    """Steady canary at 100 req/s; degrades at `onset`; seconds to the weight cut."""
-    mode, scenario, seed, use_fast = args
+def detection_run(
+    args: tuple[str, str, int, bool] | tuple[str, str, int, bool, float],
+) -> dict[str, Any]:
+    """Steady canary at 100 req/s; degrades at `onset`; seconds to the weight cut.
+
+    A fifth element, a Zipf exponent, runs it on clustered traffic (the canary holds
+    half of the users, all of them degraded from the onset).
+    """
+    mode, scenario, seed, use_fast = args[:4]
     rule = BASELINE_RULE if mode == "baseline" else RULE
     factor, error_rate = SCENARIOS[scenario]
     rng = np.random.default_rng(seed)
     warmup = rule.window_sec + 5.0
     onset = warmup + float(rng.uniform(0, 1))  # random phase against the 250-ms ticks
-    traffic = Traffic(rng, rule.threshold_ms, Degradation(onset, factor, error_rate))
+    degrade = Degradation(onset, factor, error_rate)
+    traffic: Traffic
+    if len(args) == 5:
+        traffic = ClusteredTraffic(rng, rule.threshold_ms, exponent=args[4], degrade=degrade)
+    else:
+        traffic = Traffic(rng, rule.threshold_ms, degrade)
     # the A/A runs' step hold: the false-alarm budget is the same as theirs (a
     # degraded canary never passes the step gate, so the step does not end)
     steps = (Step(DETECTION_CANARY_BP / 100, DETECTION_HOLD_SEC),)
@@ -502,7 +592,7 @@ def flagger_run(args: tuple[str, int]) -> dict[str, Any]:
 
 
 def _map(
-    fn: Callable[[Any], dict[str, Any]], jobs: list[Any], workers: int
+    fn: Callable[[Any], dict[str, Any]], jobs: Sequence[Any], workers: int
 ) -> list[dict[str, Any]]:
     if workers <= 1 or len(jobs) < 4:
         return [fn(job) for job in jobs]
@@ -552,12 +642,12 @@ def _trip_breakdown(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _clustered_parameters() -> dict[str, Any]:
-    shares = zipf_shares()
+def _clustered_parameters(exponent: float) -> dict[str, Any]:
+    shares = zipf_shares(exponent=exponent)
     top = np.cumsum(shares)
     return {
         "users": CLUSTER_USERS,
-        "request_share": f"zipf(exponent {CLUSTER_ZIPF_EXPONENT}) over user rank",
+        "request_share": f"zipf(exponent {exponent}) over user rank",
         "top_user_share": float(top[0]),
         "top_10_users_share": float(top[9]),
         "top_100_users_share": float(top[99]),
@@ -598,6 +688,7 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
     # the same count as (a), so the two false-trip rates have the same precision
     clustered_runs = 3 if quick else 400
     detection_runs = 2 if quick else 40
+    clustered_detection_runs = 2 if quick else 100
     flagger_runs = 2 if quick else 40
     workers = 1 if quick else max(1, min(2, os.cpu_count() or 1))
 
@@ -611,20 +702,60 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
         results = _map(aa_run, [(mode, 1_000 + i, hold, True) for i in range(aa_runs)], workers)
         aa[mode] = _aa_summary(results)
 
-    aa_clustered: dict[str, Any] = {}
-    for mode in ("absolute", "baseline"):
-        say(f"A/A clustered {mode}: {clustered_runs} runs")
-        seeds = range(CLUSTERED_SEED, CLUSTERED_SEED + clustered_runs)
-        results = _map(aa_clustered_run, [(mode, seed, hold, True) for seed in seeds], workers)
-        aa_clustered[mode] = {**_aa_summary(results), **_trip_breakdown(results)}
-    clustered_trips = sum(m["false_trips"] for m in aa_clustered.values())
-    clustered_total = sum(m["runs"] for m in aa_clustered.values())
-    aa_clustered["both_modes"] = {
-        "runs": clustered_total,
-        "false_trips": clustered_trips,
-        "false_trip_rate": _rate_with_ci(clustered_trips, clustered_total),
+    by_exponent: dict[float, dict[str, Any]] = {}
+    srm_warned = srm_runs = 0
+    for exponent in CLUSTER_EXPONENTS:
+        aa_clustered: dict[str, Any] = {}
+        for mode in ("absolute", "baseline"):
+            say(f"A/A clustered zipf {exponent} {mode}: {clustered_runs} runs")
+            seeds = range(CLUSTERED_SEED, CLUSTERED_SEED + clustered_runs)
+            aa_jobs = [(mode, seed, hold, True, exponent, 0.0) for seed in seeds]
+            results = _map(aa_clustered_run, aa_jobs, workers)
+            aa_clustered[mode] = {**_aa_summary(results), **_trip_breakdown(results)}
+            srm_warned += sum(r["srm_warned"] for r in results)
+            srm_runs += len(results)
+        clustered_trips = sum(m["false_trips"] for m in aa_clustered.values())
+        clustered_total = sum(m["runs"] for m in aa_clustered.values())
+        aa_clustered["both_modes"] = {
+            "runs": clustered_total,
+            "false_trips": clustered_trips,
+            "false_trip_rate": _rate_with_ci(clustered_trips, clustered_total),
+        }
+        aa_clustered["traffic"] = _clustered_parameters(exponent)
+        by_exponent[exponent] = aa_clustered
+
+    srm_clustered: dict[str, Any] = {
+        "aa_runs": srm_runs,
+        "false_warnings": srm_warned,
+        "false_warning_rate": _rate_with_ci(srm_warned, srm_runs),
     }
-    aa_clustered["traffic"] = _clustered_parameters()
+    for exponent in CLUSTER_EXPONENTS:
+        say(f"real SRM (canary loses {SRM_LOST_SHARE:.0%} of its users), zipf {exponent}")
+        seeds = range(SRM_SEED, SRM_SEED + clustered_runs)
+        srm_jobs = [("absolute", seed, hold, True, exponent, SRM_LOST_SHARE) for seed in seeds]
+        results = _map(aa_clustered_run, srm_jobs, workers)
+        found = sum(r["srm_warned"] for r in results)
+        srm_clustered[f"real_srm_zipf_{exponent:g}"] = {
+            "lost_user_share": SRM_LOST_SHARE,
+            "runs": len(results),
+            "detected": found,
+            "detection_rate": _rate_with_ci(found, len(results)),
+        }
+
+    detection_clustered: dict[str, Any] = {}
+    for exponent in CLUSTER_EXPONENTS:
+        for mode, base in (("absolute", 80_000), ("baseline", 90_000)):
+            for name in CLUSTERED_SCENARIOS:
+                say(
+                    f"detection clustered zipf {exponent} {mode} {name}: {clustered_detection_runs}"
+                )
+                det_jobs = [
+                    (mode, name, base + i, True, exponent) for i in range(clustered_detection_runs)
+                ]
+                key = f"zipf_{exponent:g}"
+                detection_clustered.setdefault(key, {}).setdefault(mode, {})[name] = _times(
+                    _map(detection_run, det_jobs, workers)
+                )
 
     detection: dict[str, Any] = {}
     detection_baseline: dict[str, Any] = {}
@@ -650,7 +781,10 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
         "false_trip_rate": total_trips / total_runs,
         "false_trip_rate_ci95": _rate_with_ci(total_trips, total_runs)["ci95"],
         "aa": aa,
-        "aa_clustered": aa_clustered,
+        "aa_clustered": by_exponent[CLUSTER_EXPONENTS[0]],
+        "aa_clustered_zipf_0.8": by_exponent[CLUSTER_EXPONENTS[1]],
+        "srm_clustered": srm_clustered,
+        "detection_clustered": detection_clustered,
         "detection": detection,
         "detection_baseline_compare": detection_baseline,
         "flagger_reference_s": flagger,
@@ -674,6 +808,11 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
         "targets": {
             "false_trip_rate": 0.01,
             "p95_detection_s": {"latency_x5": 2.0, "failures_20pct": 2.0},
+            "clustered_false_trip_rate": 0.01,
+            "clustered_promoted_share": 0.97,
+            "srm_false_warning_rate": 0.01,
+            "srm_detection_rate": 0.95,
+            "clustered_detection_rate": 0.95,
         },
         "elapsed_s": time.perf_counter() - began,
     }

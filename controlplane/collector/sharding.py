@@ -47,14 +47,16 @@ from controlplane.collector.windows import (
     MAX_WINDOW_SEC,
     RESERVOIR_SIZE,
     SECOND_RESERVOIR_SIZE,
+    UNIT_ROWS,
     ExperimentWindow,
     LogMapping,
     WindowTotals,
-    bottom_k,
+    bottom_k_index,
 )
 from controlplane.kernel.errors import CodecError
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.kernel.streams import SnapshotBoard
+from controlplane.kernel.units import DISTINCT_K
 
 PART_PREFIX = "@part:"
 PARTIAL_VERSION = 1
@@ -91,6 +93,22 @@ def decode_hist_row_into(text: str, dense: npt.NDArray[np.int64]) -> None:
     dense[where] += counts
 
 
+def encode_unit_rows(counts: npt.NDArray[np.integer], sums: npt.NDArray[np.floating]) -> str:
+    """A second's unit rows: counts as i8, then the two index sums as f8, deflated."""
+    raw = counts.astype("<i8").tobytes() + sums.astype("<f8").tobytes()
+    return _b64(zlib.compress(raw, 1))
+
+
+def decode_unit_rows_into(
+    text: str, counts: npt.NDArray[np.int64], sums: npt.NDArray[np.float64]
+) -> None:
+    raw = zlib.decompress(_unb64(text), bufsize=UNIT_ROWS * 5 * 8)
+    if len(raw) != UNIT_ROWS * 5 * 8:
+        raise ValueError("a second's unit rows have the wrong size")
+    counts += np.frombuffer(raw, dtype="<i8", count=UNIT_ROWS * 3).reshape(UNIT_ROWS, 3)
+    sums += np.frombuffer(raw, dtype="<f8", offset=UNIT_ROWS * 3 * 8).reshape(UNIT_ROWS, 2)
+
+
 def export_partial(
     window: ExperimentWindow, now: float, *, collector: str, unacked: Iterable[str]
 ) -> dict[str, Any]:
@@ -103,12 +121,15 @@ def export_partial(
         slots = np.flatnonzero(ring.second >= start)
         slots = slots[np.argsort(ring.second[slots])]
         hist: list[str] = []
+        units: list[str] = []
         for slot in slots:
             s = int(slot)
             if ring.dirty[s] or s not in ring.encoded:
                 ring.encoded[s] = encode_hist_row(ring.hist[s])
+                ring.encoded_units[s] = encode_unit_rows(ring.unit_counts[s], ring.unit_sums[s])
                 ring.dirty[s] = False
             hist.append(ring.encoded[s])
+            units.append(ring.encoded_units[s])
         fills = ring.res_fill[slots]
         mask = np.arange(SECOND_RESERVOIR_SIZE)[None, :] < fills[:, None]
         res_s = np.repeat(ring.second[slots], fills)
@@ -127,6 +148,11 @@ def export_partial(
             "res_k": _b64(keys[order].astype("<f4").tobytes()),
             "res_v": _b64(ring.res_us[slots][mask][order].astype("<u4").tobytes()),
             "res_s": _b64(res_s[order].astype("<i8").tobytes()),
+            "res_u": _b64(ring.res_unit[slots][mask][order].astype("<u4").tobytes()),
+            "units": units,
+            # distinct units over this collector's whole window (a sketch of a union
+            # cannot drop a second): a reader with another window length reads this one
+            "distinct": _b64(ring.window_distinct(slots).astype("<u4").tobytes()),
         }
     return {
         "v": PARTIAL_VERSION,
@@ -162,6 +188,9 @@ class Partial:
         if part is None:
             return None
         totals = WindowTotals(bins=bins, newest_ts=part.get("newest"))
+        unit_rows = part.get("units")  # absent in a partial from an older collector
+        if unit_rows is not None and len(unit_rows) != len(part["sec"]):
+            raise ValueError("a partial's unit rows do not match its seconds")
         same_threshold = self.data.get("threshold_ms") == threshold_ms
         stale = np.zeros(bins, dtype=np.int64)
         any_stale = False
@@ -171,6 +200,8 @@ class Partial:
             totals.count += int(part["count"][i])
             totals.failures += int(part["fail"][i])
             totals.sum_us += float(part["sum"][i])
+            if unit_rows is not None:
+                decode_unit_rows_into(unit_rows[i], totals.unit_counts, totals.unit_sums)
             if same_threshold and not part["stale"][i]:
                 totals.above_exact += int(part["above"][i])
                 decode_hist_row_into(part["hist"][i], totals.hist)
@@ -188,6 +219,18 @@ class Partial:
         inside = seconds >= start
         totals.res_keys = keys[inside].astype(np.float32)
         totals.res_us = values[inside].astype(np.uint32)
+        if "res_u" in part:
+            units = np.frombuffer(_unb64(part["res_u"]), dtype="<u4")
+            if units.shape[0] != keys.shape[0]:
+                raise ValueError("a partial's reservoir units do not match its reservoir")
+            totals.res_units = units[inside].astype(np.uint32)
+        else:
+            totals.res_units = np.zeros(totals.res_us.shape[0], dtype=np.uint32)
+        if "distinct" in part:
+            distinct = np.frombuffer(_unb64(part["distinct"]), dtype="<u4")
+            if distinct.shape[0] > DISTINCT_K:
+                raise ValueError("a partial's distinct-unit sketch is too long")
+            totals.distinct = np.sort(distinct.astype(np.uint32))
         return totals
 
 
@@ -332,7 +375,9 @@ def merge_snapshots(
             totals = partial.totals(name, start=start, threshold_ms=threshold_ms, bins=mapping.bins)
             if totals is not None:
                 merged.add(totals)
-        merged.res_keys, merged.res_us = bottom_k(merged.res_keys, merged.res_us, RESERVOIR_SIZE)
+        keep = bottom_k_index(merged.res_keys, RESERVOIR_SIZE)
+        merged.res_keys, merged.res_us = merged.res_keys[keep], merged.res_us[keep]
+        merged.res_units = merged.res_units[keep]
         result[name] = merged.snapshot(
             mapping,
             experiment=experiment,

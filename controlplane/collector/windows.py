@@ -32,6 +32,13 @@ import numpy.typing as npt
 from controlplane.kernel.codec import ABORTED, DecodedBatch, RawBatch
 from controlplane.kernel.rules import PERCENTILES, BreakerRule
 from controlplane.kernel.snapshots import PERCENTILE_FIELDS, WindowSnapshot
+from controlplane.kernel.units import (
+    DISTINCT_K,
+    UNIT_BLOCKS,
+    UnitSummary,
+    block_of,
+    bottom_distinct,
+)
 
 MAX_WINDOW_SEC = 3600
 DEFAULT_ALPHA = 0.01
@@ -51,6 +58,9 @@ _SAMPLED_FILL = 8192
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
+U32 = npt.NDArray[np.uint32]
+# rows of the unit sums: 0 for samples without a unit, then one per unit block
+UNIT_ROWS = UNIT_BLOCKS + 1
 
 
 class LogMapping:
@@ -82,6 +92,13 @@ class LogMapping:
         self.representative_us: F64 = 2 * self.gamma**exponents / (self.gamma + 1)
         self.representative_us[: self.offset] = 0.0
         self.representative_ms: F64 = self.representative_us / 1000.0
+
+    def log_ms_sums(self, n: F64, s1: F64, s2: F64) -> tuple[F64, F64]:
+        """Σ ln(ms) and Σ ln(ms)² of samples from their bin indices' count, sum and
+        sum of squares: each sample stands for its bin's representative value."""
+        a = math.log(self.gamma)
+        c = -self.offset * a + math.log(2 / (self.gamma + 1)) - math.log(1000.0)
+        return a * s1 + c * n, a * a * s2 + 2 * a * c * s1 + c * c * n
 
     def index(self, rt_us: npt.NDArray[np.integer]) -> I64:
         x = rt_us.astype(np.float32)
@@ -146,10 +163,17 @@ class WindowTotals:
     newest_ts: float | None = None
     res_keys: npt.NDArray[np.float32] = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
     res_us: npt.NDArray[np.uint32] = field(default_factory=lambda: np.zeros(0, dtype=np.uint32))
+    res_units: U32 = field(default_factory=lambda: np.zeros(0, dtype=np.uint32))
+    # per unit row: count, failures, above (exact) and Σ bin index, Σ bin index²
+    unit_counts: I64 = field(default_factory=lambda: np.zeros((UNIT_ROWS, 3), dtype=np.int64))
+    unit_sums: F64 = field(default_factory=lambda: np.zeros((UNIT_ROWS, 2), dtype=np.float64))
+    distinct: U32 = field(default_factory=lambda: np.zeros(0, dtype=np.uint32))
 
     def __post_init__(self) -> None:
         if self.hist.shape[0] == 0:
             self.hist = np.zeros(self.bins, dtype=np.int64)
+        if self.res_units.shape[0] != self.res_us.shape[0]:
+            self.res_units = np.zeros(self.res_us.shape[0], dtype=np.uint32)
 
     def add(self, other: WindowTotals) -> None:
         self.count += other.count
@@ -166,9 +190,20 @@ class WindowTotals:
             self.newest_ts = (
                 other.newest_ts if self.newest_ts is None else max(self.newest_ts, other.newest_ts)
             )
+        self.unit_counts += other.unit_counts
+        self.unit_sums += other.unit_sums
+        self.distinct = bottom_distinct([self.distinct, other.distinct])
         keys = np.concatenate([self.res_keys, other.res_keys])
         values = np.concatenate([self.res_us, other.res_us])
-        self.res_keys, self.res_us = bottom_k(keys, values, RESERVOIR_SIZE)
+        units = np.concatenate([self.res_units, other.res_units])
+        keep = bottom_k_index(keys, RESERVOIR_SIZE)
+        self.res_keys, self.res_us, self.res_units = keys[keep], values[keep], units[keep]
+
+    def unit_summary(self, mapping: LogMapping) -> UnitSummary:
+        n = self.unit_counts[:, 0].astype(np.float64)
+        log_sum, log_sq = mapping.log_ms_sums(n, self.unit_sums[:, 0], self.unit_sums[:, 1])
+        rows = np.column_stack([self.unit_counts.astype(np.float64), log_sum, log_sq])
+        return UnitSummary.from_arrays(rows, self.distinct)
 
     def snapshot(
         self,
@@ -211,8 +246,17 @@ class WindowTotals:
             threshold_exact=exact,
             sample_lag_ms=lag,
             reservoir_ms=tuple(float(v) / 1000.0 for v in self.res_us),
+            reservoir_units=tuple(int(u) for u in self.res_units),
+            units=self.unit_summary(mapping),
             **percentiles,
         )
+
+
+def bottom_k_index(keys: npt.NDArray[np.float32], k: int) -> I64:
+    """Positions of the k smallest keys (all of them when there are no more than k)."""
+    if keys.shape[0] <= k:
+        return np.arange(keys.shape[0], dtype=np.int64)
+    return np.argpartition(keys, k - 1)[:k].astype(np.int64)
 
 
 def bottom_k(
@@ -251,12 +295,18 @@ class _VariantRing:
     res_us: npt.NDArray[np.uint32]
     res_fill: I64
     res_tau: npt.NDArray[np.float32]
+    res_unit: U32
+    unit_counts: npt.NDArray[np.int32]
+    unit_sums: F64
 
     def __init__(self, bins: int, capacity: int) -> None:
         self.bins = bins
         self.capacity = 0
+        self.distinct: list[U32] = []
         self._allocate(capacity)
         self.win_hist = np.zeros(bins, dtype=np.int64)
+        self.win_unit_counts = np.zeros((UNIT_ROWS, 3), dtype=np.int64)
+        self.win_unit_sums = np.zeros((UNIT_ROWS, 2), dtype=np.float64)
         self.win_count = 0
         self.win_failures = 0
         self.win_sum_us = 0.0
@@ -279,16 +329,23 @@ class _VariantRing:
             "res_us": np.zeros((capacity, SECOND_RESERVOIR_SIZE), dtype=np.uint32),
             "res_fill": np.zeros(capacity, dtype=np.int64),
             "res_tau": np.full(capacity, 2.0, dtype=np.float32),
+            "res_unit": np.zeros((capacity, SECOND_RESERVOIR_SIZE), dtype=np.uint32),
+            "unit_counts": np.zeros((capacity, UNIT_ROWS, 3), dtype=np.int32),
+            "unit_sums": np.zeros((capacity, UNIT_ROWS, 2), dtype=np.float64),
         }
+        distinct = [np.zeros(0, dtype=np.uint32)] * capacity
         if old is not None:
             for slot in np.flatnonzero(old >= 0):
                 new_slot = int(old[slot]) % capacity
                 for name, array in fresh.items():
                     array[new_slot] = getattr(self, name)[slot]
+                distinct[new_slot] = self.distinct[slot]
+        self.distinct = distinct
         for name, array in fresh.items():
             setattr(self, name, array)
         self.capacity = capacity
         self.encoded: dict[int, str] = {}
+        self.encoded_units: dict[int, str] = {}
 
     def grow(self, capacity: int) -> None:
         if capacity > self.capacity:
@@ -305,6 +362,9 @@ class _VariantRing:
             self.hist[slot] = 0
             self.res_fill[slot] = 0
             self.res_tau[slot] = 2.0
+            self.unit_counts[slot] = 0
+            self.unit_sums[slot] = 0.0
+            self.distinct[slot] = np.zeros(0, dtype=np.uint32)
         self.dirty[slot] = True
         return slot
 
@@ -316,8 +376,12 @@ class _VariantRing:
             self.win_above += sign * int(self.above[slot])
         if sign > 0:
             self.win_hist += self.hist[slot]
+            self.win_unit_counts += self.unit_counts[slot]
+            self.win_unit_sums += self.unit_sums[slot]
         else:
             self.win_hist -= self.hist[slot]
+            self.win_unit_counts -= self.unit_counts[slot]
+            self.win_unit_sums -= self.unit_sums[slot]
 
     def slots_between(self, first: int, last: int) -> list[int]:
         """Slots holding seconds in [first, last]."""
@@ -334,25 +398,44 @@ class _VariantRing:
         return slots
 
     def offer(
-        self, slot: int, keys: npt.NDArray[np.float32], values: npt.NDArray[np.uint32]
+        self,
+        slot: int,
+        keys: npt.NDArray[np.float32],
+        values: npt.NDArray[np.uint32],
+        units: U32,
     ) -> None:
         fill = int(self.res_fill[slot])
         all_keys = np.concatenate([self.res_keys[slot, :fill], keys])
         all_values = np.concatenate([self.res_us[slot, :fill], values])
-        kept_keys, kept_values = bottom_k(all_keys, all_values, SECOND_RESERVOIR_SIZE)
+        all_units = np.concatenate([self.res_unit[slot, :fill], units])
+        keep = bottom_k_index(all_keys, SECOND_RESERVOIR_SIZE)
+        kept_keys = all_keys[keep]
         fill = kept_keys.shape[0]
         self.res_keys[slot, :fill] = kept_keys
-        self.res_us[slot, :fill] = kept_values
+        self.res_us[slot, :fill] = all_values[keep]
+        self.res_unit[slot, :fill] = all_units[keep]
         self.res_fill[slot] = fill
         self.res_tau[slot] = kept_keys.max() if fill >= SECOND_RESERVOIR_SIZE else 2.0
+
+    def offer_units(self, slot: int, units: U32) -> None:
+        """Add a second's unit hashes to its distinct sketch (bottom DISTINCT_K)."""
+        held = self.distinct[slot]
+        if held.shape[0] >= DISTINCT_K:
+            units = units[units < held[-1]]
+            if not units.shape[0]:
+                return
+        self.distinct[slot] = bottom_distinct([held, units])
+
+    def window_distinct(self, live: I64) -> U32:
+        return bottom_distinct([self.distinct[int(s)] for s in live])
 
     def nbytes(self) -> int:
         arrays = [
             self.second, self.count, self.failures, self.sum_us, self.above, self.stale,
             self.dirty, self.hist, self.res_keys, self.res_us, self.res_fill, self.res_tau,
-            self.win_hist,
+            self.win_hist, self.res_unit, self.unit_counts, self.unit_sums,
         ]  # fmt: skip
-        return sum(a.nbytes for a in arrays)
+        return sum(a.nbytes for a in arrays) + sum(d.nbytes for d in self.distinct)
 
 
 @dataclass
@@ -387,6 +470,7 @@ class ExperimentWindow:
         self._failure_table = failure_table(config.failure_statuses)
         self._threshold_us = self._threshold_in_us(config.threshold_ms)
         self._longest = config.window_sec
+        self._bin_index = np.arange(self.mapping.bins, dtype=np.float64)
         self._tail = math.floor(clock_now) - config.window_sec + 1
         self.changed = False  # set by anything that changes a snapshot; the publisher clears it
 
@@ -515,7 +599,8 @@ class ExperimentWindow:
             ts = _concat([_timestamps(b) for b in batches])
         rt_us = _concat([b.rt_us for b in batches])
         outcome = _concat([b.outcome for b in batches])
-        self.ingest(variant, ts, rt_us, outcome, now)
+        unit = _concat([b.unit for b in batches])
+        self.ingest(variant, ts, rt_us, outcome, now, unit)
 
     def ingest(
         self,
@@ -524,12 +609,18 @@ class ExperimentWindow:
         rt_us: npt.NDArray[np.uint32],
         outcome: npt.NDArray[np.uint16],
         now: float,
+        unit: U32 | None = None,
     ) -> None:
-        """The vectorised core: columns of equal length, variant as ring indices."""
+        """The vectorised core: columns of equal length, variant as ring indices.
+
+        `unit`: each sample's unit hash (0 or None: no unit).
+        """
         self.advance(now)
         n = int(ts.shape[0])
         if n == 0:
             return
+        if unit is None:
+            unit = np.zeros(n, dtype=np.uint32)
         lo, hi = float(ts.min()), float(ts.max())
         limit = now + self.skew_sec
         if hi > limit:
@@ -544,6 +635,7 @@ class ExperimentWindow:
             if m == 0:
                 return
             variant, ts, rt_us, outcome = variant[keep], ts[keep], rt_us[keep], outcome[keep]
+            unit = unit[keep]
             lo, hi = float(ts.min()), float(ts.max())
         else:
             m = n
@@ -554,7 +646,7 @@ class ExperimentWindow:
         span = math.floor(hi) - first + 1
         groups = span * n_variants
         bins = self.mapping.bins
-        flat = self.mapping.index(rt_us)
+        index = self.mapping.index(rt_us)
         group: I64 | None = None  # None: every sample is in group 0
         if span > 1:
             if span == 2:  # a read across one second boundary: one comparison
@@ -569,8 +661,7 @@ class ExperimentWindow:
                 group += variant
         elif n_variants > 1:
             group = variant.astype(np.int64, copy=False)
-        if group is not None:
-            flat += group * bins
+        flat = index if group is None else index + group * bins
         hist = np.bincount(flat, minlength=groups * bins).reshape(groups, bins)
         counts = hist.sum(axis=1)
         if self.config.failure_statuses is None:
@@ -580,8 +671,13 @@ class ExperimentWindow:
             failed = self._failure_table[outcome]
         active = [int(g) for g in np.flatnonzero(counts)]
         failures = self._per_group(group, failed, groups)
-        aboves = self._per_group(group, self._above(rt_us), groups)
+        above_mask = self._above(rt_us)
+        aboves = self._per_group(group, above_mask, groups)
         sums = self._sums(group, rt_us, groups, active)
+        if unit.any():
+            unit_counts, unit_sums = self._unit_rows(group, unit, index, failed, above_mask, groups)
+        else:
+            unit_counts, unit_sums = self._unitless_rows(hist, counts, failures, aboves)
 
         slots: dict[int, int] = {}
         taus = np.full(groups, 2.0, dtype=np.float32)
@@ -613,6 +709,10 @@ class ExperimentWindow:
             if not ring.stale[slot]:
                 ring.win_above += int(aboves[g])
             ring.win_hist += hist[g]
+            ring.unit_counts[slot] += unit_counts[g]
+            ring.unit_sums[slot] += unit_sums[g]
+            ring.win_unit_counts += unit_counts[g]
+            ring.win_unit_sums += unit_sums[g]
             mine = cand_group == g
             keys, pos = cand_keys[mine], cand_pos[mine]
             fill = int(ring.res_fill[slot])
@@ -624,13 +724,93 @@ class ExperimentWindow:
                     pos = np.arange(m) if group is None else np.flatnonzero(group == g)
                     keys = self._rng.random(pos.shape[0], dtype=np.float32)
             if keys.shape[0]:
-                ring.offer(slot, keys, rt_us[pos].astype(np.uint32))
+                ring.offer(slot, keys, rt_us[pos].astype(np.uint32), unit[pos])
+        self._offer_distinct(group, unit, active, slots)
         # the batch's newest sample stands for every variant in it: lag is a health
         # figure, and a per-variant max would cost a pass over the batch per variant
         for g in active:
             ring = self._rings[g % n_variants]
             if ring.newest_ts is None or hi > ring.newest_ts:
                 ring.newest_ts = hi
+
+    def _unit_rows(
+        self,
+        group: I64 | None,
+        unit: U32,
+        index: I64,
+        failed: npt.NDArray[np.bool_],
+        above: npt.NDArray[np.bool_] | None,
+        groups: int,
+    ) -> tuple[I64, F64]:
+        """Per group and unit row: count, failures, above; Σ bin index, Σ bin index²."""
+        key = block_of(unit)
+        if group is not None:
+            key += group * UNIT_ROWS
+        size = groups * UNIT_ROWS
+        counts = np.zeros((size, 3), dtype=np.int64)
+        counts[:, 0] = np.bincount(key, minlength=size)
+        counts[:, 1] = np.bincount(key[failed], minlength=size)
+        if above is not None:
+            counts[:, 2] = np.bincount(key[above], minlength=size)
+        weights = index.astype(np.float64)
+        sums = np.empty((size, 2), dtype=np.float64)
+        sums[:, 0] = np.bincount(key, weights=weights, minlength=size)
+        weights *= weights
+        sums[:, 1] = np.bincount(key, weights=weights, minlength=size)
+        return counts.reshape(groups, UNIT_ROWS, 3), sums.reshape(groups, UNIT_ROWS, 2)
+
+    def _unitless_rows(self, hist: I64, counts: I64, failures: I64, aboves: I64) -> tuple[I64, F64]:
+        """`_unit_rows` when no sample has a unit: all in row 0, the index sums read
+        off the histogram (O(groups x bins), no pass over the samples)."""
+        groups = hist.shape[0]
+        unit_counts = np.zeros((groups, UNIT_ROWS, 3), dtype=np.int64)
+        unit_counts[:, 0, 0] = counts
+        unit_counts[:, 0, 1] = failures
+        unit_counts[:, 0, 2] = aboves
+        unit_sums = np.zeros((groups, UNIT_ROWS, 2), dtype=np.float64)
+        weights = self._bin_index
+        unit_sums[:, 0, 0] = hist @ weights
+        unit_sums[:, 0, 1] = hist @ (weights * weights)
+        return unit_counts, unit_sums
+
+    def _offer_distinct(
+        self, group: I64 | None, unit: U32, active: list[int], slots: dict[int, int]
+    ) -> None:
+        """Each active second's new unit hashes into its distinct sketch.
+
+        Once a second's sketch is full only hashes below its largest can enter, so a
+        comparison pass filters a batch first. What is left is sorted once, keyed by
+        (group, hash), and each group takes its smallest distinct hashes from its run.
+        """
+        n_variants = len(self._rings)
+        limits = np.zeros(max(active) + 1, dtype=np.int64)
+        for g in active:
+            held = self._rings[g % n_variants].distinct[slots[g]]
+            limits[g] = int(held[-1]) if held.shape[0] >= DISTINCT_K else _U32_LIMIT
+        if group is None:
+            chosen = np.flatnonzero((unit != 0) & (unit < limits[0]))
+            keys = unit[chosen].astype(np.uint64)
+        else:
+            chosen = np.flatnonzero((unit != 0) & (unit < limits[group]))
+            keys = group[chosen].astype(np.uint64) << np.uint64(32)
+            keys |= unit[chosen]
+        if not chosen.shape[0]:
+            return
+        keys.sort()
+        fresh = np.empty(keys.shape[0], dtype=bool)
+        fresh[0] = True
+        np.not_equal(keys[1:], keys[:-1], out=fresh[1:])
+        keys = keys[fresh]
+        edges = np.searchsorted(
+            keys, np.arange(limits.shape[0] + 1, dtype=np.uint64) << np.uint64(32)
+        )
+        for g in active:
+            lo, hi = int(edges[g]), int(edges[g + 1])
+            if hi > lo:
+                mine = (keys[lo : min(hi, lo + DISTINCT_K)] & np.uint64(_U32_LIMIT - 1)).astype(
+                    np.uint32
+                )
+                self._rings[g % n_variants].offer_units(slots[g], mine)
 
     def _above(self, rt_us: npt.NDArray[np.uint32]) -> npt.NDArray[np.bool_] | None:
         """Samples above the threshold (None: none can be), in integer comparisons."""
@@ -730,6 +910,8 @@ class ExperimentWindow:
             above_exact=ring.win_above,
             hist=ring.win_hist.copy(),
             newest_ts=ring.newest_ts,
+            unit_counts=ring.win_unit_counts.copy(),
+            unit_sums=ring.win_unit_sums.copy(),
         )
         stale = np.flatnonzero(in_window & ring.stale)
         if stale.shape[0]:
@@ -738,9 +920,12 @@ class ExperimentWindow:
         if live.shape[0]:
             fills = ring.res_fill[live]
             mask = np.arange(SECOND_RESERVOIR_SIZE)[None, :] < fills[:, None]
-            totals.res_keys, totals.res_us = bottom_k(
-                ring.res_keys[live][mask], ring.res_us[live][mask], RESERVOIR_SIZE
-            )
+            keys = ring.res_keys[live][mask]
+            keep = bottom_k_index(keys, RESERVOIR_SIZE)
+            totals.res_keys = keys[keep]
+            totals.res_us = ring.res_us[live][mask][keep]
+            totals.res_units = ring.res_unit[live][mask][keep]
+            totals.distinct = ring.window_distinct(live)
         return totals
 
     def snapshot(self, now: float) -> dict[str, WindowSnapshot]:

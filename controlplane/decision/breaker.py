@@ -18,6 +18,10 @@ from typing import Any
 from controlplane.decision import directional
 from controlplane.decision.stats import (
     TestResult,
+    cluster_log_mean,
+    cluster_ratio,
+    clustered_bound_test,
+    clustered_comparison_test,
     failure_bound_test,
     failure_comparison_test,
     holm,
@@ -26,6 +30,14 @@ from controlplane.decision.stats import (
 )
 from controlplane.kernel.rules import BreakerRule, Compare
 from controlplane.kernel.snapshots import WindowSnapshot
+from controlplane.kernel.units import UnitSummary, concentration
+
+# Units are judged as independent (the exact per-request tests) while at least this
+# share of the samples with a unit come from distinct units: at most one in ten
+# shares its unit with another sample (docs/decisions/0012-cluster-robust-judgment.md)
+INDEPENDENT_UNITS_SHARE = 0.9
+# the evidence names a unit that makes at least this share of a window
+DOMINANT_UNIT_SHARE = 0.2
 
 
 class Verdict(StrEnum):
@@ -87,10 +99,59 @@ def tail_per_mille(percentile: float) -> int:
     return round((100 - percentile) * 10)
 
 
+def clustered_units(snap: WindowSnapshot | None) -> UnitSummary | None:
+    """The snapshot's unit sums when its samples cluster by unit, else None.
+
+    None also when the producer kept no unit sums or every sample is without a unit:
+    those are judged per request, exactly, as they always were.
+    """
+    if snap is None or snap.units is None:
+        return None
+    with_unit = snap.units.unit_samples
+    if with_unit == 0 or snap.units.distinct_units() >= INDEPENDENT_UNITS_SHARE * with_unit:
+        return None
+    return snap.units
+
+
+def unit_evidence(snap: WindowSnapshot, *, concentrated: bool = False) -> dict[str, Any] | None:
+    """Units behind a window: how many, how many samples had none, and (with
+    `concentrated`, for the events: it costs a pass over the reservoir) the top units'
+    shares and the effective number of units."""
+    if snap.units is None:
+        return None
+    evidence: dict[str, Any] = {
+        "samples_with_unit": snap.units.unit_samples,
+        "samples_without_unit": snap.units.no_unit_samples,
+        "distinct_units": snap.units.distinct_units(),
+        "judged_on": "units" if clustered_units(snap) is not None else "requests",
+    }
+    if concentrated:
+        evidence.update(concentration(snap.reservoir_units, snap.count).to_dict())
+    return evidence
+
+
+def _dominance_note(snap: WindowSnapshot, arm: str) -> str | None:
+    found = concentration(snap.reservoir_units, snap.count, top=1)
+    if found.top and found.top[0][1] >= DOMINANT_UNIT_SHARE:
+        unit, share = found.top[0]
+        return f"{share:.0%} of the {arm}'s window is one unit ({unit:08x})"
+    return None
+
+
+def _units_note(canary: WindowSnapshot, baseline: WindowSnapshot | None) -> str:
+    parts = ["judged on units (cluster-robust)"]
+    for snap, arm in ((canary, "canary"), (baseline, "baseline")):
+        note = _dominance_note(snap, arm) if snap is not None else None
+        if note:
+            parts.append(note)
+    return "; ".join(parts)
+
+
 def variant_evidence(snap: WindowSnapshot | None, rule: BreakerRule) -> dict[str, Any] | None:
     if snap is None:
         return None
     return {
+        "units": unit_evidence(snap),
         "count": snap.count,
         "failures": snap.failures,
         "failure_ratio": snap.failure_ratio,
@@ -131,6 +192,12 @@ def _absolute_latency(canary: WindowSnapshot, rule: BreakerRule, test: bool) -> 
         tail = tail_per_mille(q)
         # P_q > T  <=>  above / count > 1 - q/100, compared in integers
         exceeded = canary.above_threshold * 1000 > canary.count * tail
+        units = clustered_units(canary)
+        result: TestResult | None = None
+        if test and units is not None:
+            result = clustered_bound_test("latency", cluster_ratio(units, 2), tail / 1000)
+        elif test:
+            result = quantile_exceedance_test(canary.above_threshold, canary.count, tail / 1000)
         return Guardrail(
             name="latency",
             basis="exact_above_threshold_count",
@@ -138,11 +205,8 @@ def _absolute_latency(canary: WindowSnapshot, rule: BreakerRule, test: bool) -> 
             bound=tail / 1000,
             exceeded=exceeded,
             breached=exceeded,
-            test=(
-                quantile_exceedance_test(canary.above_threshold, canary.count, tail / 1000)
-                if test
-                else None
-            ),
+            test=result,
+            note=_units_note(canary, None) if units is not None and test else None,
         )
     reported = canary.percentile_ms(q)
     exceeded = reported is not None and reported > rule.threshold_ms
@@ -181,6 +245,27 @@ def _baseline_latency(
     c, b = canary.percentile_ms(q), baseline.percentile_ms(q)
     exceeded = c is not None and b is not None and c > rule.baseline_margin * b
     ratio = c / b if c is not None and b else None
+    clustered = clustered_units(canary) is not None or clustered_units(baseline) is not None
+    if clustered and canary.units is not None and baseline.units is not None:
+        return Guardrail(
+            name="latency",
+            basis="percentile_ratio_and_log_mean_test",
+            observed=ratio,
+            bound=rule.baseline_margin,
+            exceeded=exceeded,
+            breached=exceeded,
+            test=(
+                clustered_comparison_test(
+                    "latency",
+                    cluster_log_mean(canary.units),
+                    cluster_log_mean(baseline.units),
+                    binary=False,
+                )
+                if test
+                else None
+            ),
+            note=_units_note(canary, baseline) if test else None,
+        )
     if not (canary.reservoir_ms and baseline.reservoir_ms):
         # no reservoir, no rank test: the ratio alone decides rather than never tripping
         return Guardrail(
@@ -212,7 +297,25 @@ def _failures(
         return _from_gate("failures", gate)
     exceeded = canary.failure_ratio > rule.failure_ratio
     result: TestResult | None = None
-    if test:
+    versus = baseline if rule.compare is Compare.BASELINE else None
+    clustered = canary.units is not None and (
+        clustered_units(canary) is not None or clustered_units(versus) is not None
+    )
+    if versus is not None and versus.units is None:
+        clustered = False  # a comparison needs both arms on the same footing
+    if test and clustered:
+        assert canary.units is not None
+        if versus is not None and versus.units is not None:
+            result = clustered_comparison_test(
+                "failures",
+                cluster_ratio(canary.units, 1),
+                cluster_ratio(versus.units, 1),
+                binary=True,
+            )
+        else:
+            est = cluster_ratio(canary.units, 1)
+            result = clustered_bound_test("failures", est, rule.failure_ratio)
+    elif test:
         if rule.compare is Compare.BASELINE and baseline is not None:
             result = failure_comparison_test(
                 canary.failures, canary.count, baseline.failures, baseline.count
@@ -232,6 +335,7 @@ def _failures(
         exceeded=exceeded,
         breached=exceeded,
         test=result,
+        note=_units_note(canary, versus) if clustered and test else None,
     )
 
 

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.decision.breaker import Evaluation, Verdict, evaluate
+from controlplane.decision.breaker import Evaluation, Guardrail, Verdict, evaluate, unit_evidence
 from controlplane.decision.model import (
     BreakerState,
     Decision,
@@ -45,11 +45,12 @@ from controlplane.decision.model import (
     Step,
     transition,
 )
-from controlplane.decision.stats import SrmResult, sample_ratio_mismatch
+from controlplane.decision.stats import SrmResult, UnitSrm, sample_ratio_mismatch, unit_split
 from controlplane.decision.tally import SrmTally, Tally
 from controlplane.kernel.routes import BASELINE, CANARY, TOTAL_WEIGHT, RouteState
 from controlplane.kernel.rules import Action, BreakerRule, NoDataPolicy, SrmPolicy
 from controlplane.kernel.snapshots import WindowSnapshot
+from controlplane.kernel.units import DISTINCT_K
 
 # sidecars apply a new route as soon as their watch delivers it (architecture §4), well
 # within a second; the split is judged after that
@@ -65,6 +66,8 @@ MAX_BUDGET_HORIZON_SEC = 600.0
 # the budget is split over one look per this interval: the controller's tick
 # (controlplane/controller/runner.py), at most one look per fresh snapshot
 LOOK_INTERVAL_SEC = 0.25
+# on clustered evidence a step gate is held by an exceedance only at this significance
+GATE_CLUSTERED_P = 0.05
 
 
 def fast_window_sec(window_sec: int) -> int | None:
@@ -110,6 +113,7 @@ class _Look:
     srm_changed: bool
     fast_evaluation: Evaluation | None = None
     alphas: tuple[float, float | None] | None = None
+    srm_units: UnitSrm | None = None  # set when the split was judged on units
 
     @property
     def breached(self) -> bool:
@@ -206,6 +210,7 @@ def _observe(
     fast_evaluation: Evaluation | None = None
     alphas: tuple[float, float | None] | None = None
     srm: SrmResult | None = None
+    srm_units: UnitSrm | None = None
     if fresh and canary is not None:
         fast_canary = fast.get(CANARY) if fast is not None else None
         if fast_canary is not None and now - fast_canary.ts > rule.window_sec:
@@ -223,13 +228,24 @@ def _observe(
         changes["consecutive_breaches"] = state.consecutive_breaches + 1 if counts else 0
         if canary.count > 0:
             changes["tally"] = state.tally.add(canary, baseline)
-        srm_tally, srm = _srm_check(state, canary, baseline)
+        srm_tally, srm, srm_units = _srm_check(state, canary, baseline)
         changes["srm_tally"] = srm_tally
-        if srm is not None:
-            changes["srm_flagged"] = srm.mismatch
-    srm_changed = srm is not None and srm.mismatch != state.srm_flagged
+        deciding_now = srm_units.result if srm_units is not None else srm
+        if deciding_now is not None:
+            changes["srm_flagged"] = deciding_now.mismatch
+    deciding = srm_units.result if srm_units is not None else srm
+    srm_changed = deciding is not None and deciding.mismatch != state.srm_flagged
     look = _Look(
-        canary, baseline, fresh, stale_note, evaluation, srm, srm_changed, fast_evaluation, alphas
+        canary,
+        baseline,
+        fresh,
+        stale_note,
+        evaluation,
+        srm,
+        srm_changed,
+        fast_evaluation,
+        alphas,
+        srm_units,
     )
     return state.with_changes(**changes), look
 
@@ -244,23 +260,40 @@ def _judges_current_weight(state: RolloutState, canary: WindowSnapshot) -> bool:
 
 def _srm_check(
     state: RolloutState, canary: WindowSnapshot, baseline: WindowSnapshot | None
-) -> tuple[SrmTally | None, SrmResult | None]:
+) -> tuple[SrmTally | None, SrmResult | None, UnitSrm | None]:
     """The assignment counts at this weight, and a verdict when a new window adds to them.
 
     Only disjoint windows that start after the route settled are added up (a window
     that straddles a weight change mixes two splits), and the sum is judged with an
     always-valid test, so judging it again at every new window does not inflate
     the false-warning rate.
+
+    When both arms' windows carry their distinct units, the split is judged on units
+    (the returned UnitSrm decides; the request counts are evidence only): the route
+    assigns units, not requests, and one heavy unit moves the request split by its
+    whole weight. Within a step every unit, new or seen at an earlier weight, is in
+    the canary with probability canary_bp / 10,000 (its bucket is uniform and
+    independent of when it is active), so the per-step count is binomial however the
+    ramp went; only windows straddling the change mix two weights, and those are
+    not counted (docs/decisions/0012-cluster-robust-judgment.md).
     """
     tally = state.srm_tally
     if tally is None or tally.since != state.weight_since:
         tally = SrmTally.starting(state.weight_since, state.weight_since + ROUTE_SETTLE_SEC)
     if baseline is None or not 0 < state.canary_bp < TOTAL_WEIGHT:
-        return tally, None
+        return tally, None, None
     if not tally.accepts(canary.window_start):
-        return tally, None
-    tally = tally.add(baseline.count, canary.count, canary.window_end)
-    return tally, sample_ratio_mismatch(tally.baseline, tally.canary, state.canary_bp)
+        return tally, None, None
+    tally = tally.add(
+        baseline.count, canary.count, canary.window_end, (baseline.units, canary.units)
+    )
+    requests = sample_ratio_mismatch(tally.baseline, tally.canary, state.canary_bp)
+    units = None
+    if tally.has_units and tally.baseline_units is not None and tally.canary_units is not None:
+        units = unit_split(
+            tally.baseline_units, tally.canary_units, state.canary_bp, full=DISTINCT_K
+        )
+    return tally, requests, units
 
 
 # ---------------------------------------------------------------- per breaker state
@@ -371,7 +404,7 @@ def _hold(
 ) -> Decision:
     """No move now: look again when `until` comes, or new data may change the outcome
     (and by the no-data deadline when the rule fails on no data)."""
-    evidence = _evidence(state, state, rule, now, look, gate=gate)
+    evidence = _evidence(state, state, rule, now, look, gate=gate, units=bool(srm_events))
     candidates = [until] if now < until else [_next_data_at(state, rule, now)]
     if rule.no_data is NoDataPolicy.FAIL and state.no_data_since is not None:
         candidates.append(state.no_data_since + rule.no_data_timeout_sec)
@@ -540,8 +573,29 @@ def _gate(state: RolloutState, rule: BreakerRule) -> Evaluation:
 
 def _gate_passes(gate: Evaluation) -> bool:
     # a gate moves traffic up, so it wants every guardrail within its bound, not
-    # merely an exceedance that is not (yet) significant
-    return gate.verdict is Verdict.PASS and not any(g.exceeded for g in gate.guardrails)
+    # merely an exceedance that is not (yet) significant - except on clustered
+    # evidence (below)
+    return gate.verdict is Verdict.PASS and not any(_holds_gate(g) for g in gate.guardrails)
+
+
+def _holds_gate(g: Guardrail) -> bool:
+    """Whether a guardrail keeps the step from advancing.
+
+    Judged per request, any exceedance holds: more requests shrink the noise, so a
+    healthy canary's estimate comes back under the bound. Judged on units, the same
+    sticky units make the step's estimate, and waiting adds few new ones: a slow heavy
+    user keeps a healthy canary's estimate over the bound for the whole step. There an
+    exceedance holds only while it is significant at GATE_CLUSTERED_P (cluster-robust,
+    one-sided) - what the units cannot tell from their own spread is not evidence
+    against the canary, and the next step's units judge it again
+    (docs/decisions/0012-cluster-robust-judgment.md).
+    """
+    if not g.exceeded:
+        return False
+    if g.test is None or not g.test.method.startswith("cluster_robust"):
+        return True
+    p = g.p_adjusted if g.p_adjusted is not None else g.test.p_value
+    return p < GATE_CLUSTERED_P
 
 
 def _next_data_at(state: RolloutState, rule: BreakerRule, now: float) -> float:
@@ -552,20 +606,53 @@ def _next_data_at(state: RolloutState, rule: BreakerRule, now: float) -> float:
 def _srm_events(
     state: RolloutState, look: _Look, rule: BreakerRule, now: float
 ) -> tuple[RolloutAction, ...]:
-    srm = look.srm
+    srm = look.srm_units.result if look.srm_units is not None else look.srm
     # an event when the verdict changes, not on every look
     if srm is None or not look.srm_changed:
         return ()
-    data = {"at": now, "srm": srm.to_dict(), "policy": rule.srm.value, "canary_bp": state.canary_bp}
+    data = {
+        "at": now,
+        "srm": _srm_evidence(look),
+        "policy": rule.srm.value,
+        "canary_bp": state.canary_bp,
+    }
     if srm.mismatch:
+        what = "units" if look.srm_units is not None else "requests"
         reason = (
             f"sample ratio mismatch: canary {srm.canary_count} of "
-            f"{srm.canary_count + srm.baseline_count}, "
+            f"{srm.canary_count + srm.baseline_count} {what}, "
             f"expected {srm.expected_canary_fraction:.4f}, "
-            f"chi-square p={srm.p_value:.2g} ({rule.srm.value})"
+            f"always-valid p={srm.always_valid_p:.2g} ({rule.srm.value})"
         )
         return (RecordEvent(EventKind.SRM_DETECTED, reason, data),)
     return (RecordEvent(EventKind.SRM_CLEARED, "sample ratio back within expectation", data),)
+
+
+def _srm_evidence(look: _Look) -> dict[str, Any] | None:
+    """The split's evidence: on units when known (deciding), and on requests.
+
+    Requests out of balance while units are in balance is a few heavy units landing
+    in one arm, not a broken assignment: reported as `heavy_users`, never as SRM.
+    """
+    if look.srm is None and look.srm_units is None:
+        return None
+    requests = look.srm.to_dict() if look.srm is not None else None
+    if look.srm_units is None:
+        return {**(requests or {}), "judged_on": "requests"}
+    unit_result = look.srm_units.result
+    heavy = (
+        look.srm is not None
+        and look.srm.mismatch
+        and unit_result is not None
+        and not unit_result.mismatch
+    )
+    return {
+        **(unit_result.to_dict() if unit_result is not None else {}),
+        "judged_on": "units",
+        "units": look.srm_units.to_dict(),
+        "requests": requests,
+        "heavy_users": heavy,
+    }
 
 
 def _payload(from_: str, to: str, evidence: dict[str, Any]) -> dict[str, Any]:
@@ -580,7 +667,10 @@ def _evidence(
     look: _Look | None,
     *,
     gate: Evaluation | None = None,
+    units: bool = True,
 ) -> dict[str, Any]:
+    """What a decision saw. `units`: add the units behind the look's windows (counts
+    per arm, top units' shares, effective units) - on every event, not on holds."""
     evidence: dict[str, Any] = {
         "at": now,
         "breaker": {"before": before.breaker.value, "after": after.breaker.value},
@@ -609,7 +699,12 @@ def _evidence(
                 "verdict": "not_evaluated",
                 "reason": look.stale_note or "no snapshot newer than the last one judged",
             }
-        evidence["srm"] = look.srm.to_dict() if look.srm is not None else None
+        evidence["srm"] = _srm_evidence(look)
+        if units:
+            evidence["units"] = {
+                arm: unit_evidence(snap, concentrated=True) if snap is not None else None
+                for arm, snap in (("canary", look.canary), ("baseline", look.baseline))
+            }
     if gate is not None:
         evidence["step_gate"] = gate.to_dict()
     return evidence

@@ -15,8 +15,11 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from controlplane.kernel.routes import BASELINE, CANARY
 from controlplane.kernel.snapshots import PERCENTILE_FIELDS, WindowSnapshot
+from controlplane.kernel.units import DISTINCT_K, UnitSummary
 
 # the merged reservoir stays bounded; a window's share of it follows its count
 RESERVOIR_CAP = 2000
@@ -43,6 +46,31 @@ def _merge_reservoirs(
     return _thin(old, keep_old) + _thin(new, keep_new)
 
 
+def _merge_reservoir_units(
+    old: tuple[int, ...],
+    old_values: tuple[float, ...],
+    old_count: int,
+    new: tuple[int, ...],
+    new_values: tuple[float, ...],
+    new_count: int,
+) -> tuple[int, ...]:
+    """The units of `_merge_reservoirs`' result, thinned the same way (empty if either
+    side has none: a reservoir is all with units or all without)."""
+    if len(old) != len(old_values) or len(new) != len(new_values) or not new:
+        return ()
+    if old_count and not old:
+        return ()
+    return tuple(int(u) for u in _merge_reservoirs(old, old_count, new, new_count))
+
+
+def _add_units(old: UnitSummary | None, first: bool, new: UnitSummary | None) -> UnitSummary | None:
+    if new is None:
+        return None
+    if first:
+        return new
+    return old.add(new) if old is not None else None
+
+
 def _same_threshold(a: float | None, b: float | None) -> bool:
     return a is not None and b is not None and math.isclose(a, b, rel_tol=1e-9)
 
@@ -57,6 +85,10 @@ class VariantTally:
     reservoir_ms: tuple[float, ...] = ()
     # the last added window's reported percentiles, used when there is no reservoir
     percentiles_ms: tuple[tuple[float, float | None], ...] = ()
+    reservoir_units: tuple[int, ...] = ()
+    # the windows' unit sums added up (units stay in their block), None once a window
+    # came without them
+    units: UnitSummary | None = None
 
     def add(self, snap: WindowSnapshot) -> VariantTally:
         first = not self.percentiles_ms  # nothing added yet
@@ -74,6 +106,15 @@ class VariantTally:
                 self.reservoir_ms, self.count, snap.reservoir_ms, snap.count
             ),
             percentiles_ms=tuple((q, snap.percentile_ms(q)) for q in PERCENTILE_FIELDS),
+            reservoir_units=_merge_reservoir_units(
+                self.reservoir_units,
+                self.reservoir_ms,
+                self.count,
+                snap.reservoir_units,
+                snap.reservoir_ms,
+                snap.count,
+            ),
+            units=_add_units(self.units, first, snap.units),
         )
 
     def percentile_ms(self, q: float) -> float | None:
@@ -101,6 +142,8 @@ class VariantTally:
             above_threshold=self.above_threshold,
             threshold_exact=self.threshold_exact,
             reservoir_ms=self.reservoir_ms,
+            reservoir_units=self.reservoir_units,
+            units=self.units,
             **pcts,
         )
 
@@ -113,6 +156,8 @@ class VariantTally:
             "threshold_exact": self.threshold_exact,
             "reservoir_ms": list(self.reservoir_ms),
             "percentiles_ms": [[q, v] for q, v in self.percentiles_ms],
+            "reservoir_units": list(self.reservoir_units),
+            "units": self.units.to_dict() if self.units is not None else None,
         }
 
     @classmethod
@@ -125,6 +170,8 @@ class VariantTally:
             threshold_exact=bool(data.get("threshold_exact", True)),
             reservoir_ms=tuple(float(v) for v in data.get("reservoir_ms", ())),
             percentiles_ms=tuple((float(q), v) for q, v in data.get("percentiles_ms", ())),
+            reservoir_units=tuple(int(u) for u in data.get("reservoir_units") or ()),
+            units=UnitSummary.from_dict(data["units"]) if data.get("units") else None,
         )
 
 
@@ -205,6 +252,10 @@ class SrmTally:
     baseline: int = 0
     canary: int = 0
     windows: int = 0
+    # distinct units per arm (bottom-k hash sketches, controlplane/kernel/units.py),
+    # the union over the counted windows; None once a window came without them
+    baseline_units: tuple[int, ...] | None = ()
+    canary_units: tuple[int, ...] | None = ()
 
     @classmethod
     def starting(cls, since: float, settled_at: float) -> SrmTally:
@@ -213,14 +264,26 @@ class SrmTally:
     def accepts(self, window_start: float) -> bool:
         return window_start >= self.counted_until - 1e-6
 
-    def add(self, baseline: int, canary: int, window_end: float) -> SrmTally:
+    def add(
+        self,
+        baseline: int,
+        canary: int,
+        window_end: float,
+        units: tuple[UnitSummary | None, UnitSummary | None] = (None, None),
+    ) -> SrmTally:
         return replace(
             self,
             counted_until=window_end,
             baseline=self.baseline + baseline,
             canary=self.canary + canary,
             windows=self.windows + 1,
+            baseline_units=_union(self.baseline_units, units[0]),
+            canary_units=_union(self.canary_units, units[1]),
         )
+
+    @property
+    def has_units(self) -> bool:
+        return bool(self.baseline_units) and bool(self.canary_units)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -229,6 +292,8 @@ class SrmTally:
             "baseline": self.baseline,
             "canary": self.canary,
             "windows": self.windows,
+            "baseline_units": _hex(self.baseline_units),
+            "canary_units": _hex(self.canary_units),
         }
 
     @classmethod
@@ -239,4 +304,29 @@ class SrmTally:
             baseline=int(data.get("baseline", 0)),
             canary=int(data.get("canary", 0)),
             windows=int(data.get("windows", 0)),
+            baseline_units=_unhex(data.get("baseline_units", "")),
+            canary_units=_unhex(data.get("canary_units", "")),
         )
+
+
+def _union(held: tuple[int, ...] | None, new: UnitSummary | None) -> tuple[int, ...] | None:
+    if held is None or new is None:
+        return None
+    fresh = new.distinct.astype(np.int64).tolist()
+    if not held:
+        return tuple(fresh)
+    merged = sorted(set(held).union(fresh))
+    return tuple(merged[:DISTINCT_K])
+
+
+def _hex(sketch: tuple[int, ...] | None) -> str | None:
+    # 8 hex digits per 32-bit hash: a sketch of 1,024 units is 8 KB in the state
+    return None if sketch is None else "".join(f"{h:08x}" for h in sketch)
+
+
+def _unhex(text: Any) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    if not isinstance(text, str) or len(text) % 8 or len(text) > 8 * DISTINCT_K:
+        raise ValueError("a unit sketch is up to 1,024 hashes of 8 hex digits")
+    return tuple(int(text[i : i + 8], 16) for i in range(0, len(text), 8))

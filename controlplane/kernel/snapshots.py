@@ -9,6 +9,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from controlplane.kernel.units import UnitSummary
+
 PERCENTILE_FIELDS: dict[float, str] = {
     50: "p50_ms",
     90: "p90_ms",
@@ -42,6 +44,11 @@ class WindowSnapshot:
     sample_lag_ms: float | None = None
     # a bounded uniform reservoir of RTs (ms) from the window, for rank tests
     reservoir_ms: tuple[float, ...] = field(default_factory=tuple)
+    # the unit (hash, 0: none) of each reservoir sample, in the same order; may be empty
+    reservoir_units: tuple[int, ...] = field(default_factory=tuple)
+    # per unit block sums and distinct units (controlplane/kernel/units.py); None when
+    # the producer kept none
+    units: UnitSummary | None = None
 
     @property
     def failure_ratio(self) -> float:
@@ -58,6 +65,8 @@ class WindowSnapshot:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["reservoir_ms"] = list(self.reservoir_ms)
+        data["reservoir_units"] = list(self.reservoir_units)
+        data["units"] = self.units.to_dict() if self.units is not None else None
         data["failure_ratio"] = self.failure_ratio
         data["above_threshold_fraction"] = self.above_threshold_fraction
         return data
@@ -69,6 +78,11 @@ class WindowSnapshot:
     def from_dict(cls, data: dict[str, Any]) -> WindowSnapshot:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         known["reservoir_ms"] = tuple(known.get("reservoir_ms") or ())
+        known["reservoir_units"] = tuple(int(u) for u in known.get("reservoir_units") or ())
+        if len(known["reservoir_units"]) not in (0, len(known["reservoir_ms"])):
+            raise ValueError("reservoir_units must match reservoir_ms in length")
+        units = known.get("units")
+        known["units"] = UnitSummary.from_dict(units) if isinstance(units, dict) else None
         return cls(**known)
 
     @classmethod

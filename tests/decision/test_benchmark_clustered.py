@@ -115,3 +115,18 @@ def test_quick_run_reports_clustered_aa_beside_the_independent_one() -> None:
     assert clustered["traffic"]["users"] == CLUSTER_USERS
     # the independent figures keep counting the independent runs only
     assert result["aa_runs"] == sum(m["runs"] for m in result["aa"].values())
+    # judged on units: Zipf 0.8 beside 1.0, the split on clustered traffic (false
+    # warnings and a real mismatch) and detection on clustered traffic
+    assert result["aa_clustered_zipf_0.8"]["traffic"]["request_share"].startswith(
+        "zipf(exponent 0.8"
+    )
+    srm = result["srm_clustered"]
+    assert srm["aa_runs"] == 2 * both["runs"]
+    assert 0.0 <= srm["false_warning_rate"]["rate"] <= 1.0
+    for exponent in ("1", "0.8"):
+        real = srm[f"real_srm_zipf_{exponent}"]
+        assert real["lost_user_share"] == 0.1 and real["runs"] > 0
+        for mode in ("absolute", "baseline"):
+            for name in ("latency_x2", "failures_5pct"):
+                times = result["detection_clustered"][f"zipf_{exponent}"][mode][name]
+                assert times["runs"] > 0 and times["detected"] <= times["runs"]
