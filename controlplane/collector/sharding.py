@@ -423,6 +423,8 @@ async def read_merged_snapshots(
             continue
         try:
             snapshots[name] = WindowSnapshot.from_json(raw)
-        except (ValueError, TypeError):
-            continue
+        except (ValueError, TypeError) as exc:
+            raise CodecError(
+                f"experiment {experiment}: a snapshot in the stats hash is malformed ({exc})"
+            ) from exc
     return snapshots
