@@ -18,7 +18,8 @@ from typing import Literal
 from controlplane.api.schemas import ExperimentLive, NextCheckFor, SnapshotLive, StepLive
 from controlplane.collector.sharding import read_merged_snapshots
 from controlplane.db.models import Experiment
-from controlplane.decision.model import BreakerState, ExperimentStatus, RolloutState
+from controlplane.decision.model import RolloutState
+from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 from controlplane.experiments.rollout_state import inline_rule, rollout_state_of, steps_of
 from controlplane.experiments.service_rules import read_rule
 from controlplane.kernel.errors import CanaryError, NotFound, ValidationFailed
@@ -39,7 +40,7 @@ def _at(epoch: float | None) -> datetime | None:
 
 def _state_of(experiment: Experiment, now: float) -> RolloutState | None:
     """The controller's state reconciled with the row; None before the start."""
-    if experiment.state == ExperimentStatus.DRAFT.value or experiment.current_step < 0:
+    if experiment.state == ExperimentState.DRAFT.value or experiment.current_step < 0:
         return None
     try:
         return rollout_state_of(experiment, now)
@@ -56,7 +57,7 @@ def next_check(
     is over (probe_started_at + window_sec); closed → the step's hold is over.
     Nothing moves on its own while paused or after the end.
     """
-    if state is None or state.status is not ExperimentStatus.RUNNING:
+    if state is None or state.status is not ExperimentState.RUNNING:
         return None, None
     if state.breaker is BreakerState.CLOSED:
         if hold_sec is None:
@@ -123,7 +124,7 @@ def live_view(
     controller_at = float(controller_at) if isinstance(controller_at, int | float) else None
     if at is None and why is None and state is not None and rule is None:
         running_tripped = (
-            state.status is ExperimentStatus.RUNNING and state.breaker is not BreakerState.CLOSED
+            state.status is ExperimentState.RUNNING and state.breaker is not BreakerState.CLOSED
         )
         if running_tripped and controller_at is not None:
             # without the rule the cooldown is unknown: show when the controller looks

@@ -27,6 +27,7 @@ from controlplane.db.session import Database
 from controlplane.experiments.lifecycle import (
     EDITABLE,
     Action,
+    BreakerState,
     ExperimentState,
     RoutePlan,
     route_after,
@@ -171,7 +172,7 @@ def _begin_action(
         first_step_bp=experiment.steps[0].weight_bp,
         canary_bp=experiment.canary_weight_bp,
         step=experiment.current_step,
-        breaker=experiment.breaker_state,
+        breaker=BreakerState(experiment.breaker_state),
     )
     experiment.state = target.value
     experiment.updated_at = now

@@ -10,8 +10,9 @@ from datetime import datetime
 from typing import Any
 
 from controlplane.db.models import Experiment
-from controlplane.decision.model import BreakerState, ExperimentStatus, RolloutState, Step
+from controlplane.decision.model import RolloutState, Step
 from controlplane.decision.tally import Tally
+from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 from controlplane.kernel.errors import ValidationFailed
 from controlplane.kernel.routes import TOTAL_WEIGHT
 from controlplane.kernel.rules import BreakerRule, parse_rule
@@ -42,7 +43,7 @@ def inline_rule(experiment: Experiment) -> BreakerRule | None:
 
 def rollout_state_of(experiment: Experiment, now: float) -> RolloutState:
     """The state to decide from: the stored one, reconciled with the row."""
-    status = ExperimentStatus(experiment.state)
+    status = ExperimentState(experiment.state)
     row_step_started = epoch(experiment.step_started_at, now)
     stored: dict[str, Any] | None = experiment.rollout_state
     if not stored:
@@ -59,7 +60,7 @@ def rollout_state_of(experiment: Experiment, now: float) -> RolloutState:
     changes: dict[str, Any] = {}
     if state.status is not status:
         changes["status"] = status
-    if status is ExperimentStatus.RUNNING and row_step_started > state.step_started_at:
+    if status is ExperimentState.RUNNING and row_step_started > state.step_started_at:
         # a resume restarted the hold: running time only counts towards it
         changes |= {
             "step_started_at": row_step_started,

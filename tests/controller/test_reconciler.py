@@ -24,14 +24,13 @@ from controlplane.db import routes as desired_routes
 from controlplane.db.experiments import ExperimentSpec, StepSpec
 from controlplane.db.migrate import upgrade
 from controlplane.decision.model import (
-    BreakerState,
     Decision,
     EventKind,
     RecordEvent,
     SetCanaryWeight,
 )
 from controlplane.experiments.actions import apply_action, create_experiment
-from controlplane.experiments.lifecycle import Action
+from controlplane.experiments.lifecycle import Action, BreakerState
 from controlplane.experiments.rollout_state import rollout_state_of
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.errors import BackendUnavailable, NotLeader
