@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine
-from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.db.session import Database, make_engine
+from controlplane.db.store import SqlExperimentStore
+from controlplane.experiments.store import ExperimentStore
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.keys import EtcdKeys, RedisKeys
 from controlplane.kernel.kv import KeyValueStore
@@ -45,14 +45,11 @@ class Backends:
     route_changes: RouteChanges = field(default_factory=RouteChanges)
     # close() releases only what open_backends opened itself
     _owned: tuple[str, ...] = ("database", "kv", "streams")
+    # experiments, desired routes and events, on `database`
+    store: ExperimentStore = field(init=False)
 
-    @property
-    def engine(self) -> Engine:
-        return self.database.engine
-
-    @property
-    def sessionmaker(self) -> sessionmaker[Session]:
-        return self.database.sessionmaker
+    def __post_init__(self) -> None:
+        self.store = SqlExperimentStore(self.database)
 
     async def close(self) -> None:
         """Close every owned backend, each even if another fails to close."""

@@ -19,17 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("controlplane", "sidecar")
 
-SQLALCHEMY_PENDING = frozenset({
-    "controlplane.runtime",
-    "controlplane.api.routes.experiments",
-    "controlplane.api.routes.rules",
-    "controlplane.api.routes.tokens",
-    "controlplane.cli.tokens",
-    "controlplane.experiments.actions",
-    "controlplane.experiments.service_rules",
-    "controlplane.controller.apply",
-    "controlplane.controller.runner",
-})
+SQLALCHEMY_PENDING: frozenset[str] = frozenset()
 
 
 def module_name(path: Path) -> str:

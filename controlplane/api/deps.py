@@ -13,6 +13,7 @@ from typing import Annotated
 from fastapi import Depends, Path, Query, Request
 
 from controlplane.db.session import Database
+from controlplane.experiments.store import ExperimentStore
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.errors import BackendUnavailable
 from controlplane.kernel.keys import EtcdKeys
@@ -38,6 +39,10 @@ def get_database(backends: BackendsDep) -> Database:
     return backends.database
 
 
+def get_store(backends: BackendsDep) -> ExperimentStore:
+    return backends.store
+
+
 def get_kv(backends: BackendsDep) -> KeyValueStore:
     return backends.kv
 
@@ -53,6 +58,7 @@ def get_clock(backends: BackendsDep) -> Clock:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 BackendsDep = Annotated[Backends, Depends(get_backends)]
 DatabaseDep = Annotated[Database, Depends(get_database)]
+StoreDep = Annotated[ExperimentStore, Depends(get_store)]
 KvDep = Annotated[KeyValueStore, Depends(get_kv)]
 KeysDep = Annotated[EtcdKeys, Depends(get_keys)]
 ClockDep = Annotated[Clock, Depends(get_clock)]

@@ -17,10 +17,11 @@ from typing import Literal
 
 from controlplane.api.schemas import ExperimentLive, NextCheckFor, SnapshotLive, StepLive
 from controlplane.collector.sharding import read_merged_snapshots
-from controlplane.db.models import Experiment
-from controlplane.decision.model import BreakerState, ExperimentStatus, RolloutState
+from controlplane.decision.model import RolloutState
+from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 from controlplane.experiments.rollout_state import inline_rule, rollout_state_of, steps_of
 from controlplane.experiments.service_rules import read_rule
+from controlplane.experiments.store import ExperimentRecord
 from controlplane.kernel.errors import CanaryError, NotFound, ValidationFailed
 from controlplane.kernel.routes import TOTAL_WEIGHT, parse_route
 from controlplane.kernel.rules import BreakerRule
@@ -37,9 +38,9 @@ def _at(epoch: float | None) -> datetime | None:
     return datetime.fromtimestamp(epoch, UTC) if epoch is not None else None
 
 
-def _state_of(experiment: Experiment, now: float) -> RolloutState | None:
+def _state_of(experiment: ExperimentRecord, now: float) -> RolloutState | None:
     """The controller's state reconciled with the row; None before the start."""
-    if experiment.state == ExperimentStatus.DRAFT.value or experiment.current_step < 0:
+    if experiment.state is ExperimentState.DRAFT or experiment.current_step < 0:
         return None
     try:
         return rollout_state_of(experiment, now)
@@ -56,7 +57,7 @@ def next_check(
     is over (probe_started_at + window_sec); closed → the step's hold is over.
     Nothing moves on its own while paused or after the end.
     """
-    if state is None or state.status is not ExperimentStatus.RUNNING:
+    if state is None or state.status is not ExperimentState.RUNNING:
         return None, None
     if state.breaker is BreakerState.CLOSED:
         if hold_sec is None:
@@ -90,7 +91,7 @@ def snapshot_live(snapshot: WindowSnapshot) -> SnapshotLive:
 
 
 def live_view(
-    experiment: Experiment,
+    experiment: ExperimentRecord,
     *,
     now: float,
     rule: BreakerRule | None,
@@ -123,7 +124,7 @@ def live_view(
     controller_at = float(controller_at) if isinstance(controller_at, int | float) else None
     if at is None and why is None and state is not None and rule is None:
         running_tripped = (
-            state.status is ExperimentStatus.RUNNING and state.breaker is not BreakerState.CLOSED
+            state.status is ExperimentState.RUNNING and state.breaker is not BreakerState.CLOSED
         )
         if running_tripped and controller_at is not None:
             # without the rule the cooldown is unknown: show when the controller looks
@@ -154,7 +155,7 @@ def live_view(
 
 
 async def _rule_in_force(
-    backends: Backends, experiment: Experiment
+    backends: Backends, experiment: ExperimentRecord
 ) -> tuple[BreakerRule | None, RuleSource | None, str | None]:
     own = inline_rule(experiment)
     if own is not None:
@@ -170,7 +171,7 @@ async def _rule_in_force(
 
 
 async def _snapshots(
-    backends: Backends, experiment: Experiment, now: float
+    backends: Backends, experiment: ExperimentRecord, now: float
 ) -> tuple[dict[str, WindowSnapshot] | None, str | None, str | None]:
     """(snapshots, note, error): the latest window per variant, merged over collectors."""
     if backends.board is None:
@@ -186,7 +187,7 @@ async def _snapshots(
     return snapshots, note, None
 
 
-async def read_live(backends: Backends, experiment: Experiment) -> ExperimentLive:
+async def read_live(backends: Backends, experiment: ExperimentRecord) -> ExperimentLive:
     now = backends.clock.now()
     rule, source, rule_note = await _rule_in_force(backends, experiment)
     snapshots, note, error = await _snapshots(backends, experiment, now)
@@ -203,7 +204,7 @@ async def read_live(backends: Backends, experiment: Experiment) -> ExperimentLiv
 
 
 async def route_applied(
-    backends: Backends, experiment: Experiment
+    backends: Backends, experiment: ExperimentRecord
 ) -> tuple[bool | None, str | None]:
     """Whether etcd holds the experiment's desired route yet (its revision or a later
     one: revisions of a service only grow), and a note when that cannot be told."""

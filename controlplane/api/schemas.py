@@ -15,9 +15,13 @@ from pydantic import (
     model_validator,
 )
 
-from controlplane.db.experiments import ExperimentSpec, StepSpec
-from controlplane.db.models import Event, Experiment
 from controlplane.experiments.lifecycle import ExperimentState
+from controlplane.experiments.store import (
+    EventRecord,
+    ExperimentRecord,
+    ExperimentSpec,
+    StepSpec,
+)
 from controlplane.kernel.errors import FieldError, ValidationFailed
 from controlplane.kernel.routes import BASELINE, CANARY, TOTAL_WEIGHT, Sticky
 from controlplane.kernel.rules import BreakerRule, pydantic_field_errors
@@ -224,15 +228,15 @@ class ExperimentPublic(BaseModel):
     updated_at: datetime
 
     @classmethod
-    def of(cls, experiment: Experiment) -> ExperimentPublic:
+    def of(cls, experiment: ExperimentRecord) -> ExperimentPublic:
         return cls(
             id=experiment.id,
             name=experiment.name,
             service=experiment.service,
-            state=ExperimentState(experiment.state),
+            state=experiment.state,
             variants=Variants(
-                baseline=VariantIn(upstream=experiment.upstream_of(BASELINE)),
-                canary=VariantIn(upstream=experiment.upstream_of(CANARY)),
+                baseline=VariantIn(upstream=experiment.baseline_upstream),
+                canary=VariantIn(upstream=experiment.canary_upstream),
             ),
             steps=[
                 StepPublic(weight_pct=s.weight_bp / 100, hold_sec=s.hold_sec)
@@ -243,7 +247,7 @@ class ExperimentPublic(BaseModel):
             salt=experiment.salt,
             current_step=experiment.current_step,
             canary_weight_bp=experiment.canary_weight_bp,
-            breaker_state=experiment.breaker_state,
+            breaker_state=experiment.breaker_state.value,
             trips=experiment.trips,
             route_revision=experiment.route_revision,
             step_started_at=experiment.step_started_at,
@@ -341,7 +345,7 @@ class EventPublic(BaseModel):
     payload: dict[str, Any]
 
     @classmethod
-    def of(cls, event: Event) -> EventPublic:
+    def of(cls, event: EventRecord) -> EventPublic:
         return cls.model_validate(event)
 
 

@@ -37,7 +37,7 @@ from scipy import stats as sps
 from controlplane.decision import (
     BreakerState,
     EventKind,
-    ExperimentStatus,
+    ExperimentState,
     RolloutState,
     SetCanaryWeight,
     Step,
@@ -461,7 +461,7 @@ def _aa_schedule(mode: str, traffic: Traffic, hold_sec: float, use_fast: bool) -
     now, trips, srm_events, naive_alarm = 0.0, 0, 0, False
     first_trip: dict[str, Any] | None = None
     limit = 20 * len(steps) * max(hold_sec, rule.window_sec)
-    while loop.state.status is ExperimentStatus.RUNNING and now < limit:
+    while loop.state.status is ExperimentState.RUNNING and now < limit:
         traffic.generate(now, now + EVAL_INTERVAL_SEC, loop.weight_at(now))
         now += EVAL_INTERVAL_SEC
         reservoir = mode == "baseline"
@@ -484,7 +484,7 @@ def _aa_schedule(mode: str, traffic: Traffic, hold_sec: float, use_fast: bool) -
 
     return {
         "tripped": trips > 0,
-        "promoted": loop.state.status is ExperimentStatus.PROMOTED,
+        "promoted": loop.state.status is ExperimentState.PROMOTED,
         "duration_s": now,
         "srm_warned": srm_events > 0,
         "naive_alarm": naive_alarm,
@@ -533,7 +533,7 @@ def detection_run(
     # degraded canary never passes the step gate, so the step does not end)
     steps = (Step(DETECTION_CANARY_BP / 100, DETECTION_HOLD_SEC),)
     state = RolloutState(
-        status=ExperimentStatus.RUNNING,
+        status=ExperimentState.RUNNING,
         breaker=BreakerState.CLOSED,
         step_index=0,
         step_started_at=0.0,
@@ -634,11 +634,11 @@ def _trip_breakdown(results: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "first_trip_by_canary_pct": dict(sorted(by_step.items(), key=lambda kv: float(kv[0]))),
         "first_trip_by_guardrail": dict(sorted(by_guardrail.items())),
-        "rolled_back": sum(r["status"] == ExperimentStatus.ROLLED_BACK.value for r in results),
+        "rolled_back": sum(r["status"] == ExperimentState.ROLLED_BACK.value for r in results),
         # neither promoted nor rolled back by the end of the run (20 x the schedule's
         # length): a step gate that never passes, since the gate wants every guardrail
         # within its bound, while no look is significant enough to trip
-        "stalled": sum(r["status"] == ExperimentStatus.RUNNING.value for r in results),
+        "stalled": sum(r["status"] == ExperimentState.RUNNING.value for r in results),
     }
 
 

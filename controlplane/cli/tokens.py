@@ -7,18 +7,12 @@ admins may also manage tokens remotely through /v1/tokens.
 from __future__ import annotations
 
 import getpass
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import Annotated
 
 import typer
 
 from controlplane.cli.remote import JsonOption, fail, print_json
 from controlplane.cli.server import DatabaseOption, settings_with
-
-if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
-
-T = TypeVar("T")
 
 
 def _creator() -> str:
@@ -40,6 +34,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Create a token and print it, once: only its hash is stored."""
         from controlplane.auth.roles import parse_role
+        from controlplane.db.session import in_transaction
         from controlplane.db.tokens import issue_token
         from controlplane.kernel.clock import SystemClock, utc_now
         from controlplane.kernel.errors import CanaryError
@@ -51,7 +46,7 @@ def register(app: typer.Typer) -> None:
             raise fail(command, str(exc)) from None
         url = settings_with(database_url=database_url).database_url
         try:
-            info, secret = _in_session(
+            info, secret = in_transaction(
                 url,
                 lambda session: issue_token(
                     session=session, name=name, role=parsed, created_by=_creator(),
@@ -74,12 +69,13 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOption = False,
     ) -> None:
         """The tokens (never their secrets)."""
+        from controlplane.db.session import in_transaction
         from controlplane.db.tokens import list_tokens
         from controlplane.kernel.errors import CanaryError
 
         url = settings_with(database_url=database_url).database_url
         try:
-            found = _in_session(
+            found = in_transaction(
                 url, lambda session: list_tokens(session=session, include_revoked=revoked)
             )
         except CanaryError as exc:
@@ -101,13 +97,14 @@ def register(app: typer.Typer) -> None:
         database_url: DatabaseOption = None,
     ) -> None:
         """Revoke a token: the API refuses it from the next request on."""
+        from controlplane.db.session import in_transaction
         from controlplane.db.tokens import revoke_token
         from controlplane.kernel.clock import SystemClock, utc_now
         from controlplane.kernel.errors import CanaryError, NotFound
 
         url = settings_with(database_url=database_url).database_url
         try:
-            info = _in_session(
+            info = in_transaction(
                 url,
                 lambda session: revoke_token(session=session, ref=ref, now=utc_now(SystemClock())),
             )
@@ -117,14 +114,3 @@ def register(app: typer.Typer) -> None:
             raise fail("canary token revoke", str(exc), 1) from None
         typer.echo(f"token {info.id} {info.name!r} revoked")
 
-
-def _in_session(url: str, work: Callable[[Session], T]) -> T:
-    """Run `work` in one committed transaction on the database at `url`."""
-    from controlplane.db.session import db_errors, make_engine, make_sessionmaker
-
-    engine = make_engine(url)
-    try:
-        with db_errors(), make_sessionmaker(engine).begin() as session:
-            return work(session)
-    finally:
-        engine.dispose()

@@ -23,16 +23,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.registry import Collector
-from sqlalchemy.orm import Session
 
 from controlplane.controller.apply import apply_decision
 from controlplane.controller.metrics import ControllerMetricsCollector, ControllerStats
 from controlplane.controller.reconciler import RouteReconciler
 from controlplane.controller.rulebook import RuleBook, RuleRejection
-from controlplane.db import experiments as records
-from controlplane.db.models import Experiment
 from controlplane.decision.rollout import decide, fast_window_sec
+from controlplane.experiments.lifecycle import ACTIVE, ExperimentState
 from controlplane.experiments.rollout_state import inline_rule, rollout_state_of, steps_of
+from controlplane.experiments.store import ExperimentRecord
 from controlplane.kernel.clock import utc_now
 from controlplane.kernel.errors import (
     BackendError,
@@ -187,7 +186,8 @@ class Controller:
     async def evaluate_all(self, backends: Backends, fence: Fence | None) -> float | None:
         """One round over the active experiments; the earliest time to look again."""
         await self._record_rejections(backends)
-        experiments = await backends.database.read(records.active_experiments)
+        async with backends.store.transaction() as tx:
+            experiments, _ = await tx.list_experiments(states=ACTIVE)
         earliest: float | None = None
         for experiment in experiments:
             try:
@@ -210,9 +210,9 @@ class Controller:
         return earliest
 
     async def evaluate(
-        self, backends: Backends, experiment: Experiment, fence: Fence | None
+        self, backends: Backends, experiment: ExperimentRecord, fence: Fence | None
     ) -> float | None:
-        if experiment.state != "running":
+        if experiment.state is not ExperimentState.RUNNING:
             return None
         rule = inline_rule(experiment)
         if rule is None and self._rulebook is not None:
@@ -268,7 +268,7 @@ class Controller:
             return {}, None
         return snapshots, fast
 
-    async def _report_no_rule(self, backends: Backends, experiment: Experiment) -> None:
+    async def _report_no_rule(self, backends: Backends, experiment: ExperimentRecord) -> None:
         if experiment.id in self._no_rule_reported:
             return
         self._no_rule_reported.add(experiment.id)
@@ -277,15 +277,11 @@ class Controller:
             "until one is applied (PUT /v1/services/{service}/rule)"
         )
         log.warning("experiment %d: %s", experiment.id, reason)
-
-        def write(*, session: Session) -> None:
-            records.record_event(
-                session=session, experiment_id=experiment.id, service=experiment.service,
+        async with backends.store.transaction() as tx:
+            await tx.append_event(
+                experiment_id=experiment.id, service=experiment.service,
                 at=utc_now(backends.clock), actor="controller", kind="no_rule", reason=reason,
             )
-
-        async with backends.database.transaction() as tx:
-            await tx.run(write)
 
     async def _record_rejections(self, backends: Backends) -> None:
         """Record each invalid stored rule as one `rule_rejected` event, as the leader.
@@ -309,19 +305,16 @@ class Controller:
             self._rejections_recorded[rejection.service] = rejection
 
     async def _record_rejection(self, backends: Backends, rejection: RuleRejection) -> None:
-        def write(*, session: Session) -> None:
-            latest = records.latest_event(
-                session=session, service=rejection.service, kind=RULE_REJECTED
+        async with backends.store.transaction() as tx:
+            latest, _ = await tx.list_events(
+                service=rejection.service, kind=RULE_REJECTED, newest_first=True, limit=1
             )
-            if latest is not None and rejection.recorded_in(latest.payload):
+            if latest and rejection.recorded_in(latest[0].payload):
                 return
-            records.record_event(
-                session=session, service=rejection.service, at=utc_now(backends.clock),
+            await tx.append_event(
+                service=rejection.service, at=utc_now(backends.clock),
                 actor="controller", kind=RULE_REJECTED,
                 reason=f"invalid rule at etcd revision {rejection.revision} ignored; "
                 f"the last valid rule stays in force: {rejection.error}",
                 payload=rejection.event_payload(),
             )
-
-        async with backends.database.transaction() as tx:
-            await tx.run(write)

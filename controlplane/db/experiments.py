@@ -7,38 +7,18 @@ controlplane.experiments); these functions only read and write rows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from controlplane.db.models import ACTIVE_STATES, Event, Experiment, Step, Variant
+from controlplane.db.models import Event, Experiment, Step, Variant
+from controlplane.experiments.store import ExperimentSpec, StepSpec
 from controlplane.kernel.errors import NotFound
 from controlplane.kernel.routes import BASELINE, CANARY
 from controlplane.kernel.values import in_sql_range
-
-
-@dataclass(frozen=True)
-class StepSpec:
-    weight_bp: int
-    hold_sec: int
-
-
-@dataclass(frozen=True)
-class ExperimentSpec:
-    """Everything a user defines about an experiment (the rest is runtime state)."""
-
-    name: str
-    service: str
-    baseline_upstream: str
-    canary_upstream: str
-    steps: tuple[StepSpec, ...]
-    sticky_header: str | None
-    sticky_cookie: str | None
-    rule: dict[str, Any] | None
 
 
 def _apply_spec(experiment: Experiment, spec: ExperimentSpec) -> None:
@@ -116,41 +96,27 @@ def list_experiments(
     *,
     session: Session,
     service: str | None = None,
-    state: str | None = None,
-    limit: int = 50,
+    states: Collection[str] | None = None,
+    excluding: int | None = None,
+    limit: int | None = 50,
     offset: int = 0,
 ) -> tuple[list[Experiment], int]:
-    """A page of experiments, newest first, and the total matching the filters."""
+    """Experiments newest first, and the total matching the filters; every one when
+    `limit` is None (then the total is simply their number)."""
     query = select(Experiment)
     if service is not None:
         query = query.where(Experiment.service == service)
-    if state is not None:
-        query = query.where(Experiment.state == state)
-    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = session.scalars(query.order_by(Experiment.id.desc()).limit(limit).offset(offset)).all()
-    return list(rows), total
-
-
-def active_experiment(
-    *, session: Session, service: str, excluding: int | None = None
-) -> Experiment | None:
-    """The service's running or paused experiment, if any (at most one exists)."""
-    query = select(Experiment).where(
-        Experiment.service == service, Experiment.state.in_(ACTIVE_STATES)
-    )
+    if states is not None:
+        query = query.where(Experiment.state.in_(sorted(states)))
     if excluding is not None:
         query = query.where(Experiment.id != excluding)
-    return session.scalars(query.limit(1)).first()
-
-
-def active_experiments(*, session: Session) -> list[Experiment]:
-    """Every running or paused experiment with its steps and variants, detached from
-    the session (the controller reads them across awaits)."""
-    rows = session.scalars(select(Experiment).where(Experiment.state.in_(ACTIVE_STATES))).all()
-    for row in rows:  # load the relationships inside the session
-        _ = (row.steps, row.variants)
-    session.expunge_all()
-    return list(rows)
+    ordered = query.order_by(Experiment.id.desc())
+    if limit is None:
+        rows = session.scalars(ordered.offset(offset)).all()
+        return list(rows), len(rows)
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = session.scalars(ordered.limit(limit).offset(offset)).all()
+    return list(rows), total
 
 
 def delete_experiment(*, session: Session, experiment: Experiment) -> None:
@@ -187,31 +153,25 @@ def record_event(
     return event
 
 
-def latest_event(*, session: Session, service: str, kind: str) -> Event | None:
-    """The service's most recent event of `kind`, if any."""
-    query = (
-        select(Event)
-        .where(Event.service == service, Event.kind == kind)
-        .order_by(Event.id.desc())
-        .limit(1)
-    )
-    return session.scalars(query).first()
-
-
 def list_events(
     *,
     session: Session,
     experiment_id: int | None = None,
     service: str | None = None,
+    kind: str | None = None,
+    newest_first: bool = False,
     limit: int = 100,
     offset: int = 0,
 ) -> tuple[Sequence[Event], int]:
-    """A page of events in the order they happened, and the total."""
+    """A page of events in the order they happened (or newest first), and the total."""
     query = select(Event)
     if experiment_id is not None:
         query = query.where(Event.experiment_id == experiment_id)
     if service is not None:
         query = query.where(Event.service == service)
+    if kind is not None:
+        query = query.where(Event.kind == kind)
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = session.scalars(query.order_by(Event.id).limit(limit).offset(offset)).all()
+    order = Event.id.desc() if newest_first else Event.id
+    rows = session.scalars(query.order_by(order).limit(limit).offset(offset)).all()
     return rows, total

@@ -166,5 +166,16 @@ class Database:
         self.engine.dispose()
 
 
+def in_transaction(url: str, work: Callable[[Session], T]) -> T:
+    """Run `work` in one committed transaction on the database at `url`, on an engine
+    of its own (for one-shot commands that open no `Database`)."""
+    engine = make_engine(url)
+    try:
+        with db_errors(), make_sessionmaker(engine).begin() as session:
+            return work(session)
+    finally:
+        engine.dispose()
+
+
 def _commit(*, session: Session) -> None:
     session.commit()

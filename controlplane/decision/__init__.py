@@ -8,10 +8,8 @@ from controlplane.decision.breaker import Evaluation, Guardrail, Verdict, evalua
 from controlplane.decision.model import (
     BREAKER_TRANSITIONS,
     EXPERIMENT_TRANSITIONS,
-    BreakerState,
     Decision,
     EventKind,
-    ExperimentStatus,
     Promote,
     RecordEvent,
     Rollback,
@@ -22,6 +20,7 @@ from controlplane.decision.model import (
     transition,
 )
 from controlplane.decision.rollout import decide, start
+from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 
 __all__ = [
     "BREAKER_TRANSITIONS",
@@ -30,7 +29,7 @@ __all__ = [
     "Decision",
     "Evaluation",
     "EventKind",
-    "ExperimentStatus",
+    "ExperimentState",
     "Guardrail",
     "Promote",
     "RecordEvent",

@@ -12,19 +12,10 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from controlplane.decision.tally import SrmTally, Tally
-from controlplane.experiments.lifecycle import TERMINAL, ExperimentState
+from controlplane.experiments.lifecycle import TERMINAL, BreakerState, ExperimentState
 from controlplane.experiments.lifecycle import TRANSITIONS as LIFECYCLE_TRANSITIONS
 from controlplane.kernel.errors import IllegalTransition
 from controlplane.kernel.routes import TOTAL_WEIGHT, RouteState
-
-ExperimentStatus = ExperimentState  # the decision core's name for the same enum
-
-
-class BreakerState(StrEnum):
-    CLOSED = "closed"
-    OPEN = "open"
-    HALF_OPEN = "half_open"
-
 
 TERMINAL_STATUSES = TERMINAL
 
@@ -88,7 +79,7 @@ class RolloutState:
     `step_index` keeps the step that tripped while the breaker is open or half-open.
     """
 
-    status: ExperimentStatus
+    status: ExperimentState
     breaker: BreakerState
     step_index: int
     step_started_at: float
@@ -135,7 +126,7 @@ class RolloutState:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RolloutState:
         return cls(
-            status=ExperimentStatus(data["status"]),
+            status=ExperimentState(data["status"]),
             breaker=BreakerState(data["breaker"]),
             step_index=int(data["step_index"]),
             step_started_at=float(data["step_started_at"]),

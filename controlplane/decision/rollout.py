@@ -32,10 +32,8 @@ from typing import Any
 
 from controlplane.decision.breaker import Evaluation, Guardrail, Verdict, evaluate, unit_evidence
 from controlplane.decision.model import (
-    BreakerState,
     Decision,
     EventKind,
-    ExperimentStatus,
     Promote,
     RecordEvent,
     Rollback,
@@ -47,6 +45,7 @@ from controlplane.decision.model import (
 )
 from controlplane.decision.stats import SrmResult, UnitSrm, sample_ratio_mismatch, unit_split
 from controlplane.decision.tally import SrmTally, Tally
+from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 from controlplane.kernel.routes import BASELINE, CANARY, TOTAL_WEIGHT, RouteState
 from controlplane.kernel.rules import Action, BreakerRule, NoDataPolicy, SrmPolicy
 from controlplane.kernel.snapshots import WindowSnapshot
@@ -137,7 +136,7 @@ def start(steps: Sequence[Step], now: float) -> Decision:
     _check_steps(steps)
     bp = steps[0].weight_bp
     state = RolloutState(
-        status=transition(ExperimentStatus.DRAFT, ExperimentStatus.RUNNING),
+        status=transition(ExperimentState.DRAFT, ExperimentState.RUNNING),
         breaker=BreakerState.CLOSED,
         step_index=0,
         step_started_at=now,
@@ -169,7 +168,7 @@ def decide(
     by the older samples of a long window.
     """
     _check_steps(steps)
-    if state.status is not ExperimentStatus.RUNNING:
+    if state.status is not ExperimentState.RUNNING:
         # paused or finished: whatever the API set stays in force
         reason = f"experiment is {state.status.value}: no action"
         return Decision(state, (), reason, {"at": now, "status": state.status.value}, None)
@@ -449,7 +448,7 @@ def _trip(
     kind = EventKind.PROBE_FAILED if from_state == "half_open" else EventKind.TRIPPED
     if trips >= rule.max_trips:
         new = state.with_changes(
-            status=transition(state.status, ExperimentStatus.ROLLED_BACK), canary_bp=0, **common
+            status=transition(state.status, ExperimentState.ROLLED_BACK), canary_bp=0, **common
         )
         evidence = _evidence(state, new, rule, now, look, gate=gate)
         why = f"trip {trips} of max_trips {rule.max_trips}: rolled back; {reason}"
@@ -526,7 +525,7 @@ def _advance(
     index = state.step_index + 1
     if index >= len(steps):
         new = state.with_changes(
-            status=transition(state.status, ExperimentStatus.PROMOTED),
+            status=transition(state.status, ExperimentState.PROMOTED),
             canary_bp=TOTAL_WEIGHT,
             weight_since=now,
             tally=Tally.starting(now),

@@ -1,37 +1,33 @@
-"""What a user can do to an experiment, as named steps over one transaction each.
+"""What a user can do to an experiment, each in one unit of work of the store.
 
-    load → check the lifecycle → write the state (flush) → the desired route
-    (db.routes) → record the event → commit → wake the reconciler
+    load → check the lifecycle → write the state → the desired route → record the
+    event → commit → wake the reconciler
 
-An action writes SQL only. The service's desired route commits with the state, and
-the leader's reconciler (controller.reconciler) makes etcd hold it, woken by the
-commit: the answer comes after the commit, the route follows within milliseconds
-(`route_applied` in the experiment's detail says when). A failed commit leaves
-nothing anywhere.
+An action writes SQL only (through experiments.store). The service's desired route
+commits with the state, and the leader's reconciler (controller.reconciler) makes
+etcd hold it, woken by the commit: the answer comes after the commit, the route
+follows within milliseconds (`route_applied` in the experiment's detail says when).
+A failed commit leaves nothing anywhere.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from datetime import datetime
 
-from sqlalchemy.orm import Session
-
-from controlplane.db import experiments as records
-from controlplane.db import routes as desired_routes
-from controlplane.db.experiments import ExperimentSpec
-from controlplane.db.models import Experiment
-from controlplane.db.session import Database
 from controlplane.experiments.lifecycle import (
+    ACTIVE,
     EDITABLE,
     Action,
+    BreakerState,
     ExperimentState,
     RoutePlan,
     route_after,
     transition,
 )
+from controlplane.experiments.store import ExperimentRecord, ExperimentSpec, ExperimentStore
 from controlplane.kernel.clock import Clock, utc_now
 from controlplane.kernel.errors import Conflict
 from controlplane.kernel.routes import Route
@@ -43,16 +39,12 @@ def new_salt() -> str:
 
 
 async def create_experiment(
-    *, database: Database, clock: Clock, spec: ExperimentSpec, actor: str
-) -> Experiment:
+    *, store: ExperimentStore, clock: Clock, spec: ExperimentSpec, actor: str
+) -> ExperimentRecord:
     now = utc_now(clock)
-
-    def write(*, session: Session) -> Experiment:
-        experiment = records.create_experiment(
-            session=session, spec=spec, salt=new_salt(), now=now
-        )
-        records.record_event(
-            session=session,
+    async with store.transaction() as tx:
+        experiment = await tx.create_experiment(spec=spec, salt=new_salt(), now=now)
+        await tx.append_event(
             experiment_id=experiment.id,
             service=spec.service,
             at=now,
@@ -61,10 +53,7 @@ async def create_experiment(
             to_state=ExperimentState.DRAFT,
             reason=f"created by {actor}",
         )
-        return experiment
-
-    async with database.transaction() as tx:
-        return await tx.run(write)
+    return experiment
 
 
 class NotEditable(Conflict):
@@ -77,32 +66,30 @@ class NotEditable(Conflict):
         )
 
 
-def _require_editable(experiment: Experiment, verb: str) -> None:
+def _require_editable(experiment: ExperimentRecord, verb: str) -> None:
     if experiment.state not in EDITABLE:
-        raise NotEditable(experiment.id, experiment.state, verb)
+        raise NotEditable(experiment.id, experiment.state.value, verb)
 
 
 async def update_experiment(
     *,
-    database: Database,
+    store: ExperimentStore,
     clock: Clock,
     experiment_id: int,
     change: Callable[[ExperimentSpec], ExperimentSpec],
     actor: str,
-) -> Experiment:
+) -> ExperimentRecord:
     """Apply `change` (a pure merge that may raise ValidationFailed) to a draft."""
     now = utc_now(clock)
-
-    def write(*, session: Session) -> Experiment:
-        experiment = records.get_experiment(session=session, experiment_id=experiment_id)
+    async with store.transaction() as tx:
+        experiment = await tx.load_experiment(experiment_id=experiment_id)
         _require_editable(experiment, "edited")
-        before = records.spec_of(experiment)
+        before = experiment.spec
         after = change(before)
         if after == before:
             return experiment  # nothing to write, so no event either
-        records.replace_spec(session=session, experiment=experiment, spec=after, now=now)
-        records.record_event(
-            session=session,
+        experiment = await tx.save_spec(experiment=experiment, spec=after, now=now)
+        await tx.append_event(
             experiment_id=experiment.id,
             service=experiment.service,
             at=now,
@@ -112,23 +99,18 @@ async def update_experiment(
             to_state=experiment.state,
             reason=f"edited by {actor}",
         )
-        return experiment
-
-    async with database.transaction() as tx:
-        return await tx.run(write)
+    return experiment
 
 
 async def delete_experiment(
-    *, database: Database, clock: Clock, experiment_id: int, actor: str
+    *, store: ExperimentStore, clock: Clock, experiment_id: int, actor: str
 ) -> None:
     now = utc_now(clock)
-
-    def write(*, session: Session) -> None:
-        experiment = records.get_experiment(session=session, experiment_id=experiment_id)
+    async with store.transaction() as tx:
+        experiment = await tx.load_experiment(experiment_id=experiment_id)
         _require_editable(experiment, "deleted")
         # The trail outlives the draft: a service-level event names what was deleted.
-        records.record_event(
-            session=session,
+        await tx.append_event(
             service=experiment.service,
             at=now,
             actor=actor,
@@ -137,114 +119,92 @@ async def delete_experiment(
             reason=f"draft experiment {experiment.id} deleted by {actor}",
             payload={"experiment_id": experiment.id, "name": experiment.name},
         )
-        records.delete_experiment(session=session, experiment=experiment)
-
-    async with database.transaction() as tx:
-        await tx.run(write)
+        await tx.delete_experiment(experiment=experiment)
 
 
-@dataclass(frozen=True)
-class _Begun:
-    experiment: Experiment
-    previous: ExperimentState
-    plan: RoutePlan | None
-
-
-def _begin_action(
-    *, session: Session, experiment_id: int, action: Action, now: datetime
-) -> _Begun:
-    experiment = records.get_experiment(session=session, experiment_id=experiment_id)
-    previous = ExperimentState(experiment.state)
-    target = transition(previous, action)
-    if action is Action.START:
-        other = records.active_experiment(
-            session=session, service=experiment.service, excluding=experiment.id
+def begun_state(
+    experiment: ExperimentRecord, *, action: Action, others: list[ExperimentRecord],
+    now: datetime,
+) -> tuple[ExperimentRecord, RoutePlan | None]:
+    """The experiment after `action` and the route it publishes: pure, checked against
+    the lifecycle and against the service's other active experiments."""
+    target = transition(experiment.state, action)
+    if action is Action.START and others:
+        other = others[0]
+        raise Conflict(
+            f"service {experiment.service!r} already has experiment {other.id} "
+            f"in state '{other.state}'"
         )
-        if other is not None:
-            raise Conflict(
-                f"service {experiment.service!r} already has experiment {other.id} "
-                f"in state '{other.state}'"
-            )
     plan = route_after(
         action,
-        previous=previous,
+        previous=experiment.state,
         first_step_bp=experiment.steps[0].weight_bp,
         canary_bp=experiment.canary_weight_bp,
         step=experiment.current_step,
         breaker=experiment.breaker_state,
     )
-    experiment.state = target.value
-    experiment.updated_at = now
-    if plan is not None:
-        experiment.canary_weight_bp = plan.canary_bp
-        experiment.current_step = plan.step
-    if action in (Action.START, Action.RESUME):
-        # A hold counts running time only: it starts again after a pause.
-        experiment.step_started_at = now
-    if action is Action.START:
-        experiment.breaker_state = "closed"
-        experiment.breaker_changed_at = now
-    # Flushing now checks the row version and the one-active-per-service index.
-    session.flush()
-    return _Begun(experiment, previous, plan)
-
-
-def _finish_action(
-    *,
-    session: Session,
-    begun: _Begun,
-    action: Action,
-    actor: str,
-    reason: str,
-    now: datetime,
-) -> Experiment:
-    experiment = begun.experiment
-    route: Route | None = None
-    if begun.plan is not None:
-        route = desired_routes.commit_route_of(
-            session=session, experiment=experiment, canary_bp=begun.plan.canary_bp,
-            state=begun.plan.state, now=now,
-        )
-    payload: dict[str, object] = {
-        "action": action.value,
-        "canary_weight_bp": experiment.canary_weight_bp,
-        "step": experiment.current_step,
-    }
-    if route is not None:
-        payload |= {"route_revision": route.revision, "route_state": route.state.value}
-    records.record_event(
-        session=session,
-        experiment_id=experiment.id,
-        service=experiment.service,
-        at=now,
-        actor=actor,
-        kind=action.value,
-        from_state=begun.previous.value,
-        to_state=experiment.state,
-        reason=reason or f"{action.value} by {actor}",
-        payload=payload,
+    # a hold counts running time only: it starts again after a pause
+    restarts_hold = action in (Action.START, Action.RESUME)
+    starts = action is Action.START
+    after = replace(
+        experiment,
+        state=target,
+        updated_at=now,
+        canary_weight_bp=plan.canary_bp if plan else experiment.canary_weight_bp,
+        current_step=plan.step if plan else experiment.current_step,
+        step_started_at=now if restarts_hold else experiment.step_started_at,
+        breaker_state=BreakerState.CLOSED if starts else experiment.breaker_state,
+        breaker_changed_at=now if starts else experiment.breaker_changed_at,
     )
-    return experiment
+    return after, plan
 
 
 async def apply_action(
     *,
-    database: Database,
+    store: ExperimentStore,
     changes: RouteChanges,
     clock: Clock,
     experiment_id: int,
     action: Action,
     actor: str,
     reason: str = "",
-) -> Experiment:
+) -> ExperimentRecord:
     """Commit the action (state, desired route, event); the route follows via the
     reconciler, woken through `changes`."""
     now = utc_now(clock)
-    async with database.transaction() as tx:
-        begun = await tx.run(_begin_action, experiment_id=experiment_id, action=action, now=now)
-        experiment = await tx.run(
-            _finish_action, begun=begun, action=action, actor=actor, reason=reason, now=now
+    async with store.transaction() as tx:
+        experiment = await tx.load_experiment(experiment_id=experiment_id)
+        previous = experiment.state
+        others: list[ExperimentRecord] = []
+        if action is Action.START:
+            others, _ = await tx.list_experiments(
+                service=experiment.service, states=ACTIVE, excluding=experiment.id, limit=1
+            )
+        after, plan = begun_state(experiment, action=action, others=others, now=now)
+        experiment = await tx.save_state(experiment=after)
+        route: Route | None = None
+        if plan is not None:
+            route, experiment = await tx.save_desired_route(
+                experiment=experiment, canary_bp=plan.canary_bp, state=plan.state, now=now
+            )
+        payload: dict[str, object] = {
+            "action": action.value,
+            "canary_weight_bp": experiment.canary_weight_bp,
+            "step": experiment.current_step,
+        }
+        if route is not None:
+            payload |= {"route_revision": route.revision, "route_state": route.state.value}
+        await tx.append_event(
+            experiment_id=experiment.id,
+            service=experiment.service,
+            at=now,
+            actor=actor,
+            kind=action.value,
+            from_state=previous.value,
+            to_state=experiment.state.value,
+            reason=reason or f"{action.value} by {actor}",
+            payload=payload,
         )
-    if begun.plan is not None:
+    if plan is not None:
         changes.notify(experiment.service)
     return experiment

@@ -1,4 +1,5 @@
-"""The experiment lifecycle (architecture §7): states, actions and the one legal-move table.
+"""The experiment lifecycle (architecture §7): states, actions and the one legal-move
+table, and the breaker's states: the one home of these types.
 
     draft ──start──► running ──pause──► paused
                        ▲  ◄──resume──────┘
@@ -27,6 +28,15 @@ class ExperimentState(StrEnum):
     PROMOTED = "promoted"
     ROLLED_BACK = "rolled_back"
     ABORTED = "aborted"
+
+
+class BreakerState(StrEnum):
+    """The circuit breaker of a running experiment (architecture §7); the decision core
+    moves it (decision.model.BREAKER_TRANSITIONS), the database stores its value."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
 
 
 class Action(StrEnum):
@@ -99,7 +109,7 @@ def route_after(
     first_step_bp: int,
     canary_bp: int,
     step: int,
-    breaker: str = "closed",
+    breaker: BreakerState = BreakerState.CLOSED,
 ) -> RoutePlan | None:
     """The route an action publishes, or None when there is none to publish.
 
@@ -123,11 +133,14 @@ def route_after(
             return RoutePlan(0, RouteState.ROLLED_BACK, step)
 
 
-# the route state of a running experiment, by its breaker state (decision.model.BreakerState)
-_RUNNING_ROUTE = {"open": RouteState.TRIPPED, "half_open": RouteState.HALF_OPEN}
+# the route state of a running experiment, by its breaker state
+_RUNNING_ROUTE = {
+    BreakerState.OPEN: RouteState.TRIPPED,
+    BreakerState.HALF_OPEN: RouteState.HALF_OPEN,
+}
 
 
-def route_state_of(state: ExperimentState | str, breaker: str) -> RouteState | None:
+def route_state_of(state: ExperimentState | str, breaker: BreakerState) -> RouteState | None:
     """The route state an experiment in `state` stands for; None: a draft has no route.
 
     A running experiment's route follows its breaker, as the controller writes it

@@ -1,4 +1,4 @@
-"""Between the experiment row and the decision core's RolloutState.
+"""Between the stored experiment and the decision core's RolloutState.
 
 The row is the source of truth for what a user did (pause, resume, promote…); the
 rollout state JSON is the controller's memory between evaluations. Pure functions.
@@ -9,9 +9,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from controlplane.db.models import Experiment
-from controlplane.decision.model import BreakerState, ExperimentStatus, RolloutState, Step
+from controlplane.decision.model import RolloutState, Step
 from controlplane.decision.tally import Tally
+from controlplane.experiments.lifecycle import BreakerState, ExperimentState
+from controlplane.experiments.store import ExperimentRecord
 from controlplane.kernel.errors import ValidationFailed
 from controlplane.kernel.routes import TOTAL_WEIGHT
 from controlplane.kernel.rules import BreakerRule, parse_rule
@@ -21,14 +22,14 @@ def epoch(at: datetime | None, default: float) -> float:
     return at.timestamp() if at is not None else default
 
 
-def steps_of(experiment: Experiment) -> tuple[Step, ...]:
+def steps_of(experiment: ExperimentRecord) -> tuple[Step, ...]:
     return tuple(
         Step(weight_pct=s.weight_bp * 100 / TOTAL_WEIGHT, hold_sec=s.hold_sec)
-        for s in sorted(experiment.steps, key=lambda s: s.position)
+        for s in experiment.steps
     )
 
 
-def inline_rule(experiment: Experiment) -> BreakerRule | None:
+def inline_rule(experiment: ExperimentRecord) -> BreakerRule | None:
     """The experiment's own rule, which overrides the service's; None if it has none."""
     if not experiment.rule:
         return None
@@ -40,9 +41,9 @@ def inline_rule(experiment: Experiment) -> BreakerRule | None:
         return None
 
 
-def rollout_state_of(experiment: Experiment, now: float) -> RolloutState:
+def rollout_state_of(experiment: ExperimentRecord, now: float) -> RolloutState:
     """The state to decide from: the stored one, reconciled with the row."""
-    status = ExperimentStatus(experiment.state)
+    status = ExperimentState(experiment.state)
     row_step_started = epoch(experiment.step_started_at, now)
     stored: dict[str, Any] | None = experiment.rollout_state
     if not stored:
@@ -59,7 +60,7 @@ def rollout_state_of(experiment: Experiment, now: float) -> RolloutState:
     changes: dict[str, Any] = {}
     if state.status is not status:
         changes["status"] = status
-    if status is ExperimentStatus.RUNNING and row_step_started > state.step_started_at:
+    if status is ExperimentState.RUNNING and row_step_started > state.step_started_at:
         # a resume restarted the hold: running time only counts towards it
         changes |= {
             "step_started_at": row_step_started,

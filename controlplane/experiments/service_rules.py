@@ -10,10 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy.orm import Session
-
-from controlplane.db import experiments as records
-from controlplane.db.session import Database
+from controlplane.experiments.store import ExperimentStore
 from controlplane.kernel.clock import Clock, utc_now
 from controlplane.kernel.errors import BackendError, FieldError, NotFound, ValidationFailed
 from controlplane.kernel.keys import EtcdKeys
@@ -58,7 +55,7 @@ def _previous_value(raw: bytes | None) -> Any:
 
 async def write_rule(
     *,
-    database: Database,
+    store: ExperimentStore,
     kv: KeyValueStore,
     keys: EtcdKeys,
     clock: Clock,
@@ -73,10 +70,8 @@ async def write_rule(
     old_value = _previous_value(previous.value if previous else None)
     if old_value == new_value:
         return rule  # writes only on change
-
-    def record(*, session: Session) -> None:
-        records.record_event(
-            session=session,
+    async with store.transaction() as tx:
+        await tx.append_event(
             service=rule.service,
             at=now,
             actor=actor,
@@ -84,9 +79,6 @@ async def write_rule(
             reason=f"breaker rule {'replaced' if previous else 'created'} by {actor}",
             payload={"rule": new_value, "previous": old_value},
         )
-
-    async with database.transaction() as tx:
-        await tx.run(record)
         # Compare-and-swap, so two concurrent writers cannot both log a change
         # against the same previous rule.
         await kv.compare_and_swap(

@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session
 
 from controlplane.api.live import next_check
 from controlplane.db import experiments as records
-from controlplane.decision.model import BreakerState, ExperimentStatus, RolloutState
+from controlplane.decision.model import RolloutState
+from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.settings import Settings
@@ -89,7 +90,7 @@ async def test_an_open_breaker_is_due_at_the_end_of_its_cooldown(
     def trip(*, session: Session) -> None:
         row = records.get_experiment(session=session, experiment_id=created["id"])
         state = RolloutState(
-            status=ExperimentStatus.RUNNING, breaker=BreakerState.OPEN, step_index=0,
+            status=ExperimentState.RUNNING, breaker=BreakerState.OPEN, step_index=0,
             step_started_at=opened_at - 12, canary_bp=0, weight_since=opened_at, trips=1,
             opened_at=opened_at,
         )  # fmt: skip
@@ -119,7 +120,7 @@ RULE = BreakerRule(service="svc", threshold_ms=100, window_sec=10, cooldown_sec=
 
 
 def state(
-    breaker: BreakerState, status: ExperimentStatus = ExperimentStatus.RUNNING
+    breaker: BreakerState, status: ExperimentState = ExperimentState.RUNNING
 ) -> RolloutState:
     return RolloutState(
         status=status, breaker=breaker, step_index=1, step_started_at=1000.0, canary_bp=500,
@@ -135,8 +136,8 @@ def state(
         (state(BreakerState.OPEN), RULE, (1130.0, "cooldown_end")),
         (state(BreakerState.HALF_OPEN), RULE, (1210.0, "probe_due")),
         (state(BreakerState.OPEN), None, (None, None)),
-        (state(BreakerState.CLOSED, ExperimentStatus.PAUSED), RULE, (None, None)),
-        (state(BreakerState.CLOSED, ExperimentStatus.PROMOTED), RULE, (None, None)),
+        (state(BreakerState.CLOSED, ExperimentState.PAUSED), RULE, (None, None)),
+        (state(BreakerState.CLOSED, ExperimentState.PROMOTED), RULE, (None, None)),
         (None, RULE, (None, None)),
     ],
 )

@@ -17,10 +17,11 @@ import pytest
 
 from controlplane.collector.service import Collector
 from controlplane.controller.runner import Controller
-from controlplane.db.experiments import ExperimentSpec, StepSpec, list_events
+from controlplane.db.experiments import list_events
 from controlplane.db.migrate import upgrade
 from controlplane.experiments.actions import apply_action, create_experiment
 from controlplane.experiments.lifecycle import Action
+from controlplane.experiments.store import ExperimentSpec, StepSpec
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import BatchBuilder, BatchMeta, entry_fields
 from controlplane.kernel.kv import Fence
@@ -113,10 +114,10 @@ async def rig(backend_settings: Settings) -> AsyncIterator[Rig]:
         rule=None,
     )
     experiment = await create_experiment(
-        database=backends.database, clock=clock, spec=spec, actor="user:test"
+        store=backends.store, clock=clock, spec=spec, actor="user:test"
     )
     await apply_action(
-        database=backends.database, changes=backends.route_changes, clock=clock,
+        store=backends.store, changes=backends.route_changes, clock=clock,
         experiment_id=experiment.id, action=Action.START, actor="user:test",
     )
     collector = Collector(
@@ -194,7 +195,7 @@ async def test_an_unreadable_rollout_state_skips_that_experiment_not_the_round(r
     from controlplane.db.models import Experiment
 
     other = await create_experiment(
-        database=rig.backends.database, clock=rig.clock, actor="user:test",
+        store=rig.backends.store, clock=rig.clock, actor="user:test",
         spec=ExperimentSpec(
             name="cart v2", service="cart", baseline_upstream="http://127.0.0.1:9003",
             canary_upstream="http://127.0.0.1:9004", steps=(StepSpec(1000, 30),),
@@ -203,7 +204,7 @@ async def test_an_unreadable_rollout_state_skips_that_experiment_not_the_round(r
         ),
     )
     await apply_action(
-        database=rig.backends.database, changes=rig.backends.route_changes,
+        store=rig.backends.store, changes=rig.backends.route_changes,
         clock=rig.clock, experiment_id=other.id, action=Action.START, actor="user:test",
     )
 

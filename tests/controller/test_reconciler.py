@@ -21,18 +21,17 @@ from controlplane.controller.apply import apply_decision
 from controlplane.controller.reconciler import ROUTE_RECONCILED, RouteReconciler
 from controlplane.db import experiments as records
 from controlplane.db import routes as desired_routes
-from controlplane.db.experiments import ExperimentSpec, StepSpec
 from controlplane.db.migrate import upgrade
 from controlplane.decision.model import (
-    BreakerState,
     Decision,
     EventKind,
     RecordEvent,
     SetCanaryWeight,
 )
 from controlplane.experiments.actions import apply_action, create_experiment
-from controlplane.experiments.lifecycle import Action
+from controlplane.experiments.lifecycle import Action, BreakerState
 from controlplane.experiments.rollout_state import rollout_state_of
+from controlplane.experiments.store import ExperimentSpec, StepSpec
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.errors import BackendUnavailable, NotLeader
 from controlplane.kernel.kv import Fence
@@ -61,14 +60,14 @@ class Rig:
             sticky_header="x-user-id", sticky_cookie=None, rule=None,
         )
         experiment = await create_experiment(
-            database=self.backends.database, clock=self.clock, spec=spec, actor="user:test"
+            store=self.backends.store, clock=self.clock, spec=spec, actor="user:test"
         )
         await self.act(experiment.id, Action.START)
         return experiment.id
 
     async def act(self, experiment_id: int, action: Action) -> None:
         await apply_action(
-            database=self.backends.database, changes=self.backends.route_changes,
+            store=self.backends.store, changes=self.backends.route_changes,
             clock=self.clock, experiment_id=experiment_id, action=action, actor="user:test",
         )
 
@@ -126,7 +125,8 @@ def trip(rig_state: Any, now: float) -> Decision:
 
 
 async def decide_trip(rig: Rig, experiment_id: int) -> Route | None:
-    row = await rig.backends.database.read(records.get_experiment, experiment_id=experiment_id)
+    async with rig.backends.store.transaction() as tx:
+        row = await tx.load_experiment(experiment_id=experiment_id)
     decision = trip(rollout_state_of(row, rig.clock.now()), rig.clock.now())
     return await apply_decision(rig.backends, experiment_id=experiment_id, version=row.version,
                                 decision=decision, rule=RULE, fence=rig.fence)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from controlplane.decision import BreakerState, ExperimentStatus, RolloutState, Step
+from controlplane.decision import BreakerState, ExperimentState, RolloutState, Step
 from controlplane.decision.tally import Tally
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.snapshots import WindowSnapshot
@@ -39,7 +39,7 @@ def rule(**overrides: Any) -> BreakerRule:
 def state(**overrides: Any) -> RolloutState:
     """A running experiment at step 1 (index 0), closed, started at T0."""
     base: dict[str, Any] = {
-        "status": ExperimentStatus.RUNNING,
+        "status": ExperimentState.RUNNING,
         "breaker": BreakerState.CLOSED,
         "step_index": 0,
         "step_started_at": T0,

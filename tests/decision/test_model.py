@@ -7,7 +7,7 @@ import pytest
 from controlplane.decision import (
     BREAKER_TRANSITIONS,
     BreakerState,
-    ExperimentStatus,
+    ExperimentState,
     RolloutState,
     Step,
     transition,
@@ -36,17 +36,17 @@ def test_closed_breaker_cannot_jump_to_half_open() -> None:
 
 @pytest.mark.parametrize(
     "terminal",
-    [ExperimentStatus.PROMOTED, ExperimentStatus.ROLLED_BACK, ExperimentStatus.ABORTED],
+    [ExperimentState.PROMOTED, ExperimentState.ROLLED_BACK, ExperimentState.ABORTED],
 )
-def test_experiment_never_leaves_a_terminal_status(terminal: ExperimentStatus) -> None:
-    for target in ExperimentStatus:
+def test_experiment_never_leaves_a_terminal_status(terminal: ExperimentState) -> None:
+    for target in ExperimentState:
         with pytest.raises(IllegalTransition):
             transition(terminal, target)
 
 
 def test_running_and_paused_move_both_ways() -> None:
-    assert transition(ExperimentStatus.RUNNING, ExperimentStatus.PAUSED) is ExperimentStatus.PAUSED
-    assert transition(ExperimentStatus.PAUSED, ExperimentStatus.RUNNING) is ExperimentStatus.RUNNING
+    assert transition(ExperimentState.RUNNING, ExperimentState.PAUSED) is ExperimentState.PAUSED
+    assert transition(ExperimentState.PAUSED, ExperimentState.RUNNING) is ExperimentState.RUNNING
 
 
 def test_step_weight_is_in_basis_points() -> None:

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.decision import BreakerState, ExperimentStatus, SetCanaryWeight, decide
+from controlplane.decision import BreakerState, ExperimentState, SetCanaryWeight, decide
 from controlplane.kernel.routes import TOTAL_WEIGHT
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.snapshots import WindowSnapshot
@@ -158,8 +158,8 @@ def test_weights_always_stay_within_basis_points(
                 assert 0 <= a.canary_bp <= TOTAL_WEIGHT
                 assert a.canary_bp == s.canary_bp
         assert d.next_check_at is None or d.next_check_at >= now
-        if s.status is ExperimentStatus.ROLLED_BACK:
+        if s.status is ExperimentState.ROLLED_BACK:
             assert s.canary_bp == 0
-        if s.status is ExperimentStatus.PROMOTED:
+        if s.status is ExperimentState.PROMOTED:
             assert s.canary_bp == TOTAL_WEIGHT
         assert s.trips <= r.max_trips

@@ -11,7 +11,7 @@ from controlplane.decision import (
     BreakerState,
     Decision,
     EventKind,
-    ExperimentStatus,
+    ExperimentState,
     Promote,
     RecordEvent,
     Rollback,
@@ -67,7 +67,7 @@ def half_open(r: BreakerRule = RULE, **kw: Any) -> RolloutState:
 
 def test_start_runs_the_first_step_and_says_when_it_is_due() -> None:
     d = start(STEPS, T0)
-    assert d.new_state.status is ExperimentStatus.RUNNING
+    assert d.new_state.status is ExperimentState.RUNNING
     assert d.new_state.breaker is BreakerState.CLOSED
     assert d.route_write == SetCanaryWeight(100, RouteState.RUNNING)
     assert d.next_check_at == T0 + 60
@@ -165,7 +165,7 @@ def test_step_back_at_the_first_step_stops_the_canary() -> None:
 
 def test_the_max_trips_th_trip_rolls_back_for_good() -> None:
     d = tripped(state(trips=2), rule(max_trips=3))
-    assert d.new_state.status is ExperimentStatus.ROLLED_BACK
+    assert d.new_state.status is ExperimentState.ROLLED_BACK
     assert d.new_state.canary_bp == 0
     assert d.route_write == SetCanaryWeight(0, RouteState.ROLLED_BACK)
     assert any(isinstance(a, Rollback) for a in d.actions)
@@ -234,7 +234,7 @@ def test_failed_probe_reopens_and_counts_a_trip() -> None:
 
 def test_failed_probe_at_max_trips_rolls_back() -> None:
     d = at(half_open().with_changes(trips=2), slow(T0 + 110), T0 + 110)
-    assert d.new_state.status is ExperimentStatus.ROLLED_BACK
+    assert d.new_state.status is ExperimentState.ROLLED_BACK
     assert d.route_write == SetCanaryWeight(0, RouteState.ROLLED_BACK)
 
 
@@ -295,7 +295,7 @@ def test_promotes_after_the_last_step() -> None:
     last = len(STEPS) - 1
     s = state(step_index=last, canary_bp=STEPS[last].weight_bp)
     d = at(s, healthy(T0 + 60, bp=STEPS[last].weight_bp), T0 + 60)
-    assert d.new_state.status is ExperimentStatus.PROMOTED
+    assert d.new_state.status is ExperimentState.PROMOTED
     assert d.route_write == SetCanaryWeight(10_000, RouteState.PROMOTED)
     assert any(isinstance(a, Promote) for a in d.actions)
     assert kinds(d) == [EventKind.PROMOTED]
@@ -305,14 +305,14 @@ def test_promotes_after_the_last_step() -> None:
 @pytest.mark.parametrize(
     "status",
     [
-        ExperimentStatus.PAUSED,
-        ExperimentStatus.DRAFT,
-        ExperimentStatus.PROMOTED,
-        ExperimentStatus.ROLLED_BACK,
-        ExperimentStatus.ABORTED,
+        ExperimentState.PAUSED,
+        ExperimentState.DRAFT,
+        ExperimentState.PROMOTED,
+        ExperimentState.ROLLED_BACK,
+        ExperimentState.ABORTED,
     ],
 )
-def test_paused_and_finished_experiments_get_no_action(status: ExperimentStatus) -> None:
+def test_paused_and_finished_experiments_get_no_action(status: ExperimentState) -> None:
     s = state(status=status)
     d = at(s, slow(T0 + 100), T0 + 100)
     assert d.actions == () and d.new_state == s and d.next_check_at is None

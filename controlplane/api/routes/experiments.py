@@ -5,16 +5,15 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Query, Response, status
-from sqlalchemy.orm import Session
 
 from controlplane.api.deps import (
     BackendsDep,
     ClockDep,
-    DatabaseDep,
     ExperimentId,
     Limit,
     Offset,
     SettingsDep,
+    StoreDep,
 )
 from controlplane.api.live import read_live, route_applied
 from controlplane.api.problems import problem_responses
@@ -30,10 +29,9 @@ from controlplane.api.schemas import (
 )
 from controlplane.api.security import ActorDep, require
 from controlplane.auth.roles import Role
-from controlplane.db import experiments as records
-from controlplane.db.experiments import ExperimentSpec
 from controlplane.experiments import actions
 from controlplane.experiments.lifecycle import Action, ExperimentState
+from controlplane.experiments.store import ExperimentSpec
 from controlplane.kernel.values import ServiceName
 
 router = APIRouter(prefix="/v1/experiments", tags=["experiments"])
@@ -76,7 +74,7 @@ CREATED_LINKS = {
 async def create_experiment(
     body: ExperimentCreate,
     response: Response,
-    database: DatabaseDep,
+    store: StoreDep,
     clock: ClockDep,
     actor: ActorDep,
     settings: SettingsDep,
@@ -84,7 +82,7 @@ async def create_experiment(
     """Create a draft experiment."""
     spec = check_upstreams(body.to_spec(), settings.upstream_policy)
     experiment = await actions.create_experiment(
-        database=database, clock=clock, spec=spec, actor=actor
+        store=store, clock=clock, spec=spec, actor=actor
     )
     response.headers["Location"] = f"{router.prefix}/{experiment.id}"
     return ExperimentPublic.of(experiment)
@@ -97,26 +95,20 @@ async def create_experiment(
     dependencies=[VIEWER],
 )
 async def list_experiments(
-    database: DatabaseDep,
+    store: StoreDep,
     service: Annotated[ServiceName | None, Query()] = None,
     state: Annotated[ExperimentState | None, Query()] = None,
     limit: Limit = 50,
     offset: Offset = 0,
 ) -> Page[ExperimentPublic]:
     """Experiments, newest first, filtered by service and state."""
-
-    def load(*, session: Session) -> Page[ExperimentPublic]:
-        rows, total = records.list_experiments(
-            session=session,
-            service=service,
-            state=state.value if state else None,
-            limit=limit,
+    async with store.transaction() as tx:
+        rows, total = await tx.list_experiments(
+            service=service, states=None if state is None else (state,), limit=limit,
             offset=offset,
         )
-        items = [ExperimentPublic.of(e) for e in rows]
-        return Page(items=items, total=total, limit=limit, offset=offset)
-
-    return await database.read(load)
+    items = [ExperimentPublic.of(e) for e in rows]
+    return Page(items=items, total=total, limit=limit, offset=offset)
 
 
 @router.get(
@@ -129,7 +121,8 @@ async def get_experiment(experiment_id: ExperimentId, backends: BackendsDep) -> 
     """The experiment and its live rollout: breaker, step, weights, what is due next and
     the latest snapshot per variant (left out, with a note, when Redis cannot be read),
     and whether etcd holds its desired route yet (`route_applied`)."""
-    experiment = await backends.database.read(records.get_experiment, experiment_id=experiment_id)
+    async with backends.store.transaction() as tx:
+        experiment = await tx.load_experiment(experiment_id=experiment_id)
     live = await read_live(backends, experiment)
     applied, note = await route_applied(backends, experiment)
     return ExperimentDetail(
@@ -147,7 +140,7 @@ async def get_experiment(experiment_id: ExperimentId, backends: BackendsDep) -> 
 async def update_experiment(
     experiment_id: ExperimentId,
     body: ExperimentUpdate,
-    database: DatabaseDep,
+    store: StoreDep,
     clock: ClockDep,
     actor: ActorDep,
     settings: SettingsDep,
@@ -159,7 +152,7 @@ async def update_experiment(
         return check_upstreams(body.apply(spec), policy)
 
     experiment = await actions.update_experiment(
-        database=database,
+        store=store,
         clock=clock,
         experiment_id=experiment_id,
         change=change,
@@ -175,11 +168,11 @@ async def update_experiment(
     dependencies=[ADMIN],
 )
 async def delete_experiment(
-    experiment_id: ExperimentId, database: DatabaseDep, clock: ClockDep, actor: ActorDep
+    experiment_id: ExperimentId, store: StoreDep, clock: ClockDep, actor: ActorDep
 ) -> None:
     """Delete a draft (its audit trail stays)."""
     await actions.delete_experiment(
-        database=database, clock=clock, experiment_id=experiment_id, actor=actor
+        store=store, clock=clock, experiment_id=experiment_id, actor=actor
     )
 
 
@@ -191,22 +184,16 @@ async def delete_experiment(
 )
 async def list_events(
     experiment_id: ExperimentId,
-    database: DatabaseDep,
+    store: StoreDep,
     limit: Limit = 100,
     offset: Offset = 0,
 ) -> Page[EventPublic]:
     """The experiment's audit trail, oldest first."""
-
-    def load(*, session: Session) -> Page[EventPublic]:
-        records.get_experiment(session=session, experiment_id=experiment_id)
-        rows, total = records.list_events(
-            session=session, experiment_id=experiment_id, limit=limit, offset=offset
-        )
-        return Page(
-            items=[EventPublic.of(e) for e in rows], total=total, limit=limit, offset=offset
-        )
-
-    return await database.read(load)
+    async with store.transaction() as tx:
+        await tx.load_experiment(experiment_id=experiment_id)  # NotFound: 404
+        rows, total = await tx.list_events(experiment_id=experiment_id, limit=limit,
+                                           offset=offset)
+    return Page(items=[EventPublic.of(e) for e in rows], total=total, limit=limit, offset=offset)
 
 
 def _action_endpoint(action: Action) -> None:
@@ -218,7 +205,7 @@ def _action_endpoint(action: Action) -> None:
         body: Annotated[ActionRequest | None, Body()] = None,
     ) -> ExperimentPublic:
         experiment = await actions.apply_action(
-            database=backends.database,
+            store=backends.store,
             changes=backends.route_changes,
             clock=clock,
             experiment_id=experiment_id,

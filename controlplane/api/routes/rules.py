@@ -6,14 +6,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Path, Query
 from pydantic import ValidationError
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 
-from controlplane.api.deps import BackendsDep, ClockDep, DatabaseDep, KeysDep, KvDep
+from controlplane.api.deps import BackendsDep, ClockDep, KeysDep, KvDep, StoreDep
 from controlplane.api.problems import problem_responses
 from controlplane.api.security import ActorDep, require
 from controlplane.auth.roles import Role
-from controlplane.db.models import Experiment
 from controlplane.decision.recommend import (
     MIN_WINDOWS,
     NotEnoughHistory,
@@ -21,6 +18,7 @@ from controlplane.decision.recommend import (
     recommend,
 )
 from controlplane.experiments.service_rules import StoredValueInvalid, read_rule, write_rule
+from controlplane.experiments.store import ExperimentStore
 from controlplane.kernel.errors import FieldError, NotFound, ValidationFailed
 from controlplane.kernel.rules import BreakerRule, pydantic_field_errors
 from controlplane.kernel.streams_memory import DECISIONS_MAXLEN
@@ -77,7 +75,7 @@ async def put_rule(
             examples=[{"threshold_ms": 800, "window_sec": 60, "failure_ratio": 0.3}],
         ),
     ],
-    database: DatabaseDep,
+    store: StoreDep,
     kv: KvDep,
     keys: KeysDep,
     clock: ClockDep,
@@ -86,7 +84,7 @@ async def put_rule(
     """Replace the service's rule (etcd is its source of truth; SQL logs the change)."""
     rule = rule_for(service, body)
     return await write_rule(
-        database=database, kv=kv, keys=keys, clock=clock, rule=rule, actor=actor
+        store=store, kv=kv, keys=keys, clock=clock, rule=rule, actor=actor
     )
 
 
@@ -95,10 +93,11 @@ _DEFAULT_PERCENTILE = BreakerRule.model_fields["percentile"].default
 _DEFAULT_MIN_SAMPLES = BreakerRule.model_fields["min_samples"].default
 
 
-def experiment_ids(*, session: Session, service: str) -> set[str]:
+async def experiment_ids(store: ExperimentStore, service: str) -> set[str]:
     """Every experiment the service ever had, as the decisions stream names them."""
-    ids = session.scalars(select(Experiment.id).where(Experiment.service == service))
-    return {str(i) for i in ids}
+    async with store.transaction() as tx:
+        found, _ = await tx.list_experiments(service=service)
+    return {str(e.id) for e in found}
 
 
 @router.get(
@@ -131,7 +130,7 @@ async def recommend_rule(
     min_samples = current.min_samples if current else _DEFAULT_MIN_SAMPLES
     if backends.board is None:
         raise NotEnoughHistory(service, 0, MIN_WINDOWS, "this API process reads no snapshot board")
-    ids = await backends.database.read(experiment_ids, service=service)
+    ids = await experiment_ids(backends.store, service)
     # the whole retained stream: it is bounded by DECISIONS_MAXLEN (architecture §5)
     entries = await backends.board.recent_decisions(DECISIONS_MAXLEN) if ids else []
     found = baseline_windows(entries, ids, percentile=percentile, min_samples=min_samples)

@@ -8,7 +8,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, status
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.orm import Session
 
 from controlplane.api.deps import ClockDep, DatabaseDep
 from controlplane.api.problems import problem_responses
@@ -54,13 +53,8 @@ async def list_tokens(
     revoked: Annotated[bool, Query(description="also list revoked tokens")] = False,
 ) -> list[TokenPublic]:
     """The tokens (never their secrets), oldest first."""
-
-    def load(*, session: Session) -> list[TokenPublic]:
-        return [
-            TokenPublic.of(t) for t in records.list_tokens(session=session, include_revoked=revoked)
-        ]
-
-    return await database.read(load)
+    found = await database.read(records.list_tokens, include_revoked=revoked)
+    return [TokenPublic.of(t) for t in found]
 
 
 @router.post(

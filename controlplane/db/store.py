@@ -1,0 +1,249 @@
+"""The experiment store on SQL (experiments.store.ExperimentStore), over `Database`.
+
+Each operation runs the data-access functions of db.experiments and db.routes in the
+transaction's worker thread and hands back frozen records, never an ORM row: rows
+are read into records inside the session, where their steps and variants load. The
+database keeps lifecycle and breaker states as strings; they become the typed enums
+here, at the edge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Collection, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from controlplane.db import experiments as rows
+from controlplane.db import routes as desired_routes
+from controlplane.db.models import Event, Experiment
+from controlplane.db.session import Database, Transaction
+from controlplane.experiments.lifecycle import BreakerState, ExperimentState
+from controlplane.experiments.store import (
+    EventRecord,
+    ExperimentRecord,
+    ExperimentSpec,
+    StepRecord,
+)
+from controlplane.kernel.errors import RevisionConflict
+from controlplane.kernel.routes import BASELINE, CANARY, Route, RouteState
+
+
+def experiment_record(row: Experiment) -> ExperimentRecord:
+    """The row as a frozen record (call inside its session)."""
+    return ExperimentRecord(
+        id=row.id,
+        name=row.name,
+        service=row.service,
+        state=ExperimentState(row.state),
+        salt=row.salt,
+        baseline_upstream=row.upstream_of(BASELINE),
+        canary_upstream=row.upstream_of(CANARY),
+        steps=tuple(
+            StepRecord(position=s.position, weight_bp=s.weight_bp, hold_sec=s.hold_sec)
+            for s in sorted(row.steps, key=lambda s: s.position)
+        ),
+        sticky_header=row.sticky_header,
+        sticky_cookie=row.sticky_cookie,
+        rule=dict(row.rule) if row.rule is not None else None,
+        current_step=row.current_step,
+        canary_weight_bp=row.canary_weight_bp,
+        breaker_state=BreakerState(row.breaker_state),
+        trips=row.trips,
+        step_started_at=row.step_started_at,
+        breaker_changed_at=row.breaker_changed_at,
+        route_revision=row.route_revision,
+        rollout_state=dict(row.rollout_state) if row.rollout_state is not None else None,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        version=row.version,
+    )
+
+
+def event_record(row: Event) -> EventRecord:
+    return EventRecord(
+        id=row.id,
+        experiment_id=row.experiment_id,
+        service=row.service,
+        at=row.at,
+        actor=row.actor,
+        kind=row.kind,
+        from_state=row.from_state,
+        to_state=row.to_state,
+        reason=row.reason,
+        payload=dict(row.payload),
+    )
+
+
+def _load(*, session: Session, experiment_id: int) -> ExperimentRecord:
+    return experiment_record(rows.get_experiment(session=session, experiment_id=experiment_id))
+
+
+def _list(
+    *, session: Session, service: str | None, states: Collection[ExperimentState] | None,
+    excluding: int | None, limit: int | None, offset: int,
+) -> tuple[list[ExperimentRecord], int]:
+    found, total = rows.list_experiments(
+        session=session, service=service,
+        states=None if states is None else [s.value for s in states],
+        excluding=excluding, limit=limit, offset=offset,
+    )
+    return [experiment_record(row) for row in found], total
+
+
+def _create(
+    *, session: Session, spec: ExperimentSpec, salt: str, now: datetime
+) -> ExperimentRecord:
+    return experiment_record(rows.create_experiment(session=session, spec=spec, salt=salt,
+                                                    now=now))
+
+
+def _current(session: Session, experiment: ExperimentRecord) -> Experiment:
+    """The experiment's row, still at the version the caller read."""
+    row = rows.get_experiment(session=session, experiment_id=experiment.id)
+    if row.version != experiment.version:
+        raise RevisionConflict(
+            f"experiment {experiment.id} changed (version {experiment.version} → {row.version})"
+        )
+    return row
+
+
+def _save_spec(
+    *, session: Session, experiment: ExperimentRecord, spec: ExperimentSpec, now: datetime
+) -> ExperimentRecord:
+    row = rows.replace_spec(session=session, experiment=_current(session, experiment),
+                            spec=spec, now=now)
+    return experiment_record(row)
+
+
+def _save_state(*, session: Session, experiment: ExperimentRecord) -> ExperimentRecord:
+    row = _current(session, experiment)
+    row.state = experiment.state.value
+    row.breaker_state = experiment.breaker_state.value
+    row.trips = experiment.trips
+    row.current_step = experiment.current_step
+    row.canary_weight_bp = experiment.canary_weight_bp
+    row.step_started_at = experiment.step_started_at
+    row.breaker_changed_at = experiment.breaker_changed_at
+    row.rollout_state = experiment.rollout_state
+    row.updated_at = experiment.updated_at
+    # the flush checks the row version and the one-active-per-service index now
+    session.flush()
+    return experiment_record(row)
+
+
+def _delete(*, session: Session, experiment: ExperimentRecord) -> None:
+    rows.delete_experiment(session=session, experiment=_current(session, experiment))
+
+
+def _save_route(
+    *, session: Session, experiment: ExperimentRecord, canary_bp: int, state: RouteState,
+    now: datetime,
+) -> tuple[Route, ExperimentRecord]:
+    row = rows.get_experiment(session=session, experiment_id=experiment.id)
+    route = desired_routes.commit_route_of(session=session, experiment=row,
+                                           canary_bp=canary_bp, state=state, now=now)
+    session.flush()
+    return route, experiment_record(row)
+
+
+def _append(*, session: Session, **event: Any) -> EventRecord:
+    return event_record(rows.record_event(session=session, **event))
+
+
+def _events(*, session: Session, **query: Any) -> tuple[list[EventRecord], int]:
+    found, total = rows.list_events(session=session, **query)
+    return [event_record(row) for row in found], total
+
+
+class SqlStoreTransaction:
+    """One unit of work of SqlExperimentStore (structurally a StoreTransaction)."""
+
+    def __init__(self, tx: Transaction) -> None:
+        self._tx = tx
+
+    async def load_experiment(self, *, experiment_id: int) -> ExperimentRecord:
+        return await self._tx.run(_load, experiment_id=experiment_id)
+
+    async def list_experiments(
+        self,
+        *,
+        service: str | None = None,
+        states: Collection[ExperimentState] | None = None,
+        excluding: int | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> tuple[list[ExperimentRecord], int]:
+        return await self._tx.run(_list, service=service, states=states, excluding=excluding,
+                                  limit=limit, offset=offset)
+
+    async def create_experiment(
+        self, *, spec: ExperimentSpec, salt: str, now: datetime
+    ) -> ExperimentRecord:
+        return await self._tx.run(_create, spec=spec, salt=salt, now=now)
+
+    async def save_spec(
+        self, *, experiment: ExperimentRecord, spec: ExperimentSpec, now: datetime
+    ) -> ExperimentRecord:
+        return await self._tx.run(_save_spec, experiment=experiment, spec=spec, now=now)
+
+    async def save_state(self, *, experiment: ExperimentRecord) -> ExperimentRecord:
+        return await self._tx.run(_save_state, experiment=experiment)
+
+    async def delete_experiment(self, *, experiment: ExperimentRecord) -> None:
+        await self._tx.run(_delete, experiment=experiment)
+
+    async def save_desired_route(
+        self, *, experiment: ExperimentRecord, canary_bp: int, state: RouteState,
+        now: datetime,
+    ) -> tuple[Route, ExperimentRecord]:
+        return await self._tx.run(_save_route, experiment=experiment, canary_bp=canary_bp,
+                                  state=state, now=now)
+
+    async def append_event(
+        self,
+        *,
+        service: str,
+        at: datetime,
+        actor: str,
+        kind: str,
+        experiment_id: int | None = None,
+        from_state: str | None = None,
+        to_state: str | None = None,
+        reason: str = "",
+        payload: dict[str, Any] | None = None,
+    ) -> EventRecord:
+        return await self._tx.run(
+            _append, service=service, at=at, actor=actor, kind=kind,
+            experiment_id=experiment_id, from_state=from_state, to_state=to_state,
+            reason=reason, payload=payload,
+        )
+
+    async def list_events(
+        self,
+        *,
+        experiment_id: int | None = None,
+        service: str | None = None,
+        kind: str | None = None,
+        newest_first: bool = False,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> tuple[Sequence[EventRecord], int]:
+        return await self._tx.run(
+            _events, experiment_id=experiment_id, service=service, kind=kind,
+            newest_first=newest_first, limit=limit, offset=offset,
+        )
+
+
+class SqlExperimentStore:
+    """ExperimentStore on the SQL database: each transaction one session."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[SqlStoreTransaction]:
+        async with self.database.transaction() as tx:
+            yield SqlStoreTransaction(tx)
