@@ -19,7 +19,7 @@ from controlplane.kernel.errors import BackendUnavailable
 from controlplane.kernel.keys import EtcdKeys
 from controlplane.kernel.kv import KeyValueStore
 from controlplane.kernel.settings import Settings
-from controlplane.kernel.values import SQL_INT_MAX
+from controlplane.kernel.values import SQL_ID_MAX, SQL_INT_MAX
 from controlplane.runtime import Backends
 
 
@@ -70,6 +70,6 @@ ExperimentId = Annotated[
     int,
     Path(
         description="experiment id",
-        json_schema_extra={"minimum": 1, "maximum": SQL_INT_MAX},
+        json_schema_extra={"minimum": 1, "maximum": SQL_ID_MAX},
     ),
 ]

@@ -30,9 +30,12 @@ from pydantic import AfterValidator, Field
 
 # --- numbers -------------------------------------------------------------------------
 
-# SQL ids and offsets: the signed 64-bit range every supported database can compare
-# against (SQLite's INTEGER, PostgreSQL's BIGINT); anything larger overflows the driver.
+# SQL offsets: the signed 64-bit range every supported database can compare against
+# (SQLite's INTEGER, PostgreSQL's BIGINT); anything larger overflows the driver.
 SQL_INT_MAX: Final = 2**63 - 1
+# Row ids are PostgreSQL INTEGER columns (32-bit): a larger id names no row, and
+# PostgreSQL refuses to even compare it with the column.
+SQL_ID_MAX: Final = 2**31 - 1
 
 # Route revisions are stored in experiments.route_revision, a 32-bit INTEGER on
 # PostgreSQL: a revision the control plane could never write is refused everywhere.
@@ -47,13 +50,13 @@ MAX_THRESHOLD_MS: Final = 3_600_000.0  # an hour: beyond it, a latency bound mea
 MAX_COUNT: Final = 1_000_000_000  # sample counts, trips: well within 64-bit sums
 
 
-SqlId = Annotated[int, Field(strict=True, ge=1, le=SQL_INT_MAX)]
+SqlId = Annotated[int, Field(strict=True, ge=1, le=SQL_ID_MAX)]
 RouteRevision = Annotated[int, Field(strict=True, ge=0, le=ROUTE_REVISION_MAX)]
 
 
 def in_sql_range(value: int) -> bool:
-    """Whether an id can be looked up at all (out of range is simply not there)."""
-    return 1 <= value <= SQL_INT_MAX
+    """Whether a row id can be looked up at all (out of range is simply not there)."""
+    return 1 <= value <= SQL_ID_MAX
 
 
 # --- text ----------------------------------------------------------------------------

@@ -165,7 +165,9 @@ async def test_a_patch_cannot_bring_in_what_a_create_refuses(
     assert stored["name"] == created["name"]
 
 
-@pytest.mark.parametrize("experiment_id", ["99999999999999999999", str(2**63), "-1", "0"])
+@pytest.mark.parametrize(
+    "experiment_id", ["99999999999999999999", str(2**63), str(2**31), str(2**63 - 1), "-1", "0"]
+)
 @pytest.mark.parametrize(
     ("method", "suffix"),
     [("GET", ""), ("PATCH", ""), ("DELETE", ""), ("GET", "/events"), ("POST", "/start")],

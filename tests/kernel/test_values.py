@@ -150,6 +150,7 @@ def test_sticky_names_are_tokens_for_the_api_and_the_sidecar(
         {"revision": True},
         {"revision": "5"},
         {"experiment": 2**63},
+        {"experiment": 2**31},
         {"experiment": "x\x1b[31m"},
         {"salt": "s\r\n"},
         {"salt": "s" * 65},

@@ -17,7 +17,7 @@ from controlplane.auth.tokens import NAME_PATTERN
 from controlplane.db import tokens as records
 from controlplane.kernel.clock import utc_now
 from controlplane.kernel.errors import NotFound
-from controlplane.kernel.values import SQL_INT_MAX, in_sql_range
+from controlplane.kernel.values import SQL_ID_MAX, in_sql_range
 
 router = APIRouter(prefix="/v1/tokens", tags=["tokens"], dependencies=[require(Role.ADMIN)])
 
@@ -82,7 +82,7 @@ async def create_token(
 )
 async def revoke_token(
     token_id: Annotated[
-        int, Path(description="token id", json_schema_extra={"minimum": 1, "maximum": SQL_INT_MAX})
+        int, Path(description="token id", json_schema_extra={"minimum": 1, "maximum": SQL_ID_MAX})
     ],
     database: DatabaseDep,
     clock: ClockDep,
