@@ -40,11 +40,14 @@ async def _scenario() -> None:
         h.chooser.routes["canary"] = type(h.chooser.routes["canary"]).parse(
             f"http://127.0.0.1:{free_port()}"
         )
-        before = len(h.recorder.samples)
+        # a sample is recorded after its response has gone out: wait for the seven
+        # exchanges above (5 echoes, the download, the upload) before the next one
+        await h.recorder.wait_for(7)
         failed = await h.client.get("/echo", headers={"x-test-variant": "canary"})
         assert failed.status_code == 502
-        samples = await h.recorder.wait_for(before + 1)
-        assert samples[-1].outcome == CONNECT_ERROR
+        samples = await h.recorder.wait_for(8)
+        assert [s.outcome for s in samples[7:]] == [CONNECT_ERROR]
+        assert samples[7].variant == "canary"
 
 
 def test_the_proxy_runs_on_uvloop() -> None:
