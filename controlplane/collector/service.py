@@ -3,7 +3,9 @@
 One loop, named steps: read new entries → apply them → (each tick) publish the
 changed experiments and ack what those publishes contain → (now and then) claim a
 dead consumer's idle entries and refresh the list of services. Configuration (rules
-and routes from etcd) is watched in a task of its own and applied live.
+and routes from etcd) is watched in a task of its own and applied live;
+an experiment whose routes all ended is forgotten once its grace has passed
+(lifecycle.py), so memory follows the live experiments.
 
 Ordering is what makes counts exact (see sharding.py): an entry is acked only after
 a partial window containing it is on the board.
