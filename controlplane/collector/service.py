@@ -279,6 +279,8 @@ class Collector:
         self.windows: dict[str, ExperimentWindow] = {}
         self.experiment_service: dict[str, str] = {}
         self.lifecycle = ExperimentLifecycle()
+        # called with an ended experiment's window just before it is dropped
+        self.on_forget: Callable[[str, ExperimentWindow], None] | None = None
         self._held: dict[str, _Held] = {}
         self._ack_now: dict[str, list[str]] = {}  # corrupt entries: ack without a publish
         self._dedup = SourceDedup()
@@ -635,7 +637,9 @@ class Collector:
                 continue
             if experiment in self.windows and not await self._remove_own_partial(experiment):
                 continue
-            self.windows.pop(experiment, None)
+            window = self.windows.pop(experiment, None)
+            if window is not None and self.on_forget is not None:
+                self.on_forget(experiment, window)
             self.experiment_service.pop(experiment, None)
             self._last_publish.pop(experiment, None)
             self._held.pop(experiment, None)
