@@ -3,7 +3,9 @@
 One loop, named steps: read new entries → apply them → (each tick) publish the
 changed experiments and ack what those publishes contain → (now and then) claim a
 dead consumer's idle entries and refresh the list of services. Configuration (rules
-and routes from etcd) is watched in a task of its own and applied live.
+and routes from etcd) is watched in a task of its own and applied live;
+an experiment whose routes all ended is forgotten once its grace has passed
+(lifecycle.py), so memory follows the live experiments.
 
 Ordering is what makes counts exact (see sharding.py): an entry is acked only after
 a partial window containing it is on the board.
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from controlplane.collector.lifecycle import ExperimentLifecycle
 from controlplane.collector.screening import (
     DROP_REASONS,
     INTERNAL_ERROR,
@@ -154,6 +157,15 @@ class CollectorMetrics:
             "canary_collector_snapshot_age_seconds", "seconds since the last publish",
             registry=registry,
         )  # fmt: skip
+        self.forgotten = Counter(
+            "canary_collector_experiments_forgotten",
+            "ended experiments whose windows and partial were dropped after their grace",
+            registry=registry,
+        )
+        self.experiments = Gauge(
+            "canary_collector_experiments", "experiments with windows held in memory",
+            registry=registry,
+        )  # fmt: skip
         self.publishes = Counter(
             "canary_collector_publishes", "experiment snapshots published", registry=registry
         )
@@ -164,7 +176,8 @@ class CollectorMetrics:
         )
         self.admin_unauthorized = Counter(
             "canary_collector_admin_unauthorized",
-            "admin requests refused for a missing or wrong bearer token", registry=registry,
+            "admin requests refused for a missing or wrong bearer token",
+            registry=registry,
         )
         self.config_relists = Counter(
             "canary_collector_config_relists",
@@ -197,10 +210,10 @@ class _ConfigFeed:
         self._metrics = metrics
 
     def on_put(self, key: str, value: bytes, mod_revision: int) -> None:
-        self._apply(key[len(self.prefix):], value)
+        self._apply(key[len(self.prefix) :], value)
 
     def on_delete(self, key: str) -> None:
-        self._apply(key[len(self.prefix):], None)
+        self._apply(key[len(self.prefix) :], None)
 
     def listed(self, *, relist: bool) -> None:
         if relist:
@@ -265,6 +278,9 @@ class Collector:
         self.route_services: set[str] = set()
         self.windows: dict[str, ExperimentWindow] = {}
         self.experiment_service: dict[str, str] = {}
+        self.lifecycle = ExperimentLifecycle()
+        # called with an ended experiment's window just before it is dropped
+        self.on_forget: Callable[[str, ExperimentWindow], None] | None = None
         self._held: dict[str, _Held] = {}
         self._ack_now: dict[str, list[str]] = {}  # corrupt entries: ack without a publish
         self._dedup = SourceDedup()
@@ -322,14 +338,16 @@ class Collector:
     def _apply_route(self, service: str, value: bytes | None) -> None:
         if value is None:
             self.route_services.discard(service)
+            self.lifecycle.route(service, None, None, self.clock.now())
             return
         try:
-            parse_route(value)
+            route = parse_route(value)
         except ValidationFailed as exc:
             self.metrics.config_rejected.inc()
             log.warning("rejected route for %s: %s", service, exc)
             return
         self.route_services.add(service)
+        self.lifecycle.route(service, str(route.experiment), route.state, self.clock.now())
 
     async def load_config(self) -> None:
         """Read rules and routes, then follow them (the shared list-then-watch loop).
@@ -534,6 +552,7 @@ class Collector:
                 mapping=self.mapping,
                 skew_sec=self.skew_sec,
             )
+            self.lifecycle.revived(experiment, now)
         return window
 
     # --- publishing ---------------------------------------------------------
@@ -552,6 +571,8 @@ class Collector:
             if ids:
                 await self.streams.ack(service, COLLECTOR_GROUP, ids)
         self._ack_now.clear()
+        await self.forget_ended(now)
+        self.metrics.experiments.set(len(self.windows))
         if self._last_publish:
             self.metrics.snapshot_age.set(max(0.0, now - max(self._last_publish.values())))
 
@@ -596,6 +617,49 @@ class Collector:
         if expired:
             await self._remove_expired(experiment, expired, others, now)
         return snapshots
+
+    def grace_sec(self, experiment: str) -> float:
+        """How long an ended experiment is kept: every window it was judged on is over."""
+        window = self.windows.get(experiment)
+        return 0.0 if window is None else float(window.retained_sec)
+
+    async def forget_ended(self, now: float) -> list[str]:
+        """Drop the windows and the partial of experiments ended for their grace period.
+
+        One still holding entries waits: they are acked with its next publish first.
+        A partial that cannot be removed now (Redis failing) keeps the window for the
+        next round, so no partial of this collector is left behind unowned.
+        """
+        dropped: list[str] = []
+        for experiment in self.lifecycle.due(now, self.grace_sec):
+            held = self._held.get(experiment)
+            if held is not None and held.entries:
+                continue
+            if experiment in self.windows and not await self._remove_own_partial(experiment):
+                continue
+            window = self.windows.pop(experiment, None)
+            if window is not None and self.on_forget is not None:
+                self.on_forget(experiment, window)
+            self.experiment_service.pop(experiment, None)
+            self._last_publish.pop(experiment, None)
+            self._held.pop(experiment, None)
+            self.lifecycle.forgotten(experiment)
+            self.metrics.forgotten.inc()
+            dropped.append(experiment)
+        if dropped:
+            log.info("forgot %d ended experiments", len(dropped))
+        return dropped
+
+    async def _remove_own_partial(self, experiment: str) -> bool:
+        own = part_field(self.name)
+        try:
+            value = (await self.board.read(experiment)).get(own)
+            if value is not None:
+                await self.board.remove_if_unchanged(experiment, {own: value})
+        except BackendError as exc:
+            log.warning("experiment %s: partial window not removed: %s", experiment, exc)
+            return False
+        return True
 
     async def _remove_expired(
         self, experiment: str, expired: Sequence[Partial], raw: Mapping[str, str], now: float

@@ -145,6 +145,7 @@ class Demo:
         self.load: LoadGenerator | None = None
         self.runners: list[ScenarioRunner] = []
         self.results: list[ScenarioResult] = []
+        self._forgotten_counts: dict[str, int] = {}
         # On shared, real backends a run of its own service: no route or experiment
         # left by an earlier (or a concurrent) run can get in its way.
         self.service = f"{SERVICE}-{uuid.uuid4().hex[:6]}" if options.real else SERVICE
@@ -321,6 +322,8 @@ class Demo:
             consumer_name=f"demo-{uuid.uuid4().hex[:8]}", clock=backends.clock,
             sample_keys=self.sample_keys,
         )  # fmt: skip
+        # a finished scenario's experiment is forgotten after its window: keep its count
+        collector.on_forget = self._keep_count
         await collector.load_config()
         stop = asyncio.Event()
         task = asyncio.create_task(collector.run(stop), name="demo-collector")
@@ -382,11 +385,19 @@ class Demo:
             with contextlib.suppress(Exception):
                 await backends.kv.delete(key)
 
+    def _keep_count(self, experiment: str, window: Any) -> None:
+        """An ended experiment's window is about to be dropped: keep what it applied."""
+        kept = self._forgotten_counts.get(experiment, 0)
+        self._forgotten_counts[experiment] = kept + window.counters.ingested
+
     async def _counted(self, collector: Any, samples: CountingStream) -> dict[str, int]:
         """Samples the collector applied, per experiment, once it has read all there is."""
 
         def counts() -> dict[str, int]:
-            return {exp: w.counters.ingested for exp, w in collector.windows.items()}
+            applied = dict(self._forgotten_counts)
+            for exp, window in collector.windows.items():
+                applied[exp] = applied.get(exp, 0) + window.counters.ingested
+            return applied
 
         deadline = time.monotonic() + SAMPLES_SETTLE_SEC
         while time.monotonic() < deadline:
