@@ -2,8 +2,10 @@
 
 One loop, named steps: read new entries → apply them → (each tick) publish the
 changed experiments and ack what those publishes contain → (now and then) claim a
-dead consumer's idle entries and refresh the list of services. Configuration (rules
-and routes from etcd) is watched in a task of its own and applied live;
+dead consumer's idle entries and refresh the list of services. Configuration (rules,
+routes and the experiments' window rules from etcd) is watched in a task of its own
+and applied live; an experiment's window rule (written by the leader from the
+experiment's own rule) takes precedence over its service's rule;
 an experiment whose routes all ended is forgotten once its grace has passed
 (lifecycle.py), so memory follows the live experiments.
 
@@ -59,7 +61,12 @@ from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import BatchMeta, RawBatch
 from controlplane.kernel.errors import BackendError, CanaryError, CodecError, ValidationFailed
 from controlplane.kernel.informer import PrefixInformer
-from controlplane.kernel.keys import COLLECTOR_GROUP, EtcdKeys, is_service_name
+from controlplane.kernel.keys import (
+    COLLECTOR_GROUP,
+    EtcdKeys,
+    is_experiment_id,
+    is_service_name,
+)
 from controlplane.kernel.kv import KeyValueStore
 from controlplane.kernel.routes import parse_route
 from controlplane.kernel.rules import parse_rule
@@ -67,9 +74,11 @@ from controlplane.kernel.sample_auth import SampleVerifier
 from controlplane.kernel.sample_keys import SampleKeys
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.kernel.streams import SampleStream, SnapshotBoard, StreamEntry
+from controlplane.kernel.window_rules import parse_window_rule
 
 log = logging.getLogger("canary.collector")
 
+CONFIG_SOURCES = ("rules", "routes", "windows")
 DEDUP_HORIZON = 65_536  # batches per source remembered below its high-water mark
 HEARTBEAT_SEC = 5.0  # republish an unchanged experiment this often, so age stays low
 
@@ -146,7 +155,8 @@ class CollectorMetrics:
             registry=registry,
         )  # fmt: skip
         self.config_rejected = Counter(
-            "canary_collector_config_rejected", "malformed rules or routes in etcd, ignored",
+            "canary_collector_config_rejected",
+            "malformed rules, routes or window rules in etcd, ignored",
             registry=registry,
         )  # fmt: skip
         self.pending = Gauge(
@@ -181,21 +191,21 @@ class CollectorMetrics:
         )
         self.config_relists = Counter(
             "canary_collector_config_relists",
-            "rules or routes read again from etcd after a lost watch, by source",
+            "rules, routes or window rules read again from etcd after a lost watch, by source",
             ["source"], registry=registry,
         )  # fmt: skip
         self.config_watch_errors = Counter(
             "canary_collector_config_watch_errors",
-            "failed reads or lost watches of rules or routes in etcd, by source",
+            "failed reads or lost watches of rules, routes or window rules, by source",
             ["source"], registry=registry,
         )  # fmt: skip
-        for source in ("rules", "routes"):
+        for source in CONFIG_SOURCES:
             self.config_relists.labels(source)
             self.config_watch_errors.labels(source)
 
 
 class _ConfigFeed:
-    """One etcd prefix (rules or routes) fed to the collector: handler and metrics hooks."""
+    """One etcd prefix (rules, routes or windows) fed to the collector, with metrics hooks."""
 
     def __init__(
         self,
@@ -275,6 +285,8 @@ class Collector:
         self.metrics.authenticated.set(1 if self.verifier is not None else 0)
         self._drop_log = DropLog(log, clock)
         self.configs: dict[str, WindowConfig] = {}
+        # experiments with a rule of their own: theirs, in place of the service's
+        self.experiment_configs: dict[str, WindowConfig] = {}
         self.route_services: set[str] = set()
         self.windows: dict[str, ExperimentWindow] = {}
         self.experiment_service: dict[str, str] = {}
@@ -314,6 +326,13 @@ class Collector:
     def config_for(self, service: str) -> WindowConfig:
         return self.configs.get(service, self.default_config)
 
+    def config_of_experiment(self, experiment: str) -> WindowConfig:
+        """The experiment's window rule if it has one; else its service's rule."""
+        own = self.experiment_configs.get(experiment)
+        if own is not None:
+            return own
+        return self.config_for(self.experiment_service.get(experiment, ""))
+
     def _apply_rule(self, service: str, value: bytes | None) -> None:
         if value is None:
             self.configs.pop(service, None)
@@ -330,10 +349,31 @@ class Collector:
                 return
             self.configs[service] = WindowConfig.from_rule(rule)
         now = self.clock.now()
-        config = self.config_for(service)
         for experiment, window in self.windows.items():
             if self.experiment_service.get(experiment) == service:
-                window.reconfigure(config, now)
+                window.reconfigure(self.config_of_experiment(experiment), now)
+
+    def _apply_window(self, experiment: str, value: bytes | None) -> None:
+        """An experiment's window rule: a bad one is counted and ignored, as if absent
+        (its service's rule applies, which is what the controller falls back to)."""
+        if value is not None and not is_experiment_id(experiment):
+            self.metrics.config_rejected.inc()
+            log.warning("rejected window rule under a malformed experiment id")
+            value = None
+        elif value is not None:
+            try:
+                self.experiment_configs[experiment] = WindowConfig.from_rule(
+                    parse_window_rule(value)
+                )
+            except ValidationFailed as exc:
+                self.metrics.config_rejected.inc()
+                log.warning("rejected window rule for experiment %s: %s", experiment, exc)
+                value = None
+        if value is None:
+            self.experiment_configs.pop(experiment, None)
+        window = self.windows.get(experiment)
+        if window is not None:
+            window.reconfigure(self.config_of_experiment(experiment), self.clock.now())
 
     def _apply_route(self, service: str, value: bytes | None) -> None:
         if value is None:
@@ -350,15 +390,17 @@ class Collector:
         self.lifecycle.route(service, str(route.experiment), route.state, self.clock.now())
 
     async def load_config(self) -> None:
-        """Read rules and routes, then follow them (the shared list-then-watch loop).
+        """Read rules, routes and window rules, then follow them (the shared
+        list-then-watch loop).
 
-        Returns once both were read; while etcd does not answer it keeps trying, with
+        Returns once all were read; while etcd does not answer it keeps trying, with
         backoff, and /readyz says not ready.
         """
         if not self.informers:
             for source, prefix, apply in (
                 ("rules", self.keys.rules_prefix, self._apply_rule),
                 ("routes", self.keys.routes_prefix, self._apply_route),
+                ("windows", self.keys.windows_prefix, self._apply_window),
             ):
                 feed = _ConfigFeed(source, prefix, apply, self.metrics)
                 informer = PrefixInformer(
@@ -372,7 +414,7 @@ class Collector:
         self.config_loaded.set()
 
     async def stop_watching(self) -> None:
-        """Stop following rules and routes; what was read stays in force."""
+        """Stop following the configuration; what was read stays in force."""
         informers, self.informers = self.informers, []
         for informer in informers:
             await informer.stop()
@@ -544,10 +586,9 @@ class Collector:
     def _window(self, experiment: str, now: float) -> ExperimentWindow:
         window = self.windows.get(experiment)
         if window is None:
-            service = self.experiment_service.get(experiment, "")
             window = self.windows[experiment] = ExperimentWindow(
                 experiment,
-                self.config_for(service),
+                self.config_of_experiment(experiment),
                 clock_now=now,
                 mapping=self.mapping,
                 skew_sec=self.skew_sec,

@@ -50,6 +50,7 @@ from controlplane.kernel.codec import ABORTED, DecodedBatch, RawBatch
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.kernel.units import DISTINCT_K
+from controlplane.kernel.window_rules import WindowRule
 
 __all__ = [
     "DEFAULT_ALPHA",
@@ -87,7 +88,8 @@ class WindowConfig:
     failure_statuses: frozenset[int] | None = None  # None: 5xx
 
     @classmethod
-    def from_rule(cls, rule: BreakerRule) -> WindowConfig:
+    def from_rule(cls, rule: BreakerRule | WindowRule) -> WindowConfig:
+        """From a service's rule, or an experiment's window rule (its own rule's)."""
         statuses = None if rule.failure_statuses == "5xx" else frozenset(rule.failure_statuses)
         return cls(min(rule.window_sec, MAX_WINDOW_SEC), rule.threshold_ms, statuses)
 

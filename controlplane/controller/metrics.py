@@ -21,6 +21,8 @@ class ControllerStats:
     routes_published: int = 0
     reconcile_passes: int = 0
     route_notices_dropped: int = 0
+    window_rules_published: int = 0
+    window_rules_deleted: int = 0
     leader: bool = False
     terms: int = 0
 
@@ -54,6 +56,10 @@ class ControllerMetricsCollector(Collector):
              s.routes_published),
             ("route_notices_dropped", "Route change notices ignored: no service named",
              s.route_notices_dropped),
+            ("window_rules_published", "Experiments' window rules written to etcd",
+             s.window_rules_published),
+            ("window_rules_deleted", "Window rules deleted from etcd (experiment ended, or "
+             "no rule of its own)", s.window_rules_deleted),
         )  # fmt: skip
         for name, help_text, value in counters:
             yield CounterMetricFamily(f"{p}_{name}", help_text, value=value)

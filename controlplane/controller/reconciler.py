@@ -14,6 +14,10 @@ change never lands. It runs
 - a full pass when it takes the lead and every `full_pass_sec`, which repairs what no
   commit announced: a wiped key, an etcd restored from an old snapshot, a route
   written by hand. Each repair is a `route_reconciled` event naming what was found.
+
+Every pass also makes the window rules in etcd (`windows/<experiment>`, what the
+collectors need of an experiment's own rule) equal to those the experiments in SQL
+call for (window_plan), with the same fence and compare-and-swap.
 """
 
 from __future__ import annotations
@@ -29,9 +33,11 @@ from pydantic import TypeAdapter, ValidationError
 
 from controlplane.controller.metrics import ControllerStats
 from controlplane.controller.route_plan import Found, Plan, Step, Stored, plan_route
+from controlplane.controller.window_plan import StoredWindow, plan_windows
 from controlplane.db import experiments as records
 from controlplane.db import routes as desired_routes
 from controlplane.db.listen import listen_for_routes, listens
+from controlplane.db.window_rules import desired_window_rules
 from controlplane.kernel.clock import utc_now
 from controlplane.kernel.errors import (
     BackendError,
@@ -40,9 +46,11 @@ from controlplane.kernel.errors import (
     RevisionConflict,
     ValidationFailed,
 )
+from controlplane.kernel.keys import is_experiment_id
 from controlplane.kernel.kv import Fence, KeyValue
 from controlplane.kernel.routes import CANARY, Route, parse_route
 from controlplane.kernel.values import ServiceName
+from controlplane.kernel.window_rules import parse_window_rule
 from controlplane.runtime import Backends
 
 log = logging.getLogger(__name__)
@@ -83,6 +91,13 @@ def stored_of(value: KeyValue) -> Stored:
         return Stored(parse_route(value.value), value.mod_revision)
     except ValidationFailed:
         return Stored(None, value.mod_revision)
+
+
+def _stored_window(value: KeyValue) -> StoredWindow:
+    try:
+        return StoredWindow(parse_window_rule(value.value), value.mod_revision)
+    except ValidationFailed:
+        return StoredWindow(None, value.mod_revision)
 
 
 @dataclass
@@ -175,6 +190,36 @@ class RouteReconciler:
             except (CanaryError, ValueError) as exc:
                 self.stats.errors += 1
                 log.warning("route of %r not reconciled: %s", service, exc)
+        return await self.reconcile_windows(backends, fence) or again
+
+    async def reconcile_windows(self, backends: Backends, fence: Fence | None) -> bool:
+        """Make every window rule in etcd what SQL calls for; True after a lost race."""
+        prefix = backends.keys.windows_prefix
+        values, _ = await backends.kv.get_prefix(prefix)
+        stored = {
+            value.key[len(prefix):]: _stored_window(value)
+            for value in values
+            if is_experiment_id(value.key[len(prefix):])
+        }
+        desired = await backends.database.read(desired_window_rules)
+        again = False
+        for step in plan_windows(desired, stored):
+            key = backends.keys.window(step.experiment)
+            try:
+                if step.write is None:
+                    await backends.kv.delete(key, fence=fence)
+                    self.stats.window_rules_deleted += 1
+                else:
+                    await backends.kv.compare_and_swap(
+                        key, step.write.to_json().encode(),
+                        expected_mod_revision=step.expected_mod_revision, fence=fence,
+                    )
+                    self.stats.window_rules_published += 1
+            except RevisionConflict as exc:
+                self.stats.conflicts += 1
+                log.info("window rule of experiment %s changed under the reconciler: %s",
+                         step.experiment, exc)
+                again = True
         return again
 
     async def _read_stored(

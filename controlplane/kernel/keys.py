@@ -49,6 +49,15 @@ class EtcdKeys:
     def routes_prefix(self) -> str:
         return f"{self.prefix}/routes/"
 
+    @property
+    def windows_prefix(self) -> str:
+        return f"{self.prefix}/windows/"
+
+    def window(self, experiment: str | int) -> str:
+        """The window rule of an experiment with a rule of its own (kernel.window_rules)."""
+        text = str(experiment)
+        return f"{self.windows_prefix}{_checked('experiment id', text, is_experiment_id(text))}"
+
     def rule(self, service: str) -> str:
         return f"{self.rules_prefix}{service}"
 

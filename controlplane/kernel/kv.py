@@ -100,7 +100,9 @@ class KeyValueStore(Protocol):
         """
         ...
 
-    async def delete(self, key: str) -> bool: ...
+    async def delete(self, key: str, *, fence: Fence | None = None) -> bool:
+        """Delete; whether it existed. With a fence: NotLeader if it no longer holds."""
+        ...
 
     def watch_prefix(self, prefix: str, *, start_revision: int = 0) -> AsyncIterator[WatchEvent]:
         """Events under prefix after start_revision (0: from now), in revision order.

@@ -387,10 +387,20 @@ class EtcdKV:
         actual = int(current[0].mod_revision) if current else 0
         raise RevisionConflict(f"{key} is at revision {actual}, expected {expected_mod_revision}")
 
-    async def delete(self, key: str) -> bool:
+    async def delete(self, key: str, *, fence: Fence | None = None) -> bool:
         kv, _ = self._connect()
-        response = await self._call("delete", lambda: kv.delete(key, timeout=self._timeout))
-        return int(response.deleted) > 0
+        if fence is None:
+            response = await self._call("delete", lambda: kv.delete(key, timeout=self._timeout))
+            return int(response.deleted) > 0
+        txn = await self._call("delete", lambda: kv.txn(
+            [_fence_compare(fence)],
+            [KVService.txn_op_delete(key)],
+            [KVService.txn_op_get(fence.key)],
+            timeout=self._timeout,
+        ))
+        if not txn.succeeded:
+            raise NotLeader(f"leadership {fence.key} at revision {fence.create_revision} is gone")
+        return int(txn.responses[0].response_delete_range.deleted) > 0
 
     def watch_prefix(self, prefix: str, *, start_revision: int = 0) -> AsyncIterator[WatchEvent]:
         return self._watch_range(prefix, prefix_range_end(prefix), start_revision)

@@ -105,9 +105,10 @@ class MemoryKV:
             )
         return self._commit_put(key, value, lease_id=0)
 
-    async def delete(self, key: str) -> bool:
+    async def delete(self, key: str, *, fence: Fence | None = None) -> bool:
         self._check_open()
         self._reap()
+        self._check_fence(fence)
         if key not in self._data:
             return False
         self._commit_deletes([key])
