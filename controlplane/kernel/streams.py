@@ -12,6 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+# the decision stream keeps this many entries, in every implementation: the rule
+# recommendation reads the whole retained stream
+DECISIONS_MAXLEN = 10_000
+
 
 @dataclass(frozen=True)
 class StreamEntry:

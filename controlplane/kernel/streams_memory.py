@@ -30,9 +30,7 @@ from dataclasses import dataclass, field
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.errors import BackendUnavailable
 from controlplane.kernel.keys import is_service_name
-from controlplane.kernel.streams import StreamEntry
-
-DECISIONS_MAXLEN = 10_000
+from controlplane.kernel.streams import DECISIONS_MAXLEN, StreamEntry
 
 _Id = tuple[int, int]
 

@@ -40,9 +40,8 @@ from controlplane.kernel.backend_access import RedisAccess
 from controlplane.kernel.errors import BackendError, BackendUnavailable, ConfigError
 from controlplane.kernel.keys import RedisKeys, is_service_name
 from controlplane.kernel.secrets import url_password
-from controlplane.kernel.streams import StreamEntry
+from controlplane.kernel.streams import DECISIONS_MAXLEN, StreamEntry
 
-DECISIONS_MAXLEN = 10_000
 DEFAULT_SOCKET_TIMEOUT = 2.0
 DEFAULT_CONNECT_TIMEOUT = 0.5
 # One immediate retry replaces a pooled connection that died with a Redis restart;

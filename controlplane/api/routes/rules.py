@@ -21,7 +21,7 @@ from controlplane.experiments.service_rules import StoredValueInvalid, read_rule
 from controlplane.experiments.store import ExperimentStore
 from controlplane.kernel.errors import FieldError, NotFound, ValidationFailed
 from controlplane.kernel.rules import BreakerRule, pydantic_field_errors
-from controlplane.kernel.streams_memory import DECISIONS_MAXLEN
+from controlplane.kernel.streams import DECISIONS_MAXLEN
 from controlplane.kernel.values import ServiceName
 
 router = APIRouter(prefix="/v1/services", tags=["rules"])
