@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from controlplane.kernel.settings import Settings
+from tests.support.outage import Outage, open_outage
+from tests.support.processes import EtcdProcess
 
 ETCD = os.environ.get("CANARY_TEST_ETCD", "127.0.0.1:2379")
 REDIS = os.environ.get("CANARY_TEST_REDIS", "redis://127.0.0.1:6379/0")
@@ -119,3 +121,21 @@ def backend_settings(
             etcd_prefix=etcd_prefix,
             redis_url="memory://",
         )
+
+
+@pytest.fixture(scope="module")
+def own_etcd() -> Iterator[EtcdProcess]:
+    """An etcd of the module's own, for tests that cut it off or compact its history."""
+    proc = EtcdProcess()
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.close()
+
+
+@pytest.fixture(params=["memory", "etcd"])
+async def outage(request: pytest.FixtureRequest, own_etcd: EtcdProcess) -> AsyncIterator[Outage]:
+    """A consumer's store that the test can take away past its history and bring back."""
+    async with open_outage(request.param, own_etcd) as opened:
+        yield opened

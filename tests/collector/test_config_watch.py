@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
-
-import pytest
 
 from controlplane.collector.service import Collector
 from controlplane.kernel.clock import FakeClock
@@ -21,8 +18,8 @@ from controlplane.kernel.kv import KeyValueStore
 from controlplane.kernel.kv_etcd import EtcdKV
 from controlplane.kernel.routes import Route, RouteState, Sticky, two_way_variants
 from controlplane.kernel.streams_factory import open_streams
-from tests.support.outage import Outage, open_outage
-from tests.support.processes import EtcdProcess, free_port
+from tests.support.outage import Outage, until
+from tests.support.processes import free_port
 
 WAIT = 15.0  # an upper bound so a broken watch fails the test; no speed claim
 
@@ -42,27 +39,8 @@ def route(experiment: int) -> bytes:
     ).to_json().encode()
 
 
-@pytest.fixture(scope="module")
-def own_etcd() -> Iterator[EtcdProcess]:
-    proc = EtcdProcess()
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.close()
 
 
-@pytest.fixture(params=["memory", "etcd"])
-async def outage(request: pytest.FixtureRequest, own_etcd: EtcdProcess) -> AsyncIterator[Outage]:
-    async with open_outage(request.param, own_etcd) as opened:
-        yield opened
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    """Poll what the collector's watches (real store I/O, not a clock) have applied."""
-    async with asyncio.timeout(WAIT):
-        while not condition():
-            await asyncio.sleep(0.02)
 
 
 async def test_rules_and_routes_deleted_while_the_watch_was_lost_leave_the_view(

@@ -8,17 +8,12 @@ store (tests/support/outage.py).
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
-
-import pytest
 
 from controlplane.controller.rulebook import RuleBook
 from controlplane.kernel.keys import EtcdKeys
 from controlplane.kernel.kv import KeyValueStore
-from tests.support.outage import Outage, open_outage
-from tests.support.processes import EtcdProcess
+from tests.support.outage import Outage, until
 
 WAIT = 15.0  # an upper bound so a broken watch fails the test; no speed claim
 
@@ -27,27 +22,8 @@ def rule(service: str, threshold_ms: int) -> bytes:
     return json.dumps({"service": service, "threshold_ms": threshold_ms}).encode()
 
 
-@pytest.fixture(scope="module")
-def own_etcd() -> Iterator[EtcdProcess]:
-    proc = EtcdProcess()
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.close()
 
 
-@pytest.fixture(params=["memory", "etcd"])
-async def outage(request: pytest.FixtureRequest, own_etcd: EtcdProcess) -> AsyncIterator[Outage]:
-    async with open_outage(request.param, own_etcd) as opened:
-        yield opened
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    """Poll what the rule book's watch (real store I/O, not a clock) has applied."""
-    async with asyncio.timeout(WAIT):
-        while not condition():
-            await asyncio.sleep(0.02)
 
 
 async def test_rules_deleted_or_changed_while_the_watch_was_lost_are_caught_up(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -16,7 +16,7 @@ from controlplane.kernel.kv_factory import open_kv
 from controlplane.kernel.routes import Route, RouteState, Sticky, two_way_variants
 from sidecar.choice import Upstream
 from sidecar.routing import RouteTable, RouteWatcher
-from tests.support.outage import Outage, open_outage
+from tests.support.outage import Outage
 from tests.support.processes import EtcdProcess
 
 SERVICE = "checkout"
@@ -177,20 +177,6 @@ async def test_fail_static_while_etcd_is_down_and_resumes_after_restart() -> Non
 # -- a watch lost for longer than the store keeps history --
 
 
-@pytest.fixture(scope="module")
-def own_etcd() -> Iterator[EtcdProcess]:
-    proc = EtcdProcess()
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.close()
-
-
-@pytest.fixture(params=["memory", "etcd"])
-async def outage(request: pytest.FixtureRequest, own_etcd: EtcdProcess) -> AsyncIterator[Outage]:
-    async with open_outage(request.param, own_etcd) as opened:
-        yield opened
 
 
 async def test_a_route_deleted_while_the_watch_was_lost_is_dropped_after_reconnect(

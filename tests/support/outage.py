@@ -103,3 +103,14 @@ async def open_outage(kind: str, etcd: EtcdProcess | None) -> AsyncIterator[Outa
         yield outage
     finally:
         await outage.close()
+
+
+async def until(condition: Callable[[], bool], what: str, *, within: float = 15.0) -> None:
+    """Poll what a consumer's watch (real store I/O, not a clock) has applied; `within`
+    is an upper bound so a broken watch fails the test, no speed claim."""
+    try:
+        async with asyncio.timeout(within):
+            while not condition():
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"not seen within {within} s: {what}") from None
