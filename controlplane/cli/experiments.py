@@ -188,6 +188,7 @@ class Progress:
     weight: str
     breaker: str
     event: str
+    route: str
 
     @classmethod
     def of(cls, experiment: dict[str, Any], latest: dict[str, Any] | None) -> Progress:
@@ -197,12 +198,13 @@ class Progress:
             weight=weight_text(experiment),
             breaker=dash(experiment.get("breaker_state")),
             event=event_text(latest),
+            route=route_text(experiment),
         )
 
     def line(self) -> str:
         return (
             f"state {self.state}  step {self.step}  canary {self.weight}  "
-            f"breaker {self.breaker}  latest {self.event}"
+            f"breaker {self.breaker}  route {self.route}  latest {self.event}"
         )
 
     def panel(self, experiment_id: str, elapsed: float) -> RenderableType:
@@ -217,6 +219,7 @@ class Progress:
             ("step", self.step),
             ("canary weight", self.weight),
             ("breaker", self.breaker),
+            ("route in etcd", self.route),
             ("latest event", self.event),
             ("waiting", f"{elapsed:.0f} s"),
         ):
@@ -232,6 +235,24 @@ class Watched(Protocol):
     def latest_event(self, experiment_id: str) -> dict[str, Any] | None: ...
 
 
+def route_text(experiment: dict[str, Any]) -> str:
+    applied = experiment.get("route_applied")
+    if applied is True:
+        return "applied"
+    if applied is False:
+        return "pending"
+    note = experiment.get("route_note")
+    return f"unknown ({note})" if isinstance(note, str) and note else "unknown"
+
+
+def verdict_landed(experiment: dict[str, Any]) -> bool:
+    """A verdict counts once the sidecars can act on it: a pipeline that goes on to
+    delete the old version must not do so while etcd still routes to it. Unknown
+    (etcd unreadable, an API without the field) does not hold the wait: the state
+    is the verdict of record, and the line shown says the route is unknown."""
+    return experiment.get("route_applied") is not False
+
+
 def follow(
     client: Watched,
     experiment_id: str,
@@ -240,7 +261,8 @@ def follow(
     interval: float,
     console: Console,
 ) -> str:
-    """Poll until the experiment reaches a terminal state; return that state.
+    """Poll until the experiment reaches a terminal state and etcd holds its route;
+    return that state.
 
     On a terminal the display is live; elsewhere (CI logs) each change is one line.
     Raises TimeoutError when `timeout` seconds pass first.
@@ -263,9 +285,13 @@ def follow(
                 console.print(progress.line(), markup=False, highlight=False)
             shown = progress
             state = str(experiment.get("state"))
-            if state in TERMINAL_EXIT:
+            if state in TERMINAL_EXIT and verdict_landed(experiment):
                 return state
             if elapsed + interval > timeout:
+                if state in TERMINAL_EXIT:
+                    raise TimeoutError(
+                        f"{state}, but etcd does not hold its route after {timeout:g} s"
+                    )
                 raise TimeoutError(f"still {state} after {timeout:g} s")
             time.sleep(interval)
     finally:

@@ -20,6 +20,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from controlplane.api.app import create_app
+from controlplane.cli.server import background_services
 from controlplane.db import migrate
 from controlplane.kernel.settings import Settings
 from tests.support.auth import ADMIN_TOKEN, install_test_tokens
@@ -66,7 +67,11 @@ def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     migrate.upgrade(database_url)
     install_test_tokens(database_url)
     settings = Settings(database_url=database_url, etcd="memory://", redis_url="memory://")
-    with serving(create_app(settings)) as url:
+    # as `canary serve` runs it: the controller's leader publishes each verdict's route,
+    # which `exp wait` waits for
+    with serving(
+        create_app(settings, services=background_services(settings, embedded=False))
+    ) as url:
         yield url
 
 

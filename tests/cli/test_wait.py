@@ -56,3 +56,36 @@ def test_times_out_instead_of_waiting_forever() -> None:
     console, _ = terminal()
     with pytest.raises(TimeoutError, match=r"still running after 0\.05 s"):
         follow(client, "7", timeout=0.05, interval=0.01, console=console)
+
+
+class RouteScript(ScriptedClient):
+    """A promoted experiment whose route reaches etcd only on the third look."""
+
+    def __init__(self, applied: list[bool | None]) -> None:
+        super().__init__(*[("promoted", 1, 10000)] * len(applied))
+        for experiment, value in zip(self.script, applied, strict=True):
+            experiment["route_applied"] = value
+            experiment["route_note"] = None if value is not None else "etcd unavailable"
+
+
+def test_a_verdict_waits_for_its_route_to_reach_etcd() -> None:
+    client = RouteScript([False, False, True])
+    console, out = terminal()
+    state = follow(client, "7", timeout=10, interval=0.01, console=console)
+    assert (state, client.polls) == ("promoted", 3)
+    assert "pending" in out.getvalue() and "applied" in out.getvalue()
+
+
+def test_a_route_never_applied_times_out_naming_the_state() -> None:
+    client = RouteScript([False])
+    console, _ = terminal()
+    with pytest.raises(TimeoutError, match=r"promoted, but etcd does not hold its route after"):
+        follow(client, "7", timeout=0.05, interval=0.01, console=console)
+
+
+def test_an_unknown_route_does_not_hold_the_verdict_and_says_why() -> None:
+    client = RouteScript([None])
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=200, markup=False)
+    assert follow(client, "7", timeout=10, interval=0.01, console=console) == "promoted"
+    assert "route unknown (etcd unavailable)" in out.getvalue()
