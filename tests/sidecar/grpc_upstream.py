@@ -3,7 +3,8 @@
 Service `test.Echo`, messages as raw bytes:
 
 - `Echo` (unary): answers the request; `fail:<code>` aborts with that status code
-  (trailers-only when nothing was sent), `slow:<ms>` answers after that long;
+  (trailers-only when nothing was sent), `slow:<ms>` answers after that long; while
+  `fail_code` is set every call aborts with it;
 - `Count` (server streaming): `<n>:<size>` answers n messages of `size` bytes;
 - `Chat` (bidirectional): echoes each message.
 
@@ -28,6 +29,7 @@ class GrpcUpstream:
         self.name = name
         self.calls = 0
         self.port = 0
+        self.fail_code: int | None = None
         self._server: grpc.aio.Server | None = None
 
     @property
@@ -59,6 +61,8 @@ class GrpcUpstream:
 
     async def _echo(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         self._served(context)
+        if self.fail_code is not None:
+            await context.abort(status_code(self.fail_code), "this upstream is failing")
         if request.startswith(b"fail:"):
             await context.abort(status_code(int(request[5:])), "asked to fail")
         if request.startswith(b"slow:"):
