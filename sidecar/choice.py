@@ -13,6 +13,9 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+# an upstream marked as speaking HTTP/2 (gRPC services do): h2c in clear text with prior
+# knowledge, h2 over TLS; the scheme its requests carry is http or https
+_HTTP2_SCHEMES = {"h2c": "http", "h2": "https"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,18 +24,24 @@ class Upstream:
     host: str
     port: int
     base_path: str  # "" or "/prefix" without trailing slash, prepended to the request path
+    http2: bool = False  # speaks HTTP/2 (h2c:// or h2://), not HTTP/1.1
 
     @classmethod
     def parse(cls, url: str) -> Upstream:
-        """Parse `http(s)://host[:port][/prefix]`; raises ValueError naming the problem."""
+        """Parse `http(s)|h2c|h2://host[:port][/prefix]`; raises ValueError naming the
+        problem."""
         try:
             parts = urlsplit(url)
             port = parts.port
         except ValueError as exc:
             raise ValueError(f"invalid upstream URL {url!r}: {exc}") from exc
         scheme = parts.scheme.lower()
+        http2 = scheme in _HTTP2_SCHEMES
+        scheme = _HTTP2_SCHEMES.get(scheme, scheme)
         if scheme not in _DEFAULT_PORTS:
-            raise ValueError(f"upstream URL {url!r} must start with http:// or https://")
+            raise ValueError(
+                f"upstream URL {url!r} must start with http://, https://, h2c:// or h2://"
+            )
         if not parts.hostname:
             raise ValueError(f"upstream URL {url!r} has no host")
         if parts.query or parts.fragment:
@@ -48,6 +57,7 @@ class Upstream:
             host=parts.hostname,
             port=port if port is not None else _DEFAULT_PORTS[scheme],
             base_path=parts.path.rstrip("/"),
+            http2=http2,
         )
 
     @property
@@ -59,7 +69,8 @@ class Upstream:
         return f"{host}:{self.port}"
 
     def __str__(self) -> str:
-        return f"{self.scheme}://{self.authority}{self.base_path}"
+        scheme = ("h2" if self.scheme == "https" else "h2c") if self.http2 else self.scheme
+        return f"{scheme}://{self.authority}{self.base_path}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,8 @@ generator the other; the upstream sits with the load, except for `direct`, where
 is the server under test. Full runs alternate the paths over three rounds.
 
 Then the route reload time through `canary sidecar`: an etcd write flipping the canary
-weight 0 <-> 10000, to the first response carrying the new variant.
+weight 0 <-> 10000, to the first response carrying the new variant. Last, gRPC unary
+calls through the proxy (`sidecar_grpc`, under the `grpc` key).
 
 Run a proxy alone: `python -m controlplane.benchmarks.sidecar serve-proxy HOST:PORT URL`.
 """
@@ -656,6 +657,10 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
         if result["rps_vs_nginx"] is None
         else result["rps_vs_nginx"] >= TARGET_RPS_VS_NGINX,
     }
+    # gRPC unary through the proxy (HTTP/2 both sides); alone: `canary bench sidecar-grpc`
+    from controlplane.benchmarks import sidecar_grpc
+
+    result["grpc"] = sidecar_grpc.run(quick=quick, progress=progress)
     return result
 
 

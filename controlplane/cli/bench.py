@@ -14,6 +14,7 @@ BENCHMARKS: dict[str, str] = {
     "decision": "controlplane.benchmarks.decision:run",
     "collector": "controlplane.benchmarks.collector:run",
     "sidecar": "controlplane.benchmarks.sidecar:run",
+    "sidecar-grpc": "controlplane.benchmarks.sidecar_grpc:run",
     "control": "controlplane.benchmarks.control:run",
 }
 

@@ -46,7 +46,14 @@ from controlplane.collector.totals import (
     bottom_k_index,
     inverted_cdf_rank,
 )
-from controlplane.kernel.codec import ABORTED, DecodedBatch, RawBatch
+from controlplane.kernel.codec import (
+    ABORTED,
+    GRPC_MAX_CODE,
+    GRPC_OK,
+    GRPC_STATUS,
+    DecodedBatch,
+    RawBatch,
+)
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.kernel.units import DISTINCT_K
@@ -86,23 +93,40 @@ class WindowConfig:
     window_sec: int = 60
     threshold_ms: float | None = None
     failure_statuses: frozenset[int] | None = None  # None: 5xx
+    grpc_failure_codes: frozenset[int] | None = None  # None: every code but 0 (OK)
 
     @classmethod
     def from_rule(cls, rule: BreakerRule | WindowRule) -> WindowConfig:
         """From a service's rule, or an experiment's window rule (its own rule's)."""
         statuses = None if rule.failure_statuses == "5xx" else frozenset(rule.failure_statuses)
-        return cls(min(rule.window_sec, MAX_WINDOW_SEC), rule.threshold_ms, statuses)
+        codes = rule.grpc_failure_codes
+        grpc = None if codes == "nonzero" else frozenset(codes)
+        return cls(min(rule.window_sec, MAX_WINDOW_SEC), rule.threshold_ms, statuses, grpc)
+
+    @property
+    def default_failures(self) -> bool:
+        """5xx and every non-OK gRPC code: classified without the table."""
+        return self.failure_statuses is None and self.grpc_failure_codes is None
 
 
-def failure_table(statuses: frozenset[int] | None) -> npt.NDArray[np.bool_]:
+def failure_table(
+    statuses: frozenset[int] | None, grpc_codes: frozenset[int] | None = None
+) -> npt.NDArray[np.bool_]:
     """`is_failure_outcome` for every u16 outcome, so a batch is classified by one gather."""
     table = np.zeros(65536, dtype=bool)
     table[:100] = True
     table[ABORTED] = False
     if statuses is None:
-        table[500:] = True
+        table[500:GRPC_STATUS] = True
     else:
-        table[sorted(s for s in statuses if 100 <= s < 65536)] = True
+        table[sorted(s for s in statuses if 100 <= s < GRPC_STATUS)] = True
+    grpc = table[GRPC_STATUS : GRPC_STATUS + GRPC_MAX_CODE + 1]
+    if grpc_codes is None:
+        grpc[1:] = True
+    else:
+        grpc[sorted(c for c in grpc_codes if 0 <= c <= GRPC_MAX_CODE)] = True
+    # outcomes past the gRPC range never pass the codec; as in the default, 5xx-like
+    table[GRPC_STATUS + GRPC_MAX_CODE + 1 :] = statuses is None
     return table
 
 
@@ -179,7 +203,7 @@ class ExperimentWindow:
         self._variants: dict[str, int] = {}
         self._remaps: dict[tuple[str, ...], I64] = {}
         self._rings: list[VariantRing] = []
-        self._failure_table = failure_table(config.failure_statuses)
+        self._failure_table = failure_table(config.failure_statuses, config.grpc_failure_codes)
         self._threshold_us = self._threshold_in_us(config.threshold_ms)
         self._longest = config.window_sec
         self._bin_index = np.arange(self.mapping.bins, dtype=np.float64)
@@ -212,9 +236,12 @@ class ExperimentWindow:
         old = self.config
         self.config = config
         self.changed = True
-        if config.failure_statuses != old.failure_statuses:
+        if (config.failure_statuses, config.grpc_failure_codes) != (
+            old.failure_statuses,
+            old.grpc_failure_codes,
+        ):
             # recorded failures cannot be re-classified; new samples use the new set
-            self._failure_table = failure_table(config.failure_statuses)
+            self._failure_table = failure_table(config.failure_statuses, config.grpc_failure_codes)
         if config.threshold_ms != old.threshold_ms:
             self._threshold_us = self._threshold_in_us(config.threshold_ms)
             for ring in self._rings:
@@ -385,9 +412,11 @@ class ExperimentWindow:
         hist = np.bincount(flat, minlength=groups * bins).reshape(groups, bins)
         counts = hist.sum(axis=1)
         outcome = cols.outcome
-        if self.config.failure_statuses is None:
-            # the default (5xx, connect errors, timeouts) in three cheap comparisons
-            failed = (outcome >= 500) | ((outcome < 100) & (outcome != ABORTED))
+        if self.config.default_failures:
+            # the default (5xx, connect errors, timeouts, non-OK gRPC) in cheap comparisons
+            failed = ((outcome >= 500) & (outcome != GRPC_OK)) | (
+                (outcome < 100) & (outcome != ABORTED)
+            )
         else:
             failed = self._failure_table[outcome]
         active = [int(g) for g in np.flatnonzero(counts)]

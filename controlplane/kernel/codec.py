@@ -14,7 +14,8 @@ Payload, version 1, little-endian:
     dt_us   u32[n]         sample time - t0, microseconds
     variant u8[n]          index into the variant names
     rt_us   u32[n]         response time, microseconds (saturates at ~71 minutes)
-    outcome u16[n]         HTTP status, or CONNECT_ERROR / TIMEOUT / ABORTED below 100
+    outcome u16[n]         HTTP status, or CONNECT_ERROR / TIMEOUT / ABORTED below 100,
+                           or GRPC_STATUS + a gRPC status code (1000..1016)
     unit    u32[n]         32-bit hash of the sticky unit (0: none), for per-unit analysis
     crc32   u32            zlib.crc32 of everything before it
 
@@ -24,7 +25,8 @@ CodecError whose `reason` is a fixed label (one of REASONS) for its drop counter
 What the format makes unrepresentable needs no check (a latency is a u32 of µs:
 never NaN or negative; its largest value is the builder's saturation mark). What it
 can carry is checked: t0 finite, sample counts within the byte length and
-MAX_SAMPLES, outcomes an HTTP status (100-999) or one of the codes below 100,
+MAX_SAMPLES, outcomes an HTTP status (100-999), one of the codes below 100 or a
+gRPC status (GRPC_STATUS + 0..16),
 variant names printable and unique, the entry's experiment id and source bounded
 (controlplane.kernel.keys). `check_times` bounds t0 against the reader's clock.
 """
@@ -53,6 +55,13 @@ MAGIC = b"CSB"
 CONNECT_ERROR = 0
 TIMEOUT = 1
 ABORTED = 2  # the client went away before the upstream answered
+# A gRPC call's outcome is its grpc-status, not its HTTP status (a failed call is an
+# HTTP 200): GRPC_STATUS + code, for the codes gRPC defines (0 OK .. 16
+# UNAUTHENTICATED). A collector that predates the range refuses such a batch as
+# bad_outcome: collectors are upgraded before sidecars.
+GRPC_STATUS = 1000
+GRPC_MAX_CODE = 16
+GRPC_OK = GRPC_STATUS
 
 _HEAD = struct.Struct("<3sBIB")
 _T0 = struct.Struct("<d")
@@ -91,10 +100,30 @@ REASONS = (
 )  # fmt: skip
 
 
-def is_failure_outcome(outcome: int, *, failure_statuses: frozenset[int] | None = None) -> bool:
-    """Connect errors, timeouts and (by default) 5xx are failures."""
+def grpc_outcome(code: int) -> int:
+    """The outcome of a gRPC call that ended with grpc-status `code` (0..GRPC_MAX_CODE)."""
+    if not 0 <= code <= GRPC_MAX_CODE:
+        raise ValueError(f"gRPC status {code} outside 0..{GRPC_MAX_CODE}")
+    return GRPC_STATUS + code
+
+
+def is_grpc_outcome(outcome: int) -> bool:
+    return GRPC_STATUS <= outcome <= GRPC_STATUS + GRPC_MAX_CODE
+
+
+def is_failure_outcome(
+    outcome: int,
+    *,
+    failure_statuses: frozenset[int] | None = None,
+    grpc_failure_codes: frozenset[int] | None = None,
+) -> bool:
+    """Connect errors, timeouts and (by default) 5xx are failures; a gRPC call fails
+    with the codes in `grpc_failure_codes` (by default every code but 0, OK)."""
     if outcome < 100:
         return outcome != ABORTED
+    if outcome >= GRPC_STATUS:
+        code = outcome - GRPC_STATUS
+        return code != 0 if grpc_failure_codes is None else code in grpc_failure_codes
     if failure_statuses is None:
         return outcome >= 500
     return outcome in failure_statuses
@@ -310,7 +339,8 @@ _OUTCOME_OK: npt.NDArray[np.bool_] | None = None
 
 
 def _outcomes_out_of_range(outcome: npt.NDArray[np.uint16]) -> bool:
-    """Any outcome neither one of the codes below 100 nor a three-digit HTTP status?"""
+    """Any outcome neither one of the codes below 100, a three-digit HTTP status nor a
+    gRPC status?"""
     global _OUTCOME_OK
     if _OUTCOME_OK is None:
         import numpy as np
@@ -319,6 +349,7 @@ def _outcomes_out_of_range(outcome: npt.NDArray[np.uint16]) -> bool:
         table = np.zeros(65536, dtype=bool)
         table[: ABORTED + 1] = True
         table[100:1000] = True
+        table[GRPC_STATUS : GRPC_STATUS + GRPC_MAX_CODE + 1] = True
         _OUTCOME_OK = table
     return not bool(_OUTCOME_OK[outcome].all())
 

@@ -28,6 +28,21 @@ from controlplane.kernel.values import (
 
 __all__ = ["SERVICE_PATTERN", "BreakerRule", "ServiceName", "parse_rule"]
 
+# gRPC status codes the breaker may count as failures: every non-zero code, or a list
+# of codes gRPC defines (0 OK .. 16 UNAUTHENTICATED, codec.GRPC_MAX_CODE)
+GrpcFailureCodes = list[Annotated[int, Field(strict=True)]] | Literal["nonzero"]
+GRPC_CODE_MAX = 16
+
+
+def check_grpc_codes(value: list[int] | str) -> list[int] | str:
+    if isinstance(value, list):
+        if len(value) > GRPC_CODE_MAX + 1:
+            raise ValueError(f"at most {GRPC_CODE_MAX + 1} gRPC codes")
+        bad = [code for code in value if not 0 <= code <= GRPC_CODE_MAX]
+        if bad:
+            raise ValueError(f"not gRPC status codes (0..{GRPC_CODE_MAX}): {bad}")
+    return value
+
 
 PERCENTILES: tuple[float, ...] = (50, 90, 95, 99, 99.9)
 
@@ -103,6 +118,10 @@ class BreakerRule(BaseModel):
         default="5xx",
         max_length=500,
         description="statuses that count as failures besides connect errors",
+    )
+    grpc_failure_codes: GrpcFailureCodes = Field(
+        default="nonzero",
+        description="gRPC status codes (0..16) that count as failures; default every non-zero",
     )
     consecutive_breaches: int = Field(
         default=2,
@@ -181,6 +200,11 @@ class BreakerRule(BaseModel):
             if bad:
                 raise ValueError(f"not HTTP statuses: {bad}")
         return value
+
+    @field_validator("grpc_failure_codes")
+    @classmethod
+    def _grpc_codes(cls, value: list[int] | str) -> list[int] | str:
+        return check_grpc_codes(value)
 
     def is_failure_status(self, status: int) -> bool:
         if self.failure_statuses == "5xx":

@@ -132,15 +132,17 @@ Salt = Annotated[str, Field(min_length=1, max_length=64, pattern=SALT_PATTERN)]
 # a route's experiment: the SQL id, or a name given by hand; either becomes a Redis key
 # (the collectors check sample batches against this same pattern)
 EXPERIMENT_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-RouteExperiment = SqlId | Annotated[
-    str, Field(min_length=1, max_length=64, pattern=EXPERIMENT_ID_PATTERN)
-]
+RouteExperiment = (
+    SqlId | Annotated[str, Field(min_length=1, max_length=64, pattern=EXPERIMENT_ID_PATTERN)]
+)
 
 
 # --- upstream URLs -------------------------------------------------------------------
 
 URL_MAX: Final = 2048
-_SCHEMES: Final = ("http", "https")
+# h2c: HTTP/2 in clear text with prior knowledge, h2: HTTP/2 over TLS (gRPC services
+# are either); the upstream must speak HTTP/2, the sidecar does not fall back
+_SCHEMES: Final = ("http", "https", "h2c", "h2")
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +167,10 @@ def split_upstream(url: str) -> UpstreamParts:
         port = parts.port
     except ValueError:
         raise ValueError("upstream URL is malformed (bad host or port)") from None
-    if parts.scheme.lower() not in _SCHEMES or not url.lower().startswith(("http://", "https://")):
-        raise ValueError("upstream URL must start with http:// or https://")
+    if parts.scheme.lower() not in _SCHEMES or not url.lower().startswith(
+        tuple(f"{scheme}://" for scheme in _SCHEMES)
+    ):
+        raise ValueError("upstream URL must start with http://, https://, h2c:// or h2://")
     if "@" in parts.netloc:
         raise ValueError("upstream URL must not carry credentials (user:password@)")
     if not parts.hostname:
@@ -192,7 +196,8 @@ UpstreamUrl = Annotated[
     Field(
         min_length=8,
         max_length=URL_MAX,
-        description="http(s)://host[:port][/prefix], no credentials, query or fragment",
+        description="http(s)://, h2c:// (HTTP/2 clear text) or h2:// (HTTP/2 over TLS) "
+        "host[:port][/prefix], no credentials, query or fragment",
         examples=["http://payments-v2:8080"],
     ),
     AfterValidator(_upstream),

@@ -20,14 +20,21 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from controlplane.kernel.errors import ValidationFailed
-from controlplane.kernel.rules import BreakerRule, pydantic_field_errors
+from controlplane.kernel.rules import (
+    BreakerRule,
+    GrpcFailureCodes,
+    check_grpc_codes,
+    pydantic_field_errors,
+)
 from controlplane.kernel.values import MAX_THRESHOLD_MS
 
 MAX_VALUE_BYTES = 16_384  # 500 statuses fit many times over
 
 
 class WindowRule(BaseModel):
-    """window_sec, threshold_ms and failure_statuses of the rule in force."""
+    """window_sec, threshold_ms, failure_statuses and grpc_failure_codes of the rule in
+    force. `grpc_failure_codes` is written only when it is not the default, so a
+    collector that predates the field still reads the rules that do not use it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -36,6 +43,7 @@ class WindowRule(BaseModel):
     failure_statuses: list[Annotated[int, Field(strict=True)]] | Literal["5xx"] = Field(
         max_length=500
     )
+    grpc_failure_codes: GrpcFailureCodes = "nonzero"
 
     @field_validator("failure_statuses")
     @classmethod
@@ -46,16 +54,25 @@ class WindowRule(BaseModel):
                 raise ValueError(f"not HTTP statuses: {bad}")
         return value
 
+    @field_validator("grpc_failure_codes")
+    @classmethod
+    def _grpc_codes(cls, value: list[int] | str) -> list[int] | str:
+        return check_grpc_codes(value)
+
     @classmethod
     def of(cls, rule: BreakerRule) -> WindowRule:
         statuses = rule.failure_statuses
+        codes = rule.grpc_failure_codes
         return cls(
             window_sec=rule.window_sec,
             threshold_ms=rule.threshold_ms,
             failure_statuses=statuses if statuses == "5xx" else sorted(set(statuses)),
+            grpc_failure_codes=codes if codes == "nonzero" else sorted(set(codes)),
         )
 
     def to_json(self) -> str:
+        if self.grpc_failure_codes == "nonzero":
+            return self.model_dump_json(exclude={"grpc_failure_codes"})
         return self.model_dump_json()
 
 

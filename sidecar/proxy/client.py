@@ -22,6 +22,7 @@ from sidecar.proxy import conformance, errors
 from sidecar.proxy.conformance import Rejected
 from sidecar.proxy.corking import CorkedWriter
 from sidecar.proxy.exchange import Exchange
+from sidecar.proxy.h2.preface import negotiated_h2, preface_state
 from sidecar.proxy.headers import PLAIN_CONNECTION, Header, connection_options
 from sidecar.proxy.pausing import PIPELINED, STOPPED
 from sidecar.proxy.upstream import UpstreamConnection
@@ -41,6 +42,7 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         "_after_flush",
         "_chunked",
         "_corked_upstreams",
+        "_first_bytes",
         "_has_length",
         "_head_budget",
         "_headers",
@@ -91,6 +93,9 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         self._out: list[bytes] | None = None
         self._after_flush: list[tuple[Exchange, int]] = []
         self._corked_upstreams: list[UpstreamConnection] | None = None
+        # the bytes read before it is known whether the client speaks HTTP/2 (its
+        # preface may come in pieces); None once that is known
+        self._first_bytes: bytes | None = b"" if server.options.http2 else None
 
     # --- asyncio.Protocol -------------------------------------------------------
 
@@ -102,8 +107,26 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
             self.client_ip = str(peer[0]).encode()
         self.idle_since = self.head_since = self.server.time()
         self.server.connection_opened(self)
+        if (
+            self._first_bytes is not None
+            and not self.closed
+            and not self.refused
+            and negotiated_h2(transport.get_extra_info("ssl_object"))
+        ):
+            self._first_bytes = None
+            self.server.h2.take_over(self, b"")
 
     def data_received(self, data: bytes) -> None:
+        if self._first_bytes is not None:
+            data = self._first_bytes + data
+            state = preface_state(data)
+            if state == "more":
+                self._first_bytes = data
+                return
+            self._first_bytes = None
+            if state == "h2":
+                self.server.h2.take_over(self, data)
+                return
         corked: list[UpstreamConnection] = []
         self._corked_upstreams = corked
         try:

@@ -17,17 +17,7 @@ def problem_response(
 ) -> bytes:
     """A complete HTTP/1.1 response, head and body; `extra`: more "Name: value" fields."""
     phrase = HTTPStatus(status).phrase
-    problem: dict[str, object] = {
-        "type": "about:blank",
-        "title": phrase,
-        "status": status,
-        "detail": detail,
-    }
-    if variant is not None:
-        problem["variant"] = variant
-    if experiment is not None:
-        problem["experiment"] = experiment
-    body = json.dumps(problem, separators=(",", ":")).encode()
+    body = problem_body(status, detail, variant=variant, experiment=experiment)
     head = [
         f"HTTP/1.1 {status} {phrase}",
         "Content-Type: application/problem+json",
@@ -39,6 +29,21 @@ def problem_response(
     if close:
         head.append("Connection: close")
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+
+
+def problem_body(status: int, detail: str, *, variant: str | None, experiment: str | None) -> bytes:
+    """The problem+json body of an answer from the proxy itself."""
+    problem: dict[str, object] = {
+        "type": "about:blank",
+        "title": HTTPStatus(status).phrase,
+        "status": status,
+        "detail": detail,
+    }
+    if variant is not None:
+        problem["variant"] = variant
+    if experiment is not None:
+        problem["experiment"] = experiment
+    return json.dumps(problem, separators=(",", ":")).encode()
 
 
 def bad_gateway(variant: str, experiment: str | None, reason: str, *, close: bool) -> bytes:
@@ -88,9 +93,7 @@ _ALLOW = "Allow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE"
 def rejected(status: int, detail: str) -> bytes:
     """A request the proxy refuses to forward; the connection closes after it."""
     extra = (_ALLOW,) if status == 405 else ()
-    return problem_response(
-        status, detail, variant=None, experiment=None, close=True, extra=extra
-    )
+    return problem_response(status, detail, variant=None, experiment=None, close=True, extra=extra)
 
 
 def too_many_connections(limit: int, retry_after: int) -> bytes:

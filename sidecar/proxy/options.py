@@ -1,4 +1,4 @@
-"""The proxy's settings: timeouts, pool and connection limits, TLS on either side."""
+"""The proxy's settings: timeouts, pool and connection limits, TLS on either side, HTTP/2."""
 
 from __future__ import annotations
 
@@ -27,3 +27,13 @@ class ProxyOptions:
     # the listener's TLS (clients speak HTTPS to the sidecar); X-Forwarded-Proto then
     # says https
     listen_tls: ssl.SSLContext | None = None
+    # HTTP/2 clients: h2c with prior knowledge, and ALPN h2 on a TLS listener
+    http2: bool = True
+    h2_max_streams: int = 100  # concurrent streams a client may open (SETTINGS)
+    # flow-control windows the proxy gives each peer: what one stream (and one
+    # connection) may have in flight through the proxy
+    h2_stream_window: int = 256 * 1024
+    h2_connection_window: int = 1024 * 1024
+    h2_max_resets: int = 200  # client stream resets per second before the connection is cut
+    h2_max_streams_upstream: int = 1000  # streams opened on one upstream connection at once
+    h2_max_waiting: int = 1000  # requests waiting for a stream to one HTTP/2 upstream

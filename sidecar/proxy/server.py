@@ -13,13 +13,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from controlplane.kernel.clock import Clock, SystemClock
-from sidecar.choice import Chooser, Recorder, Sample, Upstream
+from sidecar.choice import Choice, Chooser, Recorder, Sample, Upstream
 from sidecar.proxy import errors
 from sidecar.proxy.client import ClientConnection
-from sidecar.proxy.exchange import Exchange
+from sidecar.proxy.h2.connection import H2ClientConnection
+from sidecar.proxy.h2.hub import H2Hub
+from sidecar.proxy.h2.preface import offer_h2
 from sidecar.proxy.limits import RateLimitedLog
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.options import ProxyOptions
@@ -33,6 +36,15 @@ log = logging.getLogger(__name__)
 # of seconds
 SAMPLE_FLUSH_COUNT = 256
 SAMPLE_FLUSH_DELAY = 0.005
+
+
+class Finished(Protocol):
+    """A request whose response went out: an HTTP/1.1 `Exchange` or an HTTP/2 stream."""
+
+    choice: Choice | None
+    t0: float  # clock.monotonic() when its head arrived
+    ts: float  # clock.now() then
+    t_sent: float | None  # clock.monotonic() when its head went upstream
 
 
 class ProxyServer:
@@ -77,6 +89,9 @@ class ProxyServer:
         self._flush_timer: asyncio.TimerHandle | None = None
         self._refusals = RateLimitedLog(log, lambda: self.time())
         self._accept_errors = RateLimitedLog(log, lambda: self.time())
+        self.h2 = H2Hub(self)
+        if self.options.listen_tls is not None and self.options.http2:
+            offer_h2(self.options.listen_tls)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -115,17 +130,20 @@ class ProxyServer:
         for conn in list(self._connections):
             if conn.idle:
                 conn.close()
+        self.h2.drain()
         assert self._all_closed is not None
-        if self._connections:
+        if self._connections or self.h2.connections:
             self._all_closed.clear()  # it may be set from an earlier moment without clients
             deadline = self.options.shutdown_timeout if timeout is None else timeout
             try:
                 async with asyncio.timeout(deadline):
                     await self._all_closed.wait()
             except TimeoutError:
-                log.warning("%d connections still busy at shutdown: cut", len(self._connections))
+                busy = len(self._connections) + len(self.h2.connections)
+                log.warning("%d connections still busy at shutdown: cut", busy)
                 for conn in list(self._connections):
                     conn.abort()
+                self.h2.abort()
         for task in list(self.tasks):
             task.cancel()
         if self.tasks:
@@ -139,13 +157,14 @@ class ProxyServer:
             pool.close()
         self._pools.clear()
         self._pools_by_id.clear()
+        self.h2.close_pools()
         # let the transports' close callbacks run before the loop may be closed
         await asyncio.sleep(0)
         self._server = None
 
     # --- samples ----------------------------------------------------------------
 
-    def finished(self, done: list[tuple[Exchange, int]]) -> None:
+    def finished(self, done: Sequence[tuple[Finished, int]]) -> None:
         """Exchanges whose response went out (outcome: status or failure kind)."""
         end = self.clock.monotonic()
         samples = self._samples
@@ -200,6 +219,9 @@ class ProxyServer:
             return cached[1]
         pool = self._pools.get(upstream)
         if pool is None:
+            if upstream.http2:
+                # translating HTTP/1.1 requests to HTTP/2 is not built: say so (502)
+                raise ValueError("it speaks HTTP/2 only; HTTP/1.1 requests cannot reach it")
             opts = self.options
             pool = self._pools[upstream] = UpstreamPool(
                 self.loop,
@@ -216,7 +238,7 @@ class ProxyServer:
 
     def connection_opened(self, conn: ClientConnection) -> None:
         limit = self.options.max_connections
-        if len(self._connections) >= limit:
+        if len(self._connections) + len(self.h2.connections) >= limit:
             # answered and closed at once: the descriptor is free again right away
             conn.refused = True
             conn.write(errors.too_many_connections(limit, retry_after=1))
@@ -233,11 +255,15 @@ class ProxyServer:
         if self.draining:
             conn.close()
 
-    def connection_closed(self, conn: ClientConnection) -> None:
+    def connection_closed(self, conn: ClientConnection | H2ClientConnection) -> None:
         self._connections.discard(conn)
         self.metrics.connections -= 1
-        if not self._connections and self._all_closed is not None:
+        if not self._connections and not self.h2.connections and self._all_closed is not None:
             self._all_closed.set()
+
+    def connection_moved(self, conn: ClientConnection) -> None:
+        """`conn` turned into an HTTP/2 connection (counted on, see H2Hub.take_over)."""
+        self._connections.discard(conn)
 
     def accept_failed(self, exc: BaseException | None) -> None:
         """accept() failed (e.g. EMFILE: out of descriptors): say so, not too often."""
@@ -282,4 +308,5 @@ class ProxyServer:
             conn.close()
         for pool in self._pools.values():
             pool.sweep(self.options.pool_idle_timeout)
+        self.h2.sweep(now)
         self._sweeper = loop.call_later(self._sweep_interval(), self._sweep)

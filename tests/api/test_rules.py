@@ -59,6 +59,9 @@ async def test_invalid_rules_answer_422_naming_the_fields(client: httpx.AsyncCli
         ({**RULE, "compare": "median"}, "body.compare"),
         ({**RULE, "service": "other-api"}, "body.service"),
         ({"window_sec": 60}, "body.threshold_ms"),
+        ({**RULE, "grpc_failure_codes": [14, 17]}, "body.grpc_failure_codes"),
+        ({**RULE, "grpc_failure_codes": "all"}, "body.grpc_failure_codes.literal['nonzero']"),
+        ({**RULE, "grpc_failure_codes": ["14"]}, "body.grpc_failure_codes.list[int].0"),
     ]
     for body, path in cases:
         response = await client.put("/v1/services/payment-api/rule", json=body)

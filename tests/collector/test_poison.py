@@ -109,7 +109,7 @@ POISON: dict[str, Poison] = {
         "too_many_variants",
         lambda now: entry(now, data=payload(now, names=tuple(f"v{i}".encode() for i in range(40)))),
     ),
-    "status 1000": Poison("bad_outcome", lambda now: entry(now, data=payload(now, outcome=1000))),
+    "status 1017": Poison("bad_outcome", lambda now: entry(now, data=payload(now, outcome=1017))),
     "status 42": Poison("bad_outcome", lambda now: entry(now, data=payload(now, outcome=42))),
     "truncated": Poison("truncated", lambda now: entry(now, data=payload(now)[:10])),
     "cut short": Poison("bad_checksum", lambda now: entry(now, data=payload(now)[:-7])),

@@ -21,7 +21,9 @@ from controlplane.experiments.lifecycle import Action
 from controlplane.experiments.store import ExperimentSpec, StepSpec
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import BatchBuilder, BatchMeta, entry_fields
+from controlplane.kernel.errors import ValidationFailed
 from controlplane.kernel.kv import Fence
+from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.settings import Settings
 from controlplane.kernel.streams import SampleStream
 from controlplane.kernel.streams_factory import open_streams
@@ -147,8 +149,10 @@ async def test_a_malformed_window_rule_is_counted_and_the_service_rule_used(rig:
     await rig.collector.load_config()
     kv, keys = rig.backends.kv, rig.backends.keys
     await kv.put(keys.window(own), b"{not json")
-    await kv.put(keys.window("77"), json.dumps(
-        {"window_sec": "30", "threshold_ms": 250, "failure_statuses": "5xx"}).encode())
+    await kv.put(
+        keys.window("77"),
+        json.dumps({"window_sec": "30", "threshold_ms": 250, "failure_statuses": "5xx"}).encode(),
+    )
     await kv.put(keys.window("78"), json.dumps({**OWN_RULE, "percentile": 99}).encode())
     await until(lambda: rig.collector.metrics.config_rejected._value.get() == 3, "3 rejections")
     assert rig.collector.experiment_configs == {}
@@ -177,3 +181,17 @@ async def test_the_window_rule_goes_when_the_experiment_ends(rig: Rig) -> None:
     await until(lambda: str(own) not in rig.collector.experiment_configs, "the rule gone")
     await rig.full_pass()
     assert rig.reconciler.stats.window_rules_deleted == 1, "nothing left to delete"
+
+
+def test_grpc_codes_travel_only_when_chosen() -> None:
+    """A collector that predates grpc_failure_codes still reads the rules not using it."""
+    plain = WindowRule.of(BreakerRule(service="checkout", threshold_ms=250))
+    assert "grpc_failure_codes" not in json.loads(plain.to_json())
+    assert parse_window_rule(plain.to_json()) == plain
+    chosen = WindowRule.of(
+        BreakerRule(service="checkout", threshold_ms=250, grpc_failure_codes=[14, 4, 14])
+    )
+    assert json.loads(chosen.to_json())["grpc_failure_codes"] == [4, 14]
+    assert parse_window_rule(chosen.to_json()) == chosen
+    with pytest.raises(ValidationFailed):
+        parse_window_rule(json.dumps({**OWN_RULE, "grpc_failure_codes": [17]}))

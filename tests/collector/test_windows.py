@@ -125,6 +125,23 @@ def test_failures_follow_outcome_semantics_and_rule_statuses() -> None:
     assert custom.snapshot(clock.now())["baseline"].failures == 4  # 503, 429, connect, timeout
 
 
+def test_grpc_outcomes_fail_by_the_rule_codes_whatever_the_http_statuses() -> None:
+    clock = FakeClock(START)
+    # OK, UNKNOWN, DEADLINE_EXCEEDED, NOT_FOUND, UNAVAILABLE, and a plain 503
+    outcome = np.array([1000, 1002, 1004, 1005, 1014, 503])
+    rt = np.full(outcome.shape[0], 1000)
+    cases = [
+        ({}, 5),  # every non-zero code, and the 503
+        ({"failure_statuses": frozenset({429})}, 4),  # the table: codes as by default
+        ({"grpc_failure_codes": frozenset({14})}, 2),  # UNAVAILABLE and the 503
+        ({"grpc_failure_codes": frozenset({4, 14}), "failure_statuses": frozenset({429})}, 2),
+    ]
+    for config, failures in cases:
+        w = window(clock, **config)
+        w.record(batch(rt, clock.now(), outcome=outcome), clock.now())
+        assert w.snapshot(clock.now())["baseline"].failures == failures, config
+
+
 def test_window_slides_evicting_whole_seconds() -> None:
     clock = FakeClock(START)
     w = window(clock, window_sec=10)

@@ -20,6 +20,7 @@ from controlplane.kernel.codec import (
     BAD_OUTCOME,
     BAD_TIMESTAMP,
     BAD_VARIANT,
+    GRPC_STATUS,
     MAX_AHEAD_SEC,
     MAX_PAST_SEC,
     REASONS,
@@ -28,6 +29,8 @@ from controlplane.kernel.codec import (
     check_times,
     decode_raw,
     entry_fields,
+    grpc_outcome,
+    is_failure_outcome,
     parse_entry_raw,
 )
 from controlplane.kernel.errors import CodecError
@@ -125,7 +128,7 @@ def test_builder_refuses_a_non_finite_first_time() -> None:
         BatchBuilder().add_columns([math.inf], ["canary"], [1], [200], [0])
 
 
-@pytest.mark.parametrize("outcome", [3, 99, 1000, 65535])
+@pytest.mark.parametrize("outcome", [3, 99, 1017, 65535])
 def test_outcomes_out_of_range_are_refused(outcome: int) -> None:
     builder = BatchBuilder()
     builder.add(NOW, "canary", 1, 200)
@@ -181,3 +184,37 @@ def test_times_are_bounded_against_the_readers_clock(offset: float, ok: bool) ->
         with pytest.raises(CodecError) as caught:
             check_times(batch, NOW)
         assert caught.value.reason == BAD_TIMESTAMP
+
+
+@pytest.mark.parametrize("code", [0, 2, 14, 16])
+def test_grpc_statuses_are_outcomes(code: int) -> None:
+    builder = BatchBuilder()
+    builder.add(NOW, "canary", 1000, grpc_outcome(code))
+    _, batch = parse_entry_raw(entry_fields(BatchMeta("42", "sc-1", 1, 1), builder.encode()))
+    assert int(batch.outcome[0]) == GRPC_STATUS + code
+
+
+def test_a_grpc_status_outside_the_defined_codes_is_no_outcome() -> None:
+    with pytest.raises(ValueError):
+        grpc_outcome(17)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "codes", "failed"),
+    [
+        (GRPC_STATUS, None, False),
+        (GRPC_STATUS + 14, None, True),
+        (GRPC_STATUS + 5, frozenset({14}), False),
+        (GRPC_STATUS + 14, frozenset({14}), True),
+        (GRPC_STATUS, frozenset({0}), True),
+    ],
+)
+def test_grpc_failures_follow_the_codes_chosen(
+    outcome: int, codes: frozenset[int] | None, failed: bool
+) -> None:
+    assert is_failure_outcome(outcome, grpc_failure_codes=codes) is failed
+    # the HTTP statuses chosen never make a gRPC outcome a failure
+    assert (
+        is_failure_outcome(outcome, failure_statuses=frozenset({500}), grpc_failure_codes=codes)
+        is failed
+    )

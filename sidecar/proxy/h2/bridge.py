@@ -1,0 +1,275 @@
+"""An HTTP/2 client's stream to an HTTP/1.1 upstream, through the keep-alive pools.
+
+`H1Leg` is the `UpstreamUser` of one pooled `UpstreamConnection`: it writes the
+request as HTTP/1.1 (Content-Length kept, else chunked, the stream's trailers as the
+chunked trailer section) and turns the parsed response into the stream's head, data
+and end. The request head is written once the stream says whether a body follows.
+
+Flow control: request bytes are acknowledged to the client as they are written,
+except while the upstream's write buffer is full; response bytes past `_HELD` not yet
+taken by the client pause reading from the upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from controlplane.kernel.codec import CONNECT_ERROR, TIMEOUT
+from sidecar.proxy.h2.fields import Forwarding, Pair, Request, h1_request, h1_response_fields
+from sidecar.proxy.headers import ResponseFields
+from sidecar.proxy.upstream import EMPTY, LENGTH, UpstreamConnection, UpstreamPool
+
+if TYPE_CHECKING:
+    from sidecar.proxy.h2.upstream import ResponseSink
+    from sidecar.proxy.server import ProxyServer
+
+# response bytes the client has not taken yet before the upstream is not read
+_HELD = 256 * 1024
+_IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
+_LAST_CHUNK = b"0\r\n\r\n"
+
+
+class H1Leg:
+    """One HTTP/2 stream's request on an HTTP/1.1 upstream connection."""
+
+    __slots__ = (
+        "acks_held",
+        "body_sent",
+        "cancelled",
+        "chunked",
+        "conn",
+        "connect_task",
+        "fwd",
+        "head",
+        "head_sent",
+        "no_body",
+        "pending",
+        "pool",
+        "req_end",
+        "req_trailers",
+        "request",
+        "retried",
+        "server",
+        "unsent",
+        "user",
+        "write_paused",
+    )
+
+    def __init__(
+        self, server: ProxyServer, user: ResponseSink, request: Request, fwd: Forwarding
+    ) -> None:
+        self.server = server
+        self.user = user
+        self.request = request
+        self.fwd = fwd
+        self.no_body = request.method == b"HEAD"
+        self.pool: UpstreamPool | None = None
+        self.conn: UpstreamConnection | None = None
+        self.connect_task: asyncio.Task[None] | None = None
+        self.head: bytes | None = None  # known once the stream says whether a body follows
+        self.chunked = False
+        self.head_sent = False
+        self.pending: list[bytes] = []  # request body before the connection is there
+        self.req_end = False
+        self.req_trailers: list[Pair] | None = None
+        self.body_sent = False
+        self.cancelled = False
+        self.retried = False
+        self.write_paused = False
+        self.acks_held = 0
+        self.unsent = 0  # response bytes handed to the stream, not yet taken by the client
+
+    def start(self, pool: UpstreamPool) -> None:
+        self.pool = pool
+        conn = pool.acquire()
+        if conn is not None:
+            self._attach(conn)
+        else:
+            self._connect()
+
+    # --- UpstreamLeg -----------------------------------------------------------------
+
+    def request_data(self, data: bytes) -> None:
+        if self.head is None:
+            self.head, self.chunked = h1_request(self.request, self.fwd, has_body=True)
+        if self.chunked:
+            self.pending += [b"%x\r\n" % len(data), data, b"\r\n"]
+        else:
+            self.pending.append(data)
+        self._send(len(data))
+
+    def request_end(self, trailers: list[Pair] | None) -> None:
+        self.req_end = True
+        if self.head is None:
+            self.head, self.chunked = h1_request(self.request, self.fwd, has_body=False)
+        elif self.chunked:
+            if trailers:
+                fields = b"".join(b"%s: %s\r\n" % pair for pair in trailers)
+                self.pending += [b"0\r\n", fields, b"\r\n"]
+            else:
+                self.pending.append(_LAST_CHUNK)
+        self._send(0)
+        if self.conn is not None:
+            self.conn.arm_read_timeout()
+
+    def response_consumed(self, size: int) -> None:
+        self.unsent -= size
+        conn = self.conn
+        if conn is not None and conn.reading_paused and self.unsent <= _HELD // 2:
+            conn.resume_reading()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        task = self.connect_task
+        if task is not None:
+            task.cancel()
+            self.connect_task = None
+        conn = self.conn
+        self.conn = None
+        if conn is not None:
+            conn.abort()  # mid-exchange: its state is unknown, never pool it
+
+    # --- sending ---------------------------------------------------------------------
+
+    def _send(self, size: int) -> None:
+        """Write what is pending once the connection and the head are there; the
+        client's window reopens for `size` bytes when they are written."""
+        conn = self.conn
+        if conn is None or self.head is None:
+            self.acks_held += size
+            return
+        parts = self.pending
+        self.pending = []
+        if not self.head_sent:
+            self.head_sent = True
+            parts.insert(0, self.head)
+            self.user.upstream_attached()
+        if parts:
+            conn.writelines(parts)
+        if size or self.acks_held:
+            self.body_sent = self.body_sent or bool(size)
+            self._ack(size)
+
+    def _ack(self, size: int) -> None:
+        if self.write_paused:
+            self.acks_held += size
+            return
+        total = size + self.acks_held
+        self.acks_held = 0
+        if total:
+            self.user.request_consumed(total)
+
+    def _attach(self, conn: UpstreamConnection) -> None:
+        self.conn = conn
+        conn.attach(self)
+        self._send(0)
+        if self.req_end:
+            conn.arm_read_timeout()
+
+    def _connect(self) -> None:
+        task = self.server.loop.create_task(self._open())
+        self.connect_task = task
+        self.server.tasks.add(task)
+        task.add_done_callback(self.server.tasks.discard)
+
+    async def _open(self) -> None:
+        pool = self.pool
+        assert pool is not None
+        try:
+            conn = await pool.connect()
+        except TimeoutError:
+            self.connect_task = None
+            self._failed(504, TIMEOUT, f"no connection within {pool.connect_timeout:g} s")
+            return
+        except OSError as exc:
+            self.connect_task = None
+            reason = exc.strerror or str(exc) or type(exc).__name__
+            self._failed(502, CONNECT_ERROR, f"cannot connect to {pool.upstream}: {reason}")
+            return
+        self.connect_task = None
+        self.server.metrics.upstream_connects += 1
+        if self.cancelled:
+            pool.release(conn)
+            return
+        self._attach(conn)
+        self.server.h2.flush()
+
+    def _failed(self, status: int, outcome: int, reason: str) -> None:
+        if not self.cancelled:
+            self.cancelled = True
+            self.user.upstream_failed(status, outcome, reason)
+            self.server.h2.flush()
+
+    # --- UpstreamUser (called by the UpstreamConnection) ----------------------------
+
+    @property
+    def client(self) -> H1Leg:
+        return self  # what one upstream read produces leaves with the hub's flush
+
+    def cork(self) -> bool:
+        return True
+
+    def uncork(self) -> None:
+        self.server.h2.flush()
+
+    def response_head(
+        self, status: int, status_line: bytes, fields: bytes, scan: ResponseFields, framing: int
+    ) -> None:
+        if status < 200:
+            return  # interim answers stay here
+        pairs = h1_response_fields(fields, scan.named, keep_length=framing in (LENGTH, EMPTY))
+        self.user.response_head(status, pairs, end=False)
+
+    def response_body(self, chunk: bytes) -> None:
+        self.unsent += len(chunk)
+        self.user.response_data(chunk)
+        conn = self.conn
+        if conn is not None and self.unsent > _HELD:
+            conn.pause_reading()
+
+    def response_complete(self, reusable: bool) -> None:
+        conn = self.conn
+        self.conn = None
+        if conn is not None:
+            # a request still being sent cannot share its connection with the next one
+            conn.release(reusable and self.req_end)
+        self.user.response_end()
+
+    def upstream_invalid(self, conn: UpstreamConnection, reason: str) -> None:
+        self.upstream_lost(conn, reason)
+
+    def upstream_lost(self, conn: UpstreamConnection, reason: str) -> None:
+        if conn is not self.conn:
+            return
+        self.conn = None
+        pool = self.pool
+        if (
+            conn.reused
+            and not conn.got_data
+            and not self.body_sent
+            and not self.retried
+            and self.request.method in _IDEMPOTENT
+            and pool is not None
+        ):
+            # a pooled connection the upstream had closed: replay once on a fresh one
+            self.retried = True
+            self.head_sent = False
+            self.server.metrics.upstream_retries += 1
+            self._connect()
+            return
+        self._failed(502, 502, reason)
+
+    def upstream_timeout(self, conn: UpstreamConnection) -> None:
+        if conn is not self.conn:
+            return
+        self.conn = None
+        self._failed(504, TIMEOUT, f"no response within {self.server.options.read_timeout:g} s")
+
+    def upstream_pause_writing(self) -> None:
+        self.write_paused = True
+
+    def upstream_resume_writing(self) -> None:
+        self.write_paused = False
+        self._ack(0)
+        self.server.h2.flush()

@@ -1,0 +1,172 @@
+"""Heads between HTTP/2 and the upstreams: what a stream's request becomes upstream
+(HTTP/2 or HTTP/1.1) and what a response becomes on the way to an HTTP/2 client.
+
+Pure functions over `(name, value)` byte pairs, names lower-case as HTTP/2 has them
+(the `h2` library has already refused what RFC 9113 §8.2 forbids on the way in).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sidecar.proxy.headers import EXPERIMENT, HOP_BY_HOP, VARIANT, Header, request_head
+
+Pair = tuple[bytes, bytes]
+
+# set by the proxy itself on the way up: what the client sent is dropped
+_SET_ON_REQUEST = frozenset({b"host", b"x-forwarded-proto", VARIANT, EXPERIMENT})
+_FORWARDED_FOR = b"x-forwarded-for"
+_CONTENT_LENGTH = b"content-length"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A stream's request head, read once from the HEADERS the client sent."""
+
+    method: bytes
+    scheme: bytes
+    authority: bytes | None
+    path: bytes
+    fields: tuple[Pair, ...]  # regular fields, in order
+
+    def content_type(self) -> bytes | None:
+        return first(self.fields, b"content-type")
+
+    def chooser_headers(self) -> list[Header]:
+        """The fields as the Chooser's HeaderView takes them (cookie crumbs are joined
+        by the view, RFC 9113 §8.2.3)."""
+        return [(name, name, value) for name, value in self.fields]
+
+
+class BadRequest(ValueError):
+    """A request head the proxy does not forward (answered 400, or 405 for CONNECT)."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+def read_request(headers: list[Pair]) -> Request:
+    """The request head of a stream; raises BadRequest for one that is not forwarded."""
+    pseudo: dict[bytes, bytes] = {}
+    fields: list[Pair] = []
+    for name, value in headers:
+        if name.startswith(b":"):
+            pseudo[name] = value
+        else:
+            fields.append((name, value))
+    method = pseudo.get(b":method", b"")
+    if method == b"CONNECT" or b":protocol" in pseudo:
+        raise BadRequest(405, "CONNECT is not proxied")
+    path = pseudo.get(b":path", b"")
+    if not method or not path:
+        raise BadRequest(400, "a request needs :method and :path")
+    if not (path.startswith(b"/") or (path == b"*" and method == b"OPTIONS")):
+        raise BadRequest(400, "the :path must be absolute (origin form)")
+    authority = pseudo.get(b":authority") or first(fields, b"host")
+    return Request(method, pseudo.get(b":scheme", b"http"), authority, path, tuple(fields))
+
+
+def first(fields: tuple[Pair, ...] | list[Pair], name: bytes) -> bytes | None:
+    return next((value for low, value in fields if low == name), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Forwarding:
+    """What a request carries to any upstream beside its own fields."""
+
+    host: bytes  # :authority (HTTP/2) or Host (HTTP/1.1) upstream
+    scheme: bytes  # the upstream's: http or https
+    base_path: bytes
+    client_ip: bytes
+    proto: bytes  # X-Forwarded-Proto: the scheme the client used
+    variant: bytes
+    experiment: bytes | None
+
+    def target(self, path: bytes) -> bytes:
+        return self.base_path + path if self.base_path and path != b"*" else path
+
+
+def h2_request(request: Request, fwd: Forwarding) -> list[Pair]:
+    """The HEADERS sent to an HTTP/2 upstream."""
+    out: list[Pair] = [
+        (b":method", request.method),
+        (b":scheme", fwd.scheme),
+        (b":authority", fwd.host),
+        (b":path", fwd.target(request.path)),
+    ]
+    forwarded_for: bytes | None = None
+    for name, value in request.fields:
+        if name == _FORWARDED_FOR:
+            forwarded_for = value if forwarded_for is None else forwarded_for + b", " + value
+        elif name not in _SET_ON_REQUEST and not name.startswith(b"proxy-"):
+            out.append((name, value))
+    client = fwd.client_ip
+    out.append(
+        (_FORWARDED_FOR, client if forwarded_for is None else forwarded_for + b", " + client)
+    )
+    out.append((b"x-forwarded-proto", fwd.proto))
+    out.append((VARIANT, fwd.variant))
+    if fwd.experiment is not None:
+        out.append((EXPERIMENT, fwd.experiment))
+    return out
+
+
+def h1_request(request: Request, fwd: Forwarding, *, has_body: bool) -> tuple[bytes, bool]:
+    """The HTTP/1.1 head sent to an HTTP/1.1 upstream, and whether its body goes
+    chunked (it has one and no Content-Length says how long)."""
+    fields = [(name, value) for name, value in request.fields if name != b"cookie"]
+    cookies = [value for name, value in request.fields if name == b"cookie"]
+    if cookies:
+        fields.append((b"cookie", b"; ".join(cookies)))
+    chunked = has_body and first(fields, _CONTENT_LENGTH) is None
+    head = request_head(
+        request.method,
+        fwd.target(request.path),
+        [(name, name, value) for name, value in fields],
+        host=fwd.host,
+        client_ip=fwd.client_ip,
+        proto=fwd.proto,
+        variant=fwd.variant,
+        experiment=fwd.experiment,
+        chunked=chunked,
+        named=None,
+    )
+    return head, chunked
+
+
+def h2_response(status: int, fields: list[Pair], variant: bytes) -> list[Pair]:
+    """The HEADERS of a response to an HTTP/2 client: the upstream's fields with the
+    variant tag set by the proxy."""
+    out: list[Pair] = [(b":status", str(status).encode())]
+    out += [(name, value) for name, value in fields if name != VARIANT]
+    if variant:  # none for the proxy's own answers before a variant was chosen
+        out.append((VARIANT, variant))
+    return out
+
+
+_DROPPED_FROM_H1 = HOP_BY_HOP | {VARIANT}
+
+
+def h1_response_fields(
+    fields: bytes, named: frozenset[bytes] | None, *, keep_length: bool
+) -> list[Pair]:
+    """An HTTP/1.1 response's fields (`\\r\\nName: value` each, checked by httptools)
+    as HTTP/2 fields: names lower-case, hop-by-hop ones (and those the Connection
+    field names) dropped, Content-Length only when it frames the body."""
+    out: list[Pair] = []
+    for line in fields.split(b"\r\n"):
+        name, sep, value = line.partition(b":")
+        if not sep:
+            continue
+        low = name.strip().lower()
+        if (
+            low in _DROPPED_FROM_H1
+            or low.startswith(b"proxy-")
+            or (named is not None and low in named)
+            or (low == _CONTENT_LENGTH and not keep_length)
+        ):
+            continue
+        out.append((low, value.strip(b" \t")))
+    return out

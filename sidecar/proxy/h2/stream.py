@@ -1,0 +1,324 @@
+"""One HTTP/2 stream of a client: its request, the variant chosen, its response.
+
+An `H2Stream` is to an HTTP/2 client what an `Exchange` is to an HTTP/1.1 one: it asks
+the `Chooser` for a variant, opens an `UpstreamLeg` (an HTTP/2 stream upstream, or an
+HTTP/1.1 exchange through `bridge`), and relays both ways under flow control:
+
+- request body: acknowledged to the client (its window reopened) only once the leg
+  has passed it on upstream, so a stream buffers at most the window the proxy gave;
+- response body: sent within the client's windows; the rest waits here, and the leg
+  hears of each byte handed on (`response_consumed`) so it reopens the upstream's
+  window only as the client takes the response.
+
+It records one sample when the response's end (trailers included) is handed to the
+connection; a gRPC response's outcome is its grpc-status (`grpc.call_outcome`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Protocol
+
+import h2.errors
+import h2.exceptions
+
+from controlplane.kernel.codec import ABORTED
+from sidecar.choice import Choice, NoRoute
+from sidecar.proxy import errors
+from sidecar.proxy.h2 import grpc
+from sidecar.proxy.h2.fields import Forwarding, Pair, Request, first, h2_response
+from sidecar.proxy.headers import HeaderView
+
+if TYPE_CHECKING:
+    from sidecar.proxy.h2.connection import H2ClientConnection
+
+log = logging.getLogger(__name__)
+
+_GRPC_STATUS = b"grpc-status"
+
+
+class UpstreamLeg(Protocol):
+    """Where a stream's request goes; it answers through the stream's `ResponseSink`
+    methods (`response_head`, `response_data`, …)."""
+
+    def request_data(self, data: bytes) -> None: ...
+    def request_end(self, trailers: list[Pair] | None) -> None: ...
+    def response_consumed(self, size: int) -> None: ...
+    def cancel(self) -> None: ...
+
+
+class H2Stream:
+    """One client stream through the proxy."""
+
+    __slots__ = (
+        "choice",
+        "conn",
+        "done",
+        "grpc",
+        "grpc_status",
+        "head_sent",
+        "leg",
+        "local_outcome",
+        "out",
+        "out_end",
+        "req_ended",
+        "req_trailers",
+        "request",
+        "status",
+        "stream_id",
+        "t0",
+        "t_sent",
+        "ts",
+        "variant",
+    )
+
+    def __init__(self, conn: H2ClientConnection, stream_id: int, request: Request) -> None:
+        clock = conn.server.clock
+        self.t0 = clock.monotonic()
+        self.ts = clock.now()
+        self.t_sent: float | None = None
+        self.conn = conn
+        self.stream_id = stream_id
+        self.request = request
+        self.choice: Choice | None = None
+        self.variant = b""
+        self.leg: UpstreamLeg | None = None
+        self.req_ended = False
+        self.req_trailers: list[Pair] | None = None
+        self.head_sent = False
+        self.status = 0
+        self.grpc = False
+        self.grpc_status: bytes | None = None
+        self.local_outcome: int | None = None
+        # response bytes waiting for the client's window, then how the response ends:
+        # None (not yet), True (plain end) or the trailers
+        self.out: deque[bytes] = deque()
+        self.out_end: list[Pair] | bool | None = None
+        self.done = False
+
+    # --- request side (called by the connection) -----------------------------------
+
+    def start(self) -> None:
+        server = self.conn.server
+        try:
+            choice = server.chooser.choose(HeaderView(self.request.chooser_headers()))
+        except NoRoute as exc:
+            self.answer_locally(503, str(exc), 503)
+            return
+        except Exception:
+            log.exception("the chooser failed; answering 503")
+            self.answer_locally(503, "routing failed in the sidecar", 503)
+            return
+        self.choice = choice
+        self.variant = choice.variant.encode()
+        upstream = choice.upstream
+        opts = server.options
+        authority = upstream.authority.encode("idna")
+        if opts.preserve_host and self.request.authority is not None:
+            authority = self.request.authority
+        fwd = Forwarding(
+            host=authority,
+            scheme=upstream.scheme.encode(),
+            base_path=upstream.base_path.encode(),
+            client_ip=self.conn.client_ip,
+            proto=server.forwarded_proto,
+            variant=self.variant,
+            experiment=None if choice.experiment is None else choice.experiment.encode(),
+        )
+        try:
+            self.leg = server.h2.open_leg(self, upstream, self.request, fwd)
+        except Exception as exc:  # e.g. an Upstream built by hand with a bad host name
+            log.exception("no upstream leg for %s", upstream)
+            self.upstream_failed(502, 502, f"unusable upstream {upstream}: {exc}")
+
+    def request_data(self, data: bytes, flow_length: int) -> None:
+        padding = flow_length - len(data)
+        if padding:
+            self.conn.ack(self.stream_id, padding)
+        leg = self.leg
+        if leg is None or self.done:
+            if data:
+                self.conn.ack(self.stream_id, len(data))  # nobody wants it: drop
+            return
+        if data:
+            leg.request_data(data)
+
+    def request_end(self) -> None:
+        self.req_ended = True
+        if self.leg is not None and not self.done:
+            self.leg.request_end(self.req_trailers)
+        elif self.done:
+            self.conn.stream_finished(self)
+
+    def client_lost(self) -> None:
+        """The client reset the stream, or the connection is gone."""
+        leg = self.leg
+        self.leg = None
+        if leg is not None:
+            leg.cancel()
+        if not self.done:
+            self.done = True
+            self._record(ABORTED)
+
+    # --- response side (called by the leg) -----------------------------------------
+
+    def upstream_attached(self) -> None:
+        """The request head went upstream."""
+        self.t_sent = self.conn.server.clock.monotonic()
+
+    def request_consumed(self, size: int) -> None:
+        self.conn.ack(self.stream_id, size)
+
+    def response_head(self, status: int, fields: list[Pair], *, end: bool) -> None:
+        if self.done:
+            return
+        self.status = status
+        self.grpc = grpc.is_grpc(first(fields, b"content-type"))
+        self.grpc_status = first(fields, _GRPC_STATUS)  # a trailers-only response
+        self.head_sent = True
+        conn = self.conn
+        try:
+            conn.h2.send_headers(
+                self.stream_id, h2_response(status, fields, self.variant), end_stream=end
+            )
+        except h2.exceptions.ProtocolError as exc:
+            # e.g. a field HTTP/2 forbids that an HTTP/1.1 upstream sent
+            self._cut(502, f"response head not valid in HTTP/2: {exc}")
+            return
+        conn.dirty()
+        if end:
+            self._finish()
+
+    def response_data(self, data: bytes) -> None:
+        if self.done:
+            return
+        self.out.append(data)
+        self.pump()
+
+    def response_trailers(self, trailers: list[Pair]) -> None:
+        if self.done:
+            return
+        status = first(trailers, _GRPC_STATUS)
+        if status is not None:
+            self.grpc_status = status
+        self.out_end = [(name, value) for name, value in trailers if not name.startswith(b":")]
+        self.pump()
+
+    def response_end(self) -> None:
+        if self.done:
+            return
+        if self.out_end is None:
+            self.out_end = True
+        self.pump()
+
+    def upstream_failed(self, status: int, outcome: int, reason: str) -> None:
+        """No answer from the upstream (status: what the proxy answers, outcome: what
+        the sample says), or the response broke after its head went out."""
+        self.leg = None
+        if self.done:
+            return
+        if self.head_sent:
+            self._cut(outcome, reason)
+            return
+        choice = self.choice
+        variant = None if choice is None else choice.variant
+        experiment = None if choice is None else choice.experiment
+        if status == 504:
+            detail = f"upstream of variant {variant!r} timed out: {reason}"
+        else:
+            detail = f"upstream of variant {variant!r} failed: {reason}"
+        self.answer_locally(status, detail, outcome, variant=variant, experiment=experiment)
+
+    # --- sending -------------------------------------------------------------------
+
+    def answer_locally(
+        self,
+        status: int,
+        detail: str,
+        outcome: int,
+        *,
+        variant: str | None = None,
+        experiment: str | None = None,
+    ) -> None:
+        """Answer from the proxy itself: a problem+json body."""
+        body = errors.problem_body(status, detail, variant=variant, experiment=experiment)
+        fields: list[Pair] = [
+            (b"content-type", b"application/problem+json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        self.local_outcome = outcome
+        self.response_head(status, fields, end=False)
+        if not self.done:
+            self.out.append(body)
+            self.out_end = True
+            self.pump()
+
+    def pump(self) -> None:
+        """Send what the client's windows allow; end the response when all is sent."""
+        conn = self.conn
+        if self.done or conn.write_paused or conn.closed:
+            return
+        h2c = conn.h2
+        sid = self.stream_id
+        out = self.out
+        sent = 0
+        try:
+            while out:
+                window = h2c.local_flow_control_window(sid)
+                if window <= 0:
+                    break
+                chunk = out[0]
+                size = min(window, h2c.max_outbound_frame_size, len(chunk))
+                if size < len(chunk):
+                    h2c.send_data(sid, chunk[:size])
+                    out[0] = chunk[size:]
+                else:
+                    out.popleft()
+                    h2c.send_data(sid, chunk)
+                sent += size
+            if not out and self.out_end is not None:
+                end = self.out_end
+                if end is True:
+                    h2c.end_stream(sid)
+                else:
+                    assert isinstance(end, list)
+                    h2c.send_headers(sid, end, end_stream=True)
+                self._finish()
+        except h2.exceptions.ProtocolError as exc:
+            # the client reset the stream meanwhile, or the trailers are not valid HTTP/2
+            self._cut(502, f"response not deliverable: {exc}")
+        conn.dirty()
+        leg = self.leg
+        if sent and leg is not None:
+            leg.response_consumed(sent)
+
+    def _finish(self) -> None:
+        """The response's end is handed to the connection: one sample."""
+        self.done = True
+        self.leg = None
+        outcome = self.local_outcome
+        if outcome is None:
+            outcome = grpc.call_outcome(self.status, self.grpc, self.grpc_status)
+        self._record(outcome)
+        self.conn.stream_finished(self)
+
+    def _cut(self, outcome: int, reason: str) -> None:
+        """The response broke after its head went out: reset the client's stream."""
+        log.debug("stream %d cut: %s", self.stream_id, reason)
+        leg = self.leg
+        self.leg = None
+        if leg is not None:
+            leg.cancel()
+        self.done = True
+        self.out.clear()
+        self.conn.reset(self.stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+        self._record(outcome)
+        self.conn.stream_finished(self)
+
+    def _record(self, outcome: int) -> None:
+        server = self.conn.server
+        if self.choice is not None:
+            server.finished([(self, outcome)])
+        else:
+            server.metrics.observe("none", outcome, None)
