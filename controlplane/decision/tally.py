@@ -144,7 +144,11 @@ class VariantTally:
             reservoir_ms=self.reservoir_ms,
             reservoir_units=self.reservoir_units,
             units=self.units,
-            **pcts,
+            p50_ms=pcts["p50_ms"],
+            p90_ms=pcts["p90_ms"],
+            p95_ms=pcts["p95_ms"],
+            p99_ms=pcts["p99_ms"],
+            p999_ms=pcts["p999_ms"],
         )
 
     def to_dict(self) -> dict[str, Any]:
