@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from controlplane.collector.log_mapping import F64, I64, U32, LogMapping
 from controlplane.kernel.rules import PERCENTILES
-from controlplane.kernel.snapshots import PERCENTILE_FIELDS, WindowSnapshot
+from controlplane.kernel.snapshots import FIRST_BYTE, PERCENTILE_FIELDS, WindowSnapshot
 from controlplane.kernel.units import UNIT_BLOCKS, UnitSummary, bottom_distinct
 
 RESERVOIR_SIZE = 512
@@ -185,4 +185,4 @@ def with_first_byte(
             threshold_ms=threshold_ms,
         )
 
-    return replace(read(total), first_byte=read(first_byte))
+    return replace(read(total), first_byte=replace(read(first_byte), latency=FIRST_BYTE))

@@ -18,6 +18,10 @@ from typing import Any, TypeGuard
 
 from controlplane.kernel.units import UnitSummary
 
+TOTAL = "total"
+FIRST_BYTE = "first_byte"
+LATENCIES = (TOTAL, FIRST_BYTE)  # kernel/rules.py Latency's values
+
 PERCENTILE_FIELDS: dict[float, str] = {
     50: "p50_ms",
     90: "p90_ms",
@@ -58,6 +62,8 @@ class WindowSnapshot:
     units: UnitSummary | None = None
     # the same window over the first byte of the samples that have one (no nesting)
     first_byte: WindowSnapshot | None = None
+    # which latency the latency fields are: "total", or "first_byte" in a nested window
+    latency: str = TOTAL
 
     @property
     def missing_first_byte(self) -> int:
@@ -67,15 +73,17 @@ class WindowSnapshot:
     def for_latency(self, latency: str) -> WindowSnapshot:
         """The window a rule with `latency` ("total" or "first_byte") judges.
 
-        For "first_byte", the nested window; without one (an older collector), an
-        empty window of the same span, so the verdict is no data, never a guess."""
-        if latency == "total":
-            return self
-        if latency != "first_byte":
+        For "first_byte", the nested window. Without one (from an older collector, or
+        a first-byte window asked for the total), an empty window of the same span, so
+        the verdict is no data, never a guess. A window of `latency` is itself."""
+        if latency not in LATENCIES:
             raise ValueError(f"latency: total or first_byte, not {latency!r}")
-        if self.first_byte is not None:
+        if latency == self.latency:
+            return self
+        if latency == FIRST_BYTE and self.first_byte is not None:
             return self.first_byte
         return WindowSnapshot(
+            latency=latency,
             experiment=self.experiment,
             variant=self.variant,
             count=0,
@@ -133,7 +141,7 @@ class WindowSnapshot:
         units = known.get("units")
         known["units"] = UnitSummary.from_dict(units) if isinstance(units, dict) else None
         if first_byte is not None:
-            inner = cls.from_dict(first_byte, nested=True)
+            inner = cls.from_dict({**first_byte, "latency": FIRST_BYTE}, nested=True)
             if inner.count > known["count"] or inner.failures > known["failures"]:
                 raise ValueError("first_byte: counts more samples than its window")
             known["first_byte"] = inner
@@ -190,6 +198,8 @@ def _check_fields(data: dict[str, Any]) -> None:
         low = -MAX_MS if name == "sample_lag_ms" else 0
         if value is not None and (not _is_number(value) or not low <= value <= MAX_MS):
             raise ValueError(f"{name}: null or a finite number of milliseconds")
+    if data.get("latency", TOTAL) not in LATENCIES:
+        raise ValueError("latency: total or first_byte")
     if not isinstance(data.get("threshold_exact", True), bool):
         raise ValueError("threshold_exact: a boolean")
     reservoir = data.get("reservoir_ms") or []
