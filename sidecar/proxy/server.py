@@ -155,14 +155,18 @@ class ProxyServer:
             if choice is None:
                 continue
             t0 = exchange.t0
+            total = int((end - t0) * 1e6)
+            t_first = exchange.t_first
+            first = total if t_first is None else int((t_first - t0) * 1e6)
             samples.append(
                 (
                     exchange.ts,
                     choice.experiment,
                     choice.variant,
-                    int((end - t0) * 1e6),
+                    total,
                     outcome,
                     choice.unit_hash,
+                    first if first < total else total,
                 )
             )
             t_sent = exchange.t_sent
