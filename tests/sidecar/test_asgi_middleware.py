@@ -88,7 +88,6 @@ async def test_a_stream_records_its_first_byte_apart_from_its_total(
     assert recorded.first_bytes == [4_000]
 
 
-
 async def test_the_status_comes_from_the_response_start(
     client: httpx.AsyncClient, recorded: Recorded
 ) -> None:
