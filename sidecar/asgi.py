@@ -64,11 +64,15 @@ class CanaryMiddleware:
         clock = self.clock
         started = clock.monotonic()
         ts = clock.now()
+        first_byte: float | None = None
 
         async def send_with_status(message: Message) -> None:
-            nonlocal status
+            nonlocal status, first_byte
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                await send(message)
+                first_byte = clock.monotonic()
+                return
             await send(message)
 
         try:
@@ -81,4 +85,5 @@ class CanaryMiddleware:
             raise
         finally:
             rt_us = int((clock.monotonic() - started) * 1_000_000)
-            self.reporter.record(ts, experiment, variant, rt_us, status, 0)
+            first_us = None if first_byte is None else int((first_byte - started) * 1_000_000)
+            self.reporter.record(ts, experiment, variant, rt_us, status, 0, first_us)

@@ -91,8 +91,10 @@ class Chooser(Protocol):
         ...
 
 
-# One request's sample: (ts, experiment, variant, rt_us, outcome, unit_hash).
-Sample = tuple[float, str | None, str, int, int, int]
+# One request's sample: (ts, experiment, variant, rt_us, outcome, unit_hash,
+# first_byte_us): first_byte_us is the time to the response head, <= rt_us (the
+# whole time when the exchange ended without a head of its own).
+Sample = tuple[float, str | None, str, int, int, int, int]
 
 
 class Recorder(Protocol):
@@ -104,9 +106,10 @@ class Recorder(Protocol):
         rt_us: int,
         outcome: int,
         unit_hash: int,
+        first_byte_us: int | None = None,
     ) -> None:
         """Never blocks, never raises; outcome = HTTP status, or codec.CONNECT_ERROR /
-        TIMEOUT / ABORTED."""
+        TIMEOUT / ABORTED; first_byte_us None: the whole time (no separate head)."""
         ...
 
     def record_many(self, samples: Sequence[Sample]) -> None:

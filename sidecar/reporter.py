@@ -138,9 +138,11 @@ class SampleReporter:
         rt_us: int,
         outcome: int,
         unit_hash: int,
+        first_byte_us: int | None = None,
     ) -> None:
         self.stats.samples_recorded += 1
-        self._add_one((ts, experiment, variant, rt_us, outcome, unit_hash))
+        first = rt_us if first_byte_us is None else first_byte_us
+        self._add_one((ts, experiment, variant, rt_us, outcome, unit_hash, first))
 
     def record_many(self, samples: Sequence[Sample]) -> None:
         self.stats.samples_recorded += len(samples)
@@ -157,13 +159,13 @@ class SampleReporter:
             log.exception("recording samples failed")
 
     def _add_one(self, sample: Sample) -> None:
-        ts, experiment, variant, rt_us, outcome, unit_hash = sample
+        ts, experiment, variant, rt_us, outcome, unit_hash, first_byte_us = sample
         try:
             if experiment is None:
                 self.stats.samples_unattributed += 1
                 return
             builder = self._open_batch(experiment)
-            builder.add(ts, variant, rt_us, outcome, unit_hash)
+            builder.add(ts, variant, rt_us, outcome, unit_hash, first_byte_us)
             self._seal_if_full(builder)
         except Exception:  # a sample is never worth failing a request over
             self.stats.samples_dropped += 1
@@ -182,8 +184,8 @@ class SampleReporter:
             room = self._batch_size - len(builder)
             part, samples = samples[:room], samples[room:]
             try:
-                ts, _, variants, rt_us, outcomes, units = zip(*part, strict=True)
-                builder.add_columns(ts, variants, rt_us, outcomes, units)
+                ts, _, variants, rt_us, outcomes, units, first = zip(*part, strict=True)
+                builder.add_columns(ts, variants, rt_us, outcomes, units, first)
             except Exception:
                 # e.g. one variant name too many for this batch; add_columns changed
                 # nothing, so each sample goes as `record` would take it, alone

@@ -15,7 +15,13 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Literal
 
-from controlplane.api.schemas import ExperimentLive, NextCheckFor, SnapshotLive, StepLive
+from controlplane.api.schemas import (
+    ExperimentLive,
+    LatencyLive,
+    NextCheckFor,
+    SnapshotLive,
+    StepLive,
+)
 from controlplane.collector.sharding import read_merged_snapshots
 from controlplane.decision.model import RolloutState
 from controlplane.experiments.lifecycle import BreakerState, ExperimentState
@@ -87,6 +93,20 @@ def snapshot_live(snapshot: WindowSnapshot) -> SnapshotLive:
         window_start=snapshot.window_start,
         window_end=snapshot.window_end,
         ts=snapshot.ts,
+        first_byte=(
+            None
+            if (head := snapshot.first_byte) is None
+            else LatencyLive(
+                count=head.count,
+                mean_ms=head.mean_ms,
+                p50_ms=head.p50_ms,
+                p90_ms=head.p90_ms,
+                p95_ms=head.p95_ms,
+                p99_ms=head.p99_ms,
+                p999_ms=head.p999_ms,
+            )
+        ),
+        samples_without_first_byte=snapshot.missing_first_byte,
     )
 
 

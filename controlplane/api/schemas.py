@@ -267,8 +267,23 @@ class StepLive(BaseModel):
     )
 
 
+class LatencyLive(BaseModel):
+    """One latency of a window: how many samples carry it, its mean and percentiles."""
+
+    count: int
+    mean_ms: float | None
+    p50_ms: float | None
+    p90_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    p999_ms: float | None
+
+
 class SnapshotLive(BaseModel):
-    """One variant's latest window as the collectors published it (architecture §5)."""
+    """One variant's latest window as the collectors published it (architecture §5).
+
+    The latency fields are the total time; `first_byte` is the time to the response
+    head, which a rule with `latency: first_byte` judges."""
 
     count: int
     failures: int
@@ -283,6 +298,14 @@ class SnapshotLive(BaseModel):
     window_start: float
     window_end: float
     ts: float = Field(description="when the snapshot was taken, epoch seconds")
+    first_byte: LatencyLive | None = Field(
+        default=None,
+        description="the window over the time to the first byte, of the samples that carry "
+        "one; null from a collector older than the first byte",
+    )
+    samples_without_first_byte: int = Field(
+        default=0, description="samples from sidecars older than sample batch version 2"
+    )
 
 
 NextCheckFor = Literal["step_due", "cooldown_end", "probe_due", "controller_recheck"]

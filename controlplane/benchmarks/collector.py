@@ -55,15 +55,21 @@ def _samples(kind: str, n: int, seed: int) -> np.ndarray:
     return np.clip(values, 0, 2**32 - 1).astype(np.uint32)
 
 
-def _decoded(rt: np.ndarray, t0: float, span: float) -> list[DecodedBatch]:
+def _decoded(
+    rt: np.ndarray, t0: float, span: float, *, first_byte: bool = True
+) -> list[DecodedBatch]:
+    """Batches of `rt`; with `first_byte` (batch version 2) the head came at a quarter
+    of the total, without it they are what a sidecar before version 2 sends."""
     n = rt.shape[0]
     ts = t0 + np.linspace(0, span, n)
     variant = (np.arange(n) % 10 == 0).astype(np.uint8)
     outcome = np.full(n, 200, np.uint16)
     unit = np.zeros(n, np.uint32)
+    fb = rt // 4 if first_byte else None
     return [
         DecodedBatch(("baseline", "canary"), ts[i : i + BATCH], variant[i : i + BATCH],
-                     rt[i : i + BATCH], outcome[i : i + BATCH], unit[i : i + BATCH])
+                     rt[i : i + BATCH], outcome[i : i + BATCH], unit[i : i + BATCH],
+                     None if fb is None else fb[i : i + BATCH])
         for i in range(0, n, BATCH)
     ]  # fmt: skip
 
@@ -76,19 +82,24 @@ def _payload(batch: DecodedBatch) -> bytes:
     names = b"".join(bytes([len(v)]) + v.encode() for v in batch.variants)
     n = len(batch)
     t0 = float(batch.ts[0])
+    version = 1 if batch.fb_us is None else 2
     body = (
-        struct.pack("<3sBIB", b"CSB", 1, n, len(batch.variants)) + names + struct.pack("<d", t0)
+        struct.pack("<3sBIB", b"CSB", version, n, len(batch.variants)) + names
+        + struct.pack("<d", t0)
         + np.round((batch.ts - t0) * 1e6).astype("<u4").tobytes()
         + batch.variant.astype("u1").tobytes() + batch.rt_us.astype("<u4").tobytes()
         + batch.outcome.astype("<u2").tobytes() + batch.unit.astype("<u4").tobytes()
     )  # fmt: skip
+    if batch.fb_us is not None:
+        body += batch.fb_us.astype("<u4").tobytes()
     return body + struct.pack("<I", zlib.crc32(body))
 
 
-def _engine_input(n: int) -> tuple[list[RawBatch], np.ndarray]:
+def _engine_input(n: int, *, first_byte: bool = True) -> tuple[list[RawBatch], np.ndarray]:
     """The batches as the collector holds them after a read: views into the payloads."""
     rt = _samples("lognormal", n, 1)
-    return [decode_raw(_payload(b)) for b in _decoded(rt, NOW - 50, 50)], rt
+    decoded = _decoded(rt, NOW - 50, 50, first_byte=first_byte)
+    return [decode_raw(_payload(b)) for b in decoded], rt
 
 
 def _engine(batches: list[RawBatch]) -> tuple[float, float]:
@@ -251,20 +262,32 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
     n_ref = 200_000 if quick else 1_000_000
     load_before = os.getloadavg()
     engine_input, rt = _engine_input(n_engine)
-    engine_measured = [_engine(engine_input) for _ in range(ENGINE_REPEATS)]
+    # the same samples in version 1 batches (no first byte: the total window only),
+    # run in turn with the version 2 ones so both see the same machine load
+    v1_input, _ = _engine_input(n_engine, first_byte=False)
+    engine_measured, v1_measured = [], []
+    for _ in range(ENGINE_REPEATS):
+        engine_measured.append(_engine(engine_input))
+        v1_measured.append(_engine(v1_input))
     engine_runs = [wall for wall, _ in engine_measured]
     engine_cpu_runs = [cpu for _, cpu in engine_measured]
     engine_rate = float(np.median(engine_runs))
-    del engine_input
+    v1_rate = float(np.median([wall for wall, _ in v1_measured]))
+    v1_cpu = float(np.median([cpu for _, cpu in v1_measured]))
+    del engine_input, v1_input
     if progress:
         print(f"engine: {engine_rate / 1e6:.1f} M samples/s (median), "
-              f"{max(engine_runs) / 1e6:.1f} best", file=sys.stderr)  # fmt: skip
+              f"{max(engine_runs) / 1e6:.1f} best; version 1 batches "
+              f"{v1_rate / 1e6:.1f} M samples/s", file=sys.stderr)  # fmt: skip
     dd_rate = _ddsketch(rt[:n_ref])
     np_rate = _numpy_exact(rt)
     errors = _errors(200_000 if quick else 1_000_000)
     window = ExperimentWindow("e", WindowConfig(60, 200.0), clock_now=NOW)
     window.record_many(_decoded(_samples("lognormal", 600_000, 4), NOW - 59, 59), NOW)
-    window_bytes = window.ring("baseline").nbytes()
+    # one variant: its total ring and its first-byte ring
+    window_bytes = (
+        window.ring("baseline").nbytes() + window.ring("baseline", first_byte=True).nbytes()
+    )
     url = os.environ.get("CANARY_BENCH_REDIS", "redis://127.0.0.1:6379/0")
     e2e = asyncio.run(_through_redis(url, n_e2e, progress))
     load_after = os.getloadavg()
@@ -281,6 +304,11 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
         "engine_runs_samples_per_s": engine_runs,
         "engine_samples_per_cpu_s": float(np.median(engine_cpu_runs)),
         "engine_samples_per_cpu_s_best": max(engine_cpu_runs),
+        "engine_v1_batches_samples_per_s": v1_rate,
+        "engine_v1_batches_samples_per_cpu_s": v1_cpu,
+        # what keeping the first byte beside the total costs the engine, same run
+        "engine_v2_vs_v1_batches": engine_rate / v1_rate,
+        "engine_v2_vs_v1_batches_cpu": float(np.median(engine_cpu_runs)) / v1_cpu,
         "ddsketch_samples_per_s": dd_rate,
         "numpy_exact_samples_per_s": np_rate,
         "engine_vs_ddsketch": engine_rate / dd_rate,

@@ -313,12 +313,14 @@ async def _serve_proxy(listen: str, upstream_url: str) -> None:
             rt_us: int,
             outcome: int,
             unit_hash: int,
+            first_byte_us: int | None = None,
         ) -> None:
-            self.record_many([(ts, experiment, variant, rt_us, outcome, unit_hash)])
+            first = rt_us if first_byte_us is None else first_byte_us
+            self.record_many([(ts, experiment, variant, rt_us, outcome, unit_hash, first)])
 
         def record_many(self, samples: Sequence[Sample]) -> None:
-            ts, _, variants, rt_us, outcomes, units = zip(*samples, strict=True)
-            self.batch.add_columns(ts, variants, rt_us, outcomes, units)
+            ts, _, variants, rt_us, outcomes, units, first = zip(*samples, strict=True)
+            self.batch.add_columns(ts, variants, rt_us, outcomes, units, first)
             if len(self.batch) >= 512:
                 self.batch.encode()
                 self.batch = BatchBuilder()

@@ -120,6 +120,7 @@ def _experiment_view(experiment: dict[str, Any]) -> RenderableType:
         ("trips", experiment.get("trips")),
         ("sticky", ", ".join(f"{k}: {v}" for k, v in sticky.items() if v) or None),
         ("rule", "inline" if experiment.get("rule") else "the service's rule"),
+        ("latency judged", _inline_latency(experiment)),
         ("created", time_text(experiment.get("created_at"))),
         ("updated", time_text(experiment.get("updated_at"))),
     ]
@@ -141,7 +142,46 @@ def _experiment_view(experiment: dict[str, Any]) -> RenderableType:
         steps.add_row(
             f"{index + 1}{marker}", f"{step.get('weight_pct', 0):g}%", f"{step.get('hold_sec')} s"
         )
-    return Group(summary, variants, steps)
+    windows = _windows_table(experiment)
+    return Group(summary, variants, steps, *([windows] if windows is not None else []))
+
+
+def _inline_latency(experiment: dict[str, Any]) -> str | None:
+    """The latency an inline rule judges (a service's rule is not in the answer)."""
+    rule = experiment.get("rule")
+    return str(rule.get("latency", "total")) if isinstance(rule, dict) else None
+
+
+def _ms(value: Any) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _windows_table(experiment: dict[str, Any]) -> RenderableType | None:
+    """The latest window per variant, both latencies: the total time, and the time to
+    the first byte (what a first_byte rule judges: streams, SSE, token streams)."""
+    from rich.table import Table
+
+    live = experiment.get("live") or {}
+    snapshots = live.get("snapshots")
+    if not snapshots:
+        return None
+    table = Table(title="windows (ms)", title_justify="left")
+    table.add_column("variant")
+    columns = ["samples", "failures", "total p50", "total p95", "total p99"]
+    columns += ["first byte p50", "first byte p95", "first byte p99", "no first byte"]
+    for column in columns:
+        table.add_column(column, justify="right")
+    for name, snap in sorted(snapshots.items()):
+        head = snap.get("first_byte") or {}
+        table.add_row(
+            name,
+            dash(snap.get("count")),
+            dash(snap.get("failures")),
+            *(_ms(snap.get(p)) for p in ("p50_ms", "p95_ms", "p99_ms")),
+            *(_ms(head.get(p)) for p in ("p50_ms", "p95_ms", "p99_ms")),
+            dash(snap.get("samples_without_first_byte")),
+        )
+    return table
 
 
 def _variants(experiment: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

@@ -129,6 +129,11 @@ class CollectorMetrics:
             "canary_collector_samples_clamped", "samples ahead of the clock, clamped to now",
             registry=registry,
         )  # fmt: skip
+        self.without_first_byte = Counter(
+            "canary_collector_samples_without_first_byte",
+            "samples from batches older than version 2: in the total window only",
+            registry=registry,
+        )
         self.corrupt = Counter(
             "canary_collector_entries_corrupt",
             "stream entries dropped for any reason (acked); by reason: batches_dropped",
@@ -542,7 +547,10 @@ class Collector:
             by_experiment.setdefault(meta.experiment, []).append(batch)
         for experiment, batches in by_experiment.items():
             window = self._window(experiment, now)
-            before = window.counters.ingested, window.counters.late, window.counters.clamped
+            counters = window.counters
+            before = (
+                counters.ingested, counters.late, counters.clamped, counters.without_first_byte
+            )  # fmt: skip
             try:
                 window.record_many(batches, now)
             except Exception as exc:  # a bug, not bad input (screened): never stop the loop
@@ -552,6 +560,7 @@ class Collector:
             self.metrics.ingested.inc(window.counters.ingested - before[0])
             self.metrics.late.inc(window.counters.late - before[1])
             self.metrics.clamped.inc(window.counters.clamped - before[2])
+            self.metrics.without_first_byte.inc(window.counters.without_first_byte - before[3])
 
     def _check_variants(
         self, experiment: str, batch: RawBatch, pending: Mapping[str, list[RawBatch]]

@@ -9,6 +9,11 @@ reader sums the partials second by second, drops the seconds that have left its
 window, and gets the window over everything every collector applied. The plain
 `<variant>` fields (architecture §5) are the merge as the publishing collector saw it.
 
+Each variant's entry carries the same sums for the first byte under `fb` (the samples
+that have one, ring for ring as in windows.py). A partial from a collector older than
+the first byte has no `fb`: its samples count in the total only, as samples without a
+first byte, so the merged first-byte window is exact over the samples that have one.
+
 Exactness under a crash (docs/decisions/0004-collector-sharding.md):
 
 - a collector acks entries only after a partial containing them is in Redis, so an
@@ -50,8 +55,10 @@ from controlplane.collector.windows import (
     UNIT_ROWS,
     ExperimentWindow,
     LogMapping,
+    VariantRing,
     WindowTotals,
     bottom_k_index,
+    with_first_byte,
 )
 from controlplane.kernel.errors import CodecError
 from controlplane.kernel.snapshots import WindowSnapshot
@@ -117,43 +124,8 @@ def export_partial(
     start = window.window_start
     variants: dict[str, Any] = {}
     for name in window.variants:
-        ring = window.ring(name)
-        slots = np.flatnonzero(ring.second >= start)
-        slots = slots[np.argsort(ring.second[slots])]
-        hist: list[str] = []
-        units: list[str] = []
-        for slot in slots:
-            s = int(slot)
-            if ring.dirty[s] or s not in ring.encoded:
-                ring.encoded[s] = encode_hist_row(ring.hist[s])
-                ring.encoded_units[s] = encode_unit_rows(ring.unit_counts[s], ring.unit_sums[s])
-                ring.dirty[s] = False
-            hist.append(ring.encoded[s])
-            units.append(ring.encoded_units[s])
-        fills = ring.res_fill[slots]
-        mask = np.arange(SECOND_RESERVOIR_SIZE)[None, :] < fills[:, None]
-        res_s = np.repeat(ring.second[slots], fills)
-        keys, order = ring.res_keys[slots][mask], np.arange(int(fills.sum()))
-        if keys.shape[0] > RESERVOIR_SIZE:
-            order = np.argpartition(keys, RESERVOIR_SIZE - 1)[:RESERVOIR_SIZE]
-        variants[name] = {
-            "sec": ring.second[slots].tolist(),
-            "count": ring.count[slots].tolist(),
-            "fail": ring.failures[slots].tolist(),
-            "sum": ring.sum_us[slots].tolist(),
-            "above": ring.above[slots].tolist(),
-            "stale": ring.stale[slots].astype(int).tolist(),
-            "hist": hist,
-            "newest": ring.newest_ts,
-            "res_k": _b64(keys[order].astype("<f4").tobytes()),
-            "res_v": _b64(ring.res_us[slots][mask][order].astype("<u4").tobytes()),
-            "res_s": _b64(res_s[order].astype("<i8").tobytes()),
-            "res_u": _b64(ring.res_unit[slots][mask][order].astype("<u4").tobytes()),
-            "units": units,
-            # distinct units over this collector's whole window (a sketch of a union
-            # cannot drop a second): a reader with another window length reads this one
-            "distinct": _b64(ring.window_distinct(slots).astype("<u4").tobytes()),
-        }
+        variants[name] = _export_ring(window.ring(name), start)
+        variants[name]["fb"] = _export_ring(window.ring(name, first_byte=True), start)
     return {
         "v": PARTIAL_VERSION,
         "collector": collector,
@@ -164,6 +136,46 @@ def export_partial(
         "threshold_ms": window.config.threshold_ms,
         "unacked": sorted(unacked),
         "variants": variants,
+    }
+
+
+def _export_ring(ring: VariantRing, start: int) -> dict[str, Any]:
+    """One ring's seconds from `start` on, as a partial's variant entry holds them."""
+    slots = np.flatnonzero(ring.second >= start)
+    slots = slots[np.argsort(ring.second[slots])]
+    hist: list[str] = []
+    units: list[str] = []
+    for slot in slots:
+        s = int(slot)
+        if ring.dirty[s] or s not in ring.encoded:
+            ring.encoded[s] = encode_hist_row(ring.hist[s])
+            ring.encoded_units[s] = encode_unit_rows(ring.unit_counts[s], ring.unit_sums[s])
+            ring.dirty[s] = False
+        hist.append(ring.encoded[s])
+        units.append(ring.encoded_units[s])
+    fills = ring.res_fill[slots]
+    mask = np.arange(SECOND_RESERVOIR_SIZE)[None, :] < fills[:, None]
+    res_s = np.repeat(ring.second[slots], fills)
+    keys, order = ring.res_keys[slots][mask], np.arange(int(fills.sum()))
+    if keys.shape[0] > RESERVOIR_SIZE:
+        order = np.argpartition(keys, RESERVOIR_SIZE - 1)[:RESERVOIR_SIZE]
+    return {
+        "sec": ring.second[slots].tolist(),
+        "count": ring.count[slots].tolist(),
+        "fail": ring.failures[slots].tolist(),
+        "sum": ring.sum_us[slots].tolist(),
+        "above": ring.above[slots].tolist(),
+        "stale": ring.stale[slots].astype(int).tolist(),
+        "hist": hist,
+        "newest": ring.newest_ts,
+        "res_k": _b64(keys[order].astype("<f4").tobytes()),
+        "res_v": _b64(ring.res_us[slots][mask][order].astype("<u4").tobytes()),
+        "res_s": _b64(res_s[order].astype("<i8").tobytes()),
+        "res_u": _b64(ring.res_unit[slots][mask][order].astype("<u4").tobytes()),
+        "units": units,
+        # distinct units over this collector's whole window (a sketch of a union
+        # cannot drop a second): a reader with another window length reads this one
+        "distinct": _b64(ring.window_distinct(slots).astype("<u4").tobytes()),
     }
 
 
@@ -181,12 +193,26 @@ class Partial:
         return frozenset(self.data.get("unacked", ()))
 
     def totals(
-        self, variant: str, *, start: int, threshold_ms: float | None, bins: int
+        self,
+        variant: str,
+        *,
+        start: int,
+        threshold_ms: float | None,
+        bins: int,
+        first_byte: bool = False,
     ) -> WindowTotals | None:
-        """This partial's sums over seconds ≥ start, or None if it lacks the variant."""
+        """This partial's sums over seconds ≥ start, or None if it lacks the variant:
+        of the total time, or (`first_byte`) of the first byte (none from a collector
+        older than the first byte: its samples have none)."""
         part = self.data["variants"].get(variant)
         if part is None:
             return None
+        if first_byte:
+            part = part.get("fb")
+            if part is None:
+                return WindowTotals(bins=bins)
+            if not isinstance(part, dict):
+                raise ValueError("a partial's first-byte entry is not an object")
         totals = WindowTotals(bins=bins, newest_ts=part.get("newest"))
         unit_rows = part.get("units")  # absent in a partial from an older collector
         if unit_rows is not None and len(unit_rows) != len(part["sec"]):
@@ -366,20 +392,29 @@ def merge_snapshots(
         names += [n for n in partial.data["variants"] if n not in names]
     result: dict[str, WindowSnapshot] = {}
     for name in names:
-        merged = WindowTotals(bins=mapping.bins)
-        if local is not None and name in local.variants:
-            merged.add(local.totals(name, now))
-        for partial in chosen:
-            if int(partial.data.get("bins", mapping.bins)) != mapping.bins:
-                continue  # a collector running another alpha: its bins do not line up
-            totals = partial.totals(name, start=start, threshold_ms=threshold_ms, bins=mapping.bins)
-            if totals is not None:
-                merged.add(totals)
-        keep = bottom_k_index(merged.res_keys, RESERVOIR_SIZE)
-        merged.res_keys, merged.res_us = merged.res_keys[keep], merged.res_us[keep]
-        merged.res_units = merged.res_units[keep]
-        result[name] = merged.snapshot(
+        merged = [WindowTotals(bins=mapping.bins), WindowTotals(bins=mapping.bins)]
+        for first_byte, sums in zip((False, True), merged, strict=True):
+            if local is not None and name in local.variants:
+                sums.add(local.totals(name, now, first_byte=first_byte))
+            for partial in chosen:
+                if int(partial.data.get("bins", mapping.bins)) != mapping.bins:
+                    continue  # a collector running another alpha: its bins do not line up
+                totals = partial.totals(
+                    name,
+                    start=start,
+                    threshold_ms=threshold_ms,
+                    bins=mapping.bins,
+                    first_byte=first_byte,
+                )
+                if totals is not None:
+                    sums.add(totals)
+            keep = bottom_k_index(sums.res_keys, RESERVOIR_SIZE)
+            sums.res_keys, sums.res_us = sums.res_keys[keep], sums.res_us[keep]
+            sums.res_units = sums.res_units[keep]
+        result[name] = with_first_byte(
             mapping,
+            merged[0],
+            merged[1],
             experiment=experiment,
             variant=name,
             window_sec=window_sec,

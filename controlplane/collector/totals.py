@@ -14,14 +14,14 @@ partial windows (see controlplane/collector/sharding.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
 
 from controlplane.collector.log_mapping import F64, I64, U32, LogMapping
 from controlplane.kernel.rules import PERCENTILES
-from controlplane.kernel.snapshots import PERCENTILE_FIELDS, WindowSnapshot
+from controlplane.kernel.snapshots import FIRST_BYTE, PERCENTILE_FIELDS, WindowSnapshot
 from controlplane.kernel.units import UNIT_BLOCKS, UnitSummary, bottom_distinct
 
 RESERVOIR_SIZE = 512
@@ -135,7 +135,11 @@ class WindowTotals:
             reservoir_ms=tuple(float(v) / 1000.0 for v in self.res_us),
             reservoir_units=tuple(int(u) for u in self.res_units),
             units=self.unit_summary(mapping),
-            **percentiles,
+            p50_ms=percentiles["p50_ms"],
+            p90_ms=percentiles["p90_ms"],
+            p95_ms=percentiles["p95_ms"],
+            p99_ms=percentiles["p99_ms"],
+            p999_ms=percentiles["p999_ms"],
         )
 
 
@@ -154,3 +158,31 @@ def bottom_k(
         return keys, values
     keep = np.argpartition(keys, k - 1)[:k]
     return keys[keep], values[keep]
+
+
+def with_first_byte(
+    mapping: LogMapping,
+    total: WindowTotals,
+    first_byte: WindowTotals,
+    *,
+    experiment: str,
+    variant: str,
+    window_sec: int,
+    now: float,
+    window_start: float,
+    threshold_ms: float | None,
+) -> WindowSnapshot:
+    """A variant's snapshot of the total time, its first-byte window nested in it."""
+
+    def read(totals: WindowTotals) -> WindowSnapshot:
+        return totals.snapshot(
+            mapping,
+            experiment=experiment,
+            variant=variant,
+            window_sec=window_sec,
+            now=now,
+            window_start=window_start,
+            threshold_ms=threshold_ms,
+        )
+
+    return replace(read(total), first_byte=replace(read(first_byte), latency=FIRST_BYTE))

@@ -1,11 +1,15 @@
 """Sliding windows of latency samples per experiment: the collector's engine.
 
 An `ExperimentWindow` holds one ring of 1-second buckets per variant (ring.py) and
-decides which seconds are in the window: batches go in through `record_many`, and
-`totals`/`snapshot` (totals.py) come out. Ingestion is vectorised over a whole read:
-the samples are admitted (clamped, late ones dropped), grouped by (second, variant),
-reduced per group (grouping.py), and each group's sums are added to its bucket and to
-the running window sum.
+decides which seconds are in the window. Each variant has two rings, one per latency:
+the total time of every sample, and the time to the first response byte of the
+samples that carry one (batches from sidecars older than batch version 2 do not: they
+count in the total ring only, and a first-byte window is the window over the samples
+that have one). Both rings see the same seconds, threshold and failure statuses.
+Batches go in through `record_many`, and `totals`/`snapshot` (totals.py) come out.
+Ingestion is vectorised over a whole read: the samples are admitted (clamped, late
+ones dropped), grouped by (second, variant), reduced per group (grouping.py), and each
+group's sums are added to its bucket and to the running window sum.
 
 No I/O and no clock reads outside the injected clock: the service feeds batches in
 and publishes what `snapshot()` returns. The modules split out of this one are
@@ -45,6 +49,7 @@ from controlplane.collector.totals import (
     bottom_k,
     bottom_k_index,
     inverted_cdf_rank,
+    with_first_byte,
 )
 from controlplane.kernel.codec import (
     ABORTED,
@@ -76,6 +81,7 @@ __all__ = [
     "bottom_k_index",
     "failure_table",
     "inverted_cdf_rank",
+    "with_first_byte",
 ]
 
 MAX_WINDOW_SEC = 3600
@@ -142,7 +148,10 @@ def _timestamps(batch: DecodedBatch | RawBatch) -> F64:
 
 @dataclass
 class _Columns:
-    """A batch's samples after admission: columns of equal length, variant as ring index."""
+    """A batch's samples after admission: columns of equal length, variant as ring index.
+
+    `rt_us` is the latency the rings being filled keep; `fb_us` the first byte (None:
+    no sample has one) and `known` which samples have one (None: all of them)."""
 
     variant: npt.NDArray[np.integer[Any]]
     ts: F64
@@ -151,10 +160,43 @@ class _Columns:
     unit: U32
     lo: float
     hi: float
+    fb_us: npt.NDArray[np.uint32] | None = None
+    known: npt.NDArray[np.bool_] | None = None
 
     @property
     def size(self) -> int:
         return int(self.ts.shape[0])
+
+    def first_byte(self) -> _Columns | None:
+        """The samples with a first byte, their first byte as the latency."""
+        fb = self.fb_us
+        if fb is None:
+            return None
+        if self.known is None:
+            return _Columns(self.variant, self.ts, fb, self.outcome, self.unit, self.lo, self.hi)
+        keep = self.known
+        if not keep.any():
+            return None
+        ts = self.ts[keep]
+        return _Columns(
+            self.variant[keep], ts, fb[keep], self.outcome[keep], self.unit[keep],
+            float(ts.min()), float(ts.max()),
+        )  # fmt: skip
+
+
+def _first_byte_column(
+    batches: Sequence[DecodedBatch | RawBatch],
+) -> tuple[npt.NDArray[np.uint32] | None, npt.NDArray[np.bool_] | None]:
+    """The batches' first bytes concatenated, and which samples have one (None: all)."""
+    if all(b.fb_us is not None for b in batches):
+        return _concat([b.fb_us for b in batches if b.fb_us is not None]), None
+    if all(b.fb_us is None for b in batches):
+        return None, None
+    parts = [
+        b.fb_us if b.fb_us is not None else np.zeros(b.rt_us.shape[0], np.uint32) for b in batches
+    ]
+    known = [np.full(b.rt_us.shape[0], b.fb_us is not None) for b in batches]
+    return np.concatenate(parts), np.concatenate(known)
 
 
 @dataclass
@@ -179,6 +221,7 @@ class IngestCounters:
     ingested: int = 0
     late: int = 0
     clamped: int = 0
+    without_first_byte: int = 0  # ingested from batches older than version 2
 
 
 class ExperimentWindow:
@@ -202,7 +245,8 @@ class ExperimentWindow:
         self._rng = np.random.default_rng(seed)
         self._variants: dict[str, int] = {}
         self._remaps: dict[tuple[str, ...], I64] = {}
-        self._rings: list[VariantRing] = []
+        self._rings: list[VariantRing] = []  # total time, per variant
+        self._fb_rings: list[VariantRing] = []  # first byte, same variants and seconds
         self._failure_table = failure_table(config.failure_statuses, config.grpc_failure_codes)
         self._threshold_us = self._threshold_in_us(config.threshold_ms)
         self._longest = config.window_sec
@@ -244,7 +288,7 @@ class ExperimentWindow:
             self._failure_table = failure_table(config.failure_statuses, config.grpc_failure_codes)
         if config.threshold_ms != old.threshold_ms:
             self._threshold_us = self._threshold_in_us(config.threshold_ms)
-            for ring in self._rings:
+            for ring in self._every_ring():
                 # every bucket so far counted "above" under the old threshold: exclude
                 # them from the exact sum; the histogram stands in until they leave
                 ring.stale[ring.second >= 0] = True
@@ -253,7 +297,7 @@ class ExperimentWindow:
             self._longest = max(self._longest, config.window_sec)
             now_sec = math.floor(now)
             new_tail = now_sec - config.window_sec + 1
-            for ring in self._rings:
+            for ring in self._every_ring():
                 ring.grow(self._capacity())
                 if new_tail > self._tail:
                     for slot in ring.slots_between(self._tail, new_tail - 1):
@@ -268,7 +312,7 @@ class ExperimentWindow:
         new_tail = math.floor(now) - self.config.window_sec + 1
         if new_tail <= self._tail:
             return
-        for ring in self._rings:
+        for ring in self._every_ring():
             evicted = ring.slots_between(self._tail, new_tail - 1)
             for slot in evicted:
                 ring.add_to_window(slot, -1)
@@ -280,11 +324,15 @@ class ExperimentWindow:
     def window_start(self) -> int:
         return self._tail
 
+    def _every_ring(self) -> list[VariantRing]:
+        return self._rings + self._fb_rings
+
     def _variant_index(self, name: str) -> int:
         index = self._variants.get(name)
         if index is None:
             index = self._variants[name] = len(self._rings)
             self._rings.append(VariantRing(self.mapping.bins, self._capacity()))
+            self._fb_rings.append(VariantRing(self.mapping.bins, self._capacity()))
         return index
 
     @property
@@ -339,7 +387,8 @@ class ExperimentWindow:
         rt_us = _concat([b.rt_us for b in batches])
         outcome = _concat([b.outcome for b in batches])
         unit = _concat([b.unit for b in batches])
-        self.ingest(variant, ts, rt_us, outcome, now, unit)
+        fb_us, known = _first_byte_column(batches)
+        self.ingest(variant, ts, rt_us, outcome, now, unit, fb_us=fb_us, known=known)
 
     def ingest(
         self,
@@ -349,13 +398,16 @@ class ExperimentWindow:
         outcome: npt.NDArray[np.uint16],
         now: float,
         unit: U32 | None = None,
+        *,
+        fb_us: npt.NDArray[np.uint32] | None = None,
+        known: npt.NDArray[np.bool_] | None = None,
     ) -> None:
         """The vectorised core: columns of equal length, variant as ring indices.
 
-        `unit`: each sample's unit hash (0 or None: no unit). Steps: admit the samples
-        (clamp the ones ahead of the clock, drop the late ones), reduce them per
-        (second, variant), add each group to its bucket and the window, then offer
-        reservoir and distinct-unit candidates and note the newest sample.
+        `unit`: each sample's unit hash (0 or None: no unit). `fb_us`: each sample's
+        time to the first byte (None: no sample has one), `known`: which samples have
+        one (None: all). Steps: admit the samples (clamp the ones ahead of the clock,
+        drop the late ones), then fill the total rings and the first-byte rings.
         """
         self.advance(now)
         n = int(ts.shape[0])
@@ -363,17 +415,29 @@ class ExperimentWindow:
             return
         if unit is None:
             unit = np.zeros(n, dtype=np.uint32)
-        cols = self._admit(_Columns(variant, ts, rt_us, outcome, unit, 0.0, 0.0), now)
+        start = _Columns(variant, ts, rt_us, outcome, unit, 0.0, 0.0, fb_us, known)
+        cols = self._admit(start, now)
         if cols is None:
             return
         self.counters.ingested += cols.size
         self.changed = True
+        self._fill(self._rings, cols)
+        first_byte = cols.first_byte()
+        missing = cols.size if first_byte is None else cols.size - first_byte.size
+        self.counters.without_first_byte += missing
+        if first_byte is not None:
+            self._fill(self._fb_rings, first_byte)
+
+    def _fill(self, rings: list[VariantRing], cols: _Columns) -> None:
+        """One latency's rings: reduce the samples per (second, variant), add each group
+        to its bucket and the window, offer reservoir and distinct-unit candidates and
+        note the newest sample."""
         reduced = self._reduce(cols)
-        slots, taus = self._slots_and_taus(reduced)
-        self._add_to_buckets(reduced, slots)
-        self._offer_reservoirs(cols, reduced, slots, taus)
-        self._offer_distinct(reduced.group, cols.unit, reduced.active, slots)
-        self._mark_newest(reduced.active, cols.hi)
+        slots, taus = self._slots_and_taus(rings, reduced)
+        self._add_to_buckets(rings, reduced, slots)
+        self._offer_reservoirs(rings, cols, reduced, slots, taus)
+        self._offer_distinct(rings, reduced.group, cols.unit, reduced.active, slots)
+        self._mark_newest(rings, reduced.active, cols.hi)
 
     def _admit(self, cols: _Columns, now: float) -> _Columns | None:
         """Clamp samples ahead of now + skew to now; drop those older than the window."""
@@ -397,6 +461,8 @@ class ExperimentWindow:
         return _Columns(
             cols.variant[keep], ts, cols.rt_us[keep], cols.outcome[keep], cols.unit[keep],
             float(ts.min()), float(ts.max()),
+            None if cols.fb_us is None else cols.fb_us[keep],
+            None if cols.known is None else cols.known[keep],
         )  # fmt: skip
 
     def _reduce(self, cols: _Columns) -> _GroupSums:
@@ -434,15 +500,15 @@ class ExperimentWindow:
         )  # fmt: skip
 
     def _slots_and_taus(
-        self, reduced: _GroupSums
+        self, rings: list[VariantRing], reduced: _GroupSums
     ) -> tuple[dict[int, int], npt.NDArray[np.float32]]:
         """Each active group's bucket slot, and the key bound its reservoir offers under."""
-        n_variants = len(self._rings)
+        n_variants = len(rings)
         slots: dict[int, int] = {}
         taus = np.full(reduced.counts.shape[0], 2.0, dtype=np.float32)
         k = SECOND_RESERVOIR_SIZE
         for g in reduced.active:
-            ring = self._rings[g % n_variants]
+            ring = rings[g % n_variants]
             slot = ring.slot_for(reduced.first + g // n_variants)
             slots[g] = slot
             fill = int(ring.res_fill[slot])
@@ -453,11 +519,13 @@ class ExperimentWindow:
                 taus[g] = 4 * k / int(reduced.counts[g])
         return slots, taus
 
-    def _add_to_buckets(self, reduced: _GroupSums, slots: dict[int, int]) -> None:
+    def _add_to_buckets(
+        self, rings: list[VariantRing], reduced: _GroupSums, slots: dict[int, int]
+    ) -> None:
         """Each group's sums into its second's bucket and into the running window sum."""
-        n_variants = len(self._rings)
+        n_variants = len(rings)
         for g in reduced.active:
-            ring = self._rings[g % n_variants]
+            ring = rings[g % n_variants]
             slot = slots[g]
             hist = reduced.hist[g]
             ring.count[slot] += reduced.counts[g]
@@ -478,20 +546,21 @@ class ExperimentWindow:
 
     def _offer_reservoirs(
         self,
+        rings: list[VariantRing],
         cols: _Columns,
         reduced: _GroupSums,
         slots: dict[int, int],
         taus: npt.NDArray[np.float32],
     ) -> None:
         """Each bucket's bottom-k reservoir takes the batch's candidates of its group."""
-        n_variants = len(self._rings)
+        n_variants = len(rings)
         m = cols.size
         group = reduced.group
         k = SECOND_RESERVOIR_SIZE
         cand_pos, cand_keys = self._reservoir_candidates(group, taus, reduced.active, m)
         cand_group = group[cand_pos] if group is not None else np.zeros_like(cand_pos)
         for g in reduced.active:
-            ring = self._rings[g % n_variants]
+            ring = rings[g % n_variants]
             slot = slots[g]
             mine = cand_group == g
             keys, pos = cand_keys[mine], cand_pos[mine]
@@ -506,17 +575,22 @@ class ExperimentWindow:
             if keys.shape[0]:
                 ring.offer(slot, keys, cols.rt_us[pos].astype(np.uint32), cols.unit[pos])
 
-    def _mark_newest(self, active: list[int], hi: float) -> None:
+    def _mark_newest(self, rings: list[VariantRing], active: list[int], hi: float) -> None:
         # the batch's newest sample stands for every variant in it: lag is a health
         # figure, and a per-variant max would cost a pass over the batch per variant
-        n_variants = len(self._rings)
+        n_variants = len(rings)
         for g in active:
-            ring = self._rings[g % n_variants]
+            ring = rings[g % n_variants]
             if ring.newest_ts is None or hi > ring.newest_ts:
                 ring.newest_ts = hi
 
     def _offer_distinct(
-        self, group: I64 | None, unit: U32, active: list[int], slots: dict[int, int]
+        self,
+        rings: list[VariantRing],
+        group: I64 | None,
+        unit: U32,
+        active: list[int],
+        slots: dict[int, int],
     ) -> None:
         """Each active second's new unit hashes into its distinct sketch.
 
@@ -524,10 +598,10 @@ class ExperimentWindow:
         comparison pass filters a batch first. What is left is sorted once, keyed by
         (group, hash), and each group takes its smallest distinct hashes from its run.
         """
-        n_variants = len(self._rings)
+        n_variants = len(rings)
         limits = np.zeros(max(active) + 1, dtype=np.int64)
         for g in active:
-            held = self._rings[g % n_variants].distinct[slots[g]]
+            held = rings[g % n_variants].distinct[slots[g]]
             limits[g] = int(held[-1]) if held.shape[0] >= DISTINCT_K else U32_LIMIT
         if group is None:
             chosen = np.flatnonzero((unit != 0) & (unit < limits[0]))
@@ -552,7 +626,7 @@ class ExperimentWindow:
                 mine = (keys[lo : min(hi, lo + DISTINCT_K)] & np.uint64(U32_LIMIT - 1)).astype(
                     np.uint32
                 )
-                self._rings[g % n_variants].offer_units(slots[g], mine)
+                rings[g % n_variants].offer_units(slots[g], mine)
 
     def _above(self, rt_us: npt.NDArray[np.uint32]) -> npt.NDArray[np.bool_] | None:
         """Samples above the threshold (None: none can be), in integer comparisons."""
@@ -609,10 +683,11 @@ class ExperimentWindow:
 
     # --- output -------------------------------------------------------------
 
-    def totals(self, variant: str, now: float) -> WindowTotals:
-        """The window's sums for one variant, O(bins) (+ stale buckets in a transition)."""
+    def totals(self, variant: str, now: float, *, first_byte: bool = False) -> WindowTotals:
+        """The window's sums for one variant, O(bins) (+ stale buckets in a transition):
+        of the total time, or (`first_byte`) of the first byte of the samples with one."""
         self.advance(now)
-        ring = self._rings[self._variants[variant]]
+        ring = self.ring(variant, first_byte=first_byte)
         in_window = ring.second >= self._tail
         totals = WindowTotals(
             bins=self.mapping.bins,
@@ -641,10 +716,12 @@ class ExperimentWindow:
         return totals
 
     def snapshot(self, now: float) -> dict[str, WindowSnapshot]:
-        """Every variant's window at `now`."""
+        """Every variant's window at `now`, its first-byte window nested in it."""
         return {
-            name: self.totals(name, now).snapshot(
+            name: with_first_byte(
                 self.mapping,
+                self.totals(name, now),
+                self.totals(name, now, first_byte=True),
                 experiment=self.experiment,
                 variant=name,
                 window_sec=self.config.window_sec,
@@ -655,8 +732,9 @@ class ExperimentWindow:
             for name in self._variants
         }
 
-    def ring(self, variant: str) -> VariantRing:
-        return self._rings[self._variants[variant]]
+    def ring(self, variant: str, *, first_byte: bool = False) -> VariantRing:
+        rings = self._fb_rings if first_byte else self._rings
+        return rings[self._variants[variant]]
 
     def nbytes(self) -> int:
-        return sum(ring.nbytes() for ring in self._rings)
+        return sum(ring.nbytes() for ring in self._every_ring())

@@ -29,7 +29,7 @@ from controlplane.decision.stats import (
     quantile_exceedance_test,
 )
 from controlplane.kernel.rules import BreakerRule, Compare
-from controlplane.kernel.snapshots import WindowSnapshot
+from controlplane.kernel.snapshots import FIRST_BYTE, PERCENTILE_FIELDS, TOTAL, WindowSnapshot
 from controlplane.kernel.units import UnitSummary, concentration
 
 # Units are judged as independent (the exact per-request tests) while at least this
@@ -147,10 +147,32 @@ def _units_note(canary: WindowSnapshot, baseline: WindowSnapshot | None) -> str:
     return "; ".join(parts)
 
 
-def variant_evidence(snap: WindowSnapshot | None, rule: BreakerRule) -> dict[str, Any] | None:
+def latency_summary(snap: WindowSnapshot | None) -> dict[str, Any] | None:
+    """One latency of a window, for the evidence: how many samples, mean, percentiles."""
     if snap is None:
         return None
     return {
+        "count": snap.count,
+        "mean_ms": snap.mean_ms,
+        **{name: snap.percentile_ms(q) for q, name in PERCENTILE_FIELDS.items()},
+    }
+
+
+def variant_evidence(snap: WindowSnapshot | None, rule: BreakerRule) -> dict[str, Any] | None:
+    """A variant's window as judged (the rule's latency), with both latencies beside."""
+    if snap is None:
+        return None
+    both: dict[str, Any] = {}
+    if snap.latency == TOTAL:  # a collector's window: it holds both latencies
+        both = {
+            "total": latency_summary(snap),
+            "first_byte": latency_summary(snap.first_byte),
+            "samples_without_first_byte": snap.missing_first_byte,
+        }
+    snap = snap.for_latency(rule.latency.value)
+    return {
+        "latency": snap.latency,
+        **both,
         "units": unit_evidence(snap),
         "count": snap.count,
         "failures": snap.failures,
@@ -396,8 +418,19 @@ def evaluate(
         "canary": variant_evidence(canary, rule),
         "baseline": variant_evidence(baseline, rule),
     }
+    # the rule's latency: a first_byte rule judges the samples that carry a first byte
+    whole = canary
+    latency = rule.latency.value
+    canary = canary.for_latency(latency) if canary is not None else None
+    baseline = baseline.for_latency(latency) if baseline is not None else None
     if canary is None or canary.count == 0:
-        return Evaluation(Verdict.NO_DATA, "no canary samples in the window", variants=variants)
+        reason = "no canary samples in the window"
+        if whole is not None and whole.count and latency == FIRST_BYTE:
+            reason = (
+                f"no canary samples with a first byte in the window ({whole.count} without "
+                "one, from sidecars sending sample batches older than version 2)"
+            )
+        return Evaluation(Verdict.NO_DATA, reason, variants=variants)
     if canary.count < rule.min_samples:
         return Evaluation(
             Verdict.TOO_FEW_SAMPLES,

@@ -200,7 +200,9 @@ def _observe(
     fresh = canary is not None and (
         state.last_snapshot_ts is None or canary.ts > state.last_snapshot_ts
     )
-    has_data = canary is not None and canary.count > 0
+    # what the rule judges: a first_byte rule has no data without first-byte samples
+    judged = canary.for_latency(rule.latency.value) if canary is not None else None
+    has_data = judged is not None and judged.count > 0
     no_data_since = (
         None if has_data else (state.no_data_since if state.no_data_since is not None else now)
     )
@@ -225,8 +227,10 @@ def _observe(
             )
         changes["last_snapshot_ts"] = canary.ts
         changes["consecutive_breaches"] = state.consecutive_breaches + 1 if counts else 0
-        if canary.count > 0:
-            changes["tally"] = state.tally.add(canary, baseline)
+        if judged is not None and judged.count > 0:
+            latency = rule.latency.value
+            judged_baseline = baseline.for_latency(latency) if baseline is not None else None
+            changes["tally"] = state.tally.add(judged, judged_baseline)
         srm_tally, srm, srm_units = _srm_check(state, canary, baseline)
         changes["srm_tally"] = srm_tally
         deciding_now = srm_units.result if srm_units is not None else srm

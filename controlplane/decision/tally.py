@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from controlplane.kernel.routes import BASELINE, CANARY
-from controlplane.kernel.snapshots import PERCENTILE_FIELDS, WindowSnapshot
+from controlplane.kernel.snapshots import FIRST_BYTE, PERCENTILE_FIELDS, TOTAL, WindowSnapshot
 from controlplane.kernel.units import DISTINCT_K, UnitSummary
 
 # the merged reservoir stays bounded; a window's share of it follows its count
@@ -126,10 +126,16 @@ class VariantTally:
         return dict(self.percentiles_ms).get(q)
 
     def to_snapshot(
-        self, experiment: str, variant: str, window_start: float, window_end: float
+        self,
+        experiment: str,
+        variant: str,
+        window_start: float,
+        window_end: float,
+        latency: str = TOTAL,
     ) -> WindowSnapshot:
         pcts = {PERCENTILE_FIELDS[q]: self.percentile_ms(q) for q in PERCENTILE_FIELDS}
         return WindowSnapshot(
+            latency=latency,
             experiment=experiment,
             variant=variant,
             count=self.count,
@@ -144,7 +150,11 @@ class VariantTally:
             reservoir_ms=self.reservoir_ms,
             reservoir_units=self.reservoir_units,
             units=self.units,
-            **pcts,
+            p50_ms=pcts["p50_ms"],
+            p90_ms=pcts["p90_ms"],
+            p95_ms=pcts["p95_ms"],
+            p99_ms=pcts["p99_ms"],
+            p999_ms=pcts["p999_ms"],
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -185,6 +195,8 @@ class Tally:
     windows: int = 0
     canary: VariantTally = field(default_factory=VariantTally)
     baseline: VariantTally = field(default_factory=VariantTally)
+    # the latency of the windows added (the rule's); windows of another one start over
+    latency: str = TOTAL
 
     @classmethod
     def starting(cls, since: float) -> Tally:
@@ -195,6 +207,10 @@ class Tally:
         return canary.window_start >= self.counted_until - 1e-6
 
     def add(self, canary: WindowSnapshot, baseline: WindowSnapshot | None) -> Tally:
+        if canary.latency != self.latency:
+            # the rule changed what it judges: the step's evidence so far is of the other
+            fresh = Tally(since=self.since, counted_until=self.since, latency=canary.latency)
+            return fresh.add(canary, baseline)
         if not self.accepts(canary):
             return self
         return replace(
@@ -211,9 +227,10 @@ class Tally:
     def snapshots(self, experiment: str) -> dict[str, WindowSnapshot]:
         start = self.first_window_start if self.first_window_start is not None else self.since
         end = self.counted_until
-        merged = {CANARY: self.canary.to_snapshot(experiment, CANARY, start, end)}
+        latency = self.latency
+        merged = {CANARY: self.canary.to_snapshot(experiment, CANARY, start, end, latency)}
         if self.baseline.count:
-            merged[BASELINE] = self.baseline.to_snapshot(experiment, BASELINE, start, end)
+            merged[BASELINE] = self.baseline.to_snapshot(experiment, BASELINE, start, end, latency)
         return merged
 
     def to_dict(self) -> dict[str, Any]:
@@ -224,6 +241,7 @@ class Tally:
             "windows": self.windows,
             "canary": self.canary.to_dict(),
             "baseline": self.baseline.to_dict(),
+            **({} if self.latency == TOTAL else {"latency": self.latency}),
         }
 
     @classmethod
@@ -235,6 +253,7 @@ class Tally:
             windows=int(data.get("windows", 0)),
             canary=VariantTally.from_dict(data["canary"]),
             baseline=VariantTally.from_dict(data["baseline"]),
+            latency=FIRST_BYTE if data.get("latency") == FIRST_BYTE else TOTAL,
         )
 
 

@@ -4,10 +4,10 @@ A batch is one Redis Stream entry with fields `v, exp, src, seq, n, data`. `data
 is the binary payload below; the sidecar builds it with `BatchBuilder` (stdlib
 arrays, cheap per request) and the collector decodes it straight into numpy arrays.
 
-Payload, version 1, little-endian:
+Payload, version 2, little-endian (version 1 is the same without `fb_us`):
 
     magic  b"CSB"          3 bytes
-    version u8             = 1
+    version u8             = 2 (or 1, from a sidecar that predates the first byte)
     n       u32            samples in the batch
     k       u8             number of variant names, then k x (u8 length, utf-8 bytes)
     t0      f64            batch base time, seconds since the epoch
@@ -17,7 +17,13 @@ Payload, version 1, little-endian:
     outcome u16[n]         HTTP status, or CONNECT_ERROR / TIMEOUT / ABORTED below 100,
                            or GRPC_STATUS + a gRPC status code (1000..1016)
     unit    u32[n]         32-bit hash of the sticky unit (0: none), for per-unit analysis
+    fb_us   u32[n]         time to the first response byte, microseconds, <= rt_us
+                           (version 2 only; an exchange without a response head: rt_us)
     crc32   u32            zlib.crc32 of everything before it
+
+The entry field `v` names the payload's version, and both must agree. A collector
+reads both versions (old sidecars keep sending version 1 during a rolling upgrade:
+their samples have no first byte, `fb_us` is None) and refuses any other.
 
 Every byte of an entry is untrusted (anyone who can write to Redis writes entries),
 so decoding is strict and bounded, all of it here: a caller gets a valid batch or a
@@ -25,8 +31,8 @@ CodecError whose `reason` is a fixed label (one of REASONS) for its drop counter
 What the format makes unrepresentable needs no check (a latency is a u32 of µs:
 never NaN or negative; its largest value is the builder's saturation mark). What it
 can carry is checked: t0 finite, sample counts within the byte length and
-MAX_SAMPLES, outcomes an HTTP status (100-999), one of the codes below 100 or a
-gRPC status (GRPC_STATUS + 0..16),
+MAX_SAMPLES, every first byte no later than its total, outcomes an HTTP status
+(100-999), one of the codes below 100 or a gRPC status (GRPC_STATUS + 0..16),
 variant names printable and unique, the entry's experiment id and source bounded
 (controlplane.kernel.keys). `check_times` bounds t0 against the reader's clock.
 """
@@ -50,7 +56,8 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-VERSION = 1
+VERSION = 2
+VERSIONS = (1, 2)  # what a collector reads: the current one and the one before it
 MAGIC = b"CSB"
 CONNECT_ERROR = 0
 TIMEOUT = 1
@@ -67,12 +74,12 @@ _HEAD = struct.Struct("<3sBIB")
 _T0 = struct.Struct("<d")
 _CRC = struct.Struct("<I")
 _U32_MAX = 0xFFFF_FFFF
-_BYTES_PER_SAMPLE = 4 + 1 + 4 + 2 + 4
+_BYTES_PER_SAMPLE = {1: 4 + 1 + 4 + 2 + 4, 2: 4 + 1 + 4 + 2 + 4 + 4}
 _LITTLE = sys.byteorder == "little"
 
 # bounds of what a collector accepts (a sidecar sends 512 samples, ~7.7 KB, by default)
 MAX_SAMPLES = 65_536
-MAX_PAYLOAD = _HEAD.size + 255 * 256 + _T0.size + MAX_SAMPLES * _BYTES_PER_SAMPLE + _CRC.size
+MAX_PAYLOAD = _HEAD.size + 255 * 256 + _T0.size + MAX_SAMPLES * _BYTES_PER_SAMPLE[2] + _CRC.size
 MAX_SOURCE = 128
 # t0 further from the reader's clock than this is not a clock skew but a bad batch;
 # closer, the window counts samples as late or clamps them (windows.py)
@@ -94,9 +101,10 @@ BAD_VARIANT = "bad_variant"
 BAD_OUTCOME = "bad_outcome"
 BAD_EXPERIMENT = "bad_experiment"
 BAD_SOURCE = "bad_source"
+BAD_FIRST_BYTE = "bad_first_byte"
 REASONS = (
     MALFORMED, BAD_VERSION, TRUNCATED, OVERSIZED, BAD_CHECKSUM, BAD_COUNT, BAD_TIMESTAMP,
-    BAD_VARIANT, BAD_OUTCOME, BAD_EXPERIMENT, BAD_SOURCE,
+    BAD_VARIANT, BAD_OUTCOME, BAD_EXPERIMENT, BAD_SOURCE, BAD_FIRST_BYTE,
 )  # fmt: skip
 
 
@@ -132,7 +140,7 @@ def is_failure_outcome(
 class BatchBuilder:
     """Accumulates one experiment's samples; `encode()` yields the payload."""
 
-    __slots__ = ("_dt", "_outcome", "_rt", "_t0", "_unit", "_variant", "_variants")
+    __slots__ = ("_dt", "_fb", "_outcome", "_rt", "_t0", "_unit", "_variant", "_variants")
 
     def __init__(self) -> None:
         self._variants: dict[str, int] = {}
@@ -142,6 +150,7 @@ class BatchBuilder:
         self._rt = array("I")
         self._outcome = array("H")
         self._unit = array("I")
+        self._fb = array("I")
 
     def __len__(self) -> int:
         return len(self._rt)
@@ -150,7 +159,17 @@ class BatchBuilder:
     def first_ts(self) -> float | None:
         return self._t0
 
-    def add(self, ts: float, variant: str, rt_us: int, outcome: int, unit: int = 0) -> None:
+    def add(
+        self,
+        ts: float,
+        variant: str,
+        rt_us: int,
+        outcome: int,
+        unit: int = 0,
+        first_byte_us: int | None = None,
+    ) -> None:
+        """One sample; `first_byte_us` None: the first byte is the whole time (an
+        exchange that ended without a response head of its own)."""
         index = self._variants.get(variant)
         if index is None:
             if len(self._variants) >= 255:
@@ -165,9 +184,12 @@ class BatchBuilder:
         dt = int((ts - self._t0) * 1e6)
         self._dt.append(dt if 0 <= dt <= _U32_MAX else (0 if dt < 0 else _U32_MAX))
         self._variant.append(index)
-        self._rt.append(rt_us if 0 <= rt_us <= _U32_MAX else (0 if rt_us < 0 else _U32_MAX))
+        rt = rt_us if 0 <= rt_us <= _U32_MAX else (0 if rt_us < 0 else _U32_MAX)
+        self._rt.append(rt)
         self._outcome.append(outcome)
         self._unit.append(unit & _U32_MAX)
+        fb = rt if first_byte_us is None else first_byte_us
+        self._fb.append(fb if 0 <= fb <= rt else (0 if fb < 0 else rt))
 
     def add_columns(
         self,
@@ -176,6 +198,7 @@ class BatchBuilder:
         rt_us: Sequence[int],
         outcomes: Sequence[int],
         units: Sequence[int],
+        first_byte_us: Sequence[int] | None = None,
     ) -> None:
         """Add several samples given column by column: what `add` does for each, with
         C loops instead of a Python call per sample (the sidecar records this way).
@@ -194,30 +217,49 @@ class BatchBuilder:
             raise CodecError("a sample time must be a finite number", BAD_TIMESTAMP)
         if units and (min(units) < 0 or max(units) > _U32_MAX):
             units = [unit & _U32_MAX for unit in units]
+        rt = array("I", _clamped(rt_us))
+        if first_byte_us is None:
+            fb = array("I", rt)
+        else:
+            if len(first_byte_us) != len(rt):
+                raise CodecError("first_byte_us must have one value per sample")
+            # a first byte after the whole exchange is a measuring slip: it is the end
+            fb = array("I", [f if 0 <= f <= r else (0 if f < 0 else r)
+                             for f, r in zip(first_byte_us, rt, strict=True)])  # fmt: skip
         columns = (
             array("I", _clamped([int((t - t0) * 1e6) for t in ts])),
             array("B", map(lookup.__getitem__, variants)),
-            array("I", _clamped(rt_us)),
+            rt,
             array("H", outcomes),
             array("I", units),
+            fb,
         )
+        if len({len(column) for column in columns}) != 1:
+            raise CodecError("sample columns of different lengths")
         index.update(lookup)
         self._t0 = t0
-        for column, values in zip(
-            (self._dt, self._variant, self._rt, self._outcome, self._unit), columns, strict=True
-        ):
+        for column, values in zip(self._columns(VERSION), columns, strict=True):
             column.extend(values)
 
-    def encode(self) -> bytes:
+    def _columns(self, version: int) -> tuple[array[int], ...]:
+        """The payload's columns in order: version 1 lacks the first byte."""
+        columns = (self._dt, self._variant, self._rt, self._outcome, self._unit)
+        return columns if version == 1 else (*columns, self._fb)
+
+    def encode(self, version: int = VERSION) -> bytes:
+        """The payload; `version=1` writes what a sidecar before the first byte wrote
+        (for tests and benchmarks of a rolling upgrade)."""
+        if version not in VERSIONS:
+            raise CodecError(f"no sample payload version {version}", BAD_VERSION)
         names = sorted(self._variants, key=self._variants.__getitem__)
-        parts = [_HEAD.pack(MAGIC, VERSION, len(self), len(names))]
+        parts = [_HEAD.pack(MAGIC, version, len(self), len(names))]
         for name in names:
             raw = name.encode()
             if len(raw) > 255:
                 raise CodecError(f"variant name too long: {name[:32]!r}…")
             parts.append(bytes([len(raw)]) + raw)
         parts.append(_T0.pack(self._t0 or 0.0))
-        for column in (self._dt, self._variant, self._rt, self._outcome, self._unit):
+        for column in self._columns(version):
             if not _LITTLE:
                 column = array(column.typecode, column)
                 column.byteswap()
@@ -241,6 +283,8 @@ class DecodedBatch:
     rt_us: npt.NDArray[np.uint32]
     outcome: npt.NDArray[np.uint16]
     unit: npt.NDArray[np.uint32]
+    # time to the first response byte; None: a version 1 batch, which has none
+    fb_us: npt.NDArray[np.uint32] | None = None
 
     def __len__(self) -> int:
         return int(self.rt_us.shape[0])
@@ -261,6 +305,8 @@ class RawBatch:
     rt_us: npt.NDArray[np.uint32]
     outcome: npt.NDArray[np.uint16]
     unit: npt.NDArray[np.uint32]
+    fb_us: npt.NDArray[np.uint32] | None = None  # None: a version 1 batch
+    version: int = VERSION
 
     def __len__(self) -> int:
         return int(self.rt_us.shape[0])
@@ -283,13 +329,13 @@ def decode_raw(payload: bytes) -> RawBatch:
     magic, version, n, k = _HEAD.unpack_from(payload, 0)
     if magic != MAGIC:
         raise CodecError("not a sample payload (bad magic)", MALFORMED)
-    if version != VERSION:
+    if version not in VERSIONS:
         raise CodecError(f"unsupported sample payload version {version}", BAD_VERSION)
     if n > MAX_SAMPLES:
         raise CodecError(f"sample payload claims {n} samples, over {MAX_SAMPLES}", BAD_COUNT)
     names = _variant_names(payload, k, end)
     offset = _HEAD.size + sum(1 + len(name.encode()) for name in names)
-    if end != offset + _T0.size + n * _BYTES_PER_SAMPLE:
+    if end != offset + _T0.size + n * _BYTES_PER_SAMPLE[version]:
         raise CodecError(f"sample payload length does not match its {n} samples", BAD_COUNT)
     (t0,) = _T0.unpack_from(payload, offset)
     if not math.isfinite(t0):
@@ -305,11 +351,17 @@ def decode_raw(payload: bytes) -> RawBatch:
     outcome = frombuffer(payload, dtype="<u2", count=n, offset=offset)
     offset += 2 * n
     unit = frombuffer(payload, dtype="<u4", count=n, offset=offset)
+    fb_us = None
+    if version >= 2:
+        offset += 4 * n
+        fb_us = frombuffer(payload, dtype="<u4", count=n, offset=offset)
+        if n and bool((fb_us > rt_us).any()):
+            raise CodecError("sample payload has a first byte after its total", BAD_FIRST_BYTE)
     if n and int(variant.max()) >= len(names):
         raise CodecError("sample payload names a variant it does not define", BAD_VARIANT)
     if n and _outcomes_out_of_range(outcome):
         raise CodecError("sample payload has an outcome out of range", BAD_OUTCOME)
-    return RawBatch(tuple(names), t0, dt, variant, rt_us, outcome, unit)
+    return RawBatch(tuple(names), t0, dt, variant, rt_us, outcome, unit, fb_us, version)
 
 
 def _variant_names(payload: bytes, k: int, end: int) -> list[str]:
@@ -384,6 +436,7 @@ def _owned(raw: RawBatch) -> DecodedBatch:
         rt_us=raw.rt_us.astype(np.uint32),
         outcome=raw.outcome.astype(np.uint16),
         unit=raw.unit.astype(np.uint32),
+        fb_us=None if raw.fb_us is None else raw.fb_us.astype(np.uint32),
     )
 
 
@@ -398,12 +451,13 @@ class BatchMeta:
     source: str
     seq: int
     n: int
+    version: int = VERSION
 
 
 def entry_fields(meta: BatchMeta, payload: bytes) -> dict[str, bytes]:
-    """The stream entry's fields for one batch (architecture §5)."""
+    """The stream entry's fields for one batch (architecture §5); `v` is the payload's."""
     return {
-        "v": str(VERSION).encode(),
+        "v": str(meta.version).encode(),
         "exp": meta.experiment.encode(),
         "src": meta.source.encode(),
         "seq": str(meta.seq).encode(),
@@ -433,7 +487,7 @@ def _number(fields: Mapping[str, bytes], name: str) -> int:
 def parse_meta(fields: Mapping[str, bytes]) -> BatchMeta:
     """The entry's fields other than the payload, checked and bounded."""
     version = _number(fields, "v")
-    if version != VERSION:
+    if version not in VERSIONS:
         raise CodecError(f"unsupported sample entry version {version}", BAD_VERSION)
     raw_exp = _field(fields, "exp")
     experiment = raw_exp.decode("ascii", "replace") if len(raw_exp) <= _FIELD_MAX else ""
@@ -445,7 +499,7 @@ def parse_meta(fields: Mapping[str, bytes]) -> BatchMeta:
     n = _number(fields, "n")
     if not 0 < n <= MAX_SAMPLES:
         raise CodecError(f"sample entry says n={n}: not 1..{MAX_SAMPLES}", BAD_COUNT)
-    return BatchMeta(experiment, source.decode("ascii"), _number(fields, "seq"), n)
+    return BatchMeta(experiment, source.decode("ascii"), _number(fields, "seq"), n, version)
 
 
 def parse_entry_raw(fields: Mapping[str, bytes]) -> tuple[BatchMeta, RawBatch]:
@@ -455,6 +509,11 @@ def parse_entry_raw(fields: Mapping[str, bytes]) -> tuple[BatchMeta, RawBatch]:
     if len(batch) != meta.n:
         raise CodecError(
             f"sample entry says n={meta.n} but carries {len(batch)} samples", BAD_COUNT
+        )
+    if batch.version != meta.version:
+        raise CodecError(
+            f"sample entry says v={meta.version} but carries a version {batch.version} payload",
+            BAD_VERSION,
         )
     return meta, batch
 

@@ -13,6 +13,7 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -65,6 +66,13 @@ class NoDataPolicy(StrEnum):
 class SrmPolicy(StrEnum):
     WARN = "warn"
     HOLD = "hold"
+
+
+class Latency(StrEnum):
+    """Which response time a rule judges (docs/decisions/0017-first-byte-latency.md)."""
+
+    TOTAL = "total"  # the whole exchange: ordinary request/response services
+    FIRST_BYTE = "first_byte"  # to the response head: SSE, token streams, long downloads
 
 
 class BreakerRule(BaseModel):
@@ -143,6 +151,11 @@ class BreakerRule(BaseModel):
         default=300, gt=0, le=MAX_DURATION_SEC, strict=True, allow_inf_nan=False
     )
     srm: SrmPolicy = SrmPolicy.WARN
+    latency: Latency = Field(
+        default=Latency.TOTAL,
+        description="the response time judged: total, or first_byte (time to the "
+        "response head, for streams whose length says nothing of the service's speed)",
+    )
     # Kayenta-compatible judgment knobs (docs/decisions/0013); left unset, every
     # decision is the same as without them
     direction: GuardrailDirections = Field(
@@ -205,6 +218,15 @@ class BreakerRule(BaseModel):
     @classmethod
     def _grpc_codes(cls, value: list[int] | str) -> list[int] | str:
         return check_grpc_codes(value)
+
+    @model_serializer(mode="wrap")
+    def _omit_total_latency(self, handler: Any) -> Any:
+        # a rule judging the total reads as it did before the field existed, so
+        # controllers and collectors of the previous release still accept it
+        data = handler(self)
+        if isinstance(data, dict) and self.latency is Latency.TOTAL:
+            data.pop("latency", None)
+        return data
 
     def is_failure_status(self, status: int) -> bool:
         if self.failure_statuses == "5xx":

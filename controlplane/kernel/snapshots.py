@@ -1,6 +1,12 @@
 """A window snapshot: what the collector publishes and the controller decides on.
 
 The JSON form is the `canary:stats:{<experiment>}` hash field value (architecture §5).
+
+A snapshot's latency fields are the total time of its samples. Nested in it,
+`first_byte` is the same window over the time to the first response byte, of the
+samples that carry one: its `count` falls short of the outer one by the samples from
+sidecars older than batch version 2 (`missing_first_byte`), and it is None from a
+collector older than the first byte. `for_latency` picks the one a rule judges.
 """
 
 from __future__ import annotations
@@ -11,6 +17,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypeGuard
 
 from controlplane.kernel.units import UnitSummary
+
+TOTAL = "total"
+FIRST_BYTE = "first_byte"
+LATENCIES = (TOTAL, FIRST_BYTE)  # kernel/rules.py Latency's values
 
 PERCENTILE_FIELDS: dict[float, str] = {
     50: "p50_ms",
@@ -50,6 +60,41 @@ class WindowSnapshot:
     # per unit block sums and distinct units (controlplane/kernel/units.py); None when
     # the producer kept none
     units: UnitSummary | None = None
+    # the same window over the first byte of the samples that have one (no nesting)
+    first_byte: WindowSnapshot | None = None
+    # which latency the latency fields are: "total", or "first_byte" in a nested window
+    latency: str = TOTAL
+
+    @property
+    def missing_first_byte(self) -> int:
+        """Samples in the window without a first byte (from older sidecars)."""
+        return self.count - (self.first_byte.count if self.first_byte is not None else 0)
+
+    def for_latency(self, latency: str) -> WindowSnapshot:
+        """The window a rule with `latency` ("total" or "first_byte") judges.
+
+        For "first_byte", the nested window. Without one (from an older collector, or
+        a first-byte window asked for the total), an empty window of the same span, so
+        the verdict is no data, never a guess. A window of `latency` is itself."""
+        if latency not in LATENCIES:
+            raise ValueError(f"latency: total or first_byte, not {latency!r}")
+        if latency == self.latency:
+            return self
+        if latency == FIRST_BYTE and self.first_byte is not None:
+            return self.first_byte
+        return WindowSnapshot(
+            latency=latency,
+            experiment=self.experiment,
+            variant=self.variant,
+            count=0,
+            failures=0,
+            window_sec=self.window_sec,
+            ts=self.ts,
+            window_start=self.window_start,
+            window_end=self.window_end,
+            threshold_ms=self.threshold_ms,
+            sample_lag_ms=self.sample_lag_ms,
+        )
 
     @property
     def failure_ratio(self) -> float:
@@ -68,6 +113,7 @@ class WindowSnapshot:
         data["reservoir_ms"] = list(self.reservoir_ms)
         data["reservoir_units"] = list(self.reservoir_units)
         data["units"] = self.units.to_dict() if self.units is not None else None
+        data["first_byte"] = self.first_byte.to_dict() if self.first_byte is not None else None
         data["failure_ratio"] = self.failure_ratio
         data["above_threshold_fraction"] = self.above_threshold_fraction
         return data
@@ -76,11 +122,16 @@ class WindowSnapshot:
         return json.dumps(self.to_dict(), separators=(",", ":"))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> WindowSnapshot:
+    def from_dict(cls, data: dict[str, Any], *, nested: bool = False) -> WindowSnapshot:
         """Parse strictly: a snapshot can come from Redis, which anyone with write
         access there can fill; a ValueError names the first field out of bounds."""
         if not isinstance(data, dict):
             raise ValueError("a snapshot is a JSON object")
+        first_byte = data.get("first_byte")
+        if first_byte is not None and nested:
+            raise ValueError("first_byte: a first-byte window has none of its own")
+        if first_byte is not None and not isinstance(first_byte, dict):
+            raise ValueError("first_byte: null or a snapshot object")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         _check_fields(known)
         known["reservoir_ms"] = tuple(known.get("reservoir_ms") or ())
@@ -89,6 +140,11 @@ class WindowSnapshot:
             raise ValueError("reservoir_units must match reservoir_ms in length")
         units = known.get("units")
         known["units"] = UnitSummary.from_dict(units) if isinstance(units, dict) else None
+        if first_byte is not None:
+            inner = cls.from_dict({**first_byte, "latency": FIRST_BYTE}, nested=True)
+            if inner.count > known["count"] or inner.failures > known["failures"]:
+                raise ValueError("first_byte: counts more samples than its window")
+            known["first_byte"] = inner
         return cls(**known)
 
     @classmethod
@@ -142,6 +198,8 @@ def _check_fields(data: dict[str, Any]) -> None:
         low = -MAX_MS if name == "sample_lag_ms" else 0
         if value is not None and (not _is_number(value) or not low <= value <= MAX_MS):
             raise ValueError(f"{name}: null or a finite number of milliseconds")
+    if data.get("latency", TOTAL) not in LATENCIES:
+        raise ValueError("latency: total or first_byte")
     if not isinstance(data.get("threshold_exact", True), bool):
         raise ValueError("threshold_exact: a boolean")
     reservoir = data.get("reservoir_ms") or []
@@ -150,7 +208,5 @@ def _check_fields(data: dict[str, Any]) -> None:
     if not all(_is_number(v) and 0 <= v <= MAX_MS for v in reservoir):
         raise ValueError("reservoir_ms: finite, non-negative milliseconds")
     units = data.get("reservoir_units") or []
-    if not isinstance(units, list | tuple) or not all(
-        _is_int(u) and 0 <= u < 2**32 for u in units
-    ):
+    if not isinstance(units, list | tuple) or not all(_is_int(u) and 0 <= u < 2**32 for u in units):
         raise ValueError("reservoir_units: 32-bit unit hashes")

@@ -74,6 +74,7 @@ class Exchange:
         "retried",
         "status",
         "t0",
+        "t_first",
         "t_sent",
         "target",
         "ts",
@@ -121,6 +122,9 @@ class Exchange:
         self.retried = False
         self.status = 0
         self.t_sent: float | None = None
+        # when the response head went to the client: the first byte (an upgrade's 101,
+        # an h2 stream's HEADERS, set where they are written, end up here too)
+        self.t_first: float | None = None
 
     # --- request side -----------------------------------------------------------
 
@@ -291,6 +295,7 @@ class Exchange:
                 keep_alive_1_0=self.http_1_0 and not close,
             )
         )
+        self.t_first = client.server.clock.monotonic()
         self.resp_started = True
 
     def response_body(self, chunk: bytes) -> None:

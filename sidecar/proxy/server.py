@@ -45,6 +45,7 @@ class Finished(Protocol):
     t0: float  # clock.monotonic() when its head arrived
     ts: float  # clock.now() then
     t_sent: float | None  # clock.monotonic() when its head went upstream
+    t_first: float | None  # clock.monotonic() when the response head went out, if it did
 
 
 class ProxyServer:
@@ -174,14 +175,18 @@ class ProxyServer:
             if choice is None:
                 continue
             t0 = exchange.t0
+            total = int((end - t0) * 1e6)
+            t_first = exchange.t_first
+            first = total if t_first is None else int((t_first - t0) * 1e6)
             samples.append(
                 (
                     exchange.ts,
                     choice.experiment,
                     choice.variant,
-                    int((end - t0) * 1e6),
+                    total,
                     outcome,
                     choice.unit_hash,
+                    first if first < total else total,
                 )
             )
             t_sent = exchange.t_sent

@@ -99,3 +99,37 @@ async def test_a_malformed_stored_rule_is_reported_not_fatal(
     assert (await client.get("/healthz")).status_code == 200
     assert (await client.put("/v1/services/payment-api/rule", json=RULE)).status_code == 200
     assert (await client.get("/v1/services/payment-api/rule")).status_code == 200
+
+
+async def test_a_rule_chooses_first_byte_latency_and_refuses_anything_else(
+    client: httpx.AsyncClient, backends: Backends
+) -> None:
+    response = await client.put(
+        "/v1/services/stream-api/rule", json={**RULE, "latency": "first_byte"}
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["latency"] == "first_byte"
+    stored = await backends.kv.get(backends.keys.rule("stream-api"))
+    assert stored is not None and json.loads(stored.value)["latency"] == "first_byte"
+    total = await client.put("/v1/services/plain-api/rule", json=RULE)
+    # a total rule is stored as before the field existed: older readers accept it
+    plain = await backends.kv.get(backends.keys.rule("plain-api"))
+    assert plain is not None and "latency" not in json.loads(plain.value)
+    assert total.json().get("latency", "total") == "total"
+    for value in ("ttfb", "FIRST_BYTE", "", 1, None, ["total"]):
+        bad = await client.put("/v1/services/stream-api/rule", json={**RULE, "latency": value})
+        assert bad.status_code == 422, bad.text
+        assert bad.headers["content-type"] == "application/problem+json"
+        assert ["body", "latency"] in [e["loc"][:2] for e in bad.json()["errors"]], bad.json()
+    inline = await client.post(
+        "/v1/experiments",
+        json={
+            "service": "stream-api",
+            "baseline": "http://stream-v1:8080",
+            "canary": "http://stream-v2:8080",
+            "rule": {**RULE, "latency": "sse"},
+        },
+    )
+    assert inline.status_code == 422, inline.text
+    assert inline.headers["content-type"] == "application/problem+json"
+    assert any("latency" in e["loc"] for e in inline.json()["errors"]), inline.json()

@@ -54,6 +54,7 @@ def payload(
     outcome: int = 200,
     version: int = 1,
     magic: bytes = b"CSB",
+    first_byte_us: int | None = None,
 ) -> bytes:
     """A payload written byte for byte, with a valid checksum: a forger's batch."""
     table = b"".join(bytes([len(name)]) + name for name in names)
@@ -64,6 +65,8 @@ def payload(
     body += struct.pack(f"<{n}I", *([rt_us] * n))
     body += struct.pack(f"<{n}H", *([outcome] * n))
     body += struct.pack(f"<{n}I", *([0] * n))
+    if first_byte_us is not None:  # the version 2 column
+        body += struct.pack(f"<{n}I", *([first_byte_us] * n))
     return body + struct.pack("<I", zlib.crc32(body))
 
 
@@ -114,8 +117,18 @@ POISON: dict[str, Poison] = {
     "truncated": Poison("truncated", lambda now: entry(now, data=payload(now)[:10])),
     "cut short": Poison("bad_checksum", lambda now: entry(now, data=payload(now)[:-7])),
     "oversized": Poison("oversized", lambda now: entry(now, data=b"\0" * (2 * 1024 * 1024))),
-    "payload version 2": Poison(
-        "bad_version", lambda now: entry(now, data=payload(now, version=2))
+    "payload version 3": Poison(
+        "bad_version", lambda now: entry(now, data=payload(now, version=3))
+    ),
+    "payload version 2 in a version 1 entry": Poison(
+        "bad_version", lambda now: entry(now, data=payload(now, version=2, first_byte_us=10))
+    ),
+    "first byte after the total": Poison(
+        "bad_first_byte",
+        lambda now: entry(now, v=b"2", data=payload(now, version=2, first_byte_us=1_001)),
+    ),
+    "version 2 without its first byte column": Poison(
+        "bad_count", lambda now: entry(now, v=b"2", data=payload(now, version=2))
     ),
     "entry version 9": Poison("bad_version", lambda now: entry(now, v=b"9")),
     "bad magic": Poison("malformed", lambda now: entry(now, data=payload(now, magic=b"XYZ"))),

@@ -215,14 +215,16 @@ def test_memory_is_bounded_by_the_longest_window() -> None:
         w.record(batch(rng.integers(0, 2**32 - 1, 2_000), clock.now()), clock.now())
         clock.advance(1)
     assert w.nbytes() == small  # traffic does not grow it
-    # two variants (the batch names both); per second about 9 KB of histogram and
-    # 2 KB of unit-block sums (distinct-unit sketches add at most 4 KB per second)
-    assert small < 2 * 480 * 1024
+    # two variants (the batch names both), two latencies each (total, first byte);
+    # per second about 9 KB of histogram and 2 KB of unit-block sums (distinct-unit
+    # sketches add at most 4 KB per second)
+    assert small < 2 * 2 * 480 * 1024
     w.reconfigure(WindowConfig(window_sec=10_000), clock.now())
     assert w.config.window_sec == 10_000
     capped = ExperimentWindow("e", WindowConfig(window_sec=MAX_WINDOW_SEC), clock_now=START)
     capped.record(batch(np.full(10, 1), START), START)
-    assert capped.nbytes() <= 2 * 26 * 1024 * 1024  # an hour: histograms and unit sums
+    # an hour, two latencies: histograms and unit sums
+    assert capped.nbytes() <= 2 * 2 * 26 * 1024 * 1024
 
 
 def test_reservoir_is_bounded_uniform_sample_of_the_window() -> None:

@@ -148,8 +148,8 @@ def test_outcomes_in_range_pass(outcome: int) -> None:
 def payload_with_names(names: list[bytes]) -> bytes:
     """One sample of variant 0, under a variant table written byte for byte."""
     table = b"".join(bytes([len(name)]) + name for name in names)
-    body = struct.pack("<3sBIB", b"CSB", 1, 1, len(names)) + table + struct.pack("<d", NOW)
-    body += struct.pack("<IBIHI", 0, 0, 1000, 200, 0)
+    body = struct.pack("<3sBIB", b"CSB", 2, 1, len(names)) + table + struct.pack("<d", NOW)
+    body += struct.pack("<IBIHII", 0, 0, 1000, 200, 0, 900)
     return rechecksummed(body)
 
 

@@ -83,3 +83,38 @@ def test_a_missing_field_or_a_non_object_is_refused() -> None:
         WindowSnapshot.from_dict(data)
     with pytest.raises(ValueError):
         WindowSnapshot.from_json("[1, 2]")
+
+
+def test_a_first_byte_window_round_trips_nested() -> None:
+    inner = snapshot(count=150, failures=2, p95_ms=20.0, above_threshold=0)
+    parsed = WindowSnapshot.from_json(json.dumps(snapshot(first_byte=inner)))
+    assert parsed.first_byte is not None and parsed.first_byte.p95_ms == 20.0
+    assert parsed.missing_first_byte == 50
+    assert WindowSnapshot.from_json(parsed.to_json()) == parsed
+    assert parsed.for_latency("first_byte") == parsed.first_byte
+    assert parsed.for_latency("total") == parsed
+
+
+def test_a_snapshot_without_a_first_byte_window_judges_first_byte_on_nothing() -> None:
+    parsed = WindowSnapshot.from_json(json.dumps(snapshot()))
+    assert parsed.first_byte is None and parsed.missing_first_byte == 200
+    empty = parsed.for_latency("first_byte")
+    assert empty.count == 0 and empty.p95_ms is None and empty.window_end == parsed.window_end
+    with pytest.raises(ValueError, match="latency"):
+        parsed.for_latency("ttfb")
+
+
+@pytest.mark.parametrize(
+    "first_byte",
+    [
+        snapshot(count=201),  # more samples than its window
+        snapshot(count=100, failures=4),  # more failures than its window
+        snapshot(count=100, failures=0, first_byte=snapshot(count=10, failures=0)),  # nested
+        [1, 2],
+        "fast",
+        snapshot(count=-1),
+    ],
+)
+def test_a_malformed_first_byte_window_is_refused(first_byte: Any) -> None:
+    with pytest.raises(ValueError):
+        WindowSnapshot.from_json(json.dumps(snapshot(first_byte=first_byte)))

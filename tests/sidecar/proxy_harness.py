@@ -29,6 +29,7 @@ class Sample:
     rt_us: int
     outcome: int
     unit_hash: int
+    first_byte_us: int
 
 
 class HeaderChooser:
@@ -65,11 +66,15 @@ class ListRecorder:
         rt_us: int,
         outcome: int,
         unit_hash: int,
+        first_byte_us: int | None = None,
     ) -> None:
-        self.samples.append(Sample(ts, experiment, variant, rt_us, outcome, unit_hash))
+        first = rt_us if first_byte_us is None else first_byte_us
+        self.samples.append(Sample(ts, experiment, variant, rt_us, outcome, unit_hash, first))
         self.changed.set()
 
-    def record_many(self, samples: Sequence[tuple[float, str | None, str, int, int, int]]) -> None:
+    def record_many(
+        self, samples: Sequence[tuple[float, str | None, str, int, int, int, int]]
+    ) -> None:
         self.samples.extend(Sample(*sample) for sample in samples)
         self.changed.set()
 

@@ -16,10 +16,12 @@ from sidecar.asgi import CanaryMiddleware, Receive, Scope, Send
 class Recorded:
     def __init__(self) -> None:
         self.samples: list[tuple[float, str | None, str, int, int, int]] = []
+        self.first_bytes: list[int | None] = []
 
     def record(self, ts: float, experiment: str | None, variant: str, rt_us: int,
-               outcome: int, unit_hash: int) -> None:
+               outcome: int, unit_hash: int, first_byte_us: int | None = None) -> None:
         self.samples.append((ts, experiment, variant, rt_us, outcome, unit_hash))
+        self.first_bytes.append(first_byte_us)
 
 
 def make_app(clock: FakeClock) -> Starlette:
@@ -64,6 +66,26 @@ async def test_times_the_app_and_reads_variant_and_experiment(
         )
     assert response.text == "ok"
     assert recorded.samples == [(clock.now() - 0.0123, "7", "canary", 12300, 200, 0)]
+    assert recorded.first_bytes == [12300]  # the head went out after the app's 12.3 ms
+
+
+async def test_a_stream_records_its_first_byte_apart_from_its_total(
+    clock: FakeClock, recorded: Recorded
+) -> None:
+    async def stream(scope: Scope, receive: Receive, send: Send) -> None:
+        clock.advance(0.004)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for _ in range(3):
+            clock.advance(0.5)  # the body trickles out, as events or tokens do
+            await send({"type": "http.response.body", "body": b"data: x\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    app = CanaryMiddleware(stream, reporter=recorded, service="svc", clock=clock)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+        await client.get("/events", headers={"X-Canary-Variant": "canary"})
+    assert [s[3] for s in recorded.samples] == [1_504_000]
+    assert recorded.first_bytes == [4_000]
 
 
 async def test_the_status_comes_from_the_response_start(

@@ -54,6 +54,7 @@ async def read_all(stream: SampleStream) -> list[tuple[str, int, list[Sample]]]:
                 int(batch.rt_us[i]),
                 int(batch.outcome[i]),
                 int(batch.unit[i]),
+                int(batch.fb_us[i]) if batch.fb_us is not None else -1,
             )
             for i in range(len(batch))
         ]
@@ -64,7 +65,7 @@ async def read_all(stream: SampleStream) -> list[tuple[str, int, list[Sample]]]:
 def samples(n: int, experiment: str = "7", t0: float = 1_800_000_000.0) -> list[Sample]:
     return [
         (t0 + i * 0.001, experiment, "canary" if i % 3 == 0 else "baseline",
-         1000 + i, TIMEOUT if i % 7 == 0 else 200, i * 11)
+         1000 + i, TIMEOUT if i % 7 == 0 else 200, i * 11, 400 + i)
         for i in range(n)
     ]
 
@@ -271,7 +272,7 @@ async def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
 
 # --- record_many: what record does for each sample, in order ----------------------
 
-AnySample = tuple[float, str | None, str, int, int, int]
+AnySample = tuple[float, str | None, str, int, int, int, int]
 
 any_samples = st.lists(
     st.tuples(
@@ -281,6 +282,7 @@ any_samples = st.lists(
         st.integers(-5, 2**33),
         st.sampled_from([TIMEOUT, 200, 404, 503]),
         st.integers(0, 2**32 - 1),
+        st.integers(-5, 2**33),
     ),
     max_size=60,
 )
@@ -298,6 +300,7 @@ def decoded_entries(entries: Sequence[Mapping[str, bytes]]) -> list[tuple[object
                 int(batch.rt_us[i]),
                 int(batch.outcome[i]),
                 int(batch.unit[i]),
+                int(batch.fb_us[i]) if batch.fb_us is not None else -1,
             )
             for i in range(len(batch))
         ]
@@ -357,7 +360,7 @@ async def test_record_many_seals_on_experiment_change_and_at_the_batch_size(
     stream: SampleStream,
 ) -> None:
     reporter = SampleReporter(stream, SERVICE, batch_size=4, clock=FakeClock())
-    unattributed = (1_800_000_000.5, None, "default", 10, 200, 0)
+    unattributed = (1_800_000_000.5, None, "default", 10, 200, 0, 10)
     recorded = [*samples(3, "7"), unattributed, *samples(6, "8"), *samples(2, "7")]
     reporter.record_many(recorded)  # type: ignore[arg-type]
     stats = reporter.snapshot()
@@ -377,8 +380,8 @@ async def test_record_many_seals_on_experiment_change_and_at_the_batch_size(
 
 async def test_record_many_over_the_variant_limit_drops_only_what_record_drops() -> None:
     one_stream, one, many_stream, many = twin_reporters(512)
-    over = [(1.0, "7", f"v{i}", 1, 200, 0) for i in range(300)]
-    after = [(2.0, "8", "canary", 1, 200, 0), (3.0, "9", "baseline", 1, 200, 0)]
+    over = [(1.0, "7", f"v{i}", 1, 200, 0, 1) for i in range(300)]
+    after = [(2.0, "8", "canary", 1, 200, 0, 1), (3.0, "9", "baseline", 1, 200, 0, 0)]
     for sample in over + after:
         one.record(*sample)
     many.record_many(over)
@@ -394,7 +397,7 @@ async def test_record_many_counts_each_sample_once_when_a_run_fails() -> None:
     stream.up = True
     reporter = SampleReporter(stream, SERVICE, clock=FakeClock())  # type: ignore[arg-type]
     good = samples(3, "7")
-    over = [(2.0, "8", f"v{i}", 1, 200, 0) for i in range(300)]
+    over = [(2.0, "8", f"v{i}", 1, 200, 0, 1) for i in range(300)]
     reporter.record_many([*good, *over, *samples(2, "9")])
     assert await reporter.flush()
     stats = reporter.snapshot()

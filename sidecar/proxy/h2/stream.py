@@ -68,6 +68,7 @@ class H2Stream:
         "status",
         "stream_id",
         "t0",
+        "t_first",
         "t_sent",
         "ts",
         "variant",
@@ -78,6 +79,7 @@ class H2Stream:
         self.t0 = clock.monotonic()
         self.ts = clock.now()
         self.t_sent: float | None = None
+        self.t_first: float | None = None  # when the response head went to the client
         self.conn = conn
         self.stream_id = stream_id
         self.request = request
@@ -186,6 +188,7 @@ class H2Stream:
             # e.g. a field HTTP/2 forbids that an HTTP/1.1 upstream sent
             self._cut(502, f"response head not valid in HTTP/2: {exc}")
             return
+        self.t_first = conn.server.clock.monotonic()
         conn.dirty()
         if end:
             self._finish()
