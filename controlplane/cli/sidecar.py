@@ -104,7 +104,8 @@ def register(app: typer.Typer) -> None:
                 "--workers",
                 envvar="CANARY_SIDECAR_WORKERS",
                 help="proxy processes sharing the port, under one supervisor that serves "
-                "--admin (default: the CPUs available; 1: one process, no supervisor)",
+                "--admin (default: the CPUs available, affinity and cgroup quota; 1: one "
+                "process, no supervisor)",
             ),
         ] = None,
     ) -> None:
@@ -119,7 +120,8 @@ def register(app: typer.Typer) -> None:
         from sidecar.choice import Upstream
         from sidecar.main import Timeouts, listen_tls_context, run_loop, run_sidecar
         from sidecar.proxy.limits import connection_capacity, raise_fd_limit
-        from sidecar.workers.policy import available_cpus, workers_error
+        from sidecar.workers.cpus import available_cpus
+        from sidecar.workers.policy import workers_error
 
         if not is_service_name(service):
             raise _fail(
@@ -174,12 +176,18 @@ def register(app: typer.Typer) -> None:
         )
         if workers > 1:
             from sidecar.workers.listeners import platform_mode, reserve
+            from sidecar.workers.rundir import make_socket_dir
             from sidecar.workers.spec import WorkerSpec
             from sidecar.workers.supervisor import run_supervisor
 
+            try:
+                socket_dir = make_socket_dir()
+            except ConfigError as exc:
+                raise _fail(str(exc)) from exc
             try:  # before any worker starts: a port in use is a one-line error
                 listener = reserve(*listen_at, platform_mode())
             except OSError as exc:
+                socket_dir.rmdir()
                 raise _fail(f"cannot listen on {listen}: {exc.strerror or exc}") from exc
             spec = WorkerSpec(
                 index=0, service=service, host=listen_at[0], port=listener.port,
@@ -191,8 +199,8 @@ def register(app: typer.Typer) -> None:
             )  # fmt: skip
             code = run_loop(
                 run_supervisor(
-                    spec=spec, workers=workers, listener=listener, admin=admin_at,
-                    admin_token=token,
+                    spec=spec, workers=workers, listener=listener, socket_dir=socket_dir,
+                    admin=admin_at, admin_token=token,
                 )
             )  # fmt: skip
             raise typer.Exit(code)

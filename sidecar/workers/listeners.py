@@ -2,9 +2,11 @@
 
 Two ways to share one port among processes:
 
-- `SO_REUSEPORT` (Linux ≥ 3.9, the BSDs): each worker binds and listens on its own
-  socket; the kernel spreads new connections over the listening ones by a hash of
-  the connection, and a dead worker's share goes to the others. The supervisor
+- `SO_REUSEPORT` on Linux (≥ 3.9): each worker binds and listens on its own socket;
+  the kernel spreads new connections over the listening ones by a hash of the
+  connection, and a dead worker's share goes to the others. (macOS and the BSDs
+  accept the option but hand every connection to one socket, so they take the
+  other way.) The supervisor
   holds a bound socket that never listens: it reserves the port (and learns it, for
   port 0) so that a bad address fails before any worker starts, and keeps it while
   workers come and go. A socket that only binds receives no connections.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import sys
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -26,9 +29,9 @@ class ListenMode(StrEnum):
 
 
 def platform_mode() -> ListenMode:
-    """SO_REUSEPORT when the platform has it and a socket accepts it."""
+    """SO_REUSEPORT where it balances connections (Linux) and a socket accepts it."""
     option = getattr(socket, "SO_REUSEPORT", None)
-    if option is None:
+    if option is None or not sys.platform.startswith("linux"):
         return ListenMode.INHERITED
     try:
         with socket.socket() as probe:

@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 WORKERS_PER_CPU_MAX = 4
 WORKERS_MAX = 256  # whatever the CPU count: each worker holds its own pools and sockets
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on (its affinity: taskset and cpusets count)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def max_workers(cpus: int) -> int:

@@ -20,7 +20,6 @@ import logging
 import shutil
 import signal
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -54,6 +53,7 @@ class Supervisor:
         spec: WorkerSpec,
         workers: int,
         listener: Listener,
+        socket_dir: Path,
         admin_token: str | None = None,
         policy: RestartPolicy | None = None,
         grace: float = 20.0,
@@ -68,7 +68,7 @@ class Supervisor:
         self._grace = grace  # the workers' drain and flush, and a margin
         self._clock: Clock = clock or SystemClock()
         self._python = python
-        self._dir = Path(tempfile.mkdtemp(prefix="canary-sidecar-"))  # mode 0700
+        self._dir = socket_dir  # private (see rundir.py); removed at stop
         self.slots = [
             WorkerSlot(index, str(self._dir / f"worker-{index}.sock")) for index in range(workers)
         ]
@@ -252,6 +252,7 @@ async def run_supervisor(
     spec: WorkerSpec,
     workers: int,
     listener: Listener,
+    socket_dir: Path,
     admin: HostPort | None = None,
     admin_token: str | None = None,
     stop: asyncio.Event | None = None,
@@ -259,8 +260,9 @@ async def run_supervisor(
 ) -> int:
     """Run the workers until SIGTERM/SIGINT (or `stop`); the process's exit code."""
     supervisor = Supervisor(
-        spec=spec, workers=workers, listener=listener, admin_token=admin_token, policy=policy
-    )
+        spec=spec, workers=workers, listener=listener, socket_dir=socket_dir,
+        admin_token=admin_token, policy=policy,
+    )  # fmt: skip
     stop = stop or asyncio.Event()
     with on_stop_signals(stop.set):
         try:
