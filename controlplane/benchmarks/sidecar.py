@@ -37,6 +37,7 @@ import json
 import os
 import re
 import select
+import selectors
 import shutil
 import signal
 import socket
@@ -392,6 +393,7 @@ def open_loop(port: int, *, rate: float, duration: float, warmup: float) -> dict
     conns = [_Connection(port) for _ in range(OPEN_LOOP_CONNECTIONS)]
     free = list(conns)
     busy: dict[socket.socket, _Connection] = {}
+    poller = selectors.DefaultSelector()
     interval = 1.0 / rate
     start = time.perf_counter() + 0.01
     measure_from = start + warmup
@@ -416,10 +418,13 @@ def open_loop(port: int, *, rate: float, duration: float, warmup: float) -> dict
                 conn.scheduled = due.popleft()
                 conn.sock.send(_REQUEST)
                 busy[conn.sock] = conn
+                poller.register(conn.sock, selectors.EVENT_READ)
             if next_send >= end and not busy:
                 break
             timeout = max(0.0, next_send - perf()) if next_send < end else 1.0
-            readable, _, _ = select.select(list(busy), [], [], timeout)
+            # epoll, not select(): on a loaded machine the open loop may need more
+            # connections than select() can watch
+            readable = [cast(socket.socket, key.fileobj) for key, _ in poller.select(timeout)]
             received = perf()
             for sock in readable:
                 conn = busy[sock]
@@ -430,12 +435,14 @@ def open_loop(port: int, *, rate: float, duration: float, warmup: float) -> dict
                 if conn.complete:
                     conn.complete = False
                     del busy[sock]
+                    poller.unregister(sock)
                     free.append(conn)
                     if conn.status != 200:
                         errors += 1
                     if conn.scheduled >= measure_from:
                         latencies.append(received - conn.scheduled)
     finally:
+        poller.close()
         for conn in conns:
             conn.sock.close()
     ms = np.asarray(latencies) * 1e3
@@ -524,7 +531,10 @@ def _say(progress: bool, message: str) -> None:
 
 
 def run(*, quick: bool, progress: bool) -> dict[str, Any]:
+    from sidecar.proxy.limits import raise_fd_limit
+
     durations = QUICK if quick else FULL
+    raise_fd_limit()  # the open loop opens connections as a stalled server needs them
     nginx = shutil.which("nginx") or next(
         (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if Path(p).exists()), None
     )
