@@ -662,8 +662,9 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
                 if nginx and wrk and isinstance(command, _Command):
                     try:
                         result["workers"] = _workers_run(
-                            stack, tmp, nginx, wrk, up_port, upstream.pid, durations, progress
-                        )
+                            stack, tmp, nginx, wrk, up_port, upstream.pid, durations,
+                            progress, every_cpu=own_affinity,
+                        )  # fmt: skip
                     except Exception as exc:
                         result["workers"] = None
                         notes.append(f"workers run failed: {type(exc).__name__}: {exc}")
@@ -722,10 +723,36 @@ def _workers_run(
     upstream_pid: int,
     durations: Durations,
     progress: bool,
+    *,
+    every_cpu: set[int] | None,
 ) -> dict[str, Any]:
     """Max requests/s through `canary sidecar --workers N` and nginx `worker_processes
-    N`, N = 1 and 2, nothing pinned: proxies, upstream and wrk share every CPU."""
-    every_cpu = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    N`, N = 1 and 2, nothing pinned: proxies, upstream and wrk share every CPU (this
+    process's affinity before the run pinned it, which the processes started here
+    inherit)."""
+    pinned = os.sched_getaffinity(0) if every_cpu is not None else None
+    if every_cpu is not None:
+        os.sched_setaffinity(0, every_cpu)
+    try:
+        return _workers_paths(
+            stack, tmp, nginx, wrk, up_port, upstream_pid, durations, progress, every_cpu
+        )
+    finally:
+        if pinned is not None:
+            os.sched_setaffinity(0, pinned)
+
+
+def _workers_paths(
+    stack: contextlib.ExitStack,
+    tmp: Path,
+    nginx: str,
+    wrk: str,
+    up_port: int,
+    upstream_pid: int,
+    durations: Durations,
+    progress: bool,
+    every_cpu: set[int] | None,
+) -> dict[str, Any]:
     paths: list[tuple[str, int, int]] = []
     for workers in WORKER_COUNTS:
         command = _start_command(stack, tmp, up_port, None, workers=workers)
