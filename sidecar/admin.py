@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Awaitable, Callable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -90,18 +92,25 @@ class SidecarCollector(Collector):
 
 
 class AdminServer:
-    """GET /healthz (alive), /readyz (`ready()`), /metrics (the registry)."""
+    """GET /healthz (alive), /readyz (`ready()`), /metrics (the registry).
+
+    `ready` may be a coroutine function, and `refresh` (awaited before each /metrics
+    rendering) lets collectors read what needs I/O, e.g. a supervisor's workers."""
 
     def __init__(
         self,
         *,
         registry: CollectorRegistry,
-        ready: Callable[[], bool],
+        ready: Callable[[], bool | Awaitable[bool]],
         token: str | None = None,
+        refresh: Callable[[], Awaitable[None]] | None = None,
+        not_ready: bytes = b"not ready: no route in force and no default upstream\n",
     ) -> None:
         self._registry = registry
         self._ready = ready
         self._token = token
+        self._refresh = refresh
+        self._not_ready = not_ready
         self.unauthorized = 0  # requests refused for a missing or wrong token
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
@@ -112,6 +121,13 @@ class AdminServer:
     async def start(self, host: str, port: int) -> None:
         warn_if_exposed(host, self._token, log, "sidecar")
         self._server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
+
+    async def start_unix(self, path: str) -> None:
+        """Serve on a Unix socket (a supervisor reads its workers there); whoever may
+        enter its directory may read it, so the directory is the access rule."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a previous worker's socket at the same path
+        self._server = await asyncio.start_unix_server(self._serve, path)
 
     @property
     def port(self) -> int:
@@ -142,7 +158,7 @@ class AdminServer:
             method, target = _request_line(head)
             path = target.split("?", 1)[0]
             if allowed(path, header(head, b"authorization"), self._token):
-                status, content_type, body = self._answer(method, path)
+                status, content_type, body = await self._answer(method, path)
                 extra = ""
             else:
                 self.unauthorized += 1
@@ -166,17 +182,22 @@ class AdminServer:
             if task is not None:
                 self._handlers.discard(task)
 
-    def _answer(self, method: str, path: str) -> tuple[int, str, bytes]:
+    async def _answer(self, method: str, path: str) -> tuple[int, str, bytes]:
         text = "text/plain; charset=utf-8"
         if method not in ("GET", "HEAD"):
             return 405, text, b"method not allowed\n"
         if path == "/healthz":
             return 200, text, b"ok\n"
         if path == "/readyz":
-            if self._ready():
+            ready = self._ready()
+            if inspect.isawaitable(ready):
+                ready = await ready
+            if ready:
                 return 200, text, b"ready\n"
-            return 503, text, b"not ready: no route in force and no default upstream\n"
+            return 503, text, self._not_ready
         if path == "/metrics":
+            if self._refresh is not None:
+                await self._refresh()
             return 200, CONTENT_TYPE_LATEST, generate_latest(self._registry)
         return 404, text, b"not found\n"
 

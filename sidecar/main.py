@@ -19,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import socket
 import ssl
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client.registry import CollectorRegistry
 
@@ -46,6 +48,7 @@ from sidecar.routing import RouteTable, RouteWatcher
 log = logging.getLogger("canary.sidecar")
 
 HostPort = tuple[str, int]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,7 @@ class Sidecar:
         sample_keys: SampleKeys | None = None,
         admin_token: str | None = None,
         listen_tls: ssl.SSLContext | None = None,
+        reporter_source: str | None = None,
     ) -> None:
         self.service = service
         self.timeouts = timeouts or Timeouts()
@@ -90,7 +94,7 @@ class Sidecar:
         self.watcher = RouteWatcher(kv, self.table, service=service, prefix=etcd_prefix)
         signer = SampleSigner(sample_keys) if sample_keys is not None else None
         self.reporter = reporter or SampleReporter(
-            stream, service, clock=self.clock, signer=signer
+            stream, service, clock=self.clock, signer=signer, source=reporter_source
         )
         options = proxy_options or ProxyOptions(
             connect_timeout=self.timeouts.connect,
@@ -112,12 +116,24 @@ class Sidecar:
         self._admin_started = False
 
     def ready(self) -> bool:
-        """Ready for traffic: a route or a default upstream, and not shutting down."""
-        return self.table.ready and not self._draining
+        """Ready for traffic: listening, a route or a default upstream, and not shutting
+        down."""
+        return self.table.ready and self.proxy.listening and not self._draining
 
-    async def start(self, listen: HostPort, admin: HostPort | None = None) -> None:
+    async def start(
+        self,
+        listen: HostPort | socket.socket,
+        admin: HostPort | str | None = None,
+        *,
+        reuse_port: bool = False,
+    ) -> None:
+        """Serve on `listen` (host and port, or a listening socket to share) and the
+        admin endpoints on `admin` (host and port, or a Unix socket path)."""
         # admin first, so /healthz answers while the first route is read
-        if admin is not None:
+        if isinstance(admin, str):
+            await self.admin.start_unix(admin)
+            self._admin_started = True
+        elif admin is not None:
             await self.admin.start(*admin)
             self._admin_started = True
         self.reporter.start()
@@ -127,8 +143,11 @@ class Sidecar:
                 "route store not answering yet: serving %s meanwhile",
                 "the default upstream" if self.table.ready else "503",
             )
-        await self.proxy.start(*listen)
-        log.info("sidecar for %s on %s:%d", self.service, listen[0], self.proxy.port)
+        if isinstance(listen, socket.socket):
+            await self.proxy.start_on(listen)
+        else:
+            await self.proxy.start(*listen, reuse_port=reuse_port)
+        log.info("sidecar for %s on port %d", self.service, self.proxy.port)
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests, flush samples.
@@ -148,8 +167,10 @@ async def run_sidecar(
     settings: Settings,
     *,
     service: str,
-    listen: HostPort,
-    admin: HostPort | None = None,
+    listen: HostPort | socket.socket,
+    admin: HostPort | str | None = None,
+    reuse_port: bool = False,
+    reporter_source: str | None = None,
     default_upstream: str | None = None,
     force_header_enabled: bool = False,
     timeouts: Timeouts | None = None,
@@ -160,8 +181,9 @@ async def run_sidecar(
 ) -> None:
     """Run a sidecar until SIGTERM/SIGINT (or `stop` is set), then shut down cleanly.
 
-    The soft descriptor limit is raised to the hard one first; `max_connections`
-    defaults to what that limit carries (see `sidecar.proxy.limits`)."""
+    `listen` and `admin` are as for `Sidecar.start`. The soft descriptor limit is
+    raised to the hard one first; `max_connections` defaults to what that limit
+    carries (see `sidecar.proxy.limits`)."""
     fd_limit = raise_fd_limit()
     if max_connections is None:
         max_connections = default_max_connections(fd_limit)
@@ -189,6 +211,7 @@ async def run_sidecar(
         sample_keys=sample_keys,
         admin_token=token,
         listen_tls=listen_tls,
+        reporter_source=reporter_source,
     )
     _report_accept_errors(sidecar.proxy)
     if sample_keys is None:
@@ -197,7 +220,7 @@ async def run_sidecar(
     try:
         with on_stop_signals(stop.set):
             try:
-                await sidecar.start(listen, admin)
+                await sidecar.start(listen, admin, reuse_port=reuse_port)
             except BaseException:
                 await sidecar.stop()
                 raise
@@ -232,3 +255,24 @@ def _report_accept_errors(proxy: ProxyServer) -> None:
             loop.default_exception_handler(context)
 
     loop.set_exception_handler(handler)
+
+
+def listen_tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """The listener's TLS context, or None for plain HTTP; both files or neither."""
+    from controlplane.kernel.errors import ConfigError
+    from controlplane.kernel.tls import server_context
+
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ConfigError("--tls-cert and --tls-key go together")
+    return server_context(cert_file=cert, key_file=key, what="sidecar TLS")
+
+
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run on uvloop when it is installed: the proxy is faster on it."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)

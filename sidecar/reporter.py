@@ -51,9 +51,11 @@ DEFAULT_BATCHES_PER_CALL = 64
 DEFAULT_SEND_TIMEOUT = 2.0
 
 
-def instance_id() -> str:
-    """A sidecar instance id, unique across hosts and restarts (`src` of its batches)."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+def instance_id(tag: str = "") -> str:
+    """A sidecar instance id, unique across hosts and restarts (`src` of its batches);
+    `tag` (e.g. a worker's number) makes it easier to read, not more unique."""
+    middle = f"{tag}-" if tag else ""
+    return f"{socket.gethostname()}-{os.getpid()}-{middle}{uuid.uuid4().hex[:12]}"
 
 
 @dataclass(frozen=True, slots=True)

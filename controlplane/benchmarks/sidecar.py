@@ -9,6 +9,11 @@ One run, one upstream (nginx returning a fixed 200), one load generator, the pat
   assignment, sample reporter on `memory://`), when etcd and the command are there;
 - nginx: through nginx `proxy_pass` with upstream keepalive, one worker.
 
+And every core (`workers`): max requests/s through `canary sidecar --workers N` and
+nginx `worker_processes N`, N = 1 and 2, with nothing pinned (the proxies, the
+upstream and a two-thread wrk share every CPU), as ratios to nginx and as scaling
+(N = 2 over N = 1); CPU time per request sums the proxy's processes.
+
 For each: the maximum requests/s (wrk, 50 connections) and P50/P99 latency at a fixed
 1,000 requests/s, open loop. wrk2 is not at hand, so the open-loop generator is here:
 requests leave on a fixed schedule over keep-alive sockets, and latency runs from the
@@ -28,10 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import os
 import re
 import select
+import selectors
 import shutil
 import signal
 import socket
@@ -56,7 +63,7 @@ RATE = 1_000  # requests/s for the latency runs
 WRK_CONNECTIONS = 50
 OPEN_LOOP_CONNECTIONS = 16  # more are opened if all are busy when a request is due
 TARGET_ADDED_P99_MS = 1.0
-TARGET_RPS_VS_NGINX = 0.5
+TARGET_RPS_VS_NGINX = 0.7
 RELOAD_CHANGES = 60
 HOST = "127.0.0.1"  # this benchmark only ever talks to the local host
 
@@ -113,6 +120,25 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes] | None = None, timeout: 
         except OSError:
             time.sleep(0.02)
     raise TimeoutError(f"nothing listening on {HOST}:{port} after {timeout} s")
+
+
+def _wait_ready(admin_port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    """Until the admin endpoint answers /readyz with 200 (every worker listening)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before ready")
+        conn = http.client.HTTPConnection(HOST, admin_port, timeout=2)
+        try:
+            conn.request("GET", "/readyz")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        finally:
+            conn.close()
+        time.sleep(0.05)
+    raise TimeoutError(f"not ready after {timeout} s")
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -195,7 +221,7 @@ def _process(
 
 
 _NGINX_COMMON = """
-worker_processes 1;
+worker_processes {workers};
 daemon off;
 master_process on;
 pid {tmp}/{name}.pid;
@@ -240,9 +266,9 @@ _NGINX_PROXY = """
 """
 
 
-def _nginx_conf(tmp: Path, name: str, body: str) -> Path:
+def _nginx_conf(tmp: Path, name: str, body: str, *, workers: int = 1) -> Path:
     conf = tmp / f"{name}.conf"
-    conf.write_text(_NGINX_COMMON.format(tmp=tmp, name=name, body=body))
+    conf.write_text(_NGINX_COMMON.format(tmp=tmp, name=name, body=body, workers=workers))
     return conf
 
 
@@ -370,6 +396,7 @@ def open_loop(port: int, *, rate: float, duration: float, warmup: float) -> dict
     conns = [_Connection(port) for _ in range(OPEN_LOOP_CONNECTIONS)]
     free = list(conns)
     busy: dict[socket.socket, _Connection] = {}
+    poller = selectors.DefaultSelector()
     interval = 1.0 / rate
     start = time.perf_counter() + 0.01
     measure_from = start + warmup
@@ -394,10 +421,13 @@ def open_loop(port: int, *, rate: float, duration: float, warmup: float) -> dict
                 conn.scheduled = due.popleft()
                 conn.sock.send(_REQUEST)
                 busy[conn.sock] = conn
+                poller.register(conn.sock, selectors.EVENT_READ)
             if next_send >= end and not busy:
                 break
             timeout = max(0.0, next_send - perf()) if next_send < end else 1.0
-            readable, _, _ = select.select(list(busy), [], [], timeout)
+            # epoll, not select(): on a loaded machine the open loop may need more
+            # connections than select() can watch
+            readable = [cast(socket.socket, key.fileobj) for key, _ in poller.select(timeout)]
             received = perf()
             for sock in readable:
                 conn = busy[sock]
@@ -408,12 +438,14 @@ def open_loop(port: int, *, rate: float, duration: float, warmup: float) -> dict
                 if conn.complete:
                     conn.complete = False
                     del busy[sock]
+                    poller.unregister(sock)
                     free.append(conn)
                     if conn.status != 200:
                         errors += 1
                     if conn.scheduled >= measure_from:
                         latencies.append(received - conn.scheduled)
     finally:
+        poller.close()
         for conn in conns:
             conn.sock.close()
     ms = np.asarray(latencies) * 1e3
@@ -454,11 +486,13 @@ def closed_loop(port: int, *, connections: int, duration: float) -> dict[str, An
     return {"max_rps": round(done / elapsed), "errors": errors}
 
 
-def _wrk(wrk: str, port: int, *, duration: float, cpu: int | None) -> dict[str, Any]:
+def _wrk(
+    wrk: str, port: int, *, duration: float, cpu: int | None, threads: int = 1
+) -> dict[str, Any]:
     out = subprocess.run(
         [
             wrk,
-            "-t1",
+            f"-t{threads}",
             f"-c{WRK_CONNECTIONS}",
             f"-d{max(1, round(duration))}s",
             f"http://{HOST}:{port}/",
@@ -500,7 +534,10 @@ def _say(progress: bool, message: str) -> None:
 
 
 def run(*, quick: bool, progress: bool) -> dict[str, Any]:
+    from sidecar.proxy.limits import raise_fd_limit
+
     durations = QUICK if quick else FULL
+    raise_fd_limit()  # the open loop opens connections as a stalled server needs them
     nginx = shutil.which("nginx") or next(
         (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if Path(p).exists()), None
     )
@@ -625,6 +662,19 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
                 for name, figures in rounds.items():
                     result[name] = _combine(figures)
 
+                if nginx and wrk and isinstance(command, _Command):
+                    try:
+                        result["workers"] = _workers_run(
+                            stack, tmp, nginx, wrk, up_port, upstream.pid, durations,
+                            progress, every_cpu=own_affinity,
+                        )  # fmt: skip
+                    except Exception as exc:
+                        result["workers"] = None
+                        notes.append(f"workers run failed: {type(exc).__name__}: {exc}")
+                else:
+                    result["workers"] = None
+                    notes.append("no workers run: it needs nginx, wrk and `canary sidecar`")
+
                 if isinstance(command, _Command):
                     _say(progress, "[reload] etcd write to the first request on new weights ...")
                     _repin(upstream.pid, load_cpu)
@@ -666,6 +716,112 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
     return result
 
 
+# --- every core: --workers 2 against nginx worker_processes 2 -----------------
+
+WORKER_COUNTS = (1, 2)
+
+
+def _workers_run(
+    stack: contextlib.ExitStack,
+    tmp: Path,
+    nginx: str,
+    wrk: str,
+    up_port: int,
+    upstream_pid: int,
+    durations: Durations,
+    progress: bool,
+    *,
+    every_cpu: set[int] | None,
+) -> dict[str, Any]:
+    """Max requests/s through `canary sidecar --workers N` and nginx `worker_processes
+    N`, N = 1 and 2, nothing pinned: proxies, upstream and wrk share every CPU (this
+    process's affinity before the run pinned it, which the processes started here
+    inherit)."""
+    pinned = os.sched_getaffinity(0) if every_cpu is not None else None
+    if every_cpu is not None:
+        os.sched_setaffinity(0, every_cpu)
+    try:
+        return _workers_paths(
+            stack, tmp, nginx, wrk, up_port, upstream_pid, durations, progress, every_cpu
+        )
+    finally:
+        if pinned is not None:
+            os.sched_setaffinity(0, pinned)
+
+
+def _workers_paths(
+    stack: contextlib.ExitStack,
+    tmp: Path,
+    nginx: str,
+    wrk: str,
+    up_port: int,
+    upstream_pid: int,
+    durations: Durations,
+    progress: bool,
+    every_cpu: set[int] | None,
+) -> dict[str, Any]:
+    paths: list[tuple[str, int, int]] = []
+    for workers in WORKER_COUNTS:
+        command = _start_command(stack, tmp, up_port, None, workers=workers)
+        if not isinstance(command, _Command):
+            raise RuntimeError(command)
+        paths.append((f"sidecar_{workers}", command.port, command.pid))
+        port = _free_port()
+        conf = _nginx_conf(
+            tmp,
+            f"proxy-{workers}",
+            _NGINX_PROXY.format(host=HOST, port=port, upstream_port=up_port),
+            workers=workers,
+        )
+        proc = stack.enter_context(
+            _process(
+                _nginx_args(nginx, tmp, conf),
+                cpu=None,
+                port=port,
+                log=tmp / f"nginx-proxy-{workers}.log",
+            )
+        )
+        paths.append((f"nginx_{workers}", port, proc.pid))
+    if every_cpu is not None:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(upstream_pid, every_cpu)
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in paths}
+    for index in range(durations.rounds):
+        for name, port, pid in paths:
+            _say(progress, f"[{name} {index + 1}] max requests/s, nothing pinned ...")
+            before = _cpu_seconds(pid)
+            peak = _wrk(wrk, port, duration=durations.max_rps_s, cpu=None, threads=2)
+            served = peak["max_rps"] * max(1, round(durations.max_rps_s))
+            used = _cpu_seconds(pid) - before
+            peak["cpu_us_per_request"] = round(used / served * 1e6, 1) if served else None
+            _say(progress, f"[{name} {index + 1}] {json.dumps(peak)}")
+            rounds[name].append(peak)
+    result: dict[str, Any] = {
+        "setup": "nothing pinned: the proxy's processes, the upstream (nginx, 1 worker) and "
+        f"wrk -t2 -c{WRK_CONNECTIONS} share all {len(every_cpu or ()) or '?'} CPUs; "
+        "cpu_us_per_request sums the proxy's processes",
+        "combined_as": "best round of max_rps; lowest cpu_us_per_request",
+    }
+    for name, figures in rounds.items():
+        result[name] = {
+            "max_rps": max(r["max_rps"] for r in figures),
+            "cpu_us_per_request": min(
+                (r["cpu_us_per_request"] for r in figures if r["cpu_us_per_request"]),
+                default=None,
+            ),
+            "errors": sum(r["errors"] for r in figures),
+            "rounds": figures,
+        }
+    for workers in WORKER_COUNTS:
+        ours, ref = result[f"sidecar_{workers}"], result[f"nginx_{workers}"]
+        result[f"rps_vs_nginx_{workers}"] = round(ours["max_rps"] / ref["max_rps"], 3)
+    for kind in ("sidecar", "nginx"):
+        result[f"scaling_{kind}"] = round(
+            result[f"{kind}_2"]["max_rps"] / result[f"{kind}_1"]["max_rps"], 3
+        )
+    return result
+
+
 # --- route reload through `canary sidecar` -----------------------------------
 
 
@@ -685,9 +841,15 @@ STEADY_CANARY_BP = 500  # the split while throughput and latency are measured
 
 
 def _start_command(
-    stack: contextlib.ExitStack, tmp: Path, up_port: int, cpu: int | None
+    stack: contextlib.ExitStack,
+    tmp: Path,
+    up_port: int,
+    cpu: int | None,
+    *,
+    workers: int = 1,
 ) -> _Command | str:
-    """`canary sidecar` routed by etcd, or a note saying why it could not run."""
+    """`canary sidecar --workers N` routed by etcd, or a note saying why it could not
+    run. Its readiness (every worker listening) is awaited."""
     etcd = os.environ.get("CANARY_BENCH_ETCD", f"{HOST}:2379")
     etcd_host, _, etcd_port = etcd.rpartition(":")
     try:
@@ -709,12 +871,12 @@ def _start_command(
     args = [
         canary, "sidecar", "--service", SERVICE, "--listen", f"{HOST}:{listen}",
         "--admin", f"{HOST}:{admin}", "--etcd", etcd, "--etcd-prefix", prefix,
-        "--redis", "memory://", "--default-upstream", upstream,
+        "--redis", "memory://", "--default-upstream", upstream, "--workers", str(workers),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = stack.enter_context(
-        _process(args, cpu=cpu, port=listen, log=tmp / "canary-sidecar.log", env=env)
-    )
+    log = tmp / f"canary-sidecar-{workers}.log"
+    proc = stack.enter_context(_process(args, cpu=cpu, port=listen, log=log, env=env))
+    _wait_ready(admin, proc)
     command = _Command(proc.pid, listen, etcd, EtcdKeys(prefix).route(SERVICE), upstream)
     stack.callback(lambda: asyncio.run(_delete(command)))
     asyncio.run(_route_and_wait(command, [(1, STEADY_CANARY_BP)]))

@@ -7,9 +7,7 @@ sidecar package are imported: a sidecar never loads the API or the SQL layer.
 from __future__ import annotations
 
 import logging
-import ssl
-from collections.abc import Coroutine
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -100,6 +98,16 @@ def register(app: typer.Typer) -> None:
             typer.Option("--tls-key", help="the certificate's private key (PEM) "
                          "[env CANARY_SIDECAR_TLS_KEY]", envvar="CANARY_SIDECAR_TLS_KEY"),
         ] = None,
+        workers: Annotated[
+            int | None,
+            typer.Option(
+                "--workers",
+                envvar="CANARY_SIDECAR_WORKERS",
+                help="proxy processes sharing the port, under one supervisor that serves "
+                "--admin (default: the CPUs available, affinity and cgroup quota; 1: one "
+                "process, no supervisor)",
+            ),
+        ] = None,
     ) -> None:
         """Proxy a service: routes from etcd, samples to Redis, admin endpoints."""
         from pydantic import ValidationError
@@ -110,8 +118,10 @@ def register(app: typer.Typer) -> None:
         from controlplane.kernel.sample_keys import load_sample_keys
         from controlplane.kernel.settings import Settings, parse_host_port
         from sidecar.choice import Upstream
-        from sidecar.main import Timeouts, run_sidecar
+        from sidecar.main import Timeouts, listen_tls_context, run_loop, run_sidecar
         from sidecar.proxy.limits import connection_capacity, raise_fd_limit
+        from sidecar.workers.cpus import available_cpus
+        from sidecar.workers.policy import workers_error
 
         if not is_service_name(service):
             raise _fail(
@@ -121,6 +131,10 @@ def register(app: typer.Typer) -> None:
         _positive("--connect-timeout", connect_timeout)
         _positive("--read-timeout", read_timeout)
         _positive("--head-timeout", head_timeout)
+        cpus = available_cpus()
+        workers = cpus if workers is None else workers
+        if (problem := workers_error(workers, cpus)) is not None:
+            raise _fail(problem)
         if max_connections is not None:
             capacity = connection_capacity(raise_fd_limit())
             if not 1 <= max_connections <= capacity:
@@ -133,7 +147,7 @@ def register(app: typer.Typer) -> None:
         try:
             given = {k: v for k, v in overrides.items() if v is not None}
             settings = Settings.model_validate(given)
-            admin_token(settings.admin_token_file)  # an unreadable file fails here
+            token = admin_token(settings.admin_token_file)  # an unreadable file fails here
             listen_at = parse_host_port(listen)
             admin_at = parse_host_port(admin) if admin else None
             if default_upstream:
@@ -146,7 +160,7 @@ def register(app: typer.Typer) -> None:
             raise _fail(str(exc)) from exc
         try:
             sample_keys = load_sample_keys(sample_keys_file)
-            listen_tls = _listen_tls(tls_cert, tls_key)
+            listen_tls = listen_tls_context(tls_cert, tls_key)
         except ConfigError as exc:
             raise _fail(str(exc)) from exc
 
@@ -160,7 +174,37 @@ def register(app: typer.Typer) -> None:
             read=read_timeout or defaults.read,
             head=head_timeout or defaults.head,
         )
-        _run_loop(
+        if workers > 1:
+            from sidecar.workers.listeners import platform_mode, reserve
+            from sidecar.workers.rundir import make_socket_dir
+            from sidecar.workers.spec import WorkerSpec
+            from sidecar.workers.supervisor import run_supervisor
+
+            try:
+                socket_dir = make_socket_dir()
+            except ConfigError as exc:
+                raise _fail(str(exc)) from exc
+            try:  # before any worker starts: a port in use is a one-line error
+                listener = reserve(*listen_at, platform_mode())
+            except OSError as exc:
+                socket_dir.rmdir()
+                raise _fail(f"cannot listen on {listen}: {exc.strerror or exc}") from exc
+            spec = WorkerSpec(
+                index=0, service=service, host=listen_at[0], port=listener.port,
+                admin_socket="-", settings=given, default_upstream=default_upstream,
+                force_header_enabled=allow_force, connect_timeout=timeouts.connect,
+                read_timeout=timeouts.read, head_timeout=timeouts.head,
+                max_connections=max_connections, sample_keys_file=sample_keys_file,
+                tls_cert=tls_cert, tls_key=tls_key,
+            )  # fmt: skip
+            code = run_loop(
+                run_supervisor(
+                    spec=spec, workers=workers, listener=listener, socket_dir=socket_dir,
+                    admin=admin_at, admin_token=token,
+                )
+            )  # fmt: skip
+            raise typer.Exit(code)
+        run_loop(
             run_sidecar(
                 settings,
                 service=service,
@@ -174,27 +218,3 @@ def register(app: typer.Typer) -> None:
                 listen_tls=listen_tls,
             )
         )
-
-
-def _listen_tls(cert: str | None, key: str | None) -> ssl.SSLContext | None:
-    """The listener's TLS context, or None for plain HTTP; both files or neither."""
-    from controlplane.kernel.errors import ConfigError
-    from controlplane.kernel.tls import server_context
-
-    if cert is None and key is None:
-        return None
-    if cert is None or key is None:
-        raise ConfigError("--tls-cert and --tls-key go together")
-    return server_context(cert_file=cert, key_file=key, what="sidecar TLS")
-
-
-def _run_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run on uvloop when it is installed: the proxy is faster on it."""
-    try:
-        import uvloop
-    except ImportError:
-        import asyncio
-
-        asyncio.run(main)
-        return
-    uvloop.run(main)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -99,20 +100,47 @@ class ProxyServer:
         assert self._loop is not None, "the proxy is not started"
         return self._loop
 
-    async def start(self, host: str, port: int) -> None:
-        """Listen on host:port (port 0: any free port, see `port`)."""
-        self._loop = asyncio.get_running_loop()
-        self.time = self._loop.time
-        self._all_closed = asyncio.Event()
-        self._server = await self._loop.create_server(
+    async def start(self, host: str, port: int, *, reuse_port: bool = False) -> None:
+        """Listen on host:port (port 0: any free port, see `port`).
+
+        `reuse_port` joins the port's SO_REUSEPORT group: the kernel then spreads new
+        connections over every process listening on it (one per worker)."""
+        loop = self._starting()
+        self._server = await loop.create_server(
             lambda: ClientConnection(self),
             host,
             port,
             backlog=self.options.backlog,
             reuse_address=True,
+            reuse_port=reuse_port or None,
             ssl=self.options.listen_tls,
         )
-        self._sweeper = self._loop.call_later(self._sweep_interval(), self._sweep)
+        self._started()
+
+    async def start_on(self, sock: socket.socket) -> None:
+        """Accept on a socket already bound and listening (one inherited from a
+        supervisor, shared with the other workers)."""
+        loop = self._starting()
+        self._server = await loop.create_server(
+            lambda: ClientConnection(self),
+            sock=sock,
+            backlog=self.options.backlog,
+            ssl=self.options.listen_tls,
+        )
+        self._started()
+
+    @property
+    def listening(self) -> bool:
+        return self._server is not None and not self.draining
+
+    def _starting(self) -> asyncio.AbstractEventLoop:
+        self._loop = asyncio.get_running_loop()
+        self.time = self._loop.time
+        self._all_closed = asyncio.Event()
+        return self._loop
+
+    def _started(self) -> None:
+        self._sweeper = self.loop.call_later(self._sweep_interval(), self._sweep)
 
     @property
     def port(self) -> int:

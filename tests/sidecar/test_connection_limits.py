@@ -86,14 +86,16 @@ def _low_fd_limit() -> None:
 
 async def test_a_flooded_sidecar_refuses_clients_and_its_admin_still_answers() -> None:
     """The reported DoS, against the real command with 600 descriptors: far more
-    connections than it can hold, and /healthz and /metrics still answer."""
+    connections than it can hold, and /healthz and /metrics still answer. One worker:
+    the cap is per process."""
     upstream = upstreams.Upstream("default")
     await upstream.start()
     port, admin = free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "controlplane.cli.main", "sidecar", "--service", "web",
          "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}",
-         "--etcd", "memory://", "--redis", "memory://", "--default-upstream", upstream.url],
+         "--etcd", "memory://", "--redis", "memory://", "--default-upstream", upstream.url,
+         "--workers", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_low_fd_limit,
     )
     flood: list[asyncio.StreamWriter] = []

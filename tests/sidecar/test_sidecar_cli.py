@@ -3,24 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.sidecar import upstreams
 from tests.support.processes import free_port
 
 
-async def test_the_command_serves_and_exits_cleanly_on_sigterm() -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_the_command_serves_and_exits_cleanly_on_sigterm(workers: int) -> None:
     upstream = upstreams.Upstream("default")
     await upstream.start()
     port, admin = free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "controlplane.cli.main", "sidecar", "--service", "web",
          "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}",
-         "--etcd", "memory://", "--redis", "memory://", "--default-upstream", upstream.url],
+         "--etcd", "memory://", "--redis", "memory://", "--default-upstream", upstream.url,
+         "--workers", str(workers)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     try:
@@ -29,13 +35,16 @@ async def test_the_command_serves_and_exits_cleanly_on_sigterm() -> None:
                 while True:
                     try:
                         ready = await client.get(f"http://127.0.0.1:{admin}/readyz")
-                        response = await client.get(f"http://127.0.0.1:{port}/echo")
-                        break
-                    except httpx.TransportError:  # not listening yet
-                        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-                        await asyncio.sleep(0.05)
-        assert ready.status_code == 200
+                        if ready.status_code == 200:  # every worker listens
+                            break
+                    except httpx.TransportError:  # the admin endpoint is not up yet
+                        pass
+                    assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                    await asyncio.sleep(0.05)
+            response = await client.get(f"http://127.0.0.1:{port}/echo")
         assert response.status_code == 200
+        # one worker: the command is the proxy itself; more: a supervisor and its workers
+        assert len(children(proc.pid)) == (0 if workers == 1 else workers)
         assert response.headers["x-canary-variant"] == "default"
         proc.send_signal(signal.SIGTERM)
         returncode = await asyncio.to_thread(proc.wait, 15)
@@ -49,3 +58,47 @@ async def test_the_command_serves_and_exits_cleanly_on_sigterm() -> None:
         if proc.stdout:
             proc.stdout.close()
         await upstream.stop()
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def sidecar_command(
+    *flags: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "controlplane.cli.main", "sidecar", "--service", "web",
+         "--etcd", "memory://", "--redis", "memory://", *flags],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "100000", "two", ""])
+def test_a_bad_workers_value_exits_2_with_one_line(value: str) -> None:
+    result = sidecar_command("--listen", f"127.0.0.1:{free_port()}", "--workers", value)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert "--workers" in result.stderr
+
+
+def test_a_bad_workers_value_from_the_environment_is_refused_alike() -> None:
+    result = sidecar_command(
+        "--listen", f"127.0.0.1:{free_port()}", env={"CANARY_SIDECAR_WORKERS": "0"}
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert "--workers must be between 1 and" in result.stderr
+
+
+def test_a_port_in_use_is_one_line_before_any_worker_starts() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = sidecar_command("--listen", f"127.0.0.1:{port}", "--workers", "2")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        f"canary sidecar: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )
