@@ -6,10 +6,15 @@ sidecar package are imported: a sidecar never loads the API or the SQL layer.
 
 from __future__ import annotations
 
+import errno
 import logging
 from typing import Annotated
 
 import typer
+
+
+# the listener's address is taken, not this host's, or not ours to bind
+_BIND_ERRORS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
 
 
 def _fail(message: str) -> typer.Exit:
@@ -204,17 +209,23 @@ def register(app: typer.Typer) -> None:
                 )
             )  # fmt: skip
             raise typer.Exit(code)
-        run_loop(
-            run_sidecar(
-                settings,
-                service=service,
-                listen=listen_at,
-                admin=admin_at,
-                default_upstream=default_upstream,
-                force_header_enabled=allow_force,
-                timeouts=timeouts,
-                max_connections=max_connections,
-                sample_keys=sample_keys,
-                listen_tls=listen_tls,
+        try:
+            run_loop(
+                run_sidecar(
+                    settings,
+                    service=service,
+                    listen=listen_at,
+                    admin=admin_at,
+                    default_upstream=default_upstream,
+                    force_header_enabled=allow_force,
+                    timeouts=timeouts,
+                    max_connections=max_connections,
+                    sample_keys=sample_keys,
+                    listen_tls=listen_tls,
+                )
             )
-        )
+        except OSError as exc:
+            if exc.errno not in _BIND_ERRORS:
+                raise
+            # asyncio's message names the address (the proxy's or the admin's)
+            raise _fail(f"cannot listen: {exc}") from None

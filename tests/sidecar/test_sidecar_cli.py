@@ -102,3 +102,17 @@ def test_a_port_in_use_is_one_line_before_any_worker_starts() -> None:
     assert result.stderr.strip() == (
         f"canary sidecar: cannot listen on 127.0.0.1:{port}: Address already in use"
     )
+
+
+def test_a_port_in_use_is_one_line_with_one_worker_too() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = sidecar_command("--listen", f"127.0.0.1:{port}", "--workers", "1")
+    assert result.returncode == 2, result.stderr
+    # the startup log may come first; the error is one line, with no traceback
+    assert "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("canary sidecar: cannot listen: ")
+    assert str(port) in last and "address already in use" in last.lower()
