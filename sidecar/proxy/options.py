@@ -27,3 +27,17 @@ class ProxyOptions:
     # the listener's TLS (clients speak HTTPS to the sidecar); X-Forwarded-Proto then
     # says https
     listen_tls: ssl.SSLContext | None = None
+    # upgraded connections (WebSocket…) spliced as byte tunnels: cut after this many
+    # seconds without a byte either way
+    tunnel_idle_timeout: float = 300.0
+    # tunnels open at once (each holds a client connection, counted within
+    # max_connections); None: half of max_connections, so plain requests keep room
+    max_tunnels: int | None = None
+    # a tunnel's write buffer, each way: past it the other side is not read
+    tunnel_buffer_bytes: int = 256 * 1024
+
+    @property
+    def tunnel_limit(self) -> int:
+        if self.max_tunnels is not None:
+            return min(self.max_tunnels, self.max_connections)
+        return max(1, self.max_connections // 2)
