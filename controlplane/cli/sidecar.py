@@ -74,6 +74,23 @@ def register(app: typer.Typer) -> None:
                 "(default: 10000, less if the descriptor limit is lower)",
             ),
         ] = None,
+        tunnel_idle_timeout: Annotated[
+            float | None,
+            typer.Option(
+                "--tunnel-idle-timeout",
+                help="seconds without a byte either way before an upgraded connection "
+                "(WebSocket) is cut (default 300)",
+            ),
+        ] = None,
+        max_tunnels: Annotated[
+            int | None,
+            typer.Option(
+                "--max-tunnels",
+                envvar="CANARY_SIDECAR_MAX_TUNNELS",
+                help="upgraded connections (WebSocket) open at once, counted within "
+                "--max-connections; more get 503 (default: half of --max-connections)",
+            ),
+        ] = None,
         # sample authentication (decision 0009)
         sample_keys_file: Annotated[
             str | None,
@@ -111,7 +128,11 @@ def register(app: typer.Typer) -> None:
         from controlplane.kernel.settings import Settings, parse_host_port
         from sidecar.choice import Upstream
         from sidecar.main import Timeouts, run_sidecar
-        from sidecar.proxy.limits import connection_capacity, raise_fd_limit
+        from sidecar.proxy.limits import (
+            connection_capacity,
+            default_max_connections,
+            raise_fd_limit,
+        )
 
         if not is_service_name(service):
             raise _fail(
@@ -121,12 +142,24 @@ def register(app: typer.Typer) -> None:
         _positive("--connect-timeout", connect_timeout)
         _positive("--read-timeout", read_timeout)
         _positive("--head-timeout", head_timeout)
+        _positive("--tunnel-idle-timeout", tunnel_idle_timeout)
         if max_connections is not None:
             capacity = connection_capacity(raise_fd_limit())
             if not 1 <= max_connections <= capacity:
                 raise _fail(
                     f"--max-connections must be between 1 and {capacity} (what the "
                     f"descriptor limit carries), got {max_connections}"
+                )
+        if max_tunnels is not None:
+            ceiling = (
+                max_connections
+                if max_connections is not None
+                else default_max_connections(raise_fd_limit())
+            )
+            if not 1 <= max_tunnels <= ceiling:
+                raise _fail(
+                    f"--max-tunnels must be between 1 and {ceiling} (--max-connections), "
+                    f"got {max_tunnels}"
                 )
         overrides = {"etcd": etcd, "etcd_prefix": etcd_prefix, "redis_url": redis,
                      "admin_token_file": admin_token_file}
@@ -159,6 +192,7 @@ def register(app: typer.Typer) -> None:
             connect=connect_timeout or defaults.connect,
             read=read_timeout or defaults.read,
             head=head_timeout or defaults.head,
+            tunnel_idle=tunnel_idle_timeout or defaults.tunnel_idle,
         )
         _run_loop(
             run_sidecar(
@@ -170,6 +204,7 @@ def register(app: typer.Typer) -> None:
                 force_header_enabled=allow_force,
                 timeouts=timeouts,
                 max_connections=max_connections,
+                max_tunnels=max_tunnels,
                 sample_keys=sample_keys,
                 listen_tls=listen_tls,
             )

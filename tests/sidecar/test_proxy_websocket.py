@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from websockets.asyncio.client import ClientConnection as WsClient
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -23,7 +24,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from controlplane.kernel.routes import Route, RouteState, Sticky, two_way_variants
 from sidecar.assignment import bucket
-from sidecar.proxy import ProxyOptions, ProxyServer
+from sidecar.proxy import ProxyMetricsCollector, ProxyOptions, ProxyServer
 from sidecar.proxy.tunnel import CLOSED, IDLE, SHUTDOWN
 from sidecar.routing import RouteTable
 from tests.sidecar.proxy_harness import ListRecorder
@@ -255,3 +256,27 @@ async def test_tunnels_still_open_at_the_shutdown_deadline_are_cut() -> None:
                 await ws.wait_closed()
         assert s.proxy.metrics.tunnels_closed == {SHUTDOWN: 1}
         assert s.proxy.metrics.tunnels_open == 0
+
+
+async def test_tunnel_metrics_are_exported() -> None:
+    async with setup() as s:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(
+            ProxyMetricsCollector(s.proxy.metrics, before_collect=s.proxy.flush_samples)
+        )
+        async with s.connect(_user_for("baseline")) as ws:
+            await ws.recv()
+            await ws.send("x" * 1000)
+            await ws.recv()
+            text = generate_latest(registry).decode()
+            assert "canary_sidecar_tunnels_open 1.0" in text
+            assert "canary_sidecar_tunnels_total 1.0" in text
+            assert 'canary_sidecar_requests_total{status="101",variant="baseline"} 1.0' in text
+        await until(lambda: s.proxy.metrics.tunnels_open == 0, "the tunnel ended")
+        text = generate_latest(registry).decode()
+        assert "canary_sidecar_tunnels_open 0.0" in text
+        assert 'canary_sidecar_tunnels_closed_total{reason="closed"} 1.0' in text
+        assert "canary_sidecar_tunnel_lifetime_seconds_count 1.0" in text
+        up = s.proxy.metrics.tunnel_bytes_upstream
+        assert up > 1000
+        assert f'canary_sidecar_tunnel_bytes_total{{direction="upstream"}} {float(up)}' in text

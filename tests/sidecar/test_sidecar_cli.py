@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from tests.sidecar import upstreams
 from tests.support.processes import free_port
@@ -49,3 +50,28 @@ async def test_the_command_serves_and_exits_cleanly_on_sigterm() -> None:
         if proc.stdout:
             proc.stdout.close()
         await upstream.stop()
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (
+            ["--max-connections", "100", "--max-tunnels", "101"],
+            "--max-tunnels must be between 1 and 100 (--max-connections), got 101",
+        ),
+        (["--max-tunnels", "0"], "--max-tunnels must be between 1 and"),
+        (
+            ["--tunnel-idle-timeout", "0"],
+            "--tunnel-idle-timeout must be a positive number of seconds, got 0.0",
+        ),
+    ],
+)
+def test_bad_tunnel_flags_are_a_one_line_error(flags: list[str], error: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "controlplane.cli.main", "sidecar", "--service", "web",
+         "--listen", "127.0.0.1:0", *flags],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"canary sidecar: {error}"), line
