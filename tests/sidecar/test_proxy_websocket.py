@@ -11,134 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from websockets.asyncio.client import ClientConnection as WsClient
-from websockets.asyncio.client import connect
-from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from controlplane.kernel.routes import Route, RouteState, Sticky, two_way_variants
-from sidecar.assignment import bucket
-from sidecar.proxy import ProxyMetricsCollector, ProxyOptions, ProxyServer
+from sidecar.proxy import ProxyMetricsCollector, ProxyOptions
 from sidecar.proxy.tunnel import CLOSED, IDLE, SHUTDOWN
-from sidecar.routing import RouteTable
-from tests.sidecar.proxy_harness import ListRecorder
+from tests.sidecar.ws_harness import BIG, setup, user_for
 from tests.support.outage import until
-
-SALT = "ws-exp"
-BIG = 8 * 1024 * 1024
-
-
-@dataclass
-class WsUpstream:
-    """A websockets server that greets with its name and echoes what it receives."""
-
-    name: str
-    server: Server | None = None
-    closes: list[tuple[int, str]] | None = None
-    flood: int = 0  # bytes of 256 KiB messages to send after the greeting
-    flood_sent: int = 0
-
-    async def start(self) -> None:
-        self.closes = []
-        self.server = await serve(
-            self._handle, "127.0.0.1", 0, max_size=BIG + 1024, compression=None
-        )
-
-    @property
-    def url(self) -> str:
-        assert self.server is not None
-        port = next(iter(self.server.sockets)).getsockname()[1]
-        return f"http://127.0.0.1:{port}"
-
-    async def _handle(self, ws: ServerConnection) -> None:
-        assert self.closes is not None
-        await ws.send(f"hello from {self.name}")
-        piece = b"f" * (256 * 1024)
-        while self.flood_sent < self.flood:
-            await ws.send(piece)  # returns once the transport takes it: backpressure
-            self.flood_sent += len(piece)
-        try:
-            async for message in ws:
-                if message == "close-from-server":
-                    await ws.close(4001, "server says bye")
-                    break
-                await ws.send(message)
-        except ConnectionClosed:
-            pass
-        if ws.close_code is not None:
-            self.closes.append((ws.close_code, ws.close_reason or ""))
-
-    async def stop(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
-
-
-def _user_for(variant: str) -> str:
-    """A user the 50/50 route sends to `variant` (assignment is a published hash)."""
-    for i in range(1000):
-        user = f"user-{i}"
-        if (bucket(SALT, user) < 5000) == (variant == "canary"):
-            return user
-    raise AssertionError("no user found")
-
-
-@dataclass
-class Setup:
-    baseline: WsUpstream
-    canary: WsUpstream
-    proxy: ProxyServer
-    recorder: ListRecorder
-
-    def connect(self, user: str, **kwargs: object) -> connect:
-        return connect(
-            f"ws://127.0.0.1:{self.proxy.port}/chat",
-            additional_headers={"x-user-id": user},
-            proxy=None,
-            ping_interval=None,
-            max_size=BIG + 1024,
-            compression=None,  # the bytes counted are the bytes sent
-            **kwargs,  # type: ignore[arg-type]
-        )
-
-
-@asynccontextmanager
-async def setup(options: ProxyOptions | None = None) -> AsyncIterator[Setup]:
-    baseline, canary = WsUpstream("baseline"), WsUpstream("canary")
-    await baseline.start()
-    await canary.start()
-    table = RouteTable()
-    table.apply(
-        Route(
-            experiment="ws-1",
-            revision=1,
-            salt=SALT,
-            sticky=Sticky(header="x-user-id"),
-            variants=two_way_variants(baseline.url, canary.url, 5000),
-            state=RouteState.RUNNING,
-        )
-    )
-    recorder = ListRecorder()
-    proxy = ProxyServer(table, recorder, options=options or ProxyOptions(read_timeout=10))
-    await proxy.start("127.0.0.1", 0)
-    try:
-        yield Setup(baseline, canary, proxy, recorder)
-    finally:
-        await proxy.stop(timeout=2)
-        await baseline.stop()
-        await canary.stop()
 
 
 async def test_each_user_keeps_its_variant_and_echo_works_both_ways() -> None:
     async with setup() as s:
         for variant in ("baseline", "canary"):
-            user = _user_for(variant)
+            user = user_for(variant)
             for _ in range(2):  # the same user twice: the same variant
                 async with s.connect(user) as ws:
                     assert ws.response is not None
@@ -156,7 +44,7 @@ async def test_each_user_keeps_its_variant_and_echo_works_both_ways() -> None:
 
 
 async def test_the_sample_is_the_time_to_the_101_recorded_while_the_tunnel_is_open() -> None:
-    async with setup() as s, s.connect(_user_for("canary")) as ws:
+    async with setup() as s, s.connect(user_for("canary")) as ws:
         assert await ws.recv() == "hello from canary"
         # the tunnel is open and idle: its one sample is in already
         (sample,) = await s.recorder.wait_for(1)
@@ -166,7 +54,7 @@ async def test_the_sample_is_the_time_to_the_101_recorded_while_the_tunnel_is_op
 
 
 async def test_large_messages_cross_both_ways() -> None:
-    async with setup() as s, s.connect(_user_for("baseline")) as ws:
+    async with setup() as s, s.connect(user_for("baseline")) as ws:
         await ws.recv()
         message = random.Random(7).randbytes(BIG)  # incompressible: BIG bytes travel
         await ws.send(message)
@@ -178,13 +66,13 @@ async def test_large_messages_cross_both_ways() -> None:
 
 async def test_close_handshakes_from_either_side_reach_the_other() -> None:
     async with setup() as s:
-        async with s.connect(_user_for("baseline")) as ws:
+        async with s.connect(user_for("baseline")) as ws:
             await ws.recv()
         assert ws.close_code == 1000
-        async with s.connect(_user_for("baseline")) as ws:
+        async with s.connect(user_for("baseline")) as ws:
             await ws.recv()
             await ws.close(4000, "client says bye")
-        async with s.connect(_user_for("canary")) as ws:
+        async with s.connect(user_for("canary")) as ws:
             await ws.recv()
             await ws.send("close-from-server")
             with pytest.raises(ConnectionClosed):
@@ -201,7 +89,7 @@ async def test_close_handshakes_from_either_side_reach_the_other() -> None:
 
 async def test_an_idle_tunnel_is_cut() -> None:
     async with setup(ProxyOptions(read_timeout=10, tunnel_idle_timeout=0.2)) as s:
-        async with s.connect(_user_for("baseline")) as ws:
+        async with s.connect(user_for("baseline")) as ws:
             await ws.recv()
             async with asyncio.timeout(10):  # an upper bound, not a speed claim
                 await ws.wait_closed()
@@ -214,7 +102,7 @@ async def test_a_slow_reader_pauses_the_upstream_instead_of_growing_buffers() ->
     options = ProxyOptions(read_timeout=10, tunnel_buffer_bytes=64 * 1024)
     async with setup(options) as s:
         s.baseline.flood = flood
-        async with s.connect(_user_for("baseline"), max_queue=1) as ws:
+        async with s.connect(user_for("baseline"), max_queue=1) as ws:
             # the client reads nothing: its socket fills, then the proxy's buffer
             await until(lambda: len(s.proxy.tunnels) == 1, "the tunnel opened")
             (tunnel,) = s.proxy.tunnels
@@ -233,23 +121,23 @@ async def test_a_slow_reader_pauses_the_upstream_instead_of_growing_buffers() ->
 
 async def test_the_tunnel_cap_answers_503_beyond_it() -> None:
     async with setup(ProxyOptions(read_timeout=10, max_tunnels=1)) as s:
-        async with s.connect(_user_for("baseline")) as ws:
+        async with s.connect(user_for("baseline")) as ws:
             await ws.recv()
             with pytest.raises(InvalidStatus) as refused:
-                async with s.connect(_user_for("canary")):
+                async with s.connect(user_for("canary")):
                     pass
             assert refused.value.response.status_code == 503
             assert s.proxy.metrics.tunnels_refused == 1
         # the place is free again once the first tunnel ends
         await until(lambda: s.proxy.metrics.tunnels_open == 0, "the first tunnel ended")
-        async with s.connect(_user_for("canary")) as ws:
+        async with s.connect(user_for("canary")) as ws:
             assert await ws.recv() == "hello from canary"
 
 
 async def test_tunnels_still_open_at_the_shutdown_deadline_are_cut() -> None:
     async with setup() as s:
         ws: WsClient
-        async with s.connect(_user_for("canary")) as ws:
+        async with s.connect(user_for("canary")) as ws:
             await ws.recv()
             await s.proxy.stop(timeout=0.1)
             async with asyncio.timeout(10):
@@ -264,7 +152,7 @@ async def test_tunnel_metrics_are_exported() -> None:
         registry.register(
             ProxyMetricsCollector(s.proxy.metrics, before_collect=s.proxy.flush_samples)
         )
-        async with s.connect(_user_for("baseline")) as ws:
+        async with s.connect(user_for("baseline")) as ws:
             await ws.recv()
             await ws.send("x" * 1000)
             await ws.recv()
