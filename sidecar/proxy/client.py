@@ -369,9 +369,11 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         held, self._held = self._held, None
         if self.closed or self.tunnel is not None:
             return
+        # reading resumes no earlier than the next turn of the loop, after the held
+        # bytes; they may hold another upgrade, which blocks reading again
+        self.unblock(UPGRADING)
         if held:
             self.data_received(held)
-        self.unblock(UPGRADING)
 
     def start_tunnel(self, upstream: UpstreamConnection, from_upstream: bytes) -> None:
         """The upstream switched protocols: from now on both connections are one tunnel."""

@@ -67,7 +67,7 @@ class TunnelEnd(asyncio.Protocol):
         if other.eof or other.lost:
             self.tunnel.close()
             return False
-        if other.transport.can_write_eof():
+        if self.transport.can_write_eof() and other.transport.can_write_eof():
             other.transport.write_eof()
             return True  # keep this end open: the other direction still flows
         self.tunnel.close()  # TLS cannot half-close: the whole tunnel ends

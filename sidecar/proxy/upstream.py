@@ -292,6 +292,8 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
 
     def _keep_tail(self, data: bytes) -> None:
         """Keep the last reads of a chunked response, enough to hold its trailers."""
+        if len(data) > TAIL_BYTES:
+            data = data[-TAIL_BYTES:]  # a copy, so that a large read is not held whole
         recent = self._recent
         recent.append(data)
         self._recent_len += len(data)

@@ -59,6 +59,7 @@ def test_trailers_lose_hop_by_hop_framing_and_named_fields() -> None:
 
 # --- through the proxy ---------------------------------------------------------
 
+BIG = b"abcdefgh" * 131072  # 1 MiB in one chunk, arriving over many reads
 TRAILERS = (
     b"Grpc-Status: 0\r\nKeep-Alive: 5\r\nX-Canary-Variant: spoof\r\nX-Digest: sha-256=abc\r\n"
 )
@@ -71,6 +72,7 @@ class RawUpstream:
 
     received: list[bytes] = field(default_factory=list)
     dribble: bool = False
+    body: bytes = b"hello"
     server: asyncio.Server | None = None
 
     async def start(self) -> str:
@@ -86,7 +88,8 @@ class RawUpstream:
                     while not raw.endswith(b"\r\n\r\n") or raw == head:
                         raw += await reader.readuntil(b"\r\n")
                 self.received.append(raw)
-                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                writer.write(b"%x\r\n%s\r\n" % (len(self.body), self.body))
                 end = b"0\r\n" + TRAILERS + b"\r\n"
                 if self.dribble:
                     for i in range(len(end)):
@@ -152,13 +155,27 @@ async def test_request_trailers_reach_the_upstream_and_not_the_next_request() ->
     assert b"X-Checksum" not in following  # trailers never leak into the next head
 
 
-@pytest.mark.parametrize("dribble", [False, True])
-async def test_response_trailers_reach_an_http_1_1_client(dribble: bool) -> None:
-    async with proxy_to(RawUpstream(dribble=dribble)) as proxy:
+@pytest.mark.parametrize(("dribble", "body"), [(False, b"hello"), (True, b"hello"), (True, BIG)])
+async def test_response_trailers_reach_an_http_1_1_client(dribble: bool, body: bytes) -> None:
+    async with proxy_to(RawUpstream(dribble=dribble, body=body)) as proxy:
         got = await _exchange(proxy, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", 1)
-    body = got.split(b"\r\n\r\n", 1)[1]
-    assert body == b"5\r\nhello\r\n0\r\nGrpc-Status: 0\r\nX-Digest: sha-256=abc\r\n\r\n"
+    received, trailers = _dechunk(got.split(b"\r\n\r\n", 1)[1])
+    assert received == body
+    assert trailers == b"Grpc-Status: 0\r\nX-Digest: sha-256=abc\r\n\r\n"
     assert proxy.metrics.trailers_dropped == 0
+
+
+def _dechunk(chunked: bytes) -> tuple[bytes, bytes]:
+    """(body, trailer section) of a chunked body."""
+    body = b""
+    while True:
+        size_line, _, chunked = chunked.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return body, chunked
+        body += chunked[:size]
+        assert chunked[size : size + 2] == b"\r\n"
+        chunked = chunked[size + 2 :]
 
 
 async def test_an_http_1_0_client_gets_the_body_without_trailers() -> None:

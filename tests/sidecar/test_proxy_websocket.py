@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 
 import pytest
+import trustme
 from prometheus_client import CollectorRegistry, generate_latest
 from websockets.asyncio.client import ClientConnection as WsClient
+from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from sidecar.proxy import ProxyMetricsCollector, ProxyOptions
@@ -168,3 +171,24 @@ async def test_tunnel_metrics_are_exported() -> None:
         up = s.proxy.metrics.tunnel_bytes_upstream
         assert up > 1000
         assert f'canary_sidecar_tunnel_bytes_total{{direction="upstream"}} {float(up)}' in text
+
+
+async def test_wss_through_a_tls_listener() -> None:
+    ca = trustme.CA()
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_tls)
+    client_tls = ssl.create_default_context()
+    ca.configure_trust(client_tls)
+    async with setup(ProxyOptions(read_timeout=10, listen_tls=server_tls)) as s:
+        async with connect(
+            f"wss://127.0.0.1:{s.proxy.port}/chat",
+            ssl=client_tls,
+            additional_headers={"x-user-id": user_for("canary")},
+            proxy=None,
+            compression=None,
+        ) as ws:
+            assert await ws.recv() == "hello from canary"
+            await ws.send("over tls")
+            assert await ws.recv() == "over tls"
+        assert ws.close_code == 1000
+        await until(lambda: s.proxy.metrics.tunnels_open == 0, "the tunnel ended")
