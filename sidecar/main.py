@@ -59,6 +59,7 @@ class Timeouts:
     flush: float = 5.0  # the sample buffer gets this long at shutdown
     first_route: float = 2.0  # start-up waits this long for the first route read
     head: float = 10.0  # seconds for a client's request head to arrive (then 408)
+    tunnel_idle: float = 300.0  # seconds without a byte either way before a tunnel is cut
 
 
 class Sidecar:
@@ -75,6 +76,7 @@ class Sidecar:
         force_header_enabled: bool = False,
         timeouts: Timeouts | None = None,
         max_connections: int = 10_000,
+        max_tunnels: int | None = None,
         proxy_options: ProxyOptions | None = None,
         reporter: SampleReporter | None = None,
         clock: Clock | None = None,
@@ -103,6 +105,8 @@ class Sidecar:
             head_timeout=self.timeouts.head,
             max_connections=max_connections,
             listen_tls=listen_tls,
+            tunnel_idle_timeout=self.timeouts.tunnel_idle,
+            max_tunnels=max_tunnels,
         )
         self.proxy = ProxyServer(self.table, self.reporter, options=options, clock=self.clock)
         self.registry = CollectorRegistry(auto_describe=False)
@@ -175,6 +179,7 @@ async def run_sidecar(
     force_header_enabled: bool = False,
     timeouts: Timeouts | None = None,
     max_connections: int | None = None,
+    max_tunnels: int | None = None,
     stop: asyncio.Event | None = None,
     sample_keys: SampleKeys | None = None,
     listen_tls: ssl.SSLContext | None = None,
@@ -208,6 +213,7 @@ async def run_sidecar(
         force_header_enabled=force_header_enabled,
         timeouts=timeouts,
         max_connections=max_connections,
+        max_tunnels=max_tunnels,
         sample_keys=sample_keys,
         admin_token=token,
         listen_tls=listen_tls,

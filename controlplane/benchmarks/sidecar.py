@@ -533,7 +533,24 @@ def _say(progress: bool, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def run(*, quick: bool, progress: bool) -> dict[str, Any]:
+def run(*, quick: bool, progress: bool, only: str | None = None) -> dict[str, Any]:
+    """The HTTP/1.1 figures, then the streaming sections (`sidecar_streams`); `only`
+    runs just the streaming sections it names (websocket, sse, large_bodies)."""
+    from controlplane.benchmarks import sidecar_streams
+
+    if only is not None:
+        sections = sidecar_streams.parse_only(only)
+        streams: dict[str, Any] = {"benchmark": "sidecar", "quick": quick, "only": sections}
+        with contextlib.suppress(OSError):
+            streams["loadavg_at_start"] = round(os.getloadavg()[0], 2)
+        streams.update(sidecar_streams.run(quick=quick, progress=progress, sections=sections))
+        return streams
+    result = _run_http(quick=quick, progress=progress)
+    result.update(sidecar_streams.run(quick=quick, progress=progress))
+    return result
+
+
+def _run_http(*, quick: bool, progress: bool) -> dict[str, Any]:
     from sidecar.proxy.limits import raise_fd_limit
 
     durations = QUICK if quick else FULL

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -30,6 +31,11 @@ def register(app: typer.Typer) -> None:
         save: Annotated[
             Path | None, typer.Option("--save", help="also write the JSON to this file")
         ] = None,
+        only: Annotated[
+            str | None,
+            typer.Option("--only", help="comma-separated sections, for benchmarks that have "
+                         "them (sidecar: websocket, sse, large_bodies)"),
+        ] = None,
     ) -> None:
         """Run a benchmark against references measured in the same run."""
         target = BENCHMARKS.get(name)
@@ -39,7 +45,17 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         module_name, func_name = target.split(":")
         run = getattr(importlib.import_module(module_name), func_name)
-        result: dict[str, Any] = run(quick=quick, progress=not as_json)
+        options: dict[str, Any] = {"quick": quick, "progress": not as_json}
+        if only is not None:
+            if "only" not in inspect.signature(run).parameters:
+                typer.echo(f"canary bench: {name} has no sections for --only", err=True)
+                raise typer.Exit(2)
+            options["only"] = only
+        try:
+            result: dict[str, Any] = run(**options)
+        except ValueError as exc:  # a bad --only
+            typer.echo(f"canary bench: {exc}", err=True)
+            raise typer.Exit(2) from exc
         text = json.dumps(result, indent=None if as_json else 2, sort_keys=True)
         if save is not None:
             save.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,6 @@ from typing import Annotated
 
 import typer
 
-
 # the listener's address is taken, not this host's, or not ours to bind
 _BIND_ERRORS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
 
@@ -77,6 +76,23 @@ def register(app: typer.Typer) -> None:
                 "(default: 10000, less if the descriptor limit is lower)",
             ),
         ] = None,
+        tunnel_idle_timeout: Annotated[
+            float | None,
+            typer.Option(
+                "--tunnel-idle-timeout",
+                help="seconds without a byte either way before an upgraded connection "
+                "(WebSocket) is cut (default 300)",
+            ),
+        ] = None,
+        max_tunnels: Annotated[
+            int | None,
+            typer.Option(
+                "--max-tunnels",
+                envvar="CANARY_SIDECAR_MAX_TUNNELS",
+                help="upgraded connections (WebSocket) open at once, counted within "
+                "--max-connections; more get 503 (default: half of --max-connections)",
+            ),
+        ] = None,
         # sample authentication (decision 0009)
         sample_keys_file: Annotated[
             str | None,
@@ -124,7 +140,11 @@ def register(app: typer.Typer) -> None:
         from controlplane.kernel.settings import Settings, parse_host_port
         from sidecar.choice import Upstream
         from sidecar.main import Timeouts, listen_tls_context, run_loop, run_sidecar
-        from sidecar.proxy.limits import connection_capacity, raise_fd_limit
+        from sidecar.proxy.limits import (
+            connection_capacity,
+            default_max_connections,
+            raise_fd_limit,
+        )
         from sidecar.workers.cpus import available_cpus
         from sidecar.workers.policy import workers_error
 
@@ -140,12 +160,24 @@ def register(app: typer.Typer) -> None:
         workers = cpus if workers is None else workers
         if (problem := workers_error(workers, cpus)) is not None:
             raise _fail(problem)
+        _positive("--tunnel-idle-timeout", tunnel_idle_timeout)
         if max_connections is not None:
             capacity = connection_capacity(raise_fd_limit())
             if not 1 <= max_connections <= capacity:
                 raise _fail(
                     f"--max-connections must be between 1 and {capacity} (what the "
                     f"descriptor limit carries), got {max_connections}"
+                )
+        if max_tunnels is not None:
+            ceiling = (
+                max_connections
+                if max_connections is not None
+                else default_max_connections(raise_fd_limit())
+            )
+            if not 1 <= max_tunnels <= ceiling:
+                raise _fail(
+                    f"--max-tunnels must be between 1 and {ceiling} (--max-connections), "
+                    f"got {max_tunnels}"
                 )
         overrides = {"etcd": etcd, "etcd_prefix": etcd_prefix, "redis_url": redis,
                      "admin_token_file": admin_token_file}
@@ -178,6 +210,7 @@ def register(app: typer.Typer) -> None:
             connect=connect_timeout or defaults.connect,
             read=read_timeout or defaults.read,
             head=head_timeout or defaults.head,
+            tunnel_idle=tunnel_idle_timeout or defaults.tunnel_idle,
         )
         if workers > 1:
             from sidecar.workers.listeners import platform_mode, reserve
@@ -199,7 +232,8 @@ def register(app: typer.Typer) -> None:
                 admin_socket="-", settings=given, default_upstream=default_upstream,
                 force_header_enabled=allow_force, connect_timeout=timeouts.connect,
                 read_timeout=timeouts.read, head_timeout=timeouts.head,
-                max_connections=max_connections, sample_keys_file=sample_keys_file,
+                max_connections=max_connections, max_tunnels=max_tunnels,
+                tunnel_idle_timeout=timeouts.tunnel_idle, sample_keys_file=sample_keys_file,
                 tls_cert=tls_cert, tls_key=tls_key,
             )  # fmt: skip
             code = run_loop(
@@ -220,6 +254,7 @@ def register(app: typer.Typer) -> None:
                     force_header_enabled=allow_force,
                     timeouts=timeouts,
                     max_connections=max_connections,
+                    max_tunnels=max_tunnels,
                     sample_keys=sample_keys,
                     listen_tls=listen_tls,
                 )

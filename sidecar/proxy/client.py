@@ -8,6 +8,11 @@ Writes collected while one read is processed leave in one send (`CorkedWriter`).
 Flow control: a full upstream write buffer pauses reading from the client, a full
 client write buffer pauses reading from the upstream, so a body of any size streams
 through with at most a few transport buffers in memory.
+
+Upgrades: a request that asks to upgrade (`upgrades.plan`) stops the parser after
+its head; nothing more is read until the upstream answers. A 101 hands both
+connections to a `Tunnel` with the bytes read past the head; any other answer and the
+connection goes on as HTTP, from those same bytes.
 """
 
 from __future__ import annotations
@@ -18,13 +23,14 @@ from typing import TYPE_CHECKING, cast
 
 import httptools
 
-from sidecar.proxy import conformance, errors
+from sidecar.proxy import conformance, errors, upgrades
 from sidecar.proxy.conformance import Rejected
 from sidecar.proxy.corking import CorkedWriter
 from sidecar.proxy.exchange import Exchange
 from sidecar.proxy.h2.preface import negotiated_h2, preface_state
 from sidecar.proxy.headers import PLAIN_CONNECTION, Header, connection_options
-from sidecar.proxy.pausing import PIPELINED, STOPPED
+from sidecar.proxy.pausing import PIPELINED, STOPPED, UPGRADING, UPSTREAM_FULL
+from sidecar.proxy.tunnel import Tunnel
 from sidecar.proxy.upstream import UpstreamConnection
 
 if TYPE_CHECKING:
@@ -46,9 +52,11 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         "_has_length",
         "_head_budget",
         "_headers",
+        "_held",
         "_host",
         "_named",
         "_rejection",
+        "_upgrade_asked",
         "_url",
         "client_ip",
         "closed",
@@ -62,6 +70,7 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         "refused",
         "server",
         "transport",
+        "tunnel",
         "write_paused",
     )
 
@@ -87,6 +96,10 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         self._chunked = False
         self._has_length = False
         self._named: frozenset[bytes] | None = None
+        self._upgrade_asked = False  # the head's Connection lists `upgrade`
+        # bytes read past the head of a request asking to upgrade, until it is answered
+        self._held: bytes | None = None
+        self.tunnel: Tunnel | None = None  # the connection's tunnel after a 101
         self._head_budget = server.options.max_head_bytes
         # Writes collected while one read is processed leave in one send: syscalls,
         # not Python, are most of a small request's cost.
@@ -131,13 +144,19 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         self._corked_upstreams = corked
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # the request went on as a plain one (Upgrade is hop-by-hop and dropped);
-            # what follows is another protocol, so the connection ends after it
+        except httptools.HttpParserUpgrade as exc:
             last = self.parsing or (self.queue[-1] if self.queue else self.current)
-            if last is not None:
-                last.close_after = True
-            self.block(STOPPED)
+            if last is not None and last.upgrade is not None:
+                # what follows is the new protocol's if the upstream switches, the next
+                # request's if it does not: held, and nothing more read, until it answers
+                self._held = data[exc.args[0] :]
+                self.block(UPGRADING)
+            else:
+                # the request went on as a plain one (Upgrade is hop-by-hop and dropped);
+                # what follows is another protocol, so the connection ends after it
+                if last is not None:
+                    last.close_after = True
+                self.block(STOPPED)
         except httptools.HttpParserError as exc:
             self.refuse(exc)
         finally:
@@ -258,6 +277,8 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
             options = connection_options(value)
             if options is not None:
                 self._named = options if self._named is None else self._named | options
+            if upgrades.connection_lists_upgrade(value):
+                self._upgrade_asked = True
         self._headers.append((lower, name, value))
 
     def on_headers_complete(self) -> None:
@@ -273,6 +294,7 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
             raise conformance.missing_host()
         if method == b"CONNECT":
             raise conformance.connect_refused()
+        asked = self._upgrade() if self._upgrade_asked else None
         target = self._url
         if not target.startswith(b"/"):
             target = conformance.request_target(method, target, self._host)
@@ -288,13 +310,8 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
             self._named,
             self._chunked or self._has_length,  # has_body
         )
-        # what the next request's head is gathered into
-        self._url = b""
-        self._headers = []
-        self._host = None
-        self._chunked = self._has_length = False
-        self._named = None
-        self._head_budget = self.server.options.max_head_bytes
+        exchange.upgrade = asked
+        self._next_head()
         self.parsing = exchange
         if self.current is None:
             self.current = exchange
@@ -302,6 +319,30 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         else:
             self.queue.append(exchange)
             self.block(PIPELINED)
+
+    def _next_head(self) -> None:
+        """Reset what the next request's head (or this one's trailers) is gathered into."""
+        self._url = b""
+        self._headers = []
+        self._host = None
+        self._chunked = self._has_length = False
+        self._named = None
+        self._upgrade_asked = False
+        self._head_budget = self.server.options.max_head_bytes
+
+    def _upgrade(self) -> tuple[bytes, ...] | None:
+        """The protocols to tunnel for a request whose Connection lists `upgrade`, or
+        None when it is forwarded as a plain request (see `upgrades.plan`)."""
+        values = [value for lower, _, value in self._headers if lower == b"upgrade"]
+        if not values:
+            return None  # not an upgrade for httptools either
+        asked = upgrades.protocols(values)
+        plan = upgrades.plan(
+            http_1_0=self.parser.get_http_version() == "1.0",
+            asked=asked,
+            has_body=self._chunked or self._has_length,
+        )
+        return asked if plan is upgrades.Plan.TUNNEL else None
 
     def on_body(self, body: bytes) -> None:
         exchange = self.parsing
@@ -311,7 +352,15 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
     def on_message_complete(self) -> None:
         exchange = self.parsing
         self.parsing = None
+        if self._headers:
+            # httptools reports a chunked body's trailer fields as headers after it
+            trailers = self._headers
+            self._next_head()
+            if exchange is not None:
+                exchange.request_trailers(trailers)
         if exchange is not None:
+            if exchange.upgrade is not None and not self.parser.should_upgrade():
+                exchange.cancel_upgrade()  # httptools reads on as HTTP: no tunnel then
             exchange.request_complete()
 
     # --- used by exchanges ------------------------------------------------------
@@ -334,10 +383,42 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
             self.close()
         else:
             self.idle_since = self.server.time()
+            if self._held is not None:
+                # an upgrade the upstream refused: the connection goes on as HTTP, from
+                # the bytes read past its head (fed once this callback has returned)
+                self.server.loop.call_soon(self._resume_after_upgrade)
+
+    def _resume_after_upgrade(self) -> None:
+        held, self._held = self._held, None
+        if self.closed or self.tunnel is not None:
+            return
+        # reading resumes no earlier than the next turn of the loop, after the held
+        # bytes; they may hold another upgrade, which blocks reading again
+        self.unblock(UPGRADING)
+        if held:
+            self.data_received(held)
+
+    def start_tunnel(self, upstream: UpstreamConnection, from_upstream: bytes) -> None:
+        """The upstream switched protocols: from now on both connections are one tunnel."""
+        assert self.transport is not None
+        server = self.server
+        tunnel = self.tunnel = Tunnel(server, self, self.transport, upstream.detach())
+        self.current = None
+        held, self._held = self._held or b"", None
+        client_paused = bool(self.read_block & UPSTREAM_FULL)
+        self.read_block = 0  # reading is the tunnel's business now
+        server.tunnel_opened(tunnel)
+        tunnel.splice(from_client=held, from_upstream=from_upstream, client_paused=client_paused)
+
+    def tunnel_ended(self) -> None:
+        """Both connections of this connection's tunnel are gone."""
+        self.tunnel = None
+        self.closed = True
+        self.server.connection_closed(self)
 
     @property
     def idle(self) -> bool:
-        return self.current is None and self.parsing is None
+        return self.current is None and self.parsing is None and self.tunnel is None
 
     def uncork(self) -> None:
         """Send what was collected in one go, then record what finished meanwhile."""

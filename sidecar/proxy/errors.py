@@ -115,3 +115,15 @@ def head_timeout(seconds: float) -> bytes:
         experiment=None,
         close=True,
     )
+
+
+def too_many_tunnels(limit: int, *, draining: bool) -> bytes:
+    """An upgrade refused before it reaches an upstream; the connection closes."""
+    detail = (
+        "the sidecar is shutting down and opens no more tunnels"
+        if draining
+        else f"the sidecar holds its maximum of {limit} upgraded connections; retry later"
+    )
+    return problem_response(
+        503, detail, variant=None, experiment=None, close=True, extra=("Retry-After: 1",)
+    )

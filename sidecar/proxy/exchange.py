@@ -6,6 +6,11 @@ other transport: request body chunks from its `ClientConnection`, the response h
 body and end from its `UpstreamConnection`. It answers 502/503/504 itself when no
 upstream does, replays an idempotent request once on a fresh connection when a pooled
 one turns out closed, and records one sample once the response is out.
+
+A request asking to upgrade (`upgrade`: the protocols asked for) is forwarded with its
+Upgrade when a tunnel can be had; a valid 101 makes both connections a `Tunnel` and
+its sample measures the time to the 101. Trailer fields of chunked bodies travel on
+with the last chunk, both ways (`trailers`).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from controlplane.kernel.codec import ABORTED, CONNECT_ERROR, TIMEOUT
 from sidecar.choice import Choice, NoRoute
-from sidecar.proxy import errors
+from sidecar.proxy import errors, upgrades
 from sidecar.proxy.headers import (
     Header,
     HeaderView,
@@ -24,8 +29,10 @@ from sidecar.proxy.headers import (
     interim_head,
     request_head,
     response_head,
+    switching_head,
 )
 from sidecar.proxy.pausing import UPSTREAM_FULL, WAIT_UPSTREAM
+from sidecar.proxy.trailers import request_last_chunk, response_trailers
 from sidecar.proxy.upstream import (
     CHUNKED,
     UNTIL_CLOSE,
@@ -68,16 +75,21 @@ class Exchange:
         "pending",
         "pool",
         "req_complete",
+        "req_trailers",
+        "reserved",
         "resp_chunked",
         "resp_done",
         "resp_started",
         "retried",
         "status",
+        "switching",
         "t0",
         "t_first",
         "t_sent",
         "target",
+        "trailers",
         "ts",
+        "upgrade",
         "upstream",
         "variant",
     )
@@ -125,6 +137,13 @@ class Exchange:
         # when the response head went to the client: the first byte (an upgrade's 101,
         # an h2 stream's HEADERS, set where they are written, end up here too)
         self.t_first: float | None = None
+        # the protocols a request asking to upgrade names, when it is to be tunnelled
+        self.upgrade: tuple[bytes, ...] | None = None
+        self.reserved = False  # holds a place among the server's tunnels
+        # an accepted 101 (status line, fields, scan, protocol) until it is sent
+        self.switching: tuple[bytes, bytes, ResponseFields, bytes] | None = None
+        self.req_trailers: list[Header] | None = None
+        self.trailers: bytes | None = None  # the response's, to send with its last chunk
 
     # --- request side -----------------------------------------------------------
 
@@ -150,6 +169,14 @@ class Exchange:
             log.exception("no pool for upstream %s", choice.upstream)
             self._fail(502, 502, f"unusable upstream {choice.upstream}: {exc}")
             return
+        if self.upgrade is not None:
+            if not server.reserve_tunnel():
+                limit = server.options.tunnel_limit
+                refusal = errors.too_many_tunnels(limit, draining=server.draining)
+                self.close_after = True  # what follows its head is not HTTP
+                self._local_answer(refusal, 503)
+                return
+            self.reserved = True
         opts = server.options
         host = pool.host_header
         if opts.preserve_host:
@@ -168,6 +195,10 @@ class Exchange:
             chunked=self.chunked,
             named=self.named,
         )
+        if self.reserved:
+            assert self.upgrade is not None  # no body: the head ends with its blank line
+            protocols = b", ".join(self.upgrade)
+            self.head = self.head[:-2] + b"Connection: upgrade\r\nUpgrade: %s\r\n\r\n" % protocols
         conn = pool.acquire()
         if conn is not None:
             self._attach(conn)
@@ -190,6 +221,20 @@ class Exchange:
         self.pending.append(chunk)
         self.client.block(WAIT_UPSTREAM)
 
+    def request_trailers(self, trailers: list[Header]) -> None:
+        self.req_trailers = trailers
+
+    def _last_chunk(self) -> bytes:
+        trailers = self.req_trailers
+        return _LAST_CHUNK if trailers is None else request_last_chunk(trailers, self.named)
+
+    def cancel_upgrade(self) -> None:
+        """httptools did not take the request as an upgrade after all: no 101 counts."""
+        self.upgrade = None
+        if self.reserved:
+            self.reserved = False
+            self.client.server.tunnel_refused()
+
     def request_complete(self) -> None:
         self.req_complete = True
         if self.resp_done:
@@ -198,7 +243,7 @@ class Exchange:
         conn = self.upstream
         if conn is not None:
             if self.chunked:
-                conn.write(_LAST_CHUNK)
+                conn.write(self._last_chunk())
             conn.arm_read_timeout()
 
     def _attach(self, conn: UpstreamConnection) -> None:
@@ -220,10 +265,10 @@ class Exchange:
             self.pending = None
             self.body_sent = True
             if self.req_complete and self.chunked:
-                parts.append(_LAST_CHUNK)
+                parts.append(self._last_chunk())
             conn.writelines(parts)
         elif self.req_complete and self.chunked:
-            conn.writelines([self.head, _LAST_CHUNK])
+            conn.writelines([self.head, self._last_chunk()])
         else:
             conn.write(self.head)
         self.t_sent = self.client.server.clock.monotonic()
@@ -270,8 +315,7 @@ class Exchange:
     ) -> None:
         client = self.client
         if status < 200:
-            if status != 101:  # upgrades are not tunnelled: Upgrade was not forwarded
-                client.write(interim_head(status_line, fields, scan))
+            client.write(interim_head(status_line, fields, scan))
             return
         self.status = status
         if not self.req_complete:
@@ -298,6 +342,42 @@ class Exchange:
         self.t_first = client.server.clock.monotonic()
         self.resp_started = True
 
+    def response_switching(
+        self, status_line: bytes, fields: bytes, scan: ResponseFields
+    ) -> str | None:
+        """A 101 head: why it cannot be accepted, or None (it is sent once httptools
+        confirms the switch, see `upstream_switched`)."""
+        error = upgrades.check_switch(self.upgrade if self.reserved else None, fields)
+        if error is None:
+            chosen = b", ".join(upgrades.protocols(upgrades.field_values(fields, b"upgrade")))
+            self.switching = (status_line, fields, scan, chosen)
+        return error
+
+    def upstream_switched(self, conn: UpstreamConnection, rest: bytes) -> None:
+        """The upstream switched protocols (`rest`: what it sent past its 101): the 101
+        goes to the client, one sample records the time to it, a tunnel takes over."""
+        switching = self.switching
+        assert switching is not None and conn is self.upstream
+        status_line, fields, scan, chosen = switching
+        self.upstream = None
+        self.status = 101
+        self.resp_started = self.resp_done = True
+        self.reserved = False  # the place becomes the tunnel's
+        client = self.client
+        head = switching_head(status_line, fields, scan, upgrade=chosen, variant=self.variant)
+        client.write(head)
+        client.start_tunnel(conn, rest)
+        self._record(101)
+
+    def response_trailers(self, section: bytes | None, named: frozenset[bytes] | None) -> None:
+        """The trailer fields ending a chunked response (None: too large to pass on)."""
+        if section is None or not self.resp_chunked:
+            # an HTTP/1.0 client reads no chunks, so no trailers either; trailer fields
+            # may be dropped (RFC 9110 §6.5.1), the body is whole without them
+            self.client.server.metrics.trailers_dropped += 1
+            return
+        self.trailers = response_trailers(section, named)
+
     def response_body(self, chunk: bytes) -> None:
         if self.resp_chunked:
             self.client.writelines(_chunk(chunk))
@@ -306,7 +386,8 @@ class Exchange:
 
     def response_complete(self, reusable: bool) -> None:
         if self.resp_chunked:
-            self.client.write(_LAST_CHUNK)
+            trailers = self.trailers
+            self.client.write(_LAST_CHUNK if trailers is None else b"0\r\n%s\r\n" % trailers)
         self.resp_done = True
         conn = self.upstream
         self.upstream = None
@@ -447,5 +528,8 @@ class Exchange:
 
     def _record(self, outcome: int) -> None:
         """After the response went out: metrics and one sample."""
+        if self.reserved:  # an upgrade that did not happen
+            self.reserved = False
+            self.client.server.tunnel_refused()
         if self.choice is not None and not self.client.record_after_flush(self, outcome):
             self.client.server.finished([(self, outcome)])

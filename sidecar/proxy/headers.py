@@ -49,7 +49,8 @@ def _action(lower: bytes) -> int:
     return action
 
 
-PLAIN_CONNECTION = frozenset({b"keep-alive", b"Keep-Alive", b"close", b"Close", b"upgrade"})
+# `upgrade` is not among them: a request asking to upgrade takes the slower path
+PLAIN_CONNECTION = frozenset({b"keep-alive", b"Keep-Alive", b"close", b"Close"})
 
 
 def connection_options(value: bytes) -> frozenset[bytes] | None:
@@ -301,6 +302,31 @@ def response_head(
         out.append(b"\r\nConnection: keep-alive")
     out.append(b"\r\n\r\n")
     return b"".join(out)
+
+
+def switching_head(
+    status_line: bytes, fields: bytes, scan: ResponseFields, *, upgrade: bytes, variant: bytes
+) -> bytes:
+    """A 101 sent to the client: the upstream's fields minus hop-by-hop and framing
+    ones, then the upgrade it accepted and X-Canary-Variant."""
+    drop = scan.drop
+    length = scan.length_field(fields)
+    if length is not None:
+        drop = sorted([*drop, length])
+    fields = _cut(fields, drop)
+    if scan.named is not None:
+        fields = _without_named(fields, scan.named)
+    return b"".join(
+        [
+            status_line,
+            fields,
+            b"\r\nConnection: upgrade\r\nUpgrade: ",
+            upgrade,
+            b"\r\nX-Canary-Variant: ",
+            variant,
+            b"\r\n\r\n",
+        ]
+    )
 
 
 def interim_head(status_line: bytes, fields: bytes, scan: ResponseFields) -> bytes:

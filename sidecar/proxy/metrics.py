@@ -34,6 +34,8 @@ OVERHEAD_BUCKETS = (
     0.25,
     1.0,
 )
+# seconds a tunnel lived: WebSocket sessions last from a moment to days
+TUNNEL_LIFETIME_BUCKETS = (0.1, 1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0)
 _OUTCOME_LABELS = {CONNECT_ERROR: "connect_error", TIMEOUT: "timeout", ABORTED: "aborted"}
 
 
@@ -52,6 +54,14 @@ class ProxyMetrics:
         "overhead_sum",
         "rejected",
         "requests",
+        "trailers_dropped",
+        "tunnel_bytes_downstream",
+        "tunnel_bytes_upstream",
+        "tunnel_lifetime_counts",
+        "tunnel_lifetime_sum",
+        "tunnels_closed",
+        "tunnels_open",
+        "tunnels_refused",
         "upstream_connects",
         "upstream_retries",
     )
@@ -67,6 +77,15 @@ class ProxyMetrics:
         self.rejected: dict[str, int] = {}
         self.upstream_connects = 0  # fresh upstream connections opened
         self.upstream_retries = 0  # stale pooled connections retried on a fresh one
+        # trailer sections not passed on: to an HTTP/1.0 client, or too large
+        self.trailers_dropped = 0
+        self.tunnels_open = 0  # upgraded connections spliced as byte tunnels
+        self.tunnels_refused = 0  # upgrades answered 503: the tunnel cap was reached
+        self.tunnels_closed: dict[str, int] = {}  # ended tunnels, by why (tunnel.CLOSED…)
+        self.tunnel_bytes_upstream = 0  # tunnelled bytes from clients to upstreams
+        self.tunnel_bytes_downstream = 0  # and back
+        self.tunnel_lifetime_counts = [0] * (len(TUNNEL_LIFETIME_BUCKETS) + 1)
+        self.tunnel_lifetime_sum = 0.0
 
     def observe(self, variant: str, outcome: int, overhead_s: float | None) -> None:
         key = (variant, outcome)
@@ -75,6 +94,12 @@ class ProxyMetrics:
             self.overhead_counts[bisect_left(OVERHEAD_BUCKETS, overhead_s)] += 1
             self.overhead_sum += overhead_s
             self.overhead_count += 1
+
+    def tunnel_ended(self, reason: str, lifetime_s: float) -> None:
+        self.tunnels_open -= 1
+        self.tunnels_closed[reason] = self.tunnels_closed.get(reason, 0) + 1
+        self.tunnel_lifetime_counts[bisect_left(TUNNEL_LIFETIME_BUCKETS, lifetime_s)] += 1
+        self.tunnel_lifetime_sum += lifetime_s
 
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -119,18 +144,12 @@ class ProxyMetricsCollector(Collector):
         for (variant, outcome), count in sorted(m.requests.items()):
             requests.add_metric([variant, outcome_label(outcome)], count)
         yield requests
-        buckets: list[tuple[str, float]] = []
-        running = 0
-        for bound, count in zip(OVERHEAD_BUCKETS, m.overhead_counts, strict=False):
-            running += count
-            buckets.append((repr(bound), running))
-        buckets.append(("+Inf", running + m.overhead_counts[-1]))
         overhead = HistogramMetricFamily(
             f"{self._prefix}_proxy_overhead_seconds",
             "Time from a request head received to its head written upstream "
             "(choice, pool, connect)",
         )
-        overhead.add_metric([], buckets, m.overhead_sum)
+        overhead.add_metric([], _buckets(OVERHEAD_BUCKETS, m.overhead_counts), m.overhead_sum)
         yield overhead
         yield GaugeMetricFamily(
             f"{self._prefix}_client_connections", "Open client connections", value=m.connections
@@ -158,3 +177,62 @@ class ProxyMetricsCollector(Collector):
             "Requests retried on a fresh connection after a stale pooled one failed",
             value=m.upstream_retries,
         )
+        yield from self._tunnels()
+        yield CounterMetricFamily(
+            f"{self._prefix}_trailers_dropped",
+            "Trailer sections not passed on (HTTP/1.0 client, or larger than the limit)",
+            value=m.trailers_dropped,
+        )
+
+    def _tunnels(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
+        m = self._metrics
+        total = m.tunnels_open + sum(m.tunnels_closed.values())
+        yield GaugeMetricFamily(
+            f"{self._prefix}_tunnels_open",
+            "Upgraded connections open as tunnels",
+            value=m.tunnels_open,
+        )
+        yield CounterMetricFamily(
+            f"{self._prefix}_tunnels", "Tunnels opened (101 Switching Protocols)", value=total
+        )
+        closed = CounterMetricFamily(
+            f"{self._prefix}_tunnels_closed",
+            "Tunnels ended, by reason (closed, lost, idle, shutdown)",
+            labels=["reason"],
+        )
+        for reason, count in sorted(m.tunnels_closed.items()):
+            closed.add_metric([reason], count)
+        yield closed
+        yield CounterMetricFamily(
+            f"{self._prefix}_tunnels_refused",
+            "Upgrade requests answered 503: the tunnel cap was reached",
+            value=m.tunnels_refused,
+        )
+        tunnel_bytes = CounterMetricFamily(
+            f"{self._prefix}_tunnel_bytes",
+            "Bytes relayed through tunnels, by direction",
+            labels=["direction"],
+        )
+        tunnel_bytes.add_metric(["upstream"], m.tunnel_bytes_upstream)
+        tunnel_bytes.add_metric(["downstream"], m.tunnel_bytes_downstream)
+        yield tunnel_bytes
+        lifetime = HistogramMetricFamily(
+            f"{self._prefix}_tunnel_lifetime_seconds", "How long ended tunnels were open"
+        )
+        lifetime.add_metric(
+            [],
+            _buckets(TUNNEL_LIFETIME_BUCKETS, m.tunnel_lifetime_counts),
+            m.tunnel_lifetime_sum,
+        )
+        yield lifetime
+
+
+def _buckets(bounds: Sequence[float], counts: Sequence[int]) -> list[tuple[str, float]]:
+    """Cumulative Prometheus buckets from per-bucket counts (the last one: above all)."""
+    buckets: list[tuple[str, float]] = []
+    running = 0
+    for bound, count in zip(bounds, counts, strict=False):
+        running += count
+        buckets.append((repr(bound), running))
+    buckets.append(("+Inf", running + counts[-1]))
+    return buckets

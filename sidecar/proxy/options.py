@@ -37,3 +37,17 @@ class ProxyOptions:
     h2_max_resets: int = 200  # client stream resets per second before the connection is cut
     h2_max_streams_upstream: int = 1000  # streams opened on one upstream connection at once
     h2_max_waiting: int = 1000  # requests waiting for a stream to one HTTP/2 upstream
+    # upgraded connections (WebSocket…) spliced as byte tunnels: cut after this many
+    # seconds without a byte either way
+    tunnel_idle_timeout: float = 300.0
+    # tunnels open at once (each holds a client connection, counted within
+    # max_connections); None: half of max_connections, so plain requests keep room
+    max_tunnels: int | None = None
+    # a tunnel's write buffer, each way: past it the other side is not read
+    tunnel_buffer_bytes: int = 256 * 1024
+
+    @property
+    def tunnel_limit(self) -> int:
+        if self.max_tunnels is not None:
+            return min(self.max_tunnels, self.max_connections)
+        return max(1, self.max_connections // 2)

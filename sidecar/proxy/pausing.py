@@ -9,3 +9,4 @@ UPSTREAM_FULL = 1  # the upstream's write buffer is above its high-water mark
 WAIT_UPSTREAM = 2  # body bytes arrive while no upstream connection is ready
 PIPELINED = 4  # a pipelined request waits for the one before it
 STOPPED = 8  # nothing more will be read (upgrade requested, parse error)
+UPGRADING = 16  # an upgrade awaits the upstream's answer: what follows is not HTTP yet

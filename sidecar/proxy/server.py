@@ -28,6 +28,7 @@ from sidecar.proxy.limits import RateLimitedLog
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.options import ProxyOptions
 from sidecar.proxy.pausing import STOPPED
+from sidecar.proxy.tunnel import IDLE, SHUTDOWN, Tunnel
 from sidecar.proxy.upstream import UpstreamPool
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,8 @@ class ProxyServer:
         self._pools: dict[Upstream, UpstreamPool] = {}
         self._pools_by_id: dict[int, tuple[Upstream, UpstreamPool]] = {}
         self._connections: set[ClientConnection] = set()
+        self.tunnels: set[Tunnel] = set()
+        self._tunnels_pending = 0  # upgrade requests forwarded, their answer not yet in
         self._all_closed: asyncio.Event | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         # finished requests wait here for `flush_samples`: the recorder and the
@@ -169,7 +172,13 @@ class ProxyServer:
                     await self._all_closed.wait()
             except TimeoutError:
                 busy = len(self._connections) + len(self.h2.connections)
-                log.warning("%d connections still busy at shutdown: cut", busy)
+                log.warning(
+                    "%d connections still busy at shutdown (%d tunnels): cut",
+                    busy,
+                    len(self.tunnels),
+                )
+                for tunnel in list(self.tunnels):
+                    tunnel.cut(SHUTDOWN)
                 for conn in list(self._connections):
                     conn.abort()
                 self.h2.abort()
@@ -269,6 +278,28 @@ class ProxyServer:
         self._pools_by_id[id(upstream)] = (upstream, pool)
         return pool
 
+    def reserve_tunnel(self) -> bool:
+        """Room for one more tunnel? Taken until `tunnel_refused` or `tunnel_opened`."""
+        if self.draining or self._tunnels_pending + len(self.tunnels) >= self.options.tunnel_limit:
+            self.metrics.tunnels_refused += 1
+            return False
+        self._tunnels_pending += 1
+        return True
+
+    def tunnel_refused(self) -> None:
+        """A reserved upgrade did not happen (refused by the upstream, failed)."""
+        self._tunnels_pending -= 1
+
+    def tunnel_opened(self, tunnel: Tunnel) -> None:
+        self._tunnels_pending -= 1
+        self.tunnels.add(tunnel)
+        self.metrics.tunnels_open += 1
+
+    def tunnel_ended(self, tunnel: Tunnel) -> None:
+        self.tunnels.discard(tunnel)
+        self.metrics.tunnel_ended(tunnel.reason or "closed", self.time() - tunnel.opened)
+        tunnel.client.tunnel_ended()
+
     def connection_opened(self, conn: ClientConnection) -> None:
         limit = self.options.max_connections
         if len(self._connections) + len(self.h2.connections) >= limit:
@@ -313,6 +344,7 @@ class ProxyServer:
                 opts.client_idle_timeout / 4,
                 opts.pool_idle_timeout / 4,
                 opts.head_timeout / 4,
+                opts.tunnel_idle_timeout / 4,
             ),
         )
 
@@ -325,7 +357,7 @@ class ProxyServer:
         head_cutoff = now - self.options.head_timeout
         overdue, idle = [], []
         for conn in self._connections:
-            if conn.current is not None:
+            if conn.current is not None or conn.tunnel is not None:
                 continue  # a response is owed: the head after it is timed once it is out
             if conn.head_since:
                 if conn.head_since < head_cutoff:
@@ -339,6 +371,9 @@ class ProxyServer:
             conn.block(STOPPED)
             conn.write(errors.head_timeout(self.options.head_timeout))
             conn.close()
+        tunnel_cutoff = now - self.options.tunnel_idle_timeout
+        for tunnel in [t for t in self.tunnels if t.last_activity < tunnel_cutoff]:
+            tunnel.cut(IDLE)
         for pool in self._pools.values():
             pool.sweep(self.options.pool_idle_timeout)
         self.h2.sweep(now)

@@ -4,6 +4,11 @@ An `UpstreamConnection` is an asyncio Protocol with an httptools response parser
 While an exchange holds it, every parser event goes straight to that exchange
 (`UpstreamUser`), so a response streams to the client without a task or a queue in
 between. Idle connections wait in their pool, most recently used first.
+
+A chunked response's last bytes are kept (at most `trailers.TAIL_BYTES`) so that its
+trailer fields can be passed on once httptools has accepted the message. A 101 to a
+request asking to upgrade detaches the connection from its pool for good: its
+transport becomes one end of a tunnel.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import httptools
 from sidecar.choice import Upstream
 from sidecar.proxy.corking import CorkedWriter
 from sidecar.proxy.headers import ResponseFields, split_response_head
+from sidecar.proxy.trailers import TAIL_BYTES, trailer_section
 
 _NO_BODY_STATUSES = frozenset({204, 304})
 # a response head (status line and fields) larger than this is refused: without a
@@ -43,6 +49,11 @@ class UpstreamUser(Protocol):
     def upstream_timeout(self, conn: UpstreamConnection) -> None: ...
     def upstream_pause_writing(self) -> None: ...
     def upstream_resume_writing(self) -> None: ...
+    def response_switching(
+        self, status_line: bytes, fields: bytes, scan: ResponseFields
+    ) -> str | None: ...
+    def upstream_switched(self, conn: UpstreamConnection, rest: bytes) -> None: ...
+    def response_trailers(self, section: bytes | None, named: frozenset[bytes] | None) -> None: ...
 
     no_body: bool  # a response to HEAD: it ends with its head
 
@@ -79,10 +90,14 @@ _FRAMING = frozenset({b"content-length", b"transfer-encoding"})
 
 class UpstreamConnection(CorkedWriter, asyncio.Protocol):
     __slots__ = (
+        "_ending",
         "_head",
         "_last_activity",
         "_loop",
+        "_named",
         "_parser",
+        "_recent",
+        "_recent_len",
         "_reset_parser",
         "_status",
         "_timer",
@@ -120,6 +135,12 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         self._waiting = False
         self._last_activity = 0.0
         self._out: list[bytes] | None = None  # writes held for one send, see cork()
+        # a chunked response: the last reads (for its trailers), what its Connection
+        # names, and once it is complete, its user and keep-alive until the read ends
+        self._recent: list[bytes] = []
+        self._recent_len = 0
+        self._named: frozenset[bytes] | None = None
+        self._ending: tuple[UpstreamUser, bool] | None = None
 
     # --- asyncio.Protocol -------------------------------------------------------
 
@@ -141,11 +162,17 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         # the response head and body of one read leave to the client in one send
         client = user.client
         corked = client.cork()
+        switched: bytes | None = None
         try:
             self._parser.feed_data(data)
             head = self._head
             if head is not None and len(head) > MAX_RESPONSE_HEAD:
                 raise _InvalidResponse(f"response head larger than {MAX_RESPONSE_HEAD} bytes")
+            if self.framing == CHUNKED and self.user is not None:
+                self._keep_tail(data)
+        except httptools.HttpParserUpgrade as exc:
+            # a 101 the exchange accepted (see on_headers_complete): the rest is tunnelled
+            switched = data[exc.args[0] :]
         except (httptools.HttpParserError, _InvalidResponse) as exc:
             # the response's framing is in doubt: this connection never carries another
             failed = self.user
@@ -159,8 +186,18 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
                     reason = f"invalid response: {exc}"
                 failed.upstream_invalid(self, reason)
         finally:
+            ending = self._ending
+            if ending is not None:
+                self._ending = None
+                self._end_chunked(ending[0], ending[1], data)
             if corked:
                 client.uncork()
+        if switched is not None:
+            self._cancel_timer()
+            self._waiting = False
+            self.user = None
+            user.upstream_switched(self, switched)
+            return
         if self._reset_parser:
             # a response to HEAD ends with its head, which httptools cannot be told
             self._reset_parser = False
@@ -210,6 +247,12 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         scan = ResponseFields(fields)
         if scan.named is not None and scan.named & _FRAMING:
             raise _InvalidResponse("the response's Connection field names its framing")
+        if status == 101:
+            error = user.response_switching(status_line, fields, scan)
+            if error is not None:
+                raise _InvalidResponse(error)
+            self.framing = EMPTY
+            return
         coding = scan.coding
         if coding is not None:  # Transfer-Encoding wins over a length
             body_framing = CHUNKED if coding.endswith(b"chunked") else UNTIL_CLOSE
@@ -224,6 +267,8 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
             framing = EMPTY
         else:
             framing = body_framing
+            if framing == CHUNKED:
+                self._named = scan.named
         self.framing = framing
         user.response_head(status, status_line, fields, scan, framing)
         if self._reset_parser and self.user is user:
@@ -238,7 +283,36 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         user = self.user
         if user is None or self._status < 200 or self._reset_parser:
             return  # 1xx interim responses are followed by the real one
+        if self.framing == CHUNKED:
+            # its trailers are in the bytes of this read: finished when it is processed
+            self.user = None
+            self._ending = (user, self._parser.should_keep_alive())
+            return
         self._finish(user, self._parser.should_keep_alive())
+
+    def _keep_tail(self, data: bytes) -> None:
+        """Keep the last reads of a chunked response, enough to hold its trailers."""
+        if len(data) > TAIL_BYTES:
+            data = data[-TAIL_BYTES:]  # a copy, so that a large read is not held whole
+        recent = self._recent
+        recent.append(data)
+        self._recent_len += len(data)
+        while self._recent_len - len(recent[0]) >= TAIL_BYTES:
+            self._recent_len -= len(recent.pop(0))
+
+    def _end_chunked(self, user: UpstreamUser, keep_alive: bool, data: bytes) -> None:
+        """A chunked response is complete: pass its trailers on, then finish it."""
+        recent = self._recent
+        if not data.endswith(b"\r\n0\r\n\r\n"):  # the usual end, without trailers
+            tail = b"".join([*recent, data]) if recent else data
+            section = trailer_section(tail[-TAIL_BYTES:])
+            if section != b"":
+                user.response_trailers(section, self._named)
+        if recent:
+            self._recent = []
+            self._recent_len = 0
+        self._named = None
+        self._finish(user, keep_alive)
 
     def _finish(self, user: UpstreamUser, keep_alive: bool) -> None:
         self._waiting = False
@@ -246,6 +320,14 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         user.response_complete(keep_alive)
 
     # --- used by the exchange ---------------------------------------------------
+
+    def detach(self) -> asyncio.Transport:
+        """Give up the transport for good (a tunnel takes it over after a 101)."""
+        assert self.transport is not None
+        self.user = None
+        self._cancel_timer()
+        self.closed = True  # never pooled, never closed from here
+        return self.transport
 
     def attach(self, user: UpstreamUser) -> None:
         self.user = user

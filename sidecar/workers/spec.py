@@ -31,6 +31,8 @@ class WorkerSpec(BaseModel):
     read_timeout: float = Field(gt=0)
     head_timeout: float = Field(gt=0)
     max_connections: int | None = Field(default=None, ge=1)
+    max_tunnels: int | None = Field(default=None, ge=1)
+    tunnel_idle_timeout: float = Field(gt=0)
     sample_keys_file: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None

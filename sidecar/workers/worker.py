@@ -73,9 +73,13 @@ async def serve(
             default_upstream=spec.default_upstream,
             force_header_enabled=spec.force_header_enabled,
             timeouts=Timeouts(
-                connect=spec.connect_timeout, read=spec.read_timeout, head=spec.head_timeout
+                connect=spec.connect_timeout,
+                read=spec.read_timeout,
+                head=spec.head_timeout,
+                tunnel_idle=spec.tunnel_idle_timeout,
             ),
             max_connections=spec.max_connections,
+            max_tunnels=spec.max_tunnels,
             stop=stop,
             sample_keys=sample_keys,
             listen_tls=listen_tls,

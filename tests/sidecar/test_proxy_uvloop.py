@@ -10,6 +10,8 @@ import pytest
 
 from controlplane.kernel.codec import CONNECT_ERROR
 from tests.sidecar.proxy_harness import harness
+from tests.sidecar.ws_harness import setup, user_for
+from tests.support.outage import until
 from tests.support.processes import free_port
 
 uvloop = pytest.importorskip("uvloop")
@@ -52,3 +54,20 @@ async def _scenario() -> None:
 
 def test_the_proxy_runs_on_uvloop() -> None:
     uvloop.run(asyncio.wait_for(_scenario(), 30))
+
+
+async def _tunnel_scenario() -> None:
+    async with setup() as s:
+        for variant in ("baseline", "canary"):
+            async with s.connect(user_for(variant)) as ws:
+                assert await ws.recv() == f"hello from {variant}"
+                message = b"\x01" * (2 * 1024 * 1024)
+                await ws.send(message)
+                assert await ws.recv() == message
+        assert [x.outcome for x in await s.recorder.wait_for(2)] == [101, 101]
+        await until(lambda: s.proxy.metrics.tunnels_open == 0, "the tunnels ended")
+        assert s.proxy.metrics.tunnels_closed == {"closed": 2}
+
+
+def test_websocket_tunnels_run_on_uvloop() -> None:
+    uvloop.run(asyncio.wait_for(_tunnel_scenario(), 30))

@@ -116,3 +116,28 @@ def test_a_port_in_use_is_one_line_with_one_worker_too() -> None:
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("canary sidecar: cannot listen: ")
     assert str(port) in last and "address already in use" in last.lower()
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (
+            ["--max-connections", "100", "--max-tunnels", "101"],
+            "--max-tunnels must be between 1 and 100 (--max-connections), got 101",
+        ),
+        (["--max-tunnels", "0"], "--max-tunnels must be between 1 and"),
+        (
+            ["--tunnel-idle-timeout", "0"],
+            "--tunnel-idle-timeout must be a positive number of seconds, got 0.0",
+        ),
+    ],
+)
+def test_bad_tunnel_flags_are_a_one_line_error(flags: list[str], error: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "controlplane.cli.main", "sidecar", "--service", "web",
+         "--listen", "127.0.0.1:0", *flags],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"canary sidecar: {error}"), line

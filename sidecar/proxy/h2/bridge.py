@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from controlplane.kernel.codec import CONNECT_ERROR, TIMEOUT
 from sidecar.proxy.h2.fields import Forwarding, Pair, Request, h1_request, h1_response_fields
 from sidecar.proxy.headers import ResponseFields
+from sidecar.proxy.trailers import response_trailers
 from sidecar.proxy.upstream import EMPTY, LENGTH, UpstreamConnection, UpstreamPool
 
 if TYPE_CHECKING:
@@ -220,6 +221,30 @@ class H1Leg:
             return  # interim answers stay here
         pairs = h1_response_fields(fields, scan.named, keep_length=framing in (LENGTH, EMPTY))
         self.user.response_head(status, pairs, end=False)
+
+    def response_switching(
+        self, status_line: bytes, fields: bytes, scan: ResponseFields
+    ) -> str | None:
+        # HTTP/2 has no Upgrade: the request never asked to switch protocols
+        return "a 101 to a request that did not ask to upgrade"
+
+    def upstream_switched(self, conn: UpstreamConnection, rest: bytes) -> None:
+        # unreachable: every 101 is refused above, which ends the response as invalid
+        conn.abort()
+        self.upstream_lost(conn, "the upstream switched protocols unasked")
+
+    def response_trailers(self, section: bytes | None, named: frozenset[bytes] | None) -> None:
+        """A chunked response's trailer section becomes the stream's trailing HEADERS."""
+        if section is None:
+            self.server.metrics.trailers_dropped += 1
+            return
+        pairs: list[Pair] = []
+        for line in response_trailers(section, named).split(b"\r\n"):
+            name, sep, value = line.partition(b":")
+            if sep:
+                pairs.append((name.strip().lower(), value.strip()))
+        if pairs:
+            self.user.response_trailers(pairs)
 
     def response_body(self, chunk: bytes) -> None:
         self.unsent += len(chunk)

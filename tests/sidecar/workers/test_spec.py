@@ -12,7 +12,7 @@ from sidecar.workers.spec import MAX_SPEC_BYTES, WorkerSpec
 SPEC = WorkerSpec(
     index=1, service="shop", host="127.0.0.1", port=8080, admin_socket="/run/w1.sock",
     settings={"etcd": "127.0.0.1:2379"}, connect_timeout=2.0, read_timeout=30.0,
-    head_timeout=10.0,
+    head_timeout=10.0, tunnel_idle_timeout=300.0,
 )  # fmt: skip
 
 

@@ -29,7 +29,7 @@ def spec_for(port: int, **changes: object) -> WorkerSpec:
     fields: dict[str, object] = dict(
         index=0, service="shop", host="127.0.0.1", port=port, admin_socket="-",
         settings={"etcd": "memory://", "redis_url": "memory://"},
-        connect_timeout=2.0, read_timeout=30.0, head_timeout=10.0,
+        connect_timeout=2.0, read_timeout=30.0, head_timeout=10.0, tunnel_idle_timeout=300.0,
     )  # fmt: skip
     return WorkerSpec.model_validate({**fields, **changes})
 
