@@ -438,8 +438,8 @@ class ExperimentWindow:
         span = math.floor(cols.hi) - first + 1
         failed = self._failed(cols.outcome)
         groups = group_samples(
-            cols.ts, cols.variant, cols.unit, failed,
-            first=first, span=span, n_variants=len(rings),
+            cols.ts, cols.variant, cols.unit, failed, first=first, span=span,
+            n_variants=len(rings), bins=self.mapping.bins, offset=self.mapping.offset,
         )  # fmt: skip
         sums = self._reduce(groups, cols.rt_us)
         active = sums.active
@@ -455,7 +455,8 @@ class ExperimentWindow:
             self._offer_distinct(rings, groups, cols.unit, active, slots)
             self._mark_newest(rings, active, cols.hi)
             return
-        same = np.array_equal(first_byte, cols.rt_us)
+        # the first sample tells in O(1) when they differ, the common case
+        same = first_byte[0] == cols.rt_us[0] and np.array_equal(first_byte, cols.rt_us)
         fb_sums = sums if same else self._reduce(groups, first_byte)
         fb_slots, fb_held = self._slots(fb_rings, first, active)
         paired: list[int] = []
@@ -523,8 +524,8 @@ class ExperimentWindow:
 
     def _reduce(self, groups: Groups, values: npt.NDArray[np.uint32]) -> LatencySums:
         """One latency's histogram, count, above-threshold, sum and unit rows per group."""
-        index = self.mapping.index(values)
-        return reduce_latency(groups, values, index, self._above(values), self._bin_index)
+        flat = self.mapping.index(values, groups.base)
+        return reduce_latency(groups, values, flat, self._above(values), self._bin_index)
 
     def _slots(
         self, rings: list[VariantRing], first: int, active: list[int]
