@@ -101,22 +101,27 @@ class VariantRing:
         if capacity > self.capacity:
             self._allocate(capacity)
 
-    def slot_for(self, second: int) -> int:
-        slot = second % self.capacity
-        if self.second[slot] != second:
-            # the slot's previous second left the window (capacity > window + skew)
-            self.second[slot] = second
-            self.count[slot] = self.failures[slot] = self.above[slot] = 0
-            self.sum_us[slot] = 0.0
-            self.stale[slot] = False
-            self.hist[slot] = 0
-            self.res_fill[slot] = 0
-            self.res_tau[slot] = 2.0
-            self.unit_counts[slot] = 0
-            self.unit_sums[slot] = 0.0
-            self.distinct[slot] = np.zeros(0, dtype=np.uint32)
-        self.dirty[slot] = True
-        return slot
+    def claim(self, seconds: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
+        """The slots of `seconds` (distinct, all in the ring's span), and which of them
+        held their second already; the others are cleared for it."""
+        slots = seconds % self.capacity
+        held = self.second[slots] == seconds
+        if not held.all():
+            # those slots' previous seconds left the window (capacity > window + skew)
+            fresh, new = slots[~held], seconds[~held]
+            self.second[fresh] = new
+            self.count[fresh] = self.failures[fresh] = self.above[fresh] = 0
+            self.sum_us[fresh] = 0.0
+            self.stale[fresh] = False
+            self.hist[fresh] = 0
+            self.res_fill[fresh] = 0
+            self.res_tau[fresh] = 2.0
+            self.unit_counts[fresh] = 0
+            self.unit_sums[fresh] = 0.0
+            for slot in fresh.tolist():
+                self.distinct[slot] = np.zeros(0, dtype=np.uint32)
+        self.dirty[slots] = True
+        return slots, held
 
     def add_to_window(self, slot: int, sign: int) -> None:
         self.win_count += sign * int(self.count[slot])

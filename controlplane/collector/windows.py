@@ -198,6 +198,16 @@ def _first_byte_column(
     return np.concatenate(parts), np.concatenate(known)
 
 
+class _Placement(list[tuple[int, I64, I64, npt.NDArray[np.bool_]]]):
+    """Where a read's active groups go, per variant: (variant, its groups, their slots,
+    which slots held their second already). The first-byte ring of a variant has the
+    same capacity as its total ring, so the same slots; `slots` maps group → slot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slots: dict[int, int] = {}
+
+
 @dataclass
 class IngestCounters:
     ingested: int = 0
@@ -443,32 +453,33 @@ class ExperimentWindow:
         )  # fmt: skip
         sums = self._reduce(groups, cols.rt_us)
         active = sums.active
-        slots, held = self._slots(rings, first, active)
-        self._add_to_buckets(rings, groups, sums, slots)
+        place = self._place(rings, first, active)
+        self._add_to_buckets(rings, groups, sums, place)
         fb_rings = self._fb_rings
         if first_byte is None:
-            for g, slot in slots.items():  # this second's samples differ in the two rings
-                fb_rings[g % len(rings)].paired[slot] = False
+            for v, _, slots_v, _ in place:  # these seconds' samples differ in the two rings
+                fb_rings[v].paired[slots_v] = False
             self._offer_reservoirs(
-                rings, cols.rt_us, cols.unit, groups.group, sums.counts, active, slots
+                rings, cols.rt_us, cols.unit, groups.group, sums.counts, active, place.slots
             )
-            self._offer_distinct(rings, groups, cols.unit, active, slots)
+            self._offer_distinct(rings, groups, cols.unit, active, place.slots)
             self._mark_newest(rings, active, cols.hi)
             return
         # the first sample tells in O(1) when they differ, the common case
         same = first_byte[0] == cols.rt_us[0] and np.array_equal(first_byte, cols.rt_us)
         fb_sums = sums if same else self._reduce(groups, first_byte)
-        fb_slots, fb_held = self._slots(fb_rings, first, active)
-        paired: list[int] = []
-        alone: list[int] = []
-        for g in active:
-            ring, slot = fb_rings[g % len(rings)], fb_slots[g]
-            # both start this second now, or both held it, paired, before this read
-            pair = held[g] == fb_held[g] and (not held[g] or bool(ring.paired[slot]))
-            ring.paired[slot] = pair
-            (paired if pair else alone).append(g)
-        self._add_to_buckets(fb_rings, groups, fb_sums, fb_slots)
-        follow = (fb_rings, first_byte, set(paired))
+        paired: set[int] = set()
+        for v, groups_v, slots_v, held_v in place:
+            ring = fb_rings[v]
+            fb_held = ring.claim(first + groups_v // len(rings))[1]  # the same slots
+            # both start these seconds now, or both held them, paired, before this read
+            pair = (held_v == fb_held) & (~held_v | ring.paired[slots_v])
+            ring.paired[slots_v] = pair
+            paired.update(groups_v[pair].tolist())
+        alone = [g for g in active if g not in paired]
+        self._add_to_buckets(fb_rings, groups, fb_sums, place)
+        slots = place.slots
+        follow = (fb_rings, first_byte, paired)
         self._offer_reservoirs(
             rings, cols.rt_us, cols.unit, groups.group, sums.counts, active, slots,
             follow=follow,
@@ -479,9 +490,9 @@ class ExperimentWindow:
             fb_rings[g % len(rings)].distinct[slot] = rings[g % len(rings)].distinct[slot]
         if alone:  # seconds that already held samples without a first byte
             self._offer_reservoirs(
-                fb_rings, first_byte, cols.unit, groups.group, sums.counts, alone, fb_slots
+                fb_rings, first_byte, cols.unit, groups.group, sums.counts, alone, slots
             )
-            self._offer_distinct(fb_rings, groups, cols.unit, alone, fb_slots)
+            self._offer_distinct(fb_rings, groups, cols.unit, alone, slots)
         self._mark_newest(rings, active, cols.hi)
         self._mark_newest(fb_rings, active, cols.hi)
 
@@ -527,19 +538,21 @@ class ExperimentWindow:
         flat = self.mapping.index(values, groups.base)
         return reduce_latency(groups, values, flat, self._above(values), self._bin_index)
 
-    def _slots(
-        self, rings: list[VariantRing], first: int, active: list[int]
-    ) -> tuple[dict[int, int], dict[int, bool]]:
-        """Each active group's bucket slot, and whether it held that second already."""
+    def _place(self, rings: list[VariantRing], first: int, active: list[int]) -> _Placement:
+        """Claim each active group's bucket slot in `rings`."""
         n_variants = len(rings)
-        slots: dict[int, int] = {}
-        held: dict[int, bool] = {}
-        for g in active:
-            ring = rings[g % n_variants]
-            second = first + g // n_variants
-            held[g] = bool(ring.second[second % ring.capacity] == second)
-            slots[g] = ring.slot_for(second)
-        return slots, held
+        groups = np.array(active, dtype=np.int64)
+        place = _Placement()
+        if n_variants == 1:
+            variants = [(0, groups)]
+        else:
+            variant_of = groups % n_variants
+            variants = [(v, groups[variant_of == v]) for v in np.unique(variant_of).tolist()]
+        for v, groups_v in variants:
+            slots_v, held_v = rings[v].claim(first + groups_v // n_variants)
+            place.append((v, groups_v, slots_v, held_v))
+            place.slots.update(zip(groups_v.tolist(), slots_v.tolist(), strict=True))
+        return place
 
     def _taus(
         self, rings: list[VariantRing], active: list[int], slots: dict[int, int], counts: I64
@@ -561,18 +574,12 @@ class ExperimentWindow:
         return taus
 
     def _add_to_buckets(
-        self, rings: list[VariantRing], groups: Groups, sums: LatencySums, slots: dict[int, int]
+        self, rings: list[VariantRing], groups: Groups, sums: LatencySums, place: _Placement
     ) -> None:
         """Each group's sums into its second's bucket and into the running window sum,
         a variant's seconds at once."""
-        n_variants = len(rings)
-        active = np.fromiter(slots, dtype=np.int64, count=len(slots))
-        at = np.fromiter(slots.values(), dtype=np.int64, count=len(slots))
-        variant_of = active % n_variants
-        for v in np.unique(variant_of).tolist() if n_variants > 1 else [0]:
+        for v, g, slot, _ in place:
             ring = rings[v]
-            mine = variant_of == v
-            g, slot = active[mine], at[mine]
             counts, failures = sums.counts[g], groups.failures[g]
             group_sums, aboves = sums.sums[g], sums.aboves[g]
             hist = sums.hist[g]
