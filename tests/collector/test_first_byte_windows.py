@@ -206,8 +206,10 @@ def test_reads_of_either_version_in_any_order_keep_the_first_byte_window_exact(
     for kind, part in zip(kinds, reads, strict=True):
         if kind == "equal":
             fb[part] = rt[part]
-        mine = rng.random(part.shape[0]) < 0.5 if kind == "some" else np.full(
-            part.shape[0], kind != "none"
+        mine = (
+            rng.random(part.shape[0]) < 0.5
+            if kind == "some"
+            else np.full(part.shape[0], kind != "none")
         )
         known[part] = mine
         window.ingest(
