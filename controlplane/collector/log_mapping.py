@@ -57,14 +57,25 @@ class LogMapping:
         c = -self.offset * a + math.log(2 / (self.gamma + 1)) - math.log(1000.0)
         return a * s1 + c * n, a * a * s2 + 2 * a * c * s1 + c * c * n
 
-    def index(self, rt_us: npt.NDArray[np.integer]) -> I64:
+    def index(
+        self, rt_us: npt.NDArray[np.integer], base: npt.NDArray[np.int32] | None = None
+    ) -> I64:
+        """Each value's bin; with `base`, each value's bin in a flat histogram of several:
+        its bin - offset + base (the base holding its histogram's first bin, plus offset)."""
         x = rt_us.astype(np.float32)
-        np.maximum(x, self._floor, out=x)
+        if rt_us.shape[0] and rt_us.min() <= 0:  # a float max costs 8x an integer min
+            np.maximum(x, self._floor, out=x)
         np.log(x, out=x)
         x *= self._scale
         np.ceil(x, out=x)
-        x += np.float32(self.offset)  # small integers: exact in float32
-        return x.astype(np.int64)
+        # small integers: exact in int32, which float32 converts to in one vector
+        # instruction (to int64 it does not)
+        bins = x.astype(np.int32)
+        if base is None:
+            bins += np.int32(self.offset)
+        else:
+            bins += base
+        return bins.astype(np.int64)
 
     def above_mask(self, threshold_ms: float | None) -> npt.NDArray[np.bool_]:
         """Bins the histogram estimate counts as above threshold_ms."""

@@ -43,6 +43,10 @@ class VariantRing:
     res_unit: U32
     unit_counts: npt.NDArray[np.int32]
     unit_sums: F64
+    # a first-byte ring's second that holds exactly the samples of the total ring's
+    # same slot, with the same reservoir keys and units and the same distinct units
+    # (every sample of that second carried a first byte): those are shared, not redone
+    paired: npt.NDArray[np.bool_]
 
     def __init__(self, bins: int, capacity: int) -> None:
         self.bins = bins
@@ -77,6 +81,7 @@ class VariantRing:
             "res_unit": np.zeros((capacity, SECOND_RESERVOIR_SIZE), dtype=np.uint32),
             "unit_counts": np.zeros((capacity, UNIT_ROWS, 3), dtype=np.int32),
             "unit_sums": np.zeros((capacity, UNIT_ROWS, 2), dtype=np.float64),
+            "paired": np.zeros(capacity, dtype=bool),
         }
         distinct = [np.zeros(0, dtype=np.uint32)] * capacity
         if old is not None:
@@ -96,22 +101,27 @@ class VariantRing:
         if capacity > self.capacity:
             self._allocate(capacity)
 
-    def slot_for(self, second: int) -> int:
-        slot = second % self.capacity
-        if self.second[slot] != second:
-            # the slot's previous second left the window (capacity > window + skew)
-            self.second[slot] = second
-            self.count[slot] = self.failures[slot] = self.above[slot] = 0
-            self.sum_us[slot] = 0.0
-            self.stale[slot] = False
-            self.hist[slot] = 0
-            self.res_fill[slot] = 0
-            self.res_tau[slot] = 2.0
-            self.unit_counts[slot] = 0
-            self.unit_sums[slot] = 0.0
-            self.distinct[slot] = np.zeros(0, dtype=np.uint32)
-        self.dirty[slot] = True
-        return slot
+    def claim(self, seconds: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
+        """The slots of `seconds` (distinct, all in the ring's span), and which of them
+        held their second already; the others are cleared for it."""
+        slots = seconds % self.capacity
+        held = self.second[slots] == seconds
+        if not held.all():
+            # those slots' previous seconds left the window (capacity > window + skew)
+            fresh, new = slots[~held], seconds[~held]
+            self.second[fresh] = new
+            self.count[fresh] = self.failures[fresh] = self.above[fresh] = 0
+            self.sum_us[fresh] = 0.0
+            self.stale[fresh] = False
+            self.hist[fresh] = 0
+            self.res_fill[fresh] = 0
+            self.res_tau[fresh] = 2.0
+            self.unit_counts[fresh] = 0
+            self.unit_sums[fresh] = 0.0
+            for slot in fresh.tolist():
+                self.distinct[slot] = np.zeros(0, dtype=np.uint32)
+        self.dirty[slots] = True
+        return slots, held
 
     def add_to_window(self, slot: int, sign: int) -> None:
         self.win_count += sign * int(self.count[slot])
@@ -148,7 +158,9 @@ class VariantRing:
         keys: npt.NDArray[np.float32],
         values: npt.NDArray[np.uint32],
         units: U32,
-    ) -> None:
+    ) -> I64:
+        """Keep the bottom k of the slot's keys and `keys`; which positions of the
+        two concatenated were kept."""
         fill = int(self.res_fill[slot])
         all_keys = np.concatenate([self.res_keys[slot, :fill], keys])
         all_values = np.concatenate([self.res_us[slot, :fill], values])
@@ -161,6 +173,23 @@ class VariantRing:
         self.res_unit[slot, :fill] = all_units[keep]
         self.res_fill[slot] = fill
         self.res_tau[slot] = kept_keys.max() if fill >= SECOND_RESERVOIR_SIZE else 2.0
+        return keep
+
+    def follow(
+        self, twin: VariantRing, slot: int, keep: I64, values: npt.NDArray[np.uint32]
+    ) -> None:
+        """Offer as `twin` just did (`keep`, what its `offer` returned), with `values`.
+
+        For a paired slot: both rings held the same keys, were offered the same new
+        ones, and so keep the same positions; only the latency values differ."""
+        fill = int(self.res_fill[slot])
+        all_values = np.concatenate([self.res_us[slot, :fill], values])
+        kept = keep.shape[0]
+        self.res_us[slot, :kept] = all_values[keep]
+        self.res_keys[slot, :kept] = twin.res_keys[slot, :kept]
+        self.res_unit[slot, :kept] = twin.res_unit[slot, :kept]
+        self.res_fill[slot] = kept
+        self.res_tau[slot] = twin.res_tau[slot]
 
     def offer_units(self, slot: int, units: U32) -> None:
         """Add a second's unit hashes to its distinct sketch (bottom DISTINCT_K)."""
@@ -178,6 +207,6 @@ class VariantRing:
         arrays = [
             self.second, self.count, self.failures, self.sum_us, self.above, self.stale,
             self.dirty, self.hist, self.res_keys, self.res_us, self.res_fill, self.res_tau,
-            self.win_hist, self.res_unit, self.unit_counts, self.unit_sums,
+            self.win_hist, self.res_unit, self.unit_counts, self.unit_sums, self.paired,
         ]  # fmt: skip
         return sum(a.nbytes for a in arrays) + sum(d.nbytes for d in self.distinct)

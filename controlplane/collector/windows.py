@@ -27,11 +27,10 @@ import numpy as np
 import numpy.typing as npt
 
 from controlplane.collector.grouping import (
-    group_of,
-    group_sums,
-    per_group,
-    unit_rows,
-    unitless_rows,
+    Groups,
+    LatencySums,
+    group_samples,
+    reduce_latency,
 )
 from controlplane.collector.log_mapping import (
     DEFAULT_ALPHA,
@@ -199,21 +198,14 @@ def _first_byte_column(
     return np.concatenate(parts), np.concatenate(known)
 
 
-@dataclass
-class _GroupSums:
-    """One batch reduced per group (second x variant): what each bucket adds."""
+class _Placement(list[tuple[int, I64, I64, npt.NDArray[np.bool_]]]):
+    """Where a read's active groups go, per variant: (variant, its groups, their slots,
+    which slots held their second already). The first-byte ring of a variant has the
+    same capacity as its total ring, so the same slots; `slots` maps group → slot."""
 
-    first: int  # the batch's first second
-    group: I64 | None  # each sample's group; None: all in group 0
-    index: I64  # each sample's histogram bin
-    hist: I64  # (groups, bins)
-    counts: I64
-    failures: I64
-    aboves: I64
-    sums: F64
-    unit_counts: I64  # (groups, UNIT_ROWS, 3)
-    unit_sums: F64  # (groups, UNIT_ROWS, 2)
-    active: list[int]  # groups with at least one sample
+    def __init__(self) -> None:
+        super().__init__()
+        self.slots: dict[int, int] = {}
 
 
 @dataclass
@@ -421,6 +413,13 @@ class ExperimentWindow:
             return
         self.counters.ingested += cols.size
         self.changed = True
+        if cols.known is not None and cols.known.all():
+            cols.known = None
+        if cols.fb_us is not None and cols.known is None:
+            # every sample has a first byte (batches of version 2 only): one grouping
+            # for both latencies, and paired seconds share their reservoir and units
+            self._fill(self._rings, cols, first_byte=cols.fb_us)
+            return
         self._fill(self._rings, cols)
         first_byte = cols.first_byte()
         missing = cols.size if first_byte is None else cols.size - first_byte.size
@@ -428,16 +427,74 @@ class ExperimentWindow:
         if first_byte is not None:
             self._fill(self._fb_rings, first_byte)
 
-    def _fill(self, rings: list[VariantRing], cols: _Columns) -> None:
-        """One latency's rings: reduce the samples per (second, variant), add each group
-        to its bucket and the window, offer reservoir and distinct-unit candidates and
-        note the newest sample."""
-        reduced = self._reduce(cols)
-        slots, taus = self._slots_and_taus(rings, reduced)
-        self._add_to_buckets(rings, reduced, slots)
-        self._offer_reservoirs(rings, cols, reduced, slots, taus)
-        self._offer_distinct(rings, reduced.group, cols.unit, reduced.active, slots)
-        self._mark_newest(rings, reduced.active, cols.hi)
+    def _fill(
+        self,
+        rings: list[VariantRing],
+        cols: _Columns,
+        *,
+        first_byte: npt.NDArray[np.uint32] | None = None,
+    ) -> None:
+        """Reduce the samples per (second, variant), add each group to its bucket and
+        the window, offer reservoir and distinct-unit candidates, note the newest sample.
+
+        `rings` keep `cols.rt_us`. With `first_byte` (every sample's; `rings` are then
+        the total rings) the first-byte rings are filled from the same groups: the
+        seconds a ring pair holds the same samples of (`VariantRing.paired`) take the
+        reservoir keys and distinct units of the total ring instead of drawing their
+        own; the histogram, counts above the threshold, sums and reservoir values are
+        the first byte's. A first byte equal to the total in every sample is reduced
+        once."""
+        first = math.floor(cols.lo)
+        span = math.floor(cols.hi) - first + 1
+        failed = self._failed(cols.outcome)
+        groups = group_samples(
+            cols.ts, cols.variant, cols.unit, failed, first=first, span=span,
+            n_variants=len(rings), bins=self.mapping.bins, offset=self.mapping.offset,
+        )  # fmt: skip
+        sums = self._reduce(groups, cols.rt_us)
+        active = sums.active
+        place = self._place(rings, first, active)
+        self._add_to_buckets(rings, groups, sums, place)
+        fb_rings = self._fb_rings
+        if first_byte is None:
+            for v, _, slots_v, _ in place:  # these seconds' samples differ in the two rings
+                fb_rings[v].paired[slots_v] = False
+            self._offer_reservoirs(
+                rings, cols.rt_us, cols.unit, groups.group, sums.counts, active, place.slots
+            )
+            self._offer_distinct(rings, groups, cols.unit, active, place.slots)
+            self._mark_newest(rings, active, cols.hi)
+            return
+        # the first sample tells in O(1) when they differ, the common case
+        same = first_byte[0] == cols.rt_us[0] and np.array_equal(first_byte, cols.rt_us)
+        fb_sums = sums if same else self._reduce(groups, first_byte)
+        paired: set[int] = set()
+        for v, groups_v, slots_v, held_v in place:
+            ring = fb_rings[v]
+            fb_held = ring.claim(first + groups_v // len(rings))[1]  # the same slots
+            # both start these seconds now, or both held them, paired, before this read
+            pair = (held_v == fb_held) & (~held_v | ring.paired[slots_v])
+            ring.paired[slots_v] = pair
+            paired.update(groups_v[pair].tolist())
+        alone = [g for g in active if g not in paired]
+        self._add_to_buckets(fb_rings, groups, fb_sums, place)
+        slots = place.slots
+        follow = (fb_rings, first_byte, paired)
+        self._offer_reservoirs(
+            rings, cols.rt_us, cols.unit, groups.group, sums.counts, active, slots,
+            follow=follow,
+        )  # fmt: skip
+        self._offer_distinct(rings, groups, cols.unit, active, slots)
+        for g in paired:
+            slot = slots[g]
+            fb_rings[g % len(rings)].distinct[slot] = rings[g % len(rings)].distinct[slot]
+        if alone:  # seconds that already held samples without a first byte
+            self._offer_reservoirs(
+                fb_rings, first_byte, cols.unit, groups.group, sums.counts, alone, slots
+            )
+            self._offer_distinct(fb_rings, groups, cols.unit, alone, slots)
+        self._mark_newest(rings, active, cols.hi)
+        self._mark_newest(fb_rings, active, cols.hi)
 
     def _admit(self, cols: _Columns, now: float) -> _Columns | None:
         """Clamp samples ahead of now + skew to now; drop those older than the window."""
@@ -465,19 +522,8 @@ class ExperimentWindow:
             None if cols.known is None else cols.known[keep],
         )  # fmt: skip
 
-    def _reduce(self, cols: _Columns) -> _GroupSums:
-        """Histogram, count, failures, above-threshold, RT sum and unit rows per group."""
-        n_variants = len(self._rings)
-        first = math.floor(cols.lo)
-        span = math.floor(cols.hi) - first + 1
-        groups = span * n_variants
-        bins = self.mapping.bins
-        index = self.mapping.index(cols.rt_us)
-        group = group_of(cols.ts, cols.variant, first, span, n_variants)
-        flat = index if group is None else index + group * bins
-        hist = np.bincount(flat, minlength=groups * bins).reshape(groups, bins)
-        counts = hist.sum(axis=1)
-        outcome = cols.outcome
+    def _failed(self, outcome: npt.NDArray[np.uint16]) -> npt.NDArray[np.bool_]:
+        failed: npt.NDArray[np.bool_]
         if self.config.default_failures:
             # the default (5xx, connect errors, timeouts, non-OK gRPC) in cheap comparisons
             failed = ((outcome >= 500) & (outcome != GRPC_OK)) | (
@@ -485,81 +531,98 @@ class ExperimentWindow:
             )
         else:
             failed = self._failure_table[outcome]
-        active = [int(g) for g in np.flatnonzero(counts)]
-        failures = per_group(group, failed, groups)
-        above_mask = self._above(cols.rt_us)
-        aboves = per_group(group, above_mask, groups)
-        sums = group_sums(group, cols.rt_us, groups, active)
-        if cols.unit.any():
-            unit_counts, unit_sums = unit_rows(group, cols.unit, index, failed, above_mask, groups)
-        else:
-            unit_counts, unit_sums = unitless_rows(hist, counts, failures, aboves, self._bin_index)
-        return _GroupSums(
-            first, group, index, hist, counts, failures, aboves, sums, unit_counts, unit_sums,
-            active,
-        )  # fmt: skip
+        return failed
 
-    def _slots_and_taus(
-        self, rings: list[VariantRing], reduced: _GroupSums
-    ) -> tuple[dict[int, int], npt.NDArray[np.float32]]:
-        """Each active group's bucket slot, and the key bound its reservoir offers under."""
+    def _reduce(self, groups: Groups, values: npt.NDArray[np.uint32]) -> LatencySums:
+        """One latency's histogram, count, above-threshold, sum and unit rows per group."""
+        flat = self.mapping.index(values, groups.base)
+        return reduce_latency(groups, values, flat, self._above(values), self._bin_index)
+
+    def _place(self, rings: list[VariantRing], first: int, active: list[int]) -> _Placement:
+        """Claim each active group's bucket slot in `rings`."""
         n_variants = len(rings)
-        slots: dict[int, int] = {}
-        taus = np.full(reduced.counts.shape[0], 2.0, dtype=np.float32)
+        groups = np.array(active, dtype=np.int64)
+        place = _Placement()
+        if n_variants == 1:
+            variants = [(0, groups)]
+        else:
+            variant_of = groups % n_variants
+            variants = [(v, groups[variant_of == v]) for v in np.unique(variant_of).tolist()]
+        for v, groups_v in variants:
+            slots_v, held_v = rings[v].claim(first + groups_v // n_variants)
+            place.append((v, groups_v, slots_v, held_v))
+            place.slots.update(zip(groups_v.tolist(), slots_v.tolist(), strict=True))
+        return place
+
+    def _taus(
+        self, rings: list[VariantRing], active: list[int], slots: dict[int, int], counts: I64
+    ) -> npt.NDArray[np.float32]:
+        """The key bound each active group's reservoir offers under (0 for the others:
+        they offer nothing)."""
+        n_variants = len(rings)
+        taus = np.zeros(counts.shape[0], dtype=np.float32)
         k = SECOND_RESERVOIR_SIZE
-        for g in reduced.active:
-            ring = rings[g % n_variants]
-            slot = ring.slot_for(reduced.first + g // n_variants)
-            slots[g] = slot
-            fill = int(ring.res_fill[slot])
-            if fill >= k:
+        for g in active:
+            ring, slot = rings[g % n_variants], slots[g]
+            if int(ring.res_fill[slot]) >= k:
                 taus[g] = ring.res_tau[slot]
-            elif int(reduced.counts[g]) > _SAMPLED_FILL:
+            elif int(counts[g]) > _SAMPLED_FILL:
                 # filling, with many samples: about 4k of their keys fall below this
-                taus[g] = 4 * k / int(reduced.counts[g])
-        return slots, taus
+                taus[g] = 4 * k / int(counts[g])
+            else:
+                taus[g] = 2.0
+        return taus
 
     def _add_to_buckets(
-        self, rings: list[VariantRing], reduced: _GroupSums, slots: dict[int, int]
+        self, rings: list[VariantRing], groups: Groups, sums: LatencySums, place: _Placement
     ) -> None:
-        """Each group's sums into its second's bucket and into the running window sum."""
-        n_variants = len(rings)
-        for g in reduced.active:
-            ring = rings[g % n_variants]
-            slot = slots[g]
-            hist = reduced.hist[g]
-            ring.count[slot] += reduced.counts[g]
-            ring.failures[slot] += reduced.failures[g]
-            ring.sum_us[slot] += reduced.sums[g]
-            ring.above[slot] += reduced.aboves[g]
+        """Each group's sums into its second's bucket and into the running window sum,
+        a variant's seconds at once."""
+        for v, g, slot, _ in place:
+            ring = rings[v]
+            counts, failures = sums.counts[g], groups.failures[g]
+            group_sums, aboves = sums.sums[g], sums.aboves[g]
+            hist = sums.hist[g]
+            unit_counts, unit_sums = sums.unit_counts[g], sums.unit_sums[g]
+            ring.count[slot] += counts
+            ring.failures[slot] += failures
+            ring.sum_us[slot] += group_sums
+            ring.above[slot] += aboves
             ring.hist[slot] += hist.astype(np.int32)
-            ring.win_count += int(reduced.counts[g])
-            ring.win_failures += int(reduced.failures[g])
-            ring.win_sum_us += float(reduced.sums[g])
-            if not ring.stale[slot]:
-                ring.win_above += int(reduced.aboves[g])
-            ring.win_hist += hist
-            ring.unit_counts[slot] += reduced.unit_counts[g]
-            ring.unit_sums[slot] += reduced.unit_sums[g]
-            ring.win_unit_counts += reduced.unit_counts[g]
-            ring.win_unit_sums += reduced.unit_sums[g]
+            ring.unit_counts[slot] += unit_counts.astype(np.int32)
+            ring.unit_sums[slot] += unit_sums
+            ring.win_count += int(counts.sum())
+            ring.win_failures += int(failures.sum())
+            ring.win_sum_us += float(group_sums.sum())
+            ring.win_above += int(aboves[~ring.stale[slot]].sum())
+            ring.win_hist += hist.sum(axis=0)
+            ring.win_unit_counts += unit_counts.sum(axis=0)
+            ring.win_unit_sums += unit_sums.sum(axis=0)
 
     def _offer_reservoirs(
         self,
         rings: list[VariantRing],
-        cols: _Columns,
-        reduced: _GroupSums,
+        values: npt.NDArray[np.uint32],
+        unit: U32,
+        group: I64 | None,
+        counts: I64,
+        active: list[int],
         slots: dict[int, int],
-        taus: npt.NDArray[np.float32],
+        *,
+        follow: tuple[list[VariantRing], npt.NDArray[np.uint32], set[int]] | None = None,
     ) -> None:
-        """Each bucket's bottom-k reservoir takes the batch's candidates of its group."""
+        """Each bucket's bottom-k reservoir takes the read's candidates of its group
+        (`counts`: each group's samples).
+
+        `follow`: other rings, their values of the same samples, and the groups whose
+        slots there are paired with these: those take what these rings keep."""
         n_variants = len(rings)
-        m = cols.size
-        group = reduced.group
+        m = int(values.shape[0])
+        taus = self._taus(rings, active, slots, counts)
         k = SECOND_RESERVOIR_SIZE
-        cand_pos, cand_keys = self._reservoir_candidates(group, taus, reduced.active, m)
+        cand_pos, cand_keys = self._reservoir_candidates(group, taus, active, m)
         cand_group = group[cand_pos] if group is not None else np.zeros_like(cand_pos)
-        for g in reduced.active:
+        for g in active:
             ring = rings[g % n_variants]
             slot = slots[g]
             mine = cand_group == g
@@ -572,8 +635,11 @@ class ExperimentWindow:
                 if below + keys.shape[0] < k:
                     pos = np.arange(m) if group is None else np.flatnonzero(group == g)
                     keys = self._rng.random(pos.shape[0], dtype=np.float32)
-            if keys.shape[0]:
-                ring.offer(slot, keys, cols.rt_us[pos].astype(np.uint32), cols.unit[pos])
+            if not keys.shape[0]:
+                continue
+            keep = ring.offer(slot, keys, values[pos].astype(np.uint32), unit[pos])
+            if follow is not None and g in follow[2]:
+                follow[0][g % n_variants].follow(ring, slot, keep, follow[1][pos])
 
     def _mark_newest(self, rings: list[VariantRing], active: list[int], hi: float) -> None:
         # the batch's newest sample stands for every variant in it: lag is a health
@@ -587,7 +653,7 @@ class ExperimentWindow:
     def _offer_distinct(
         self,
         rings: list[VariantRing],
-        group: I64 | None,
+        groups: Groups,
         unit: U32,
         active: list[int],
         slots: dict[int, int],
@@ -597,9 +663,13 @@ class ExperimentWindow:
         Once a second's sketch is full only hashes below its largest can enter, so a
         comparison pass filters a batch first. What is left is sorted once, keyed by
         (group, hash), and each group takes its smallest distinct hashes from its run.
+        Groups not in `active` offer nothing.
         """
+        if groups.unit_key is None:  # no sample has a unit
+            return
         n_variants = len(rings)
-        limits = np.zeros(max(active) + 1, dtype=np.int64)
+        group = groups.group
+        limits = np.zeros(groups.size, dtype=np.int64)
         for g in active:
             held = rings[g % n_variants].distinct[slots[g]]
             limits[g] = int(held[-1]) if held.shape[0] >= DISTINCT_K else U32_LIMIT

@@ -179,3 +179,61 @@ def test_both_windows_slide_and_follow_the_threshold_together() -> None:
     assert not snap.threshold_exact and not snap.first_byte.threshold_exact
     later = window.snapshot(START + 25)["canary"]
     assert later.count == 0 and later.first_byte is not None and later.first_byte.count == 0
+
+
+# what each read holds: every sample with a first byte (version 2 batches only), some,
+# none (version 1 only), or first bytes equal to the totals
+READ_KINDS = st.sampled_from(["all", "some", "none", "equal"])
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(1, 2_000),
+    kinds=st.lists(READ_KINDS, min_size=1, max_size=6),
+)
+def test_reads_of_either_version_in_any_order_keep_the_first_byte_window_exact(
+    seed: int, n: int, kinds: list[str]
+) -> None:
+    # reads that share seconds: a second filled from version 2 reads shares its
+    # reservoir keys and distinct units between the two rings, one that also took
+    # version 1 samples does not, and either way the windows are the law's
+    variant, ts, rt, outcome, unit, fb = columns(seed, n)
+    rng = np.random.default_rng(seed + 2)
+    reads = np.array_split(np.arange(n), len(kinds))
+    known = np.zeros(n, dtype=bool)
+    window = fresh()
+    for kind, part in zip(kinds, reads, strict=True):
+        if kind == "equal":
+            fb[part] = rt[part]
+        mine = (
+            rng.random(part.shape[0]) < 0.5
+            if kind == "some"
+            else np.full(part.shape[0], kind != "none")
+        )
+        known[part] = mine
+        window.ingest(
+            variant[part], ts[part], rt[part], outcome[part], START, unit[part],
+            fb_us=None if kind == "none" else fb[part],
+            known=mine if kind == "some" else None,
+        )  # fmt: skip
+    total, by_first_byte = fresh(), fresh()
+    total.ingest(variant, ts, rt, outcome, START, unit)
+    keep = np.flatnonzero(known)
+    by_first_byte.ingest(variant[keep], ts[keep], fb[keep], outcome[keep], START, unit[keep])
+    got, want_total, want_fb = (w.snapshot(START) for w in (window, total, by_first_byte))
+    for name, snap in got.items():
+        assert_same(snap, want_total[name])
+        assert snap.first_byte is not None
+        assert_same(snap.first_byte, replace(want_fb[name], first_byte=None))
+        assert snap.units == want_total[name].units
+        assert snap.first_byte.units == want_fb[name].units
+        in_variant = variant == (0 if name == "baseline" else 1)
+        assert set(snap.first_byte.reservoir_ms) <= {
+            float(v) / 1000 for v in fb[in_variant & known]
+        }
+        assert set(snap.reservoir_ms) <= {float(v) / 1000 for v in rt[in_variant]}
+        assert len(snap.first_byte.reservoir_ms) == min(
+            int(np.count_nonzero(in_variant & known)), len(want_fb[name].reservoir_ms)
+        )
+    assert window.counters.without_first_byte == n - keep.shape[0]
