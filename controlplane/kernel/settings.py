@@ -92,7 +92,8 @@ class Settings(BaseSettings):
 
     @property
     def notify_policy(self) -> UpstreamPolicy:
-        return UpstreamPolicy.parse(self.notify_allow)
+        return UpstreamPolicy.parse(self.notify_allow, what="webhook",
+                                    setting="CANARY_NOTIFY_ALLOW")
 
     @property
     def dashboard_base_url(self) -> str:

@@ -260,7 +260,8 @@ async def test_subscriptions_choose_their_service_kinds_and_format(
     trips = await subscribe(backends, hook_url, name="trips", service="checkout",
                             kinds=("tripped",), fmt=Format.SLACK)
     await subscribe(backends, hook_url, name="off", enabled=False)
-    checkout, cart = await new_experiment(backends, "checkout"), await new_experiment(backends, "cart")
+    checkout = await new_experiment(backends, "checkout")
+    cart = await new_experiment(backends, "cart")
     await announce(backends, checkout, "tripped")
     await announce(backends, checkout, "step_advanced")
     await announce(backends, cart, "tripped")
