@@ -77,8 +77,11 @@ def send_sample(url: str, secret: str, fmt: str) -> dict[str, Any]:
     settings = Settings()
     clock = SystemClock()
     body = render(sample_event(utc_now(clock)), chosen, base_url=settings.dashboard_base_url)
-    sender = WebhookSender(policy=settings.notify_policy, timeout_sec=settings.notify_timeout_sec,
-                           connect_timeout_sec=min(5.0, settings.notify_timeout_sec))
+    sender = WebhookSender(
+        policy=settings.notify_policy,
+        timeout_sec=settings.notify_timeout_sec,
+        connect_timeout_sec=min(5.0, settings.notify_timeout_sec),
+    )
     refused = sender.refusal(url)
     if refused is not None:
         raise ValidationFailed(f"not sent: {refused}")
@@ -86,14 +89,19 @@ def send_sample(url: str, secret: str, fmt: str) -> dict[str, Any]:
     async def once() -> dict[str, Any]:
         try:
             result = await sender.send(
-                Outgoing(url=url, secret=secret, body=body, event_id=0, delivery_id=None,
-                         attempt=1),
+                Outgoing(
+                    url=url, secret=secret, body=body, event_id=0, delivery_id=None, attempt=1
+                ),
                 timestamp=int(clock.now()),
             )
         finally:
             await sender.close()
-        return {"delivered": result.delivered, "status": result.status,
-                "error": None if result.delivered else result.describe(), "event_id": 0}
+        return {
+            "delivered": result.delivered,
+            "status": result.status,
+            "error": None if result.delivered else result.describe(),
+            "event_id": 0,
+        }
 
     return asyncio.run(once())
 
@@ -115,8 +123,10 @@ def register(app: typer.Typer) -> None:
     @notify.command("test")
     def test_command(
         subscription: Annotated[
-            int | None, typer.Option("--subscription", help="a stored subscription's id "
-                                     "(sent by the API)", min=1)
+            int | None,
+            typer.Option(
+                "--subscription", help="a stored subscription's id (sent by the API)", min=1
+            ),
         ] = None,
         url: Annotated[str | None, typer.Option("--url", help="send to this URL from here")] = None,
         secret_file: Annotated[
@@ -141,8 +151,9 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(outcome)
         if not outcome.get("delivered"):
-            raise fail(COMMAND, f"not delivered: {outcome.get('error') or 'no answer'}",
-                       EXIT_REFUSED)
+            raise fail(
+                COMMAND, f"not delivered: {outcome.get('error') or 'no answer'}", EXIT_REFUSED
+            )
         if not as_json:
             typer.echo(f"delivered: the receiver answered HTTP {outcome.get('status')}")
 
@@ -172,5 +183,16 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(page)
             return
-        _table(page.get("items", []), ["id", "experiment_id", "kind", "subscription_name",
-                                       "status", "attempts", "last_status", "last_error"])
+        _table(
+            page.get("items", []),
+            [
+                "id",
+                "experiment_id",
+                "kind",
+                "subscription_name",
+                "status",
+                "attempts",
+                "last_status",
+                "last_error",
+            ],
+        )

@@ -67,11 +67,15 @@ def enqueue_for_event(*, session: Session, event: Event) -> int:
     if event.kind not in NOTIFIABLE_KINDS:
         return 0
     found = session.scalars(
-        select(NotificationSubscription).where(
+        select(NotificationSubscription)
+        .where(
             NotificationSubscription.enabled.is_(True),
-            or_(NotificationSubscription.service.is_(None),
-                NotificationSubscription.service == event.service),
-        ).order_by(NotificationSubscription.id)
+            or_(
+                NotificationSubscription.service.is_(None),
+                NotificationSubscription.service == event.service,
+            ),
+        )
+        .order_by(NotificationSubscription.id)
     ).all()
     queued = 0
     for subscription in found:
@@ -144,14 +148,20 @@ def list_subscriptions(
 ) -> tuple[list[SubscriptionRecord], int]:
     total = session.scalar(select(func.count()).select_from(NotificationSubscription)) or 0
     rows = session.scalars(
-        select(NotificationSubscription).order_by(NotificationSubscription.id)
-        .limit(limit).offset(offset)
+        select(NotificationSubscription)
+        .order_by(NotificationSubscription.id)
+        .limit(limit)
+        .offset(offset)
     ).all()
     return [subscription_record(r) for r in rows], total
 
 
 def update_subscription(
-    *, session: Session, subscription_id: int, spec: SubscriptionSpec, now: datetime,
+    *,
+    session: Session,
+    subscription_id: int,
+    spec: SubscriptionSpec,
+    now: datetime,
     secret: str | None = None,
 ) -> SubscriptionRecord:
     """Replace the subscription's spec (and its secret, when one is given). Deliveries
@@ -242,23 +252,32 @@ def claim_due(
         earlier.status == DeliveryStatus.PENDING.value,
         earlier.id < NotificationDelivery.id,
     )
-    free = or_(NotificationDelivery.claimed_until.is_(None),
-               NotificationDelivery.claimed_until <= now)
+    free = or_(
+        NotificationDelivery.claimed_until.is_(None), NotificationDelivery.claimed_until <= now
+    )
     candidates = session.scalars(
-        select(NotificationDelivery.id).where(
+        select(NotificationDelivery.id)
+        .where(
             NotificationDelivery.status == DeliveryStatus.PENDING.value,
             NotificationDelivery.next_attempt_at <= now,
             free,
             ~blocked,
-        ).order_by(NotificationDelivery.id).limit(limit)
+        )
+        .order_by(NotificationDelivery.id)
+        .limit(limit)
     ).all()
     claimed: list[ClaimedDelivery] = []
     for delivery_id in candidates:
         # the same conditions again, atomically: of two dispatchers, one wins the row
         won = session.execute(
             update(NotificationDelivery)
-            .where(and_(NotificationDelivery.id == delivery_id,
-                        NotificationDelivery.status == DeliveryStatus.PENDING.value, free))
+            .where(
+                and_(
+                    NotificationDelivery.id == delivery_id,
+                    NotificationDelivery.status == DeliveryStatus.PENDING.value,
+                    free,
+                )
+            )
             .values(claimed_by=holder, claimed_until=lease_until)
             .execution_options(synchronize_session=False)
         ).rowcount  # type: ignore[attr-defined]
@@ -270,8 +289,11 @@ def claim_due(
         event = session.get(Event, row.event_id)
         if subscription is None or event is None:
             continue
-        name = session.scalar(select(Experiment.name).where(Experiment.id == event.experiment_id)) \
-            if event.experiment_id is not None else None
+        name = (
+            session.scalar(select(Experiment.name).where(Experiment.id == event.experiment_id))
+            if event.experiment_id is not None
+            else None
+        )
         claimed.append(ClaimedDelivery(
             delivery_id=row.id, attempts=row.attempts, created_at=row.created_at,
             url=subscription.url, secret=subscription.secret,
@@ -296,8 +318,11 @@ def record_attempt(
     longer holds the row (its lease ran out and another dispatcher took it)."""
     changed = session.execute(
         update(NotificationDelivery)
-        .where(NotificationDelivery.id == delivery_id, NotificationDelivery.claimed_by == holder,
-               NotificationDelivery.status == DeliveryStatus.PENDING.value)
+        .where(
+            NotificationDelivery.id == delivery_id,
+            NotificationDelivery.claimed_by == holder,
+            NotificationDelivery.status == DeliveryStatus.PENDING.value,
+        )
         .values(
             status=status.value,
             attempts=NotificationDelivery.attempts + 1,
@@ -326,9 +351,11 @@ def release_claims(*, session: Session, holder: str) -> int:
 
 
 def pending_count(*, session: Session) -> int:
-    return session.scalar(
-        select(func.count()).select_from(NotificationDelivery).where(
-            NotificationDelivery.status == DeliveryStatus.PENDING.value
+    return (
+        session.scalar(
+            select(func.count())
+            .select_from(NotificationDelivery)
+            .where(NotificationDelivery.status == DeliveryStatus.PENDING.value)
         )
-    ) or 0
-
+        or 0
+    )

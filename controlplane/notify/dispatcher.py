@@ -66,15 +66,19 @@ class DispatchMetricsCollector(Collector):
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         s = self._stats
         p = "canary_notify"
-        yield GaugeMetricFamily(f"{p}_pending", "Deliveries waiting in the outbox, at the "
-                                "last round", value=s.pending)
+        yield GaugeMetricFamily(
+            f"{p}_pending", "Deliveries waiting in the outbox, at the last round", value=s.pending
+        )
         for name, text, value in (
             ("attempts", "Webhook requests made", s.attempts),
             ("delivered", "Deliveries a receiver accepted (2xx)", s.delivered),
             ("retried", "Attempts that failed and were scheduled again", s.retried),
             ("failed", "Deliveries given up (max attempts or max age)", s.failed),
-            ("lost_leases", "Outcomes not written: the lease had passed to another "
-             "dispatcher", s.lost_leases),
+            (
+                "lost_leases",
+                "Outcomes not written: the lease had passed to another dispatcher",
+                s.lost_leases,
+            ),
             ("errors", "Rounds that failed (database unavailable…); retried", s.errors),
         ):
             yield CounterMetricFamily(f"{p}_{name}", text, value=value)
@@ -175,20 +179,34 @@ class Dispatcher:
             body = render(delivery.event, delivery.format, base_url=self.base_url)
         except (ValueError, TypeError) as exc:
             # the stored evidence is not JSON a receiver could read: no retry mends it
-            await self._record(backends, delivery, attempt,
-                               AttemptResult(status=None, error=f"unrenderable event: {exc}"),
-                               final=True)
+            await self._record(
+                backends,
+                delivery,
+                attempt,
+                AttemptResult(status=None, error=f"unrenderable event: {exc}"),
+                final=True,
+            )
             return
-        outgoing = Outgoing(url=delivery.url, secret=delivery.secret, body=body,
-                            event_id=delivery.event.event_id,
-                            delivery_id=delivery.delivery_id, attempt=attempt)
+        outgoing = Outgoing(
+            url=delivery.url,
+            secret=delivery.secret,
+            body=body,
+            event_id=delivery.event.event_id,
+            delivery_id=delivery.delivery_id,
+            attempt=attempt,
+        )
         result = await self.sender.send(outgoing, timestamp=int(backends.clock.now()))
         self.stats.attempts += 1
         await self._record(backends, delivery, attempt, result)
 
     async def _record(
-        self, backends: Backends, delivery: ClaimedDelivery, attempt: int,
-        result: AttemptResult, *, final: bool = False,
+        self,
+        backends: Backends,
+        delivery: ClaimedDelivery,
+        attempt: int,
+        result: AttemptResult,
+        *,
+        final: bool = False,
     ) -> None:
         now = backends.clock.now()
         verdict = GiveUp(result.describe()) if final else after_attempt(
@@ -219,8 +237,12 @@ class Dispatcher:
             self.stats.retried += 1
         else:
             self.stats.failed += 1
-            log.warning("notification %d (event %d) failed: %s", delivery.delivery_id,
-                        delivery.event.event_id, error)
+            log.warning(
+                "notification %d (event %d) failed: %s",
+                delivery.delivery_id,
+                delivery.event.event_id,
+                error,
+            )
 
 
 def dispatcher_for(settings: Settings) -> Dispatcher:
@@ -231,7 +253,10 @@ def dispatcher_for(settings: Settings) -> Dispatcher:
             max_age_sec=settings.notify_max_age_sec,
             max_delay_sec=min(900.0, settings.notify_max_age_sec),
         ),
-        sender=WebhookSender(policy=settings.notify_policy, timeout_sec=settings.notify_timeout_sec,
-                             connect_timeout_sec=min(5.0, settings.notify_timeout_sec)),
+        sender=WebhookSender(
+            policy=settings.notify_policy,
+            timeout_sec=settings.notify_timeout_sec,
+            connect_timeout_sec=min(5.0, settings.notify_timeout_sec),
+        ),
         base_url=settings.dashboard_base_url,
     )

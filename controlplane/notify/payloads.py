@@ -76,8 +76,9 @@ def json_body(event: AnnouncedEvent, link: str | None) -> bytes:
 
 def _encode(document: dict[str, Any]) -> bytes:
     # events hold JSON the store already accepted; default=str covers a stray datetime
-    return json.dumps(document, separators=(",", ":"), sort_keys=True, default=str,
-                      allow_nan=False).encode("utf-8")
+    return json.dumps(
+        document, separators=(",", ":"), sort_keys=True, default=str, allow_nan=False
+    ).encode("utf-8")
 
 
 def _iso(at: datetime) -> str:
@@ -105,15 +106,21 @@ def _facts(event: AnnouncedEvent) -> list[tuple[str, str]]:
     if event.from_state or event.to_state:
         facts.append(("State", f"{event.from_state or '-'} → {event.to_state or '-'}"))
     payload = event.payload
-    weights = payload.get("evidence", {}).get("weights") if isinstance(
-        payload.get("evidence"), dict) else None
+    weights = (
+        payload.get("evidence", {}).get("weights")
+        if isinstance(payload.get("evidence"), dict)
+        else None
+    )
     canary_bp = weights.get("canary_bp_after") if isinstance(weights, dict) else None
     if canary_bp is None:
         canary_bp = payload.get("canary_weight_bp")
     if isinstance(canary_bp, int) and not isinstance(canary_bp, bool):
         facts.append(("Canary weight", f"{canary_bp / 100:.2f} %"))
-    trips = payload.get("evidence", {}).get("trips") if isinstance(
-        payload.get("evidence"), dict) else None
+    trips = (
+        payload.get("evidence", {}).get("trips")
+        if isinstance(payload.get("evidence"), dict)
+        else None
+    )
     if isinstance(trips, int) and not isinstance(trips, bool):
         facts.append(("Trips", str(trips)))
     facts.append(("By", event.actor))
@@ -130,12 +137,22 @@ def slack_message(event: AnnouncedEvent, link: str | None) -> dict[str, Any]:
     if link is not None:
         context = f"<{slack_escape(link)}|Open in canary> · {context}"
     blocks: list[dict[str, Any]] = [
-        {"type": "header",
-         "text": {"type": "plain_text", "text": _clip(subject, SLACK_HEADER_MAX)}},
+        {
+            "type": "header",
+            "text": {"type": "plain_text", "text": _clip(subject, SLACK_HEADER_MAX)},
+        },
         {"type": "section", "fields": fields},
         {"type": "context", "elements": [{"type": "mrkdwn", "text": context}]},
     ]
     if event.reason:
-        blocks.insert(1, {"type": "section", "text": {
-            "type": "mrkdwn", "text": slack_escape(_clip(event.reason, SLACK_TEXT_MAX))}})
+        blocks.insert(
+            1,
+            {
+                "type": "section",
+                "text": {
+                    "type": "mrkdwn",
+                    "text": slack_escape(_clip(event.reason, SLACK_TEXT_MAX)),
+                },
+            },
+        )
     return {"text": slack_escape(_clip(subject, SLACK_TEXT_MAX)), "blocks": blocks}

@@ -50,8 +50,9 @@ class SubscriptionRecord:
 
     @property
     def spec(self) -> SubscriptionSpec:
-        return SubscriptionSpec(self.name, self.url, self.service, self.kinds, self.format,
-                                self.enabled)
+        return SubscriptionSpec(
+            self.name, self.url, self.service, self.kinds, self.format, self.enabled
+        )
 
 
 @dataclass(frozen=True)

@@ -103,8 +103,9 @@ class WebhookSender:
             return AttemptResult(status=None, error=_describe(exc))
 
     async def _exchange(self, outgoing: Outgoing, headers: dict[str, str]) -> AttemptResult:
-        request = self._http().build_request("POST", outgoing.url, content=outgoing.body,
-                                             headers=headers)
+        request = self._http().build_request(
+            "POST", outgoing.url, content=outgoing.body, headers=headers
+        )
         response = await self._http().send(request, stream=True)
         try:
             read = 0

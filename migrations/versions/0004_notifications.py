@@ -39,8 +39,10 @@ def upgrade() -> None:
         sa.UniqueConstraint("name", name=op.f("uq_notification_subscriptions_name")),
     )
     op.create_index(
-        op.f("ix_notification_subscriptions_service"), "notification_subscriptions",
-        ["service"], unique=False,
+        op.f("ix_notification_subscriptions_service"),
+        "notification_subscriptions",
+        ["service"],
+        unique=False,
     )
     op.create_table(
         "notification_deliveries",
@@ -66,30 +68,41 @@ def upgrade() -> None:
             name=op.f("ck_notification_deliveries_status"),
         ),
         sa.ForeignKeyConstraint(
-            ["event_id"], ["events.id"], name=op.f("fk_notification_deliveries_event_id_events"),
+            ["event_id"],
+            ["events.id"],
+            name=op.f("fk_notification_deliveries_event_id_events"),
         ),
         sa.ForeignKeyConstraint(
-            ["subscription_id"], ["notification_subscriptions.id"],
+            ["subscription_id"],
+            ["notification_subscriptions.id"],
             name=op.f("fk_notification_deliveries_subscription_id_notification_subscriptions"),
             ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_notification_deliveries")),
     )
     op.create_index(
-        "ix_notification_deliveries_due", "notification_deliveries",
-        ["status", "next_attempt_at"], unique=False,
-    )
-    op.create_index(
-        "ix_notification_deliveries_stream", "notification_deliveries",
-        ["subscription_id", "stream", "id"], unique=False,
-    )
-    op.create_index(
-        op.f("ix_notification_deliveries_event_id"), "notification_deliveries", ["event_id"],
+        "ix_notification_deliveries_due",
+        "notification_deliveries",
+        ["status", "next_attempt_at"],
         unique=False,
     )
     op.create_index(
-        op.f("ix_notification_deliveries_experiment_id"), "notification_deliveries",
-        ["experiment_id"], unique=False,
+        "ix_notification_deliveries_stream",
+        "notification_deliveries",
+        ["subscription_id", "stream", "id"],
+        unique=False,
+    )
+    op.create_index(
+        op.f("ix_notification_deliveries_event_id"),
+        "notification_deliveries",
+        ["event_id"],
+        unique=False,
+    )
+    op.create_index(
+        op.f("ix_notification_deliveries_experiment_id"),
+        "notification_deliveries",
+        ["experiment_id"],
+        unique=False,
     )
 
 
@@ -97,9 +110,7 @@ def downgrade() -> None:
     op.drop_index(
         op.f("ix_notification_deliveries_experiment_id"), table_name="notification_deliveries"
     )
-    op.drop_index(
-        op.f("ix_notification_deliveries_event_id"), table_name="notification_deliveries"
-    )
+    op.drop_index(op.f("ix_notification_deliveries_event_id"), table_name="notification_deliveries")
     op.drop_index("ix_notification_deliveries_stream", table_name="notification_deliveries")
     op.drop_index("ix_notification_deliveries_due", table_name="notification_deliveries")
     op.drop_table("notification_deliveries")

@@ -69,12 +69,18 @@ async def test_a_given_secret_is_used_and_a_patch_replaces_fields(
 ) -> None:
     created = await subscribe(client, hook_url, secret="s" * 32, format="slack")
     assert created["secret"] == "s" * 32 and created["format"] == "slack"
-    changed = await client.patch(f"{SUBSCRIPTIONS}/{created['id']}",
-                                 json={"enabled": False, "kinds": ["srm"], "service": "cart"})
+    changed = await client.patch(
+        f"{SUBSCRIPTIONS}/{created['id']}",
+        json={"enabled": False, "kinds": ["srm"], "service": "cart"},
+    )
     assert changed.status_code == 200, changed.text
     body = changed.json()
     assert (body["enabled"], body["kinds"], body["service"], body["name"]) == (
-        False, ["srm_cleared", "srm_detected"], "cart", "ops")
+        False,
+        ["srm_cleared", "srm_detected"],
+        "cart",
+        "ops",
+    )
     back = await client.patch(f"{SUBSCRIPTIONS}/{created['id']}", json={"service": None})
     assert back.json()["service"] is None
     gone = await client.delete(f"{SUBSCRIPTIONS}/{created['id']}")
@@ -126,8 +132,9 @@ async def test_the_allow_list_limits_webhook_hosts(
     refused = await client.post(SUBSCRIPTIONS, json={"name": "x", "url": "https://evil.example/x"})
     assert refused.status_code == 422
     assert "webhook host is not in the allowed hosts (CANARY_NOTIFY_ALLOW)" in refused.text
-    allowed = await client.post(SUBSCRIPTIONS,
-                                json={"name": "y", "url": "https://hooks.example.com/x"})
+    allowed = await client.post(
+        SUBSCRIPTIONS, json={"name": "y", "url": "https://hooks.example.com/x"}
+    )
     assert allowed.status_code == 201, allowed.text
 
 
@@ -149,9 +156,13 @@ async def test_the_test_send_reaches_the_receiver_signed(
     answer = await client.post(f"{SUBSCRIPTIONS}/{created['id']}/test")
     assert answer.json() == {"delivered": True, "status": 200, "error": None, "event_id": 0}
     [request] = receiver.received()
-    assert verify(created["secret"], timestamp=request.headers["x-canary-timestamp"],
-                  signature_value=request.headers["x-canary-signature"], body=request.body,
-                  now=clock.now())
+    assert verify(
+        created["secret"],
+        timestamp=request.headers["x-canary-timestamp"],
+        signature_value=request.headers["x-canary-signature"],
+        body=request.body,
+        now=clock.now(),
+    )
     assert json.loads(request.body)["evidence"]["sample"] is True
     receiver.answer(500)
     failed = (await client.post(f"{SUBSCRIPTIONS}/{created['id']}/test")).json()
@@ -172,16 +183,20 @@ async def test_deliveries_are_listed_per_experiment_paginated_for_viewers(
     assert [await dispatcher.run_once(backends) for _ in range(3)] == [2, 1, 0]
 
     viewer = bearer(Role.VIEWER)
-    page = await client.get(DELIVERIES, params={"experiment": first["id"], "limit": 1},
-                            headers=viewer)
+    page = await client.get(
+        DELIVERIES, params={"experiment": first["id"], "limit": 1}, headers=viewer
+    )
     assert page.status_code == 200, page.text
     body = page.json()
     assert (body["total"], body["limit"], body["offset"]) == (2, 1, 0)
     [newest] = body["items"]
     assert (newest["kind"], newest["status"], newest["attempts"]) == ("pause", "delivered", 1)
     assert newest["subscription_name"] == "ops" and newest["last_status"] == 200
-    rest = (await client.get(DELIVERIES, params={"experiment": first["id"], "offset": 1},
-                             headers=viewer)).json()
+    rest = (
+        await client.get(
+            DELIVERIES, params={"experiment": first["id"], "offset": 1}, headers=viewer
+        )
+    ).json()
     assert [d["kind"] for d in rest["items"]] == ["start"]
     every = (await client.get(DELIVERIES, headers=viewer)).json()
     assert every["total"] == 3
@@ -190,8 +205,15 @@ async def test_deliveries_are_listed_per_experiment_paginated_for_viewers(
 
 @pytest.mark.parametrize(
     "params",
-    [{"experiment": "0"}, {"experiment": str(2**31)}, {"experiment": "x"},
-     {"status": "lost"}, {"limit": "0"}, {"limit": "501"}, {"offset": "-1"}],
+    [
+        {"experiment": "0"},
+        {"experiment": str(2**31)},
+        {"experiment": "x"},
+        {"status": "lost"},
+        {"limit": "0"},
+        {"limit": "501"},
+        {"offset": "-1"},
+    ],
 )
 async def test_bad_delivery_queries_are_422_problems(
     client: httpx.AsyncClient, params: dict[str, str]

@@ -43,8 +43,11 @@ def secret_file(tmp_path: Path) -> Path:
 
 
 def subscription(api_url: str, url: str, name: str) -> dict[str, Any]:
-    answer = httpx.post(f"{api_url}/v1/notifications/subscriptions",
-                        json={"name": name, "url": url}, headers=bearer())
+    answer = httpx.post(
+        f"{api_url}/v1/notifications/subscriptions",
+        json={"name": name, "url": url},
+        headers=bearer(),
+    )
     assert answer.status_code == 201, answer.text
     created: dict[str, Any] = answer.json()
     return created
@@ -57,17 +60,30 @@ def test_a_sample_to_a_url_is_signed_with_the_secret_file(
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "delivered: the receiver answered HTTP 200"
     [request] = receiver.received()
-    assert verify(SECRET, timestamp=request.headers["x-canary-timestamp"],
-                  signature_value=request.headers["x-canary-signature"], body=request.body,
-                  now=float(request.headers["x-canary-timestamp"]))
+    assert verify(
+        SECRET,
+        timestamp=request.headers["x-canary-timestamp"],
+        signature_value=request.headers["x-canary-signature"],
+        body=request.body,
+        now=float(request.headers["x-canary-timestamp"]),
+    )
     assert json.loads(request.body)["event_id"] == 0
 
 
 def test_the_slack_format_is_sent_when_asked(
     receiver: Receiver, hook_url: str, secret_file: Path
 ) -> None:
-    result = canary("notify", "test", "--url", hook_url, "--secret-file", str(secret_file),
-                    "--format", "slack", "--json")
+    result = canary(
+        "notify",
+        "test",
+        "--url",
+        hook_url,
+        "--secret-file",
+        str(secret_file),
+        "--format",
+        "slack",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["delivered"] is True
     assert set(json.loads(receiver.received()[0].body)) == {"text", "blocks"}
@@ -97,11 +113,15 @@ def test_an_unreachable_receiver_is_exit_1(secret_file: Path) -> None:
         (["--url", "http://127.0.0.1:1/x"], "--url needs --secret-file"),
         (["--url", "http://127.0.0.1:1/x", "--subscription", "1"], "give either"),
         # refused before any request: a metadata address is never contacted
-        (["--url", "http://169.254.169.254/x", "--secret-file", "{secret}"],
-         "not sent: webhook host is a link-local or cloud metadata address"),
+        (
+            ["--url", "http://169.254.169.254/x", "--secret-file", "{secret}"],
+            "not sent: webhook host is a link-local or cloud metadata address",
+        ),
         (["--url", "not a url", "--secret-file", "{secret}"], "must not contain spaces"),
-        (["--url", "http://127.0.0.1:1/x", "--secret-file", "{secret}", "--format", "xml"],
-         "'xml' is not a valid Format"),
+        (
+            ["--url", "http://127.0.0.1:1/x", "--secret-file", "{secret}", "--format", "xml"],
+            "'xml' is not a valid Format",
+        ),
         (["--url", "http://127.0.0.1:1/x", "--secret-file", "{short}"], "printable characters"),
         (["--url", "http://127.0.0.1:1/x", "--secret-file", "{missing}"], "cannot read"),
     ],
@@ -111,8 +131,11 @@ def test_usage_errors_are_one_line_and_exit_2(
 ) -> None:
     short = tmp_path / "short"
     short.write_text("tooshort")
-    files = {"{secret}": str(secret_file), "{short}": str(short),
-             "{missing}": str(tmp_path / "nope")}
+    files = {
+        "{secret}": str(secret_file),
+        "{short}": str(short),
+        "{missing}": str(tmp_path / "nope"),
+    }
     result = canary("notify", "test", *[files.get(a, a) for a in args])
     assert result.exit_code == 2, result.output
     assert says in result.stderr and result.stderr.count("\n") == 1
@@ -125,9 +148,13 @@ def test_a_stored_subscription_is_tested_through_the_api(
     result = canary("notify", "test", "--subscription", str(created["id"]), "--api", api_url)
     assert result.exit_code == 0, result.output
     [request] = receiver.received()
-    assert verify(created["secret"], timestamp=request.headers["x-canary-timestamp"],
-                  signature_value=request.headers["x-canary-signature"], body=request.body,
-                  now=float(request.headers["x-canary-timestamp"]))
+    assert verify(
+        created["secret"],
+        timestamp=request.headers["x-canary-timestamp"],
+        signature_value=request.headers["x-canary-signature"],
+        body=request.body,
+        now=float(request.headers["x-canary-timestamp"]),
+    )
 
     missing = canary("notify", "test", "--subscription", "987654", "--api", api_url)
     assert missing.exit_code == 2 and "no subscription 987654" in missing.stderr

@@ -29,8 +29,12 @@ def database_url(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def settings(database_url: str) -> Settings:
-    return Settings(database_url=database_url, etcd="memory://", redis_url="memory://",
-                    public_url="https://canary.example.com")
+    return Settings(
+        database_url=database_url,
+        etcd="memory://",
+        redis_url="memory://",
+        public_url="https://canary.example.com",
+    )
 
 
 @pytest.fixture
@@ -60,28 +64,40 @@ def hook_url(receiver: Receiver) -> Iterator[str]:
 
 def spec(service: str = "checkout", name: str = "checkout v2") -> ExperimentSpec:
     return ExperimentSpec(
-        name=name, service=service, baseline_upstream="http://127.0.0.1:9001",
-        canary_upstream="http://127.0.0.1:9002", steps=(StepSpec(500, 30), StepSpec(2500, 60)),
-        sticky_header="x-user-id", sticky_cookie=None, rule=None,
+        name=name,
+        service=service,
+        baseline_upstream="http://127.0.0.1:9001",
+        canary_upstream="http://127.0.0.1:9002",
+        steps=(StepSpec(500, 30), StepSpec(2500, 60)),
+        sticky_header="x-user-id",
+        sticky_cookie=None,
+        rule=None,
     )
 
 
 async def subscribe(
-    backends: Backends, url: str, *, name: str = "ops", service: str | None = None,
-    kinds: tuple[str, ...] = (), fmt: Format = Format.JSON, enabled: bool = True,
+    backends: Backends,
+    url: str,
+    *,
+    name: str = "ops",
+    service: str | None = None,
+    kinds: tuple[str, ...] = (),
+    fmt: Format = Format.JSON,
+    enabled: bool = True,
 ) -> SubscriptionRecord:
     async with backends.database.transaction() as tx:
         return await tx.run(
             outbox.create_subscription,
             spec=SubscriptionSpec(name, url, service, kinds, fmt, enabled),
-            secret=SECRET, created_by="tests", now=utc_now(backends.clock),
+            secret=SECRET,
+            created_by="tests",
+            now=utc_now(backends.clock),
         )
 
 
 async def new_experiment(backends: Backends, service: str = "checkout") -> ExperimentRecord:
     async with backends.store.transaction() as tx:
-        return await tx.create_experiment(spec=spec(service), salt="s",
-                                          now=utc_now(backends.clock))
+        return await tx.create_experiment(spec=spec(service), salt="s", now=utc_now(backends.clock))
 
 
 async def announce(
@@ -90,9 +106,15 @@ async def announce(
     """Record one event of `experiment` (as the controller would); its id."""
     async with backends.store.transaction() as tx:
         event = await tx.append_event(
-            experiment_id=experiment.id, service=experiment.service,
-            at=utc_now(backends.clock), actor="controller", kind=kind, from_state="closed",
-            to_state="open", reason=f"{kind} for the test", payload=payload,
+            experiment_id=experiment.id,
+            service=experiment.service,
+            at=utc_now(backends.clock),
+            actor="controller",
+            kind=kind,
+            from_state="closed",
+            to_state="open",
+            reason=f"{kind} for the test",
+            payload=payload,
         )
     return event.id
 

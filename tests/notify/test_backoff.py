@@ -41,15 +41,21 @@ T0 = 1_800_000_000.0
         (AttemptResult(429, retry_after_sec=5000.0), 1, T0, 0.0, RetryAt(T0 + 30.0, 30.0)),
         (AttemptResult(503, retry_after_sec=0.5), 2, T0, 0.0, RetryAt(T0 + 2.0, 2.0)),
         (AttemptResult(500), 5, T0, 0.0, GiveUp("gave up after 5 attempts; last: HTTP 500")),
-        (AttemptResult(None, "timeout"), 2, T0 + 599.0, 0.0,
-         GiveUp("gave up: older than 600s at the next attempt; last: timeout")),
+        (
+            AttemptResult(None, "timeout"),
+            2,
+            T0 + 599.0,
+            0.0,
+            GiveUp("gave up: older than 600s at the next attempt; last: timeout"),
+        ),
     ],
 )
 def test_after_an_attempt(
     result: AttemptResult, attempts: int, now: float, jitter: float, expected: object
 ) -> None:
-    verdict = after_attempt(POLICY, result=result, attempts=attempts, queued_at=T0, now=now,
-                            jitter=jitter)
+    verdict = after_attempt(
+        POLICY, result=result, attempts=attempts, queued_at=T0, now=now, jitter=jitter
+    )
     if isinstance(expected, RetryAt):
         assert isinstance(verdict, RetryAt)
         assert verdict.at == pytest.approx(expected.at)
@@ -73,8 +79,13 @@ def test_out_of_range_inputs_are_refused(attempts: int, jitter: float) -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"max_attempts": 0}, {"max_attempts": 101}, {"base_delay_sec": 0.0},
-     {"base_delay_sec": 10.0, "max_delay_sec": 5.0}, {"max_delay_sec": 10.0, "max_age_sec": 5.0}],
+    [
+        {"max_attempts": 0},
+        {"max_attempts": 101},
+        {"base_delay_sec": 0.0},
+        {"base_delay_sec": 10.0, "max_delay_sec": 5.0},
+        {"max_delay_sec": 10.0, "max_age_sec": 5.0},
+    ],
 )
 def test_a_policy_out_of_bounds_is_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
@@ -83,8 +94,17 @@ def test_a_policy_out_of_bounds_is_refused(kwargs: dict[str, float]) -> None:
 
 @pytest.mark.parametrize(
     ("header", "seconds"),
-    [(None, None), ("30", 30.0), (" 7 ", 7.0), ("0", None), ("86401", None), ("-1", None),
-     ("1.5", None), ("Wed, 21 Oct 2015 07:28:00 GMT", None), ("9" * 40, None)],
+    [
+        (None, None),
+        ("30", 30.0),
+        (" 7 ", 7.0),
+        ("0", None),
+        ("86401", None),
+        ("-1", None),
+        ("1.5", None),
+        ("Wed, 21 Oct 2015 07:28:00 GMT", None),
+        ("9" * 40, None),
+    ],
 )
 def test_retry_after_is_read_in_seconds_only(header: str | None, seconds: float | None) -> None:
     assert parse_retry_after(header) == seconds

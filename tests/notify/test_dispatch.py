@@ -25,14 +25,16 @@ from tests.notify.conftest import SECRET, announce, new_experiment, subscribe
 from tests.support.outage import until
 from tests.support.webhooks import Receiver, free_port
 
-POLICY = RetryPolicy(max_attempts=3, base_delay_sec=2.0, max_delay_sec=60.0,
-                     max_age_sec=3600.0)
+POLICY = RetryPolicy(max_attempts=3, base_delay_sec=2.0, max_delay_sec=60.0, max_age_sec=3600.0)
 
 
 def dispatcher(identity: str = "dispatcher-a", **overrides: object) -> Dispatcher:
     options: dict[str, object] = {
-        "policy": POLICY, "sender": WebhookSender(timeout_sec=5.0), "identity": identity,
-        "base_url": "https://canary.example.com", "rand": lambda: 0.0,
+        "policy": POLICY,
+        "sender": WebhookSender(timeout_sec=5.0),
+        "identity": identity,
+        "base_url": "https://canary.example.com",
+        "rand": lambda: 0.0,
     }
     options.update(overrides)
     return Dispatcher(**options)  # type: ignore[arg-type]
@@ -58,12 +60,20 @@ async def test_a_delivery_is_signed_and_carries_the_event_and_its_link(
     assert await sender.run_once(backends) == 1
 
     [request] = receiver.received()
-    assert verify(SECRET, timestamp=request.headers["x-canary-timestamp"],
-                  signature_value=request.headers["x-canary-signature"], body=request.body,
-                  now=clock.now())
-    assert not verify("whsec_some-other-secret-000000000000", body=request.body,
-                      timestamp=request.headers["x-canary-timestamp"],
-                      signature_value=request.headers["x-canary-signature"], now=clock.now())
+    assert verify(
+        SECRET,
+        timestamp=request.headers["x-canary-timestamp"],
+        signature_value=request.headers["x-canary-signature"],
+        body=request.body,
+        now=clock.now(),
+    )
+    assert not verify(
+        "whsec_some-other-secret-000000000000",
+        body=request.body,
+        timestamp=request.headers["x-canary-timestamp"],
+        signature_value=request.headers["x-canary-signature"],
+        now=clock.now(),
+    )
     assert request.headers["x-canary-event-id"] == str(event_id)
     assert request.headers["content-type"] == "application/json"
     body = json.loads(request.body)
@@ -146,8 +156,9 @@ async def test_each_experiment_is_announced_in_order_and_one_failing_holds_no_ot
 ) -> None:
     await subscribe(backends, hook_url)
     slow, other = await new_experiment(backends, "checkout"), await new_experiment(backends, "cart")
-    slow_events = [await announce(backends, slow, kind)
-                   for kind in ("tripped", "half_open", "probe_passed")]
+    slow_events = [
+        await announce(backends, slow, kind) for kind in ("tripped", "half_open", "probe_passed")
+    ]
     other_events = [await announce(backends, other, kind) for kind in ("step_advanced", "promoted")]
     receiver.answer(500)  # the first request of the round: the slow experiment's first event
     sender = dispatcher(concurrency=1)
@@ -175,8 +186,10 @@ async def test_nothing_is_lost_when_a_dispatcher_stops_with_deliveries_pending(
 ) -> None:
     await subscribe(backends, hook_url)
     experiment = await new_experiment(backends)
-    written = [await announce(backends, experiment, kind)
-               for kind in ("tripped", "half_open", "probe_failed")]
+    written = [
+        await announce(backends, experiment, kind)
+        for kind in ("tripped", "half_open", "probe_failed")
+    ]
     receiver.answer(500)
     first = dispatcher("before-restart")
     await first.start(backends)
@@ -205,8 +218,13 @@ async def test_a_lease_left_by_a_dead_dispatcher_runs_out_and_the_row_is_sent(
     event_id = await announce(backends, await new_experiment(backends))
     now = utc_now(clock)
     async with backends.database.transaction() as tx:  # a dispatcher that then died
-        [held] = await tx.run(outbox.claim_due, holder="dead", now=now,
-                              lease_until=now + timedelta(seconds=120), limit=10)
+        [held] = await tx.run(
+            outbox.claim_due,
+            holder="dead",
+            now=now,
+            lease_until=now + timedelta(seconds=120),
+            limit=10,
+        )
     sender = dispatcher("alive")
     assert await sender.run_once(backends) == 0
     clock.advance(121.0)
@@ -214,9 +232,16 @@ async def test_a_lease_left_by_a_dead_dispatcher_runs_out_and_the_row_is_sent(
     assert event_ids(receiver) == [event_id]
     # the dead one's late outcome is not written over the live one's
     async with backends.database.transaction() as tx:
-        kept = await tx.run(outbox.record_attempt, delivery_id=held.delivery_id, holder="dead",
-                            at=utc_now(clock), status=DeliveryStatus.FAILED, http_status=None,
-                            error="late", next_attempt_at=None)
+        kept = await tx.run(
+            outbox.record_attempt,
+            delivery_id=held.delivery_id,
+            holder="dead",
+            at=utc_now(clock),
+            status=DeliveryStatus.FAILED,
+            http_status=None,
+            error="late",
+            next_attempt_at=None,
+        )
     assert kept is False
     [done] = await deliveries(backends)
     assert done.status is DeliveryStatus.DELIVERED
@@ -245,8 +270,13 @@ async def test_an_event_rolled_back_is_never_announced(
 
     with pytest.raises(Boom):
         async with backends.store.transaction() as tx:
-            await tx.append_event(experiment_id=experiment.id, service=experiment.service,
-                                  at=utc_now(backends.clock), actor="t", kind="tripped")
+            await tx.append_event(
+                experiment_id=experiment.id,
+                service=experiment.service,
+                at=utc_now(backends.clock),
+                actor="t",
+                kind="tripped",
+            )
             raise Boom
     assert await deliveries(backends) == []
     assert await dispatcher().run_once(backends) == 0
@@ -257,8 +287,9 @@ async def test_subscriptions_choose_their_service_kinds_and_format(
     backends: Backends, receiver: Receiver, hook_url: str
 ) -> None:
     everything = await subscribe(backends, hook_url, name="all")
-    trips = await subscribe(backends, hook_url, name="trips", service="checkout",
-                            kinds=("tripped",), fmt=Format.SLACK)
+    trips = await subscribe(
+        backends, hook_url, name="trips", service="checkout", kinds=("tripped",), fmt=Format.SLACK
+    )
     await subscribe(backends, hook_url, name="off", enabled=False)
     checkout = await new_experiment(backends, "checkout")
     cart = await new_experiment(backends, "cart")
@@ -269,8 +300,10 @@ async def test_subscriptions_choose_their_service_kinds_and_format(
 
     found = await deliveries(backends)
     assert sorted((d.subscription_name, d.service, d.kind) for d in found) == [
-        ("all", "cart", "tripped"), ("all", "checkout", "step_advanced"),
-        ("all", "checkout", "tripped"), ("trips", "checkout", "tripped"),
+        ("all", "cart", "tripped"),
+        ("all", "checkout", "step_advanced"),
+        ("all", "checkout", "tripped"),
+        ("trips", "checkout", "tripped"),
     ]
     await dispatcher().run_once(backends)
     slack = [json.loads(r.body) for r in receiver.received() if "blocks" in json.loads(r.body)]

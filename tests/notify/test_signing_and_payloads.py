@@ -23,9 +23,16 @@ AT = datetime(2027, 1, 15, 8, 0, tzinfo=UTC)
 
 def event(**overrides: Any) -> AnnouncedEvent:
     fields: dict[str, Any] = {
-        "event_id": 41, "kind": "tripped", "service": "checkout", "experiment_id": 7,
-        "experiment_name": "checkout v2", "at": AT, "actor": "controller",
-        "from_state": "closed", "to_state": "open", "reason": "p95 above 250 ms",
+        "event_id": 41,
+        "kind": "tripped",
+        "service": "checkout",
+        "experiment_id": 7,
+        "experiment_name": "checkout v2",
+        "at": AT,
+        "actor": "controller",
+        "from_state": "closed",
+        "to_state": "open",
+        "reason": "p95 above 250 ms",
         "payload": {"evidence": {"weights": {"canary_bp_after": 0}, "trips": 2}},
     }
     fields.update(overrides)
@@ -37,7 +44,8 @@ def test_the_signature_is_hmac_sha256_of_timestamp_dot_body() -> None:
     expected = hmac.new(SECRET.encode(), b"1800000000." + body, hashlib.sha256).hexdigest()
     assert signature(SECRET, NOW, body) == f"sha256={expected}"
     assert signed_headers(SECRET, NOW, body) == {
-        "X-Canary-Timestamp": "1800000000", "X-Canary-Signature": f"sha256={expected}",
+        "X-Canary-Timestamp": "1800000000",
+        "X-Canary-Signature": f"sha256={expected}",
     }
 
 
@@ -55,18 +63,16 @@ def test_the_signature_is_hmac_sha256_of_timestamp_dot_body() -> None:
         (None, b"{}", SECRET, NOW, False),
     ],
 )
-def test_verify(
-    timestamp: str | None, body: bytes, secret: str, now: int, valid: bool
-) -> None:
+def test_verify(timestamp: str | None, body: bytes, secret: str, now: int, valid: bool) -> None:
     signed = signature(SECRET, NOW, b"{}")
-    assert verify(secret, timestamp=timestamp, signature_value=signed, body=body,
-                  now=now) is valid
+    assert verify(secret, timestamp=timestamp, signature_value=signed, body=body, now=now) is valid
 
 
 def test_a_missing_or_garbled_signature_does_not_verify() -> None:
     for value in (None, "", "sha256=", "sha256=zz", "sha1=" + "0" * 40, "sha256=é"):
-        assert not verify(SECRET, timestamp="1800000000", signature_value=value, body=b"{}",
-                          now=NOW)
+        assert not verify(
+            SECRET, timestamp="1800000000", signature_value=value, body=b"{}", now=NOW
+        )
 
 
 def test_secrets_are_new_each_time_and_long() -> None:
@@ -77,10 +83,17 @@ def test_secrets_are_new_each_time_and_long() -> None:
 def test_the_json_body_has_the_event_its_evidence_and_link() -> None:
     body = json.loads(render(event(), Format.JSON, base_url="https://canary.example.com/"))
     assert body == {
-        "version": 1, "event_id": 41, "kind": "tripped", "topic": "trip",
-        "service": "checkout", "experiment": {"id": 7, "name": "checkout v2"},
-        "at": "2027-01-15T08:00:00+00:00", "actor": "controller", "from_state": "closed",
-        "to_state": "open", "reason": "p95 above 250 ms",
+        "version": 1,
+        "event_id": 41,
+        "kind": "tripped",
+        "topic": "trip",
+        "service": "checkout",
+        "experiment": {"id": 7, "name": "checkout v2"},
+        "at": "2027-01-15T08:00:00+00:00",
+        "actor": "controller",
+        "from_state": "closed",
+        "to_state": "open",
+        "reason": "p95 above 250 ms",
         "evidence": {"evidence": {"weights": {"canary_bp_after": 0}, "trips": 2}},
         "link": "https://canary.example.com/ui/experiments/7",
     }
@@ -107,19 +120,24 @@ def test_non_json_evidence_is_refused_rather_than_sent() -> None:
 
 
 def test_the_slack_message_is_an_incoming_webhook_with_blocks() -> None:
-    message = json.loads(render(
-        event(reason="<!channel> & <https://evil|click>"), Format.SLACK,
-        base_url="https://canary.example.com",
-    ))
+    message = json.loads(
+        render(
+            event(reason="<!channel> & <https://evil|click>"),
+            Format.SLACK,
+            base_url="https://canary.example.com",
+        )
+    )
     assert set(message) == {"text", "blocks"}
     assert message["text"] == "checkout: experiment 7 “checkout v2” tripped"
     header, reason, facts, context = message["blocks"]
-    assert header == {"type": "header", "text": {"type": "plain_text",
-                                                 "text": message["text"]}}
+    assert header == {"type": "header", "text": {"type": "plain_text", "text": message["text"]}}
     # the reason cannot mention a channel or forge a link
     assert reason["text"]["text"] == "&lt;!channel&gt; &amp; &lt;https://evil|click&gt;"
     assert [f["text"] for f in facts["fields"]] == [
-        "*State*\nclosed → open", "*Canary weight*\n0.00 %", "*Trips*\n2", "*By*\ncontroller",
+        "*State*\nclosed → open",
+        "*Canary weight*\n0.00 %",
+        "*Trips*\n2",
+        "*By*\ncontroller",
     ]
     assert context["elements"][0]["text"].startswith(
         "<https://canary.example.com/ui/experiments/7|Open in canary> · event 41"
@@ -151,8 +169,13 @@ def test_topics_expand_to_kinds_and_unknown_names_are_refused() -> None:
 
 @pytest.mark.parametrize(
     ("kinds", "kind", "wanted"),
-    [((), "tripped", True), ((), "created", False), (("tripped",), "tripped", True),
-     (("tripped",), "promoted", False), (("created",), "created", False)],
+    [
+        ((), "tripped", True),
+        ((), "created", False),
+        (("tripped",), "tripped", True),
+        (("tripped",), "promoted", False),
+        (("created",), "created", False),
+    ],
 )
 def test_wants(kinds: tuple[str, ...], kind: str, wanted: bool) -> None:
     assert wants(kinds, kind) is wanted

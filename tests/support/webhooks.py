@@ -81,8 +81,9 @@ class Receiver:
 def receiving(receiver: Receiver) -> Iterator[str]:
     """Serve `receiver` on a free port; yield its URL."""
     port = free_port()
-    config = uvicorn.Config(receiver, host="127.0.0.1", port=port, log_level="warning",
-                            ws="none", lifespan="off")
+    config = uvicorn.Config(
+        receiver, host="127.0.0.1", port=port, log_level="warning", ws="none", lifespan="off"
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="webhook-receiver", daemon=True)
     thread.start()

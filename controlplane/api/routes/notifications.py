@@ -60,15 +60,22 @@ def _secret_shape(value: str) -> str:
 
 Secret = Annotated[
     str,
-    Field(min_length=SECRET_MIN_CHARS, max_length=SECRET_MAX_CHARS,
-          description="HMAC-SHA256 key (its UTF-8 bytes); never shown again"),
+    Field(
+        min_length=SECRET_MIN_CHARS,
+        max_length=SECRET_MAX_CHARS,
+        description="HMAC-SHA256 key (its UTF-8 bytes); never shown again",
+    ),
     AfterValidator(_secret_shape),
 ]
 KindName = Annotated[str, Field(min_length=1, max_length=64)]
 Kinds = Annotated[
     list[KindName],
-    Field(max_length=MAX_KINDS, description="event kinds or topics ("
-          + ", ".join(sorted(TOPICS)) + "); empty: every announced kind"),
+    Field(
+        max_length=MAX_KINDS,
+        description="event kinds or topics ("
+        + ", ".join(sorted(TOPICS))
+        + "); empty: every announced kind",
+    ),
 ]
 
 
@@ -96,8 +103,9 @@ class SubscriptionCreate(BaseModel):
         return _expanded(value)
 
     def to_spec(self) -> SubscriptionSpec:
-        return SubscriptionSpec(self.name, self.url, self.service, tuple(self.kinds),
-                                self.format, self.enabled)
+        return SubscriptionSpec(
+            self.name, self.url, self.service, tuple(self.kinds), self.format, self.enabled
+        )
 
 
 class SubscriptionUpdate(BaseModel):
@@ -194,8 +202,8 @@ class TestOutcome(BaseModel):
 
 
 SubscriptionId = Annotated[
-    int, Path(description="subscription id",
-              json_schema_extra={"minimum": 1, "maximum": SQL_ID_MAX}),
+    int,
+    Path(description="subscription id", json_schema_extra={"minimum": 1, "maximum": SQL_ID_MAX}),
 ]
 
 
@@ -211,115 +219,175 @@ def _known(subscription_id: int) -> int:
     return subscription_id
 
 
-@router.get("/subscriptions", response_model=Page[SubscriptionPublic],
-            responses=problem_responses(), dependencies=[ADMIN])
+@router.get(
+    "/subscriptions",
+    response_model=Page[SubscriptionPublic],
+    responses=problem_responses(),
+    dependencies=[ADMIN],
+)
 async def list_subscriptions(
     database: DatabaseDep, limit: Limit = 50, offset: Offset = 0
 ) -> Page[SubscriptionPublic]:
     """Subscriptions, oldest first (never their secrets)."""
     found, total = await database.read(records.list_subscriptions, limit=limit, offset=offset)
-    return Page(items=[SubscriptionPublic.of(s) for s in found], total=total, limit=limit,
-                offset=offset)
+    return Page(
+        items=[SubscriptionPublic.of(s) for s in found], total=total, limit=limit, offset=offset
+    )
 
 
-@router.post("/subscriptions", status_code=status.HTTP_201_CREATED,
-             response_model=SubscriptionCreated,
-             responses=problem_responses(409, body=True, notes={409: "the name is taken"}),
-             dependencies=[ADMIN])
+@router.post(
+    "/subscriptions",
+    status_code=status.HTTP_201_CREATED,
+    response_model=SubscriptionCreated,
+    responses=problem_responses(409, body=True, notes={409: "the name is taken"}),
+    dependencies=[ADMIN],
+)
 async def create_subscription(
-    body: SubscriptionCreate, response: Response, database: DatabaseDep, clock: ClockDep,
-    actor: ActorDep, settings: SettingsDep,
+    body: SubscriptionCreate,
+    response: Response,
+    database: DatabaseDep,
+    clock: ClockDep,
+    actor: ActorDep,
+    settings: SettingsDep,
 ) -> SubscriptionCreated:
     """Subscribe a webhook; the answer is the only place its secret is shown."""
     _check_url(body.url, settings)
     secret = body.secret or new_secret()
     async with database.transaction() as tx:
-        created = await tx.run(records.create_subscription, spec=body.to_spec(), secret=secret,
-                               created_by=actor, now=utc_now(clock))
+        created = await tx.run(
+            records.create_subscription,
+            spec=body.to_spec(),
+            secret=secret,
+            created_by=actor,
+            now=utc_now(clock),
+        )
     response.headers["Location"] = f"{router.prefix}/subscriptions/{created.id}"
     public = SubscriptionPublic.of(created).model_dump()
     public["url"] = created.url
     return SubscriptionCreated(**public, secret=secret)
 
 
-@router.get("/subscriptions/{subscription_id}", response_model=SubscriptionPublic,
-            responses=problem_responses(notes=NO_SUCH), dependencies=[ADMIN])
+@router.get(
+    "/subscriptions/{subscription_id}",
+    response_model=SubscriptionPublic,
+    responses=problem_responses(notes=NO_SUCH),
+    dependencies=[ADMIN],
+)
 async def get_subscription(
     subscription_id: SubscriptionId, database: DatabaseDep
 ) -> SubscriptionPublic:
-    found = await database.read(records.get_subscription,
-                                subscription_id=_known(subscription_id))
+    found = await database.read(records.get_subscription, subscription_id=_known(subscription_id))
     return SubscriptionPublic.of(found)
 
 
-@router.patch("/subscriptions/{subscription_id}", response_model=SubscriptionPublic,
-              responses=problem_responses(409, body=True, notes=NO_SUCH),
-              dependencies=[ADMIN])
+@router.patch(
+    "/subscriptions/{subscription_id}",
+    response_model=SubscriptionPublic,
+    responses=problem_responses(409, body=True, notes=NO_SUCH),
+    dependencies=[ADMIN],
+)
 async def update_subscription(
-    subscription_id: SubscriptionId, body: SubscriptionUpdate, database: DatabaseDep,
-    clock: ClockDep, settings: SettingsDep,
+    subscription_id: SubscriptionId,
+    body: SubscriptionUpdate,
+    database: DatabaseDep,
+    clock: ClockDep,
+    settings: SettingsDep,
 ) -> SubscriptionPublic:
     """Change a subscription: the fields given replace the stored ones."""
     if body.url is not None:
         _check_url(body.url, settings)
     async with database.transaction() as tx:
-        current = await tx.run(records.get_subscription,
-                               subscription_id=_known(subscription_id))
-        updated = await tx.run(records.update_subscription, subscription_id=current.id,
-                               spec=body.apply(current.spec), now=utc_now(clock),
-                               secret=body.secret)
+        current = await tx.run(records.get_subscription, subscription_id=_known(subscription_id))
+        updated = await tx.run(
+            records.update_subscription,
+            subscription_id=current.id,
+            spec=body.apply(current.spec),
+            now=utc_now(clock),
+            secret=body.secret,
+        )
     return SubscriptionPublic.of(updated)
 
 
-@router.delete("/subscriptions/{subscription_id}", status_code=status.HTTP_204_NO_CONTENT,
-               responses=problem_responses(notes=NO_SUCH), dependencies=[ADMIN])
+@router.delete(
+    "/subscriptions/{subscription_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses=problem_responses(notes=NO_SUCH),
+    dependencies=[ADMIN],
+)
 async def delete_subscription(subscription_id: SubscriptionId, database: DatabaseDep) -> None:
     """Delete a subscription and its deliveries (pending ones are not sent)."""
     async with database.transaction() as tx:
         await tx.run(records.delete_subscription, subscription_id=_known(subscription_id))
 
 
-@router.post("/subscriptions/{subscription_id}/test", response_model=TestOutcome,
-             responses=problem_responses(body=True, notes=NO_SUCH), dependencies=[ADMIN])
+@router.post(
+    "/subscriptions/{subscription_id}/test",
+    response_model=TestOutcome,
+    responses=problem_responses(body=True, notes=NO_SUCH),
+    dependencies=[ADMIN],
+)
 async def test_subscription(
-    subscription_id: SubscriptionId, database: DatabaseDep, clock: ClockDep,
+    subscription_id: SubscriptionId,
+    database: DatabaseDep,
+    clock: ClockDep,
     settings: SettingsDep,
 ) -> TestOutcome:
     """Send a sample notification now (not through the outbox, no retry) and say what
     the receiver answered."""
-    found, secret = await database.read(records.subscription_secret,
-                                        subscription_id=_known(subscription_id))
+    found, secret = await database.read(
+        records.subscription_secret, subscription_id=_known(subscription_id)
+    )
     event = sample_event(utc_now(clock), service=found.service or "example-service")
     body = render(event, found.format, base_url=settings.dashboard_base_url)
-    sender = WebhookSender(policy=settings.notify_policy, timeout_sec=settings.notify_timeout_sec,
-                           connect_timeout_sec=min(5.0, settings.notify_timeout_sec))
+    sender = WebhookSender(
+        policy=settings.notify_policy,
+        timeout_sec=settings.notify_timeout_sec,
+        connect_timeout_sec=min(5.0, settings.notify_timeout_sec),
+    )
     try:
         result = await sender.send(
-            Outgoing(url=found.url, secret=secret, body=body, event_id=0, delivery_id=None,
-                     attempt=1),
+            Outgoing(
+                url=found.url, secret=secret, body=body, event_id=0, delivery_id=None, attempt=1
+            ),
             timestamp=int(clock.now()),
         )
     finally:
         await sender.close()
-    return TestOutcome(delivered=result.delivered, status=result.status,
-                       error=None if result.delivered else result.describe(), event_id=0)
+    return TestOutcome(
+        delivered=result.delivered,
+        status=result.status,
+        error=None if result.delivered else result.describe(),
+        event_id=0,
+    )
 
 
-@router.get("/deliveries", response_model=Page[DeliveryPublic], responses=problem_responses(),
-            dependencies=[VIEWER])
+@router.get(
+    "/deliveries",
+    response_model=Page[DeliveryPublic],
+    responses=problem_responses(),
+    dependencies=[VIEWER],
+)
 async def list_deliveries(
     database: DatabaseDep,
-    experiment: Annotated[int | None, Query(ge=1, le=SQL_ID_MAX,
-                                            description="experiment id")] = None,
-    subscription: Annotated[int | None, Query(ge=1, le=SQL_ID_MAX,
-                                              description="subscription id")] = None,
+    experiment: Annotated[
+        int | None, Query(ge=1, le=SQL_ID_MAX, description="experiment id")
+    ] = None,
+    subscription: Annotated[
+        int | None, Query(ge=1, le=SQL_ID_MAX, description="subscription id")
+    ] = None,
     state: Annotated[DeliveryStatus | None, Query(alias="status")] = None,
     limit: Limit = 100,
     offset: Offset = 0,
 ) -> Page[DeliveryPublic]:
     """Deliveries, newest first: what was sent where, how often, and what came of it."""
-    query: dict[str, Any] = {"experiment_id": experiment, "subscription_id": subscription,
-                             "status": state, "limit": limit, "offset": offset}
+    query: dict[str, Any] = {
+        "experiment_id": experiment,
+        "subscription_id": subscription,
+        "status": state,
+        "limit": limit,
+        "offset": offset,
+    }
     found, total = await database.read(records.list_deliveries, **query)
-    return Page(items=[DeliveryPublic.of(d) for d in found], total=total, limit=limit,
-                offset=offset)
+    return Page(
+        items=[DeliveryPublic.of(d) for d in found], total=total, limit=limit, offset=offset
+    )
