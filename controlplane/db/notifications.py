@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import and_, delete, exists, func, or_, select, update
+from sqlalchemy import and_, bindparam, delete, exists, func, insert, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
 from controlplane.db.models import Event, Experiment, NotificationDelivery, NotificationSubscription
@@ -62,35 +62,45 @@ def stream_of(event: Event) -> str:
 # --- the outbox, written with the event ------------------------------------------
 
 
+# built once: an event write pays for executing it, not for composing it again
+_WANTING = (
+    select(NotificationSubscription.id, NotificationSubscription.kinds)
+    .where(
+        NotificationSubscription.enabled.is_(True),
+        or_(
+            NotificationSubscription.service.is_(None),
+            NotificationSubscription.service == bindparam("service"),
+        ),
+    )
+    .order_by(NotificationSubscription.id)
+)
+_QUEUE = insert(NotificationDelivery)
+
+
 def enqueue_for_event(*, session: Session, event: Event) -> int:
     """Queue the event for every enabled subscription that wants it; how many."""
     if event.kind not in NOTIFIABLE_KINDS:
         return 0
-    found = session.scalars(
-        select(NotificationSubscription)
-        .where(
-            NotificationSubscription.enabled.is_(True),
-            or_(
-                NotificationSubscription.service.is_(None),
-                NotificationSubscription.service == event.service,
-            ),
-        )
-        .order_by(NotificationSubscription.id)
-    ).all()
-    queued = 0
-    for subscription in found:
-        if not wants(subscription.kinds, event.kind):
-            continue
-        session.add(NotificationDelivery(
-            subscription_id=subscription.id, event_id=event.id,
-            experiment_id=event.experiment_id, service=event.service, kind=event.kind,
-            stream=stream_of(event), status=DeliveryStatus.PENDING.value, attempts=0,
-            created_at=event.at, next_attempt_at=event.at,
-        ))  # fmt: skip
-        queued += 1
-    if queued:
-        session.flush()
-    return queued
+    wanting = [
+        subscription_id
+        for subscription_id, kinds in session.execute(_WANTING, {"service": event.service})
+        if wants(kinds, event.kind)
+    ]
+    if not wanting:
+        return 0
+    common = {
+        "event_id": event.id,
+        "experiment_id": event.experiment_id,
+        "service": event.service,
+        "kind": event.kind,
+        "stream": stream_of(event),
+        "status": DeliveryStatus.PENDING.value,
+        "attempts": 0,
+        "created_at": event.at,
+        "next_attempt_at": event.at,
+    }
+    session.execute(_QUEUE, [{"subscription_id": sid, **common} for sid in wanting])
+    return len(wanting)
 
 
 # --- subscriptions ----------------------------------------------------------------

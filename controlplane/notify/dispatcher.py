@@ -101,7 +101,8 @@ class Dispatcher:
     identity: str = field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{random.getrandbits(32):08x}"
     )
-    poll_sec: float = 1.0
+    # how soon a committed event goes out when nothing else wakes the dispatcher
+    poll_sec: float = 0.25
     batch: int = 50
     concurrency: int = 8
     # longer than any one send (sender.timeout_sec), so a live lease is never taken
@@ -111,19 +112,28 @@ class Dispatcher:
     stats: DispatchStats = field(default_factory=DispatchStats)
     _task: asyncio.Task[None] | None = None
     _backends: Backends | None = None
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
     def metrics_collector(self) -> Collector:
         return DispatchMetricsCollector(self.stats)
 
     async def start(self, backends: Backends) -> None:
         self._backends = backends
+        self._stopping = asyncio.Event()
         self._task = asyncio.create_task(self._run(backends), name="notify-dispatcher")
 
     async def stop(self) -> None:
+        """Let the round in flight finish (its outcomes written, so nothing is sent
+        twice), within one exchange's timeout; then give the leases back."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            self._stopping.set()
+            try:
+                async with asyncio.timeout(self.sender.timeout_sec + 5.0):
+                    await asyncio.shield(self._task)
+            except TimeoutError:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
             self._task = None
         if self._backends is not None:
             await self.release(self._backends)
@@ -138,7 +148,7 @@ class Dispatcher:
             log.warning("notifications: could not release leases (%s); they run out", exc)
 
     async def _run(self, backends: Backends) -> None:
-        while True:
+        while not self._stopping.is_set():
             try:
                 sent = await self.run_once(backends)
             except CanaryError as exc:
@@ -150,8 +160,12 @@ class Dispatcher:
                 self.stats.errors += 1
                 log.exception("notifications: round failed; retrying")
                 sent = 0
-            if sent < self.batch:
-                await asyncio.sleep(self.poll_sec)
+            if sent == 0:
+                # after a round that sent anything, the next rows of those experiments
+                # may be due at once: look again without waiting
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.poll_sec):
+                        await self._stopping.wait()
 
     async def run_once(self, backends: Backends) -> int:
         """One round: lease what is due, send it, record the outcomes; how many sent."""
