@@ -283,7 +283,8 @@ class NotificationDelivery(Base):
     __table_args__ = (
         CheckConstraint(_in("status", DELIVERY_STATUSES), name="status"),
         Index("ix_notification_deliveries_due", "status", "next_attempt_at"),
-        Index("ix_notification_deliveries_stream", "subscription_id", "stream", "id"),
+        # the oldest pending row of each (subscription, stream), read from the index
+        Index("ix_notification_deliveries_heads", "status", "subscription_id", "stream", "id"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

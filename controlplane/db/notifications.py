@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import and_, bindparam, delete, exists, func, insert, or_, select, update
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
+from sqlalchemy.orm import Session
 
 from controlplane.db.models import Event, Experiment, NotificationDelivery, NotificationSubscription
 from controlplane.kernel.errors import Conflict, NotFound
@@ -255,12 +255,11 @@ def claim_due(
     *, session: Session, holder: str, now: datetime, lease_until: datetime, limit: int
 ) -> list[ClaimedDelivery]:
     """Lease up to `limit` due deliveries to `holder`, oldest first."""
-    earlier = aliased(NotificationDelivery)
-    blocked = exists().where(
-        earlier.subscription_id == NotificationDelivery.subscription_id,
-        earlier.stream == NotificationDelivery.stream,
-        earlier.status == DeliveryStatus.PENDING.value,
-        earlier.id < NotificationDelivery.id,
+    # the head of each (subscription, stream): its oldest pending row; only heads may go
+    heads = (
+        select(func.min(NotificationDelivery.id))
+        .where(NotificationDelivery.status == DeliveryStatus.PENDING.value)
+        .group_by(NotificationDelivery.subscription_id, NotificationDelivery.stream)
     )
     free = or_(
         NotificationDelivery.claimed_until.is_(None), NotificationDelivery.claimed_until <= now
@@ -268,10 +267,9 @@ def claim_due(
     candidates = session.scalars(
         select(NotificationDelivery.id)
         .where(
-            NotificationDelivery.status == DeliveryStatus.PENDING.value,
+            NotificationDelivery.id.in_(heads),
             NotificationDelivery.next_attempt_at <= now,
             free,
-            ~blocked,
         )
         .order_by(NotificationDelivery.id)
         .limit(limit)

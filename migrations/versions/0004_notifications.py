@@ -87,9 +87,9 @@ def upgrade() -> None:
         unique=False,
     )
     op.create_index(
-        "ix_notification_deliveries_stream",
+        "ix_notification_deliveries_heads",
         "notification_deliveries",
-        ["subscription_id", "stream", "id"],
+        ["status", "subscription_id", "stream", "id"],
         unique=False,
     )
     op.create_index(
@@ -111,7 +111,7 @@ def downgrade() -> None:
         op.f("ix_notification_deliveries_experiment_id"), table_name="notification_deliveries"
     )
     op.drop_index(op.f("ix_notification_deliveries_event_id"), table_name="notification_deliveries")
-    op.drop_index("ix_notification_deliveries_stream", table_name="notification_deliveries")
+    op.drop_index("ix_notification_deliveries_heads", table_name="notification_deliveries")
     op.drop_index("ix_notification_deliveries_due", table_name="notification_deliveries")
     op.drop_table("notification_deliveries")
     op.drop_index(
