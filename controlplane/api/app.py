@@ -16,7 +16,7 @@ from controlplane.api.deps import get_settings
 from controlplane.api.hygiene.body_limit import BodyLimitMiddleware
 from controlplane.api.hygiene.json_writes import JsonWritesMiddleware
 from controlplane.api.hygiene.trusted_hosts import TrustedHostsMiddleware
-from controlplane.api.routes import experiments, health, judge, rules, tokens
+from controlplane.api.routes import experiments, health, judge, notifications, rules, tokens
 from controlplane.auth.oidc import OidcVerifier
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.settings import Settings
@@ -142,6 +142,7 @@ def create_app(
         rules.router,
         judge.router,
         tokens.router,
+        notifications.router,
     ):
         app.include_router(router)
     # the schema and its pages describe the API, which is no secret; data needs a role

@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "sidecar": "controlplane.benchmarks.sidecar:run",
     "sidecar-grpc": "controlplane.benchmarks.sidecar_grpc:run",
     "control": "controlplane.benchmarks.control:run",
+    "notify": "controlplane.benchmarks.notify:run",
 }
 
 

@@ -18,6 +18,7 @@ from controlplane.cli import (
     demo,
     experiments,
     judge,
+    notify,
     remote,
     rules,
     server,
@@ -57,7 +58,8 @@ def root(
     remote.ca_file = ca_file
 
 
-for module in (bench, collector, demo, experiments, judge, rules, server, sidecar, tokens):
+for module in (bench, collector, demo, experiments, judge, notify, rules, server, sidecar,
+               tokens):
     module.register(app)
 
 

@@ -47,8 +47,10 @@ def background_services(settings: Settings, *, embedded: bool) -> Sequence[Backg
 
     The controller runs in both commands (several `serve` replicas elect one leader);
     the collector only in `dev`: in production it is its own process (`canary collector`).
+    Every process also runs a notification dispatcher (their leases share the outbox).
     """
     from controlplane.controller.runner import Controller
+    from controlplane.notify.dispatcher import dispatcher_for
 
     services: list[Background] = []
     if embedded:
@@ -58,6 +60,7 @@ def background_services(settings: Settings, *, embedded: bool) -> Sequence[Backg
         # in-process only: whatever signs samples here shares this process's key
         services.append(EmbeddedCollector(sample_keys=generate_sample_keys()))
     services.append(Controller())
+    services.append(dispatcher_for(settings))
     return services
 
 

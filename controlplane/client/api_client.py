@@ -264,6 +264,32 @@ class CanaryClient:
         result: Json = self._request("GET", f"{_rule(service)}/recommendation")
         return result
 
+    # notifications
+
+    def test_subscription(self, subscription_id: int) -> Json:
+        """Have the API send a sample to the subscription: `{delivered, status, error}`."""
+        result: Json = self._request("POST", f"{SUBSCRIPTIONS}/{int(subscription_id)}/test")
+        return result
+
+    def list_subscriptions(self, *, limit: int = 500) -> Json:
+        result: Json = self._request("GET", SUBSCRIPTIONS, params={"limit": limit})
+        return result
+
+    def deliveries(
+        self, *, experiment: int | None = None, status: str | None = None, limit: int = 50
+    ) -> Json:
+        """One page of deliveries, newest first."""
+        params: dict[str, str | int] = {"limit": limit}
+        if experiment is not None:
+            params["experiment"] = experiment
+        if status is not None:
+            params["status"] = status
+        result: Json = self._request("GET", "/v1/notifications/deliveries", params=params)
+        return result
+
+
+SUBSCRIPTIONS = "/v1/notifications/subscriptions"
+
 
 def _experiment(experiment_id: int | str) -> str:
     return f"/v1/experiments/{quote(str(experiment_id), safe='')}"

@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from controlplane.db.models import Event, Experiment, Step, Variant
+from controlplane.db.notifications import enqueue_for_event
 from controlplane.experiments.store import ExperimentSpec, StepSpec
 from controlplane.kernel.errors import NotFound
 from controlplane.kernel.routes import BASELINE, CANARY
@@ -150,6 +151,8 @@ def record_event(
     )
     session.add(event)
     session.flush()
+    # the announcement commits (or rolls back) with the event it announces
+    enqueue_for_event(session=session, event=event)
     return event
 
 

@@ -1,5 +1,6 @@
 """Typed ORM models: experiments, their variants and steps, the desired route of each
-service, the events audit trail and the API tokens.
+service, the events audit trail, the API tokens, and webhook subscriptions with the
+outbox of their deliveries.
 
 The migrations in migrations/versions must describe exactly these tables; a test
 compares them with Alembic's autogenerate.
@@ -12,6 +13,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     CheckConstraint,
     DateTime,
     Dialect,
@@ -234,3 +236,74 @@ class ApiToken(Base):
     created_by: Mapped[str] = mapped_column(String(128))
     last_used_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
+
+
+NOTIFICATION_FORMATS = ("json", "slack")
+DELIVERY_STATUSES = ("pending", "delivered", "failed")
+
+
+class NotificationSubscription(Base):
+    """A webhook: where to announce which events (of one service, or of all), how.
+
+    `secret` signs every request (HMAC-SHA256), so it is kept as given; the API shows
+    it once, when the subscription is created.
+    """
+
+    __tablename__ = "notification_subscriptions"
+    __table_args__ = (
+        CheckConstraint(_in("format", NOTIFICATION_FORMATS), name="format"),
+        UniqueConstraint("name"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    url: Mapped[str] = mapped_column(String(2048))
+    # null: every service
+    service: Mapped[str | None] = mapped_column(String(63), index=True)
+    # event kinds; empty: every announced kind (notify.kinds)
+    kinds: Mapped[list[str]] = mapped_column(JSON)
+    format: Mapped[str] = mapped_column(String(8))
+    secret: Mapped[str] = mapped_column(String(256))
+    enabled: Mapped[bool] = mapped_column(Boolean)
+    created_at: Mapped[datetime]
+    created_by: Mapped[str] = mapped_column(String(128))
+    updated_at: Mapped[datetime]
+
+
+class NotificationDelivery(Base):
+    """The outbox: one row per (event, subscription), written in the event's own
+    transaction, so an event that commits is announced and one rolled back is not.
+
+    `stream` orders deliveries: within a subscription, a stream's row is sent only
+    once every earlier row of the stream is delivered or given up. `claimed_by` and
+    `claimed_until` are a dispatcher's lease on the row while it sends it.
+    """
+
+    __tablename__ = "notification_deliveries"
+    __table_args__ = (
+        CheckConstraint(_in("status", DELIVERY_STATUSES), name="status"),
+        Index("ix_notification_deliveries_due", "status", "next_attempt_at"),
+        # the oldest pending row of each (subscription, stream), read from the index
+        Index("ix_notification_deliveries_heads", "status", "subscription_id", "stream", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    subscription_id: Mapped[int] = mapped_column(
+        ForeignKey("notification_subscriptions.id", ondelete="CASCADE")
+    )
+    event_id: Mapped[int] = mapped_column(ForeignKey("events.id"), index=True)
+    # copied from the event (which loses it when a draft is deleted): for the listing
+    experiment_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    service: Mapped[str] = mapped_column(String(63))
+    kind: Mapped[str] = mapped_column(String(64))
+    stream: Mapped[str] = mapped_column(String(96))
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime]
+    next_attempt_at: Mapped[datetime | None]
+    last_attempt_at: Mapped[datetime | None]
+    delivered_at: Mapped[datetime | None]
+    last_status: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(String(500))
+    claimed_by: Mapped[str | None] = mapped_column(String(128))
+    claimed_until: Mapped[datetime | None]

@@ -91,6 +91,8 @@ class RolloutState:
     consecutive_breaches: int = 0
     last_snapshot_ts: float | None = None
     no_data_since: float | None = None
+    # the current no-data period has been announced (a `no_data` event)
+    no_data_reported: bool = False
     srm_flagged: bool = False
     tally: Tally = field(default_factory=Tally)
     # the sample-ratio check's counts at the current weight (None: none yet)
@@ -118,6 +120,7 @@ class RolloutState:
             "consecutive_breaches": self.consecutive_breaches,
             "last_snapshot_ts": self.last_snapshot_ts,
             "no_data_since": self.no_data_since,
+            "no_data_reported": self.no_data_reported,
             "srm_flagged": self.srm_flagged,
             "tally": self.tally.to_dict(),
             "srm_tally": self.srm_tally.to_dict() if self.srm_tally is not None else None,
@@ -138,6 +141,7 @@ class RolloutState:
             consecutive_breaches=int(data.get("consecutive_breaches", 0)),
             last_snapshot_ts=data.get("last_snapshot_ts"),
             no_data_since=data.get("no_data_since"),
+            no_data_reported=bool(data.get("no_data_reported", False)),
             srm_flagged=bool(data.get("srm_flagged", False)),
             tally=Tally.from_dict(data["tally"]) if data.get("tally") else Tally(),
             srm_tally=SrmTally.from_dict(data["srm_tally"]) if data.get("srm_tally") else None,
@@ -155,6 +159,7 @@ class EventKind(StrEnum):
     PROMOTED = "promoted"
     SRM_DETECTED = "srm_detected"
     SRM_CLEARED = "srm_cleared"
+    NO_DATA = "no_data"
 
 
 @dataclass(frozen=True)

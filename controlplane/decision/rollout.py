@@ -206,7 +206,13 @@ def _observe(
     no_data_since = (
         None if has_data else (state.no_data_since if state.no_data_since is not None else now)
     )
-    changes: dict[str, Any] = {"no_data_since": no_data_since}
+    changes: dict[str, Any] = {
+        "no_data_since": no_data_since,
+        # announced once per period: a period that ended (or never began) starts afresh
+        "no_data_reported": state.no_data_reported
+        and state.no_data_since is not None
+        and not has_data,
+    }
     evaluation: Evaluation | None = None
     fast_evaluation: Evaluation | None = None
     alphas: tuple[float, float | None] | None = None
@@ -330,7 +336,8 @@ def _while_open(state: RolloutState, rule: BreakerRule, now: float) -> Decision:
 def _while_closed(
     state: RolloutState, look: _Look, rule: BreakerRule, steps: Sequence[Step], now: float
 ) -> Decision:
-    srm_events = _srm_events(state, look, rule, now)
+    state, no_data = _no_data_events(state, rule, now)
+    srm_events = (*_srm_events(state, look, rule, now), *no_data)
     tripped = _trip_reason(state, look, rule, now)
     if tripped is not None:
         return _trip(state, look, rule, steps, now, tripped, srm_events)
@@ -363,7 +370,8 @@ def _while_closed(
 def _while_half_open(
     state: RolloutState, look: _Look, rule: BreakerRule, steps: Sequence[Step], now: float
 ) -> Decision:
-    srm_events = _srm_events(state, look, rule, now)
+    state, no_data = _no_data_events(state, rule, now)
+    srm_events = (*_srm_events(state, look, rule, now), *no_data)
     tripped = _trip_reason(state, look, rule, now)
     if tripped is not None:
         return _trip(state, look, rule, steps, now, "probe failed: " + tripped, srm_events)
@@ -409,7 +417,10 @@ def _hold(
     (and by the no-data deadline when the rule fails on no data)."""
     evidence = _evidence(state, state, rule, now, look, gate=gate, units=bool(srm_events))
     candidates = [until] if now < until else [_next_data_at(state, rule, now)]
-    if rule.no_data is NoDataPolicy.FAIL and state.no_data_since is not None:
+    if state.no_data_since is not None and (
+        rule.no_data is NoDataPolicy.FAIL or not state.no_data_reported
+    ):
+        # a trip (no_data: fail), or the no_data event, falls due then
         candidates.append(state.no_data_since + rule.no_data_timeout_sec)
     return Decision(state, srm_events, reason, evidence, min(candidates))
 
@@ -604,6 +615,31 @@ def _holds_gate(g: Guardrail) -> bool:
 def _next_data_at(state: RolloutState, rule: BreakerRule, now: float) -> float:
     # the next disjoint window to count ends one window after the last counted one
     return max(state.tally.counted_until + rule.window_sec, now + RECHECK_SEC)
+
+
+def _no_data_events(
+    state: RolloutState, rule: BreakerRule, now: float
+) -> tuple[RolloutState, tuple[RolloutAction, ...]]:
+    """A `no_data` event once the canary has had no samples for the rule's
+    `no_data_timeout_sec`: once per period, whatever the policy (under `fail` the
+    trip comes with it; under `hold` it is the only sign that the rollout is stuck)."""
+    since = state.no_data_since
+    if since is None or state.no_data_reported or now - since < rule.no_data_timeout_sec:
+        return state, ()
+    reason = (
+        f"no canary samples for {now - since:.1f}s (no_data_timeout_sec "
+        f"{rule.no_data_timeout_sec:g}, no_data: {rule.no_data.value})"
+    )
+    data = {
+        "at": now,
+        "no_data_since": since,
+        "no_data_timeout_sec": rule.no_data_timeout_sec,
+        "policy": rule.no_data.value,
+        "canary_bp": state.canary_bp,
+    }
+    return state.with_changes(no_data_reported=True), (
+        RecordEvent(EventKind.NO_DATA, reason, data),
+    )
 
 
 def _srm_events(

@@ -347,6 +347,7 @@ class Demo:
 
         from controlplane.api.app import create_app
         from controlplane.controller.runner import Controller
+        from controlplane.notify.dispatcher import dispatcher_for
 
         class EmbeddedServer(uvicorn.Server):
             # The demo handles SIGINT/SIGTERM itself; uvicorn would re-raise them after
@@ -355,7 +356,9 @@ class Demo:
             def capture_signals(self) -> Iterator[None]:
                 yield
 
-        app = create_app(settings, backends=backends, services=[Controller()])
+        app = create_app(
+            settings, backends=backends, services=[Controller(), dispatcher_for(settings)]
+        )
         sock = bind_api_socket(self.options.api_listen)
         host, port = sock.getsockname()[:2]
         config = uvicorn.Config(

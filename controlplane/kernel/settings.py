@@ -8,7 +8,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from controlplane.kernel.errors import ConfigError
-from controlplane.kernel.values import UpstreamPolicy
+from controlplane.kernel.values import UpstreamPolicy, split_upstream
 
 
 def parse_host_port(value: str, *, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -51,7 +51,7 @@ class Settings(BaseSettings):
         "except link-local and cloud metadata addresses",
     )
 
-    @field_validator("upstream_allow")
+    @field_validator("upstream_allow", "notify_allow")
     @classmethod
     def _allow_shape(cls, value: str) -> str:
         UpstreamPolicy.parse(value)
@@ -60,6 +60,44 @@ class Settings(BaseSettings):
     @property
     def upstream_policy(self) -> UpstreamPolicy:
         return UpstreamPolicy.parse(self.upstream_allow)
+
+    # notifications (webhooks)
+    public_url: str = Field(
+        default="",
+        description="the control plane's address as people open it (links in "
+        "notifications: <public_url>/ui/experiments/<id>); empty: the `api` setting",
+    )
+    notify_allow: str = Field(
+        default="",
+        description="hosts/CIDRs webhooks may name, comma-separated; empty = any host "
+        "except link-local and cloud metadata addresses",
+    )
+    notify_timeout_sec: float = Field(
+        default=10.0, gt=0, le=60, description="longest webhook exchange, connect included"
+    )
+    notify_max_attempts: int = Field(
+        default=12, ge=1, le=100, description="attempts before a delivery is given up"
+    )
+    notify_max_age_sec: float = Field(
+        default=24 * 3600.0, ge=60, le=7 * 24 * 3600.0,
+        description="a delivery not done this long after its event is given up",
+    )
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url_shape(cls, value: str) -> str:
+        if value:
+            split_upstream(value)
+        return value
+
+    @property
+    def notify_policy(self) -> UpstreamPolicy:
+        return UpstreamPolicy.parse(self.notify_allow, what="webhook",
+                                    setting="CANARY_NOTIFY_ALLOW")
+
+    @property
+    def dashboard_base_url(self) -> str:
+        return self.public_url or self.api
 
     @field_validator("etcd_prefix")
     @classmethod

@@ -221,13 +221,20 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 @dataclass(frozen=True)
 class UpstreamPolicy:
     """Which hosts an upstream may name: empty `hosts`/`networks` = any host, except
-    link-local and metadata addresses, which only an explicit entry admits."""
+    link-local and metadata addresses, which only an explicit entry admits.
+
+    `what` and `setting` name the URL and the allow-list in refusals (the same rules
+    guard the webhooks notifications are sent to, under their own setting)."""
 
     hosts: frozenset[str] = frozenset()
     networks: tuple[Network, ...] = ()
+    what: str = "upstream"
+    setting: str = "CANARY_UPSTREAM_ALLOW"
 
     @classmethod
-    def parse(cls, text: str) -> UpstreamPolicy:
+    def parse(
+        cls, text: str, *, what: str = "upstream", setting: str = "CANARY_UPSTREAM_ALLOW"
+    ) -> UpstreamPolicy:
         """`host,10.0.0.0/8,…` (CANARY_UPSTREAM_ALLOW); raises ValueError on a bad entry."""
         hosts: set[str] = set()
         networks: list[Network] = []
@@ -244,9 +251,9 @@ class UpstreamPolicy:
                 unprintable(entry) is not None
                 or not entry.replace("-", "").replace(".", "").isalnum()
             ):
-                raise ValueError(f"upstream allow-list entry {entry!r} is not a host or CIDR")
+                raise ValueError(f"{what} allow-list entry {entry!r} is not a host or CIDR")
             hosts.add(entry.rstrip("."))
-        return cls(frozenset(hosts), tuple(networks))
+        return cls(frozenset(hosts), tuple(networks), what, setting)
 
     @property
     def restricted(self) -> bool:
@@ -273,9 +280,9 @@ class UpstreamPolicy:
         if name in METADATA_HOSTS or (
             address is not None and any(address in net for net in METADATA_NETWORKS)
         ):
-            return "upstream host is a link-local or cloud metadata address"
+            return f"{self.what} host is a link-local or cloud metadata address"
         if self.restricted:
-            return "upstream host is not in the allowed hosts (CANARY_UPSTREAM_ALLOW)"
+            return f"{self.what} host is not in the allowed hosts ({self.setting})"
         return None
 
     def refusals(self, urls: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -42,8 +42,16 @@ MATRIX: dict[tuple[str, str], Role | None] = {
     ("POST", "/v1/tokens"): ADMIN,
     ("DELETE", "/v1/tokens/{token_id}"): ADMIN,
     ("POST", "/v1/judge"): VIEW,
+    ("GET", "/v1/notifications/subscriptions"): ADMIN,
+    ("POST", "/v1/notifications/subscriptions"): ADMIN,
+    ("GET", "/v1/notifications/subscriptions/{subscription_id}"): ADMIN,
+    ("PATCH", "/v1/notifications/subscriptions/{subscription_id}"): ADMIN,
+    ("DELETE", "/v1/notifications/subscriptions/{subscription_id}"): ADMIN,
+    ("POST", "/v1/notifications/subscriptions/{subscription_id}/test"): ADMIN,
+    ("GET", "/v1/notifications/deliveries"): VIEW,
 }
-PARAMS = {"{experiment_id}": "987654", "{service}": "payment-api", "{token_id}": "987654"}
+PARAMS = {"{experiment_id}": "987654", "{service}": "payment-api", "{token_id}": "987654",
+          "{subscription_id}": "987654"}
 
 
 def concrete(path: str) -> str:

@@ -26,7 +26,7 @@ def test_db_commands_walk_the_revisions(
 
     upgraded = runner.invoke(app, ["db", "upgrade", *flag])
     assert upgraded.exit_code == 0, upgraded.output
-    assert "0003" in upgraded.output  # the head: the desired routes
+    assert "0004" in upgraded.output  # the head: notifications
 
     monkeypatch.setenv("CANARY_DATABASE_URL", sqlite_url)
     assert "up to date" in runner.invoke(app, ["db", "current"]).output

@@ -11,7 +11,8 @@ from controlplane.db import migrate
 from controlplane.db.models import Base
 from controlplane.db.session import make_engine
 
-TABLES = {"experiments", "variants", "steps", "events", "api_tokens", "service_routes"}
+TABLES = {"experiments", "variants", "steps", "events", "api_tokens", "service_routes",
+          "notification_subscriptions", "notification_deliveries"}
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])

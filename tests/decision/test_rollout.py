@@ -351,6 +351,39 @@ def test_samples_arriving_reset_the_no_data_clock() -> None:
     assert d3.new_state.breaker is BreakerState.CLOSED
 
 
+def test_no_data_is_announced_once_per_period_when_the_rule_holds() -> None:
+    r = rule(no_data_timeout_sec=30)
+    d1 = at(state(), {}, T0 + 10, r)
+    assert kinds(d1) == [] and d1.next_check_at is not None and d1.next_check_at <= T0 + 40
+    d2 = at(d1.new_state, {}, T0 + 40, r)
+    assert kinds(d2) == [EventKind.NO_DATA]
+    assert d2.new_state.breaker is BreakerState.CLOSED and d2.new_state.no_data_reported
+    event = next(a for a in d2.actions if isinstance(a, RecordEvent))
+    assert event.payload["no_data_since"] == T0 + 10 and event.payload["policy"] == "hold"
+    d3 = at(d2.new_state, {}, T0 + 500, r)
+    assert kinds(d3) == []  # the same period: said once
+    # samples end the period; the next gap is a new one
+    d4 = at(d3.new_state, healthy(T0 + 510), T0 + 510, r)
+    assert not d4.new_state.no_data_reported and d4.new_state.no_data_since is None
+    d5 = at(d4.new_state, {}, T0 + 600, r)
+    d6 = at(d5.new_state, {}, T0 + 630, r)
+    assert kinds(d5) == [] and kinds(d6) == [EventKind.NO_DATA]
+
+
+def test_a_no_data_trip_comes_with_its_no_data_event() -> None:
+    r = rule(no_data="fail", no_data_timeout_sec=30)
+    d1 = at(state(), {}, T0 + 10, r)
+    d2 = at(d1.new_state, {}, T0 + 40, r)
+    assert kinds(d2) == [EventKind.NO_DATA, EventKind.TRIPPED]
+
+
+def test_the_no_data_mark_survives_a_round_trip_through_json() -> None:
+    marked = state(no_data_since=T0, no_data_reported=True)
+    assert RolloutState.from_dict(json.loads(json.dumps(marked.to_dict()))) == marked
+    assert RolloutState.from_dict({**marked.to_dict(), "no_data_reported": None}) == state(
+        no_data_since=T0)
+
+
 def test_a_snapshot_older_than_its_window_counts_as_no_data() -> None:
     d = at(state(), slow(T0 + 10), T0 + 25)
     assert d.new_state.no_data_since == T0 + 25

@@ -1,0 +1,1 @@
+"""Notifications: webhooks announcing experiment events, from a durable outbox."""

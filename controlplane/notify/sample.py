@@ -1,0 +1,37 @@
+"""The sample event `canary notify test` and the API's test send announce: a trip,
+shaped like a real one, marked `"sample": true`, with event id 0 (never a real one)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from controlplane.notify.records import AnnouncedEvent
+
+SAMPLE_EXPERIMENT_ID = 0
+
+
+def sample_event(at: datetime, *, service: str = "example-service") -> AnnouncedEvent:
+    return AnnouncedEvent(
+        event_id=0,
+        kind="tripped",
+        service=service,
+        experiment_id=SAMPLE_EXPERIMENT_ID,
+        experiment_name="sample notification",
+        at=at,
+        actor="controller",
+        from_state="closed",
+        to_state="open",
+        reason="sample notification: trip 1 of 3 (stop: canary 0 bp); "
+        "p95 412.0 ms above threshold_ms 250.0",
+        payload={
+            "sample": True,
+            "from": "closed",
+            "to": "open",
+            "evidence": {
+                "breaker": {"before": "closed", "after": "open"},
+                "weights": {"canary_bp_before": 500, "canary_bp_after": 0},
+                "trips": 1,
+                "window": {"verdict": "breached", "p95_ms": 412.0, "threshold_ms": 250.0},
+            },
+        },
+    )
