@@ -67,7 +67,7 @@ class H2Hub:
         self, stream: H2Stream, upstream: Upstream, request: Request, fwd: Forwarding
     ) -> UpstreamLeg:
         if upstream.http2:
-            return self.pool_for(upstream).open(stream, h2_request(request, fwd))
+            return self.pool_for(upstream).open(stream, h2_request(request, fwd), checked=True)
         leg = H1Leg(self.server, stream, request, fwd)
         leg.start(self.server.pool_for(upstream))
         return leg

@@ -34,6 +34,7 @@ from controlplane.kernel.codec import CONNECT_ERROR, TIMEOUT
 from sidecar.choice import Upstream
 from sidecar.proxy.h2.fields import Pair
 from sidecar.proxy.h2.preface import ALPN_H2, negotiated_h2
+from sidecar.proxy.h2.sending import send_head
 from sidecar.proxy.upstream import MAX_RESPONSE_HEAD
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ class H2Leg:
         "body",
         "body_sent",
         "cancelled",
+        "checked",
         "conn",
         "end_sent",
         "finished",
@@ -77,10 +79,13 @@ class H2Leg:
         "user",
     )
 
-    def __init__(self, pool: H2UpstreamPool, user: ResponseSink, headers: list[Pair]) -> None:
+    def __init__(
+        self, pool: H2UpstreamPool, user: ResponseSink, headers: list[Pair], *, checked: bool
+    ) -> None:
         self.pool = pool
         self.user = user
         self.headers = headers
+        self.checked = checked  # the fields passed h2's checks on the way in (sending.py)
         self.conn: H2UpstreamConnection | None = None
         self.stream_id = 0
         self.body: deque[bytes] = deque()  # request bytes the upstream's window holds back
@@ -149,7 +154,7 @@ class H2Leg:
             if not body and self.req_end and not self.end_sent:
                 self.end_sent = True
                 if self.req_trailers:
-                    h2c.send_headers(sid, self.req_trailers, end_stream=True)
+                    send_head(h2c, sid, self.req_trailers, end_stream=True, checked=self.checked)
                 else:
                     h2c.end_stream(sid)
                 self.last_activity = self.pool.loop.time()
@@ -324,7 +329,7 @@ class H2UpstreamConnection(asyncio.Protocol):
         try:
             sid = self.h2.get_next_available_stream_id()
             end = leg.req_end and not leg.body and not leg.req_trailers
-            self.h2.send_headers(sid, leg.headers, end_stream=end)
+            send_head(self.h2, sid, leg.headers, end_stream=end, checked=leg.checked)
         except h2.exceptions.NoAvailableStreamIDError:
             self.going_away = True  # stream ids used up: a fresh connection takes over
             self.pool.retire(self)
@@ -437,9 +442,10 @@ class H2UpstreamPool:
             context.set_alpn_protocols([ALPN_H2])
             self._ssl = context
 
-    def open(self, user: ResponseSink, headers: list[Pair]) -> H2Leg:
-        """A leg for `user`'s request: started at once, or when a stream is free."""
-        leg = H2Leg(self, user, headers)
+    def open(self, user: ResponseSink, headers: list[Pair], *, checked: bool) -> H2Leg:
+        """A leg for `user`'s request: started at once, or when a stream is free.
+        `checked`: the head's fields passed `h2`'s inbound checks (see sending.py)."""
+        leg = H2Leg(self, user, headers, checked=checked)
         if len(self.waiting) >= self.max_waiting:
             self.hub.server.metrics.reject("h2_upstream_queue_full")
             leg.finished = True
