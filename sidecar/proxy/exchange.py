@@ -5,7 +5,9 @@ An `Exchange` asks the `Chooser` for a variant, takes a pooled upstream connecti
 other transport: request body chunks from its `ClientConnection`, the response head,
 body and end from its `UpstreamConnection`. It answers 502/503/504 itself when no
 upstream does, replays an idempotent request once on a fresh connection when a pooled
-one turns out closed, and records one sample once the response is out.
+one turns out closed, and records one sample once the response is out. A variant
+whose upstream speaks HTTP/2 only is reached through an `H2Relay` instead of a pooled
+connection (`h2/relay.py`): the same response callbacks, from a stream.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from sidecar.proxy.upstream import (
 
 if TYPE_CHECKING:
     from sidecar.proxy.client import ClientConnection
+    from sidecar.proxy.h2.relay import H2Relay
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,7 @@ class Exchange:
         "no_body",
         "pending",
         "pool",
+        "relay",
         "req_complete",
         "resp_chunked",
         "resp_done",
@@ -76,6 +80,7 @@ class Exchange:
         "t0",
         "t_sent",
         "target",
+        "trailers",
         "ts",
         "upstream",
         "variant",
@@ -121,6 +126,8 @@ class Exchange:
         self.retried = False
         self.status = 0
         self.t_sent: float | None = None
+        self.relay: H2Relay | None = None  # the stream to an HTTP/2 upstream, if any
+        self.trailers = b""  # the response's trailer section, when it has one
 
     # --- request side -----------------------------------------------------------
 
@@ -140,6 +147,9 @@ class Exchange:
             return
         self.choice = choice
         self.variant = choice.variant.encode()
+        if choice.upstream.http2:
+            self.relay = server.h2.relay(self, choice)
+            return
         try:
             pool = self.pool = server.pool_for(choice.upstream)
         except Exception as exc:  # e.g. an Upstream built by hand with a bad host name
@@ -173,6 +183,9 @@ class Exchange:
     def request_body(self, chunk: bytes) -> None:
         if self.resp_done:
             return  # answered already (error, or the upstream did not wait): discard
+        if self.relay is not None:
+            self.relay.request_data(chunk)
+            return
         conn = self.upstream
         if conn is not None:
             if self.chunked:
@@ -190,6 +203,9 @@ class Exchange:
         self.req_complete = True
         if self.resp_done:
             self.client.exchange_finished(self)
+            return
+        if self.relay is not None:
+            self.relay.request_end()
             return
         conn = self.upstream
         if conn is not None:
@@ -299,9 +315,17 @@ class Exchange:
         else:
             self.client.write(chunk)
 
-    def response_complete(self, reusable: bool) -> None:
+    def response_trailers(self, section: bytes) -> None:
+        """Trailer field lines (`name: value\\r\\n` each) to end a chunked response
+        with; dropped when the response is not chunked (RFC 9110 §6.5.1)."""
+        self.trailers = section
+
+    def response_complete(self, reusable: bool, outcome: int | None = None) -> None:
+        """The response is all in; `outcome`: the sample's, when not the status (a
+        gRPC call's)."""
         if self.resp_chunked:
-            self.client.write(_LAST_CHUNK)
+            trailers = self.trailers
+            self.client.write(b"0\r\n" + trailers + _CRLF if trailers else _LAST_CHUNK)
         self.resp_done = True
         conn = self.upstream
         self.upstream = None
@@ -310,7 +334,7 @@ class Exchange:
             conn.release(reusable and self.req_complete)
         if self.client.read_block:
             self.client.unblock(UPSTREAM_FULL | WAIT_UPSTREAM)
-        self._record(self.status)
+        self._record(self.status if outcome is None else outcome)
         if self.req_complete:
             self.client.exchange_finished(self)
         else:
@@ -357,6 +381,14 @@ class Exchange:
         timeout = self.client.server.options.read_timeout
         self._fail(504, TIMEOUT, f"no response within {timeout:g} s")
 
+    def upstream_failed(self, status: int, outcome: int, reason: str) -> None:
+        """The relay's stream failed: answer `status`, or cut a response under way."""
+        if self.resp_started:
+            if not self.resp_done:
+                self._abort(outcome)
+            return
+        self._fail(status, outcome, reason)
+
     def upstream_pause_writing(self) -> None:
         self.client.block(UPSTREAM_FULL)
 
@@ -392,8 +424,13 @@ class Exchange:
         close = self._must_close()
         if status == 504:
             body = errors.gateway_timeout(choice.variant, choice.experiment, reason, close=close)
-        else:
+        elif status == 502:
             body = errors.bad_gateway(choice.variant, choice.experiment, reason, close=close)
+        else:  # 503: an HTTP/2 upstream's queue of requests waiting for a stream is full
+            detail = f"upstream of variant {choice.variant!r} failed: {reason}"
+            body = errors.problem_response(
+                status, detail, variant=choice.variant, experiment=choice.experiment, close=close
+            )
         self.status = status
         self.resp_done = True
         self.client.write(body)
@@ -422,6 +459,8 @@ class Exchange:
         self.close_after = True
         if conn is not None:
             conn.abort()
+        if self.relay is not None:
+            self.relay.cancel()
         if not self.resp_done and self.choice is not None:
             self.resp_done = True
             self._record(ABORTED if self.resp_started else 400)
@@ -436,6 +475,8 @@ class Exchange:
         self.upstream = None
         if conn is not None:
             conn.abort()  # mid-exchange: its state is unknown, never pool it
+        if self.relay is not None:
+            self.relay.cancel()
         if not self.resp_done and self.choice is not None:
             self.resp_done = True
             self._record(ABORTED)

@@ -121,10 +121,16 @@ class H2Leg:
             return
         self.cancelled = True
         conn = self.conn
-        if conn is not None and not self.finished:
+        if conn is None:
+            return
+        if not self.finished:
             conn.reset(self.stream_id, h2.errors.ErrorCodes.CANCEL)
             conn.legs.pop(self.stream_id, None)
             self.pool.dispatch()
+        elif not self.end_sent:
+            # the upstream answered in full before the request was: closing our half
+            # frees the stream slot (RFC 9113 §8.1)
+            conn.reset(self.stream_id, h2.errors.ErrorCodes.NO_ERROR)
 
     # --- sending ---------------------------------------------------------------------
 
@@ -377,6 +383,7 @@ class H2UpstreamConnection(asyncio.Protocol):
             self.transport.write(data)
 
     def sweep(self, now: float, read_timeout: float, idle_timeout: float) -> None:
+        timed_out = False
         for leg in list(self.legs.values()):
             # a leg whose response waits for a slow client is not the upstream's fault
             if leg.end_sent and not leg.unacked and leg.last_activity < now - read_timeout:
@@ -384,7 +391,12 @@ class H2UpstreamConnection(asyncio.Protocol):
                 leg.finished = True
                 self.reset(leg.stream_id, h2.errors.ErrorCodes.CANCEL)
                 leg.user.upstream_failed(504, TIMEOUT, f"no response within {read_timeout:g} s")
-        if not self.legs and self.idle_since < now - idle_timeout:
+                timed_out = True
+        if timed_out:
+            if not self.legs:
+                self.idle_since = now
+            self.pool.dispatch()  # the reset streams' slots are free for waiting legs
+        elif not self.legs and self.idle_since < now - idle_timeout:
             self.close()
 
     def close(self) -> None:
@@ -442,10 +454,14 @@ class H2UpstreamPool:
             context.set_alpn_protocols([ALPN_H2])
             self._ssl = context
 
-    def open(self, user: ResponseSink, headers: list[Pair], *, checked: bool) -> H2Leg:
+    def open(
+        self, user: ResponseSink, headers: list[Pair], *, checked: bool, ended: bool = False
+    ) -> H2Leg:
         """A leg for `user`'s request: started at once, or when a stream is free.
-        `checked`: the head's fields passed `h2`'s inbound checks (see sending.py)."""
+        `checked`: the head's fields passed `h2`'s inbound checks (see sending.py);
+        `ended`: the head is the whole request."""
         leg = H2Leg(self, user, headers, checked=checked)
+        leg.req_end = ended
         if len(self.waiting) >= self.max_waiting:
             self.hub.server.metrics.reject("h2_upstream_queue_full")
             leg.finished = True
