@@ -13,6 +13,10 @@ Per path: P50/P99 of sequential calls (one in flight; the added latency is the p
 minus direct's), and the calls/s that 64 calls in flight on one channel reach. The
 client is grpcio in this process, pinned to the other CPU: its own ceiling is the
 direct figure, so calls/s are reported as ratios to direct and to nginx.
+
+Latency on a busy machine is mostly waiting for a CPU, so each proxy's own CPU time per
+sequential call (user + system, its processes and their children, from /proc) is
+reported beside it: the figure other work on the machine disturbs least.
 """
 
 from __future__ import annotations
@@ -95,6 +99,26 @@ def sequential(port: int, *, calls: int, warmup: int) -> dict[str, Any]:
     }
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of `pid` and its children (nginx's workers); None off
+    Linux."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total = 0.0
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return None
+    for entry in entries:
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        fields = stat.rpartition(")")[2].split()
+        if int(entry) == pid or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 def max_calls(port: int, *, duration: float) -> dict[str, Any]:
     """Calls/s with CONCURRENCY calls in flight on one channel (HTTP/2 streams)."""
     import grpc
@@ -150,12 +174,15 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
     python = sys.executable
     paths: dict[str, dict[str, Any]] = {}
 
-    def measure(name: str, port: int) -> None:
+    def measure(name: str, port: int, server: int | None = None) -> None:
         _say(progress, f"[grpc {name}] latency and calls/s ...")
-        paths[name] = {
-            **sequential(port, calls=calls, warmup=warmup),
-            **max_calls(port, duration=duration),
-        }
+        before = None if server is None else cpu_seconds(server)
+        latency = sequential(port, calls=calls, warmup=warmup)
+        after = None if server is None else cpu_seconds(server)
+        if before is not None and after is not None:
+            # warm-up calls included: their cost is the same as the measured ones'
+            latency["proxy_cpu_us_per_call"] = round((after - before) / (calls + warmup) * 1e6)
+        paths[name] = {**latency, **max_calls(port, duration=duration)}
         _say(progress, f"[grpc {name}] {paths[name]}")
 
     own_affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
@@ -174,24 +201,24 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
                     )
                 )  # fmt: skip
                 measure("direct", up_port)
-                stack.enter_context(
+                proxy = stack.enter_context(
                     _process(
                         [python, "-m", "controlplane.benchmarks.sidecar", "serve-proxy",
                          f"{HOST}:{proxy_port}", f"h2c://{HOST}:{up_port}"],
                         cpu=server_cpu, port=proxy_port, log=tmp / "proxy.log",
                     )
                 )  # fmt: skip
-                measure("sidecar", proxy_port)
+                measure("sidecar", proxy_port, proxy.pid)
                 if nginx:
                     body = _NGINX_GRPC.format(host=HOST, port=nginx_port, upstream_port=up_port)
                     conf = _nginx_conf(tmp, "grpc", body)
-                    stack.enter_context(
+                    master = stack.enter_context(
                         _process(
                             _nginx_args(nginx, tmp, conf),
                             cpu=server_cpu, port=nginx_port, log=tmp / "nginx.log",
                         )
                     )  # fmt: skip
-                    measure("nginx", nginx_port)
+                    measure("nginx", nginx_port, master.pid)
         finally:
             if own_affinity is not None:
                 os.sched_setaffinity(0, own_affinity)
@@ -209,6 +236,10 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
         result["sidecar_calls_vs_nginx"] = round(
             sidecar["max_calls_per_s"] / ref["max_calls_per_s"], 3
         )
+        if ref.get("proxy_cpu_us_per_call") and "proxy_cpu_us_per_call" in sidecar:
+            result["sidecar_cpu_vs_nginx"] = round(
+                sidecar["proxy_cpu_us_per_call"] / ref["proxy_cpu_us_per_call"], 2
+            )
     return result
 
 

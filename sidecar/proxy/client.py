@@ -229,12 +229,16 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         current = self.current
         if current is not None and current.upstream is not None:
             current.upstream.pause_reading()
+        # a relay to an HTTP/2 upstream reads `write_paused` itself (h2/relay.py)
 
     def resume_writing(self) -> None:
         self.write_paused = False
         current = self.current
-        if current is not None and current.upstream is not None:
-            current.upstream.resume_reading()
+        if current is not None:
+            if current.upstream is not None:
+                current.upstream.resume_reading()
+            elif current.relay is not None:
+                current.relay.client_resumed()
 
     # --- httptools callbacks ----------------------------------------------------
 

@@ -11,6 +11,8 @@ A request asking to upgrade (`upgrade`: the protocols asked for) is forwarded wi
 Upgrade when a tunnel can be had; a valid 101 makes both connections a `Tunnel` and
 its sample measures the time to the 101. Trailer fields of chunked bodies travel on
 with the last chunk, both ways (`trailers`).
+A variant whose upstream speaks HTTP/2 only is reached through an `H2Relay` instead of
+a pooled connection (`h2/relay.py`): the same response callbacks, from a stream.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from sidecar.proxy.upstream import (
 
 if TYPE_CHECKING:
     from sidecar.proxy.client import ClientConnection
+    from sidecar.proxy.h2.relay import H2Relay
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,7 @@ class Exchange:
         "no_body",
         "pending",
         "pool",
+        "relay",
         "req_complete",
         "req_trailers",
         "reserved",
@@ -144,6 +148,7 @@ class Exchange:
         self.switching: tuple[bytes, bytes, ResponseFields, bytes] | None = None
         self.req_trailers: list[Header] | None = None
         self.trailers: bytes | None = None  # the response's, to send with its last chunk
+        self.relay: H2Relay | None = None  # the stream to an HTTP/2 upstream, if any
 
     # --- request side -----------------------------------------------------------
 
@@ -163,6 +168,9 @@ class Exchange:
             return
         self.choice = choice
         self.variant = choice.variant.encode()
+        if choice.upstream.http2:
+            self.relay = server.h2.relay(self, choice)
+            return
         try:
             pool = self.pool = server.pool_for(choice.upstream)
         except Exception as exc:  # e.g. an Upstream built by hand with a bad host name
@@ -208,6 +216,9 @@ class Exchange:
     def request_body(self, chunk: bytes) -> None:
         if self.resp_done:
             return  # answered already (error, or the upstream did not wait): discard
+        if self.relay is not None:
+            self.relay.request_data(chunk)
+            return
         conn = self.upstream
         if conn is not None:
             if self.chunked:
@@ -239,6 +250,9 @@ class Exchange:
         self.req_complete = True
         if self.resp_done:
             self.client.exchange_finished(self)
+            return
+        if self.relay is not None:
+            self.relay.request_end()
             return
         conn = self.upstream
         if conn is not None:
@@ -384,7 +398,14 @@ class Exchange:
         else:
             self.client.write(chunk)
 
-    def response_complete(self, reusable: bool) -> None:
+    def relay_trailers(self, lines: bytes) -> None:
+        """An HTTP/2 upstream's trailers as field lines (`name: value\\r\\n` each),
+        under the same rules as an HTTP/1.1 upstream's."""
+        self.response_trailers(lines, None)
+
+    def response_complete(self, reusable: bool, outcome: int | None = None) -> None:
+        """The response is all in; `outcome`: the sample's, when not the status (a
+        gRPC call's)."""
         if self.resp_chunked:
             trailers = self.trailers
             self.client.write(_LAST_CHUNK if trailers is None else b"0\r\n%s\r\n" % trailers)
@@ -396,7 +417,7 @@ class Exchange:
             conn.release(reusable and self.req_complete)
         if self.client.read_block:
             self.client.unblock(UPSTREAM_FULL | WAIT_UPSTREAM)
-        self._record(self.status)
+        self._record(self.status if outcome is None else outcome)
         if self.req_complete:
             self.client.exchange_finished(self)
         else:
@@ -443,6 +464,14 @@ class Exchange:
         timeout = self.client.server.options.read_timeout
         self._fail(504, TIMEOUT, f"no response within {timeout:g} s")
 
+    def upstream_failed(self, status: int, outcome: int, reason: str) -> None:
+        """The relay's stream failed: answer `status`, or cut a response under way."""
+        if self.resp_started:
+            if not self.resp_done:
+                self._abort(outcome)
+            return
+        self._fail(status, outcome, reason)
+
     def upstream_pause_writing(self) -> None:
         self.client.block(UPSTREAM_FULL)
 
@@ -478,8 +507,13 @@ class Exchange:
         close = self._must_close()
         if status == 504:
             body = errors.gateway_timeout(choice.variant, choice.experiment, reason, close=close)
-        else:
+        elif status == 502:
             body = errors.bad_gateway(choice.variant, choice.experiment, reason, close=close)
+        else:  # 503: an HTTP/2 upstream's queue of requests waiting for a stream is full
+            detail = f"upstream of variant {choice.variant!r} failed: {reason}"
+            body = errors.problem_response(
+                status, detail, variant=choice.variant, experiment=choice.experiment, close=close
+            )
         self.status = status
         self.resp_done = True
         self.client.write(body)
@@ -508,6 +542,8 @@ class Exchange:
         self.close_after = True
         if conn is not None:
             conn.abort()
+        if self.relay is not None:
+            self.relay.cancel()
         if not self.resp_done and self.choice is not None:
             self.resp_done = True
             self._record(ABORTED if self.resp_started else 400)
@@ -522,6 +558,8 @@ class Exchange:
         self.upstream = None
         if conn is not None:
             conn.abort()  # mid-exchange: its state is unknown, never pool it
+        if self.relay is not None:
+            self.relay.cancel()
         if not self.resp_done and self.choice is not None:
             self.resp_done = True
             self._record(ABORTED)

@@ -261,9 +261,8 @@ class ProxyServer:
             return cached[1]
         pool = self._pools.get(upstream)
         if pool is None:
-            if upstream.http2:
-                # translating HTTP/1.1 requests to HTTP/2 is not built: say so (502)
-                raise ValueError("it speaks HTTP/2 only; HTTP/1.1 requests cannot reach it")
+            if upstream.http2:  # exchanges reach these through `H2Hub.relay`
+                raise ValueError("it speaks HTTP/2 only: no HTTP/1.1 pool")
             opts = self.options
             pool = self._pools[upstream] = UpstreamPool(
                 self.loop,

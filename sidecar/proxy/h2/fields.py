@@ -8,6 +8,7 @@ Pure functions over `(name, value)` byte pairs, names lower-case as HTTP/2 has t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from http import HTTPStatus
 
 from sidecar.proxy.headers import EXPERIMENT, HOP_BY_HOP, VARIANT, Header, request_head
 
@@ -170,3 +171,58 @@ def h1_response_fields(
             continue
         out.append((low, value.strip(b" \t")))
     return out
+
+
+_TE = b"te"
+_TRAILERS = b"trailers"
+
+
+def request_from_h1(
+    method: bytes,
+    target: bytes,
+    headers: list[Header],
+    *,
+    named: frozenset[bytes] | None,
+    chunked: bool,
+) -> Request:
+    """An HTTP/1.1 request head as a stream's request (RFC 9113 §8.2.2): hop-by-hop
+    fields and those Connection names dropped, TE kept only as `trailers` (gRPC
+    asks for it), Content-Length dropped when the body comes chunked; Host becomes
+    the :authority."""
+    fields: list[Pair] = []
+    host: bytes | None = None
+    for lower, _, value in headers:
+        if lower == b"host":
+            host = value
+        elif lower == _TE:
+            if _TRAILERS in (token.strip().lower() for token in value.split(b",")):
+                fields.append((_TE, _TRAILERS))
+        elif (
+            lower in HOP_BY_HOP
+            or (named is not None and lower in named)
+            or (chunked and lower == _CONTENT_LENGTH)
+        ):
+            continue
+        else:
+            fields.append((lower, value))
+    return Request(method, b"http", host, target, tuple(fields))
+
+
+def h1_status_line(status: int) -> bytes:
+    """The HTTP/1.1 status line of an HTTP/2 response (HTTP/2 carries no reason)."""
+    try:
+        reason = HTTPStatus(status).phrase.encode()
+    except ValueError:
+        reason = b""
+    return b"HTTP/1.1 %d %s" % (status, reason)
+
+
+def h1_fields(fields: list[Pair]) -> bytes:
+    """HTTP/2 fields (checked by `h2` on the way in) as HTTP/1.1 field lines, each
+    `\r\nname: value`, the form `headers.ResponseFields` reads."""
+    return b"".join([b"\r\n%s: %s" % pair for pair in fields])
+
+
+def trailer_section(trailers: list[Pair]) -> bytes:
+    """Trailers as the field lines of a chunked message's trailer section."""
+    return b"".join([b"%s: %s\r\n" % pair for pair in trailers])

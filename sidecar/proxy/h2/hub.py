@@ -12,16 +12,18 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Protocol
 
-from sidecar.choice import Upstream
+from sidecar.choice import Choice, Upstream
 from sidecar.proxy.h2.bridge import H1Leg
 from sidecar.proxy.h2.connection import H2ClientConnection
 from sidecar.proxy.h2.fields import Forwarding, Request, h2_request
+from sidecar.proxy.h2.relay import H2Relay
 from sidecar.proxy.h2.stream import H2Stream, UpstreamLeg
 from sidecar.proxy.h2.upstream import H2UpstreamPool
 from sidecar.proxy.limits import RateLimitedLog
 
 if TYPE_CHECKING:
     from sidecar.proxy.client import ClientConnection
+    from sidecar.proxy.exchange import Exchange
     from sidecar.proxy.server import ProxyServer
 
 log = logging.getLogger(__name__)
@@ -67,10 +69,21 @@ class H2Hub:
         self, stream: H2Stream, upstream: Upstream, request: Request, fwd: Forwarding
     ) -> UpstreamLeg:
         if upstream.http2:
-            return self.pool_for(upstream).open(stream, h2_request(request, fwd))
+            return self.pool_for(upstream).open(stream, h2_request(request, fwd), checked=True)
         leg = H1Leg(self.server, stream, request, fwd)
         leg.start(self.server.pool_for(upstream))
         return leg
+
+    def relay(self, exchange: Exchange, choice: Choice) -> H2Relay:
+        """An HTTP/1.1 exchange's request as a stream on its HTTP/2 upstream."""
+        relay = H2Relay(self, exchange)
+        try:
+            relay.start(choice)
+        except Exception as exc:  # e.g. an Upstream built by hand with a bad host name
+            log.exception("no HTTP/2 stream to %s", choice.upstream)
+            relay.upstream_failed(502, 502, f"unusable upstream {choice.upstream}: {exc}")
+            self.flush()
+        return relay
 
     def pool_for(self, upstream: Upstream) -> H2UpstreamPool:
         pool = self.pools.get(upstream)

@@ -28,6 +28,7 @@ from sidecar.choice import Choice, NoRoute
 from sidecar.proxy import errors
 from sidecar.proxy.h2 import grpc
 from sidecar.proxy.h2.fields import Forwarding, Pair, Request, first, h2_response
+from sidecar.proxy.h2.sending import send_head
 from sidecar.proxy.headers import HeaderView
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class H2Stream:
     """One client stream through the proxy."""
 
     __slots__ = (
+        "checked",
         "choice",
         "conn",
         "done",
@@ -98,6 +100,9 @@ class H2Stream:
         self.out: deque[bytes] = deque()
         self.out_end: list[Pair] | bool | None = None
         self.done = False
+        # the response's fields come from an HTTP/2 upstream through h2's inbound
+        # checks, or from the proxy itself (sending.py); not from an HTTP/1.1 one
+        self.checked = True
 
     # --- request side (called by the connection) -----------------------------------
 
@@ -128,6 +133,7 @@ class H2Stream:
             variant=self.variant,
             experiment=None if choice.experiment is None else choice.experiment.encode(),
         )
+        self.checked = upstream.http2
         try:
             self.leg = server.h2.open_leg(self, upstream, self.request, fwd)
         except Exception as exc:  # e.g. an Upstream built by hand with a bad host name
@@ -181,8 +187,12 @@ class H2Stream:
         self.head_sent = True
         conn = self.conn
         try:
-            conn.h2.send_headers(
-                self.stream_id, h2_response(status, fields, self.variant), end_stream=end
+            send_head(
+                conn.h2,
+                self.stream_id,
+                h2_response(status, fields, self.variant),
+                end_stream=end,
+                checked=self.checked,
             )
         except h2.exceptions.ProtocolError as exc:
             # e.g. a field HTTP/2 forbids that an HTTP/1.1 upstream sent
@@ -286,7 +296,7 @@ class H2Stream:
                     h2c.end_stream(sid)
                 else:
                     assert isinstance(end, list)
-                    h2c.send_headers(sid, end, end_stream=True)
+                    send_head(h2c, sid, end, end_stream=True, checked=self.checked)
                 self._finish()
         except h2.exceptions.ProtocolError as exc:
             # the client reset the stream meanwhile, or the trailers are not valid HTTP/2

@@ -34,6 +34,7 @@ from controlplane.kernel.codec import CONNECT_ERROR, TIMEOUT
 from sidecar.choice import Upstream
 from sidecar.proxy.h2.fields import Pair
 from sidecar.proxy.h2.preface import ALPN_H2, negotiated_h2
+from sidecar.proxy.h2.sending import send_head
 from sidecar.proxy.upstream import MAX_RESPONSE_HEAD
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ class H2Leg:
         "body",
         "body_sent",
         "cancelled",
+        "checked",
         "conn",
         "end_sent",
         "finished",
@@ -77,10 +79,13 @@ class H2Leg:
         "user",
     )
 
-    def __init__(self, pool: H2UpstreamPool, user: ResponseSink, headers: list[Pair]) -> None:
+    def __init__(
+        self, pool: H2UpstreamPool, user: ResponseSink, headers: list[Pair], *, checked: bool
+    ) -> None:
         self.pool = pool
         self.user = user
         self.headers = headers
+        self.checked = checked  # the fields passed h2's checks on the way in (sending.py)
         self.conn: H2UpstreamConnection | None = None
         self.stream_id = 0
         self.body: deque[bytes] = deque()  # request bytes the upstream's window holds back
@@ -116,10 +121,16 @@ class H2Leg:
             return
         self.cancelled = True
         conn = self.conn
-        if conn is not None and not self.finished:
+        if conn is None:
+            return
+        if not self.finished:
             conn.reset(self.stream_id, h2.errors.ErrorCodes.CANCEL)
             conn.legs.pop(self.stream_id, None)
             self.pool.dispatch()
+        elif not self.end_sent:
+            # the upstream answered in full before the request was: closing our half
+            # frees the stream slot (RFC 9113 §8.1)
+            conn.reset(self.stream_id, h2.errors.ErrorCodes.NO_ERROR)
 
     # --- sending ---------------------------------------------------------------------
 
@@ -149,7 +160,7 @@ class H2Leg:
             if not body and self.req_end and not self.end_sent:
                 self.end_sent = True
                 if self.req_trailers:
-                    h2c.send_headers(sid, self.req_trailers, end_stream=True)
+                    send_head(h2c, sid, self.req_trailers, end_stream=True, checked=self.checked)
                 else:
                     h2c.end_stream(sid)
                 self.last_activity = self.pool.loop.time()
@@ -324,7 +335,7 @@ class H2UpstreamConnection(asyncio.Protocol):
         try:
             sid = self.h2.get_next_available_stream_id()
             end = leg.req_end and not leg.body and not leg.req_trailers
-            self.h2.send_headers(sid, leg.headers, end_stream=end)
+            send_head(self.h2, sid, leg.headers, end_stream=end, checked=leg.checked)
         except h2.exceptions.NoAvailableStreamIDError:
             self.going_away = True  # stream ids used up: a fresh connection takes over
             self.pool.retire(self)
@@ -372,6 +383,7 @@ class H2UpstreamConnection(asyncio.Protocol):
             self.transport.write(data)
 
     def sweep(self, now: float, read_timeout: float, idle_timeout: float) -> None:
+        timed_out = False
         for leg in list(self.legs.values()):
             # a leg whose response waits for a slow client is not the upstream's fault
             if leg.end_sent and not leg.unacked and leg.last_activity < now - read_timeout:
@@ -379,7 +391,12 @@ class H2UpstreamConnection(asyncio.Protocol):
                 leg.finished = True
                 self.reset(leg.stream_id, h2.errors.ErrorCodes.CANCEL)
                 leg.user.upstream_failed(504, TIMEOUT, f"no response within {read_timeout:g} s")
-        if not self.legs and self.idle_since < now - idle_timeout:
+                timed_out = True
+        if timed_out:
+            if not self.legs:
+                self.idle_since = now
+            self.pool.dispatch()  # the reset streams' slots are free for waiting legs
+        elif not self.legs and self.idle_since < now - idle_timeout:
             self.close()
 
     def close(self) -> None:
@@ -437,9 +454,14 @@ class H2UpstreamPool:
             context.set_alpn_protocols([ALPN_H2])
             self._ssl = context
 
-    def open(self, user: ResponseSink, headers: list[Pair]) -> H2Leg:
-        """A leg for `user`'s request: started at once, or when a stream is free."""
-        leg = H2Leg(self, user, headers)
+    def open(
+        self, user: ResponseSink, headers: list[Pair], *, checked: bool, ended: bool = False
+    ) -> H2Leg:
+        """A leg for `user`'s request: started at once, or when a stream is free.
+        `checked`: the head's fields passed `h2`'s inbound checks (see sending.py);
+        `ended`: the head is the whole request."""
+        leg = H2Leg(self, user, headers, checked=checked)
+        leg.req_end = ended
         if len(self.waiting) >= self.max_waiting:
             self.hub.server.metrics.reject("h2_upstream_queue_full")
             leg.finished = True
