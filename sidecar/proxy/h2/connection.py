@@ -220,7 +220,12 @@ class H2ClientConnection(asyncio.Protocol):
         """The stream's response is out (or cut). A request still arriving is not
         wanted any more: RST_STREAM(NO_ERROR) tells the client (RFC 9113 §8.1)."""
         if stream.done and not stream.req_ended:
+            leg = stream.leg
             stream.leg = None
+            if leg is not None:
+                # the upstream's half of the stream would otherwise hold its slot
+                # until the upstream ends it
+                leg.cancel()
             self.reset(stream.stream_id, h2.errors.ErrorCodes.NO_ERROR)
         if self.streams.get(stream.stream_id) is stream:
             del self.streams[stream.stream_id]
