@@ -16,7 +16,7 @@ from controlplane.api.deps import get_settings
 from controlplane.api.hygiene.body_limit import BodyLimitMiddleware
 from controlplane.api.hygiene.json_writes import JsonWritesMiddleware
 from controlplane.api.hygiene.trusted_hosts import TrustedHostsMiddleware
-from controlplane.api.routes import experiments, health, judge, rules, tokens
+from controlplane.api.routes import experiments, health, history, judge, rules, tokens
 from controlplane.auth.oidc import OidcVerifier
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.settings import Settings
@@ -139,6 +139,7 @@ def create_app(
     for router in (
         health.router,
         experiments.router,
+        history.router,
         rules.router,
         judge.router,
         tokens.router,

@@ -11,7 +11,10 @@ from controlplane.db import migrate
 from controlplane.db.models import Base
 from controlplane.db.session import make_engine
 
-TABLES = {"experiments", "variants", "steps", "events", "api_tokens", "service_routes"}
+TABLES = {
+    "experiments", "variants", "steps", "events", "api_tokens", "service_routes",
+    "history_points",
+}
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
