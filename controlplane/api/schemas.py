@@ -226,9 +226,13 @@ class ExperimentPublic(BaseModel):
     breaker_changed_at: datetime | None
     created_at: datetime
     updated_at: datetime
+    last_reason: str | None = Field(
+        default=None, description="the controller's reason at its last decision"
+    )
 
     @classmethod
     def of(cls, experiment: ExperimentRecord) -> ExperimentPublic:
+        reason = (experiment.rollout_state or {}).get("last_reason")
         return cls(
             id=experiment.id,
             name=experiment.name,
@@ -254,6 +258,7 @@ class ExperimentPublic(BaseModel):
             breaker_changed_at=experiment.breaker_changed_at,
             created_at=experiment.created_at,
             updated_at=experiment.updated_at,
+            last_reason=reason if isinstance(reason, str) else None,
         )
 
 
