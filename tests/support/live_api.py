@@ -72,22 +72,24 @@ def live_api(settings: Settings) -> Iterator[LiveApi]:
 
 @dataclass
 class Traffic:
-    """Per service: the experiment and each variant's median response time (ms)."""
+    """Per service: the experiment, each variant's median response time (ms) and its
+    share of the requests (the first step's weights, so no sample ratio mismatch)."""
 
     experiment: int
     median_ms: dict[str, float]
+    share: dict[str, float] = field(default_factory=lambda: {"baseline": 0.9, "canary": 0.1})
     failure_rate: float = 0.0
 
 
 @dataclass
 class SampleFeeder:
     """Appends one batch per service every `period` seconds, stamped with the wall
-    clock, as a sidecar in front of `RATE` requests per second and variant would."""
+    clock, as a sidecar in front of `rate` requests per second would."""
 
     settings: Settings
     traffic: dict[str, Traffic] = field(default_factory=dict)
     period: float = 0.2
-    rate: int = 100
+    rate: int = 200
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     batches: int = 0
@@ -113,10 +115,10 @@ class SampleFeeder:
         try:
             while not self._stop.is_set():
                 now = time.time()
-                n = max(1, int(self.rate * self.period))
                 for service, load in list(self.traffic.items()):
                     builder = BatchBuilder()
                     for variant, median in load.median_ms.items():
+                        n = max(1, round(self.rate * self.period * load.share[variant]))
                         rts = rng.lognormal(np.log(median), 0.2, n)
                         failed = rng.random(n) < load.failure_rate
                         for i in range(n):

@@ -55,7 +55,7 @@
       fact("Baseline now", baseline ? `P95 ${ms(baseline.p95_ms)} · failed ${ratio(baseline.failure_ratio)} · n=${baseline.count}` : "no window"),
       fact("Route", e.route_applied === null ? (e.route_note || "none yet")
            : e.route_applied ? `revision ${e.route_revision} in etcd` : `revision ${e.route_revision} pending`),
-      fact("Last decision", live.last_reason || "–"),
+      fact("Last decision", live.last_reason || "–", { class: "fact wide" }),
     );
     const notes = [live.rule_note, live.snapshots_note, live.snapshots_error].filter(Boolean);
     byId("page-error").textContent = notes.join(" · ");
@@ -128,32 +128,48 @@
     return out;
   }
 
+  const TIME_KEYS = /(^|_)(at|ts)$/;
+
   function readable(key, value) {
     if (value === null || value === undefined) return "–";
     if (Array.isArray(value)) return value.length > 8 ? `${value.length} values` : value.join(", ");
     if (typeof value === "number") {
-      if (/_ms$/.test(key)) return ms(value);
-      if (/(ratio|fraction|_p|alpha)$/.test(key) || /p_value/.test(key)) return value.toPrecision(3);
-      if (/_bp$/.test(key)) return pct(value);
+      const last = key.split(".").pop();
+      if (TIME_KEYS.test(last) && value > 1e9) return when(new Date(value * 1000).toISOString());
+      if (/_ms$/.test(last)) return ms(value);
+      if (/_bp(_|$)/.test(last)) return pct(value);
       return Number.isInteger(value) ? String(value) : value.toPrecision(4);
     }
     return String(value);
   }
 
+  const SHOWN_EVIDENCE = 12;
+
   function evidence(payload) {
-    // the rule and the leadership are context; the numbers behind the decision come first
+    // the numbers behind the decision first; the rule and the leadership are context
     const { rule, leader_fence: _fence, ...rest } = payload || {};
-    const rows = flatten(rest, "", []);
-    const list = el("dl", { class: "evidence" });
-    for (const [key, value] of rows.slice(0, 40)) {
-      list.append(el("dt", { text: words(key) }), el("dd", { text: readable(key, value) }));
+    const rows = flatten(rest, "", [])
+      .map(([key, value]) => [key.replace(/^evidence\./, ""), value])
+      .filter(([key, value]) => value !== null && value !== undefined && !key.startsWith("rule."));
+    const list = (entries) => {
+      const dl = el("dl", { class: "evidence" });
+      for (const [key, value] of entries) {
+        dl.append(el("dt", { text: words(key).replace(/\./g, " · ") }),
+                  el("dd", { text: readable(key, value) }));
+      }
+      return dl;
+    };
+    const box = el("div", {}, list(rows.slice(0, SHOWN_EVIDENCE)));
+    if (rows.length > SHOWN_EVIDENCE) {
+      box.append(el("details", {}, el("summary", { text: `${rows.length - SHOWN_EVIDENCE} more` }),
+                    list(rows.slice(SHOWN_EVIDENCE))));
     }
-    if (rows.length > 40) list.append(el("dt", { text: "…" }), el("dd", { text: `${rows.length - 40} more` }));
     if (rule) {
-      list.append(el("dt", { text: "rule" }),
-                  el("dd", { text: `P${rule.percentile} ≤ ${ms(rule.threshold_ms)}, failed ≤ ${ratio(rule.failure_ratio)}, window ${rule.window_sec} s` }));
+      box.append(el("p", { class: "muted", text: `rule: P${rule.percentile} ≤ ${ms(rule.threshold_ms)}, `
+        + `failed ≤ ${ratio(rule.failure_ratio)}, window ${rule.window_sec} s, `
+        + `${rule.consecutive_breaches} breaches in a row, cooldown ${rule.cooldown_sec} s` }));
     }
-    return list;
+    return box;
   }
 
   function renderEvents() {
