@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, str] = {
     "collector": "controlplane.benchmarks.collector:run",
     "sidecar": "controlplane.benchmarks.sidecar:run",
     "control": "controlplane.benchmarks.control:run",
+    "history": "controlplane.benchmarks.history:run",
 }
 
 

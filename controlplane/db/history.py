@@ -191,6 +191,15 @@ def _spans(*, session: Session, experiment_ids: Collection[int] | None) -> dict[
     return {int(e): (int(n), int(a), int(b)) for e, n, a, b in session.execute(query)}
 
 
+def read_rows(*, session: Session, experiment_id: int, start: int, end: int) -> int:
+    """How many stored rows [start, end] holds, each fetched whole: the cost of reading
+    the history as it is stored (the benchmark's reference for merged reads)."""
+    query = select(Row).where(
+        Row.experiment_id == experiment_id, Row.at >= start, Row.at <= end
+    )
+    return len(session.execute(query.execution_options(yield_per=10_000)).all())
+
+
 class SqlHistoryStore:
     """HistoryStore on the SQL database: each call one short transaction."""
 

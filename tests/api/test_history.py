@@ -86,6 +86,23 @@ async def test_a_short_range_is_served_second_by_second(
     assert set(body["span_sec"]) == {1}
 
 
+async def test_a_poll_for_newer_points_gets_only_those(
+    client: httpx.AsyncClient, create: Callable[..., Any], backends: Backends,
+    clock: FakeClock,
+) -> None:
+    created = await create()
+    start = int(clock.now())
+    await backends.history.append(points(created["id"], start, 10))
+    clock.advance(9)
+    path = f"/v1/experiments/{created['id']}/history"
+
+    tail = (await client.get(path, params={"from": start + 8})).json()
+    ahead = await client.get(path, params={"from": start + 60})
+
+    assert tail["t"] == [start + 8, start + 9]
+    assert ahead.status_code == 200 and ahead.json()["t"] == []
+
+
 async def test_the_marks_are_the_rollout_events_in_the_range(
     client: httpx.AsyncClient,
     create: Callable[..., Any],
@@ -114,7 +131,7 @@ async def test_the_marks_are_the_rollout_events_in_the_range(
         ({"points": "many"}, "points"),
         ({"from": "yesterday"}, "from"),
         ({"from": 1_800_000_100, "to": 1_800_000_000}, "to"),
-        ({"from": 1_800_000_000, "to": 1_800_000_000}, "to"),
+        ({"from": 1_800_000_001, "to": 1_800_000_000}, "to"),
         ({"from": 1_000_000_000, "to": 1_800_000_000}, "to"),
         ({"from": -5, "to": 1_800_000_000}, "from"),
     ],

@@ -38,10 +38,13 @@ def history_range(
     points: int,
 ) -> tuple[int, int, int]:
     """(first second, last second, bucket width) of a request, or ValidationFailed.
-    Pure. By default the range runs from the experiment's creation to now."""
+    Pure. By default the range runs from the experiment's creation to now; a `from`
+    in the future without a `to` is an empty range (a poll for new points)."""
     last = int(_aware(end).timestamp()) if end is not None else int(now)
     if start is not None:
         first = int(_aware(start).timestamp())
+        if end is None and first > last:
+            last = first  # asking for what is newer than the newest: nothing yet
     else:  # from the creation, and at least the last second before `to`
         first = min(int(created.timestamp()), last - 1)
     errors: list[FieldError] = []
@@ -51,8 +54,8 @@ def history_range(
                 ("query", "from" if first < 0 else "to"), "must not be before 1970-01-01T00:00:00Z"
             )
         )
-    elif first >= last:
-        errors.append(FieldError(("query", "to"), "must be later than from"))
+    elif first > last:
+        errors.append(FieldError(("query", "to"), "must not be before from"))
     elif last - first > MAX_RANGE_SEC:
         errors.append(
             FieldError(("query", "to"), f"the range may span at most {MAX_RANGE_SEC // 86400} days")

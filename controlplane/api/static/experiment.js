@@ -201,8 +201,35 @@
     return Math.max(50, Math.min(1000, Math.floor(width / 2)));
   }
 
+  // The whole range merged server-side now and then; in between, each poll asks only
+  // for the seconds from the newest point on and appends them (a few rows, not a day).
+  const FULL_EVERY_MS = 60000;
+  let history = null;
+  let historyAt = 0;
+
+  function appendTail(into, tail, newest) {
+    // the tail starts at the newest second already shown, so that an event of that
+    // second is not missed; its point is not taken twice
+    const skip = tail.t.filter((t) => t <= newest).length;
+    const keys = ["t", "span_sec", "window_sec", "canary_weight_bp", "threshold_ms", "failure_bound"];
+    for (const key of keys) into[key].push(...tail[key].slice(skip));
+    for (const name of Object.keys(into.variants)) {
+      for (const [key, values] of Object.entries(tail.variants[name])) {
+        into.variants[name][key].push(...values.slice(skip));
+      }
+    }
+    const seen = new Set(into.marks.map((m) => `${m.at}/${m.kind}`));
+    into.marks.push(...tail.marks.filter((m) => !seen.has(`${m.at}/${m.kind}`)));
+  }
+
   async function loadHistory() {
-    const history = await api(`/v1/experiments/${id}/history?points=${points()}`);
+    const newest = history && history.t.length ? history.t[history.t.length - 1] : null;
+    if (newest === null || Date.now() - historyAt > FULL_EVERY_MS) {
+      history = await api(`/v1/experiments/${id}/history?points=${points()}`);
+      historyAt = Date.now();
+    } else {
+      appendTail(history, await api(`/v1/experiments/${id}/history?from=${newest}`), newest);
+    }
     if (plots === null) {
       plots = { latency: Plots.latency(byId("plot-latency")),
                 failures: Plots.failures(byId("plot-failures")),
