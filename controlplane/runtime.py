@@ -18,9 +18,11 @@ from typing import Protocol, runtime_checkable
 
 from prometheus_client.registry import Collector
 
+from controlplane.db.history import SqlHistoryStore
 from controlplane.db.session import Database, make_engine
 from controlplane.db.store import SqlExperimentStore
 from controlplane.experiments.store import ExperimentStore
+from controlplane.history.store import HistoryStore
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.keys import EtcdKeys, RedisKeys
 from controlplane.kernel.kv import KeyValueStore
@@ -47,9 +49,12 @@ class Backends:
     _owned: tuple[str, ...] = ("database", "kv", "streams")
     # experiments, desired routes and events, on `database`
     store: ExperimentStore = field(init=False)
+    # the plots' history, on `database`
+    history: HistoryStore = field(init=False)
 
     def __post_init__(self) -> None:
         self.store = SqlExperimentStore(self.database)
+        self.history = SqlHistoryStore(self.database)
 
     async def close(self) -> None:
         """Close every owned backend, each even if another fails to close."""

@@ -11,12 +11,22 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from controlplane.api import metrics, problems, security
+from controlplane.api import metrics, pages, problems, security
 from controlplane.api.deps import get_settings
 from controlplane.api.hygiene.body_limit import BodyLimitMiddleware
 from controlplane.api.hygiene.json_writes import JsonWritesMiddleware
+from controlplane.api.hygiene.page_headers import PageHeadersMiddleware
 from controlplane.api.hygiene.trusted_hosts import TrustedHostsMiddleware
-from controlplane.api.routes import experiments, health, judge, notifications, rules, tokens
+from controlplane.api.routes import (
+    experiments,
+    health,
+    history,
+    identity,
+    judge,
+    notifications,
+    rules,
+    tokens,
+)
 from controlplane.auth.oidc import OidcVerifier
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.settings import Settings
@@ -108,6 +118,9 @@ def create_app(
         version="1",
         summary="Canary releases with circuit breaking: experiments, routes and rules.",
         lifespan=lifespan,
+        # served by controlplane.api.pages from the package: the defaults load a CDN
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.backends = None
     app.dependency_overrides[get_settings] = lambda: settings
@@ -118,7 +131,9 @@ def create_app(
         oidc=OidcVerifier.from_settings(settings),
         failures=exported.auth_failures,
     )
-    # added innermost first: a request meets the metrics, then Host, JSON, size
+    # added innermost first: a request meets the metrics, then Host, JSON, size, and
+    # the pages' headers on the way out
+    app.add_middleware(PageHeadersMiddleware, prefixes=(pages.UI_PREFIX, pages.DOCS_PATH))
     app.add_middleware(
         BodyLimitMiddleware,
         limit=settings.max_body_bytes,
@@ -139,16 +154,17 @@ def create_app(
     for router in (
         health.router,
         experiments.router,
+        history.router,
         rules.router,
         judge.router,
         tokens.router,
         notifications.router,
+        identity.router,
     ):
         app.include_router(router)
-    # the schema and its pages describe the API, which is no secret; data needs a role
-    open_pages = [p for p in (app.openapi_url, app.docs_url, app.redoc_url) if p]
-    if app.docs_url and app.swagger_ui_oauth2_redirect_url:
-        open_pages.append(app.swagger_ui_oauth2_redirect_url)
+    # the schema, the docs and the dashboard's pages hold no data: their scripts call
+    # the API with the user's token, and every data route needs a role
+    open_pages = [p for p in (app.openapi_url,) if p] + pages.install(app)
     security.check_guarded(app, open_pages)
     security.document(app)
     return app

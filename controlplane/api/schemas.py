@@ -226,9 +226,13 @@ class ExperimentPublic(BaseModel):
     breaker_changed_at: datetime | None
     created_at: datetime
     updated_at: datetime
+    last_reason: str | None = Field(
+        default=None, description="the controller's reason at its last decision"
+    )
 
     @classmethod
     def of(cls, experiment: ExperimentRecord) -> ExperimentPublic:
+        reason = (experiment.rollout_state or {}).get("last_reason")
         return cls(
             id=experiment.id,
             name=experiment.name,
@@ -254,6 +258,7 @@ class ExperimentPublic(BaseModel):
             breaker_changed_at=experiment.breaker_changed_at,
             created_at=experiment.created_at,
             updated_at=experiment.updated_at,
+            last_reason=reason if isinstance(reason, str) else None,
         )
 
 
@@ -380,3 +385,46 @@ class Page(BaseModel, Generic[T]):
     total: int = Field(ge=0, description="matching items across all pages")
     limit: int
     offset: int
+
+
+class VariantSeries(BaseModel):
+    """One variant's plotted numbers, one value per point (null: an empty window)."""
+
+    count: list[int] = Field(description="samples in the window")
+    rps: list[float] = Field(description="requests per second over the window")
+    failure_ratio: list[float]
+    p50_ms: list[float | None]
+    p95_ms: list[float | None]
+    p99_ms: list[float | None]
+
+
+class HistoryMark(BaseModel):
+    at: datetime
+    kind: str
+    actor: str
+    reason: str
+
+
+class ExperimentHistory(BaseModel):
+    """An experiment's judged windows over time, as columns (one entry per point).
+
+    A point merges the seconds of its bucket: latency percentiles and failure ratio
+    at their peak, count and rate their mean, threshold, failure bound and canary
+    weight their lowest."""
+
+    experiment_id: int
+    start: datetime
+    end: datetime
+    bucket_sec: int = Field(description="seconds each point covers at most, from `start`")
+    t: list[int] = Field(description="epoch second each point begins")
+    span_sec: list[int] = Field(description="seconds each point covers")
+    window_sec: list[int]
+    canary_weight_bp: list[int]
+    threshold_ms: list[float | None]
+    failure_bound: list[float | None]
+    variants: dict[str, VariantSeries]
+    marks: list[HistoryMark] = Field(
+        description="trips, probes, step changes and actions in the range, oldest first "
+        "(the newest ones when there are more than fit)"
+    )
+    marks_total: int

@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "sidecar-grpc": "controlplane.benchmarks.sidecar_grpc:run",
     "control": "controlplane.benchmarks.control:run",
     "notify": "controlplane.benchmarks.notify:run",
+    "history": "controlplane.benchmarks.history:run",
 }
 
 

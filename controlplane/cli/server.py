@@ -89,6 +89,19 @@ def tls_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
+def dashboard_address(settings: Settings, *, tls: bool) -> str:
+    """The dashboard's URL for a browser on this machine (a wildcard bind is reached
+    on loopback)."""
+    from controlplane.api.pages import dashboard_url
+
+    host, port = settings.listen_host_port
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
+    return dashboard_url(f"{'https' if tls else 'http'}://{host}:{port}")
+
+
 def run_api(
     settings: Settings, *, services: Sequence[Background] = (), insecure: bool = False
 ) -> None:
@@ -101,6 +114,7 @@ def run_api(
     tls = tls_options(settings)
     app = create_app(settings, services=services, streams=bool(services), insecure=insecure)
     host, port = settings.listen_host_port
+    typer.echo(f"dashboard: {dashboard_address(settings, tls=bool(tls))}", err=True)
     config = uvicorn.Config(
         app,
         host=host,

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from controlplane.history.recorder import HistoryStats
+
 
 @dataclass
 class ControllerStats:
@@ -28,9 +30,15 @@ class ControllerStats:
 
 
 class ControllerMetricsCollector(Collector):
-    def __init__(self, stats: ControllerStats, prefix: str = "canary_controller") -> None:
+    def __init__(
+        self,
+        stats: ControllerStats,
+        prefix: str = "canary_controller",
+        history: HistoryStats | None = None,
+    ) -> None:
         self._stats = stats
         self._prefix = prefix
+        self._history = history or HistoryStats()
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         s = self._stats
@@ -38,7 +46,7 @@ class ControllerMetricsCollector(Collector):
         yield GaugeMetricFamily(
             f"{p}_leader", "1 while this replica leads the controller", value=int(s.leader)
         )
-        counters = (
+        counters: tuple[tuple[str, str, int], ...] = (
             ("leadership_terms", "Leadership terms this replica has won", s.terms),
             ("evaluations", "Experiment evaluations (one per active experiment per round)",
              s.evaluations),
@@ -60,6 +68,16 @@ class ControllerMetricsCollector(Collector):
              s.window_rules_published),
             ("window_rules_deleted", "Window rules deleted from etcd (experiment ended, or "
              "no rule of its own)", s.window_rules_deleted),
+        )  # fmt: skip
+        h = self._history
+        counters += (
+            ("history_points_written", "History points written for the plots", h.written),
+            ("history_points_dropped", "History points dropped: the database was away "
+             "longer than the buffer lasts", h.dropped),
+            ("history_write_failures", "Failed writes of history points (kept, retried)",
+             h.write_failures),
+            ("history_compactions", "Experiments' history points merged into coarser ones",
+             h.compactions),
         )  # fmt: skip
         for name, help_text, value in counters:
             yield CounterMetricFamily(f"{p}_{name}", help_text, value=value)

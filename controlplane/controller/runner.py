@@ -2,7 +2,7 @@
 while the route reconciler makes etcd follow the database.
 
     campaign → ┬ record rejected rules → (load → rule → snapshots → decide → commit)
-               │   per experiment → wait
+               │   per experiment → write the round's history points → wait
                └ reconcile routes (controller.reconciler), woken by every commit
 
 Only the elected leader evaluates and reconciles, and every route it writes is fenced
@@ -32,6 +32,7 @@ from controlplane.decision.rollout import decide, fast_window_sec
 from controlplane.experiments.lifecycle import ACTIVE, ExperimentState
 from controlplane.experiments.rollout_state import inline_rule, rollout_state_of, steps_of
 from controlplane.experiments.store import ExperimentRecord
+from controlplane.history.recorder import HistoryRecorder
 from controlplane.kernel.clock import utc_now
 from controlplane.kernel.errors import (
     BackendError,
@@ -83,6 +84,8 @@ class Controller:
     # None: judge the rule's window only
     stats: ControllerStats = field(default_factory=ControllerStats)
     reconciler: RouteReconciler = field(default_factory=RouteReconciler)
+    # records what each round judged, for the dashboard's plots
+    history: HistoryRecorder = field(default_factory=HistoryRecorder)
     _task: asyncio.Task[None] | None = None
     _rulebook: RuleBook | None = None
     _no_rule_reported: set[int] = field(default_factory=set)
@@ -94,7 +97,7 @@ class Controller:
 
     def metrics_collector(self) -> Collector:
         """Its counters for the API's /metrics (the app registers it)."""
-        return ControllerMetricsCollector(self.stats)
+        return ControllerMetricsCollector(self.stats, history=self.history.stats)
 
     async def start(self, backends: Backends) -> None:
         await self.open(backends)
@@ -124,6 +127,7 @@ class Controller:
                 fence = await leadership.campaign()
                 self.stats.leader = True
                 self.stats.terms += 1
+                self.history.new_term()
                 log.info("controller %s leads (fence revision %d)", self.identity,
                          fence.create_revision)
                 await self._lead_until_lost(backends, fence, leadership.lost())
@@ -207,6 +211,10 @@ class Controller:
                 continue
             if next_at is not None:
                 earliest = next_at if earliest is None else min(earliest, next_at)
+        await self.history.flush(backends.history)
+        await self.history.keep(
+            backends.history, [e.id for e in experiments], backends.clock.now()
+        )
         return earliest
 
     async def evaluate(
@@ -230,6 +238,7 @@ class Controller:
                 f"stored rollout state unreadable ({type(exc).__name__}: {exc})"
             ) from exc
         snapshots, fast = await self._read_windows(backends, str(experiment.id), rule)
+        self.history.observe(experiment.id, snapshots, rule, experiment.canary_weight_bp, now)
         decision = decide(state, snapshots, rule, steps_of(experiment), now, fast)
         self.stats.evaluations += 1
         if decision.new_state == state and not decision.actions:

@@ -1,6 +1,6 @@
 """Typed ORM models: experiments, their variants and steps, the desired route of each
-service, the events audit trail, the API tokens, and webhook subscriptions with the
-outbox of their deliveries.
+service, the events audit trail, the plots' history, the API tokens, and webhook
+subscriptions with the outbox of their deliveries.
 
 The migrations in migrations/versions must describe exactly these tables; a test
 compares them with Alembic's autogenerate.
@@ -13,6 +13,8 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
+    REAL,
+    BigInteger,
     Boolean,
     CheckConstraint,
     DateTime,
@@ -207,6 +209,39 @@ class ServiceRoute(Base):
         "version_id_col": revision,
         "version_id_generator": False,
     }
+
+
+class HistoryPoint(Base):
+    """One second (or, merged, `span_sec` seconds) of an experiment's windows as the
+    controller judged them, for the dashboard's plots (controlplane.history).
+
+    Both variants on one row (an experiment has exactly two), `b_` the baseline and
+    `c_` the canary; 4-byte floats are ample for plotted milliseconds and ratios.
+    """
+
+    __tablename__ = "history_points"
+
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True
+    )
+    at: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # epoch second
+    span_sec: Mapped[int] = mapped_column(Integer)
+    window_sec: Mapped[int] = mapped_column(Integer)
+    canary_weight_bp: Mapped[int] = mapped_column(Integer)
+    threshold_ms: Mapped[float | None] = mapped_column(REAL)
+    failure_bound: Mapped[float | None] = mapped_column(REAL)
+    b_count: Mapped[int] = mapped_column(BigInteger)
+    b_rps: Mapped[float] = mapped_column(REAL)
+    b_failure_ratio: Mapped[float] = mapped_column(REAL)
+    b_p50_ms: Mapped[float | None] = mapped_column(REAL)
+    b_p95_ms: Mapped[float | None] = mapped_column(REAL)
+    b_p99_ms: Mapped[float | None] = mapped_column(REAL)
+    c_count: Mapped[int] = mapped_column(BigInteger)
+    c_rps: Mapped[float] = mapped_column(REAL)
+    c_failure_ratio: Mapped[float] = mapped_column(REAL)
+    c_p50_ms: Mapped[float | None] = mapped_column(REAL)
+    c_p95_ms: Mapped[float | None] = mapped_column(REAL)
+    c_p99_ms: Mapped[float | None] = mapped_column(REAL)
 
 
 TOKEN_ROLES = ("viewer", "operator", "admin")

@@ -192,6 +192,9 @@ class Demo:
                 f"control plane on {api_url}, sidecar for {self.service} on "
                 f"127.0.0.1:{sidecar.proxy.port}, {self.options.rate:g} requests/s"
             )
+            from controlplane.api.pages import dashboard_url
+
+            self.say(f"dashboard: {dashboard_url(api_url)} (sign in with the token above)")
             api = ReleaseManager(http)
             specs = [
                 ScenarioSpec("healthy", "healthy canary", "promoted", baseline=v1, canary=v2),

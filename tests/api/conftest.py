@@ -53,7 +53,7 @@ def pg_url(migrated_pg: str) -> Iterator[str]:
     try:
         with engine.begin() as conn:
             conn.exec_driver_sql(
-                "TRUNCATE notification_deliveries, notification_subscriptions, events, "
+                "TRUNCATE notification_deliveries, notification_subscriptions, history_points, events, "
                 "service_routes, steps, variants, experiments, api_tokens "
                 "RESTART IDENTITY CASCADE"
             )

@@ -34,6 +34,8 @@ MATRIX: dict[tuple[str, str], Role | None] = {
     ("PATCH", "/v1/experiments/{experiment_id}"): ADMIN,
     ("DELETE", "/v1/experiments/{experiment_id}"): ADMIN,
     ("GET", "/v1/experiments/{experiment_id}/events"): VIEW,
+    ("GET", "/v1/experiments/{experiment_id}/history"): VIEW,
+    ("GET", "/v1/me"): VIEW,
     **{("POST", f"/v1/experiments/{{experiment_id}}/{a}"): OPER for a in ACTIONS},
     ("GET", "/v1/services/{service}/rule"): VIEW,
     ("PUT", "/v1/services/{service}/rule"): ADMIN,

@@ -30,3 +30,16 @@ def test_a_usage_error_is_one_line_and_exit_2(
 def test_help_still_prints_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["exp", "--help"]) == 0
     assert "list" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("listen", "tls", "url"), [
+    ("127.0.0.1:8080", False, "http://127.0.0.1:8080/ui/"),
+    ("0.0.0.0:9000", True, "https://127.0.0.1:9000/ui/"),
+    ("[::1]:8080", False, "http://[::1]:8080/ui/"),
+    ("api.internal:443", True, "https://api.internal:443/ui/"),
+])
+def test_serve_and_dev_print_where_the_dashboard_opens(listen: str, tls: bool, url: str) -> None:
+    from controlplane.cli.server import dashboard_address
+    from controlplane.kernel.settings import Settings
+
+    assert dashboard_address(Settings(listen=listen), tls=tls) == url

@@ -11,6 +11,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import numpy as np
 import pytest
@@ -238,3 +239,57 @@ async def test_a_snapshot_store_outage_is_no_data_not_a_step_down(rig: Rig) -> N
     finally:
         rig.backends.board = healthy
         await dead.close()
+
+
+async def test_the_leader_records_one_history_point_per_second_of_what_it_judged(
+    rig: Rig,
+) -> None:
+    start = int(rig.clock.now())
+    for _ in range(4):
+        await rig.second(canary_ms=40)
+    for _ in range(10):
+        await rig.second(canary_ms=500)
+        if (await rig.route())[0] == 0:
+            break
+    end = int(rig.clock.now())
+
+    points = await rig.backends.history.read(
+        experiment_id=rig.experiment_id, start=start, end=end, width=1
+    )
+
+    assert [p.at for p in points] == list(range(start + 1, end + 1)), "one per second"
+    assert rig.controller.history.stats.written == len(points)
+    assert {p.threshold_ms for p in points} == {RULE.threshold_ms}
+    assert {p.window_sec for p in points} == {RULE.window_sec}
+    healthy, tripped = points[3], points[-1]
+    assert healthy.canary.p95_ms is not None and healthy.canary.p95_ms < RULE.threshold_ms
+    assert tripped.canary.p95_ms is not None and tripped.canary.p95_ms > RULE.threshold_ms
+    assert healthy.baseline.rps == pytest.approx(200, rel=0.05)
+    # the point of a second carries the weight judged at it: the cut shows from the next
+    assert points[0].canary_weight_bp == 1000
+    marks, _ = await rig.backends.history.marks(
+        experiment_id=rig.experiment_id, start=datetime.fromtimestamp(start, UTC),
+        end=datetime.fromtimestamp(end + 1, UTC), kinds={"tripped"}, limit=10,
+    )
+    assert [m.kind for m in marks] == ["tripped"]
+
+
+async def test_an_ended_experiment_keeps_at_most_the_ended_bound_of_points(rig: Rig) -> None:
+    rig.controller.history.new_term()
+    start = int(rig.clock.now())
+    for _ in range(30):
+        await rig.second(canary_ms=40)
+    await apply_action(
+        store=rig.backends.store, changes=rig.backends.route_changes, clock=rig.clock,
+        experiment_id=rig.experiment_id, action=Action.ROLLBACK, actor="user:test",
+    )
+    bound = 8
+    rig.controller.history.ended_points = bound
+    rig.clock.advance(1.0)
+    await rig.controller.evaluate_all(rig.backends, rig.fence)
+
+    spans = await rig.backends.history.spans(experiment_ids=[rig.experiment_id])
+    count, first, _ = spans[rig.experiment_id]
+    assert first == start + 1
+    assert count <= bound + 1
+    assert rig.controller.history.stats.compactions >= 1

@@ -11,8 +11,10 @@ from controlplane.db import migrate
 from controlplane.db.models import Base
 from controlplane.db.session import make_engine
 
-TABLES = {"experiments", "variants", "steps", "events", "api_tokens", "service_routes",
-          "notification_subscriptions", "notification_deliveries"}
+TABLES = {
+    "experiments", "variants", "steps", "events", "api_tokens", "service_routes",
+    "notification_subscriptions", "notification_deliveries", "history_points",
+}
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])

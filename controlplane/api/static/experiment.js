@@ -1,0 +1,321 @@
+"use strict";
+// One experiment: its rollout now, its history as plots, its events, and the actions
+// the caller's role allows. The API re-checks the role of every action it receives.
+(() => {
+  const { api, el, byId, pct, ms, ratio, when, fromNow, words } = Canary;
+  const id = Number(location.pathname.split("/").filter(Boolean).pop());
+  const EVENTS_SHOWN = 200;
+  const SLOW_EVERY_MS = 30000;
+
+  // which actions a state allows (architecture §7), in the order the buttons appear
+  const ACTIONS = [
+    { action: "pause", label: "Pause", from: ["running"],
+      text: "The canary keeps its current weight and the controller stops moving it." },
+    { action: "resume", label: "Resume", from: ["paused"],
+      text: "The controller evaluates the canary again from where it stopped." },
+    { action: "promote", label: "Promote", from: ["running", "paused"],
+      text: "The canary takes 100 % of the traffic now, skipping the remaining steps." },
+    { action: "rollback", label: "Roll back", from: ["running", "paused"],
+      text: "The canary's weight goes to 0 % and the experiment ends as rolled back." },
+    { action: "abort", label: "Abort", from: ["draft", "running", "paused"],
+      text: "The experiment ends; any canary traffic goes back to the baseline." },
+  ];
+
+  let me = null;
+  let experiment = null;
+  let plots = null;
+  let events = { total: 0, items: [] };
+  let slowAt = 0;
+
+  // --- facts and timeline ---------------------------------------------------------
+
+  function fact(key, value, attrs = {}) {
+    return el("div", { class: "fact", ...attrs }, el("div", { class: "k", text: key }),
+              el("div", { class: "v", text: value }));
+  }
+
+  function nextText(live) {
+    if (!live.next_check_at) return "nothing due";
+    const what = { step_due: "next step", cooldown_end: "probe (cooldown ends)",
+                   probe_due: "probe verdict", controller_recheck: "controller looks again" };
+    return `${what[live.next_check_for] || words(live.next_check_for)} ${fromNow(live.next_check_at)}`;
+  }
+
+  function renderFacts(e) {
+    const live = e.live;
+    const trips = live.max_trips ? `${live.trips} of ${live.max_trips}` : String(live.trips);
+    const snap = live.snapshots || {};
+    const canary = snap.canary, baseline = snap.baseline;
+    byId("facts").replaceChildren(
+      fact("Service", e.service),
+      fact("Weights (baseline / canary)", `${pct(live.baseline_weight_bp)} / ${pct(live.canary_weight_bp)}`),
+      fact("Breaker", `${words(live.breaker_state)} · trips ${trips}`, { "data-breaker": live.breaker_state }),
+      fact("Next", nextText(live)),
+      fact("Canary now", canary ? `P95 ${ms(canary.p95_ms)} · failed ${ratio(canary.failure_ratio)} · n=${canary.count}` : "no window"),
+      fact("Baseline now", baseline ? `P95 ${ms(baseline.p95_ms)} · failed ${ratio(baseline.failure_ratio)} · n=${baseline.count}` : "no window"),
+      fact("Route", e.route_applied === null ? (e.route_note || "none yet")
+           : e.route_applied ? `revision ${e.route_revision} in etcd` : `revision ${e.route_revision} pending`),
+      fact("Last decision", live.last_reason || "–", { class: "fact wide" }),
+    );
+    const notes = [live.rule_note, live.snapshots_note, live.snapshots_error].filter(Boolean);
+    byId("page-error").textContent = notes.join(" · ");
+  }
+
+  function renderTimeline(e) {
+    const live = e.live;
+    const current = live.step ? live.step.index : -1;
+    const ended = ["promoted", "rolled_back", "aborted"].includes(e.state);
+    const steps = e.steps.map((s, i) => {
+      const state = i < current || (e.state === "promoted") ? "done" : i === current && !ended ? "current" : "";
+      const node = el("div", { class: `step ${state}`, "data-step": String(i) });
+      if (state === "current" && live.step.started_at && s.hold_sec > 0) {
+        const done = (Date.now() - new Date(live.step.started_at).getTime()) / 1000 / s.hold_sec;
+        const fill = el("div", { class: "fill" });
+        fill.style.width = `${Math.min(Math.max(done, 0), 1) * 100}%`;
+        node.append(fill);
+      }
+      const due = state === "current" && live.step.due_at ? ` · due ${fromNow(live.step.due_at)}` : "";
+      node.append(el("span", { text: `${i + 1}: ${s.weight_pct} % · hold ${s.hold_sec} s${due}` }));
+      return node;
+    });
+    byId("timeline").replaceChildren(...steps);
+  }
+
+  // --- actions --------------------------------------------------------------------
+
+  function renderActions(e) {
+    const box = byId("actions");
+    const allowed = me && me.may.includes("operator");
+    box.hidden = !allowed;
+    if (!allowed) { box.replaceChildren(); return; }
+    const buttons = ACTIONS.filter((a) => a.from.includes(e.state)).map((a) =>
+      el("button", { type: "button", class: "action", text: a.label, "data-action": a.action,
+                     onclick: () => confirmAction(a) }));
+    box.replaceChildren(...buttons);
+  }
+
+  function confirmAction(a) {
+    const dialog = byId("confirm");
+    byId("confirm-title").textContent = `${a.label}: #${experiment.id} ${experiment.name}?`;
+    byId("confirm-text").textContent = a.text;
+    byId("confirm-reason").value = "";
+    byId("confirm-error").textContent = "";
+    byId("confirm-ok").textContent = a.label;
+    byId("confirm-cancel").onclick = () => dialog.close();
+    byId("confirm-form").onsubmit = async (event) => {
+      event.preventDefault();
+      const reason = byId("confirm-reason").value.trim();
+      if (!reason) { byId("confirm-error").textContent = "Say why: it goes into the audit trail."; return; }
+      try {
+        await api(`/v1/experiments/${id}/${a.action}`, { method: "POST", body: { reason } });
+        dialog.close();
+        await refresh(true);
+      } catch (error) {
+        byId("confirm-error").textContent = error.message;
+      }
+    };
+    dialog.showModal();
+  }
+
+  // --- events ---------------------------------------------------------------------
+
+  function flatten(value, prefix, out) {
+    if (value !== null && typeof value === "object" && !Array.isArray(value)) {
+      for (const [k, v] of Object.entries(value)) flatten(v, prefix ? `${prefix}.${k}` : k, out);
+    } else {
+      out.push([prefix, value]);
+    }
+    return out;
+  }
+
+  const TIME_KEYS = /(^|_)(at|ts)$/;
+
+  function readable(key, value) {
+    if (value === null || value === undefined) return "–";
+    if (Array.isArray(value)) return value.length > 8 ? `${value.length} values` : value.join(", ");
+    if (typeof value === "number") {
+      const last = key.split(".").pop();
+      if (TIME_KEYS.test(last) && value > 1e9) return when(new Date(value * 1000).toISOString());
+      if (/_ms$/.test(last)) return ms(value);
+      if (/_bp(_|$)/.test(last)) return pct(value);
+      return Number.isInteger(value) ? String(value) : value.toPrecision(4);
+    }
+    return String(value);
+  }
+
+  const SHOWN_EVIDENCE = 12;
+
+  function evidence(payload) {
+    // the numbers behind the decision first; the rule and the leadership are context
+    const { rule, leader_fence: _fence, ...rest } = payload || {};
+    const rows = flatten(rest, "", [])
+      .map(([key, value]) => [key.replace(/^evidence\./, ""), value])
+      .filter(([key, value]) => value !== null && value !== undefined && !key.startsWith("rule."));
+    const list = (entries) => {
+      const dl = el("dl", { class: "evidence" });
+      for (const [key, value] of entries) {
+        dl.append(el("dt", { text: words(key).replace(/\./g, " · ") }),
+                  el("dd", { text: readable(key, value) }));
+      }
+      return dl;
+    };
+    const box = el("div", {}, list(rows.slice(0, SHOWN_EVIDENCE)));
+    if (rows.length > SHOWN_EVIDENCE) {
+      box.append(el("details", {}, el("summary", { text: `${rows.length - SHOWN_EVIDENCE} more` }),
+                    list(rows.slice(SHOWN_EVIDENCE))));
+    }
+    if (rule) {
+      box.append(el("p", { class: "muted", text: `rule: P${rule.percentile} ≤ ${ms(rule.threshold_ms)}, `
+        + `failed ≤ ${ratio(rule.failure_ratio)}, window ${rule.window_sec} s, `
+        + `${rule.consecutive_breaches} breaches in a row, cooldown ${rule.cooldown_sec} s` }));
+    }
+    return box;
+  }
+
+  function renderEvents() {
+    const rows = [...events.items].reverse().map((e) => el("tr", { "data-kind": e.kind },
+      el("td", { class: "muted", text: when(e.at) }),
+      el("td", {}, el("span", { class: `badge ${e.kind === "tripped" ? "open" : ""}`, text: words(e.kind) })),
+      el("td", { text: e.actor }),
+      el("td", { text: e.from_state || e.to_state ? `${words(e.from_state || "")} → ${words(e.to_state || "")}` : "" }),
+      el("td", { text: e.reason }),
+      el("td", {}, evidence(e.payload)),
+    ));
+    byId("event-rows").replaceChildren(...rows);
+  }
+
+  async function loadEvents() {
+    const offset = Math.max(0, events.total - EVENTS_SHOWN);
+    let page = await api(`/v1/experiments/${id}/events?limit=${EVENTS_SHOWN}&offset=${offset}`);
+    if (page.total > offset + page.items.length) {
+      page = await api(`/v1/experiments/${id}/events?limit=${EVENTS_SHOWN}&offset=${Math.max(0, page.total - EVENTS_SHOWN)}`);
+    }
+    events = page;
+    renderEvents();
+  }
+
+  // --- plots and the recommendation -------------------------------------------------
+
+  function points() {
+    const width = byId("plot-latency").clientWidth || 1000;
+    return Math.max(50, Math.min(1000, Math.floor(width / 2)));
+  }
+
+  // The whole range merged server-side now and then; in between, each poll asks only
+  // for the seconds from the newest point on and appends them (a few rows, not a day).
+  const FULL_EVERY_MS = 60000;
+  let history = null;
+  let historyAt = 0;
+
+  function appendTail(into, tail, newest) {
+    // the tail starts at the newest second already shown, so that an event of that
+    // second is not missed; its point is not taken twice
+    const skip = tail.t.filter((t) => t <= newest).length;
+    const keys = ["t", "span_sec", "window_sec", "canary_weight_bp", "threshold_ms", "failure_bound"];
+    for (const key of keys) into[key].push(...tail[key].slice(skip));
+    for (const name of Object.keys(into.variants)) {
+      for (const [key, values] of Object.entries(tail.variants[name])) {
+        into.variants[name][key].push(...values.slice(skip));
+      }
+    }
+    const seen = new Set(into.marks.map((m) => `${m.at}/${m.kind}`));
+    into.marks.push(...tail.marks.filter((m) => !seen.has(`${m.at}/${m.kind}`)));
+  }
+
+  async function loadHistory() {
+    const newest = history && history.t.length ? history.t[history.t.length - 1] : null;
+    if (newest === null || Date.now() - historyAt > FULL_EVERY_MS) {
+      history = await api(`/v1/experiments/${id}/history?points=${points()}`);
+      historyAt = Date.now();
+    } else {
+      appendTail(history, await api(`/v1/experiments/${id}/history?from=${newest}`), newest);
+    }
+    if (plots === null) {
+      plots = { latency: Plots.latency(byId("plot-latency")),
+                failures: Plots.failures(byId("plot-failures")),
+                rate: Plots.rate(byId("plot-rate")) };
+      window.addEventListener("resize", () => Object.values(plots).forEach((p) => p.resize()));
+    }
+    const data = Plots.columns(history);
+    for (const [name, plot] of Object.entries(plots)) plot.update(data[name], history.marks);
+  }
+
+  async function loadSlow(e) {
+    let rule = e.rule;
+    if (!rule) {
+      try { rule = await api(`/v1/services/${encodeURIComponent(e.service)}/rule`); } catch (_) { rule = null; }
+    }
+    byId("latency-note").textContent = rule
+      ? `· the threshold applies to P${rule.percentile} over ${rule.window_sec} s windows`
+      : "· no breaker rule in force";
+    byId("rec-service").textContent = e.service;
+    const box = byId("recommendation");
+    try {
+      const rec = await api(`/v1/services/${encodeURIComponent(e.service)}/rule/recommendation?windows=true`);
+      box.replaceChildren(renderRecommendation(rec));
+    } catch (error) {
+      const p = error.problem || {};
+      box.replaceChildren(el("p", { class: "muted", text: p.windows_needed
+        ? `Not enough baseline history yet: ${p.windows_found} of ${p.windows_needed} non-overlapping windows.`
+        : error.message }));
+    }
+  }
+
+  let recPlot = null;
+
+  function renderRecommendation(rec) {
+    const current = rec.current;
+    const list = el("dl", { class: "evidence" });
+    const add = (k, v) => list.append(el("dt", { text: k }), el("dd", { text: v }));
+    add(`threshold (P${rec.percentile})`,
+        `${ms(rec.threshold_ms)}${current ? ` (now ${ms(current.threshold_ms)})` : ""}`);
+    add("failure ratio",
+        `${ratio(rec.failure_ratio)}${current ? ` (now ${ratio(current.failure_ratio)})` : ""}`);
+    add("from", `${rec.windows} non-overlapping baseline windows of ${rec.window_sec.join(", ")} s, `
+        + `${when(new Date(rec.from_ts * 1000).toISOString())} to ${when(new Date(rec.to_ts * 1000).toISOString())}`);
+    add("how", `P${rec.latency.quantile} of the per-window ${words(rec.latency.metric)} × ${rec.latency.multiplier}`);
+    const windows = rec.per_window || [];
+    const box = el("div", { id: "plot-recommendation", class: "plot" });
+    const data = [windows.map((w) => w.ts), windows.map((w) => w.latency_ms),
+                  windows.map(() => rec.threshold_ms),
+                  windows.map(() => (current ? current.threshold_ms : null))];
+    recPlot = Plots.recommendation(box);
+    requestAnimationFrame(() => recPlot.update(data, []));
+    return el("div", {}, list, box);
+  }
+
+  // --- the loop -------------------------------------------------------------------
+
+  async function refresh(forceSlow = false) {
+    try {
+      const e = await api(`/v1/experiments/${id}`);
+      experiment = e;
+      document.title = `canary · #${e.id} ${e.name}`;
+      byId("name").textContent = `#${e.id} ${e.name}`;
+      const state = byId("state");
+      state.textContent = words(e.state); state.className = `badge ${e.state}`;
+      const breaker = byId("breaker");
+      breaker.textContent = `breaker ${words(e.live.breaker_state)}`;
+      breaker.className = `badge ${e.live.breaker_state}`;
+      renderFacts(e);
+      renderTimeline(e);
+      renderActions(e);
+      byId("experiment").hidden = false;
+      await Promise.all([loadHistory(), loadEvents()]);
+      if (forceSlow || Date.now() - slowAt > SLOW_EVERY_MS) {
+        slowAt = Date.now();
+        await loadSlow(e);
+      }
+      byId("updated").textContent = `updated ${new Date().toLocaleTimeString(undefined, { hour12: false })}`;
+    } catch (error) {
+      if (error.status === 404) byId("page-error").textContent = `No experiment #${id}.`;
+      else if (error.status !== 401) byId("page-error").textContent = error.message;
+      byId("experiment").hidden = error.status === 401;
+    }
+  }
+
+  window.addEventListener("DOMContentLoaded", async () => {
+    me = await Canary.signedIn();
+    Canary.poll(refresh);
+  });
+})();

@@ -1,0 +1,143 @@
+"use strict";
+// The experiment page's plots on uPlot: time series per variant, the bounds as lines,
+// rollout events as vertical marks. Each plot exposes what it shows as data-
+// attributes (points, marks) so that tests and scripts can read it off the page.
+const Plots = (() => {
+  const COLORS = { baseline: "#2f6fde", canary: "#e4572e", bound: "#7a1fa2", weight: "#8a94a6" };
+  const MARK_COLORS = {
+    tripped: "#c62828", probe_failed: "#c62828", rolled_back: "#c62828", rollback: "#c62828",
+    abort: "#c62828", half_open: "#b35900", srm_detected: "#b35900", probe_passed: "#1a7f37",
+    step_advanced: "#1a7f37", promoted: "#1a7f37", promote: "#1a7f37",
+  };
+  const HEIGHT = 260;
+
+  function marksPlugin(plot) {
+    return {
+      hooks: {
+        draw: [(u) => {
+          const { ctx } = u;
+          const { top, height } = u.bbox;
+          ctx.save();
+          ctx.font = `${11 * devicePixelRatio}px system-ui, sans-serif`;
+          let lastLabelX = -Infinity;
+          for (const mark of plot.marks) {
+            const t = new Date(mark.at).getTime() / 1000;
+            if (t < u.scales.x.min || t > u.scales.x.max) continue;
+            const x = Math.round(u.valToPos(t, "x", true));
+            ctx.strokeStyle = MARK_COLORS[mark.kind] || "#8a94a6";
+            ctx.setLineDash([4 * devicePixelRatio, 3 * devicePixelRatio]);
+            ctx.lineWidth = devicePixelRatio;
+            ctx.beginPath();
+            ctx.moveTo(x, top);
+            ctx.lineTo(x, top + height);
+            ctx.stroke();
+            if (x - lastLabelX > 60 * devicePixelRatio) {
+              ctx.fillStyle = ctx.strokeStyle;
+              ctx.fillText(mark.kind.replace(/_/g, " "), x + 3 * devicePixelRatio,
+                           top + 12 * devicePixelRatio);
+              lastLabelX = x;
+            }
+          }
+          ctx.restore();
+        }],
+      },
+    };
+  }
+
+  const line = (label, stroke, extra = {}) => ({ label, stroke, width: 1.5, spanGaps: false,
+                                                 ...extra });
+  const fixed = (digits, unit) => (u, v) => (v === null || v === undefined ? "–"
+                                             : `${v.toFixed(digits)}${unit}`);
+
+  class Plot {
+    constructor(container, series, axes) {
+      this.container = container;
+      this.marks = [];
+      this.uplot = null;
+      this.series = series;
+      this.axes = axes;
+    }
+
+    options() {
+      return {
+        width: Math.max(this.container.clientWidth - 12, 300),
+        height: HEIGHT,
+        scales: { x: { time: true } },
+        series: [{}, ...this.series],
+        axes: [{}, ...this.axes],
+        legend: { live: true },
+        cursor: { drag: { x: true, y: false } },
+        plugins: [marksPlugin(this)],
+      };
+    }
+
+    update(data, marks) {
+      this.marks = marks;
+      if (this.uplot === null) {
+        this.uplot = new uPlot(this.options(), data, this.container);
+      } else {
+        this.uplot.setData(data);
+      }
+      this.container.dataset.points = String(data[0].length);
+      this.container.dataset.marks = marks.map((m) => m.kind).join(",");
+      this.container.dataset.lastT = data[0].length ? String(data[0][data[0].length - 1]) : "";
+    }
+
+    resize() {
+      if (this.uplot) this.uplot.setSize({ width: Math.max(this.container.clientWidth - 12, 300),
+                                            height: HEIGHT });
+    }
+  }
+
+  function latency(container) {
+    const b = COLORS.baseline, c = COLORS.canary;
+    return new Plot(container, [
+      line("baseline P50", b, { dash: [2, 3] }), line("baseline P95", b),
+      line("baseline P99", b, { dash: [8, 4] }),
+      line("canary P50", c, { dash: [2, 3] }), line("canary P95", c, { width: 2 }),
+      line("canary P99", c, { dash: [8, 4] }),
+      line("threshold", COLORS.bound, { width: 2, dash: [10, 5] }),
+    ], [{ label: "ms", values: (u, vals) => vals.map((v) => `${v}`) }]);
+  }
+
+  function failures(container) {
+    return new Plot(container, [
+      line("baseline", COLORS.baseline, { value: fixed(2, " %") }),
+      line("canary", COLORS.canary, { width: 2, value: fixed(2, " %") }),
+      line("failure bound", COLORS.bound, { width: 2, dash: [10, 5], value: fixed(2, " %") }),
+    ], [{ label: "% failed" }]);
+  }
+
+  function rate(container) {
+    return new Plot(container, [
+      line("baseline req/s", COLORS.baseline, { value: fixed(1, "") }),
+      line("canary req/s", COLORS.canary, { width: 2, value: fixed(1, "") }),
+      line("canary weight %", COLORS.weight, { scale: "pct", dash: [4, 4],
+                                               value: fixed(2, " %") }),
+    ], [{ label: "req/s" }, { scale: "pct", side: 1, label: "weight %", grid: { show: false } }]);
+  }
+
+  function recommendation(container) {
+    return new Plot(container, [
+      line("baseline per window", COLORS.baseline, { points: { show: true } }),
+      line("proposed threshold", COLORS.bound, { width: 2, dash: [10, 5] }),
+      line("threshold now", COLORS.weight, { dash: [4, 4] }),
+    ], [{ label: "ms" }]);
+  }
+
+  // The API's columns (GET /v1/experiments/{id}/history) as each plot's data.
+  function columns(history) {
+    const v = history.variants;
+    const percent = (values) => values.map((x) => (x === null ? null : x * 100));
+    return {
+      latency: [history.t, v.baseline.p50_ms, v.baseline.p95_ms, v.baseline.p99_ms,
+                v.canary.p50_ms, v.canary.p95_ms, v.canary.p99_ms, history.threshold_ms],
+      failures: [history.t, percent(v.baseline.failure_ratio), percent(v.canary.failure_ratio),
+                 percent(history.failure_bound)],
+      rate: [history.t, v.baseline.rps, v.canary.rps,
+             history.canary_weight_bp.map((bp) => bp / 100)],
+    };
+  }
+
+  return { latency, failures, rate, recommendation, columns };
+})();

@@ -1,0 +1,145 @@
+"""The history's one writer: the controller's leader records what it judged.
+
+    observe (per evaluation: is a point due?) → flush (once a round, one transaction)
+    → keep (per round: merge what is old, and what ended)
+
+The controller reads every running experiment's windows several times a second
+anyway; recording them there costs one insert of a few rows per second. Writing
+never stops the controller: points wait in a bounded buffer while the database is
+away (the oldest dropped first, counted), and a failed merge is tried next time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+from controlplane.history.points import (
+    ENDED_POINTS,
+    RAW_RETENTION_SEC,
+    RETAINED_BUCKET_SEC,
+    HistoryPoint,
+    point_due,
+    point_of,
+)
+from controlplane.history.store import HistoryStore, ended_width
+from controlplane.kernel.errors import CanaryError
+from controlplane.kernel.rules import BreakerRule
+from controlplane.kernel.snapshots import WindowSnapshot
+
+log = logging.getLogger(__name__)
+
+# ten minutes of 50 experiments; beyond that the oldest points go first
+MAX_PENDING = 30_000
+# how often a running experiment's points older than RAW_RETENTION_SEC are merged
+RETAIN_EVERY_SEC = 60.0
+
+
+@dataclass
+class HistoryStats:
+    written: int = 0
+    dropped: int = 0
+    write_failures: int = 0
+    compactions: int = 0
+
+
+@dataclass
+class HistoryRecorder:
+    max_pending: int = MAX_PENDING
+    ended_points: int = ENDED_POINTS
+    stats: HistoryStats = field(default_factory=HistoryStats)
+    _last: dict[int, int] = field(default_factory=dict)
+    _pending: deque[HistoryPoint] = field(default_factory=deque)
+    _retained_at: dict[int, float] = field(default_factory=dict)
+    # experiments seen running this term; ended ones are merged when they leave
+    _seen: set[int] = field(default_factory=set)
+    _caught_up: bool = False
+
+    def new_term(self) -> None:
+        """Forget what another term did: a new leader checks the ended ones once."""
+        self._caught_up = False
+        self._retained_at.clear()
+
+    def observe(
+        self,
+        experiment_id: int,
+        snapshots: Mapping[str, WindowSnapshot],
+        rule: BreakerRule,
+        canary_bp: int,
+        now: float,
+    ) -> None:
+        """Queue a point when this second has none yet."""
+        self._seen.add(experiment_id)
+        if not point_due(self._last.get(experiment_id), now):
+            return
+        self._last[experiment_id] = int(now)
+        if len(self._pending) >= self.max_pending:
+            self._pending.popleft()
+            self.stats.dropped += 1
+        self._pending.append(point_of(experiment_id, snapshots, rule, canary_bp, now))
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def flush(self, store: HistoryStore) -> None:
+        """Write what is queued, in one transaction; kept for the next round on failure."""
+        if not self._pending:
+            return
+        batch = list(self._pending)
+        try:
+            await store.append(batch)
+        except CanaryError as exc:
+            self.stats.write_failures += 1
+            log.warning("history: %d points not written yet: %s", len(batch), exc)
+            return
+        for _ in batch:
+            self._pending.popleft()
+        self.stats.written += len(batch)
+
+    async def keep(self, store: HistoryStore, active: Collection[int], now: float) -> None:
+        """Bound what is stored: per-second points older than a day merge by minute;
+        an ended experiment merges into at most `ended_points` points."""
+        try:
+            await self._merge_ended(store, active)
+            await self._merge_old(store, active, now)
+        except CanaryError as exc:
+            log.warning("history: merging old points failed (tried again later): %s", exc)
+
+    async def _merge_ended(self, store: HistoryStore, active: Collection[int]) -> None:
+        left = self._seen - set(active)
+        if not self._caught_up:
+            spans = await store.spans(experiment_ids=None)
+            self._caught_up = True
+        elif left:
+            spans = await store.spans(experiment_ids=left)
+        else:
+            return
+        for experiment_id, (points, first, last) in spans.items():
+            width = ended_width(points, first, last, self.ended_points)
+            if width is not None:
+                await store.compact(
+                    experiment_id=experiment_id, before=None, origin=first, width=width
+                )
+                self.stats.compactions += 1
+        for experiment_id in left:
+            self._seen.discard(experiment_id)
+            self._last.pop(experiment_id, None)
+            self._retained_at.pop(experiment_id, None)
+
+    async def _merge_old(self, store: HistoryStore, active: Collection[int], now: float) -> None:
+        for experiment_id in active:
+            done = self._retained_at.get(experiment_id)
+            if done is not None and now - done < RETAIN_EVERY_SEC:
+                continue
+            self._retained_at[experiment_id] = now
+            merged = await store.compact(
+                experiment_id=experiment_id,
+                before=int(now) - RAW_RETENTION_SEC,
+                origin=0,
+                width=RETAINED_BUCKET_SEC,
+            )
+            if merged:
+                self.stats.compactions += 1

@@ -1,0 +1,339 @@
+"""The dashboard and /docs in a real headless Chromium, against a real control plane
+(etcd and Redis real, SQLite for the store) fed real sample batches.
+
+Chromium is Debian's (/usr/bin/chromium, or CANARY_TEST_CHROMIUM), driven by
+Playwright; nothing is downloaded, and every request to another origin is refused
+and counted, so the pages are shown to work offline. Screenshots go to
+CANARY_SCREENSHOT_DIR (docs/images when refreshing the documentation's), else to the
+test's temporary directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from controlplane.auth.roles import Role
+from controlplane.db import migrate
+from controlplane.kernel.routes import parse_route
+from controlplane.kernel.settings import Settings
+from tests.conftest import ETCD, REDIS, unique
+from tests.support.auth import TOKENS, bearer, install_test_tokens
+from tests.support.live_api import LiveApi, SampleFeeder, Traffic, live_api
+
+CHROMIUM = os.environ.get("CANARY_TEST_CHROMIUM", "/usr/bin/chromium")
+SLOW = 600.0  # ms: far over the threshold below
+RULE = {
+    "threshold_ms": 200,
+    "window_sec": 5,
+    "min_samples": 50,
+    "cooldown_sec": 3600,
+    "consecutive_breaches": 2,
+    "max_trips": 3,
+}
+STEPS = [
+    {"weight_pct": 10, "hold_sec": 3600},
+    {"weight_pct": 50, "hold_sec": 3600},
+    {"weight_pct": 100, "hold_sec": 0},
+]
+WAIT_MS = 60_000  # generous: the machine may be shared; the waits end on a condition
+
+playwright_sync = pytest.importorskip("playwright.sync_api")
+playwright_sync.expect.set_options(timeout=WAIT_MS)
+pytestmark = [
+    pytest.mark.real,
+    pytest.mark.skipif(
+        shutil.which(CHROMIUM) is None and not Path(CHROMIUM).exists(),
+        reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)",
+    ),
+]
+
+
+@dataclass
+class Plane:
+    api: LiveApi
+    feeder: SampleFeeder
+    settings: Settings
+    experiments: dict[str, int] = field(default_factory=dict)
+
+    def http(self, role: Role = Role.ADMIN) -> httpx.Client:
+        return httpx.Client(base_url=self.api.base, headers=bearer(role), timeout=10)
+
+    def etcd_route(self, service: str) -> dict[str, Any]:
+        """The route in etcd, read by a client of the test's own."""
+
+        async def read() -> dict[str, Any]:
+            from controlplane.runtime import open_kv_store
+
+            kv = await open_kv_store(self.settings)
+            try:
+                stored = await kv.get(self.api_keys.route(service))
+                assert stored is not None, f"no route for {service} in etcd"
+                route = parse_route(stored.value)
+                return {"state": route.state.value, "canary": route.weight_of("canary")}
+            finally:
+                await kv.close()
+
+        # Playwright's sync API keeps an event loop of its own on this thread
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, read()).result(timeout=30)
+
+    @property
+    def api_keys(self) -> Any:
+        from controlplane.kernel.keys import EtcdKeys
+
+        return EtcdKeys(self.settings.etcd_prefix)
+
+
+def _experiment(http: httpx.Client, service: str, name: str, *, start: bool) -> int:
+    body = {
+        "name": name,
+        "service": service,
+        "steps": STEPS,
+        "variants": {
+            "baseline": {"upstream": f"http://{service}-v1:8080"},
+            "canary": {"upstream": f"http://{service}-v2:8080"},
+        },
+    }
+    created = http.post("/v1/experiments", json=body)
+    assert created.status_code == 201, created.text
+    experiment: int = created.json()["id"]
+    if start:
+        assert http.post(f"/v1/experiments/{experiment}/start").status_code == 200
+    return experiment
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
+    namespace = unique("canary-ui")
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path_factory.mktemp('ui')}/canary.db",
+        etcd=ETCD,
+        etcd_prefix="/" + unique("canary-ui"),
+        redis_url=REDIS,
+        redis_namespace=namespace,
+    )
+    migrate.upgrade(settings.database_url)
+    install_test_tokens(settings.database_url)
+    with live_api(settings) as api:
+        feeder = SampleFeeder(settings)
+        plane = Plane(api, feeder, settings)
+        with plane.http() as http:
+            for service in ("checkout", "payments"):
+                assert http.put(f"/v1/services/{service}/rule", json=RULE).status_code == 200
+            plane.experiments["checkout"] = _experiment(http, "checkout", "checkout v2", start=True)
+            plane.experiments["payments"] = _experiment(http, "payments", "payments v3", start=True)
+            plane.experiments["search"] = _experiment(http, "search", "search ranking", start=False)
+        for service in ("checkout", "payments"):
+            feeder.traffic[service] = Traffic(
+                plane.experiments[service], {"baseline": 60.0, "canary": 70.0}
+            )
+        feeder.start()
+        try:
+            yield plane
+        finally:
+            feeder.stop()
+    import redis as redis_sync
+
+    client = redis_sync.Redis.from_url(REDIS)
+    try:
+        keys = list(client.scan_iter(match=f"{namespace}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with playwright_sync.sync_playwright() as driver:
+        launched = driver.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@dataclass
+class Tab:
+    page: Any
+    offsite: list[str]
+    errors: list[str]
+
+
+@pytest.fixture
+def tab(browser: Any, plane: Plane) -> Iterator[Tab]:
+    """A fresh browser context (own sessionStorage) that may reach the API only."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    offsite: list[str] = []
+    errors: list[str] = []
+
+    def only_the_api(route: Any) -> None:
+        if route.request.url.startswith(plane.api.base + "/"):
+            route.continue_()
+        else:
+            offsite.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", only_the_api)
+    page = context.new_page()
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        yield Tab(page, offsite, errors)
+        assert offsite == [], "the page reached outside its own origin"
+        unexpected = [e for e in errors if "401" not in e and "409" not in e]
+        assert unexpected == [], f"the page logged errors (CSP?): {unexpected}"
+    finally:
+        context.close()
+
+
+def screenshot_dir(tmp_path: Path) -> Path:
+    given = os.environ.get("CANARY_SCREENSHOT_DIR")
+    path = Path(given) if given else tmp_path
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def attribute_until(tab: Tab, selector: str, name: str, holds: Any) -> str:
+    """The attribute once `holds(value)`: read through the page's DOM, because the
+    pages' policy forbids the string evaluation wait_for_function would use."""
+    value = ""
+    for _ in range(WAIT_MS // 100):
+        value = tab.page.locator(selector).get_attribute(name) or ""
+        if holds(value):
+            return value
+        tab.page.wait_for_timeout(100)
+    raise AssertionError(f"{selector}[{name}] is still {value!r}")
+
+
+def sign_in(tab: Tab, plane: Plane, path: str, role: Role) -> None:
+    tab.page.goto(plane.api.base + path)
+    tab.page.fill("#token", TOKENS[role])
+    tab.page.click("#sign-in-form button[type=submit]")
+    playwright_sync.expect(tab.page.locator("#who")).to_contain_text(role.value)
+
+
+def test_the_list_shows_every_experiment_and_filters_by_state(
+    tab: Tab, plane: Plane, tmp_path: Path
+) -> None:
+    sign_in(tab, plane, "/ui/", Role.VIEWER)
+    rows = tab.page.locator("#experiment-rows tr")
+    playwright_sync.expect(rows).to_have_count(3, timeout=WAIT_MS)
+    checkout = tab.page.locator(f"tr[data-id='{plane.experiments['checkout']}']")
+    playwright_sync.expect(checkout).to_contain_text("checkout v2")
+    playwright_sync.expect(checkout).to_contain_text("running")
+    playwright_sync.expect(checkout).to_contain_text("1 of 3")
+    playwright_sync.expect(checkout).to_contain_text("90 % / 10 %")
+    tab.page.screenshot(path=str(screenshot_dir(tmp_path) / "dashboard-experiments.png"))
+
+    tab.page.select_option("#filter-state", "draft")
+    playwright_sync.expect(rows).to_have_count(1, timeout=WAIT_MS)
+    playwright_sync.expect(rows.first).to_contain_text("search ranking")
+
+
+def test_a_running_experiments_plot_grows_as_samples_arrive(tab: Tab, plane: Plane) -> None:
+    sign_in(tab, plane, f"/ui/experiments/{plane.experiments['checkout']}", Role.VIEWER)
+    plot = tab.page.locator("#plot-latency")
+    playwright_sync.expect(plot.locator("canvas")).to_have_count(1, timeout=WAIT_MS)
+    before = int(attribute_until(tab, "#plot-latency", "data-points", lambda v: int(v) >= 3))
+    last = int(plot.get_attribute("data-last-t") or 0)
+
+    attribute_until(tab, "#plot-latency", "data-last-t", lambda v: int(v or 0) > last)
+    assert int(plot.get_attribute("data-points") or 0) >= before
+
+
+def test_a_trip_shows_on_the_plot_and_in_the_events(tab: Tab, plane: Plane, tmp_path: Path) -> None:
+    experiment = plane.experiments["checkout"]
+    sign_in(tab, plane, f"/ui/experiments/{experiment}", Role.VIEWER)
+    attribute_until(tab, "#plot-latency", "data-points", lambda v: int(v) >= 8)
+    plane.feeder.traffic["checkout"].median_ms["canary"] = SLOW
+
+    attribute_until(tab, "#plot-latency", "data-marks", lambda v: "tripped" in v.split(","))
+    playwright_sync.expect(tab.page.locator("#event-rows tr[data-kind=tripped]")).to_have_count(
+        1, timeout=WAIT_MS
+    )
+    tripped = tab.page.locator("#event-rows tr[data-kind=tripped]")
+    playwright_sync.expect(tripped).to_contain_text("canary")
+    playwright_sync.expect(tab.page.locator("#breaker")).to_contain_text("open")
+    tab.page.wait_for_timeout(2500)  # a few more points after the trip, for the picture
+    tab.page.screenshot(
+        path=str(screenshot_dir(tmp_path) / "dashboard-experiment.png"), full_page=True
+    )
+
+
+def test_a_viewer_sees_no_action_buttons(tab: Tab, plane: Plane) -> None:
+    sign_in(tab, plane, f"/ui/experiments/{plane.experiments['payments']}", Role.VIEWER)
+    playwright_sync.expect(tab.page.locator("#facts")).to_contain_text("Weights")
+    playwright_sync.expect(tab.page.locator("#actions")).to_be_hidden()
+    assert tab.page.locator("button[data-action]").count() == 0
+
+
+def test_an_operators_rollback_from_the_dashboard_changes_the_route_in_etcd(
+    tab: Tab, plane: Plane
+) -> None:
+    experiment = plane.experiments["payments"]
+    assert plane.etcd_route("payments") == {"state": "running", "canary": 1000}
+    sign_in(tab, plane, f"/ui/experiments/{experiment}", Role.OPERATOR)
+
+    tab.page.click("button[data-action=rollback]")
+    dialog = tab.page.locator("dialog#confirm")
+    playwright_sync.expect(dialog).to_be_visible()
+    tab.page.fill("#confirm-reason", "error budget burning on payments")
+    tab.page.click("#confirm-ok")
+
+    playwright_sync.expect(tab.page.locator("#state")).to_have_text("rolled back", timeout=WAIT_MS)
+    playwright_sync.expect(tab.page.locator("#event-rows tr[data-kind=rollback]")).to_contain_text(
+        "error budget burning on payments", timeout=WAIT_MS
+    )
+    playwright_sync.expect(tab.page.locator("button[data-action]")).to_have_count(0)
+    for _ in range(WAIT_MS // 250):
+        if plane.etcd_route("payments") == {"state": "rolled_back", "canary": 0}:
+            break
+        tab.page.wait_for_timeout(250)
+    assert plane.etcd_route("payments") == {"state": "rolled_back", "canary": 0}
+    with plane.http() as http:
+        events = http.get(f"/v1/experiments/{experiment}/events", params={"limit": 500})
+    rollback = [e for e in events.json()["items"] if e["kind"] == "rollback"]
+    assert [e["actor"] for e in rollback] == ["token:test-operator"]
+
+
+def test_the_api_docs_render_their_operations_offline(
+    tab: Tab, plane: Plane, tmp_path: Path
+) -> None:
+    tab.page.goto(plane.api.base + "/docs")
+    operations = tab.page.locator(".opblock")
+    playwright_sync.expect(operations.first).to_be_visible(timeout=WAIT_MS)
+    assert operations.count() >= 20
+    playwright_sync.expect(tab.page.locator("#swagger-ui")).to_contain_text(
+        "/v1/experiments/{experiment_id}/history"
+    )
+    tab.page.screenshot(path=str(screenshot_dir(tmp_path) / "api-docs.png"))
+
+
+def test_the_pages_carry_a_strict_content_security_policy(plane: Plane) -> None:
+    with httpx.Client(base_url=plane.api.base) as http:
+        for path in (
+            "/ui/",
+            f"/ui/experiments/{plane.experiments['search']}",
+            "/docs",
+            "/ui/static/experiment.js",
+        ):
+            response = http.get(path)
+            assert response.status_code == 200, path
+            csp = response.headers["content-security-policy"]
+            assert "script-src 'self'" in csp and "unsafe-inline" not in csp, path
+            assert response.headers["x-frame-options"] == "DENY"
+        assert http.get("/ui/experiments/not-a-number").status_code == 404
+        assert http.get("/ui/static/../app.py").status_code == 404
