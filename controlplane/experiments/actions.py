@@ -29,9 +29,12 @@ from controlplane.experiments.lifecycle import (
 )
 from controlplane.experiments.store import ExperimentRecord, ExperimentSpec, ExperimentStore
 from controlplane.kernel.clock import Clock, utc_now
-from controlplane.kernel.errors import Conflict
+from controlplane.kernel.errors import Conflict, RevisionConflict
 from controlplane.kernel.routes import Route
 from controlplane.routing.changes import RouteChanges
+
+# an action meeting a row the controller just saved is judged again on the new row
+ACTION_ATTEMPTS = 5
 
 
 def new_salt() -> str:
@@ -170,7 +173,34 @@ async def apply_action(
     reason: str = "",
 ) -> ExperimentRecord:
     """Commit the action (state, desired route, event); the route follows via the
-    reconciler, woken through `changes`."""
+    reconciler, woken through `changes`.
+
+    The controller saves a running experiment's rollout memory on every evaluation, so
+    an action can meet a row that moved since it was read: it is then judged again on
+    the row as it is now (still legal or not), a few times, before the conflict is
+    reported."""
+    for attempt in range(ACTION_ATTEMPTS):
+        try:
+            return await _apply_action_once(
+                store=store, changes=changes, clock=clock, experiment_id=experiment_id,
+                action=action, actor=actor, reason=reason,
+            )  # fmt: skip
+        except RevisionConflict:
+            if attempt + 1 == ACTION_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def _apply_action_once(
+    *,
+    store: ExperimentStore,
+    changes: RouteChanges,
+    clock: Clock,
+    experiment_id: int,
+    action: Action,
+    actor: str,
+    reason: str,
+) -> ExperimentRecord:
     now = utc_now(clock)
     async with store.transaction() as tx:
         experiment = await tx.load_experiment(experiment_id=experiment_id)

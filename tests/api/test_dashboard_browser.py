@@ -29,6 +29,7 @@ from controlplane.kernel.settings import Settings
 from tests.conftest import ETCD, REDIS, unique
 from tests.support.auth import TOKENS, bearer, install_test_tokens
 from tests.support.live_api import LiveApi, SampleFeeder, Traffic, live_api
+from tests.support.webhooks import Receiver, receiving
 
 CHROMIUM = os.environ.get("CANARY_TEST_CHROMIUM", "/usr/bin/chromium")
 SLOW = 600.0  # ms: far over the threshold below
@@ -63,6 +64,7 @@ class Plane:
     api: LiveApi
     feeder: SampleFeeder
     settings: Settings
+    receiver: Receiver  # the webhook receiver of the payments service's subscription
     experiments: dict[str, int] = field(default_factory=dict)
 
     def http(self, role: Role = Role.ADMIN) -> httpx.Client:
@@ -124,12 +126,17 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
     )
     migrate.upgrade(settings.database_url)
     install_test_tokens(settings.database_url)
-    with live_api(settings) as api:
+    receiver = Receiver()
+    with receiving(receiver) as hook_url, live_api(settings) as api:
         feeder = SampleFeeder(settings)
-        plane = Plane(api, feeder, settings)
+        plane = Plane(api, feeder, settings, receiver)
         with plane.http() as http:
             for service in ("checkout", "payments"):
                 assert http.put(f"/v1/services/{service}/rule", json=RULE).status_code == 200
+            subscription = {"name": "releases", "url": hook_url, "service": "payments",
+                            "kinds": ["rollback"], "format": "json"}  # fmt: skip
+            created = http.post("/v1/notifications/subscriptions", json=subscription)
+            assert created.status_code == 201, created.text
             plane.experiments["checkout"] = _experiment(http, "checkout", "checkout v2", start=True)
             plane.experiments["payments"] = _experiment(http, "payments", "payments v3", start=True)
             plane.experiments["search"] = _experiment(http, "search", "search ranking", start=False)
@@ -298,6 +305,11 @@ def test_an_operators_rollback_from_the_dashboard_changes_the_route_in_etcd(
         "error budget burning on payments", timeout=WAIT_MS
     )
     playwright_sync.expect(tab.page.locator("button[data-action]")).to_have_count(0)
+    # the rollback was announced to the service's subscription, and the page says so
+    delivered = tab.page.locator("#delivery-rows tr[data-status=delivered]")
+    playwright_sync.expect(delivered).to_contain_text("rollback", timeout=WAIT_MS)
+    playwright_sync.expect(delivered).to_contain_text("releases")
+    assert any(b'"kind":"rollback"' in r.body.replace(b" ", b"") for r in plane.receiver.received())
     for _ in range(WAIT_MS // 250):
         if plane.etcd_route("payments") == {"state": "rolled_back", "canary": 0}:
             break

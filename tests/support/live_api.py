@@ -23,6 +23,7 @@ from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.codec import BatchBuilder, BatchMeta, entry_fields
 from controlplane.kernel.settings import Settings
 from controlplane.kernel.streams_factory import open_streams
+from controlplane.notify.dispatcher import dispatcher_for
 from tests.support.processes import free_port, wait_port
 
 
@@ -42,7 +43,12 @@ class LiveApi:
     def start(self) -> None:
         app = create_app(
             self.settings,
-            services=[EmbeddedCollector(tick=0.1), Controller(identity=f"ui-{self.port}")],
+            # what `canary dev` runs: collector, controller, notification dispatcher
+            services=[
+                EmbeddedCollector(tick=0.1),
+                Controller(identity=f"ui-{self.port}"),
+                dispatcher_for(self.settings),
+            ],
             streams=True,
         )
         config = uvicorn.Config(

@@ -194,6 +194,36 @@
     renderEvents();
   }
 
+  // --- notifications ----------------------------------------------------------------
+
+  function deliveryAnswer(d) {
+    if (d.last_status !== null) return `HTTP ${d.last_status}${d.last_error ? ` · ${d.last_error}` : ""}`;
+    return d.last_error || "";
+  }
+
+  function deliveryWhen(d) {
+    if (d.status === "delivered" && d.delivered_at) return `delivered ${when(d.delivered_at)}`;
+    if (d.status === "pending" && d.next_attempt_at) return `next try ${when(d.next_attempt_at)}`;
+    return d.last_attempt_at ? `last try ${when(d.last_attempt_at)}` : when(d.created_at);
+  }
+
+  async function loadDeliveries() {
+    const page = await api(`/v1/notifications/deliveries?experiment=${id}&limit=${EVENTS_SHOWN}`);
+    const rows = page.items.map((d) => el("tr", { "data-status": d.status },
+      el("td", { text: `#${d.event_id} ${words(d.kind)}` }),
+      el("td", { text: d.subscription_name }),
+      el("td", {}, el("span", { class: `badge ${d.status === "failed" ? "open" : ""}`, text: d.status })),
+      el("td", { text: String(d.attempts) }),
+      el("td", { text: deliveryAnswer(d) }),
+      el("td", { class: "muted", text: deliveryWhen(d) }),
+    ));
+    if (!rows.length) {
+      rows.push(el("tr", {}, el("td", { colSpan: 6, class: "muted",
+        text: "No notification for this experiment: no subscription wants its events yet." })));
+    }
+    byId("delivery-rows").replaceChildren(...rows);
+  }
+
   // --- plots and the recommendation -------------------------------------------------
 
   function points() {
@@ -301,7 +331,7 @@
       renderTimeline(e);
       renderActions(e);
       byId("experiment").hidden = false;
-      await Promise.all([loadHistory(), loadEvents()]);
+      await Promise.all([loadHistory(), loadEvents(), loadDeliveries()]);
       if (forceSlow || Date.now() - slowAt > SLOW_EVERY_MS) {
         slowAt = Date.now();
         await loadSlow(e);
