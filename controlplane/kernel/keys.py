@@ -77,7 +77,7 @@ class EtcdKeys:
         return f"{self.prefix}/election/controller"
 
     def service_of(self, key: str, prefix: str) -> str:
-        return key[len(prefix) :]
+        return key[len(prefix):]
 
 
 @dataclass(frozen=True)
