@@ -40,6 +40,8 @@ from controlplane.kernel.streams import SampleStream
 from controlplane.kernel.streams_factory import open_streams
 from sidecar.admin import AdminServer, SidecarCollector
 from sidecar.choice import Upstream
+from sidecar.overload.metrics import OverloadMetricsCollector
+from sidecar.overload.watcher import OverloadWatcher
 from sidecar.proxy import ProxyMetricsCollector, ProxyOptions, ProxyServer
 from sidecar.proxy.limits import default_max_connections, raise_fd_limit
 from sidecar.reporter import SampleReporter
@@ -114,6 +116,8 @@ class Sidecar:
             ProxyMetricsCollector(self.proxy.metrics, before_collect=self.proxy.flush_samples)
         )
         self.registry.register(SidecarCollector(reporter=self.reporter, watcher=self.watcher))
+        self.overload = OverloadWatcher(kv, self.proxy, service=service, prefix=etcd_prefix)
+        self.registry.register(OverloadMetricsCollector(self.overload))
         self.admin = AdminServer(registry=self.registry, ready=self.ready, token=admin_token)
         self.registry.register(self.admin.metrics_collector())
         self._draining = False
@@ -142,6 +146,7 @@ class Sidecar:
             self._admin_started = True
         self.reporter.start()
         self.watcher.start()
+        self.overload.start()
         if not await self.watcher.wait_loaded(self.timeouts.first_route):
             log.warning(
                 "route store not answering yet: serving %s meanwhile",
@@ -162,6 +167,7 @@ class Sidecar:
         self._draining = True
         await self.proxy.stop(self.timeouts.drain)
         await self.watcher.stop()
+        await self.overload.stop()
         await self.reporter.close(self.timeouts.flush)
         if self._admin_started:
             await self.admin.stop()
@@ -198,7 +204,8 @@ async def run_sidecar(
     kv = open_kv(settings.etcd, access=etcd_access(settings))
     try:
         stream, _ = open_streams(
-            settings.redis_url, namespace=settings.redis_namespace,
+            settings.redis_url,
+            namespace=settings.redis_namespace,
             access=redis_access(settings),
         )
     except BaseException:

@@ -50,6 +50,10 @@ class EtcdKeys:
         return f"{self.prefix}/routes/"
 
     @property
+    def overload_prefix(self) -> str:
+        return f"{self.prefix}/overload/"
+
+    @property
     def windows_prefix(self) -> str:
         return f"{self.prefix}/windows/"
 
@@ -63,6 +67,10 @@ class EtcdKeys:
 
     def route(self, service: str) -> str:
         return f"{self.routes_prefix}{service}"
+
+    def overload(self, service: str) -> str:
+        """The service's overload protection (kernel.overload)."""
+        return f"{self.overload_prefix}{service}"
 
     @property
     def election(self) -> str:
@@ -94,7 +102,7 @@ class RedisKeys:
         return f"{self.namespace}:samples:*"
 
     def service_of_samples(self, key: str) -> str:
-        return key[len(f"{self.namespace}:samples:{{"):-1]
+        return key[len(f"{self.namespace}:samples:{{") : -1]
 
 
 COLLECTOR_GROUP = "collectors"

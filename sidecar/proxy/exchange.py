@@ -43,6 +43,7 @@ from sidecar.proxy.upstream import (
 )
 
 if TYPE_CHECKING:
+    from sidecar.overload.gate import UpstreamGate
     from sidecar.proxy.client import ClientConnection
     from sidecar.proxy.h2.relay import H2Relay
 
@@ -68,6 +69,7 @@ class Exchange:
         "client",
         "close_after",
         "connect_task",
+        "gate",
         "has_body",
         "head",
         "headers",
@@ -88,6 +90,7 @@ class Exchange:
         "status",
         "switching",
         "t0",
+        "t_admit",
         "t_first",
         "t_sent",
         "target",
@@ -149,6 +152,9 @@ class Exchange:
         self.req_trailers: list[Header] | None = None
         self.trailers: bytes | None = None  # the response's, to send with its last chunk
         self.relay: H2Relay | None = None  # the stream to an HTTP/2 upstream, if any
+        # the overload gate that admitted it (or holds it in its queue), and when
+        self.gate: UpstreamGate | None = None
+        self.t_admit = 0.0
 
     # --- request side -----------------------------------------------------------
 
@@ -207,11 +213,70 @@ class Exchange:
             assert self.upgrade is not None  # no body: the head ends with its blank line
             protocols = b", ".join(self.upgrade)
             self.head = self.head[:-2] + b"Connection: upgrade\r\nUpgrade: %s\r\n\r\n" % protocols
+        guard = server.overload
+        if guard is not None:  # admit() goes on, now or from the queue, or shed() answers
+            guard.enter(self, choice.upstream, choice.variant, self.headers, self.target)
+            return
+        self._forward(pool)
+
+    def _forward(self, pool: UpstreamPool) -> None:
         conn = pool.acquire()
         if conn is not None:
             self._attach(conn)
         else:
             self._connect(pool)
+
+    # --- overload protection (sidecar.overload) -----------------------------------
+
+    def admit(self, gate: UpstreamGate, degrade: bool) -> None:
+        self.gate = gate
+        self.t_admit = gate.monotonic()
+        if self.client.closed or self.resp_done:
+            self.gate = None
+            gate.release(self.t_admit, sample=False)
+            return
+        if degrade:
+            self.head = self.head[:-2] + b"X-Canary-Degrade: 1\r\n\r\n"
+        pool = self.pool
+        assert pool is not None
+        self._forward(pool)
+
+    def shed(self, gate: UpstreamGate, reason: str) -> None:
+        """Answered for the upstream, which never sees it: no sample, a count."""
+        guard = self.client.server.overload
+        choice = self.choice
+        if guard is None or choice is None or self.resp_done or self.client.closed:
+            return
+        if self.reserved:
+            self.reserved = False
+            self.client.server.tunnel_refused()
+        if not self.req_complete:
+            self.close_after = True
+        response, status = guard.shed_response(
+            reason, choice.variant, choice.experiment, close=self._must_close()
+        )
+        self._local_answer(response, status, choice.variant)
+
+    def _release_gate(self) -> None:
+        gate = self.gate
+        if gate is not None:
+            self.gate = None
+            gate.release(self.t_admit)
+
+    def _leave_queue(self) -> bool:
+        """A request still waiting for its gate leaves it; True when it was waiting."""
+        guard = self.client.server.overload
+        if self.gate is not None or guard is None or self.choice is None:
+            return False
+        gate = guard.gates.get(self.choice.upstream)
+        if gate is None or self not in gate.waiting:
+            return False
+        gate.leave(self)
+        if self.reserved:
+            self.reserved = False
+            self.client.server.tunnel_refused()
+        self.resp_done = True
+        return True
 
     def request_body(self, chunk: bytes) -> None:
         if self.resp_done:
@@ -483,14 +548,14 @@ class Exchange:
     def _must_close(self) -> bool:
         return self.close_after or self.client.server.draining
 
-    def _local_answer(self, response: bytes, status: int) -> None:
-        """Answer from the proxy itself (no route)."""
+    def _local_answer(self, response: bytes, status: int, variant: str = "none") -> None:
+        """Answer from the proxy itself (no route, load shed)."""
         self.status = status
         if not self.req_complete:
             self.close_after = True  # do not read a body nobody wants
         self.resp_done = True
         self.client.write(response)
-        self.client.server.metrics.observe("none", status, None)
+        self.client.server.metrics.observe(variant, status, None)
         if self.req_complete:
             self.client.exchange_finished(self)
         elif self.close_after:
@@ -532,6 +597,10 @@ class Exchange:
     def request_broken(self) -> None:
         """The request's body broke its framing part-way: the upstream holds part of a
         request, so its connection is cut, never pooled."""
+        if self._leave_queue():
+            self.pending = None
+            self.close_after = True
+            return
         task = self.connect_task
         if task is not None:
             task.cancel()
@@ -550,6 +619,8 @@ class Exchange:
         self.resp_done = True
 
     def client_lost(self) -> None:
+        if self._leave_queue():
+            return
         task = self.connect_task
         if task is not None:
             task.cancel()
@@ -566,6 +637,8 @@ class Exchange:
 
     def _record(self, outcome: int) -> None:
         """After the response went out: metrics and one sample."""
+        if self.gate is not None:
+            self._release_gate()
         if self.reserved:  # an upgrade that did not happen
             self.reserved = False
             self.client.server.tunnel_refused()

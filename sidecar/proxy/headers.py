@@ -27,8 +27,9 @@ HOP_BY_HOP = frozenset(
 )
 VARIANT = b"x-canary-variant"
 EXPERIMENT = b"x-canary-experiment"
+DEGRADE = b"x-canary-degrade"  # sent upstream under heavy overload (sidecar.overload)
 # set by the proxy itself: any value the client sent is replaced, never trusted
-_SET_ON_REQUEST = frozenset({b"host", b"x-forwarded-proto", VARIANT, EXPERIMENT})
+_SET_ON_REQUEST = frozenset({b"host", b"x-forwarded-proto", VARIANT, EXPERIMENT, DEGRADE})
 
 _KEEP, _DROP, _FORWARDED_FOR, _LENGTH = 0, 1, 2, 3
 _CACHE_LIMIT = 4096  # distinct header names remembered; unusual names beyond are computed

@@ -15,7 +15,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from controlplane.kernel.clock import Clock, SystemClock
 from sidecar.choice import Choice, Chooser, Recorder, Sample, Upstream
@@ -30,6 +30,9 @@ from sidecar.proxy.options import ProxyOptions
 from sidecar.proxy.pausing import STOPPED
 from sidecar.proxy.tunnel import IDLE, SHUTDOWN, Tunnel
 from sidecar.proxy.upstream import UpstreamPool
+
+if TYPE_CHECKING:
+    from sidecar.overload.guard import OverloadGuard
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +98,8 @@ class ProxyServer:
         self._refusals = RateLimitedLog(log, lambda: self.time())
         self._accept_errors = RateLimitedLog(log, lambda: self.time())
         self.h2 = H2Hub(self)
+        # adaptive overload protection (sidecar.overload), None while it is off
+        self.overload: OverloadGuard | None = None
         if self.options.listen_tls is not None and self.options.http2:
             offer_h2(self.options.listen_tls)
 

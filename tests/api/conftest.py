@@ -53,8 +53,8 @@ def pg_url(migrated_pg: str) -> Iterator[str]:
     try:
         with engine.begin() as conn:
             conn.exec_driver_sql(
-                "TRUNCATE notification_deliveries, notification_subscriptions, history_points, events, "
-                "service_routes, steps, variants, experiments, api_tokens "
+                "TRUNCATE notification_deliveries, notification_subscriptions, history_points, "
+                "events, service_routes, steps, variants, experiments, api_tokens "
                 "RESTART IDENTITY CASCADE"
             )
     finally:

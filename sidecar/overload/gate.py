@@ -1,0 +1,195 @@
+"""Admission to one upstream: its adaptive limit, the requests in flight, a short FIFO
+queue for those over the limit, and graded shedding (`levels`).
+
+A `Waiter` (the proxy's exchange) enters; the gate lets it through now or later
+(`admit`), or answers for it (`shed`), never both, and at most once. An admitted
+waiter leaves through `release` when its exchange ends, whatever the outcome; its
+latency from admission is a sample of the limit. A queued waiter whose client goes
+away leaves through `leave`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sidecar.overload.levels import (
+    ABANDONED,
+    QUEUE_TIMEOUT,
+    Level,
+    ShareDraw,
+    Thresholds,
+    Verdict,
+    level_of,
+    verdict_for,
+)
+from sidecar.overload.limit import GradientLimit
+
+
+class Waiter(Protocol):
+    def admit(self, gate: UpstreamGate, degrade: bool) -> None:
+        """Go on to the upstream; `degrade`: ask it to (heavy overload or worse)."""
+        ...
+
+    def shed(self, gate: UpstreamGate, reason: str) -> None:
+        """Answer without touching the upstream."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePolicy:
+    size: int = 100
+    timeout: float = 0.05  # seconds
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    light_shed_share: float = 0.5
+
+
+class ShedCounts:
+    """Shed requests by (variant, reason, priority): counted, never sampled."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str, str], int] = {}
+
+    def add(self, variant: str, reason: str, low: bool) -> None:
+        key = (variant, reason, "low" if low else "normal")
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+
+class UpstreamGate:
+    __slots__ = (
+        "_draw",
+        "_timer",
+        "admitted",
+        "call_later",
+        "in_flight",
+        "level",
+        "level_changes",
+        "limiter",
+        "monotonic",
+        "name",
+        "policy",
+        "queued_total",
+        "shed_counts",
+        "waiting",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        limiter: GradientLimit,
+        policy: QueuePolicy,
+        *,
+        monotonic: Callable[[], float],
+        call_later: Callable[[float, Callable[[], None]], asyncio.TimerHandle],
+        shed_counts: ShedCounts,
+    ) -> None:
+        self.name = name
+        self.limiter = limiter
+        self.policy = policy
+        self.monotonic = monotonic
+        self.call_later = call_later
+        self.shed_counts = shed_counts
+        self.in_flight = 0
+        # FIFO: insertion order; value (deadline, variant, low)
+        self.waiting: dict[Waiter, tuple[float, str, bool]] = {}
+        self.level = Level.NORMAL
+        self.level_changes = 0
+        self.admitted = 0
+        self.queued_total = 0
+        self._draw = ShareDraw(policy.light_shed_share)
+        self._timer: asyncio.TimerHandle | None = None
+
+    def reconfigure(self, policy: QueuePolicy) -> None:
+        self.policy = policy
+        self._draw = ShareDraw(policy.light_shed_share)
+
+    def _set_level(self) -> Level:
+        level = level_of(
+            self.in_flight, len(self.waiting), self.limiter.limit, self.policy.thresholds
+        )
+        if level is not self.level:
+            self.level = level
+            self.level_changes += 1
+        return level
+
+    def enter(self, waiter: Waiter, variant: str, low: bool) -> None:
+        level = self._set_level()
+        limit = self.limiter.limit
+        verdict, reason = verdict_for(
+            level,
+            low=low,
+            has_slot=self.in_flight < limit and not self.waiting,
+            queue_room=len(self.waiting) < self.policy.size,
+            light_draw=low and level is Level.LIGHT and self._draw(),
+        )
+        if verdict is Verdict.ADMIT:
+            self._admit(waiter, level)
+        elif verdict is Verdict.QUEUE:
+            self.queued_total += 1
+            deadline = self.monotonic() + self.policy.timeout
+            self.waiting[waiter] = (deadline, variant, low)
+            if self._timer is None:
+                self._timer = self.call_later(self.policy.timeout, self._expire)
+        else:
+            self.shed_counts.add(variant, reason, low)
+            waiter.shed(self, reason)
+
+    def _admit(self, waiter: Waiter, level: Level) -> None:
+        self.in_flight += 1
+        self.admitted += 1
+        waiter.admit(self, level >= Level.HEAVY)
+
+    def release(self, admitted_at: float, *, sample: bool = True) -> None:
+        """An admitted request ended (any outcome); `sample`: its latency says
+        something of the upstream (it reached it)."""
+        now = self.monotonic()
+        if sample:
+            self.limiter.on_sample(now, now - admitted_at, self.in_flight)
+        self.in_flight -= 1
+        self._drain(now)
+
+    def leave(self, waiter: Waiter) -> None:
+        """A queued request's client went away: it is counted, not answered."""
+        entry = self.waiting.pop(waiter, None)
+        if entry is not None:
+            self.shed_counts.add(entry[1], ABANDONED, entry[2])
+
+    def _drain(self, now: float) -> None:
+        waiting = self.waiting
+        while waiting and self.in_flight < self.limiter.limit:
+            waiter = next(iter(waiting))
+            deadline, variant, low = waiting.pop(waiter)
+            if deadline <= now:
+                self.shed_counts.add(variant, QUEUE_TIMEOUT, low)
+                waiter.shed(self, QUEUE_TIMEOUT)
+            else:
+                self._admit(waiter, self._set_level())
+
+    def _expire(self) -> None:
+        self._timer = None
+        now = self.monotonic()
+        waiting = self.waiting
+        while waiting:
+            waiter = next(iter(waiting))
+            deadline, variant, low = waiting[waiter]
+            if deadline > now:
+                self._timer = self.call_later(deadline - now, self._expire)
+                break
+            del waiting[waiter]
+            self.shed_counts.add(variant, QUEUE_TIMEOUT, low)
+            waiter.shed(self, QUEUE_TIMEOUT)
+        self._set_level()
+
+    def release_all(self) -> None:
+        """Protection turned off: whatever waits goes on at once."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        waiting = list(self.waiting)
+        self.waiting.clear()
+        for waiter in waiting:
+            self._admit(waiter, Level.NORMAL)

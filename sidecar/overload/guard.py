@@ -1,0 +1,172 @@
+"""The proxy's overload protection: one gate per upstream, configured per service.
+
+`ProxyServer.overload` is an `OverloadGuard` while protection is on, None otherwise
+(the exchange then pays one attribute read). The guard picks the request's priority,
+finds or makes its upstream's gate and builds what a shed request is answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from controlplane.kernel.overload import OverloadConfig
+from sidecar.choice import Upstream
+from sidecar.overload.gate import QueuePolicy, ShedCounts, UpstreamGate, Waiter
+from sidecar.overload.levels import Thresholds
+from sidecar.overload.limit import GradientLimit, LimitSettings
+from sidecar.proxy.errors import problem_response
+from sidecar.proxy.headers import Header
+
+PRIORITY = b"x-priority"
+MAX_GATES = 1024  # upstreams remembered; past it the idle ones are forgotten
+
+
+def limit_settings(config: OverloadConfig) -> LimitSettings:
+    return LimitSettings(
+        min_limit=config.min_limit,
+        max_limit=config.max_limit,
+        initial_limit=config.initial_limit,
+        update_interval=config.update_interval_ms / 1000,
+        percentile=config.percentile,
+        rtt_buffer=config.rtt_buffer,
+        smoothing=config.smoothing,
+        min_rtt_interval=config.min_rtt_interval_s,
+        min_rtt_samples=config.min_rtt_samples,
+        min_rtt_concurrency=config.min_rtt_concurrency,
+    )
+
+
+def queue_policy(config: OverloadConfig) -> QueuePolicy:
+    return QueuePolicy(
+        size=config.queue_size,
+        timeout=config.queue_timeout_ms / 1000,
+        thresholds=Thresholds(config.light_at, config.heavy_at, config.severe_at),
+        light_shed_share=config.light_shed_share,
+    )
+
+
+def is_low_priority(headers: list[Header], target: bytes, paths: tuple[bytes, ...]) -> bool:
+    """`X-Priority: low`, or a target under one of the service's low-priority paths."""
+    if paths and target.startswith(paths):
+        return True
+    for low, _, value in headers:
+        if low == PRIORITY:
+            return value.strip().lower() == b"low"
+    return False
+
+
+class OverloadGuard:
+    def __init__(
+        self,
+        config: OverloadConfig,
+        *,
+        monotonic: Callable[[], float],
+        call_later: Callable[[float, Callable[[], None]], asyncio.TimerHandle],
+    ) -> None:
+        self.monotonic = monotonic
+        self.call_later = call_later
+        self.shed_counts = ShedCounts()
+        self.gates: dict[Upstream, UpstreamGate] = {}
+        self.config = config
+        self._settings = limit_settings(config)
+        self._policy = queue_policy(config)
+        self._paths = tuple(p.encode() for p in config.low_priority_paths)
+        self._retry_after = (f"Retry-After: {config.retry_after_s}",)
+
+    def configure(self, config: OverloadConfig) -> None:
+        """A new valid config: queue and levels at once; limits restart when their
+        settings changed (what they learned was learned under the old ones)."""
+        self.config = config
+        settings = limit_settings(config)
+        self._policy = queue_policy(config)
+        self._paths = tuple(p.encode() for p in config.low_priority_paths)
+        self._retry_after = (f"Retry-After: {config.retry_after_s}",)
+        restart = settings != self._settings
+        self._settings = settings
+        now = self.monotonic()
+        for gate in self.gates.values():
+            gate.reconfigure(self._policy)
+            if restart:
+                gate.limiter = GradientLimit(settings, now)
+
+    def gate_for(self, upstream: Upstream) -> UpstreamGate:
+        gate = self.gates.get(upstream)
+        if gate is None:
+            if len(self.gates) >= MAX_GATES:
+                for key in [k for k, g in self.gates.items() if not g.in_flight and not g.waiting]:
+                    del self.gates[key]
+            gate = self.gates[upstream] = UpstreamGate(
+                str(upstream),
+                GradientLimit(self._settings, self.monotonic()),
+                self._policy,
+                monotonic=self.monotonic,
+                call_later=self.call_later,
+                shed_counts=self.shed_counts,
+            )
+        return gate
+
+    def enter(
+        self,
+        waiter: Waiter,
+        upstream: Upstream,
+        variant: str,
+        headers: list[Header],
+        target: bytes,
+    ) -> None:
+        low = is_low_priority(headers, target, self._paths)
+        self.gate_for(upstream).enter(waiter, variant, low)
+
+    def shed_response(
+        self, reason: str, variant: str, experiment: str | None, *, close: bool
+    ) -> tuple[bytes, int]:
+        status = self.config.shed_status
+        detail = f"the sidecar is shedding load to variant {variant!r} ({reason})"
+        body = problem_response(
+            status,
+            detail,
+            variant=variant,
+            experiment=experiment,
+            close=close,
+            extra=self._retry_after,
+        )
+        return body, status
+
+    def release_all(self) -> None:
+        for gate in self.gates.values():
+            gate.release_all()
+
+    def state(self) -> dict[str, Any]:
+        """What the admin endpoint shows."""
+        gates = []
+        for gate in self.gates.values():
+            s = gate.limiter.state()
+            gates.append(
+                {
+                    "upstream": gate.name,
+                    "level": gate.level.name.lower(),
+                    "limit": s.limit,
+                    "estimate": round(s.estimate, 3),
+                    "phase": s.phase.value,
+                    "min_rtt_ms": None if s.min_rtt is None else round(s.min_rtt * 1000, 3),
+                    "sample_rtt_ms": None
+                    if s.sample_rtt is None
+                    else round(s.sample_rtt * 1000, 3),
+                    "in_flight": gate.in_flight,
+                    "queued": len(gate.waiting),
+                    "admitted": gate.admitted,
+                    "queued_total": gate.queued_total,
+                    "level_changes": gate.level_changes,
+                }
+            )
+        shed = [
+            {"variant": v, "reason": r, "priority": p, "count": n}
+            for (v, r, p), n in sorted(self.shed_counts.counts.items())
+        ]
+        return {
+            "enabled": True,
+            "config": self.config.model_dump(mode="json"),
+            "upstreams": gates,
+            "shed": shed,
+        }

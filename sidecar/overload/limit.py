@@ -1,0 +1,180 @@
+"""An adaptive concurrency limit learned from an upstream's latency (decision 0024).
+
+The gradient controller of Envoy's adaptive-concurrency filter, with the smoothing and
+the application-limited rule of Netflix concurrency-limits' Gradient2:
+
+- **No-load latency** (`min_rtt`): measured first, then every `min_rtt_interval`
+  seconds, with the limit pinned to `min_rtt_concurrency` until `min_rtt_samples`
+  requests admitted under the pin have completed; their `percentile` is the
+  no-load latency. Pinning is what keeps the baseline honest: a minimum taken while
+  the limit holds the upstream busy would drift up with the queue it measures.
+- **Sample latency**: the `percentile` of the requests completed in each
+  `update_interval` (requests admitted before the phase began are left out).
+- **Gradient**: `min_rtt * (1 + rtt_buffer) / sample`, within [0.5, 2.0]; the new
+  limit is `limit * gradient`, smoothed (`smoothing` of the new value) and held
+  within [min_limit, max_limit]. Below capacity latency is the no-load latency and
+  the limit grows by up to `1 + rtt_buffer` per interval; past it the upstream's own
+  queue raises latency and the limit settles near `capacity * (1 + rtt_buffer)`.
+- **Application-limited**: while fewer than half the limit were in flight during an
+  interval the latency says nothing about capacity: the limit does not grow (it still
+  falls when latency rises).
+
+Time comes in as arguments (`now`, seconds on a monotonic clock): nothing here reads
+a clock, so tests drive it with synthetic latency sequences.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+MIN_GRADIENT = 0.5
+MAX_GRADIENT = 2.0
+# at most this many latencies are kept per interval; a busier interval ends early
+MAX_INTERVAL_SAMPLES = 4096
+
+
+class Phase(Enum):
+    MEASURING = "measuring"  # pinned to min_rtt_concurrency, learning the no-load latency
+    ADAPTING = "adapting"
+
+
+@dataclass(frozen=True, slots=True)
+class LimitSettings:
+    """Bounds are checked where settings come from (`sidecar.overload.config`)."""
+
+    min_limit: int = 1
+    max_limit: int = 1000
+    initial_limit: int = 20
+    update_interval: float = 0.1  # seconds per sample interval
+    percentile: float = 0.5  # of latencies, to summarise an interval or a measurement
+    rtt_buffer: float = 0.1  # latency above the no-load latency still taken as no queue
+    smoothing: float = 0.5  # weight of the new limit against the old one
+    min_rtt_interval: float = 60.0  # seconds between no-load measurements
+    min_rtt_samples: int = 25
+    min_rtt_concurrency: int = 3
+
+
+@dataclass(frozen=True, slots=True)
+class LimitState:
+    """What the limit is and why, for the admin endpoint and metrics."""
+
+    phase: Phase
+    limit: int
+    estimate: float  # the adapted limit (in force again after a measurement)
+    min_rtt: float | None  # seconds, None until first measured
+    sample_rtt: float | None  # the last interval's, seconds
+    next_min_rtt_at: float  # monotonic seconds
+
+
+def percentile_of(values: list[float], q: float) -> float:
+    """The nearest-rank `q` percentile (0 < q <= 1) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def next_limit(limit: float, sample_rtt: float, min_rtt: float, s: LimitSettings) -> float:
+    """The limit after one interval whose latency was `sample_rtt` (pure)."""
+    gradient = min_rtt * (1.0 + s.rtt_buffer) / sample_rtt if sample_rtt > 0 else MAX_GRADIENT
+    gradient = min(MAX_GRADIENT, max(MIN_GRADIENT, gradient))
+    smoothed = limit * (1.0 - s.smoothing) + limit * gradient * s.smoothing
+    return min(float(s.max_limit), max(float(s.min_limit), smoothed))
+
+
+class GradientLimit:
+    """The limit of one upstream: `limit` now; `on_sample` for each completed request."""
+
+    __slots__ = (
+        "_estimate",
+        "_in_flight_peak",
+        "_interval_end",
+        "_latencies",
+        "_min_rtt",
+        "_next_min_rtt_at",
+        "_phase",
+        "_phase_start",
+        "_sample_rtt",
+        "limit",
+        "settings",
+    )
+
+    def __init__(self, settings: LimitSettings, now: float) -> None:
+        self.settings = settings
+        self._estimate = float(
+            min(settings.max_limit, max(settings.min_limit, settings.initial_limit))
+        )
+        self._min_rtt: float | None = None
+        self._sample_rtt: float | None = None
+        self._latencies: list[float] = []
+        self._in_flight_peak = 0
+        self._phase = Phase.ADAPTING
+        self._phase_start = now
+        self._interval_end = now
+        self._next_min_rtt_at = now
+        self.limit = 0  # set by _measure
+        self._measure(now)
+
+    def on_sample(self, now: float, rtt: float, in_flight: int) -> None:
+        """A request admitted at `now - rtt` completed at `now`; `in_flight`: how many
+        were admitted to this upstream just before it completed."""
+        if now - rtt < self._phase_start:
+            return  # admitted under another phase's limit: its latency says nothing of this one
+        latencies = self._latencies
+        latencies.append(rtt)
+        if in_flight > self._in_flight_peak:
+            self._in_flight_peak = in_flight
+        s = self.settings
+        if self._phase is Phase.MEASURING:
+            if len(latencies) >= s.min_rtt_samples:
+                self._min_rtt = percentile_of(latencies, s.percentile)
+                self._adapt(now)
+            return
+        if now >= self._interval_end or len(latencies) >= MAX_INTERVAL_SAMPLES:
+            self._close_interval(now)
+
+    def _close_interval(self, now: float) -> None:
+        s = self.settings
+        sample = self._sample_rtt = percentile_of(self._latencies, s.percentile)
+        min_rtt = self._min_rtt
+        assert min_rtt is not None
+        proposed = next_limit(self._estimate, sample, min_rtt, s)
+        # application-limited: too few in flight to have tested a higher limit
+        if proposed < self._estimate or self._in_flight_peak * 2 >= self._estimate:
+            self._estimate = proposed
+        self._latencies = []
+        self._in_flight_peak = 0
+        self._interval_end = now + s.update_interval
+        if now >= self._next_min_rtt_at:
+            self._measure(now)
+        else:
+            self.limit = max(s.min_limit, int(self._estimate))
+
+    def _measure(self, now: float) -> None:
+        s = self.settings
+        self._phase = Phase.MEASURING
+        self._phase_start = now
+        self._latencies = []
+        self._in_flight_peak = 0
+        self.limit = min(s.max_limit, max(s.min_limit, s.min_rtt_concurrency))
+
+    def _adapt(self, now: float) -> None:
+        s = self.settings
+        self._phase = Phase.ADAPTING
+        self._phase_start = now
+        self._latencies = []
+        self._in_flight_peak = 0
+        self._interval_end = now + s.update_interval
+        self._next_min_rtt_at = now + s.min_rtt_interval
+        self.limit = max(s.min_limit, int(self._estimate))
+
+    def state(self) -> LimitState:
+        return LimitState(
+            phase=self._phase,
+            limit=self.limit,
+            estimate=self._estimate,
+            min_rtt=self._min_rtt,
+            sample_rtt=self._sample_rtt,
+            next_min_rtt_at=self._next_min_rtt_at,
+        )
