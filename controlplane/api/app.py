@@ -24,6 +24,7 @@ from controlplane.api.routes import (
     identity,
     judge,
     notifications,
+    overload,
     rules,
     tokens,
 )
@@ -156,6 +157,7 @@ def create_app(
         experiments.router,
         history.router,
         rules.router,
+        overload.router,
         judge.router,
         tokens.router,
         notifications.router,

@@ -19,6 +19,7 @@ from controlplane.cli import (
     experiments,
     judge,
     notify,
+    overload,
     remote,
     rules,
     server,
@@ -58,8 +59,8 @@ def root(
     remote.ca_file = ca_file
 
 
-for module in (bench, collector, demo, experiments, judge, notify, rules, server, sidecar,
-               tokens):
+for module in (bench, collector, demo, experiments, judge, notify, overload, rules, server,
+               sidecar, tokens):
     module.register(app)
 
 

@@ -21,7 +21,7 @@ from controlplane.cli.remote import (
 ServiceArgument = Annotated[str, typer.Argument(help="service name", show_default=False)]
 
 
-def _rule_table(rule: dict[str, Any], title: str | None = None) -> None:
+def field_table(rule: dict[str, Any], title: str | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(rule)
         else:
-            _rule_table(rule)
+            field_table(rule)
 
     @rules.command("recommend")
     def recommend_command(
@@ -97,6 +97,6 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(recommendation)
         else:
-            _rule_table(recommendation, title=f"recommendation for {service}")
+            field_table(recommendation, title=f"recommendation for {service}")
 
     app.add_typer(rules, name="rules")

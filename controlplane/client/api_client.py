@@ -264,6 +264,19 @@ class CanaryClient:
         result: Json = self._request("GET", f"{_rule(service)}/recommendation")
         return result
 
+    # overload protection
+
+    def put_overload(self, service: str, config: Mapping[str, Any]) -> Json:
+        result: Json = self._request("PUT", _overload(service), json=config)
+        return result
+
+    def get_overload(self, service: str) -> Json:
+        result: Json = self._request("GET", _overload(service))
+        return result
+
+    def delete_overload(self, service: str) -> None:
+        self._request("DELETE", _overload(service))
+
     # notifications
 
     def test_subscription(self, subscription_id: int) -> Json:
@@ -297,3 +310,7 @@ def _experiment(experiment_id: int | str) -> str:
 
 def _rule(service: str) -> str:
     return f"/v1/services/{quote(service, safe='')}/rule"
+
+
+def _overload(service: str) -> str:
+    return f"/v1/services/{quote(service, safe='')}/overload"

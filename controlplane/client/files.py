@@ -244,7 +244,22 @@ def load_rule(path: str | Path, *, service: str | None = None) -> tuple[SourceFi
     The rule's `service` says where it applies; `service` fills it in when the file
     leaves it out, and must agree with it otherwise.
     """
-    source = read_file(path)
+    source = _with_service(read_file(path), service)
+    model = rule_schema()
+    return source, validate(source, model) if model else source.data
+
+
+def load_overload(
+    path: str | Path, *, service: str | None = None
+) -> tuple[SourceFile, dict[str, Any]]:
+    """Read and check an overload-protection file, named like a rule file (`service`)."""
+    from controlplane.kernel.overload import ServiceOverload
+
+    source = _with_service(read_file(path), service)
+    return source, validate(source, ServiceOverload)
+
+
+def _with_service(source: SourceFile, service: str | None) -> SourceFile:
     named = source.data.get("service")
     if service is not None:
         if named is not None and named != service:
@@ -254,5 +269,4 @@ def load_rule(path: str | Path, *, service: str | None = None) -> tuple[SourceFi
         source = SourceFile(source.name, {**source.data, "service": service}, source.root)
     elif not isinstance(named, str):
         raise source.bad([(("service",), "Field required (or pass --service)")])
-    model = rule_schema()
-    return source, validate(source, model) if model else source.data
+    return source

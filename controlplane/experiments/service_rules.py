@@ -43,7 +43,7 @@ async def read_rule(*, kv: KeyValueStore, keys: EtcdKeys, service: str) -> Break
     return rule
 
 
-def _previous_value(raw: bytes | None) -> Any:
+def previous_value(raw: bytes | None) -> Any:
     """The replaced value for the audit trail, kept even when it was malformed."""
     if raw is None:
         return None
@@ -67,7 +67,7 @@ async def write_rule(
     now = utc_now(clock)
     previous = await kv.get(key)
     new_value = json.loads(rule.to_json())
-    old_value = _previous_value(previous.value if previous else None)
+    old_value = previous_value(previous.value if previous else None)
     if old_value == new_value:
         return rule  # writes only on change
     async with store.transaction() as tx:

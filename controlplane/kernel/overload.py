@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from controlplane.kernel.errors import ValidationFailed
 from controlplane.kernel.rules import pydantic_field_errors
+from controlplane.kernel.values import ServiceName
 
 MAX_OVERLOAD_BYTES = 16 * 1024
 MAX_LIMIT = 100_000
@@ -69,6 +70,19 @@ class OverloadConfig(BaseModel):
         if not self.light_at <= self.heavy_at <= self.severe_at:
             raise ValueError("levels must be ordered: light_at <= heavy_at <= severe_at")
         return self
+
+
+class ServiceOverload(OverloadConfig):
+    """The config as the API and files carry it: with the service it protects. The key
+    names the service, so the stored value (`to_stored`) leaves it out."""
+
+    service: ServiceName
+
+    def config(self) -> OverloadConfig:
+        return OverloadConfig.model_validate(self.model_dump(exclude={"service"}))
+
+    def to_stored(self) -> bytes:
+        return self.config().model_dump_json().encode()
 
 
 def parse_overload(raw: bytes | str | dict[str, Any]) -> OverloadConfig:

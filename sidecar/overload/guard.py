@@ -118,11 +118,15 @@ class OverloadGuard:
         low = is_low_priority(headers, target, self._paths)
         self.gate_for(upstream).enter(waiter, variant, low)
 
+    def shed_answer(self, reason: str, variant: str) -> tuple[int, str, int]:
+        """What a shed request is answered: status, problem detail, Retry-After (s)."""
+        detail = f"the sidecar is shedding load to variant {variant!r} ({reason})"
+        return self.config.shed_status, detail, self.config.retry_after_s
+
     def shed_response(
         self, reason: str, variant: str, experiment: str | None, *, close: bool
     ) -> tuple[bytes, int]:
-        status = self.config.shed_status
-        detail = f"the sidecar is shedding load to variant {variant!r} ({reason})"
+        status, detail, _ = self.shed_answer(reason, variant)
         body = problem_response(
             status,
             detail,

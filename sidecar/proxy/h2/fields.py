@@ -10,12 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from http import HTTPStatus
 
-from sidecar.proxy.headers import EXPERIMENT, HOP_BY_HOP, VARIANT, Header, request_head
+from sidecar.proxy.headers import (
+    DEGRADE,
+    EXPERIMENT,
+    HOP_BY_HOP,
+    VARIANT,
+    Header,
+    request_head,
+)
 
 Pair = tuple[bytes, bytes]
 
 # set by the proxy itself on the way up: what the client sent is dropped
-_SET_ON_REQUEST = frozenset({b"host", b"x-forwarded-proto", VARIANT, EXPERIMENT})
+_SET_ON_REQUEST = frozenset({b"host", b"x-forwarded-proto", VARIANT, EXPERIMENT, DEGRADE})
 _FORWARDED_FOR = b"x-forwarded-for"
 _CONTENT_LENGTH = b"content-length"
 
@@ -84,6 +91,7 @@ class Forwarding:
     proto: bytes  # X-Forwarded-Proto: the scheme the client used
     variant: bytes
     experiment: bytes | None
+    degrade: bool = False  # heavy overload: ask the upstream to degrade (sidecar.overload)
 
     def target(self, path: bytes) -> bytes:
         return self.base_path + path if self.base_path and path != b"*" else path
@@ -111,6 +119,8 @@ def h2_request(request: Request, fwd: Forwarding) -> list[Pair]:
     out.append((VARIANT, fwd.variant))
     if fwd.experiment is not None:
         out.append((EXPERIMENT, fwd.experiment))
+    if fwd.degrade:
+        out.append((DEGRADE, b"1"))
     return out
 
 
@@ -134,6 +144,8 @@ def h1_request(request: Request, fwd: Forwarding, *, has_body: bool) -> tuple[by
         chunked=chunked,
         named=None,
     )
+    if fwd.degrade:
+        head = head[:-2] + b"X-Canary-Degrade: 1\r\n\r\n"
     return head, chunked
 
 

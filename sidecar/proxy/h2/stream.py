@@ -12,10 +12,17 @@ HTTP/1.1 exchange through `bridge`), and relays both ways under flow control:
 
 It records one sample when the response's end (trailers included) is handed to the
 connection; a gRPC response's outcome is its grpc-status (`grpc.call_outcome`).
+
+With overload protection on, a stream passes its upstream's gate (`sidecar.overload`)
+before it takes its leg, as an HTTP/1.1 exchange does: admitted now or from the queue
+(`admit`), or answered by the proxy (`shed`: the status, `Retry-After`, never a
+sample); its place is released when it is recorded. While it waits, its request body
+stays unacknowledged, so the client's window bounds what it holds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
@@ -32,6 +39,7 @@ from sidecar.proxy.h2.sending import send_head
 from sidecar.proxy.headers import HeaderView
 
 if TYPE_CHECKING:
+    from sidecar.overload.gate import UpstreamGate
     from sidecar.proxy.h2.connection import H2ClientConnection
 
 log = logging.getLogger(__name__)
@@ -57,6 +65,8 @@ class H2Stream:
         "choice",
         "conn",
         "done",
+        "fwd",
+        "gate",
         "grpc",
         "grpc_status",
         "head_sent",
@@ -64,12 +74,15 @@ class H2Stream:
         "local_outcome",
         "out",
         "out_end",
+        "pending",
         "req_ended",
         "req_trailers",
         "request",
+        "shed_status",
         "status",
         "stream_id",
         "t0",
+        "t_admit",
         "t_first",
         "t_sent",
         "ts",
@@ -103,6 +116,14 @@ class H2Stream:
         # the response's fields come from an HTTP/2 upstream through h2's inbound
         # checks, or from the proxy itself (sending.py); not from an HTTP/1.1 one
         self.checked = True
+        # overload protection: what goes upstream once admitted, the body received
+        # meanwhile (None: not waiting), the gate that admitted it and when, and the
+        # status it was shed with (0: not shed)
+        self.fwd: Forwarding | None = None
+        self.pending: list[bytes] | None = None
+        self.gate: UpstreamGate | None = None
+        self.t_admit = 0.0
+        self.shed_status = 0
 
     # --- request side (called by the connection) -----------------------------------
 
@@ -134,11 +155,91 @@ class H2Stream:
             experiment=None if choice.experiment is None else choice.experiment.encode(),
         )
         self.checked = upstream.http2
+        guard = server.overload
+        if guard is not None:  # admit() goes on, now or from the queue, or shed() answers
+            self.fwd = fwd
+            self.pending = []
+            request = self.request
+            guard.enter(self, upstream, choice.variant, request.chooser_headers(), request.path)
+            return
+        self._open_leg(fwd)
+
+    def _open_leg(self, fwd: Forwarding) -> None:
+        choice = self.choice
+        assert choice is not None
+        upstream = choice.upstream
         try:
-            self.leg = server.h2.open_leg(self, upstream, self.request, fwd)
+            self.leg = self.conn.server.h2.open_leg(self, upstream, self.request, fwd)
         except Exception as exc:  # e.g. an Upstream built by hand with a bad host name
             log.exception("no upstream leg for %s", upstream)
             self.upstream_failed(502, 502, f"unusable upstream {upstream}: {exc}")
+
+    # --- overload protection (sidecar.overload) -----------------------------------
+
+    def admit(self, gate: UpstreamGate, degrade: bool) -> None:
+        self.gate = gate
+        self.t_admit = gate.monotonic()
+        fwd, self.fwd = self.fwd, None
+        pending, self.pending = self.pending, None
+        if self.done or fwd is None:
+            self.gate = None
+            gate.release(self.t_admit, sample=False)
+            return
+        if degrade:
+            fwd = dataclasses.replace(fwd, degrade=True)
+        self._open_leg(fwd)
+        leg = self.leg
+        if leg is None or self.done:
+            self._drop(pending)
+            return
+        for chunk in pending or ():
+            leg.request_data(chunk)
+        if self.req_ended:
+            leg.request_end(self.req_trailers)
+
+    def shed(self, gate: UpstreamGate, reason: str) -> None:
+        """Answered for the upstream, which never sees it: no sample, a count."""
+        self.fwd = None
+        pending, self.pending = self.pending, None
+        self._drop(pending)
+        choice = self.choice
+        if self.done or choice is None:
+            return
+        guard = self.conn.server.overload
+        if guard is not None:
+            status, detail, retry_after = guard.shed_answer(reason, choice.variant)
+        else:  # turned off meanwhile: its queues were let go, so only a straggler
+            status, detail, retry_after = 503, f"load shed ({reason})", 1
+        self.shed_status = status
+        self.answer_locally(
+            status,
+            detail,
+            status,
+            variant=choice.variant,
+            experiment=choice.experiment,
+            extra=[(b"retry-after", str(retry_after).encode())],
+        )
+
+    def _leave_queue(self) -> bool:
+        """A stream still waiting for its gate leaves it; True when it was waiting."""
+        choice = self.choice
+        guard = self.conn.server.overload
+        if self.pending is None or choice is None or guard is None:
+            return False
+        gate = guard.gates.get(choice.upstream)
+        if gate is None or self not in gate.waiting:
+            return False
+        gate.leave(self)
+        self.fwd = None
+        pending, self.pending = self.pending, None
+        self._drop(pending)
+        self.done = True
+        return True
+
+    def _drop(self, pending: list[bytes] | None) -> None:
+        """Request bytes nobody will send on: the client's window reopens."""
+        if pending:
+            self.conn.ack(self.stream_id, sum(len(chunk) for chunk in pending))
 
     def request_data(self, data: bytes, flow_length: int) -> None:
         padding = flow_length - len(data)
@@ -146,7 +247,9 @@ class H2Stream:
             self.conn.ack(self.stream_id, padding)
         leg = self.leg
         if leg is None or self.done:
-            if data:
+            if data and self.pending is not None and not self.done:
+                self.pending.append(data)  # waiting for its gate: acknowledged later
+            elif data:
                 self.conn.ack(self.stream_id, len(data))  # nobody wants it: drop
             return
         if data:
@@ -161,6 +264,8 @@ class H2Stream:
 
     def client_lost(self) -> None:
         """The client reset the stream, or the connection is gone."""
+        if self._leave_queue():
+            return  # counted by its gate as abandoned; it never was a request upstream
         leg = self.leg
         self.leg = None
         if leg is not None:
@@ -253,12 +358,14 @@ class H2Stream:
         *,
         variant: str | None = None,
         experiment: str | None = None,
+        extra: list[Pair] | None = None,
     ) -> None:
         """Answer from the proxy itself: a problem+json body."""
         body = errors.problem_body(status, detail, variant=variant, experiment=experiment)
         fields: list[Pair] = [
             (b"content-type", b"application/problem+json"),
             (b"content-length", str(len(body)).encode()),
+            *(extra or ()),
         ]
         self.local_outcome = outcome
         self.response_head(status, fields, end=False)
@@ -331,7 +438,14 @@ class H2Stream:
 
     def _record(self, outcome: int) -> None:
         server = self.conn.server
-        if self.choice is not None:
-            server.finished([(self, outcome)])
-        else:
+        gate = self.gate
+        if gate is not None:
+            self.gate = None
+            gate.release(self.t_admit)
+        choice = self.choice
+        if choice is None:
             server.metrics.observe("none", outcome, None)
+        elif self.shed_status:
+            server.metrics.observe(choice.variant, outcome, None)  # counted, not a sample
+        else:
+            server.finished([(self, outcome)])

@@ -1,0 +1,129 @@
+"""/v1/services/{service}/overload: etcd holds the config the sidecars watch, SQL logs
+each change."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from controlplane.db import experiments as records
+from controlplane.kernel.overload import OverloadConfig, parse_overload
+from controlplane.runtime import Backends
+from tests.support.auth import ADMIN_ACTOR
+
+CONFIG = {"max_limit": 200, "queue_timeout_ms": 40, "low_priority_paths": ["/batch/"]}
+URL = "/v1/services/payment-api/overload"
+
+
+async def test_put_stores_what_sidecars_read_and_get_reads_it_back(
+    client: httpx.AsyncClient, backends: Backends
+) -> None:
+    response = await client.put(URL, json=CONFIG)
+    assert response.status_code == 200, response.text
+    answered = response.json()
+    assert answered["service"] == "payment-api"
+    assert answered["max_limit"] == 200 and answered["min_limit"] == 1  # defaults filled
+    stored = await backends.kv.get(backends.keys.overload("payment-api"))
+    assert stored is not None
+    # the stored value is the sidecars' schema: no service field (the key names it)
+    assert "service" not in json.loads(stored.value)
+    config = parse_overload(stored.value)
+    assert config.max_limit == 200 and config.low_priority_paths == ("/batch/",)
+
+    fetched = await client.get(URL)
+    assert fetched.status_code == 200
+    assert fetched.json() == answered
+
+    # etcd is the source of truth: a change made there is what the API answers
+    await backends.kv.put(
+        stored.key, config.model_copy(update={"max_limit": 50}).model_dump_json().encode()
+    )
+    assert (await client.get(URL)).json()["max_limit"] == 50
+
+
+async def test_each_change_and_the_removal_are_service_events_in_sql(
+    client: httpx.AsyncClient, backends: Backends
+) -> None:
+    await client.put(URL, json=CONFIG)
+    await client.put(URL, json={**CONFIG, "service": "payment-api"})  # no change: no event
+    await client.put(URL, json={**CONFIG, "shed_status": 503})
+    removed = await client.delete(URL)
+    assert removed.status_code == 204 and removed.content == b""
+    assert await backends.kv.get(backends.keys.overload("payment-api")) is None
+    events, total = await backends.database.read(records.list_events, service="payment-api")
+    assert total == 3
+    assert all(e.kind == "overload_changed" and e.experiment_id is None for e in events)
+    assert all(e.actor == ADMIN_ACTOR for e in events)
+    assert events[0].payload["previous"] is None
+    assert events[1].payload["previous"]["shed_status"] == 429
+    assert events[1].payload["overload"]["shed_status"] == 503
+    assert events[2].payload["overload"] is None
+    assert events[2].payload["previous"]["shed_status"] == 503
+    assert "removed" in events[2].reason
+
+
+async def test_an_empty_body_is_protection_with_every_default(client: httpx.AsyncClient) -> None:
+    response = await client.put(URL, json={})
+    assert response.status_code == 200, response.text
+    assert response.json() == {**OverloadConfig().model_dump(mode="json"), "service": "payment-api"}
+
+
+async def test_invalid_configs_answer_422_naming_the_fields(
+    client: httpx.AsyncClient, backends: Backends
+) -> None:
+    cases = [
+        ({"max_limit": 0}, "body.max_limit"),
+        ({"max_limit": 100_001}, "body.max_limit"),
+        ({"max_limit": "10"}, "body.max_limit"),
+        ({"max_limit": True}, "body.max_limit"),
+        ({"queue_timeout_ms": -1}, "body.queue_timeout_ms"),
+        ({"light_shed_share": 1.5}, "body.light_shed_share"),
+        ({"shed_status": 500}, "body.shed_status"),
+        ({"low_priority_paths": ["batch"]}, "body.low_priority_paths.0"),
+        ({"low_priority_paths": ["/a b"]}, "body.low_priority_paths.0"),
+        ({"low_priority_paths": ["/x"] * 65}, "body.low_priority_paths"),
+        ({"limit": 10}, "body.limit"),
+        ({"service": "other-api"}, "body.service"),
+        ({"min_limit": 10, "max_limit": 5}, "body"),
+        ({"light_at": 2.0, "heavy_at": 1.5}, "body"),
+    ]
+    for body, path in cases:
+        response = await client.put(URL, json=body)
+        assert response.status_code == 422, body
+        assert response.headers["content-type"] == "application/problem+json"
+        paths = [".".join(map(str, e["loc"])) for e in response.json()["errors"]]
+        assert path in paths, (body, paths)
+    assert (await client.put("/v1/services/Not%20A%20Service/overload", json={})).status_code == 422
+    # nothing was written by any of them
+    assert await backends.kv.get(backends.keys.overload("payment-api")) is None
+
+
+async def test_missing_config_answers_404_to_get_and_delete(client: httpx.AsyncClient) -> None:
+    for method in ("GET", "DELETE"):
+        response = await client.request(method, "/v1/services/nobody/overload")
+        assert response.status_code == 404, method
+        assert response.headers["content-type"] == "application/problem+json"
+
+
+async def test_a_malformed_stored_config_is_reported_not_fatal(
+    client: httpx.AsyncClient, backends: Backends
+) -> None:
+    key = backends.keys.overload("payment-api")
+    await backends.kv.put(key, json.dumps({"max_limit": -5}).encode())
+    response = await client.get(URL)
+    assert response.status_code == 502
+    problem = response.json()
+    assert "invalid" in problem["detail"] and key in problem["detail"]
+    assert [e["loc"] for e in problem["errors"]] == [["max_limit"]]
+
+    await backends.kv.put(key, b"{not json")
+    response = await client.get(URL)
+    assert response.status_code == 502
+    assert "not JSON" in response.json()["detail"]
+
+    # a valid PUT repairs the key, and the malformed value is kept in the trail as text
+    assert (await client.put(URL, json=CONFIG)).status_code == 200
+    assert (await client.get(URL)).status_code == 200
+    events, _ = await backends.database.read(records.list_events, service="payment-api")
+    assert events[-1].payload["previous"] == "{not json"
