@@ -21,7 +21,7 @@ TOPICS: Final[dict[str, tuple[str, ...]]] = {
     "no_data": ("no_data",),
     "lifecycle": ("start", "pause", "resume"),
     "routes": ("route_reconciled",),
-    "rules": ("rule_changed", "rule_rejected", "no_rule"),
+    "rules": ("rule_changed", "rule_rejected", "no_rule", "overload_changed"),
 }
 
 NOTIFIABLE_KINDS: Final[frozenset[str]] = frozenset(k for kinds in TOPICS.values() for k in kinds)
