@@ -42,6 +42,7 @@ from sidecar.proxy.upstream import (
 
 if TYPE_CHECKING:
     from sidecar.proxy.client import ClientConnection
+    from sidecar.proxy.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ class Exchange:
         "t_first",
         "t_sent",
         "target",
+        "trace",
         "trailers",
         "ts",
         "upgrade",
@@ -144,6 +146,7 @@ class Exchange:
         self.switching: tuple[bytes, bytes, ResponseFields, bytes] | None = None
         self.req_trailers: list[Header] | None = None
         self.trailers: bytes | None = None  # the response's, to send with its last chunk
+        self.trace: RequestTrace | None = None
 
     # --- request side -----------------------------------------------------------
 
@@ -177,6 +180,8 @@ class Exchange:
                 self._local_answer(refusal, 503)
                 return
             self.reserved = True
+        if server.tracing is not None:  # rewrites the traceparent sent upstream
+            self.trace = server.tracing.h1(self.headers, self.method)
         opts = server.options
         host = pool.host_header
         if opts.preserve_host:

@@ -16,6 +16,7 @@ connection; a gRPC response's outcome is its grpc-status (`grpc.call_outcome`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
@@ -32,6 +33,7 @@ from sidecar.proxy.headers import HeaderView
 
 if TYPE_CHECKING:
     from sidecar.proxy.h2.connection import H2ClientConnection
+    from sidecar.proxy.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,7 @@ class H2Stream:
         "t0",
         "t_first",
         "t_sent",
+        "trace",
         "ts",
         "variant",
     )
@@ -98,6 +101,7 @@ class H2Stream:
         self.out: deque[bytes] = deque()
         self.out_end: list[Pair] | bool | None = None
         self.done = False
+        self.trace: RequestTrace | None = None
 
     # --- request side (called by the connection) -----------------------------------
 
@@ -115,6 +119,11 @@ class H2Stream:
         self.choice = choice
         self.variant = choice.variant.encode()
         upstream = choice.upstream
+        if server.tracing is not None:  # rewrites the traceparent sent upstream
+            request = self.request
+            self.trace, fields = server.tracing.h2(request.fields, request.method)
+            if fields is not request.fields:
+                self.request = dataclasses.replace(request, fields=fields)
         opts = server.options
         authority = upstream.authority.encode("idna")
         if opts.preserve_host and self.request.authority is not None:
