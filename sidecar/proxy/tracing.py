@@ -106,17 +106,17 @@ class RequestTracing:
         """(trace to record or None, traceparent to send or None to forward the
         client's, whether the client's parent is gone with its tracestate)."""
         parent = parse_traceparent(parents[0]) if len(parents) == 1 else None
-        randbits = self._randbits
         if parent is not None:
             trace_id, parent_id, flags = parent
             if not flags & SAMPLED:
                 return None, None, False
-            span_id = randbits(64) or 1
+            span_id = self._randbits(64) or 1
             trace = RequestTrace(trace_id, span_id, parent_id, tracestate, method)
             self.spans_started += 1
             return trace, format_traceparent(trace_id, span_id, True), False
-        trace_id = randbits(128) or 1
-        span_id = randbits(64) or 1
+        bits = self._randbits(192)  # one call: the trace id, then the span id
+        trace_id = bits >> 64 or 1
+        span_id = bits & 0xFFFFFFFFFFFFFFFF or 1
         sampled = sampled_by_ratio(trace_id, self._bound)
         value = format_traceparent(trace_id, span_id, sampled)
         if not sampled:
@@ -126,13 +126,19 @@ class RequestTracing:
 
     def h1(self, headers: list[Header], method: bytes) -> RequestTrace | None:
         """Decide for an HTTP/1.1 request and rewrite its `traceparent` in `headers`."""
-        parents = [value for lower, _, value in headers if lower == TRACEPARENT]
-        state = next((value for lower, _, value in headers if lower == TRACESTATE), None)
-        trace, value, fresh = self._decide(parents, state, method)
-        if value is not None:
-            dropped = _TRACE_FIELDS if fresh else (TRACEPARENT,)
-            headers[:] = [h for h in headers if h[0] not in dropped]
-            headers.append((TRACEPARENT, b"traceparent", value))
+        parents: list[bytes] = []
+        state: bytes | None = None
+        for lower, _, value in headers:
+            if lower == TRACEPARENT:
+                parents.append(value)
+            elif lower == TRACESTATE and state is None:
+                state = value
+        trace, upstream_value, fresh = self._decide(parents, state, method)
+        if upstream_value is not None:
+            if parents or (fresh and state is not None):
+                dropped = _TRACE_FIELDS if fresh else (TRACEPARENT,)
+                headers[:] = [h for h in headers if h[0] not in dropped]
+            headers.append((TRACEPARENT, b"traceparent", upstream_value))
         return trace
 
     def h2(

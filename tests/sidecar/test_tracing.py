@@ -110,6 +110,11 @@ def tracing(ratio: float, *ids: int) -> RequestTracing:
     return RequestTracing(NullSink(), ratio, randbits=lambda _n: next(bits))
 
 
+def new_ids(trace_id: int, span_id: int) -> int:
+    """What one 192-bit draw gives a new trace: its id, then the span's."""
+    return trace_id << 64 | span_id
+
+
 def h1(*pairs: tuple[bytes, bytes]) -> list[tuple[bytes, bytes, bytes]]:
     return [(name.lower(), name, value) for name, value in pairs]
 
@@ -142,7 +147,7 @@ def test_an_unsampled_parent_is_forwarded_as_it_came() -> None:
 @pytest.mark.parametrize("ratio", [1.0, 0.0])
 def test_a_request_without_a_parent_starts_a_trace_at_the_ratio(ratio: float) -> None:
     headers = h1((b"tracestate", b"orphan=1"))
-    trace = tracing(ratio, 0x1234, 0x56).h1(headers, b"GET")
+    trace = tracing(ratio, new_ids(0x1234, 0x56)).h1(headers, b"GET")
     flag = "01" if ratio else "00"
     assert headers == h1((b"traceparent", f"00-{0x1234:032x}-{0x56:016x}-{flag}".encode()))
     if ratio:
@@ -151,10 +156,21 @@ def test_a_request_without_a_parent_starts_a_trace_at_the_ratio(ratio: float) ->
         assert trace is None
 
 
+def test_a_request_without_trace_headers_keeps_its_own_and_gains_one() -> None:
+    headers = h1((b"Accept", b"*/*"), (b"X-User-Id", b"alice"))
+    trace = tracing(1.0, new_ids(0xAB, 0xCD)).h1(headers, b"GET")
+    assert trace is not None and (trace.trace_id, trace.span_id) == (0xAB, 0xCD)
+    assert headers == h1(
+        (b"Accept", b"*/*"),
+        (b"X-User-Id", b"alice"),
+        (b"traceparent", f"00-{0xAB:032x}-{0xCD:016x}-01".encode()),
+    )
+
+
 def test_an_invalid_or_repeated_parent_starts_a_new_trace() -> None:
     for parents in ([b"garbage"], [SAMPLED_PARENT.encode(), SAMPLED_PARENT.encode()]):
         headers = h1(*[(b"traceparent", p) for p in parents])
-        trace = tracing(1.0, 0x99, 0x5).h1(headers, b"POST")
+        trace = tracing(1.0, new_ids(0x99, 0x5)).h1(headers, b"POST")
         assert trace is not None and trace.trace_id == 0x99 and trace.parent_id == 0
         assert headers == h1((b"traceparent", f"00-{0x99:032x}-{0x5:016x}-01".encode()))
 
