@@ -60,11 +60,10 @@ def configure_logging(
     text_format: str = TEXT_FORMAT,
     fields: Mapping[str, str | int] | None = None,
 ) -> None:
-    """Send the root logger's records to stderr in `fmt`, replacing earlier handlers."""
+    """Send the root logger's records to stderr in `fmt`.
+
+    As `logging.basicConfig`: nothing changes when the root logger has handlers already
+    (a host process, or a test harness capturing the logs, configured it)."""
     handler = logging.StreamHandler()
     handler.setFormatter(log_formatter(fmt, text_format=text_format, fields=fields))
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(level.upper())
+    logging.basicConfig(level=level.upper(), handlers=[handler])
