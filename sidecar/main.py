@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import socket
 import ssl
 from collections.abc import Coroutine
@@ -38,12 +39,14 @@ from controlplane.kernel.settings import Settings
 from controlplane.kernel.signals import on_stop_signals
 from controlplane.kernel.streams import SampleStream
 from controlplane.kernel.streams_factory import open_streams
+from controlplane.kernel.tracing_config import tracing_config
 from sidecar.admin import AdminServer, SidecarCollector
 from sidecar.choice import Upstream
 from sidecar.overload.metrics import OverloadMetricsCollector
 from sidecar.overload.watcher import OverloadWatcher
 from sidecar.proxy import ProxyMetricsCollector, ProxyOptions, ProxyServer
 from sidecar.proxy.limits import default_max_connections, raise_fd_limit
+from sidecar.proxy.tracing import RequestTracing
 from sidecar.reporter import SampleReporter
 from sidecar.routing import RouteTable, RouteWatcher
 
@@ -86,8 +89,10 @@ class Sidecar:
         admin_token: str | None = None,
         listen_tls: ssl.SSLContext | None = None,
         reporter_source: str | None = None,
+        tracing: RequestTracing | None = None,
     ) -> None:
         self.service = service
+        self.tracing = tracing
         self.timeouts = timeouts or Timeouts()
         self.clock: Clock = clock or SystemClock()
         self.kv = kv
@@ -110,7 +115,9 @@ class Sidecar:
             tunnel_idle_timeout=self.timeouts.tunnel_idle,
             max_tunnels=max_tunnels,
         )
-        self.proxy = ProxyServer(self.table, self.reporter, options=options, clock=self.clock)
+        self.proxy = ProxyServer(
+            self.table, self.reporter, options=options, clock=self.clock, tracing=tracing
+        )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(
             ProxyMetricsCollector(self.proxy.metrics, before_collect=self.proxy.flush_samples)
@@ -166,6 +173,12 @@ class Sidecar:
         """
         self._draining = True
         await self.proxy.stop(self.timeouts.drain)
+        if self.tracing is not None:
+            tracing, self.tracing = self.tracing, None
+            try:  # the exporter sends what it holds: blocking, so off the loop
+                await asyncio.to_thread(tracing.close)
+            except Exception as exc:
+                log.warning("closing the span exporter failed: %s", exc)
         await self.watcher.stop()
         await self.overload.stop()
         await self.reporter.close(self.timeouts.flush)
@@ -211,6 +224,12 @@ async def run_sidecar(
     except BaseException:
         await kv.close()
         raise
+    try:
+        tracing = open_tracing(settings, service)
+    except BaseException:
+        await kv.close()
+        await stream.close()
+        raise
     sidecar = Sidecar(
         service=service,
         kv=kv,
@@ -225,6 +244,7 @@ async def run_sidecar(
         admin_token=token,
         listen_tls=listen_tls,
         reporter_source=reporter_source,
+        tracing=tracing,
     )
     _report_accept_errors(sidecar.proxy)
     if sample_keys is None:
@@ -246,6 +266,19 @@ async def run_sidecar(
                 await close()
             except Exception as exc:  # the process is going away; say so and go on
                 log.warning("closing a store failed: %s", exc)
+
+
+def open_tracing(settings: Settings, service: str) -> RequestTracing | None:
+    """The proxy's tracing when an OTLP endpoint is configured, else None: then no
+    OpenTelemetry module is ever imported."""
+    config = tracing_config(settings.otel_endpoint, settings.otel_sample_ratio, os.environ)
+    if config is None:
+        return None
+    from sidecar.otel_spans import otlp_sink
+
+    where = config.traces_url or "the OTEL_EXPORTER_OTLP_* endpoint"
+    log.info("tracing to %s, sampling %g of new traces", where, config.sample_ratio)
+    return RequestTracing(otlp_sink(config, service=service), config.sample_ratio)
 
 
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})

@@ -8,6 +8,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
@@ -38,6 +39,9 @@ from controlplane.runtime import (
     ExportsMetrics,
     open_backends,
 )
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +93,7 @@ def create_app(
     services: Sequence[Background] = (),
     streams: bool = False,
     insecure: bool = False,
+    tracer_provider: TracerProvider | None = None,
 ) -> FastAPI:
     """The API for `settings`.
 
@@ -99,6 +104,7 @@ def create_app(
         each given the same Backends.
     insecure: serve requests without credentials as `anonymous` admin (only ever from
         an explicit `--insecure`; nothing in the environment turns it on).
+    tracer_provider: trace every request into it (`controlplane.tracer`); None: off.
     """
 
     @asynccontextmanager
@@ -149,6 +155,10 @@ def create_app(
     )
     problems.install(app)
     metrics.install(app, exported)
+    if tracer_provider is not None:  # outermost: refusals are traced too
+        from controlplane.api.tracing import TracingMiddleware
+
+        app.add_middleware(TracingMiddleware, tracer=tracer_provider.get_tracer("canary.api"))
     for service in services:
         if isinstance(service, ExportsMetrics):
             exported.registry.register(service.metrics_collector())

@@ -312,7 +312,8 @@ async def _until_sigterm() -> None:
         await stop.wait()
 
 
-async def _serve_proxy(listen: str, upstream_url: str) -> None:
+async def _serve_proxy(listen: str, upstream_url: str, tracing: Any = None) -> None:
+    """`tracing`: a `sidecar.proxy.tracing.RequestTracing`, or None (off)."""
     from sidecar.choice import Choice, Sample, Upstream
     from sidecar.proxy import ProxyServer
 
@@ -352,10 +353,12 @@ async def _serve_proxy(listen: str, upstream_url: str) -> None:
                 self.batch = BatchBuilder()
 
     host, _, port = listen.rpartition(":")
-    proxy = ProxyServer(FixedChooser(), BatchingRecorder())
+    proxy = ProxyServer(FixedChooser(), BatchingRecorder(), tracing=tracing)
     await proxy.start(host, int(port))
     await _until_sigterm()
     await proxy.stop(timeout=2)
+    if tracing is not None:
+        await asyncio.to_thread(tracing.close)
 
 
 def _run_async(main: Any) -> None:

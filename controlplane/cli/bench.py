@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "collector": "controlplane.benchmarks.collector:run",
     "sidecar": "controlplane.benchmarks.sidecar:run",
     "sidecar-grpc": "controlplane.benchmarks.sidecar_grpc:run",
+    "sidecar-tracing": "controlplane.benchmarks.sidecar_tracing:run",
     "control": "controlplane.benchmarks.control:run",
     "notify": "controlplane.benchmarks.notify:run",
     "history": "controlplane.benchmarks.history:run",

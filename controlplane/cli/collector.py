@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from controlplane.cli.observability import LogFormatOption, observability_settings
+
 if TYPE_CHECKING:
     from controlplane.kernel.sample_keys import SampleKeys
 
@@ -48,8 +50,11 @@ def register(app: typer.Typer) -> None:
             typer.Option("--admin-token-file", help="bearer token for /metrics "
                          "(env CANARY_ADMIN_TOKEN_FILE)"),
         ] = None,
+        log_format: LogFormatOption = None,
     ) -> None:
         """Read sample batches (consumer group `collectors`) and publish snapshots."""
+        from pydantic import ValidationError
+
         from controlplane.collector.main import main
         from controlplane.kernel.settings import Settings
 
@@ -64,7 +69,14 @@ def register(app: typer.Typer) -> None:
             }.items()
             if value is not None
         }
-        settings = Settings.model_validate(overrides)
+        overrides.update(observability_settings(log_format))
+        try:
+            settings = Settings.model_validate(overrides)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            typer.echo(f"canary collector: {where}: {first['msg']}", err=True)
+            raise typer.Exit(2) from exc
         sample_keys = _sample_keys_or_exit(sample_keys_file)
         main(
             settings, name=name, admin=admin, tick=tick, claim_idle_ms=claim_idle_ms,

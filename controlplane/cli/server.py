@@ -14,7 +14,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from controlplane.cli.observability import (
+    LogFormatOption,
+    OtelEndpointOption,
+    SampleRatioOption,
+    observability_settings,
+)
+
 if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
     from controlplane.kernel.settings import Settings
     from controlplane.runtime import Background
 
@@ -42,7 +51,9 @@ def settings_with(**overrides: str | int | None) -> Settings:
         raise typer.BadParameter(str(exc)) from exc
 
 
-def background_services(settings: Settings, *, embedded: bool) -> Sequence[Background]:
+def background_services(
+    settings: Settings, *, embedded: bool, tracer_provider: TracerProvider | None = None
+) -> Sequence[Background]:
     """The parts that run inside the API's lifespan, sharing its Backends.
 
     The controller runs in both commands (several `serve` replicas elect one leader);
@@ -59,7 +70,8 @@ def background_services(settings: Settings, *, embedded: bool) -> Sequence[Backg
 
         # in-process only: whatever signs samples here shares this process's key
         services.append(EmbeddedCollector(sample_keys=generate_sample_keys()))
-    services.append(Controller())
+    tracer = None if tracer_provider is None else tracer_provider.get_tracer("canary.controller")
+    services.append(Controller(tracer=tracer))
     services.append(dispatcher_for(settings))
     return services
 
@@ -103,7 +115,11 @@ def dashboard_address(settings: Settings, *, tls: bool) -> str:
 
 
 def run_api(
-    settings: Settings, *, services: Sequence[Background] = (), insecure: bool = False
+    settings: Settings,
+    *,
+    services: Sequence[Background] = (),
+    insecure: bool = False,
+    tracer_provider: TracerProvider | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM; uvicorn then drains requests and runs the lifespan's
     shutdown, which stops the services and closes the backends."""
@@ -111,10 +127,18 @@ def run_api(
 
     from controlplane.api.app import create_app
 
-    tls = tls_options(settings)
-    app = create_app(settings, services=services, streams=bool(services), insecure=insecure)
+    options = tls_options(settings)
+    secure = bool(options)  # uvicorn's ssl_* options, when the API serves TLS
+    app = create_app(
+        settings, services=services, streams=bool(services), insecure=insecure,
+        tracer_provider=tracer_provider,
+    )  # fmt: skip
+    if settings.log_format == "json":
+        # uvicorn's own logging config would print its records as text: let them reach
+        # the root logger's JSON handler instead
+        options["log_config"] = None
     host, port = settings.listen_host_port
-    typer.echo(f"dashboard: {dashboard_address(settings, tls=bool(tls))}", err=True)
+    typer.echo(f"dashboard: {dashboard_address(settings, tls=secure)}", err=True)
     config = uvicorn.Config(
         app,
         host=host,
@@ -122,15 +146,37 @@ def run_api(
         log_level=settings.log_level.lower(),
         lifespan="on",
         timeout_graceful_shutdown=10,
-        **tls,
+        **options,
     )
     uvicorn.Server(config).run()
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+def _serve_traced(settings: Settings, *, embedded: bool, insecure: bool = False) -> None:
+    """`run_api` with the background services, and tracing when it is configured."""
+    from controlplane.kernel.errors import ConfigError
+    from controlplane.tracer import open_tracer_provider
+
+    try:
+        provider = open_tracer_provider(settings)
+    except (ConfigError, ValueError) as exc:
+        typer.echo(f"canary: tracing: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if provider is not None:
+        log.info("tracing to %s", settings.otel_endpoint or "the OTEL_EXPORTER_OTLP_* endpoint")
+    try:
+        services = background_services(settings, embedded=embedded, tracer_provider=provider)
+        run_api(settings, services=services, insecure=insecure, tracer_provider=provider)
+    finally:
+        if provider is not None:
+            provider.shutdown()  # sends what is queued
+
+
+def _setup_logging(settings: Settings) -> None:
+    from controlplane.kernel.logs import configure_logging
+
+    configure_logging(settings.log_level, settings.log_format)
+    # Alembic announces every plugin it loads; only the migrations themselves matter.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     # Alembic announces every plugin it loads; only the migrations themselves matter.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
 
@@ -235,13 +281,18 @@ def register(app: typer.Typer) -> None:
         db_file: Annotated[Path, typer.Option("--db-file", help="the SQLite database file")] = Path(
             "canary.db"
         ),
+        log_format: LogFormatOption = None,
+        otel_endpoint: OtelEndpointOption = None,
+        trace_sample_ratio: SampleRatioOption = None,
     ) -> None:
         """Control plane on the embedded defaults: SQLite file, in-process etcd and Redis."""
         path = db_file.expanduser().resolve()
         settings = settings_with(
-            listen=listen, database_url=f"sqlite:///{path}", etcd="memory://", redis_url="memory://"
-        )
-        _setup_logging(settings.log_level)
+            listen=listen, database_url=f"sqlite:///{path}", etcd="memory://",
+            redis_url="memory://",
+            **observability_settings(log_format, otel_endpoint, trace_sample_ratio),
+        )  # fmt: skip
+        _setup_logging(settings)
         _migrate_or_exit(settings.database_url)
         log.info("database: %s (SQLite, migrated to head)", path)
         log.info("etcd and Redis: in-process (memory://); API on http://%s", settings.listen)
@@ -251,7 +302,7 @@ def register(app: typer.Typer) -> None:
             f"  export CANARY_TOKEN={token}",
             err=True,
         )
-        run_api(settings, services=background_services(settings, embedded=True))
+        _serve_traced(settings, embedded=True)
 
     @app.command("serve")
     def serve_command(
@@ -281,6 +332,9 @@ def register(app: typer.Typer) -> None:
         trusted_hosts: TrustedHostsOption = None,
         max_body_bytes: MaxBodyOption = None,
         insecure: InsecureOption = False,
+        log_format: LogFormatOption = None,
+        otel_endpoint: OtelEndpointOption = None,
+        trace_sample_ratio: SampleRatioOption = None,
     ) -> None:
         """API (and controller) on the configured backends. Run `canary db upgrade` first.
 
@@ -299,15 +353,16 @@ def register(app: typer.Typer) -> None:
             tls_client_ca=tls_client_ca,
             trusted_hosts=trusted_hosts,
             max_body_bytes=max_body_bytes,
+            **observability_settings(log_format, otel_endpoint, trace_sample_ratio),
         )
-        _setup_logging(settings.log_level)
+        _setup_logging(settings)
         try:
             tls_options(settings)
         except ConfigError as exc:
             typer.echo(f"canary serve: {exc}", err=True)
             raise typer.Exit(2) from exc
         _auth_or_exit(settings, insecure=insecure)
-        run_api(settings, services=background_services(settings, embedded=False), insecure=insecure)
+        _serve_traced(settings, embedded=False, insecure=insecure)
 
     db = typer.Typer(help="Database migrations (Alembic).", no_args_is_help=True)
     app.add_typer(db, name="db")

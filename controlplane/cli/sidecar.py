@@ -7,10 +7,16 @@ sidecar package are imported: a sidecar never loads the API or the SQL layer.
 from __future__ import annotations
 
 import errno
-import logging
 from typing import Annotated
 
 import typer
+
+from controlplane.cli.observability import (
+    LogFormatOption,
+    OtelEndpointOption,
+    SampleRatioOption,
+    observability_settings,
+)
 
 # the listener's address is taken, not this host's, or not ours to bind
 _BIND_ERRORS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
@@ -119,6 +125,9 @@ def register(app: typer.Typer) -> None:
             typer.Option("--tls-key", help="the certificate's private key (PEM) "
                          "[env CANARY_SIDECAR_TLS_KEY]", envvar="CANARY_SIDECAR_TLS_KEY"),
         ] = None,
+        log_format: LogFormatOption = None,
+        otel_endpoint: OtelEndpointOption = None,
+        trace_sample_ratio: SampleRatioOption = None,
         workers: Annotated[
             int | None,
             typer.Option(
@@ -136,6 +145,7 @@ def register(app: typer.Typer) -> None:
         from controlplane.kernel.admin_access import admin_token
         from controlplane.kernel.errors import ConfigError
         from controlplane.kernel.keys import is_service_name
+        from controlplane.kernel.logs import configure_logging
         from controlplane.kernel.sample_keys import load_sample_keys
         from controlplane.kernel.settings import Settings, parse_host_port
         from sidecar.choice import Upstream
@@ -183,6 +193,7 @@ def register(app: typer.Typer) -> None:
                      "admin_token_file": admin_token_file}
         try:
             given = {k: v for k, v in overrides.items() if v is not None}
+            given.update(observability_settings(log_format, otel_endpoint, trace_sample_ratio))
             settings = Settings.model_validate(given)
             token = admin_token(settings.admin_token_file)  # an unreadable file fails here
             listen_at = parse_host_port(listen)
@@ -201,10 +212,7 @@ def register(app: typer.Typer) -> None:
         except ConfigError as exc:
             raise _fail(str(exc)) from exc
 
-        logging.basicConfig(
-            level=settings.log_level.upper(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
+        configure_logging(settings.log_level, settings.log_format)
         defaults = Timeouts()
         timeouts = Timeouts(
             connect=connect_timeout or defaults.connect,

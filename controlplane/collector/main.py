@@ -23,6 +23,7 @@ from controlplane.kernel.backend_access import etcd_access, redis_access
 from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.keys import EtcdKeys
 from controlplane.kernel.kv_factory import open_kv
+from controlplane.kernel.logs import configure_logging
 from controlplane.kernel.sample_keys import SampleKeys
 from controlplane.kernel.settings import Settings, parse_host_port
 from controlplane.kernel.signals import on_stop_signals
@@ -146,10 +147,7 @@ def main(
     count: int = 200,
     sample_keys: SampleKeys | None = None,
 ) -> None:
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format='{"ts":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
-    )
+    configure_logging(settings.log_level, settings.log_format)
     try:
         import uvloop
 

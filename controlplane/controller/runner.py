@@ -21,6 +21,7 @@ import os
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prometheus_client.registry import Collector
 
@@ -28,6 +29,7 @@ from controlplane.controller.apply import apply_decision
 from controlplane.controller.metrics import ControllerMetricsCollector, ControllerStats
 from controlplane.controller.reconciler import RouteReconciler
 from controlplane.controller.rulebook import RuleBook, RuleRejection
+from controlplane.decision.model import Decision
 from controlplane.decision.rollout import decide, fast_window_sec
 from controlplane.experiments.lifecycle import ACTIVE, ExperimentState
 from controlplane.experiments.rollout_state import inline_rule, rollout_state_of, steps_of
@@ -45,6 +47,9 @@ from controlplane.kernel.kv import Fence
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.runtime import Backends
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, Tracer
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +91,8 @@ class Controller:
     reconciler: RouteReconciler = field(default_factory=RouteReconciler)
     # records what each round judged, for the dashboard's plots
     history: HistoryRecorder = field(default_factory=HistoryRecorder)
+    # a span per evaluation when tracing is on (controlplane.tracer)
+    tracer: Tracer | None = None
     _task: asyncio.Task[None] | None = None
     _rulebook: RuleBook | None = None
     _no_rule_reported: set[int] = field(default_factory=set)
@@ -222,6 +229,24 @@ class Controller:
     ) -> float | None:
         if experiment.state is not ExperimentState.RUNNING:
             return None
+        if self.tracer is None:
+            return await self._evaluate(backends, experiment, fence, None)
+        attributes = {
+            "canary.experiment": str(experiment.id),
+            "canary.service": experiment.service,
+        }
+        with self.tracer.start_as_current_span(
+            "controller.evaluate", attributes=attributes
+        ) as span:
+            return await self._evaluate(backends, experiment, fence, span)
+
+    async def _evaluate(
+        self,
+        backends: Backends,
+        experiment: ExperimentRecord,
+        fence: Fence | None,
+        span: Span | None,
+    ) -> float | None:
         rule = inline_rule(experiment)
         if rule is None and self._rulebook is not None:
             in_force = self._rulebook.get(experiment.service)
@@ -241,7 +266,10 @@ class Controller:
         self.history.observe(experiment.id, snapshots, rule, experiment.canary_weight_bp, now)
         decision = decide(state, snapshots, rule, steps_of(experiment), now, fast)
         self.stats.evaluations += 1
-        if decision.new_state == state and not decision.actions:
+        changed = decision.new_state != state or bool(decision.actions)
+        if span is not None:
+            span.set_attributes(decision_attributes(decision, changed))
+        if not changed:
             return decision.next_check_at
         await apply_decision(
             backends,
@@ -327,3 +355,17 @@ class Controller:
                 f"the last valid rule stays in force: {rejection.error}",
                 payload=rejection.event_payload(),
             )
+
+
+def decision_attributes(decision: Decision, changed: bool) -> dict[str, str | int | bool]:
+    """What a decision's span says of it: the state it leads to and why."""
+    state = decision.new_state
+    return {
+        "canary.decision.reason": decision.reason[:256],
+        "canary.decision.changed": changed,
+        "canary.decision.events": ",".join(e.kind.value for e in decision.events),
+        "canary.state": state.status.value,
+        "canary.breaker": state.breaker.value,
+        "canary.step": state.step_index,
+        "canary.canary_bp": state.canary_bp,
+    }

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from controlplane.kernel.errors import ConfigError
+from controlplane.kernel.tracing_config import otlp_base_url
 from controlplane.kernel.values import UpstreamPolicy, split_upstream
 
 
@@ -45,6 +47,26 @@ class Settings(BaseSettings):
     listen: str = Field(default="127.0.0.1:8080", description="HOST:PORT the API serves on")
     api: str = Field(default="http://127.0.0.1:8080", description="API base URL for the CLI")
     log_level: str = Field(default="info")
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="text lines, or one JSON object per line"
+    )
+    # tracing (OpenTelemetry over OTLP/HTTP); off unless an endpoint is configured here
+    # or in the standard OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT
+    otel_endpoint: str | None = Field(
+        default=None,
+        description="OTLP/HTTP collector base URL (traces go to <url>/v1/traces)",
+    )
+    otel_sample_ratio: float = Field(
+        default=1.0, ge=0.0, le=1.0,
+        description="share of new traces recorded; a request's sampled parent is followed",
+    )
+
+    @field_validator("otel_endpoint")
+    @classmethod
+    def _otel_endpoint_shape(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        return otlp_base_url(value)
     upstream_allow: str = Field(
         default="",
         description="hosts/CIDRs upstreams may name, comma-separated; empty = any host "

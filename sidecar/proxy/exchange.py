@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from sidecar.overload.gate import UpstreamGate
     from sidecar.proxy.client import ClientConnection
     from sidecar.proxy.h2.relay import H2Relay
+    from sidecar.proxy.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ class Exchange:
         "t_first",
         "t_sent",
         "target",
+        "trace",
         "trailers",
         "ts",
         "upgrade",
@@ -155,6 +157,7 @@ class Exchange:
         # the overload gate that admitted it (or holds it in its queue), and when
         self.gate: UpstreamGate | None = None
         self.t_admit = 0.0
+        self.trace: RequestTrace | None = None
 
     # --- request side -----------------------------------------------------------
 
@@ -191,6 +194,8 @@ class Exchange:
                 self._local_answer(refusal, 503)
                 return
             self.reserved = True
+        if server.tracing is not None:  # rewrites the traceparent sent upstream
+            self.trace = server.tracing.h1(self.headers, self.method)
         opts = server.options
         host = pool.host_header
         if opts.preserve_host:

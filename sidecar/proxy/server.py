@@ -28,6 +28,7 @@ from sidecar.proxy.limits import RateLimitedLog
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.options import ProxyOptions
 from sidecar.proxy.pausing import STOPPED
+from sidecar.proxy.tracing import RequestTrace, RequestTracing
 from sidecar.proxy.tunnel import IDLE, SHUTDOWN, Tunnel
 from sidecar.proxy.upstream import UpstreamPool
 
@@ -51,6 +52,7 @@ class Finished(Protocol):
     ts: float  # clock.now() then
     t_sent: float | None  # clock.monotonic() when its head went upstream
     t_first: float | None  # clock.monotonic() when the response head went out, if it did
+    trace: RequestTrace | None  # set when tracing records this request
 
 
 class ProxyServer:
@@ -69,12 +71,15 @@ class ProxyServer:
         options: ProxyOptions | None = None,
         clock: Clock | None = None,
         metrics: ProxyMetrics | None = None,
+        tracing: RequestTracing | None = None,
     ) -> None:
         self.chooser = chooser
         self.recorder = recorder
         self.options = options if options is not None else ProxyOptions()
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.metrics = metrics if metrics is not None else ProxyMetrics()
+        # None: tracing off, and nothing of it on the data path but this attribute
+        self.tracing = tracing
         proto = "https" if self.options.listen_tls is not None else self.options.forwarded_proto
         self.forwarded_proto = proto.encode()
         self.draining = False
@@ -233,6 +238,8 @@ class ProxyServer:
             )
             t_sent = exchange.t_sent
             overheads.append(-1.0 if t_sent is None else t_sent - t0)
+        if self.tracing is not None:
+            self.tracing.finished(done, end)
         if len(samples) >= SAMPLE_FLUSH_COUNT:
             self.flush_samples()
         elif self._flush_timer is None and self._loop is not None:
@@ -243,6 +250,8 @@ class ProxyServer:
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
+        if self.tracing is not None:
+            self.tracing.flush()
         samples = self._samples
         if not samples:
             return

@@ -13,7 +13,6 @@ end-of-file on stdin means there is no supervisor any more.
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 import ssl
 import sys
@@ -22,6 +21,7 @@ from collections.abc import Callable
 from pydantic import ValidationError
 
 from controlplane.kernel.errors import ConfigError
+from controlplane.kernel.logs import configure_logging
 from controlplane.kernel.sample_keys import SampleKeys, load_sample_keys
 from controlplane.kernel.settings import Settings
 from sidecar.choice import Upstream
@@ -105,9 +105,11 @@ def main() -> int:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"canary sidecar worker: {first}", file=sys.stderr)
         return CONFIG_ERROR
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s %(name)s[worker {spec.index}]: %(message)s",
+    configure_logging(
+        settings.log_level,
+        settings.log_format,
+        text_format=f"%(asctime)s %(levelname)s %(name)s[worker {spec.index}]: %(message)s",
+        fields={"worker": spec.index},
     )
     run_loop(serve(spec, settings, sample_keys, listen_tls))
     return 0

@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 
 import numpy as np
 import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from controlplane.collector.service import Collector
 from controlplane.controller.runner import Controller
@@ -29,7 +31,9 @@ from controlplane.kernel.kv import Fence
 from controlplane.kernel.routes import parse_route
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.settings import Settings
+from controlplane.kernel.tracing_config import TracingConfig
 from controlplane.runtime import Backends, open_backends
+from controlplane.tracer import tracer_provider
 
 SERVICE = "shop"
 RATE = 200  # samples per second and variant
@@ -165,6 +169,29 @@ async def test_degraded_canary_trips_and_cuts_the_route_in_etcd(rig: Rig) -> Non
     text = repr(evidence)
     for number in ("count", "p95", "above_threshold"):
         assert number in text, f"the trip event lacks {number}: {text[:400]}"
+
+
+async def test_each_evaluation_is_a_span_and_the_trip_says_so(rig: Rig) -> None:
+    exporter = InMemorySpanExporter()
+    provider = tracer_provider(TracingConfig(None, 1.0), SimpleSpanProcessor(exporter), {})
+    rig.controller.tracer = provider.get_tracer("canary.controller")
+    await rig.second(canary_ms=40)
+    for _ in range(10):
+        await rig.second(canary_ms=500)
+        if (await rig.route())[0] == 0:
+            break
+    provider.shutdown()
+    spans = exporter.get_finished_spans()
+    assert spans and {s.name for s in spans} == {"controller.evaluate"}
+    attributes = [dict(s.attributes or {}) for s in spans]
+    assert {a["canary.experiment"] for a in attributes} == {str(rig.experiment_id)}
+    assert {a["canary.service"] for a in attributes} == {SERVICE}
+    tripped = [a for a in attributes if "tripped" in str(a["canary.decision.events"])]
+    assert len(tripped) == 1
+    assert tripped[0]["canary.breaker"] == "open" and tripped[0]["canary.canary_bp"] == 0
+    assert tripped[0]["canary.decision.changed"] is True
+    # the healthy second's evaluation: closed, nothing to do
+    assert attributes[0]["canary.breaker"] == "closed"
 
 
 async def test_half_open_probe_after_cooldown_then_rollback_on_second_trip(rig: Rig) -> None:

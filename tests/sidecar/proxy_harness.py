@@ -16,6 +16,7 @@ import httpx
 
 from sidecar.choice import Choice, NoRoute, Upstream
 from sidecar.proxy import ProxyOptions, ProxyServer
+from sidecar.proxy.tracing import RequestTracing
 from tests.sidecar import upstreams
 
 EXPERIMENT = "exp-1"
@@ -106,6 +107,8 @@ async def harness(
     options: ProxyOptions | None = None,
     routes: dict[str, str] | None = None,
     client_timeout: float = 30.0,
+    tracing: RequestTracing | None = None,
+    http2: bool = False,
 ) -> AsyncIterator[Harness]:
     baseline = upstreams.Upstream("baseline")
     canary = upstreams.Upstream("canary")
@@ -115,9 +118,16 @@ async def harness(
         routes = {"baseline": baseline.url, "canary": canary.url}
     chooser = HeaderChooser(routes)
     recorder = ListRecorder()
-    proxy = ProxyServer(chooser, recorder, options=options or ProxyOptions(read_timeout=10))
+    proxy = ProxyServer(
+        chooser, recorder, options=options or ProxyOptions(read_timeout=10), tracing=tracing
+    )
     await proxy.start("127.0.0.1", 0)
-    client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{proxy.port}", timeout=client_timeout)
+    client = httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{proxy.port}",
+        timeout=client_timeout,
+        http1=not http2,
+        http2=http2,
+    )
     try:
         yield Harness(baseline, canary, chooser, recorder, proxy, client)
     finally:

@@ -41,6 +41,7 @@ from sidecar.proxy.headers import HeaderView
 if TYPE_CHECKING:
     from sidecar.overload.gate import UpstreamGate
     from sidecar.proxy.h2.connection import H2ClientConnection
+    from sidecar.proxy.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class H2Stream:
         "t_admit",
         "t_first",
         "t_sent",
+        "trace",
         "ts",
         "variant",
     )
@@ -124,6 +126,7 @@ class H2Stream:
         self.gate: UpstreamGate | None = None
         self.t_admit = 0.0
         self.shed_status = 0
+        self.trace: RequestTrace | None = None
 
     # --- request side (called by the connection) -----------------------------------
 
@@ -141,6 +144,11 @@ class H2Stream:
         self.choice = choice
         self.variant = choice.variant.encode()
         upstream = choice.upstream
+        if server.tracing is not None:  # rewrites the traceparent sent upstream
+            request = self.request
+            self.trace, fields = server.tracing.h2(request.fields, request.method)
+            if fields is not request.fields:
+                self.request = dataclasses.replace(request, fields=fields)
         opts = server.options
         authority = upstream.authority.encode("idna")
         if opts.preserve_host and self.request.authority is not None:
