@@ -30,7 +30,7 @@ _REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: canary-bench\r\n\r
 
 
 class _Connection:
-    __slots__ = ("complete", "number", "parser", "scheduled", "sent", "sock", "status")
+    __slots__ = ("close", "complete", "number", "parser", "scheduled", "sent", "sock", "status")
 
     def __init__(self, port: int) -> None:
         self.sock = socket.create_connection((HOST, port))
@@ -42,6 +42,11 @@ class _Connection:
         self.sent = 0.0
         self.status = 0
         self.number = 0  # the request it carries (to match a timeout to it)
+        self.close = False  # the answer said `Connection: close`
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"connection" and b"close" in value.lower():
+            self.close = True
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
@@ -168,9 +173,7 @@ def run(
                     busy.pop(sock)
                     poller.unregister(sock)
                     tally.answered(conn.scheduled, conn.status, received - conn.scheduled)
-                    if data and not conn.parser.should_keep_alive():
-                        sock.close()
-                    elif data:
+                    if data and not conn.close:
                         free.append(conn)
                     else:
                         sock.close()
