@@ -7,8 +7,11 @@ to every request it delays. A request unanswered `timeout` seconds after it was 
 given up, as a client would: its connection is closed. The generator reports its own
 achieved rate and how late its sends left, so a saturated generator shows.
 
-Run: `python -m controlplane.benchmarks.open_loop PORT RATE DURATION WARMUP TIMEOUT SLO`;
-one JSON object on stdout. `requests` before `warmup` seconds are sent but not counted.
+Run: `python -m controlplane.benchmarks.open_loop PORT RATE DURATION WARMUP TIMEOUT SLO
+START_AT`; one JSON object on stdout. The schedule begins at `START_AT` (wall-clock
+seconds, so that whoever started it knows when it measures; at once when already
+past, and `started_late_s` says by how much). Requests of the first `warmup` seconds
+are sent but not counted.
 """
 
 from __future__ import annotations
@@ -90,9 +93,21 @@ class _Tally:
 
 
 def run(
-    port: int, *, rate: float, duration: float, warmup: float, timeout: float, slo: float
+    port: int,
+    *,
+    rate: float,
+    duration: float,
+    warmup: float,
+    timeout: float,
+    slo: float,
+    start_at: float | None = None,
 ) -> dict[str, Any]:
     conns: list[_Connection] = [_Connection(port) for _ in range(16)]
+    late = 0.0
+    if start_at is not None:
+        late = time.time() - start_at
+        if late < 0:
+            time.sleep(-late)
     free = list(conns)
     busy: dict[socket.socket, _Connection] = {}
     deadlines: deque[tuple[float, int, _Connection]] = deque()  # in send order
@@ -184,7 +199,9 @@ def run(
         poller.close()
         for conn in [*free, *busy.values()]:
             conn.sock.close()
-    return _summary(tally, rate=rate, duration=duration, opened=opened)
+    summary = _summary(tally, rate=rate, duration=duration, opened=opened)
+    summary["started_late_s"] = round(max(0.0, late), 3)
+    return summary
 
 
 def _summary(tally: _Tally, *, rate: float, duration: float, opened: int) -> dict[str, Any]:
@@ -214,14 +231,17 @@ def _summary(tally: _Tally, *, rate: float, duration: float, opened: int) -> dic
 
 
 def _main(argv: list[str]) -> None:
-    if len(argv) != 6:
+    if len(argv) != 7:
         sys.exit("usage: python -m controlplane.benchmarks.open_loop PORT RATE DURATION WARMUP "
-                 "TIMEOUT SLO")  # fmt: skip
+                 "TIMEOUT SLO START_AT")  # fmt: skip
     from sidecar.proxy.limits import raise_fd_limit
 
     raise_fd_limit()  # up to MAX_CONNECTIONS sockets while the server stalls
-    port, rate, duration, warmup, timeout, slo = int(argv[0]), *map(float, argv[1:])
-    result = run(port, rate=rate, duration=duration, warmup=warmup, timeout=timeout, slo=slo)
+    port, (rate, duration, warmup, timeout, slo, start_at) = int(argv[0]), map(float, argv[1:])
+    result = run(
+        port, rate=rate, duration=duration, warmup=warmup, timeout=timeout, slo=slo,
+        start_at=start_at,
+    )  # fmt: skip
     print(json.dumps(result))
 
 

@@ -57,6 +57,7 @@ CLIENT_TIMEOUT_S = 1.0
 LOADS = (0.5, 1.0, 2.0, 4.0)
 UNLOADED = 0.1
 POLL_S = 0.1
+GENERATOR_START_S = 1.5  # the generator's process starts (imports) within this
 SERVICE = "bench-overload"
 PROTECTION: dict[str, Any] = {}  # the shipped defaults (controlplane.kernel.overload)
 
@@ -180,14 +181,16 @@ def _load(
 ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, int]]:
     """The generator's summary, the /overload trace (seconds from the end of the
     warm-up), and what the sidecar shed after the warm-up, by reason."""
+    start_at = time.time() + GENERATOR_START_S
     args = [sys.executable, "-m", "controlplane.benchmarks.open_loop", str(stack.proxy_port),
-            str(rate), str(duration), str(warmup), str(CLIENT_TIMEOUT_S), str(SLO_S)]  # fmt: skip
+            str(rate), str(duration), str(warmup), str(CLIENT_TIMEOUT_S), str(SLO_S),
+            repr(start_at)]  # fmt: skip
     out = tmp / f"load-{uuid.uuid4().hex[:8]}.json"
     samples: list[dict[str, Any]] = []
     with out.open("wb") as sink:
         proc = subprocess.Popen(args, stdout=sink, stderr=subprocess.PIPE, preexec_fn=_nice)
-    started = time.monotonic()
-    measure_from = started + warmup + 0.01
+    # the generator's schedule starts at `start_at` (wall clock); on this clock:
+    measure_from = time.monotonic() + (start_at - time.time()) + 0.01 + warmup
     shed_before: dict[str, int] | None = None
     last: dict[str, Any] = {"shed": []}
     pending = at
@@ -274,6 +277,11 @@ def _step(stack: Stack, tmp: Path, durations: Durations, progress: bool) -> dict
     finally:
         _get_json(stack.upstream_port, f"/capacity/{CONCURRENCY}", "PUT")
     adapt = _adapt(trace, durations.step_before_s, HALVED)
+    if adapt["limit_before_median"]:
+        # the limit the sidecar held at the full capacity, halved: the same ratio of
+        # limit to the upstream's concurrency (its own latency is in the limit)
+        proportional = _adapt(trace, durations.step_before_s, adapt["limit_before_median"] / 2)
+        adapt["half_of_before"] = proportional
     _say(progress, f"[step] {json.dumps(adapt)}")
     return {
         "offered_rps": CAPACITY_RPS,
@@ -325,8 +333,9 @@ def _stack(tmp: Path) -> Iterator[Stack]:
         yield Stack(upstream_port, proxy_port, admin_port, etcd, EtcdKeys(prefix).overload(SERVICE))
 
 
-def run(*, quick: bool, progress: bool) -> dict[str, Any]:
-    durations = QUICK if quick else FULL
+def run(*, quick: bool, progress: bool, durations: Durations | None = None) -> dict[str, Any]:
+    """`durations` (for tests) overrides the quick or full ones."""
+    durations = durations or (QUICK if quick else FULL)
     result: dict[str, Any] = {
         "benchmark": "overload",
         "quick": quick,
@@ -387,6 +396,17 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
         for name, r in by_load.items()
         if r["achieved_rps"] < 0.95 * r["offered_rps"]
     ]
+    late = [
+        f"{mode} {name}: {r['started_late_s']} s"
+        for mode, by_load in runs.items()
+        for name, r in by_load.items()
+        if r["started_late_s"] > 0.05
+    ]
+    if late:
+        result["notes"].append(
+            "the generator started late (its warm-up and the sidecar's shed counts are "
+            "misaligned by as much) in: " + ", ".join(late)
+        )
     if short:
         result["notes"].append(
             "the generator sent less than 95% of the offered rate in: " + ", ".join(short)
