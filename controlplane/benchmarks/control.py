@@ -77,18 +77,12 @@ async def _measure(database_url: str, etcd: str, actions: int, progress: bool) -
             async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as api:
                 while not controller.stats.leader:
                     await asyncio.sleep(0.01)
-                created = await api.post(
-                    "/v1/experiments",
-                    json={
-                        "name": "bench",
-                        "service": "bench-api",
-                        "variants": {
-                            "baseline": {"upstream": "http://127.0.0.1:9001"},
-                            "canary": {"upstream": "http://127.0.0.1:9002"},
-                        },
-                        "steps": [{"weight_pct": 5, "hold_sec": 3600}],
-                    },
-                )
+                created = await api.post("/v1/experiments", json={
+                    "name": "bench", "service": "bench-api",
+                    "variants": {"baseline": {"upstream": "http://127.0.0.1:9001"},
+                                 "canary": {"upstream": "http://127.0.0.1:9002"}},
+                    "steps": [{"weight_pct": 5, "hold_sec": 3600}],
+                })
                 created.raise_for_status()
                 eid = created.json()["id"]
                 watcher.start()
@@ -120,7 +114,8 @@ async def _measure(database_url: str, etcd: str, actions: int, progress: bool) -
         "action_to_sidecar": applied,
         "target_p99_ms": TARGET_P99_MS,
         "meets_target": applied["p99_ms"] <= TARGET_P99_MS,
-        "settings": {"full_pass_sec": controller.reconciler.full_pass_sec, "tick": controller.tick},
+        "settings": {"full_pass_sec": controller.reconciler.full_pass_sec,
+                     "tick": controller.tick},
         "backends": {"database": "postgresql", "etcd": etcd},
     }
 
