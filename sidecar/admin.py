@@ -1,7 +1,8 @@
-"""The sidecar's admin endpoints on `--admin`: /healthz, /readyz, /metrics.
+"""The sidecar's admin endpoints on `--admin`: /healthz, /readyz, /metrics, and JSON
+views such as /overload.
 
 A few lines of asyncio rather than an ASGI server: it is off the data path, answers
-three GETs, and keeps a sidecar's start-up free of web-framework imports. Each
+a few GETs, and keeps a sidecar's start-up free of web-framework imports. Each
 connection serves one request and closes.
 
 Metrics come from a per-sidecar `CollectorRegistry` (never the process-global one,
@@ -15,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -91,11 +94,16 @@ class SidecarCollector(Collector):
                                 value=1 if self._watcher.table.ready else 0)
 
 
-class AdminServer:
-    """GET /healthz (alive), /readyz (`ready()`), /metrics (the registry).
+View = Callable[[], Any | Awaitable[Any]]
 
-    `ready` may be a coroutine function, and `refresh` (awaited before each /metrics
-    rendering) lets collectors read what needs I/O, e.g. a supervisor's workers."""
+
+class AdminServer:
+    """GET /healthz (alive), /readyz (`ready()`), /metrics (the registry), and each of
+    `views` (path -> a function returning what to answer as JSON).
+
+    `ready` and the views may be coroutine functions, and `refresh` (awaited before
+    each /metrics rendering) lets collectors read what needs I/O, e.g. a supervisor's
+    workers. Views are admin paths: with a token they need it, as /metrics does."""
 
     def __init__(
         self,
@@ -105,8 +113,10 @@ class AdminServer:
         token: str | None = None,
         refresh: Callable[[], Awaitable[None]] | None = None,
         not_ready: bytes = b"not ready: no route in force and no default upstream\n",
+        views: Mapping[str, View] | None = None,
     ) -> None:
         self._registry = registry
+        self._views = dict(views or {})
         self._ready = ready
         self._token = token
         self._refresh = refresh
@@ -199,6 +209,13 @@ class AdminServer:
             if self._refresh is not None:
                 await self._refresh()
             return 200, CONTENT_TYPE_LATEST, generate_latest(self._registry)
+        view = self._views.get(path)
+        if view is not None:
+            answer = view()
+            if inspect.isawaitable(answer):
+                answer = await answer
+            body = json.dumps(answer, sort_keys=True, allow_nan=False).encode() + b"\n"
+            return 200, "application/json", body
         return 404, text, b"not found\n"
 
 

@@ -43,6 +43,7 @@ from controlplane.kernel.tracing_config import tracing_config
 from sidecar.admin import AdminServer, SidecarCollector
 from sidecar.choice import Upstream
 from sidecar.overload.metrics import OverloadMetricsCollector
+from sidecar.overload.view import disabled_view
 from sidecar.overload.watcher import OverloadWatcher
 from sidecar.proxy import ProxyMetricsCollector, ProxyOptions, ProxyServer
 from sidecar.proxy.limits import default_max_connections, raise_fd_limit
@@ -125,7 +126,12 @@ class Sidecar:
         self.registry.register(SidecarCollector(reporter=self.reporter, watcher=self.watcher))
         self.overload = OverloadWatcher(kv, self.proxy, service=service, prefix=etcd_prefix)
         self.registry.register(OverloadMetricsCollector(self.overload))
-        self.admin = AdminServer(registry=self.registry, ready=self.ready, token=admin_token)
+        self.admin = AdminServer(
+            registry=self.registry,
+            ready=self.ready,
+            token=admin_token,
+            views={"/overload": self.overload_view},
+        )
         self.registry.register(self.admin.metrics_collector())
         self._draining = False
         self._admin_started = False
@@ -134,6 +140,11 @@ class Sidecar:
         """Ready for traffic: listening, a route or a default upstream, and not shutting
         down."""
         return self.table.ready and self.proxy.listening and not self._draining
+
+    def overload_view(self) -> dict[str, Any]:
+        """What /overload answers: the guard's state, or that protection is off."""
+        guard = self.proxy.overload
+        return disabled_view() if guard is None else guard.state()
 
     async def start(
         self,

@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, str] = {
     "control": "controlplane.benchmarks.control:run",
     "notify": "controlplane.benchmarks.notify:run",
     "history": "controlplane.benchmarks.history:run",
+    "overload": "controlplane.benchmarks.overload:run",
 }
 
 

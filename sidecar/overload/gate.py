@@ -26,6 +26,7 @@ from sidecar.overload.levels import (
     verdict_for,
 )
 from sidecar.overload.limit import GradientLimit
+from sidecar.proxy.limits import RateLimitedLog
 
 
 class Waiter(Protocol):
@@ -59,6 +60,19 @@ class ShedCounts:
         self.counts[key] = self.counts.get(key, 0) + 1
 
 
+class LevelCounts:
+    """Levels entered by (upstream, level): counted across guards, as shed counts are."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], int] = {}
+
+    def add(self, upstream: str, level: Level) -> None:
+        key = (upstream, level.name.lower())
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+
 class UpstreamGate:
     __slots__ = (
         "_draw",
@@ -68,6 +82,8 @@ class UpstreamGate:
         "in_flight",
         "level",
         "level_changes",
+        "level_counts",
+        "level_log",
         "limiter",
         "monotonic",
         "name",
@@ -86,6 +102,8 @@ class UpstreamGate:
         monotonic: Callable[[], float],
         call_later: Callable[[float, Callable[[], None]], asyncio.TimerHandle],
         shed_counts: ShedCounts,
+        level_counts: LevelCounts | None = None,
+        level_log: RateLimitedLog | None = None,
     ) -> None:
         self.name = name
         self.limiter = limiter
@@ -93,6 +111,9 @@ class UpstreamGate:
         self.monotonic = monotonic
         self.call_later = call_later
         self.shed_counts = shed_counts
+        self.level_counts = level_counts if level_counts is not None else LevelCounts()
+        # levels can flap with every arrival at the limit: a line per interval at most
+        self.level_log = level_log
         self.in_flight = 0
         # FIFO: insertion order; value (deadline, variant, low)
         self.waiting: dict[Waiter, tuple[float, str, bool]] = {}
@@ -112,8 +133,19 @@ class UpstreamGate:
             self.in_flight, len(self.waiting), self.limiter.limit, self.policy.thresholds
         )
         if level is not self.level:
-            self.level = level
+            previous, self.level = self.level, level
             self.level_changes += 1
+            self.level_counts.add(self.name, level)
+            if self.level_log is not None:
+                self.level_log.warning(
+                    "overload level of %s: %s, was %s (limit %d, in flight %d, queued %d)",
+                    self.name,
+                    level.name.lower(),
+                    previous.name.lower(),
+                    self.limiter.limit,
+                    self.in_flight,
+                    len(self.waiting),
+                )
         return level
 
     def enter(self, waiter: Waiter, variant: str, low: bool) -> None:

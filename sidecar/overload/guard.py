@@ -8,18 +8,23 @@ finds or makes its upstream's gate and builds what a shed request is answered.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from controlplane.kernel.overload import OverloadConfig
 from sidecar.choice import Upstream
-from sidecar.overload.gate import QueuePolicy, ShedCounts, UpstreamGate, Waiter
+from sidecar.overload.gate import LevelCounts, QueuePolicy, ShedCounts, UpstreamGate, Waiter
 from sidecar.overload.levels import Thresholds
 from sidecar.overload.limit import GradientLimit, LimitSettings
 from sidecar.proxy.errors import problem_response
 from sidecar.proxy.headers import Header
+from sidecar.proxy.limits import RateLimitedLog
+
+log = logging.getLogger("canary.sidecar.overload")
 
 PRIORITY = b"x-priority"
+LEVEL_LOG_INTERVAL = 10.0  # seconds between two lines on one upstream's level changes
 MAX_GATES = 1024  # upstreams remembered; past it the idle ones are forgotten
 
 
@@ -68,6 +73,7 @@ class OverloadGuard:
         self.monotonic = monotonic
         self.call_later = call_later
         self.shed_counts = ShedCounts()
+        self.level_counts = LevelCounts()
         self.gates: dict[Upstream, UpstreamGate] = {}
         self.config = config
         self._settings = limit_settings(config)
@@ -104,6 +110,8 @@ class OverloadGuard:
                 monotonic=self.monotonic,
                 call_later=self.call_later,
                 shed_counts=self.shed_counts,
+                level_counts=self.level_counts,
+                level_log=RateLimitedLog(log, self.monotonic, LEVEL_LOG_INTERVAL),
             )
         return gate
 

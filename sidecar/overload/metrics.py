@@ -1,4 +1,5 @@
-"""Overload protection on /metrics: limits, in flight, queues, levels, shed counts."""
+"""Overload protection on /metrics: limits, in flight, queues, levels, level changes and
+shed counts."""
 
 from __future__ import annotations
 
@@ -51,6 +52,18 @@ class OverloadMetricsCollector(Collector):
         for (variant, reason, priority), count in sorted(totals.items()):
             shed.add_metric([variant, reason, priority], count)
         yield shed
+        changes = CounterMetricFamily(
+            f"{p}_level_changes",
+            "Overload levels entered per upstream (normal, light, heavy, severe)",
+            labels=["upstream", "level"],
+        )
+        entered: dict[tuple[str, str], int] = {}
+        for seen in self._guards:
+            for entry, count in seen.level_counts.counts.items():
+                entered[entry] = entered.get(entry, 0) + count
+        for (upstream, level), count in sorted(entered.items()):
+            changes.add_metric([upstream, level], count)
+        yield changes
         stats = self._watcher.stats
         yield CounterMetricFamily(
             f"{p}_configs_applied", "Overload config values put in force", value=stats.applied

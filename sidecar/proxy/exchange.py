@@ -255,8 +255,8 @@ class Exchange:
         if self.reserved:
             self.reserved = False
             self.client.server.tunnel_refused()
-        if not self.req_complete:
-            self.close_after = True
+        if not self.req_complete and self.has_body:
+            self.close_after = True  # do not read a body nobody wants
         response, status = guard.shed_response(
             reason, choice.variant, choice.experiment, close=self._must_close()
         )
@@ -556,8 +556,10 @@ class Exchange:
     def _local_answer(self, response: bytes, status: int, variant: str = "none") -> None:
         """Answer from the proxy itself (no route, load shed)."""
         self.status = status
-        if not self.req_complete:
-            self.close_after = True  # do not read a body nobody wants
+        if not self.req_complete and self.has_body:
+            # do not read a body nobody wants; a request without one ends with its head
+            # (its end is parsed right after), so the connection stays open
+            self.close_after = True
         self.resp_done = True
         self.client.write(response)
         self.client.server.metrics.observe(variant, status, None)

@@ -9,7 +9,8 @@
 
 The supervisor never touches a request: workers accept on the shared port
 themselves (`listeners`). It serves the admin endpoint: /readyz asks every worker,
-/metrics reads every worker and sums (`aggregate`).
+/metrics reads every worker and sums (`aggregate`), /overload reads every worker's
+view of overload protection and merges them (`overload.view`).
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.registry import CollectorRegistry
 
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.signals import on_stop_signals
 from sidecar.admin import AdminServer
+from sidecar.overload.view import MAX_VIEW_BYTES, OverloadView, merge_views, parse_view
 from sidecar.workers import aggregate
 from sidecar.workers.listeners import Listener
 from sidecar.workers.metrics import WorkersCollector
@@ -86,6 +89,7 @@ class Supervisor:
             token=admin_token,
             refresh=self.refresh,
             not_ready=b"not ready: a worker is not running or not ready\n",
+            views={"/overload": self.overload_view},
         )
         registry.register(self.admin.metrics_collector())
         self._admin_started = False
@@ -220,6 +224,29 @@ class Supervisor:
                 aggregate.value(slot.current, "canary_sidecar_ready") == 1 for slot in self.slots
             )
         )
+
+    async def overload_view(self) -> dict[str, Any]:
+        """Every worker's view of its overload protection, merged."""
+        views = await asyncio.gather(*(self._overload_of(slot) for slot in self.slots))
+        return merge_views([(slot.index, v) for slot, v in zip(self.slots, views, strict=True)])
+
+    async def _overload_of(self, slot: WorkerSlot) -> OverloadView | str:
+        """The worker's view, or why there is none."""
+        if not slot.running:
+            return "not running"
+        try:
+            status, body = await get(
+                slot.admin_socket,
+                "/overload",
+                timeout=SCRAPE_TIMEOUT,
+                max_bytes=MAX_VIEW_BYTES,
+            )
+            if status != 200:
+                raise ScrapeError(f"status {status}")
+            return parse_view(body)
+        except (ScrapeError, ValueError) as exc:
+            log.debug("worker %d overload view not read: %s", slot.index, exc)
+            return str(exc)
 
     async def _scrape(self, slot: WorkerSlot) -> None:
         pid = slot.pid

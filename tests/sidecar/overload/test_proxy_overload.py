@@ -151,3 +151,31 @@ async def test_low_priority_paths_are_shed_like_the_header() -> None:
         h.baseline.release.set()
         await asyncio.gather(*served)
         assert guard.shed_counts.counts == {("baseline", "low_priority", "low"): 1}
+
+
+async def test_a_shed_request_without_a_body_keeps_its_connection() -> None:
+    async with harness() as h:
+        protect(h.proxy, queue_size=0)
+        served = [asyncio.create_task(h.client.get("/slow")) for _ in range(2)]
+        await arrived(h.baseline.requests, 2)
+        port = h.proxy.port
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            request = b"GET /status/200 HTTP/1.1\r\nHost: shop\r\n\r\n"
+            writer.write(request)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            assert head.startswith(b"HTTP/1.1 429 ")
+            assert b"connection: close" not in head.lower()
+            length = next(
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            await reader.readexactly(length)
+            h.baseline.release.set()
+            await asyncio.gather(*served)
+            writer.write(request)  # the same connection, once a place is free
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            assert head.startswith(b"HTTP/1.1 200 ")
+        finally:
+            writer.close()
