@@ -175,12 +175,18 @@ class UpstreamGate:
         self.admitted += 1
         waiter.admit(self, level >= Level.HEAVY)
 
-    def release(self, admitted_at: float, *, sample: bool = True) -> None:
+    def release(
+        self, admitted_at: float, *, sample: bool = True, upstream_sec: float | None = None
+    ) -> None:
         """An admitted request ended (any outcome); `sample`: its latency says
-        something of the upstream (it reached it)."""
+        something of the upstream (it reached it). `upstream_sec`: the upstream's own
+        part, from the head sent to the response head received, when known: the
+        limit must follow the upstream, not the time a busy sidecar takes to answer
+        (shedding on a starved CPU would otherwise shrink the limit further)."""
         now = self.monotonic()
         if sample:
-            self.limiter.on_sample(now, now - admitted_at, self.in_flight)
+            latency = now - admitted_at if upstream_sec is None else upstream_sec
+            self.limiter.on_sample(now, latency, self.in_flight, admitted_at)
         self.in_flight -= 1
         self._drain(now)
 

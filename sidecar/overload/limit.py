@@ -116,10 +116,13 @@ class GradientLimit:
         self.limit = 0  # set by _measure
         self._measure(now)
 
-    def on_sample(self, now: float, rtt: float, in_flight: int) -> None:
-        """A request admitted at `now - rtt` completed at `now`; `in_flight`: how many
-        were admitted to this upstream just before it completed."""
-        if now - rtt < self._phase_start:
+    def on_sample(
+        self, now: float, rtt: float, in_flight: int, admitted_at: float | None = None
+    ) -> None:
+        """A request admitted at `admitted_at` (default `now - rtt`) completed at `now`
+        after `rtt` of upstream time; `in_flight`: how many were admitted to this
+        upstream just before it completed."""
+        if (now - rtt if admitted_at is None else admitted_at) < self._phase_start:
             return  # admitted under another phase's limit: its latency says nothing of this one
         latencies = self._latencies
         latencies.append(rtt)

@@ -449,7 +449,9 @@ class H2Stream:
         gate = self.gate
         if gate is not None:
             self.gate = None
-            gate.release(self.t_admit)
+            t_sent, t_first = self.t_sent, self.t_first
+            upstream = None if t_sent is None or t_first is None else max(0.0, t_first - t_sent)
+            gate.release(self.t_admit, upstream_sec=upstream)
         choice = self.choice
         if choice is None:
             server.metrics.observe("none", outcome, None)

@@ -128,3 +128,16 @@ def test_limit_respects_min_and_max() -> None:
     run = Run(settings, Upstream(500, 0.010), demand=1000)
     run.until(20.0)
     assert run.limiter.limit == 12
+
+
+def test_a_short_upstream_time_of_a_request_admitted_before_the_phase_is_ignored() -> None:
+    # the upstream's own part (head sent → response head) can be short for a request
+    # that waited in the sidecar: its admission time decides which phase it belongs to
+    limiter = GradientLimit(LimitSettings(min_rtt_samples=2), now=10.0)
+    limiter.on_sample(now=10.5, rtt=0.01, in_flight=1, admitted_at=9.9)
+    limiter.on_sample(now=10.6, rtt=0.02, in_flight=1, admitted_at=10.55)
+    assert limiter.state().phase is Phase.MEASURING
+    limiter.on_sample(now=10.7, rtt=0.03, in_flight=1, admitted_at=10.6)
+    state = limiter.state()
+    assert state.phase is Phase.ADAPTING
+    assert state.min_rtt == pytest.approx(0.02)  # not the ignored 0.01
