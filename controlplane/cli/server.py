@@ -138,7 +138,11 @@ def run_api(
         # the root logger's JSON handler instead
         options["log_config"] = None
     host, port = settings.listen_host_port
-    typer.echo(f"dashboard: {dashboard_address(settings, tls=secure)}", err=True)
+    dashboard = dashboard_address(settings, tls=secure)
+    if settings.log_format == "json":
+        log.info("dashboard: %s", dashboard)  # every line on stderr stays JSON
+    else:
+        typer.echo(f"dashboard: {dashboard}", err=True)
     config = uvicorn.Config(
         app,
         host=host,
