@@ -699,8 +699,13 @@ def parse_sections(only: str | None) -> frozenset[str]:
     return frozenset(names)
 
 
-def run(*, quick: bool, progress: bool, only: str | None = None) -> dict[str, Any]:
+def run(
+    *, quick: bool, progress: bool, only: str | None = None, workers: int | None = None
+) -> dict[str, Any]:
     """All sections, or those named in `only` (comma-separated, from SECTIONS).
+
+    `workers`: processes running the simulations (default: up to 2). The results do
+    not depend on it: every run draws from its own seed.
 
     A partial run returns the keys of its sections (and the run's parameters), to be
     merged into a saved full run (`canary bench decision --only ... --save FILE`).
@@ -715,7 +720,10 @@ def run(*, quick: bool, progress: bool, only: str | None = None) -> dict[str, An
     detection_runs = 2 if quick else 40
     clustered_detection_runs = 2 if quick else 100
     flagger_runs = 2 if quick else 40
-    workers = 1 if quick else max(1, min(2, os.cpu_count() or 1))
+    if workers is None:
+        workers = 1 if quick else max(1, min(2, os.cpu_count() or 1))
+    if not 1 <= workers <= 64:
+        raise ValueError(f"workers {workers} outside 1..64")
 
     def say(text: str) -> None:
         if progress:

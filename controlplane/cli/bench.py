@@ -38,6 +38,10 @@ def register(app: typer.Typer) -> None:
                 "into the file's existing result, other keys kept",
             ),
         ] = None,
+        workers: Annotated[
+            int | None,
+            typer.Option("--workers", help="processes for the simulations (decision)"),
+        ] = None,
     ) -> None:
         """Run a benchmark against references measured in the same run."""
         target = BENCHMARKS.get(name)
@@ -53,9 +57,14 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"canary bench: {name} has no sections to pick (--only)", err=True)
                 raise typer.Exit(2)
             options["only"] = only
+        if workers is not None:
+            if "workers" not in inspect.signature(run).parameters:
+                typer.echo(f"canary bench: {name} has no --workers", err=True)
+                raise typer.Exit(2)
+            options["workers"] = workers
         try:
             result: dict[str, Any] = run(**options)
-        except ValueError as exc:  # a bad --only
+        except ValueError as exc:  # a bad --only or --workers
             typer.echo(f"canary bench: {exc}", err=True)
             raise typer.Exit(2) from exc
         text = json.dumps(result, indent=None if as_json else 2, sort_keys=True)
