@@ -377,7 +377,7 @@ def _while_closed(
         reason = "step due, but held: sample ratio mismatch and the rule says hold"
     else:
         gate = _gate(state, rule)
-        if _gate_passes(gate, final=state.step_index == len(steps) - 1):
+        if _gate_passes(gate):
             return _advance(state, look, rule, steps, now, gate, srm_events)
         reason = f"step due, but the step's evidence does not pass: {gate.reason}"
 
@@ -408,7 +408,7 @@ def _while_half_open(
             return _trip(
                 state, look, rule, steps, now, "probe failed: " + gate.reason, srm_events, gate
             )
-        if _gate_passes(gate, final=False):
+        if _gate_passes(gate):
             return _close(state, look, rule, steps, now, gate, srm_events)
         reason = f"probe inconclusive, gathering more samples: {gate.reason}"
 
@@ -598,16 +598,14 @@ def _gate(state: RolloutState, rule: BreakerRule) -> Evaluation:
     return evaluate(merged[CANARY], merged.get(BASELINE), rule, always_test=True)
 
 
-def _gate_passes(gate: Evaluation, *, final: bool) -> bool:
+def _gate_passes(gate: Evaluation) -> bool:
     # a gate moves traffic up, so it wants every guardrail within its bound, not
     # merely an exceedance that is not (yet) significant - except on clustered
-    # evidence before the last step (below)
-    return gate.verdict is Verdict.PASS and not any(
-        _holds_gate(g, final=final) for g in gate.guardrails
-    )
+    # evidence (below)
+    return gate.verdict is Verdict.PASS and not any(_holds_gate(g) for g in gate.guardrails)
 
 
-def _holds_gate(g: Guardrail, *, final: bool) -> bool:
+def _holds_gate(g: Guardrail) -> bool:
     """Whether a guardrail keeps the step from advancing.
 
     Judged per request, any exceedance holds: more requests shrink the noise, so a
@@ -617,12 +615,11 @@ def _holds_gate(g: Guardrail, *, final: bool) -> bool:
     exceedance holds only while it is significant at GATE_CLUSTERED_P (cluster-robust,
     one-sided) - what the units cannot tell from their own spread is not evidence
     against the canary, and the next step's units judge it again
-    (docs/decisions/0012-cluster-robust-judgment.md). The last step has no next step:
-    passing it promotes, so there any exceedance holds, as per request.
+    (docs/decisions/0012-cluster-robust-judgment.md).
     """
     if not g.exceeded:
         return False
-    if final or g.test is None or not g.test.method.startswith("cluster_robust"):
+    if g.test is None or not g.test.method.startswith("cluster_robust"):
         return True
     p = g.p_adjusted if g.p_adjusted is not None else g.test.p_value
     return p < GATE_CLUSTERED_P
