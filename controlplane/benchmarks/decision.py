@@ -680,8 +680,38 @@ def _times(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run(*, quick: bool, progress: bool) -> dict[str, Any]:
+# the benchmark's sections, in the order they run (`--only` picks some of them)
+SECTIONS = ("aa", "aa_clustered", "srm_clustered", "detection_clustered", "detection")
+
+
+def parse_sections(only: str | None) -> frozenset[str]:
+    """The sections named in `only` (comma-separated), all when None; ValueError on an
+    unknown name."""
+    if only is None:
+        return frozenset(SECTIONS)
+    names = {part.strip() for part in only.split(",") if part.strip()}
+    unknown = sorted(names - set(SECTIONS))
+    if unknown or not names:
+        raise ValueError(
+            f"unknown section(s) {', '.join(unknown) or '(none given)'}; "
+            f"known: {', '.join(SECTIONS)}"
+        )
+    return frozenset(names)
+
+
+def run(
+    *, quick: bool, progress: bool, only: str | None = None, workers: int | None = None
+) -> dict[str, Any]:
+    """All sections, or those named in `only` (comma-separated, from SECTIONS).
+
+    `workers`: processes running the simulations (default: up to 2). The results do
+    not depend on it: every run draws from its own seed.
+
+    A partial run returns the keys of its sections (and the run's parameters), to be
+    merged into a saved full run (`canary bench decision --only ... --save FILE`).
+    """
     began = time.perf_counter()
+    sections = parse_sections(only)
     # 400 runs per mode: with no false trip the 95% upper bound is below 1%
     aa_runs = 3 if quick else 400
     hold = 10.0 if quick else 60.0
@@ -690,21 +720,25 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
     detection_runs = 2 if quick else 40
     clustered_detection_runs = 2 if quick else 100
     flagger_runs = 2 if quick else 40
-    workers = 1 if quick else max(1, min(2, os.cpu_count() or 1))
+    if workers is None:
+        workers = 1 if quick else max(1, min(2, os.cpu_count() or 1))
+    if not 1 <= workers <= 64:
+        raise ValueError(f"workers {workers} outside 1..64")
 
     def say(text: str) -> None:
         if progress:
             print(f"[{time.perf_counter() - began:6.1f}s] {text}", file=sys.stderr, flush=True)
 
+    result: dict[str, Any] = {}
     aa: dict[str, Any] = {}
-    for mode in ("absolute", "baseline"):
+    for mode in ("absolute", "baseline") if "aa" in sections else ():
         say(f"A/A {mode}: {aa_runs} runs")
         results = _map(aa_run, [(mode, 1_000 + i, hold, True) for i in range(aa_runs)], workers)
         aa[mode] = _aa_summary(results)
 
     by_exponent: dict[float, dict[str, Any]] = {}
     srm_warned = srm_runs = 0
-    for exponent in CLUSTER_EXPONENTS:
+    for exponent in CLUSTER_EXPONENTS if "aa_clustered" in sections else ():
         aa_clustered: dict[str, Any] = {}
         for mode in ("absolute", "baseline"):
             say(f"A/A clustered zipf {exponent} {mode}: {clustered_runs} runs")
@@ -724,12 +758,15 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
         aa_clustered["traffic"] = _clustered_parameters(exponent)
         by_exponent[exponent] = aa_clustered
 
-    srm_clustered: dict[str, Any] = {
-        "aa_runs": srm_runs,
-        "false_warnings": srm_warned,
-        "false_warning_rate": _rate_with_ci(srm_warned, srm_runs),
-    }
-    for exponent in CLUSTER_EXPONENTS:
+    srm_clustered: dict[str, Any] = {}
+    if srm_runs:
+        # the SRM warnings of the clustered A/A runs are its false warnings
+        srm_clustered = {
+            "aa_runs": srm_runs,
+            "false_warnings": srm_warned,
+            "false_warning_rate": _rate_with_ci(srm_warned, srm_runs),
+        }
+    for exponent in CLUSTER_EXPONENTS if "srm_clustered" in sections else ():
         say(f"real SRM (canary loses {SRM_LOST_SHARE:.0%} of its users), zipf {exponent}")
         seeds = range(SRM_SEED, SRM_SEED + clustered_runs)
         srm_jobs = [("absolute", seed, hold, True, exponent, SRM_LOST_SHARE) for seed in seeds]
@@ -743,7 +780,7 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
         }
 
     detection_clustered: dict[str, Any] = {}
-    for exponent in CLUSTER_EXPONENTS:
+    for exponent in CLUSTER_EXPONENTS if "detection_clustered" in sections else ():
         for mode, base in (("absolute", 80_000), ("baseline", 90_000)):
             for name in CLUSTERED_SCENARIOS:
                 say(
@@ -760,7 +797,7 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
     detection: dict[str, Any] = {}
     detection_baseline: dict[str, Any] = {}
     flagger: dict[str, Any] = {}
-    for name in SCENARIOS:
+    for name in SCENARIOS if "detection" in sections else ():
         say(f"detection {name}: {detection_runs} runs per mode, Flagger {flagger_runs}")
         jobs = [("absolute", name, 50_000 + i, True) for i in range(detection_runs)]
         detection[name] = _times(_map(detection_run, jobs, workers))
@@ -770,24 +807,35 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
             _map(flagger_run, [(name, 70_000 + i) for i in range(flagger_runs)], workers)
         )
 
-    total_runs = sum(m["runs"] for m in aa.values())
-    total_trips = sum(m["false_trips"] for m in aa.values())
     say("done")
+    if aa:
+        total_runs = sum(m["runs"] for m in aa.values())
+        total_trips = sum(m["false_trips"] for m in aa.values())
+        result.update(
+            aa_runs=total_runs,
+            false_trip_rate=total_trips / total_runs,
+            false_trip_rate_ci95=_rate_with_ci(total_trips, total_runs)["ci95"],
+            aa=aa,
+        )
+    if by_exponent:
+        result["aa_clustered"] = by_exponent[CLUSTER_EXPONENTS[0]]
+        result["aa_clustered_zipf_0.8"] = by_exponent[CLUSTER_EXPONENTS[1]]
+    if srm_clustered:
+        result["srm_clustered"] = srm_clustered
+    if detection_clustered:
+        result["detection_clustered"] = detection_clustered
+    if detection:
+        result.update(
+            detection=detection,
+            detection_baseline_compare=detection_baseline,
+            flagger_reference_s=flagger,
+        )
     return {
+        **result,
         "benchmark": "decision",
         "quick": quick,
         "clock": "simulated",
-        "aa_runs": total_runs,
-        "false_trip_rate": total_trips / total_runs,
-        "false_trip_rate_ci95": _rate_with_ci(total_trips, total_runs)["ci95"],
-        "aa": aa,
-        "aa_clustered": by_exponent[CLUSTER_EXPONENTS[0]],
-        "aa_clustered_zipf_0.8": by_exponent[CLUSTER_EXPONENTS[1]],
-        "srm_clustered": srm_clustered,
-        "detection_clustered": detection_clustered,
-        "detection": detection,
-        "detection_baseline_compare": detection_baseline,
-        "flagger_reference_s": flagger,
+        "sections": [name for name in SECTIONS if name in sections],
         "rule": RULE.model_dump(mode="json"),
         "rule_baseline_compare": BASELINE_RULE.model_dump(mode="json"),
         "steps_pct": [s.weight_pct for s in ABSOLUTE_STEPS],

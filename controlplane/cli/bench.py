@@ -37,8 +37,16 @@ def register(app: typer.Typer) -> None:
         ] = None,
         only: Annotated[
             str | None,
-            typer.Option("--only", help="comma-separated sections, for benchmarks that have "
-                         "them (sidecar: websocket, sse, large_bodies)"),
+            typer.Option(
+                "--only",
+                help="comma-separated sections to run (sidecar: websocket, sse, large_bodies; "
+                "decision: its sections); for decision with --save, merged into the file's "
+                "existing result, other keys kept",
+            ),
+        ] = None,
+        workers: Annotated[
+            int | None,
+            typer.Option("--workers", help="processes for the simulations (decision)"),
         ] = None,
     ) -> None:
         """Run a benchmark against references measured in the same run."""
@@ -52,16 +60,37 @@ def register(app: typer.Typer) -> None:
         options: dict[str, Any] = {"quick": quick, "progress": not as_json}
         if only is not None:
             if "only" not in inspect.signature(run).parameters:
-                typer.echo(f"canary bench: {name} has no sections for --only", err=True)
+                typer.echo(f"canary bench: {name} has no sections to pick (--only)", err=True)
                 raise typer.Exit(2)
             options["only"] = only
+        if workers is not None:
+            if "workers" not in inspect.signature(run).parameters:
+                typer.echo(f"canary bench: {name} has no --workers", err=True)
+                raise typer.Exit(2)
+            options["workers"] = workers
         try:
             result: dict[str, Any] = run(**options)
-        except ValueError as exc:  # a bad --only
+        except ValueError as exc:  # a bad --only or --workers
             typer.echo(f"canary bench: {exc}", err=True)
             raise typer.Exit(2) from exc
         text = json.dumps(result, indent=None if as_json else 2, sort_keys=True)
         if save is not None:
+            saved = result
+            if only is not None and save.exists():
+                saved = merge_results(json.loads(save.read_text()), result)
             save.parent.mkdir(parents=True, exist_ok=True)
-            save.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+            save.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
         typer.echo(text)
+
+
+def merge_results(saved: dict[str, Any], partial: dict[str, Any]) -> dict[str, Any]:
+    """`saved` with the keys of a partial run replaced, nested objects merged key by key
+    (a section's keys replace only themselves; the rest of the saved run stays)."""
+    merged = dict(saved)
+    for key, value in partial.items():
+        old = merged.get(key)
+        if isinstance(old, dict) and isinstance(value, dict):
+            merged[key] = merge_results(old, value)
+        else:
+            merged[key] = value
+    return merged

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from controlplane.decision.ramp_split import RampSplit
 from controlplane.decision.tally import SrmTally, Tally
 from controlplane.experiments.lifecycle import TERMINAL, BreakerState, ExperimentState
 from controlplane.experiments.lifecycle import TRANSITIONS as LIFECYCLE_TRANSITIONS
@@ -97,6 +98,8 @@ class RolloutState:
     tally: Tally = field(default_factory=Tally)
     # the sample-ratio check's counts at the current weight (None: none yet)
     srm_tally: SrmTally | None = None
+    # every unit's bucket interval across the whole rollout (decision/ramp_split.py)
+    ramp_split: RampSplit | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.canary_bp <= TOTAL_WEIGHT:
@@ -124,6 +127,7 @@ class RolloutState:
             "srm_flagged": self.srm_flagged,
             "tally": self.tally.to_dict(),
             "srm_tally": self.srm_tally.to_dict() if self.srm_tally is not None else None,
+            "ramp_split": self.ramp_split.to_dict() if self.ramp_split is not None else None,
         }
 
     @classmethod
@@ -145,6 +149,7 @@ class RolloutState:
             srm_flagged=bool(data.get("srm_flagged", False)),
             tally=Tally.from_dict(data["tally"]) if data.get("tally") else Tally(),
             srm_tally=SrmTally.from_dict(data["srm_tally"]) if data.get("srm_tally") else None,
+            ramp_split=RampSplit.from_dict(data["ramp_split"]) if data.get("ramp_split") else None,
         )
 
 

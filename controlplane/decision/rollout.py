@@ -43,6 +43,7 @@ from controlplane.decision.model import (
     Step,
     transition,
 )
+from controlplane.decision.ramp_split import RampSplit
 from controlplane.decision.stats import SrmResult, UnitSrm, sample_ratio_mismatch, unit_split
 from controlplane.decision.tally import SrmTally, Tally
 from controlplane.experiments.lifecycle import BreakerState, ExperimentState
@@ -113,6 +114,7 @@ class _Look:
     fast_evaluation: Evaluation | None = None
     alphas: tuple[float, float | None] | None = None
     srm_units: UnitSrm | None = None  # set when the split was judged on units
+    ramp: RampSplit | None = None  # the split across the whole ramp, on units
 
     @property
     def breached(self) -> bool:
@@ -218,6 +220,8 @@ def _observe(
     alphas: tuple[float, float | None] | None = None
     srm: SrmResult | None = None
     srm_units: UnitSrm | None = None
+    ramp: RampSplit | None = state.ramp_split
+    srm_changed = False
     if fresh and canary is not None:
         fast_canary = fast.get(CANARY) if fast is not None else None
         if fast_canary is not None and now - fast_canary.ts > rule.window_sec:
@@ -237,13 +241,13 @@ def _observe(
             latency = rule.latency.value
             judged_baseline = baseline.for_latency(latency) if baseline is not None else None
             changes["tally"] = state.tally.add(judged, judged_baseline)
-        srm_tally, srm, srm_units = _srm_check(state, canary, baseline)
+        srm_tally, srm, srm_units, ramp = _srm_check(state, canary, baseline)
         changes["srm_tally"] = srm_tally
-        deciding_now = srm_units.result if srm_units is not None else srm
-        if deciding_now is not None:
-            changes["srm_flagged"] = deciding_now.mismatch
-    deciding = srm_units.result if srm_units is not None else srm
-    srm_changed = deciding is not None and deciding.mismatch != state.srm_flagged
+        changes["ramp_split"] = ramp
+        verdict_now = _srm_verdict(srm, srm_units, ramp)
+        if verdict_now is not None:
+            changes["srm_flagged"] = verdict_now
+        srm_changed = verdict_now is not None and verdict_now != state.srm_flagged
     look = _Look(
         canary,
         baseline,
@@ -255,6 +259,7 @@ def _observe(
         fast_evaluation,
         alphas,
         srm_units,
+        ramp,
     )
     return state.with_changes(**changes), look
 
@@ -269,7 +274,7 @@ def _judges_current_weight(state: RolloutState, canary: WindowSnapshot) -> bool:
 
 def _srm_check(
     state: RolloutState, canary: WindowSnapshot, baseline: WindowSnapshot | None
-) -> tuple[SrmTally | None, SrmResult | None, UnitSrm | None]:
+) -> tuple[SrmTally | None, SrmResult | None, UnitSrm | None, RampSplit | None]:
     """The assignment counts at this weight, and a verdict when a new window adds to them.
 
     Only disjoint windows that start after the route settled are added up (a window
@@ -287,12 +292,13 @@ def _srm_check(
     not counted (docs/decisions/0012-cluster-robust-judgment.md).
     """
     tally = state.srm_tally
+    ramp = state.ramp_split
     if tally is None or tally.since != state.weight_since:
         tally = SrmTally.starting(state.weight_since, state.weight_since + ROUTE_SETTLE_SEC)
     if baseline is None or not 0 < state.canary_bp < TOTAL_WEIGHT:
-        return tally, None, None
+        return tally, None, None, ramp
     if not tally.accepts(canary.window_start):
-        return tally, None, None
+        return tally, None, None, ramp
     tally = tally.add(
         baseline.count, canary.count, canary.window_end, (baseline.units, canary.units)
     )
@@ -302,7 +308,29 @@ def _srm_check(
         units = unit_split(
             tally.baseline_units, tally.canary_units, state.canary_bp, full=DISTINCT_K
         )
-    return tally, requests, units
+    if baseline.units is not None and canary.units is not None:
+        ramp = (ramp if ramp is not None else RampSplit()).observe(
+            baseline.units.distinct, canary.units.distinct, state.canary_bp
+        )
+    return tally, requests, units, ramp
+
+
+def _srm_verdict(
+    requests: SrmResult | None, units: UnitSrm | None, ramp: RampSplit | None
+) -> bool | None:
+    """Whether the split is out of balance now; None when nothing could be judged.
+
+    On units, either the step's own split or the whole ramp's (decision/ramp_split.py)
+    decides; a rejection by the ramp's always-valid test stands for the rest of the
+    rollout. Without units, the request counts of 0003 decide.
+    """
+    if units is None:
+        return requests.mismatch if requests is not None else None
+    step = units.result.mismatch if units.result is not None else None
+    across = ramp.mismatch if ramp is not None and ramp.events else None
+    if step is None and across is None:
+        return None
+    return bool(step) or bool(across)
 
 
 # ---------------------------------------------------------------- per breaker state
@@ -645,9 +673,8 @@ def _no_data_events(
 def _srm_events(
     state: RolloutState, look: _Look, rule: BreakerRule, now: float
 ) -> tuple[RolloutAction, ...]:
-    srm = look.srm_units.result if look.srm_units is not None else look.srm
     # an event when the verdict changes, not on every look
-    if srm is None or not look.srm_changed:
+    if not look.srm_changed:
         return ()
     data = {
         "at": now,
@@ -655,16 +682,28 @@ def _srm_events(
         "policy": rule.srm.value,
         "canary_bp": state.canary_bp,
     }
-    if srm.mismatch:
-        what = "units" if look.srm_units is not None else "requests"
-        reason = (
-            f"sample ratio mismatch: canary {srm.canary_count} of "
-            f"{srm.canary_count + srm.baseline_count} {what}, "
-            f"expected {srm.expected_canary_fraction:.4f}, "
-            f"always-valid p={srm.always_valid_p:.2g} ({rule.srm.value})"
-        )
-        return (RecordEvent(EventKind.SRM_DETECTED, reason, data),)
+    if state.srm_flagged:  # this look's verdict, changed to a mismatch
+        return (RecordEvent(EventKind.SRM_DETECTED, _srm_reason(look, rule), data),)
     return (RecordEvent(EventKind.SRM_CLEARED, "sample ratio back within expectation", data),)
+
+
+def _srm_reason(look: _Look, rule: BreakerRule) -> str:
+    ramp = look.ramp
+    step = look.srm_units.result if look.srm_units is not None else look.srm
+    if step is not None and step.mismatch:
+        what = "units" if look.srm_units is not None else "requests"
+        return (
+            f"sample ratio mismatch: canary {step.canary_count} of "
+            f"{step.canary_count + step.baseline_count} {what}, "
+            f"expected {step.expected_canary_fraction:.4f}, "
+            f"always-valid p={step.always_valid_p:.2g} ({rule.srm.value})"
+        )
+    assert ramp is not None
+    return (
+        f"sample ratio mismatch across the ramp: {ramp.canary_events} of {ramp.events} "
+        f"units' sightings in the canary, expected {ramp.expected:.1f}, "
+        f"always-valid p={ramp.always_valid_p():.2g} ({rule.srm.value})"
+    )
 
 
 def _srm_evidence(look: _Look) -> dict[str, Any] | None:
@@ -684,11 +723,13 @@ def _srm_evidence(look: _Look) -> dict[str, Any] | None:
         and look.srm.mismatch
         and unit_result is not None
         and not unit_result.mismatch
+        and not (look.ramp is not None and look.ramp.mismatch)
     )
     return {
         **(unit_result.to_dict() if unit_result is not None else {}),
         "judged_on": "units",
         "units": look.srm_units.to_dict(),
+        "ramp": look.ramp.to_evidence() if look.ramp is not None else None,
         "requests": requests,
         "heavy_users": heavy,
     }

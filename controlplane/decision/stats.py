@@ -236,23 +236,27 @@ def _cluster_estimate(
     single_yy: float,
     sum_yy: float,
 ) -> ClusterEstimate:
-    """Σy/Σn with the jackknife (CR3) cluster-robust variance.
+    """Σy/Σn with the sandwich (CR1) cluster-robust variance, floored where one block
+    dominates.
 
-    V = (G-1)/G · Σ_b (r_b / (1 - h_b))² / N², r_b = y_b - est·n_b, h_b = n_b / N the
-    block's leverage. The plain sandwich (CR1) is biased low exactly where it matters:
-    a block holding most of the window pulls the estimate to itself, so its residual
-    is near zero however far it is from the rest - with one sticky heavy user making
-    97% of a 1% canary, CR1 found that user "significantly" slower than the baseline.
-    Dividing by 1 - h_b is the leave-one-block-out change of the estimate, which is
-    what that block really contributes (docs/decisions/0012-cluster-robust-judgment.md).
+    V = G/(G-1) · Σ_b r_b² / N², r_b = y_b - est·n_b, the t with G - 1 degrees of
+    freedom. Alone, CR1 is biased low exactly where one block holds most of a window:
+    that block pulls the estimate to itself, so its residual is near zero however far
+    it is from the rest - with one sticky heavy user making 97% of a 1% canary, CR1
+    found that user "significantly" slower than the baseline. So when one block holds
+    more than half of the window the rest cannot say how far a unit's mean may lie from
+    the others', and the variance is at least h² s², s² the per-sample variance: the
+    dominant block's mean anywhere in the requests' spread.
+
+    Below that share no leverage correction: the jackknife (CR3, each r_b divided by
+    1 - h_b) was measured and divides a heavy block's residual twice over - a heavy
+    user making a fifth of the canary's window, with its own latency, capped the t of
+    a doubled latency near 3.8, below what a look's share of alpha asks, and 11 of 100
+    clustered x2-latency runs went uncut (decision 0012).
     A window with a single cluster has no variance estimate: infinite.
 
-    When one block holds more than half of the window the rest cannot say how far a
-    unit's mean may lie from the others', so the variance is at least h² s², s² the
-    per-sample variance: the dominant block's mean anywhere in the requests' spread.
-
-    Samples without a unit are clusters of one, with leverage 1/N; their Σ r² comes
-    from their sums: Σ (y_i - e)² = Σy² - 2eΣy + e²n. Degrees of freedom G - 1.
+    Samples without a unit are clusters of one; their Σ r² comes from their sums:
+    Σ (y_i - e)² = Σy² - 2eΣy + e²n.
     """
     used = n > 0
     n, y = n[used], y[used]
@@ -264,11 +268,9 @@ def _cluster_estimate(
     if clusters < 2:
         return ClusterEstimate(est, math.inf, 1.0, clusters, int(total))
     leverage = n / total
-    r2 = ((y - est * n) / (1.0 - leverage)) ** 2
+    r2 = (y - est * n) ** 2
     single_r2 = max(single_yy - 2 * est * single_y + est * est * single_n, 0.0)
-    if single_n:
-        single_r2 /= (1.0 - 1.0 / total) ** 2
-    scale = (clusters - 1) / clusters
+    scale = clusters / (clusters - 1)
     variance = scale * (float(r2.sum()) + single_r2) / (total * total)
     heaviest = float(leverage.max()) if leverage.shape[0] else 0.0
     if heaviest > DOMINANT_BLOCK_SHARE:

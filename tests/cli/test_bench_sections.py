@@ -22,7 +22,8 @@ def test_only_refuses_other_names(only: str) -> None:
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["bench", "decision", "--only", "sse"], "canary bench: decision has no sections"),
+        (["bench", "collector", "--only", "sse"], "canary bench: collector has no sections"),
+        (["bench", "collector", "--workers", "2"], "canary bench: collector has no --workers"),
         (["bench", "sidecar", "--only", "http"], "canary bench: --only takes some of"),
     ],
 )

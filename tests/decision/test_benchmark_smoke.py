@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import json
 
-from controlplane.benchmarks.decision import SCENARIOS, run
-from controlplane.cli.bench import BENCHMARKS
+import pytest
+
+from controlplane.benchmarks.decision import SCENARIOS, SECTIONS, parse_sections, run
+from controlplane.cli.bench import BENCHMARKS, merge_results
 
 
 def test_decision_benchmark_is_registered() -> None:
@@ -28,3 +30,32 @@ def test_quick_decision_benchmark_reports_rates_and_detection_times() -> None:
         flagger = result["flagger_reference_s"][name]
         assert flagger["median_s"] is None or flagger["median_s"] >= 60.0
     assert result["rule"]["window_sec"] == 10
+
+
+def test_sections_are_picked_by_name_and_unknown_ones_refused() -> None:
+    assert parse_sections(None) == frozenset(SECTIONS)
+    assert parse_sections("srm_clustered, detection_clustered") == {
+        "srm_clustered",
+        "detection_clustered",
+    }
+    for bad in ("nope", "", "aa,nope"):
+        with pytest.raises(ValueError, match="section"):
+            parse_sections(bad)
+
+
+def test_a_partial_run_holds_only_its_sections_and_merges_into_a_saved_run() -> None:
+    partial = run(quick=True, progress=False, only="srm_clustered")
+    assert partial["sections"] == ["srm_clustered"]
+    assert "aa" not in partial and "detection" not in partial
+    real = partial["srm_clustered"]["real_srm_zipf_1"]
+    assert real["runs"] == 3 and 0 <= real["detected"] <= 3
+    # no clustered A/A ran, so no false-warning figure is claimed
+    assert "false_warnings" not in partial["srm_clustered"]
+    saved = {
+        "aa": {"absolute": {"runs": 400}},
+        "srm_clustered": {"aa_runs": 1600, "false_warnings": 0, "real_srm_zipf_1": {"runs": 400}},
+    }
+    merged = merge_results(saved, partial)
+    assert merged["aa"] == saved["aa"]
+    assert merged["srm_clustered"]["aa_runs"] == 1600
+    assert merged["srm_clustered"]["real_srm_zipf_1"] == real
