@@ -13,6 +13,7 @@ another origin, so they work where there is no internet (decision 0022).
 
 from __future__ import annotations
 
+import importlib.resources
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -24,6 +25,7 @@ from starlette.staticfiles import StaticFiles
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 UI_PREFIX = "/ui"
 STATIC_PATH = f"{UI_PREFIX}/static"
+SWAGGER_PATH = f"{UI_PREFIX}/swagger-ui"
 DOCS_PATH = "/docs"
 
 
@@ -59,5 +61,9 @@ def install(app: FastAPI) -> list[str]:
         Route(DOCS_PATH, _page("docs.html"), methods=["GET", "HEAD"]),  # type: ignore[arg-type]
     ]
     app.router.routes.extend(routes)
+    # Swagger UI's files come from an installed package (fastapi-offline ships them),
+    # not copied into this tree, and nothing is fetched at run time
+    swagger = importlib.resources.files("fastapi_offline") / "static"
+    app.mount(SWAGGER_PATH, StaticFiles(directory=str(swagger)), name="ui-swagger")
     app.mount(STATIC_PATH, StaticFiles(directory=STATIC_DIR), name="ui-static")
-    return [r.path for r in routes] + [STATIC_PATH]
+    return [r.path for r in routes] + [SWAGGER_PATH, STATIC_PATH]
