@@ -15,7 +15,12 @@ from controlplane.cli.remote import (
     print_json,
     reporting,
 )
-from controlplane.cli.rules import ServiceArgument, field_table
+from controlplane.cli.service_files import (
+    ServiceArgument,
+    ServiceOption,
+    apply_service_file,
+    field_table,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -30,30 +35,23 @@ def register(app: typer.Typer) -> None:
         file: Annotated[
             Path, typer.Option("--file", "-f", help="config as YAML or JSON", show_default=False)
         ],
-        service: Annotated[
-            str | None, typer.Option(help="the service, when the file does not name it")
-        ] = None,
+        service: ServiceOption = None,
         api: ApiOption = DEFAULT_API,
         as_json: JsonOption = False,
     ) -> None:
         """Apply the config in a file to the service it names (deploy/examples/overload.yaml)."""
-        from controlplane.client.api_client import ClientError
-        from controlplane.client.files import api_errors_to_file, load_overload
+        from controlplane.client.files import load_overload
 
-        with reporting("canary overload apply"):
-            source, body = load_overload(file, service=service)
-            target = str(body["service"])
-            with open_client(api) as client:
-                try:
-                    applied = client.put_overload(target, body)
-                except ClientError as exc:
-                    if exc.status == 422 and exc.errors:
-                        raise api_errors_to_file(source, exc.errors) from exc
-                    raise
-        if as_json:
-            print_json(applied)
-        else:
-            typer.echo(f"applied the overload protection of {target}")
+        apply_service_file(
+            "canary overload apply",
+            file,
+            service,
+            api,
+            load=load_overload,
+            put=lambda client, target, body: client.put_overload(target, body),
+            what="overload protection",
+            as_json=as_json,
+        )
 
     @overload.command("show")
     def show_command(

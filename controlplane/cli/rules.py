@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -12,30 +11,16 @@ from controlplane.cli.remote import (
     DEFAULT_API,
     ApiOption,
     JsonOption,
-    dash,
     open_client,
     print_json,
     reporting,
 )
-
-ServiceArgument = Annotated[str, typer.Argument(help="service name", show_default=False)]
-
-
-def field_table(rule: dict[str, Any], title: str | None = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table.grid(padding=(0, 2))
-    table.add_column(style="bold")
-    table.add_column()
-    for key, value in rule.items():
-        # nested numbers (a recommendation's evidence) stay readable as JSON
-        shown = json.dumps(value) if isinstance(value, dict | list) else dash(value)
-        table.add_row(key, shown)
-    console = Console(markup=False)
-    if title:
-        console.print(title)
-    console.print(table)
+from controlplane.cli.service_files import (
+    ServiceArgument,
+    ServiceOption,
+    apply_service_file,
+    field_table,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -50,30 +35,23 @@ def register(app: typer.Typer) -> None:
         file: Annotated[
             Path, typer.Option("--file", "-f", help="rule as YAML or JSON", show_default=False)
         ],
-        service: Annotated[
-            str | None, typer.Option(help="the service, when the file does not name it")
-        ] = None,
+        service: ServiceOption = None,
         api: ApiOption = DEFAULT_API,
         as_json: JsonOption = False,
     ) -> None:
         """Apply the rule in a file to the service it names (see deploy/examples/rule.yaml)."""
-        from controlplane.client.api_client import ClientError
-        from controlplane.client.files import api_errors_to_file, load_rule
+        from controlplane.client.files import load_rule
 
-        with reporting("canary rules apply"):
-            source, body = load_rule(file, service=service)
-            target = str(body["service"])
-            with open_client(api) as client:
-                try:
-                    applied = client.put_rule(target, body)
-                except ClientError as exc:
-                    if exc.status == 422 and exc.errors:
-                        raise api_errors_to_file(source, exc.errors) from exc
-                    raise
-        if as_json:
-            print_json(applied)
-        else:
-            typer.echo(f"applied the breaker rule of {target}")
+        apply_service_file(
+            "canary rules apply",
+            file,
+            service,
+            api,
+            load=load_rule,
+            put=lambda client, target, body: client.put_rule(target, body),
+            what="breaker rule",
+            as_json=as_json,
+        )
 
     @rules.command("show")
     def show_command(

@@ -5,20 +5,18 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Path, status
-from pydantic import ValidationError
 
 from controlplane.api.deps import ClockDep, KeysDep, KvDep, StoreDep
 from controlplane.api.problems import problem_responses
 from controlplane.api.security import ActorDep, require
+from controlplane.api.service_bodies import validate_for_service
 from controlplane.auth.roles import Role
 from controlplane.experiments.service_overload import (
     delete_overload,
     read_overload,
     write_overload,
 )
-from controlplane.kernel.errors import FieldError, ValidationFailed
 from controlplane.kernel.overload import ServiceOverload
-from controlplane.kernel.rules import pydantic_field_errors
 from controlplane.kernel.values import ServiceName
 
 router = APIRouter(prefix="/v1/services", tags=["overload"])
@@ -27,18 +25,7 @@ ServicePath = Annotated[ServiceName, Path(description="the service whose sidecar
 
 
 def overload_for(service: str, body: dict[str, Any]) -> ServiceOverload:
-    """Validate a config body for `service`: its service may be left out, not contradict."""
-    named = body.get("service")
-    if named is not None and named != service:
-        raise ValidationFailed(
-            "invalid overload config",
-            [FieldError(("body", "service"), f"must be {service!r}, the service in the path")],
-        )
-    try:
-        return ServiceOverload.model_validate({**body, "service": service})
-    except ValidationError as exc:
-        errors = [FieldError(("body", *e.loc), e.msg) for e in pydantic_field_errors(exc)]
-        raise ValidationFailed("invalid overload config", errors) from exc
+    return validate_for_service(ServiceOverload, service, body, "overload config")
 
 
 @router.get(

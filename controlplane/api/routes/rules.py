@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Path, Query
-from pydantic import ValidationError
 
 from controlplane.api.deps import BackendsDep, ClockDep, KeysDep, KvDep, StoreDep
 from controlplane.api.problems import problem_responses
 from controlplane.api.security import ActorDep, require
+from controlplane.api.service_bodies import validate_for_service
 from controlplane.auth.roles import Role
 from controlplane.decision.recommend import (
     MIN_WINDOWS,
@@ -19,8 +19,8 @@ from controlplane.decision.recommend import (
 )
 from controlplane.experiments.service_rules import StoredValueInvalid, read_rule, write_rule
 from controlplane.experiments.store import ExperimentStore
-from controlplane.kernel.errors import FieldError, NotFound, ValidationFailed
-from controlplane.kernel.rules import BreakerRule, pydantic_field_errors
+from controlplane.kernel.errors import NotFound
+from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.streams import DECISIONS_MAXLEN
 from controlplane.kernel.values import ServiceName
 
@@ -30,18 +30,7 @@ ServicePath = Annotated[ServiceName, Path(description="the service the rule guar
 
 
 def rule_for(service: str, body: dict[str, Any]) -> BreakerRule:
-    """Validate a rule body for `service`: its service may be left out, not contradict."""
-    named = body.get("service")
-    if named is not None and named != service:
-        raise ValidationFailed(
-            "invalid breaker rule",
-            [FieldError(("body", "service"), f"must be {service!r}, the service in the path")],
-        )
-    try:
-        return BreakerRule.model_validate({**body, "service": service})
-    except ValidationError as exc:
-        errors = [FieldError(("body", *e.loc), e.msg) for e in pydantic_field_errors(exc)]
-        raise ValidationFailed("invalid breaker rule", errors) from exc
+    return validate_for_service(BreakerRule, service, body, "breaker rule")
 
 
 @router.get(
