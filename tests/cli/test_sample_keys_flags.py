@@ -27,6 +27,7 @@ SHORT = secrets.token_bytes(16).hex()
         ("k1\n", "expected kid:secret"),
         (None, "cannot read"),
     ],
+    ids=["short", "no-secret", "unreadable"],  # SHORT is random: ids must not show it
 )
 def test_a_bad_key_file_is_one_line_and_exit_2(
     command: list[str],

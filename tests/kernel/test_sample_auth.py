@@ -56,6 +56,8 @@ def test_hex_and_base64_secrets_comments_and_order() -> None:
         ("", "no sample keys"),
         (f"k:{OLD.hex()}\nk:{NEW.hex()}", "unique"),
     ],
+    # the texts hold random secrets: stable ids let every test process collect the same tests
+    ids=["short", "not-base64", "space-in-kid", "no-colon", "path-kid", "empty", "duplicate"],
 )
 def test_bad_key_sets_are_refused_without_showing_a_secret(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as caught:
