@@ -35,7 +35,7 @@ def tool(name: str) -> str:
     if found is None:
         if os.environ.get("CI"):
             pytest.fail(f"{name} is missing: run scripts/install-k8s-tools.sh (make install)")
-        pytest.skip(f"needs {name} (scripts/install-k8s-tools.sh)")
+        pytest.skip(f"needs {name} (scripts/install-k8s-tools.sh)", allow_module_level=True)
     return found
 
 
