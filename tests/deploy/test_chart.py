@@ -217,3 +217,25 @@ def test_the_namespace_and_release_reach_the_api_names() -> None:
     env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]
            ["containers"][0]["env"]}  # fmt: skip
     assert f"canary-api.{NAMESPACE}.svc" in env["CANARY_TRUSTED_HOSTS"].split(",")
+
+
+def file_variables(container: dict[str, Any], maps: dict[str, dict[str, str]]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        found |= maps[source["configMapRef"]["name"]]
+    found |= {item["name"]: item["value"] for item in container.get("env", []) if "value" in item}
+    return {name: value for name, value in found.items() if name.endswith("_FILE")}
+
+
+@pytest.mark.parametrize("values", list(VALUES))
+def test_every_file_a_variable_names_is_mounted_in_the_container(values: str) -> None:
+    found = chart(values)
+    maps = {doc["metadata"]["name"]: doc["data"] for doc in found if doc["kind"] == "ConfigMap"}
+    checked = 0
+    for workload in workloads_of(found):
+        for container in containers(workload):
+            mounts = {mount["mountPath"] for mount in container.get("volumeMounts", [])}
+            for name, path in file_variables(container, maps).items():
+                assert path.rsplit("/", 1)[0] in mounts, f"{container['name']}: {name}={path}"
+                checked += 1
+    assert checked or values == "plain-values"
