@@ -28,8 +28,10 @@ def test_docker_compose_accepts_the_file() -> None:
     # what compose resolved still carries the conditions (none dropped as unknown)
     for name, service in resolved["services"].items():
         for dependency in service.get("depends_on", {}).values():
-            assert dependency["condition"] in {"service_healthy",
-                                               "service_completed_successfully"}, name
+            assert dependency["condition"] in {
+                "service_healthy",
+                "service_completed_successfully",
+            }, name
 
 
 def test_every_long_running_service_has_a_healthcheck() -> None:

@@ -47,7 +47,7 @@ def test_the_image_is_multi_stage_and_runs_as_the_manifests_user(path: Path) -> 
     steps = instructions(path)
     stages = [rest for keyword, rest in steps if keyword == "FROM"]
     assert len(stages) >= 2 and stages[0].endswith(" AS build")
-    final = steps[max(i for i, (keyword, _) in enumerate(steps) if keyword == "FROM"):]
+    final = steps[max(i for i, (keyword, _) in enumerate(steps) if keyword == "FROM") :]
     (user,) = [rest for keyword, rest in final if keyword == "USER"]
     assert user == "10001:10001"
     # the run stage installs nothing: only what the build stage made is copied in
@@ -127,8 +127,9 @@ for probe in ("numpy", "sqlalchemy", "fastapi"):
 import controlplane.cli.main, controlplane.cli.sidecar, controlplane.tracer
 import controlplane.kernel.kv_etcd, controlplane.kernel.streams_redis
 # what the sidecar command's body imports when it runs
-import controlplane.kernel.admin_access, controlplane.kernel.logs, controlplane.kernel.sample_keys
-import controlplane.kernel.settings, controlplane.kernel.kv_factory, controlplane.kernel.streams_factory
+import controlplane.kernel.admin_access, controlplane.kernel.logs
+import controlplane.kernel.sample_keys, controlplane.kernel.settings
+import controlplane.kernel.kv_factory, controlplane.kernel.streams_factory
 import opentelemetry.exporter.otlp.proto.http.trace_exporter
 import sidecar
 for module in pkgutil.walk_packages(sidecar.__path__, "sidecar."):
