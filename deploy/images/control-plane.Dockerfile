@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1
 # The control plane (canary serve, canary db upgrade) and the collectors.
 #   docker build -f deploy/images/control-plane.Dockerfile -t canary-control-plane:0.1.0 .
-# Build stage: a virtualenv with the package and every dependency, compiled to bytecode
-# so a read-only root file system costs nothing at start.
+# Build stage: a virtualenv with the package and every dependency (pip compiles them to
+# bytecode as it installs, so a read-only root costs nothing at start); pip itself is
+# removed from it at the end.
 FROM python:3.11-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/canary
@@ -12,7 +13,7 @@ COPY controlplane controlplane
 COPY sidecar sidecar
 COPY migrations migrations
 RUN /opt/canary/bin/pip install . \
- && /opt/canary/bin/python -m compileall -q /opt/canary/lib
+ && /opt/canary/bin/python -m pip uninstall --yes --quiet pip setuptools
 
 # Run stage: the slim Python and the virtualenv, nothing else (no compiler, no pip cache).
 FROM python:3.11-slim-bookworm

@@ -13,7 +13,7 @@ COPY sidecar sidecar
 COPY migrations migrations
 # --no-deps: the package's own dependencies are the control plane's; the sidecar's are above
 RUN /opt/canary/bin/pip install --no-deps . \
- && /opt/canary/bin/python -m compileall -q /opt/canary/lib
+ && /opt/canary/bin/python -m pip uninstall --yes --quiet pip setuptools
 
 FROM python:3.11-slim-bookworm
 RUN groupadd --system --gid 10001 canary \
