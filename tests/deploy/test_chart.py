@@ -11,7 +11,6 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-import yaml
 from cloudcoil.models.prometheus_operator import v1 as monitoring
 
 from tests.deploy.render import (
@@ -195,7 +194,8 @@ def test_the_sidecar_patch_adds_one_container_and_keeps_the_pods_own() -> None:
 
 def test_values_outside_the_schema_are_refused() -> None:
     for wrong in ("config.extraEnv.PATH=/x", "controlPlane.replicas=0", "images.registry=r.io",
-                  "secrets.apiTls=Not_A_Name", "unknownKey=1"):  # fmt: skip
+                  "secrets.apiTls=Not_A_Name", "unknownKey=1",
+                  "config.redisUrl=redis://canary:hunter2@redis:6379/0"):  # fmt: skip
         done = subprocess.run(
             [tool("helm"), "template", "t", str(CHART), f"--set={wrong}"],
             capture_output=True, text=True, timeout=120,
@@ -205,10 +205,12 @@ def test_values_outside_the_schema_are_refused() -> None:
 
 def test_the_chart_holds_no_secret_value() -> None:
     for values in VALUES:
-        kinds = {doc["kind"] for doc in chart(values)}
-        assert "Secret" not in kinds
-    values_text = (CHART / "values.yaml").read_text()
-    assert yaml.safe_load(values_text)["secrets"]["database"] == {"name": "canary-db", "key": "url"}
+        found = chart(values)
+        assert "Secret" not in {doc["kind"] for doc in found}
+        for config in (doc for doc in found if doc["kind"] == "ConfigMap"):
+            for name in config["data"]:
+                assert not name.endswith(("_PASSWORD", "_TOKEN", "_URL")) or name in {
+                    "CANARY_REDIS_URL", "CANARY_PUBLIC_URL"}, name  # fmt: skip
 
 
 def test_the_namespace_and_release_reach_the_api_names() -> None:
