@@ -244,3 +244,11 @@ def test_every_file_a_variable_names_is_mounted_in_the_container(values: str) ->
                 assert path.rsplit("/", 1)[0] in mounts, f"{container['name']}: {name}={path}"
                 checked += 1
     assert checked
+
+
+def test_the_install_notes_name_what_was_installed() -> None:
+    out = run(tool("helm"), "install", "canary", str(CHART), "--namespace", "shop",
+              "--dry-run=client")  # fmt: skip
+    notes = out.split("NOTES:", 1)[1]
+    assert "kubectl -n shop exec deploy/canary-control-plane" in notes
+    assert "canary-sidecar:0.1.0" in notes
