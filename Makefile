@@ -9,6 +9,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	VENV_BIN=$(VENV)/bin scripts/install-k8s-tools.sh
 	touch $@
 
 install: $(VENV)/.installed

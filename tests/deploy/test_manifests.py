@@ -1,6 +1,7 @@
-"""What deploy/ ships must start: Kubernetes manifests valid against the API schema,
-every `canary …` command line using options the CLI has, every CANARY_* variable one
-a process reads, and the compose secrets script making files the product loads."""
+"""What deploy/ ships must start: every `canary …` command line (the chart's, the
+sidecar patch's, compose's, systemd's) using options the CLI has, every CANARY_*
+variable one a process reads, and the compose secrets script making files the product
+loads. The Kubernetes objects themselves are checked in test_chart.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 import typer
 import yaml
@@ -22,9 +22,8 @@ from controlplane.kernel import sample_keys
 from controlplane.kernel.secrets import read_secret_file
 from controlplane.kernel.settings import Settings
 from controlplane.kernel.tls import client_context, server_context
+from tests.deploy.render import DEPLOY, VALUES, chart, containers, patched_example
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-K8S_VERSION = "1.30"
 # variables read outside Settings: the sample keys and the CLI's own
 OTHER_VARIABLES = {
     sample_keys.FILE_ENV,
@@ -37,30 +36,20 @@ OTHER_VARIABLES = {
 }
 
 
-def k8s_documents() -> Iterator[Any]:
-    for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
-        for document in yaml.safe_load_all(path.read_text()):
-            if document:
-                yield pytest.param(document, id=f"{path.name}:{document['kind']}")
-
-
-@pytest.mark.parametrize("document", list(k8s_documents()))
-def test_kubernetes_manifests_are_valid(document: dict[str, Any]) -> None:
-    kubernetes_validate.validate(document, K8S_VERSION, strict=True)
-
-
 def command_lines() -> Iterator[tuple[str, list[str]]]:
     """(where, argv) of every canary invocation deploy/ writes down."""
-    for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
-        for document in yaml.safe_load_all(path.read_text()):
-            for container in _containers(document):
+    renderings = {f"chart {name}": chart(name) for name in VALUES}
+    renderings["sidecar-patch.yaml"] = patched_example()
+    for where, found in renderings.items():
+        for document in found:
+            for container in containers(document):
                 command = container.get("command") or []
                 if command[:1] == ["canary"]:
-                    yield f"{path.name}:{container['name']}", command
+                    yield f"{where}:{container['name']}", command
     compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
     for name, service in compose["services"].items():
-        command = service.get("command")
-        text = command if isinstance(command, str) else " ".join(command or [])
+        words = [service.get("entrypoint"), service.get("command")]
+        text = " ".join(w if isinstance(w, str) else " ".join(w or []) for w in words)
         for line in re.findall(r"\bcanary (?:serve|collector|sidecar|db|token)\b[^&'\n]*", text):
             yield f"compose:{name}", shlex.split(line)
     for path in sorted((DEPLOY / "systemd").glob("*.service")):
@@ -68,11 +57,6 @@ def command_lines() -> Iterator[tuple[str, list[str]]]:
             if line.startswith(("ExecStart=", "ExecStartPre=")):
                 argv = shlex.split(line.split("=", 1)[1])
                 yield f"{path.name}", ["canary", *argv[1:]]
-
-
-def _containers(document: Any) -> list[dict[str, Any]]:
-    spec = (document or {}).get("spec", {}).get("template", {}).get("spec", {})
-    return [*spec.get("initContainers", []), *spec.get("containers", [])]
 
 
 # typer may carry its own copy of click: ask for subcommands, not for a click class

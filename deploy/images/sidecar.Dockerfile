@@ -1,0 +1,27 @@
+# syntax=docker/dockerfile:1
+# The sidecar alone: the canary package without the control plane's dependencies.
+#   docker build -f deploy/images/sidecar.Dockerfile -t canary-sidecar:0.1.0 .
+FROM python:3.11-slim-bookworm AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/canary
+WORKDIR /src
+COPY deploy/images/sidecar-requirements.txt ./
+RUN /opt/canary/bin/pip install -r sidecar-requirements.txt
+COPY pyproject.toml README.md ./
+COPY controlplane controlplane
+COPY sidecar sidecar
+COPY migrations migrations
+# --no-deps: the package's own dependencies are the control plane's; the sidecar's are above
+RUN /opt/canary/bin/pip install --no-deps . \
+ && /opt/canary/bin/python -m pip uninstall --yes --quiet pip setuptools
+
+FROM python:3.11-slim-bookworm
+RUN groupadd --system --gid 10001 canary \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin canary
+COPY --from=build /opt/canary /opt/canary
+ENV PATH=/opt/canary/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+USER 10001:10001
+# 8000: the proxy; 9000: /healthz, /readyz, /metrics
+EXPOSE 8000 9000
+ENTRYPOINT ["canary", "sidecar"]
+CMD ["--help"]

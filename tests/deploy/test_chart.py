@@ -1,0 +1,254 @@
+"""The Helm chart in deploy/helm/canary, rendered with every values file it ships, and
+the sidecar patch applied to its example: each object valid against the Kubernetes
+API schema (strict: an unknown field fails), the Prometheus Operator objects against
+their CRD models, and every workload hardened, bounded, probed and covered by a
+disruption budget."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from cloudcoil.models.prometheus_operator import v1 as monitoring
+
+from tests.deploy.render import (
+    CHART,
+    NAMESPACE,
+    VALUES,
+    chart,
+    containers,
+    patched_example,
+    pod_spec,
+    run,
+    tool,
+)
+
+# the chart's kubeVersion floor, the kubectl the tests use, the newest schemas shipped
+K8S_VERSIONS = ("1.27.0", "1.35.0", kubernetes_validate.latest_version())
+CRD_MODELS = {"ServiceMonitor": monitoring.ServiceMonitor, "PodMonitor": monitoring.PodMonitor}
+WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet"}
+
+
+def every_rendering() -> list[Any]:
+    cases = [pytest.param(name, id=name) for name in VALUES]
+    return [*cases, pytest.param("sidecar-patch", id="sidecar-patch")]
+
+
+def objects(rendering: str) -> list[dict[str, Any]]:
+    return patched_example() if rendering == "sidecar-patch" else chart(rendering)
+
+
+@pytest.mark.parametrize("values", list(VALUES))
+def test_the_chart_lints_clean(values: str) -> None:
+    files = [f"--values={path}" for path in VALUES[values]]
+    run(tool("helm"), "lint", "--strict", str(CHART), *files)
+
+
+@pytest.mark.parametrize("rendering", every_rendering())
+def test_every_object_is_valid_against_the_kubernetes_schemas(rendering: str) -> None:
+    found = objects(rendering)
+    assert found
+    for document in found:
+        if document["kind"] in CRD_MODELS:
+            continue
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(document, version, strict=True)
+
+
+def test_the_monitoring_objects_are_rendered_only_when_asked() -> None:
+    kinds = [doc["kind"] for doc in chart("default")]
+    assert "ServiceMonitor" not in kinds and "PodMonitor" not in kinds
+    kinds = [doc["kind"] for doc in chart("production-values")]
+    assert kinds.count("ServiceMonitor") == 2 and kinds.count("PodMonitor") == 1
+
+
+def without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("values", list(VALUES))
+def test_the_monitoring_objects_match_the_operator_crds(values: str) -> None:
+    """Parsed by models generated from the CRDs; a field they drop (unknown) or
+    reshape (wrong type) makes the round trip differ."""
+    for document in chart(values, "--set=monitoring.serviceMonitor.enabled=true",
+                          "--set=monitoring.sidecarPodMonitor.enabled=true"):  # fmt: skip
+        model = CRD_MODELS.get(document["kind"])
+        if model is None:
+            continue
+        parsed = model.model_validate(document)
+        again = without_nulls(parsed.model_dump(by_alias=True, mode="json"))
+        assert again == document, document["metadata"]["name"]
+
+
+def test_a_wrong_monitoring_field_would_be_caught() -> None:
+    document = next(doc for doc in chart("production-values") if doc["kind"] == "ServiceMonitor")
+    document["spec"]["endpoints"][0]["bearerToken"] = "x"  # no such field
+    parsed = monitoring.ServiceMonitor.model_validate(document)
+    assert without_nulls(parsed.model_dump(by_alias=True, mode="json")) != document
+
+
+def workloads(rendering: str) -> list[dict[str, Any]]:
+    return [doc for doc in objects(rendering) if doc["kind"] in WORKLOADS]
+
+
+@pytest.mark.parametrize("rendering", every_rendering())
+def test_every_container_runs_as_non_root_on_a_read_only_root(rendering: str) -> None:
+    for workload in workloads(rendering):
+        pod = pod_spec(workload) or {}
+        for container in containers(workload):
+            if container["name"] == "log-shipper":
+                continue  # the example's own container, not ours
+            where = f"{workload['metadata']['name']}/{container['name']}"
+            merged = {**pod.get("securityContext", {}), **container.get("securityContext", {})}
+            assert merged.get("runAsNonRoot") is True, where
+            assert merged.get("runAsUser", 0) != 0, where
+            assert merged.get("readOnlyRootFilesystem") is True, where
+            assert merged.get("allowPrivilegeEscalation") is False, where
+            assert merged.get("capabilities", {}).get("drop") == ["ALL"], where
+            assert merged.get("seccompProfile", {}).get("type") == "RuntimeDefault", where
+            mounts = {mount["mountPath"] for mount in container.get("volumeMounts", [])}
+            assert "/tmp" in mounts, f"{where}: no writable /tmp"
+
+
+@pytest.mark.parametrize("rendering", every_rendering())
+def test_every_container_has_requests_and_limits(rendering: str) -> None:
+    for workload in workloads(rendering):
+        for container in containers(workload):
+            resources = container.get("resources", {})
+            where = f"{workload['metadata']['name']}/{container['name']}"
+            assert {"cpu", "memory"} <= set(resources.get("requests", {})), where
+            assert {"cpu", "memory"} <= set(resources.get("limits", {})), where
+
+
+@pytest.mark.parametrize("rendering", every_rendering())
+def test_every_long_running_container_is_probed_on_a_port_it_declares(rendering: str) -> None:
+    for workload in workloads(rendering):
+        for container in (pod_spec(workload) or {})["containers"]:
+            if container["name"] == "log-shipper":
+                continue
+            ports = {port["name"] for port in container.get("ports", [])}
+            for kind in ("livenessProbe", "readinessProbe"):
+                probe = container.get(kind)
+                assert probe, f"{container['name']}: no {kind}"
+                assert probe["httpGet"]["port"] in ports, f"{container['name']}: {kind}"
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+@pytest.mark.parametrize("values", list(VALUES))
+def test_every_replicated_workload_has_a_disruption_budget(values: str) -> None:
+    found = chart(values)
+    budgets = [doc for doc in found if doc["kind"] == "PodDisruptionBudget"]
+    for workload in workloads_of(found):
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        covering = [b for b in budgets if selects(b["spec"]["selector"]["matchLabels"], labels)]
+        if workload["spec"]["replicas"] > 1:
+            assert len(covering) == 1, workload["metadata"]["name"]
+        for budget in covering:  # never one that forbids every eviction
+            assert "maxUnavailable" in budget["spec"] and budget["spec"]["maxUnavailable"] != 0
+
+
+def workloads_of(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [doc for doc in found if doc["kind"] in WORKLOADS]
+
+
+@pytest.mark.parametrize("values", list(VALUES))
+def test_services_and_monitors_reach_declared_ports(values: str) -> None:
+    found = chart(values, "--set=monitoring.serviceMonitor.enabled=true")
+    services = [doc for doc in found if doc["kind"] == "Service"]
+    for service in services:
+        pods = [
+            w for w in workloads_of(found)
+            if selects(service["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"])
+        ]  # fmt: skip
+        assert len(pods) == 1, service["metadata"]["name"]
+        declared = {p["name"] for c in containers(pods[0]) for p in c.get("ports", [])}
+        for port in service["spec"]["ports"]:
+            assert port["targetPort"] in declared, service["metadata"]["name"]
+    for monitor in (doc for doc in found if doc["kind"] == "ServiceMonitor"):
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        (service,) = [s for s in services if selects(selector, s["metadata"]["labels"])]
+        names = {port["name"] for port in service["spec"]["ports"]}
+        for endpoint in monitor["spec"]["endpoints"]:
+            assert endpoint["port"] in names and endpoint["path"] == "/metrics"
+            assert endpoint["authorization"]["type"] == "Bearer"
+
+
+def test_the_sidecar_patch_adds_one_container_and_keeps_the_pods_own() -> None:
+    (deployment,) = workloads("sidecar-patch")
+    names = [c["name"] for c in deployment["spec"]["template"]["spec"]["containers"]]
+    assert sorted(names) == ["canary-sidecar", "log-shipper"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels == {"app": "payment-api-edge", "canary.dev/sidecar": "true"}
+    service = next(doc for doc in patched_example() if doc["kind"] == "Service")
+    assert service["spec"]["ports"][0]["targetPort"] == "canary-http"
+
+
+def test_values_outside_the_schema_are_refused() -> None:
+    for wrong in ("config.extraEnv.PATH=/x", "controlPlane.replicas=0", "images.registry=r.io",
+                  "secrets.apiTls=Not_A_Name", "unknownKey=1",
+                  "config.redisUrl=redis://canary:hunter2@redis:6379/0"):  # fmt: skip
+        done = subprocess.run(
+            [tool("helm"), "template", "t", str(CHART), f"--set={wrong}"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode != 0, wrong
+
+
+def test_the_chart_holds_no_secret_value() -> None:
+    for values in VALUES:
+        found = chart(values)
+        assert "Secret" not in {doc["kind"] for doc in found}
+        for config in (doc for doc in found if doc["kind"] == "ConfigMap"):
+            for name in config["data"]:
+                assert not name.endswith(("_PASSWORD", "_TOKEN", "_URL")) or name in {
+                    "CANARY_REDIS_URL", "CANARY_PUBLIC_URL"}, name  # fmt: skip
+
+
+def test_the_namespace_and_release_reach_the_api_names() -> None:
+    (deployment,) = [d for d in chart("default") if d["metadata"]["name"].endswith("control-plane")
+                     and d["kind"] == "Deployment"]  # fmt: skip
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]
+           ["containers"][0]["env"]}  # fmt: skip
+    assert f"canary-api.{NAMESPACE}.svc" in env["CANARY_TRUSTED_HOSTS"].split(",")
+
+
+def file_variables(container: dict[str, Any], maps: dict[str, dict[str, str]]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        found |= maps[source["configMapRef"]["name"]]
+    found |= {item["name"]: item["value"] for item in container.get("env", []) if "value" in item}
+    return {name: value for name, value in found.items() if name.endswith("_FILE")}
+
+
+@pytest.mark.parametrize("values", list(VALUES))
+def test_every_file_a_variable_names_is_mounted_in_the_container(values: str) -> None:
+    """Also for the sidecar patch, which reads the ConfigMap of a release named canary."""
+    found = chart(values)
+    maps = {doc["metadata"]["name"]: doc["data"] for doc in found if doc["kind"] == "ConfigMap"}
+    if values == "default":
+        found = [*found, *patched_example()]
+    checked = 0
+    for workload in workloads_of(found):
+        for container in containers(workload):
+            mounts = {mount["mountPath"] for mount in container.get("volumeMounts", [])}
+            for name, path in file_variables(container, maps).items():
+                assert path.rsplit("/", 1)[0] in mounts, f"{container['name']}: {name}={path}"
+                checked += 1
+    assert checked
+
+
+def test_the_install_notes_name_what_was_installed() -> None:
+    out = run(tool("helm"), "install", "canary", str(CHART), "--namespace", "shop",
+              "--dry-run=client")  # fmt: skip
+    notes = out.split("NOTES:", 1)[1]
+    assert "kubectl -n shop exec deploy/canary-control-plane" in notes
+    assert "canary-sidecar:0.1.0" in notes
