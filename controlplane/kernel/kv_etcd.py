@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
@@ -54,6 +53,7 @@ from controlplane.kernel.errors import (
     NotLeader,
     RevisionConflict,
 )
+from controlplane.kernel.etcd_endpoints import parse_endpoints
 from controlplane.kernel.kv import (
     EventKind,
     Fence,
@@ -62,7 +62,6 @@ from controlplane.kernel.kv import (
     RevisionCompacted,
     WatchEvent,
 )
-from controlplane.kernel.settings import parse_host_port
 
 _log = logging.getLogger(__name__)
 
@@ -89,6 +88,8 @@ _CHANNEL_OPTIONS: list[tuple[str, int | str | bool]] = [
     ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
 _EVENT_DELETE = 1  # mvccpb.Event.EventType
+# etcd's rpctypes.MetadataRequireLeaderKey / MetadataHasLeader
+_HAS_LEADER = ("hasleader", "true")
 _T = TypeVar("_T")
 
 
@@ -102,61 +103,6 @@ class _PermissionDenied(BackendError):
 
 class _AuthDisabled(BackendError):
     """A user is configured but etcd does not have authentication enabled."""
-
-
-def endpoints_use_tls(text: str) -> bool:
-    """True for https:// endpoints, False for plain ones; a mix is a ConfigError."""
-    schemes = {part.strip().partition("://")[0].lower() if "://" in part else ""
-               for part in text.split(",")}
-    secure = schemes == {"https"}
-    if not secure and "https" in schemes:
-        raise ConfigError("etcd endpoints mix https:// and plain ones")
-    return secure
-
-
-def parse_endpoints(text: str) -> list[tuple[str, int]]:
-    """'host:port[,host:port…]' (an http:// or https:// scheme is tolerated) -> [(host, port)]."""
-    endpoints: list[tuple[str, int]] = []
-    for part in text.split(","):
-        item = part.strip()
-        for scheme in ("http://", "https://"):
-            if item.lower().startswith(scheme):
-                item = item[len(scheme):].rstrip("/")
-                break
-        else:
-            if "://" in item:
-                raise ConfigError(
-                    f"etcd endpoint {part.strip()!r}: expected host:port, http:// or https://"
-                )
-        if not item:
-            raise ConfigError(f"empty etcd endpoint in {text!r}")
-        host, port = parse_host_port(item)
-        endpoints.append(("127.0.0.1" if host == "localhost" else host, port))
-    return endpoints
-
-
-def grpc_target(endpoints: Sequence[tuple[str, int]]) -> str:
-    """A gRPC target: one name goes through DNS, several members must be IP literals."""
-    if len(endpoints) == 1:
-        host, port = endpoints[0]
-        return f"dns:///{_join(host, port)}"
-    versions = set()
-    for host, _ in endpoints:
-        try:
-            versions.add(ipaddress.ip_address(host).version)
-        except ValueError:
-            raise ConfigError(
-                f"several etcd endpoints must be IP addresses, got {host!r}: "
-                "give one DNS name that resolves to every member instead"
-            ) from None
-    if len(versions) > 1:
-        raise ConfigError("etcd endpoints mix IPv4 and IPv6 addresses")
-    scheme = "ipv4" if versions == {4} else "ipv6"
-    return f"{scheme}:" + ",".join(_join(host, port) for host, port in endpoints)
-
-
-def _join(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @contextlib.contextmanager
@@ -214,6 +160,39 @@ def _authenticating(user: str) -> Iterator[None]:
         raise BackendUnavailable(f"etcd: authentication as {user!r} refused: {exc}") from exc
 
 
+def _require_leader(details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+    metadata = grpc.aio.Metadata(*(details.metadata or ()))
+    metadata.add(*_HAS_LEADER)
+    return grpc.aio.ClientCallDetails(
+        details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+    )
+
+
+class _RequireLeader(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """Every call asks for a member that has a raft leader (clientv3's WithRequireLeader).
+
+    A member cut off from the quorum then refuses at once (UNAVAILABLE "no leader"),
+    and the retry goes to another member, instead of the call waiting out its deadline.
+    """
+
+    async def intercept_unary_unary(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
+        return await continuation(_require_leader(client_call_details), request)
+
+
+class _RequireLeaderStream(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+    """Watches and lease keepalives likewise: the member ends them when it loses its
+    leader, so a watch on a partitioned member resumes elsewhere instead of going
+    quiet for good."""
+
+    async def intercept_stream_stream(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails,
+        request_iterator: Any,
+    ) -> Any:
+        return await continuation(_require_leader(client_call_details), request_iterator)
+
+
 def _credentials(access: EtcdAccess) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(
         root_certificates=access.ca, private_key=access.key, certificate_chain=access.cert
@@ -252,9 +231,10 @@ class EtcdKV:
         rpc_attempts: int = 3,
         access: EtcdAccess | None = None,
     ) -> None:
-        self._target = grpc_target(parse_endpoints(endpoints))
+        parsed = parse_endpoints(endpoints)
+        self._target = parsed.target
         self._access = access or EtcdAccess()
-        self._tls = endpoints_use_tls(endpoints) or self._access.tls
+        self._tls = parsed.tls or self._access.tls
         if self._access.cert is not None and not self._tls:
             raise ConfigError("an etcd client certificate is set but TLS is not")
         self._timeout = timeout
@@ -274,12 +254,16 @@ class EtcdKV:
         if self._closed:
             raise BackendUnavailable("the etcd client is closed")
         if self._kv is None or self._lease is None:
+            interceptors = [_RequireLeader(), _RequireLeaderStream()]
             if self._tls:
                 self._channel = grpc.aio.secure_channel(
-                    self._target, _credentials(self._access), options=_CHANNEL_OPTIONS
+                    self._target, _credentials(self._access), options=_CHANNEL_OPTIONS,
+                    interceptors=interceptors,
                 )
             else:
-                self._channel = grpc.aio.insecure_channel(self._target, options=_CHANNEL_OPTIONS)
+                self._channel = grpc.aio.insecure_channel(
+                    self._target, options=_CHANNEL_OPTIONS, interceptors=interceptors
+                )
             self._kv = KVService(self._channel, max_attempts=self._rpc_attempts)
             self._lease = LeaseService(self._channel, max_attempts=self._rpc_attempts)
             self._auth = AuthService(self._channel, max_attempts=self._rpc_attempts)
@@ -658,15 +642,22 @@ class EtcdLeadership:
                     if sent >= self._expires_at:
                         _log.warning("lease of %s ran out without a renewal", self._name)
                         return
+                    # One attempt may take a third of the TTL, not all of it: a member
+                    # that does not answer (partitioned, or dead with no reset sent)
+                    # leaves time for the next attempt, which round-robin sends to
+                    # another member.
                     try:
-                        async with asyncio.timeout(self._expires_at - sent):
+                        async with asyncio.timeout(min(self._expires_at - sent, interval)):
                             remaining = await self._store._keep_alive_once(self._lease_id)
                     except TimeoutError:
+                        _log.warning("lease keepalive for %s got no answer in %.1f s; "
+                                     "trying again", self._name, interval)
                         continue
                     except BackendError as exc:
                         _log.warning("lease keepalive for %s failed: %s", self._name, exc)
+                        # soon, and round-robin picks another member for it
                         left = self._expires_at - time.monotonic()
-                        await asyncio.sleep(min(interval, max(left, 0.0)))
+                        await asyncio.sleep(min(interval / 4, max(left, 0.0)))
                         continue
                     if remaining <= 0:
                         _log.warning("lease of %s expired in etcd", self._name)
