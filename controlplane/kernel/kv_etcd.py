@@ -451,8 +451,9 @@ class EtcdKV:
                     self._forget_token(token)
                 elif exc.code() not in _TRANSIENT:
                     raise BackendError(f"etcd watch: {exc.code().name} {exc.details()}") from exc
-                _log.warning("etcd watch on %s lost (%s); resuming after revision %d in %.1f s",
-                             key, exc.code().name, after, backoff)
+                _log.warning("etcd watch on %s lost (%s %s); resuming after revision %d "
+                             "in %.1f s", key, exc.code().name, exc.details() or "", after,
+                             backoff)
             finally:
                 requests.finish()
                 stream.cancel()
