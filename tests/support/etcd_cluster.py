@@ -54,6 +54,10 @@ class EtcdMember(ServiceProcess):
             "--initial-cluster", self.initial_cluster,
             "--initial-cluster-state", "new",
             "--initial-cluster-token", self.token,
+            # half etcd's defaults (100 ms, 1 s): a new raft leader within about a
+            # second even on a loaded test machine, well inside the tests' 3 s leases
+            "--heartbeat-interval", "50",
+            "--election-timeout", "500",
             "--logger", "zap",
             "--log-level", "warn",
         ]
@@ -116,6 +120,13 @@ class EtcdCluster:
 
     def kill(self, member: EtcdMember) -> None:
         member.stop(signal.SIGKILL)
+
+    def follower(self) -> EtcdMember:
+        """A running member that does not lead raft."""
+        for member in self.members:
+            if member.running and not member.is_leader():
+                return member
+        raise LookupError("no running etcd follower")
 
     def leader(self) -> EtcdMember:
         for member in self.members:
