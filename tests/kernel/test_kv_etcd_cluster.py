@@ -173,3 +173,26 @@ async def test_a_watch_on_a_member_without_a_leader_is_ended_by_the_member(
     finally:
         watching.cancel()
         await asyncio.gather(watching, return_exceptions=True)
+
+
+async def test_a_lease_outlives_a_member_that_stops_answering(
+    kv: EtcdKV, etcd_cluster: EtcdCluster, etcd_prefix: str
+) -> None:
+    """A frozen member keeps its connections open and answers nothing: a renewal
+    sent to it must give way to one sent to another member before the TTL runs out."""
+    ttl = 3
+    leadership = kv.leadership(f"{etcd_prefix}/election", identity="one", ttl=ttl)
+    fence = await leadership.campaign()
+    frozen = etcd_cluster.follower()
+    assert frozen.proc is not None
+    frozen.proc.send_signal(signal.SIGSTOP)
+    lapses = 0
+    try:
+        for _ in range(int(ttl * 2 / 0.1)):
+            await asyncio.sleep(0.1)
+            lapses += not leadership.is_leader
+    finally:
+        frozen.proc.send_signal(signal.SIGCONT)
+    assert lapses == 0
+    await kv.put(f"{etcd_prefix}/fenced", b"still leading", fence=fence)
+    await leadership.resign()
