@@ -93,6 +93,10 @@ _HAS_LEADER = ("hasleader", "true")
 _T = TypeVar("_T")
 
 
+class _NoAnswer(BackendUnavailable):
+    """No answer within the attempt's deadline: the member may be frozen or cut off."""
+
+
 class _TokenRejected(BackendUnavailable):
     """etcd refused the auth token: expired, or revoked by an auth change."""
 
@@ -118,7 +122,7 @@ def _translated(operation: str) -> Iterator[None]:
     except (EtcdConnectionError, EtcdTransientError) as exc:
         raise BackendUnavailable(f"etcd {operation}: {exc}") from exc
     except TimeoutError as exc:
-        raise BackendUnavailable(f"etcd {operation}: no answer in time") from exc
+        raise _NoAnswer(f"etcd {operation}: no answer in time") from exc
     except grpc.aio.UsageError as exc:
         raise BackendUnavailable(f"etcd {operation}: the client is closed") from exc
     except grpc.aio.AioRpcError as exc:
@@ -130,6 +134,8 @@ def _translated(operation: str) -> Iterator[None]:
                 f"etcd {operation}: etcd requires authentication: set CANARY_ETCD_USER and "
                 "CANARY_ETCD_PASSWORD_FILE (or CANARY_ETCD_PASSWORD)"
             ) from exc
+        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise _NoAnswer(message) from exc
         if exc.code() in _TRANSIENT:
             raise BackendUnavailable(message) from exc
         raise BackendError(message) from exc
@@ -309,42 +315,58 @@ class EtcdKV:
         if self._token == stale:
             self._apply_token(None)
 
-    async def _call(self, operation: str, call: Callable[[], Awaitable[_T]]) -> _T:
-        """One etcd call; a refused token is renewed and the call made once more."""
-        for attempt in (1, 2):
+    async def _call(
+        self, operation: str, call: Callable[[float], Awaitable[_T]], *,
+        timeout: float | None = None,
+    ) -> _T:
+        """One etcd call within `timeout` (the store's) in all.
+
+        `call` is given each attempt's deadline: half the budget, so that an attempt
+        that gets no answer (a member frozen or cut off keeps its connection open and
+        answers nothing) is made again, and round-robin sends it to another member.
+        A refused token is renewed and the call made once more.
+        """
+        budget = self._timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
+        renewed = False
+        while True:
             await self._authenticated()
             token = self._token
+            left = max(deadline - time.monotonic(), 0.001)
             try:
                 with _translated(operation):
-                    return await call()
-            except _TokenRejected:
-                if self._access.user is None or attempt == 2:
+                    return await call(min(budget / 2, left))
+            except _NoAnswer:
+                if time.monotonic() >= deadline - 0.001:
                     raise
+            except _TokenRejected:
+                if self._access.user is None or renewed:
+                    raise
+                renewed = True
                 self._forget_token(token)
-        raise AssertionError("unreachable")
 
     async def get(self, key: str) -> KeyValue | None:
         kv, _ = self._connect()
-        response = await self._call("get", lambda: kv.get(key, timeout=self._timeout))
+        response = await self._call("get", lambda t: kv.get(key, timeout=t))
         return _key_value(response.kvs[0]) if response.kvs else None
 
     async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         kv, _ = self._connect()
-        response = await self._call("get_prefix", lambda: kv.get(
-            prefix, range_end=prefix_range_end(prefix), timeout=self._timeout))
+        response = await self._call("get_prefix", lambda t: kv.get(
+            prefix, range_end=prefix_range_end(prefix), timeout=t))
         return [_key_value(item) for item in response.kvs], int(response.header.revision)
 
     async def put(self, key: str, value: bytes, *, fence: Fence | None = None) -> int:
         kv, _ = self._connect()
         if fence is None:
             response = await self._call(
-                "put", lambda: kv.put(key, value, timeout=self._timeout))
+                "put", lambda t: kv.put(key, value, timeout=t))
             return int(response.header.revision)
-        txn = await self._call("put", lambda: kv.txn(
+        txn = await self._call("put", lambda t: kv.txn(
             [_fence_compare(fence)],
             [KVService.txn_op_put(key, value)],
             [KVService.txn_op_get(fence.key)],
-            timeout=self._timeout,
+            timeout=t,
         ))
         if not txn.succeeded:
             raise NotLeader(f"leadership {fence.key} at revision {fence.create_revision} is gone")
@@ -361,8 +383,8 @@ class EtcdKV:
         if fence is not None:
             compares.append(_fence_compare(fence))
             on_failure.append(KVService.txn_op_get(fence.key))
-        txn = await self._call("compare_and_swap", lambda: kv.txn(
-            compares, [KVService.txn_op_put(key, value)], on_failure, timeout=self._timeout))
+        txn = await self._call("compare_and_swap", lambda t: kv.txn(
+            compares, [KVService.txn_op_put(key, value)], on_failure, timeout=t))
         if txn.succeeded:
             return int(txn.header.revision)
         if fence is not None and not _fence_holds(fence, txn.responses[1]):
@@ -374,13 +396,13 @@ class EtcdKV:
     async def delete(self, key: str, *, fence: Fence | None = None) -> bool:
         kv, _ = self._connect()
         if fence is None:
-            response = await self._call("delete", lambda: kv.delete(key, timeout=self._timeout))
+            response = await self._call("delete", lambda t: kv.delete(key, timeout=t))
             return int(response.deleted) > 0
-        txn = await self._call("delete", lambda: kv.txn(
+        txn = await self._call("delete", lambda t: kv.txn(
             [_fence_compare(fence)],
             [KVService.txn_op_delete(key)],
             [KVService.txn_op_get(fence.key)],
-            timeout=self._timeout,
+            timeout=t,
         ))
         if not txn.succeeded:
             raise NotLeader(f"leadership {fence.key} at revision {fence.create_revision} is gone")
@@ -470,8 +492,8 @@ class EtcdKV:
     async def ping(self) -> None:
         kv, _ = self._connect()
         try:
-            await self._call("ping", lambda: kv.get(
-                "/", timeout=PING_TIMEOUT, max_attempts=1, count_only=True))
+            await self._call("ping", lambda t: kv.get(
+                "/", timeout=t, max_attempts=1, count_only=True), timeout=PING_TIMEOUT)
         except _PermissionDenied:
             # a user confined to its prefix may not read "/": etcd answered and
             # accepted the token, which is all a ping asks
@@ -494,7 +516,8 @@ class EtcdKV:
         """One keepalive round trip; returns the lease's remaining TTL (0: expired)."""
         _, lease = self._connect()
 
-        async def once() -> int | None:
+        # bounded by the caller, which gives each renewal a share of the TTL
+        async def once(_: float) -> int | None:
             stream = lease.keep_alive(lease_id)
             try:
                 async for response in stream:
@@ -591,22 +614,20 @@ class EtcdLeadership:
     async def _claim(self) -> tuple[int, int, Any]:
         """Grant a lease and create the election key on it if absent: (lease, TTL, txn)."""
         kv, lease = self._store._connect()
-        timeout = self._store._timeout
         granted = await self._store._call(
-            "campaign", lambda: lease.grant(self._ttl, timeout=timeout))
+            "campaign", lambda t: lease.grant(self._ttl, timeout=t))
         lease_id = int(granted.ID)
-        txn = await self._store._call("campaign", lambda: kv.txn(
+        txn = await self._store._call("campaign", lambda t: kv.txn(
             [KVService.txn_compare_create_revision(self._name, 0)],
             [KVService.txn_op_put(self._name, self._identity, lease=lease_id)],
             [KVService.txn_op_get(self._name)],
-            timeout=timeout,
+            timeout=t,
         ))
         return lease_id, int(granted.TTL), txn
 
     async def _revoke(self, lease_id: int) -> None:
         _, lease = self._store._connect()
-        timeout = self._store._timeout
-        await self._store._call("campaign", lambda: lease.revoke(lease_id, timeout=timeout))
+        await self._store._call("campaign", lambda t: lease.revoke(lease_id, timeout=t))
 
     async def _wait_for_vacancy(self, seen: int) -> None:
         async with contextlib.aclosing(
@@ -625,8 +646,8 @@ class EtcdLeadership:
         self._lost.set()
         if lease_id:
             _, lease = self._store._connect()
-            await self._store._call("resign", lambda: lease.revoke(
-                lease_id, timeout=timeout, max_attempts=attempts))
+            await self._store._call("resign", lambda t: lease.revoke(
+                lease_id, timeout=t, max_attempts=attempts), timeout=timeout)
 
     async def lost(self) -> None:
         if self._fence is None:

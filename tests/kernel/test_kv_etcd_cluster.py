@@ -196,3 +196,26 @@ async def test_a_lease_outlives_a_member_that_stops_answering(
     assert lapses == 0
     await kv.put(f"{etcd_prefix}/fenced", b"still leading", fence=fence)
     await leadership.resign()
+
+
+async def test_calls_go_on_while_a_member_stops_answering(
+    etcd_cluster: EtcdCluster, etcd_prefix: str
+) -> None:
+    """Round-robin sends every third call to the frozen member: the attempt that
+    gets no answer in half the call's time is made again on another member."""
+    kv = EtcdKV(etcd_cluster.endpoints, timeout=2.0)
+    key = f"{etcd_prefix}/frozen"
+    try:
+        await kv.put(key, b"0")
+        frozen = etcd_cluster.follower()
+        assert frozen.proc is not None
+        frozen.proc.send_signal(signal.SIGSTOP)
+        try:
+            for n in range(1, 7):
+                await kv.put(key, b"%d" % n)
+                got = await kv.get(key)
+                assert got is not None and got.value == b"%d" % n
+        finally:
+            frozen.proc.send_signal(signal.SIGCONT)
+    finally:
+        await kv.close()
