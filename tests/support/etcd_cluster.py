@@ -22,11 +22,13 @@ _IS_LEADER = re.compile(rb"^etcd_server_is_leader (\S+)$", re.MULTILINE)
 
 
 class EtcdMember(ServiceProcess):
-    def __init__(self, index: int, token: str) -> None:
+    def __init__(self, index: int, token: str, *, heartbeat_ms: int, election_ms: int) -> None:
         super().__init__(f"etcd-m{index}", free_port())
         self.member_name = f"m{index}"
         self.peer_port = free_port()
         self.token = token
+        self.heartbeat_ms = heartbeat_ms
+        self.election_ms = election_ms
         self.initial_cluster = ""
 
     @property
@@ -54,10 +56,8 @@ class EtcdMember(ServiceProcess):
             "--initial-cluster", self.initial_cluster,
             "--initial-cluster-state", "new",
             "--initial-cluster-token", self.token,
-            # half etcd's defaults (100 ms, 1 s): a new raft leader within about a
-            # second even on a loaded test machine, well inside the tests' 3 s leases
-            "--heartbeat-interval", "50",
-            "--election-timeout", "500",
+            "--heartbeat-interval", str(self.heartbeat_ms),
+            "--election-timeout", str(self.election_ms),
             "--logger", "zap",
             "--log-level", "warn",
         ]
@@ -84,9 +84,16 @@ class EtcdMember(ServiceProcess):
 
 
 class EtcdCluster:
-    def __init__(self, size: int = 3) -> None:
+    """`heartbeat_ms` and `election_ms` default to half etcd's (100 ms, 1 s): a new raft
+    leader within about a second even on a loaded test machine, well inside the
+    tests' 3 s leases."""
+
+    def __init__(self, size: int = 3, *, heartbeat_ms: int = 50, election_ms: int = 500) -> None:
         token = f"canary-test-{uuid.uuid4().hex[:8]}"
-        self.members = [EtcdMember(index, token) for index in range(size)]
+        self.members = [
+            EtcdMember(index, token, heartbeat_ms=heartbeat_ms, election_ms=election_ms)
+            for index in range(size)
+        ]
         initial = ",".join(f"{m.member_name}={m.peer_url}" for m in self.members)
         for member in self.members:
             member.initial_cluster = initial
