@@ -3,14 +3,13 @@
 Forms, as etcdctl's ``--endpoints`` takes them:
 
 - ``host:port`` — one member, or one DNS name that resolves to every member;
-- ``h1:p1,h2:p2,h3:p3`` — the members of a cluster, as IP addresses;
+- ``h1:p1,h2:p2,h3:p3`` — the members of a cluster, by name or IP address;
 - each may carry ``http://`` or ``https://`` (all https, or none).
 
-Several members become one gRPC target ``ipv4:h1:p1,h2:p2,…`` balanced round-robin,
-so a call refused by a lost member is retried on another (decision 0029). gRPC's
-static multi-address target takes IP literals only, hence that rule. Kept free of
-grpc (and of pydantic) so that the settings can check the value at start-up and the
-CLI can show the forms cheaply.
+Each member gets a gRPC channel of its own, and the store takes them in turn, so a
+call refused by a lost member is made again on another (decision 0029). Kept free
+of grpc (and of pydantic) so that the settings can check the value at start-up and
+the CLI can show the forms cheaply.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from controlplane.kernel.errors import ConfigError
 
 # the forms CANARY_ETCD / --etcd take, for the settings and the CLI's help
 ENDPOINTS_HELP = (
-    "etcd member(s): host:port, or h1:p1,h2:p2,… (IP addresses) for a cluster, each "
+    "etcd member(s): host:port, or h1:p1,h2:p2,… for a cluster's members, each "
     "optionally http:// or https://; or memory:// in-process"
 )
 # etcd clusters have 3, 5 or 7 voting members; a longer list is a mistake.
@@ -38,13 +37,9 @@ class EtcdEndpoints:
     tls: bool
 
     @property
-    def target(self) -> str:
-        """The gRPC target: one name goes through DNS, several IPs are balanced."""
-        if len(self.members) == 1:
-            host, port = self.members[0]
-            return f"dns:///{_join(host, port)}"
-        scheme = "ipv6" if ":" in self.members[0][0] else "ipv4"
-        return f"{scheme}:" + ",".join(_join(host, port) for host, port in self.members)
+    def targets(self) -> tuple[str, ...]:
+        """A gRPC target per member, each through DNS (which takes IP literals too)."""
+        return tuple(f"dns:///{_join(host, port)}" for host, port in self.members)
 
 
 def parse_endpoints(text: str) -> EtcdEndpoints:
@@ -62,8 +57,6 @@ def parse_endpoints(text: str) -> EtcdEndpoints:
         members.append(member)
     if "https://" in schemes and len(schemes) > 1:
         raise ConfigError("etcd endpoints mix https:// and plain ones")
-    if len(members) > 1:
-        _check_cluster_addresses(members)
     return EtcdEndpoints(members=tuple(members), tls=schemes == {"https://"})
 
 
@@ -94,33 +87,20 @@ def _parse_one(item: str) -> tuple[str, tuple[str, int]]:
             raise ConfigError(f"etcd endpoint {item!r}: brackets are for IPv6 addresses")
     elif ":" in host:
         raise ConfigError(f"etcd endpoint {item!r}: write an IPv6 address as [address]:port")
-    if not _is_host(host):
-        raise ConfigError(f"etcd endpoint {item!r}: {host!r} is not a host name or IP address")
-    return scheme, ("127.0.0.1" if host.lower() == "localhost" else host, port)
+    return scheme, (_canonical_host(host, item), port)
 
 
-def _is_host(host: str) -> bool:
+def _canonical_host(host: str, item: str) -> str:
+    """One spelling per host, so that a member listed twice is caught."""
     try:
-        ipaddress.ip_address(host)
-        return True
+        return str(ipaddress.ip_address(host))
     except ValueError:
         pass
     labels = host.rstrip(".").split(".")
-    return 0 < len(host) <= 253 and all(_LABEL.fullmatch(label) for label in labels)
-
-
-def _check_cluster_addresses(members: list[tuple[str, int]]) -> None:
-    versions = set()
-    for host, _ in members:
-        try:
-            versions.add(ipaddress.ip_address(host).version)
-        except ValueError:
-            raise ConfigError(
-                f"several etcd endpoints must be IP addresses, got {host!r}: "
-                "give one DNS name that resolves to every member instead"
-            ) from None
-    if len(versions) > 1:
-        raise ConfigError("etcd endpoints mix IPv4 and IPv6 addresses")
+    if not (0 < len(host) <= 253 and all(_LABEL.fullmatch(label) for label in labels)):
+        raise ConfigError(f"etcd endpoint {item!r}: {host!r} is not a host name or IP address")
+    name = host.lower().rstrip(".")
+    return "127.0.0.1" if name == "localhost" else name
 
 
 def _join(host: str, port: int) -> str:

@@ -29,6 +29,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -93,6 +94,14 @@ _HAS_LEADER = ("hasleader", "true")
 _T = TypeVar("_T")
 
 
+class _CredentialsMissing(BackendUnavailable):
+    """etcd requires authentication and no user is configured: no member will differ."""
+
+
+class _Closed(BackendUnavailable):
+    """The client was closed."""
+
+
 class _NoAnswer(BackendUnavailable):
     """No answer within the attempt's deadline: the member may be frozen or cut off."""
 
@@ -124,13 +133,13 @@ def _translated(operation: str) -> Iterator[None]:
     except TimeoutError as exc:
         raise _NoAnswer(f"etcd {operation}: no answer in time") from exc
     except grpc.aio.UsageError as exc:
-        raise BackendUnavailable(f"etcd {operation}: the client is closed") from exc
+        raise _Closed(f"etcd {operation}: the client is closed") from exc
     except grpc.aio.AioRpcError as exc:
         message = f"etcd {operation}: {exc.code().name} {exc.details() or ''}".rstrip()
         if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
             raise _TokenRejected(message) from exc
         if _needs_credentials(exc):
-            raise BackendUnavailable(
+            raise _CredentialsMissing(
                 f"etcd {operation}: etcd requires authentication: set CANARY_ETCD_USER and "
                 "CANARY_ETCD_PASSWORD_FILE (or CANARY_ETCD_PASSWORD)"
             ) from exc
@@ -228,6 +237,17 @@ def _fence_holds(fence: Fence, range_response: Any) -> bool:
     return bool(kvs) and int(kvs[0].create_revision) == fence.create_revision
 
 
+@dataclass(frozen=True)
+class _Member:
+    """One member's channel and the etcd services on it."""
+
+    channel: grpc.aio.Channel
+    kv: KVService
+    lease: LeaseService
+    auth: AuthService
+    watch: Any
+
+
 class EtcdKV:
     def __init__(
         self,
@@ -238,52 +258,70 @@ class EtcdKV:
         access: EtcdAccess | None = None,
     ) -> None:
         parsed = parse_endpoints(endpoints)
-        self._target = parsed.target
+        self._targets = parsed.targets
         self._access = access or EtcdAccess()
         self._tls = parsed.tls or self._access.tls
         if self._access.cert is not None and not self._tls:
             raise ConfigError("an etcd client certificate is set but TLS is not")
         self._timeout = timeout
         self._rpc_attempts = rpc_attempts
-        self._channel: grpc.aio.Channel | None = None
-        self._kv: KVService | None = None
-        self._lease: LeaseService | None = None
-        self._auth: AuthService | None = None
-        self._watch: Any = None
+        self._members: list[_Member] = []
+        self._turn = 0
         self._token: str | None = None
         self._auth_lock: asyncio.Lock | None = None
         self._closed = False
         self._leaderships: set[EtcdLeadership] = set()
 
-    # The channel is opened at first use, inside the event loop that will drive it.
-    def _connect(self) -> tuple[KVService, LeaseService]:
+    # The channels are opened at first use, inside the event loop that will drive them.
+    def _connect(self) -> list[_Member]:
         if self._closed:
-            raise BackendUnavailable("the etcd client is closed")
-        if self._kv is None or self._lease is None:
-            interceptors = [_RequireLeader(), _RequireLeaderStream()]
-            if self._tls:
-                self._channel = grpc.aio.secure_channel(
-                    self._target, _credentials(self._access), options=_CHANNEL_OPTIONS,
-                    interceptors=interceptors,
-                )
-            else:
-                self._channel = grpc.aio.insecure_channel(
-                    self._target, options=_CHANNEL_OPTIONS, interceptors=interceptors
-                )
-            self._kv = KVService(self._channel, max_attempts=self._rpc_attempts)
-            self._lease = LeaseService(self._channel, max_attempts=self._rpc_attempts)
-            self._auth = AuthService(self._channel, max_attempts=self._rpc_attempts)
-            self._watch = WatchStub(self._channel)
+            raise _Closed("the etcd client is closed")
+        if not self._members:
+            self._members = [self._open_member(target) for target in self._targets]
             self._apply_token(self._token)
-        return self._kv, self._lease
+        return self._members
+
+    def _open_member(self, target: str) -> _Member:
+        # A channel per member, not one over all of them: each checks its member's
+        # certificate against that member's own name, and resolves its own DNS name.
+        interceptors = [_RequireLeader(), _RequireLeaderStream()]
+        if self._tls:
+            channel = grpc.aio.secure_channel(
+                target, _credentials(self._access), options=_CHANNEL_OPTIONS,
+                interceptors=interceptors,
+            )
+        else:
+            channel = grpc.aio.insecure_channel(
+                target, options=_CHANNEL_OPTIONS, interceptors=interceptors
+            )
+        return _Member(
+            channel=channel,
+            kv=KVService(channel, max_attempts=self._rpc_attempts),
+            lease=LeaseService(channel, max_attempts=self._rpc_attempts),
+            auth=AuthService(channel, max_attempts=self._rpc_attempts),
+            watch=WatchStub(channel),
+        )
+
+    def _pick(self) -> _Member:
+        """The next member in turn, passing over those whose connection failed
+        (unless every one did: then the next in turn all the same)."""
+        members = self._connect()
+        for step in range(len(members)):
+            member = members[(self._turn + step) % len(members)]
+            if member.channel.get_state() != grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                self._turn = (self._turn + step + 1) % len(members)
+                return member
+        member = members[self._turn % len(members)]
+        self._turn = (self._turn + 1) % len(members)
+        return member
 
     # -- authentication --
 
     def _apply_token(self, token: str | None) -> None:
         self._token = token
-        for service in (self._kv, self._lease):
-            if service is not None:
-                service.set_token(token or None)
+        for member in self._members:
+            member.kv.set_token(token or None)
+            member.lease.set_token(token or None)
 
     def _metadata(self) -> tuple[tuple[str, str], ...] | None:
         return (("token", self._token),) if self._token else None
@@ -293,18 +331,16 @@ class EtcdKV:
         user = self._access.user
         if user is None or self._token is not None:
             return
-        self._connect()
         if self._auth_lock is None:
             self._auth_lock = asyncio.Lock()
         async with self._auth_lock:
-            if self._token is not None or self._auth is None:
+            if self._token is not None:
                 return
             password = self._access.password() or ""
+            auth = self._pick().auth
             try:
                 with _translated("authenticate"), _authenticating(user):
-                    response = await self._auth.authenticate(
-                        user, password, timeout=self._timeout
-                    )
+                    response = await auth.authenticate(user, password, timeout=self._timeout)
             except _AuthDisabled:
                 _log.warning("etcd has authentication disabled: calls go without a token")
                 self._apply_token("")
@@ -316,53 +352,58 @@ class EtcdKV:
             self._apply_token(None)
 
     async def _call(
-        self, operation: str, call: Callable[[float], Awaitable[_T]], *,
+        self, operation: str, call: Callable[[_Member, float], Awaitable[_T]], *,
         timeout: float | None = None,
     ) -> _T:
-        """One etcd call within `timeout` (the store's) in all.
+        """One etcd call within `timeout` (the store's) in all, tried once per member.
 
-        `call` is given each attempt's deadline: half the budget, so that an attempt
-        that gets no answer (a member frozen or cut off keeps its connection open and
-        answers nothing) is made again, and round-robin sends it to another member.
-        A refused token is renewed and the call made once more.
+        An attempt refused for want of a member (gone, or without a raft leader) is
+        made again at once on the next member; with several members an attempt may
+        take half the budget, so that one that gets no answer (a member frozen or
+        cut off keeps its connection open and answers nothing) leaves time for the
+        next. A refused token is renewed and the call made once more.
         """
         budget = self._timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
+        members = len(self._connect())
+        share = budget / 2 if members > 1 else budget
         renewed = False
+        failures = 0
         while True:
             await self._authenticated()
             token = self._token
+            member = self._pick()
             left = max(deadline - time.monotonic(), 0.001)
             try:
                 with _translated(operation):
-                    return await call(min(budget / 2, left))
-            except _NoAnswer:
-                if time.monotonic() >= deadline - 0.001:
-                    raise
+                    return await call(member, min(share, left))
             except _TokenRejected:
                 if self._access.user is None or renewed:
                     raise
                 renewed = True
                 self._forget_token(token)
+            except (_CredentialsMissing, _Closed):
+                raise
+            except BackendUnavailable:
+                failures += 1
+                if failures >= members or time.monotonic() >= deadline - 0.001:
+                    raise
 
     async def get(self, key: str) -> KeyValue | None:
-        kv, _ = self._connect()
-        response = await self._call("get", lambda t: kv.get(key, timeout=t))
+        response = await self._call("get", lambda m, t: m.kv.get(key, timeout=t))
         return _key_value(response.kvs[0]) if response.kvs else None
 
     async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
-        kv, _ = self._connect()
-        response = await self._call("get_prefix", lambda t: kv.get(
+        response = await self._call("get_prefix", lambda m, t: m.kv.get(
             prefix, range_end=prefix_range_end(prefix), timeout=t))
         return [_key_value(item) for item in response.kvs], int(response.header.revision)
 
     async def put(self, key: str, value: bytes, *, fence: Fence | None = None) -> int:
-        kv, _ = self._connect()
         if fence is None:
             response = await self._call(
-                "put", lambda t: kv.put(key, value, timeout=t))
+                "put", lambda m, t: m.kv.put(key, value, timeout=t))
             return int(response.header.revision)
-        txn = await self._call("put", lambda t: kv.txn(
+        txn = await self._call("put", lambda m, t: m.kv.txn(
             [_fence_compare(fence)],
             [KVService.txn_op_put(key, value)],
             [KVService.txn_op_get(fence.key)],
@@ -375,7 +416,6 @@ class EtcdKV:
     async def compare_and_swap(
         self, key: str, value: bytes, *, expected_mod_revision: int, fence: Fence | None = None
     ) -> int:
-        kv, _ = self._connect()
         compares = [_mod_revision_compare(key, expected_mod_revision)]
         # The failure branch reads back what failed, so one round trip tells a stale
         # fence (NotLeader) from a lost race (RevisionConflict).
@@ -383,7 +423,7 @@ class EtcdKV:
         if fence is not None:
             compares.append(_fence_compare(fence))
             on_failure.append(KVService.txn_op_get(fence.key))
-        txn = await self._call("compare_and_swap", lambda t: kv.txn(
+        txn = await self._call("compare_and_swap", lambda m, t: m.kv.txn(
             compares, [KVService.txn_op_put(key, value)], on_failure, timeout=t))
         if txn.succeeded:
             return int(txn.header.revision)
@@ -394,11 +434,10 @@ class EtcdKV:
         raise RevisionConflict(f"{key} is at revision {actual}, expected {expected_mod_revision}")
 
     async def delete(self, key: str, *, fence: Fence | None = None) -> bool:
-        kv, _ = self._connect()
         if fence is None:
-            response = await self._call("delete", lambda t: kv.delete(key, timeout=t))
+            response = await self._call("delete", lambda m, t: m.kv.delete(key, timeout=t))
             return int(response.deleted) > 0
-        txn = await self._call("delete", lambda t: kv.txn(
+        txn = await self._call("delete", lambda m, t: m.kv.txn(
             [_fence_compare(fence)],
             [KVService.txn_op_delete(key)],
             [KVService.txn_op_get(fence.key)],
@@ -422,7 +461,6 @@ class EtcdKV:
         backoff = _WATCH_BACKOFF_SECONDS
         renewed = False  # the token was renewed for this stream after a refusal
         while not self._closed:
-            self._connect()
             try:
                 await self._authenticated()
             except BackendUnavailable as exc:
@@ -437,7 +475,8 @@ class EtcdKV:
                 key=key.encode(), range_end=range_end, start_revision=after + 1 if after else 0
             )
             requests = _WatchRequests(request)
-            stream = self._watch.Watch(requests, metadata=self._metadata())
+            # the next member in turn: after a lost stream, most likely another one
+            stream = self._pick().watch.Watch(requests, metadata=self._metadata())
             try:
                 async for response in stream:
                     if response.compact_revision > 0:
@@ -490,9 +529,8 @@ class EtcdKV:
         return leadership
 
     async def ping(self) -> None:
-        kv, _ = self._connect()
         try:
-            await self._call("ping", lambda t: kv.get(
+            await self._call("ping", lambda m, t: m.kv.get(
                 "/", timeout=t, max_attempts=1, count_only=True), timeout=PING_TIMEOUT)
         except _PermissionDenied:
             # a user confined to its prefix may not read "/": etcd answered and
@@ -506,19 +544,16 @@ class EtcdKV:
                 await leadership._release(timeout=PING_TIMEOUT, attempts=1)
         self._leaderships.clear()
         self._closed = True
-        channel, self._channel = self._channel, None
-        self._kv = self._lease = self._auth = self._watch = None
+        members, self._members = self._members, []
         self._token = None
-        if channel is not None:
-            await channel.close()
+        for member in members:
+            await member.channel.close()
 
     async def _keep_alive_once(self, lease_id: int) -> int:
         """One keepalive round trip; returns the lease's remaining TTL (0: expired)."""
-        _, lease = self._connect()
-
         # bounded by the caller, which gives each renewal a share of the TTL
-        async def once(_: float) -> int | None:
-            stream = lease.keep_alive(lease_id)
+        async def once(member: _Member, _: float) -> int | None:
+            stream = member.lease.keep_alive(lease_id)
             try:
                 async for response in stream:
                     return int(response.TTL)
@@ -613,11 +648,10 @@ class EtcdLeadership:
 
     async def _claim(self) -> tuple[int, int, Any]:
         """Grant a lease and create the election key on it if absent: (lease, TTL, txn)."""
-        kv, lease = self._store._connect()
         granted = await self._store._call(
-            "campaign", lambda t: lease.grant(self._ttl, timeout=t))
+            "campaign", lambda m, t: m.lease.grant(self._ttl, timeout=t))
         lease_id = int(granted.ID)
-        txn = await self._store._call("campaign", lambda t: kv.txn(
+        txn = await self._store._call("campaign", lambda m, t: m.kv.txn(
             [KVService.txn_compare_create_revision(self._name, 0)],
             [KVService.txn_op_put(self._name, self._identity, lease=lease_id)],
             [KVService.txn_op_get(self._name)],
@@ -626,8 +660,7 @@ class EtcdLeadership:
         return lease_id, int(granted.TTL), txn
 
     async def _revoke(self, lease_id: int) -> None:
-        _, lease = self._store._connect()
-        await self._store._call("campaign", lambda t: lease.revoke(lease_id, timeout=t))
+        await self._store._call("campaign", lambda m, t: m.lease.revoke(lease_id, timeout=t))
 
     async def _wait_for_vacancy(self, seen: int) -> None:
         async with contextlib.aclosing(
@@ -645,8 +678,7 @@ class EtcdLeadership:
         lease_id, self._lease_id = self._lease_id, 0
         self._lost.set()
         if lease_id:
-            _, lease = self._store._connect()
-            await self._store._call("resign", lambda t: lease.revoke(
+            await self._store._call("resign", lambda m, t: m.lease.revoke(
                 lease_id, timeout=t, max_attempts=attempts), timeout=timeout)
 
     async def lost(self) -> None:

@@ -15,24 +15,26 @@ from controlplane.kernel.settings import Settings
 
 
 @pytest.mark.parametrize(
-    ("text", "target", "tls"),
+    ("text", "targets", "tls"),
     [
-        ("127.0.0.1:2379", "dns:///127.0.0.1:2379", False),
-        ("localhost:2379", "dns:///127.0.0.1:2379", False),
-        ("etcd.canary.svc:2379", "dns:///etcd.canary.svc:2379", False),
-        ("https://etcd.example.com:2379/", "dns:///etcd.example.com:2379", True),
+        ("127.0.0.1:2379", ["127.0.0.1:2379"], False),
+        ("localhost:2379", ["127.0.0.1:2379"], False),
+        ("etcd.canary.svc:2379", ["etcd.canary.svc:2379"], False),
+        ("https://etcd.example.com:2379/", ["etcd.example.com:2379"], True),
         ("10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379",
-         "ipv4:10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379", False),
-        (" http://10.0.0.1:2379 , 10.0.0.2:2379 ", "ipv4:10.0.0.1:2379,10.0.0.2:2379", False),
-        ("https://10.0.0.1:2379,HTTPS://10.0.0.2:2379", "ipv4:10.0.0.1:2379,10.0.0.2:2379",
-         True),
-        ("[::1]:2379", "dns:///[::1]:2379", False),
-        ("[fd00::1]:2379,[fd00::2]:2379", "ipv6:[fd00::1]:2379,[fd00::2]:2379", False),
+         ["10.0.0.1:2379", "10.0.0.2:2379", "10.0.0.3:2379"], False),
+        (" http://10.0.0.1:2379 , 10.0.0.2:2379 ", ["10.0.0.1:2379", "10.0.0.2:2379"], False),
+        ("https://etcd-1.internal:2379,HTTPS://etcd-2.internal:2379",
+         ["etcd-1.internal:2379", "etcd-2.internal:2379"], True),
+        ("[::1]:2379", ["[::1]:2379"], False),
+        ("[fd00::1]:2379,10.0.0.1:2379", ["[fd00::1]:2379", "10.0.0.1:2379"], False),
     ],
 )
-def test_accepted_forms_and_their_grpc_target(text: str, target: str, tls: bool) -> None:
+def test_accepted_forms_and_a_grpc_target_per_member(
+    text: str, targets: list[str], tls: bool
+) -> None:
     parsed = parse_endpoints(text)
-    assert parsed.target == target
+    assert parsed.targets == tuple(f"dns:///{target}" for target in targets)
     assert parsed.tls is tls
 
 
@@ -55,8 +57,6 @@ def test_accepted_forms_and_their_grpc_target(text: str, target: str, tls: bool)
         ("::1:2379", "write an IPv6 address as [address]:port"),
         ("[10.0.0.1]:2379", "brackets are for IPv6"),
         ("10.0.0.1:2379,http://10.0.0.1:2379", "listed twice"),
-        ("etcd-0:2379,etcd-1:2379", "must be IP addresses"),
-        ("10.0.0.1:2379,[fd00::1]:2379", "mix IPv4 and IPv6"),
         ("https://10.0.0.1:2379,10.0.0.2:2379", "mix https:// and plain"),
         (",".join(f"10.0.0.{n}:2379" for n in range(MAX_ENDPOINTS + 1)), "at most"),
     ],
@@ -80,3 +80,13 @@ def test_a_written_member_list_parses_back_to_the_same_members(
 ) -> None:
     text = ",".join(f"{host}:{port}" for host, port in members)
     assert parse_endpoints(text).members == tuple((str(h), p) for h, p in members)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["etcd-0:2379,ETCD-0:2379", "etcd-0.:2379,etcd-0:2379", "[fd00:0::1]:2379,[fd00::1]:2379",
+     "localhost:2379,127.0.0.1:2379"],
+)
+def test_one_member_spelt_two_ways_is_listed_twice(text: str) -> None:
+    with pytest.raises(ConfigError, match="listed twice"):
+        parse_endpoints(text)
