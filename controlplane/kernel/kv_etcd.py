@@ -13,6 +13,12 @@ docs/decisions/0001-etcd-client.md):
   not tell that its lease lapsed. Here the TTL is tracked locally and `lost()`
   returns as soon as it runs out without a confirmed renewal.
 
+A cluster (docs/decisions/0029-etcd-cluster.md): a channel per listed member, taken
+in turn; a call refused by one member, or left unanswered for half its time, is
+made again on the next. Every call requires a member with a raft leader
+(``hasleader``), so a member cut off from the quorum refuses at once and ends the
+watches it serves, which resume on another member.
+
 TLS and auth (`EtcdAccess`): ``https://`` endpoints or a CA select a TLS channel,
 with a client certificate for etcd's ``--client-cert-auth``. With a user, the
 client authenticates on first use and sends the token with every call; etcd's
@@ -80,6 +86,7 @@ _WATCH_MAX_BACKOFF_SECONDS = 2.0
 # gRPC's own defaults back off up to 120 s between connection attempts, which would
 # keep a watcher blind long after etcd is back.
 _CHANNEL_OPTIONS: list[tuple[str, int | str | bool]] = [
+    # one member's name may resolve to several addresses (or one name to every member)
     ("grpc.lb_policy_name", "round_robin"),
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
@@ -698,8 +705,7 @@ class EtcdLeadership:
                         return
                     # One attempt may take a third of the TTL, not all of it: a member
                     # that does not answer (partitioned, or dead with no reset sent)
-                    # leaves time for the next attempt, which round-robin sends to
-                    # another member.
+                    # leaves time for the next attempt, which goes to the next member.
                     try:
                         async with asyncio.timeout(min(self._expires_at - sent, interval)):
                             remaining = await self._store._keep_alive_once(self._lease_id)
@@ -709,7 +715,7 @@ class EtcdLeadership:
                         continue
                     except BackendError as exc:
                         _log.warning("lease keepalive for %s failed: %s", self._name, exc)
-                        # soon, and round-robin picks another member for it
+                        # soon, and on the next member
                         left = self._expires_at - time.monotonic()
                         await asyncio.sleep(min(interval / 4, max(left, 0.0)))
                         continue
