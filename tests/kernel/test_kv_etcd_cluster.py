@@ -29,16 +29,14 @@ KILL_AT = 40
 
 @pytest.fixture
 async def kv(etcd_cluster: EtcdCluster) -> AsyncIterator[EtcdKV]:
-    store = EtcdKV(etcd_cluster.endpoints)
-    yield store
-    await store.close()
+    async with etcd_cluster.client() as store:
+        yield store
 
 
 @pytest.fixture
 async def writer(etcd_cluster: EtcdCluster) -> AsyncIterator[EtcdKV]:
-    store = EtcdKV(etcd_cluster.endpoints)
-    yield store
-    await store.close()
+    async with etcd_cluster.client() as store:
+        yield store
 
 
 async def put_until_done(kv: KeyValueStore, key: str, value: bytes, timeout: float = 15.0) -> int:
@@ -203,9 +201,8 @@ async def test_calls_go_on_while_a_member_stops_answering(
 ) -> None:
     """Round-robin sends every third call to the frozen member: the attempt that
     gets no answer in half the call's time is made again on another member."""
-    kv = EtcdKV(etcd_cluster.endpoints, timeout=2.0)
     key = f"{etcd_prefix}/frozen"
-    try:
+    async with etcd_cluster.client(timeout=2.0) as kv:
         await kv.put(key, b"0")
         frozen = etcd_cluster.follower()
         assert frozen.proc is not None
@@ -217,5 +214,3 @@ async def test_calls_go_on_while_a_member_stops_answering(
                 assert got is not None and got.value == b"%d" % n
         finally:
             frozen.proc.send_signal(signal.SIGCONT)
-    finally:
-        await kv.close()

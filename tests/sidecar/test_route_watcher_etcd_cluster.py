@@ -20,15 +20,13 @@ APPLY_TIMEOUT = 10.0
 
 @pytest.fixture
 async def sidecar_kv(etcd_cluster: EtcdCluster) -> AsyncIterator[EtcdKV]:
-    store = EtcdKV(etcd_cluster.endpoints)
-    yield store
-    await store.close()
+    async with etcd_cluster.client() as store:
+        yield store
 
 
 async def test_routes_written_after_the_loss_of_the_watched_member_are_applied(
     etcd_cluster: EtcdCluster, sidecar_kv: EtcdKV, etcd_prefix: str
 ) -> None:
-    writer = EtcdKV(etcd_cluster.endpoints)
     key = EtcdKeys(etcd_prefix).route(SERVICE)
     watcher = RouteWatcher(
         sidecar_kv, RouteTable(default_upstream=Upstream.parse("http://127.0.0.1:9100")),
@@ -36,22 +34,22 @@ async def test_routes_written_after_the_loss_of_the_watched_member_are_applied(
     )
     watcher.start()
     try:
-        assert await watcher.wait_loaded(APPLY_TIMEOUT)
-        await writer.put(key, _route(1))
-        assert await watcher.wait_for(at_revision(1), APPLY_TIMEOUT)
-        victim = etcd_cluster.watched_member()
-        etcd_cluster.kill(victim)
-        for revision in (2, 3):
-            await writer.put(key, _route(revision))
-            assert await watcher.wait_for(at_revision(revision), APPLY_TIMEOUT), (
-                f"route revision {revision} not applied with {victim.member_name} down"
-            )
+        async with etcd_cluster.client() as writer:
+            assert await watcher.wait_loaded(APPLY_TIMEOUT)
+            await writer.put(key, _route(1))
+            assert await watcher.wait_for(at_revision(1), APPLY_TIMEOUT)
+            victim = etcd_cluster.watched_member()
+            etcd_cluster.kill(victim)
+            for revision in (2, 3):
+                await writer.put(key, _route(revision))
+                assert await watcher.wait_for(at_revision(revision), APPLY_TIMEOUT), (
+                    f"route revision {revision} not applied with {victim.member_name} down"
+                )
         assert watcher.stats.applied == 3
         assert watcher.table.choose({"x": "1"}).variant in {"baseline", "canary"}
         assert etcd_cluster.watched_member() is not victim
     finally:
         await watcher.stop()
-        await writer.close()
 
 
 def at_revision(revision: int) -> Callable[[Route | None], bool]:

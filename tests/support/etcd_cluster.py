@@ -8,13 +8,16 @@ test can kill exactly the member its watch is on.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
 import time
 import urllib.request
 import uuid
+from collections.abc import AsyncIterator
 
+from controlplane.kernel.kv_etcd import EtcdKV
 from tests.support.processes import ServiceProcess, etcd_binary, free_port
 
 _WATCHERS = re.compile(rb"^etcd_debugging_mvcc_watcher_total (\S+)$", re.MULTILINE)
@@ -102,6 +105,15 @@ class EtcdCluster:
     def endpoints(self) -> str:
         """Every member, as CANARY_ETCD takes them."""
         return ",".join(member.endpoint for member in self.members)
+
+    @contextlib.asynccontextmanager
+    async def client(self, *, timeout: float = 5.0) -> AsyncIterator[EtcdKV]:
+        """The store over every member, closed on the way out."""
+        store = EtcdKV(self.endpoints, timeout=timeout)
+        try:
+            yield store
+        finally:
+            await store.close()
 
     def start(self) -> None:
         # Members wait for each other to form the cluster: start all, then wait.
