@@ -121,6 +121,10 @@ class _PermissionDenied(BackendError):
     """The etcd user's roles do not cover the key."""
 
 
+class _AuthRefused(BackendUnavailable):
+    """etcd refused the user's credentials: no other member will accept them."""
+
+
 class _AuthDisabled(BackendError):
     """A user is configured but etcd does not have authentication enabled."""
 
@@ -174,12 +178,12 @@ def _authenticating(user: str) -> Iterator[None]:
         if "authentication is not enabled" in details:
             raise _AuthDisabled(details) from exc
         if "authentication failed" in details:
-            raise BackendUnavailable(
+            raise _AuthRefused(
                 f"etcd: authentication as {user!r} failed: wrong user name or password"
             ) from exc
         raise
     except EtcdUnauthenticatedError as exc:
-        raise BackendUnavailable(f"etcd: authentication as {user!r} refused: {exc}") from exc
+        raise _AuthRefused(f"etcd: authentication as {user!r} refused: {exc}") from exc
 
 
 def _require_leader(details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
@@ -344,14 +348,24 @@ class EtcdKV:
             if self._token is not None:
                 return
             password = self._access.password() or ""
-            auth = self._pick().auth
-            try:
-                with _translated("authenticate"), _authenticating(user):
-                    response = await auth.authenticate(user, password, timeout=self._timeout)
-            except _AuthDisabled:
-                _log.warning("etcd has authentication disabled: calls go without a token")
-                self._apply_token("")
-                return
+            # like any call, once per member: the one in turn may be the one that is gone
+            for tries in range(1, len(self._connect()) + 1):
+                auth = self._pick().auth
+                try:
+                    with _translated("authenticate"), _authenticating(user):
+                        response = await auth.authenticate(
+                            user, password, timeout=self._timeout
+                        )
+                    break
+                except _AuthDisabled:
+                    _log.warning("etcd has authentication disabled: calls go without a token")
+                    self._apply_token("")
+                    return
+                except (_AuthRefused, _CredentialsMissing, _Closed):
+                    raise
+                except BackendUnavailable:
+                    if tries == len(self._members):
+                        raise
             self._apply_token(str(response.token))
 
     def _forget_token(self, stale: str | None) -> None:

@@ -259,20 +259,21 @@ def test_the_password_stays_out_of_the_settings_repr() -> None:
 async def test_each_member_of_a_list_is_checked_against_its_own_name(
     secure_etcd: TlsEtcdProcess, pki: Pki, password_file: str
 ) -> None:
-    """Two members (the second a relay to the same etcd, by another name): each
-    certificate is checked against the name it was reached by, and a member that
-    drops out leaves the other serving."""
-    relay = TcpCut("127.0.0.1", secure_etcd.port)
-    await relay.heal()
-    endpoints = f"{secure_etcd.endpoint},https://localhost:{relay.port}"
+    """Two members (the first a relay to the same etcd): the client authenticates and
+    writes while the first is away, each certificate is checked against the name its
+    member was reached by, and a member that drops out leaves the other serving."""
+    relay = TcpCut("127.0.0.1", secure_etcd.port)  # not listening yet
+    endpoints = f"https://localhost:{relay.port},{secure_etcd.endpoint}"
     settings = Settings(
         etcd=endpoints, etcd_ca_file=pki.ca_file, etcd_cert_file=pki.client_cert,
         etcd_key_file=pki.client_key, etcd_user=USER, etcd_password_file=password_file,
     )
     kv = open_kv(settings.etcd, access=etcd_access(settings))
+    name = key("members")
     try:
         async with asyncio.timeout(WAIT):
-            name = key("members")
+            await kv.put(name, b"first")  # authenticates past the member that is away
+            await relay.heal()
             for n in range(4):  # in turn over both members
                 await kv.put(name, b"%d" % n)
             await relay.cut()
