@@ -34,7 +34,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -248,6 +255,18 @@ def _fence_holds(fence: Fence, range_response: Any) -> bool:
     return bool(kvs) and int(kvs[0].create_revision) == fence.create_revision
 
 
+def next_member(failed: Sequence[bool], turn: int) -> int:
+    """The member to ask, by index: the first from `turn` on (wrapping) whose
+    connection has not failed; `turn`'s own when every one has (gRPC is retrying
+    them all, and one may be back)."""
+    count = len(failed)
+    for step in range(count):
+        index = (turn + step) % count
+        if not failed[index]:
+            return index
+    return turn % count
+
+
 @dataclass(frozen=True)
 class _Member:
     """One member's channel and the etcd services on it."""
@@ -314,17 +333,13 @@ class EtcdKV:
         )
 
     def _pick(self) -> _Member:
-        """The next member in turn, passing over those whose connection failed
-        (unless every one did: then the next in turn all the same)."""
+        """The next member in turn, passing over those whose connection failed."""
         members = self._connect()
-        for step in range(len(members)):
-            member = members[(self._turn + step) % len(members)]
-            if member.channel.get_state() != grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-                self._turn = (self._turn + step + 1) % len(members)
-                return member
-        member = members[self._turn % len(members)]
-        self._turn = (self._turn + 1) % len(members)
-        return member
+        failed = [m.channel.get_state() == grpc.ChannelConnectivity.TRANSIENT_FAILURE
+                  for m in members]
+        index = next_member(failed, self._turn)
+        self._turn = (index + 1) % len(members)
+        return members[index]
 
     # -- authentication --
 
