@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from controlplane.kernel.settings import Settings
+from tests.support.etcd_cluster import EtcdCluster
 from tests.support.outage import Outage, open_outage
 from tests.support.processes import EtcdProcess
 
@@ -132,6 +133,24 @@ def own_etcd() -> Iterator[EtcdProcess]:
         yield proc
     finally:
         proc.close()
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster_session() -> Iterator[EtcdCluster]:
+    """A 3-member etcd cluster on private ports, started once for the session."""
+    cluster = EtcdCluster(size=3)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def etcd_cluster(etcd_cluster_session: EtcdCluster) -> EtcdCluster:
+    """The session's cluster with every member up: a test may kill members freely."""
+    etcd_cluster_session.heal()
+    return etcd_cluster_session
 
 
 @pytest.fixture(params=["memory", "etcd"])

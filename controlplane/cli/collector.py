@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from controlplane.cli.observability import LogFormatOption, observability_settings
+from controlplane.kernel.etcd_endpoints import ENDPOINTS_HELP
 
 if TYPE_CHECKING:
     from controlplane.kernel.sample_keys import SampleKeys
@@ -17,7 +18,7 @@ def register(app: typer.Typer) -> None:
     def collector_command(
         redis: Annotated[str | None, typer.Option("--redis", help="redis://… or memory://")] = None,
         etcd: Annotated[
-            str | None, typer.Option("--etcd", help="host:port[,…] or memory://")
+            str | None, typer.Option("--etcd", help=ENDPOINTS_HELP)
         ] = None,
         etcd_prefix: Annotated[str | None, typer.Option("--etcd-prefix")] = None,
         namespace: Annotated[

@@ -20,6 +20,7 @@ from controlplane.cli.observability import (
     SampleRatioOption,
     observability_settings,
 )
+from controlplane.kernel.etcd_endpoints import ENDPOINTS_HELP
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -313,7 +314,7 @@ def register(app: typer.Typer) -> None:
         listen: ListenOption = None,
         database_url: DatabaseOption = None,
         etcd: Annotated[
-            str | None, typer.Option("--etcd", help="host:port[,…] or memory:// [env CANARY_ETCD]")
+            str | None, typer.Option("--etcd", help=ENDPOINTS_HELP + " [env CANARY_ETCD]")
         ] = None,
         etcd_prefix: Annotated[
             str | None, typer.Option("--etcd-prefix", help="key prefix [env CANARY_ETCD_PREFIX]")

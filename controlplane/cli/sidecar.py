@@ -17,6 +17,7 @@ from controlplane.cli.observability import (
     SampleRatioOption,
     observability_settings,
 )
+from controlplane.kernel.etcd_endpoints import ENDPOINTS_HELP
 
 # the listener's address is taken, not this host's, or not ours to bind
 _BIND_ERRORS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
@@ -44,7 +45,7 @@ def register(app: typer.Typer) -> None:
                          "(host 127.0.0.1)"),
         ] = None,
         etcd: Annotated[
-            str | None, typer.Option("--etcd", help="host:port[,…] or memory:// (env CANARY_ETCD)")
+            str | None, typer.Option("--etcd", help=ENDPOINTS_HELP + " (env CANARY_ETCD)")
         ] = None,
         etcd_prefix: Annotated[
             str | None, typer.Option("--etcd-prefix", help="key prefix (env CANARY_ETCD_PREFIX)")

@@ -27,6 +27,7 @@ class ControllerStats:
     window_rules_deleted: int = 0
     leader: bool = False
     terms: int = 0
+    outages_ridden: int = 0
 
 
 class ControllerMetricsCollector(Collector):
@@ -48,6 +49,8 @@ class ControllerMetricsCollector(Collector):
         )
         counters: tuple[tuple[str, str, int], ...] = (
             ("leadership_terms", "Leadership terms this replica has won", s.terms),
+            ("outages_ridden", "Backend outages the leader rode out on its lease instead "
+             "of stepping down", s.outages_ridden),
             ("evaluations", "Experiment evaluations (one per active experiment per round)",
              s.evaluations),
             ("decisions_applied", "Decisions written (row, route, events)", s.decisions_applied),

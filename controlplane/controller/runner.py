@@ -38,12 +38,13 @@ from controlplane.history.recorder import HistoryRecorder
 from controlplane.kernel.clock import utc_now
 from controlplane.kernel.errors import (
     BackendError,
+    BackendUnavailable,
     CanaryError,
     CodecError,
     NotLeader,
     RevisionConflict,
 )
-from controlplane.kernel.kv import Fence
+from controlplane.kernel.kv import Fence, Leadership
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.runtime import Backends
@@ -83,6 +84,8 @@ class Controller:
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     tick: float = 0.25
     lease_ttl: int = 5
+    # after a backend outage, the pause before the lead resumes on the same fence
+    outage_pause: float = 0.5
     snapshot_reader: SnapshotReader = board_snapshots
     # judge the last few seconds too (decision.rollout.fast_window_sec); False: off
     fast_window: bool = True
@@ -137,7 +140,7 @@ class Controller:
                 self.history.new_term()
                 log.info("controller %s leads (fence revision %d)", self.identity,
                          fence.create_revision)
-                await self._lead_until_lost(backends, fence, leadership.lost())
+                await self._lead_until_lost(backends, fence, leadership)
             except BackendError as exc:
                 log.warning("controller %s steps down: %s", self.identity, exc)
                 await asyncio.sleep(1.0)
@@ -152,22 +155,43 @@ class Controller:
                     await asyncio.shield(leadership.resign())
 
     async def _lead_until_lost(
-        self, backends: Backends, fence: Fence, lost: Awaitable[None]
+        self, backends: Backends, fence: Fence, leadership: Leadership
     ) -> None:
-        lead = asyncio.create_task(self._lead(backends, fence))
-        watch = asyncio.ensure_future(lost)
+        """Lead until the lease is lost. A store or database out of reach while the
+        lease still holds (an etcd member lost mid-call) is ridden out: the lead
+        resumes on the same fence, so a member's loss costs no election."""
+        watch = asyncio.ensure_future(leadership.lost())
         try:
-            done, _ = await asyncio.wait({lead, watch}, return_when=asyncio.FIRST_COMPLETED)
-            if lead in done:
-                lead.result()  # re-raise NotLeader / BackendError
-            else:
-                log.warning("controller %s lost its leadership", self.identity)
+            while True:
+                lead = asyncio.create_task(self._lead(backends, fence))
+                try:
+                    done, _ = await asyncio.wait(
+                        {lead, watch}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    if not lead.done():
+                        lead.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await lead
+                if lead not in done:
+                    log.warning("controller %s lost its leadership", self.identity)
+                    return
+                try:
+                    lead.result()  # re-raise NotLeader / BackendError
+                except BackendUnavailable as exc:
+                    if not leadership.is_leader:
+                        raise
+                    self.stats.outages_ridden += 1
+                    log.warning("controller %s keeps the lead through: %s; resuming in %.1f s",
+                                self.identity, exc, self.outage_pause)
+                await asyncio.wait({watch}, timeout=self.outage_pause)
+                if watch.done():
+                    log.warning("controller %s lost its leadership", self.identity)
+                    return
         finally:
-            for task in (lead, watch):
-                task.cancel()
-            for task in (lead, watch):
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watch
 
     async def _lead(self, backends: Backends, fence: Fence) -> None:
         reconcile = asyncio.create_task(self.reconciler.run(backends, fence), name="reconciler")

@@ -13,6 +13,12 @@ docs/decisions/0001-etcd-client.md):
   not tell that its lease lapsed. Here the TTL is tracked locally and `lost()`
   returns as soon as it runs out without a confirmed renewal.
 
+A cluster (docs/decisions/0029-etcd-cluster.md): a channel per listed member, taken
+in turn; a call refused by one member, or left unanswered for half its time, is
+made again on the next. Every call requires a member with a raft leader
+(``hasleader``), so a member cut off from the quorum refuses at once and ends the
+watches it serves, which resume on another member.
+
 TLS and auth (`EtcdAccess`): ``https://`` endpoints or a CA select a TLS channel,
 with a client certificate for etcd's ``--client-cert-auth``. With a user, the
 client authenticates on first use and sends the token with every call; etcd's
@@ -26,10 +32,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Sequence,
+)
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -54,6 +67,7 @@ from controlplane.kernel.errors import (
     NotLeader,
     RevisionConflict,
 )
+from controlplane.kernel.etcd_endpoints import parse_endpoints
 from controlplane.kernel.kv import (
     EventKind,
     Fence,
@@ -62,7 +76,6 @@ from controlplane.kernel.kv import (
     RevisionCompacted,
     WatchEvent,
 )
-from controlplane.kernel.settings import parse_host_port
 
 _log = logging.getLogger(__name__)
 
@@ -80,6 +93,7 @@ _WATCH_MAX_BACKOFF_SECONDS = 2.0
 # gRPC's own defaults back off up to 120 s between connection attempts, which would
 # keep a watcher blind long after etcd is back.
 _CHANNEL_OPTIONS: list[tuple[str, int | str | bool]] = [
+    # one member's name may resolve to several addresses (or one name to every member)
     ("grpc.lb_policy_name", "round_robin"),
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
@@ -89,7 +103,21 @@ _CHANNEL_OPTIONS: list[tuple[str, int | str | bool]] = [
     ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
 _EVENT_DELETE = 1  # mvccpb.Event.EventType
+# etcd's rpctypes.MetadataRequireLeaderKey / MetadataHasLeader
+_HAS_LEADER = ("hasleader", "true")
 _T = TypeVar("_T")
+
+
+class _CredentialsMissing(BackendUnavailable):
+    """etcd requires authentication and no user is configured: no member will differ."""
+
+
+class _Closed(BackendUnavailable):
+    """The client was closed."""
+
+
+class _NoAnswer(BackendUnavailable):
+    """No answer within the attempt's deadline: the member may be frozen or cut off."""
 
 
 class _TokenRejected(BackendUnavailable):
@@ -100,63 +128,12 @@ class _PermissionDenied(BackendError):
     """The etcd user's roles do not cover the key."""
 
 
+class _AuthRefused(BackendUnavailable):
+    """etcd refused the user's credentials: no other member will accept them."""
+
+
 class _AuthDisabled(BackendError):
     """A user is configured but etcd does not have authentication enabled."""
-
-
-def endpoints_use_tls(text: str) -> bool:
-    """True for https:// endpoints, False for plain ones; a mix is a ConfigError."""
-    schemes = {part.strip().partition("://")[0].lower() if "://" in part else ""
-               for part in text.split(",")}
-    secure = schemes == {"https"}
-    if not secure and "https" in schemes:
-        raise ConfigError("etcd endpoints mix https:// and plain ones")
-    return secure
-
-
-def parse_endpoints(text: str) -> list[tuple[str, int]]:
-    """'host:port[,host:port…]' (an http:// or https:// scheme is tolerated) -> [(host, port)]."""
-    endpoints: list[tuple[str, int]] = []
-    for part in text.split(","):
-        item = part.strip()
-        for scheme in ("http://", "https://"):
-            if item.lower().startswith(scheme):
-                item = item[len(scheme):].rstrip("/")
-                break
-        else:
-            if "://" in item:
-                raise ConfigError(
-                    f"etcd endpoint {part.strip()!r}: expected host:port, http:// or https://"
-                )
-        if not item:
-            raise ConfigError(f"empty etcd endpoint in {text!r}")
-        host, port = parse_host_port(item)
-        endpoints.append(("127.0.0.1" if host == "localhost" else host, port))
-    return endpoints
-
-
-def grpc_target(endpoints: Sequence[tuple[str, int]]) -> str:
-    """A gRPC target: one name goes through DNS, several members must be IP literals."""
-    if len(endpoints) == 1:
-        host, port = endpoints[0]
-        return f"dns:///{_join(host, port)}"
-    versions = set()
-    for host, _ in endpoints:
-        try:
-            versions.add(ipaddress.ip_address(host).version)
-        except ValueError:
-            raise ConfigError(
-                f"several etcd endpoints must be IP addresses, got {host!r}: "
-                "give one DNS name that resolves to every member instead"
-            ) from None
-    if len(versions) > 1:
-        raise ConfigError("etcd endpoints mix IPv4 and IPv6 addresses")
-    scheme = "ipv4" if versions == {4} else "ipv6"
-    return f"{scheme}:" + ",".join(_join(host, port) for host, port in endpoints)
-
-
-def _join(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @contextlib.contextmanager
@@ -172,18 +149,20 @@ def _translated(operation: str) -> Iterator[None]:
     except (EtcdConnectionError, EtcdTransientError) as exc:
         raise BackendUnavailable(f"etcd {operation}: {exc}") from exc
     except TimeoutError as exc:
-        raise BackendUnavailable(f"etcd {operation}: no answer in time") from exc
+        raise _NoAnswer(f"etcd {operation}: no answer in time") from exc
     except grpc.aio.UsageError as exc:
-        raise BackendUnavailable(f"etcd {operation}: the client is closed") from exc
+        raise _Closed(f"etcd {operation}: the client is closed") from exc
     except grpc.aio.AioRpcError as exc:
         message = f"etcd {operation}: {exc.code().name} {exc.details() or ''}".rstrip()
         if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
             raise _TokenRejected(message) from exc
         if _needs_credentials(exc):
-            raise BackendUnavailable(
+            raise _CredentialsMissing(
                 f"etcd {operation}: etcd requires authentication: set CANARY_ETCD_USER and "
                 "CANARY_ETCD_PASSWORD_FILE (or CANARY_ETCD_PASSWORD)"
             ) from exc
+        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise _NoAnswer(message) from exc
         if exc.code() in _TRANSIENT:
             raise BackendUnavailable(message) from exc
         raise BackendError(message) from exc
@@ -206,12 +185,45 @@ def _authenticating(user: str) -> Iterator[None]:
         if "authentication is not enabled" in details:
             raise _AuthDisabled(details) from exc
         if "authentication failed" in details:
-            raise BackendUnavailable(
+            raise _AuthRefused(
                 f"etcd: authentication as {user!r} failed: wrong user name or password"
             ) from exc
         raise
     except EtcdUnauthenticatedError as exc:
-        raise BackendUnavailable(f"etcd: authentication as {user!r} refused: {exc}") from exc
+        raise _AuthRefused(f"etcd: authentication as {user!r} refused: {exc}") from exc
+
+
+def _require_leader(details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+    metadata = grpc.aio.Metadata(*(details.metadata or ()))
+    metadata.add(*_HAS_LEADER)
+    return grpc.aio.ClientCallDetails(
+        details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+    )
+
+
+class _RequireLeader(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """Every call asks for a member that has a raft leader (clientv3's WithRequireLeader).
+
+    A member cut off from the quorum then refuses at once (UNAVAILABLE "no leader"),
+    and the retry goes to another member, instead of the call waiting out its deadline.
+    """
+
+    async def intercept_unary_unary(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
+        return await continuation(_require_leader(client_call_details), request)
+
+
+class _RequireLeaderStream(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+    """Watches and lease keepalives likewise: the member ends them when it loses its
+    leader, so a watch on a partitioned member resumes elsewhere instead of going
+    quiet for good."""
+
+    async def intercept_stream_stream(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails,
+        request_iterator: Any,
+    ) -> Any:
+        return await continuation(_require_leader(client_call_details), request_iterator)
 
 
 def _credentials(access: EtcdAccess) -> grpc.ChannelCredentials:
@@ -243,6 +255,29 @@ def _fence_holds(fence: Fence, range_response: Any) -> bool:
     return bool(kvs) and int(kvs[0].create_revision) == fence.create_revision
 
 
+def next_member(failed: Sequence[bool], turn: int) -> int:
+    """The member to ask, by index: the first from `turn` on (wrapping) whose
+    connection has not failed; `turn`'s own when every one has (gRPC is retrying
+    them all, and one may be back)."""
+    count = len(failed)
+    for step in range(count):
+        index = (turn + step) % count
+        if not failed[index]:
+            return index
+    return turn % count
+
+
+@dataclass(frozen=True)
+class _Member:
+    """One member's channel and the etcd services on it."""
+
+    channel: grpc.aio.Channel
+    kv: KVService
+    lease: LeaseService
+    auth: AuthService
+    watch: Any
+
+
 class EtcdKV:
     def __init__(
         self,
@@ -252,48 +287,67 @@ class EtcdKV:
         rpc_attempts: int = 3,
         access: EtcdAccess | None = None,
     ) -> None:
-        self._target = grpc_target(parse_endpoints(endpoints))
+        parsed = parse_endpoints(endpoints)
+        self._targets = parsed.targets
         self._access = access or EtcdAccess()
-        self._tls = endpoints_use_tls(endpoints) or self._access.tls
+        self._tls = parsed.tls or self._access.tls
         if self._access.cert is not None and not self._tls:
             raise ConfigError("an etcd client certificate is set but TLS is not")
         self._timeout = timeout
         self._rpc_attempts = rpc_attempts
-        self._channel: grpc.aio.Channel | None = None
-        self._kv: KVService | None = None
-        self._lease: LeaseService | None = None
-        self._auth: AuthService | None = None
-        self._watch: Any = None
+        self._members: list[_Member] = []
+        self._turn = 0
         self._token: str | None = None
         self._auth_lock: asyncio.Lock | None = None
         self._closed = False
         self._leaderships: set[EtcdLeadership] = set()
 
-    # The channel is opened at first use, inside the event loop that will drive it.
-    def _connect(self) -> tuple[KVService, LeaseService]:
+    # The channels are opened at first use, inside the event loop that will drive them.
+    def _connect(self) -> list[_Member]:
         if self._closed:
-            raise BackendUnavailable("the etcd client is closed")
-        if self._kv is None or self._lease is None:
-            if self._tls:
-                self._channel = grpc.aio.secure_channel(
-                    self._target, _credentials(self._access), options=_CHANNEL_OPTIONS
-                )
-            else:
-                self._channel = grpc.aio.insecure_channel(self._target, options=_CHANNEL_OPTIONS)
-            self._kv = KVService(self._channel, max_attempts=self._rpc_attempts)
-            self._lease = LeaseService(self._channel, max_attempts=self._rpc_attempts)
-            self._auth = AuthService(self._channel, max_attempts=self._rpc_attempts)
-            self._watch = WatchStub(self._channel)
+            raise _Closed("the etcd client is closed")
+        if not self._members:
+            self._members = [self._open_member(target) for target in self._targets]
             self._apply_token(self._token)
-        return self._kv, self._lease
+        return self._members
+
+    def _open_member(self, target: str) -> _Member:
+        # A channel per member, not one over all of them: each checks its member's
+        # certificate against that member's own name, and resolves its own DNS name.
+        interceptors = [_RequireLeader(), _RequireLeaderStream()]
+        if self._tls:
+            channel = grpc.aio.secure_channel(
+                target, _credentials(self._access), options=_CHANNEL_OPTIONS,
+                interceptors=interceptors,
+            )
+        else:
+            channel = grpc.aio.insecure_channel(
+                target, options=_CHANNEL_OPTIONS, interceptors=interceptors
+            )
+        return _Member(
+            channel=channel,
+            kv=KVService(channel, max_attempts=self._rpc_attempts),
+            lease=LeaseService(channel, max_attempts=self._rpc_attempts),
+            auth=AuthService(channel, max_attempts=self._rpc_attempts),
+            watch=WatchStub(channel),
+        )
+
+    def _pick(self) -> _Member:
+        """The next member in turn, passing over those whose connection failed."""
+        members = self._connect()
+        failed = [m.channel.get_state() == grpc.ChannelConnectivity.TRANSIENT_FAILURE
+                  for m in members]
+        index = next_member(failed, self._turn)
+        self._turn = (index + 1) % len(members)
+        return members[index]
 
     # -- authentication --
 
     def _apply_token(self, token: str | None) -> None:
         self._token = token
-        for service in (self._kv, self._lease):
-            if service is not None:
-                service.set_token(token or None)
+        for member in self._members:
+            member.kv.set_token(token or None)
+            member.lease.set_token(token or None)
 
     def _metadata(self) -> tuple[tuple[str, str], ...] | None:
         return (("token", self._token),) if self._token else None
@@ -303,64 +357,93 @@ class EtcdKV:
         user = self._access.user
         if user is None or self._token is not None:
             return
-        self._connect()
         if self._auth_lock is None:
             self._auth_lock = asyncio.Lock()
         async with self._auth_lock:
-            if self._token is not None or self._auth is None:
+            if self._token is not None:
                 return
             password = self._access.password() or ""
-            try:
-                with _translated("authenticate"), _authenticating(user):
-                    response = await self._auth.authenticate(
-                        user, password, timeout=self._timeout
-                    )
-            except _AuthDisabled:
-                _log.warning("etcd has authentication disabled: calls go without a token")
-                self._apply_token("")
-                return
+            # like any call, once per member: the one in turn may be the one that is gone
+            for tries in range(1, len(self._connect()) + 1):
+                auth = self._pick().auth
+                try:
+                    with _translated("authenticate"), _authenticating(user):
+                        response = await auth.authenticate(
+                            user, password, timeout=self._timeout
+                        )
+                    break
+                except _AuthDisabled:
+                    _log.warning("etcd has authentication disabled: calls go without a token")
+                    self._apply_token("")
+                    return
+                except (_AuthRefused, _CredentialsMissing, _Closed):
+                    raise
+                except BackendUnavailable:
+                    if tries == len(self._members):
+                        raise
             self._apply_token(str(response.token))
 
     def _forget_token(self, stale: str | None) -> None:
         if self._token == stale:
             self._apply_token(None)
 
-    async def _call(self, operation: str, call: Callable[[], Awaitable[_T]]) -> _T:
-        """One etcd call; a refused token is renewed and the call made once more."""
-        for attempt in (1, 2):
+    async def _call(
+        self, operation: str, call: Callable[[_Member, float], Awaitable[_T]], *,
+        timeout: float | None = None,
+    ) -> _T:
+        """One etcd call within `timeout` (the store's) in all, tried once per member.
+
+        An attempt refused for want of a member (gone, or without a raft leader) is
+        made again at once on the next member; with several members an attempt may
+        take half the budget, so that one that gets no answer (a member frozen or
+        cut off keeps its connection open and answers nothing) leaves time for the
+        next. A refused token is renewed and the call made once more.
+        """
+        budget = self._timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
+        members = len(self._connect())
+        share = budget / 2 if members > 1 else budget
+        renewed = False
+        failures = 0
+        while True:
             await self._authenticated()
             token = self._token
+            member = self._pick()
+            left = max(deadline - time.monotonic(), 0.001)
             try:
                 with _translated(operation):
-                    return await call()
+                    return await call(member, min(share, left))
             except _TokenRejected:
-                if self._access.user is None or attempt == 2:
+                if self._access.user is None or renewed:
                     raise
+                renewed = True
                 self._forget_token(token)
-        raise AssertionError("unreachable")
+            except (_CredentialsMissing, _Closed):
+                raise
+            except BackendUnavailable:
+                failures += 1
+                if failures >= members or time.monotonic() >= deadline - 0.001:
+                    raise
 
     async def get(self, key: str) -> KeyValue | None:
-        kv, _ = self._connect()
-        response = await self._call("get", lambda: kv.get(key, timeout=self._timeout))
+        response = await self._call("get", lambda m, t: m.kv.get(key, timeout=t))
         return _key_value(response.kvs[0]) if response.kvs else None
 
     async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
-        kv, _ = self._connect()
-        response = await self._call("get_prefix", lambda: kv.get(
-            prefix, range_end=prefix_range_end(prefix), timeout=self._timeout))
+        response = await self._call("get_prefix", lambda m, t: m.kv.get(
+            prefix, range_end=prefix_range_end(prefix), timeout=t))
         return [_key_value(item) for item in response.kvs], int(response.header.revision)
 
     async def put(self, key: str, value: bytes, *, fence: Fence | None = None) -> int:
-        kv, _ = self._connect()
         if fence is None:
             response = await self._call(
-                "put", lambda: kv.put(key, value, timeout=self._timeout))
+                "put", lambda m, t: m.kv.put(key, value, timeout=t))
             return int(response.header.revision)
-        txn = await self._call("put", lambda: kv.txn(
+        txn = await self._call("put", lambda m, t: m.kv.txn(
             [_fence_compare(fence)],
             [KVService.txn_op_put(key, value)],
             [KVService.txn_op_get(fence.key)],
-            timeout=self._timeout,
+            timeout=t,
         ))
         if not txn.succeeded:
             raise NotLeader(f"leadership {fence.key} at revision {fence.create_revision} is gone")
@@ -369,7 +452,6 @@ class EtcdKV:
     async def compare_and_swap(
         self, key: str, value: bytes, *, expected_mod_revision: int, fence: Fence | None = None
     ) -> int:
-        kv, _ = self._connect()
         compares = [_mod_revision_compare(key, expected_mod_revision)]
         # The failure branch reads back what failed, so one round trip tells a stale
         # fence (NotLeader) from a lost race (RevisionConflict).
@@ -377,8 +459,8 @@ class EtcdKV:
         if fence is not None:
             compares.append(_fence_compare(fence))
             on_failure.append(KVService.txn_op_get(fence.key))
-        txn = await self._call("compare_and_swap", lambda: kv.txn(
-            compares, [KVService.txn_op_put(key, value)], on_failure, timeout=self._timeout))
+        txn = await self._call("compare_and_swap", lambda m, t: m.kv.txn(
+            compares, [KVService.txn_op_put(key, value)], on_failure, timeout=t))
         if txn.succeeded:
             return int(txn.header.revision)
         if fence is not None and not _fence_holds(fence, txn.responses[1]):
@@ -388,15 +470,14 @@ class EtcdKV:
         raise RevisionConflict(f"{key} is at revision {actual}, expected {expected_mod_revision}")
 
     async def delete(self, key: str, *, fence: Fence | None = None) -> bool:
-        kv, _ = self._connect()
         if fence is None:
-            response = await self._call("delete", lambda: kv.delete(key, timeout=self._timeout))
+            response = await self._call("delete", lambda m, t: m.kv.delete(key, timeout=t))
             return int(response.deleted) > 0
-        txn = await self._call("delete", lambda: kv.txn(
+        txn = await self._call("delete", lambda m, t: m.kv.txn(
             [_fence_compare(fence)],
             [KVService.txn_op_delete(key)],
             [KVService.txn_op_get(fence.key)],
-            timeout=self._timeout,
+            timeout=t,
         ))
         if not txn.succeeded:
             raise NotLeader(f"leadership {fence.key} at revision {fence.create_revision} is gone")
@@ -416,7 +497,6 @@ class EtcdKV:
         backoff = _WATCH_BACKOFF_SECONDS
         renewed = False  # the token was renewed for this stream after a refusal
         while not self._closed:
-            self._connect()
             try:
                 await self._authenticated()
             except BackendUnavailable as exc:
@@ -431,7 +511,8 @@ class EtcdKV:
                 key=key.encode(), range_end=range_end, start_revision=after + 1 if after else 0
             )
             requests = _WatchRequests(request)
-            stream = self._watch.Watch(requests, metadata=self._metadata())
+            # the next member in turn: after a lost stream, most likely another one
+            stream = self._pick().watch.Watch(requests, metadata=self._metadata())
             try:
                 async for response in stream:
                     if response.compact_revision > 0:
@@ -467,8 +548,9 @@ class EtcdKV:
                     self._forget_token(token)
                 elif exc.code() not in _TRANSIENT:
                     raise BackendError(f"etcd watch: {exc.code().name} {exc.details()}") from exc
-                _log.warning("etcd watch on %s lost (%s); resuming after revision %d in %.1f s",
-                             key, exc.code().name, after, backoff)
+                _log.warning("etcd watch on %s lost (%s %s); resuming after revision %d "
+                             "in %.1f s", key, exc.code().name, exc.details() or "", after,
+                             backoff)
             finally:
                 requests.finish()
                 stream.cancel()
@@ -483,10 +565,9 @@ class EtcdKV:
         return leadership
 
     async def ping(self) -> None:
-        kv, _ = self._connect()
         try:
-            await self._call("ping", lambda: kv.get(
-                "/", timeout=PING_TIMEOUT, max_attempts=1, count_only=True))
+            await self._call("ping", lambda m, t: m.kv.get(
+                "/", timeout=t, max_attempts=1, count_only=True), timeout=PING_TIMEOUT)
         except _PermissionDenied:
             # a user confined to its prefix may not read "/": etcd answered and
             # accepted the token, which is all a ping asks
@@ -499,18 +580,16 @@ class EtcdKV:
                 await leadership._release(timeout=PING_TIMEOUT, attempts=1)
         self._leaderships.clear()
         self._closed = True
-        channel, self._channel = self._channel, None
-        self._kv = self._lease = self._auth = self._watch = None
+        members, self._members = self._members, []
         self._token = None
-        if channel is not None:
-            await channel.close()
+        for member in members:
+            await member.channel.close()
 
     async def _keep_alive_once(self, lease_id: int) -> int:
         """One keepalive round trip; returns the lease's remaining TTL (0: expired)."""
-        _, lease = self._connect()
-
-        async def once() -> int | None:
-            stream = lease.keep_alive(lease_id)
+        # bounded by the caller, which gives each renewal a share of the TTL
+        async def once(member: _Member, _: float) -> int | None:
+            stream = member.lease.keep_alive(lease_id)
             try:
                 async for response in stream:
                     return int(response.TTL)
@@ -605,23 +684,19 @@ class EtcdLeadership:
 
     async def _claim(self) -> tuple[int, int, Any]:
         """Grant a lease and create the election key on it if absent: (lease, TTL, txn)."""
-        kv, lease = self._store._connect()
-        timeout = self._store._timeout
         granted = await self._store._call(
-            "campaign", lambda: lease.grant(self._ttl, timeout=timeout))
+            "campaign", lambda m, t: m.lease.grant(self._ttl, timeout=t))
         lease_id = int(granted.ID)
-        txn = await self._store._call("campaign", lambda: kv.txn(
+        txn = await self._store._call("campaign", lambda m, t: m.kv.txn(
             [KVService.txn_compare_create_revision(self._name, 0)],
             [KVService.txn_op_put(self._name, self._identity, lease=lease_id)],
             [KVService.txn_op_get(self._name)],
-            timeout=timeout,
+            timeout=t,
         ))
         return lease_id, int(granted.TTL), txn
 
     async def _revoke(self, lease_id: int) -> None:
-        _, lease = self._store._connect()
-        timeout = self._store._timeout
-        await self._store._call("campaign", lambda: lease.revoke(lease_id, timeout=timeout))
+        await self._store._call("campaign", lambda m, t: m.lease.revoke(lease_id, timeout=t))
 
     async def _wait_for_vacancy(self, seen: int) -> None:
         async with contextlib.aclosing(
@@ -639,9 +714,8 @@ class EtcdLeadership:
         lease_id, self._lease_id = self._lease_id, 0
         self._lost.set()
         if lease_id:
-            _, lease = self._store._connect()
-            await self._store._call("resign", lambda: lease.revoke(
-                lease_id, timeout=timeout, max_attempts=attempts))
+            await self._store._call("resign", lambda m, t: m.lease.revoke(
+                lease_id, timeout=t, max_attempts=attempts), timeout=timeout)
 
     async def lost(self) -> None:
         if self._fence is None:
@@ -658,15 +732,21 @@ class EtcdLeadership:
                     if sent >= self._expires_at:
                         _log.warning("lease of %s ran out without a renewal", self._name)
                         return
+                    # One attempt may take a third of the TTL, not all of it: a member
+                    # that does not answer (partitioned, or dead with no reset sent)
+                    # leaves time for the next attempt, which goes to the next member.
                     try:
-                        async with asyncio.timeout(self._expires_at - sent):
+                        async with asyncio.timeout(min(self._expires_at - sent, interval)):
                             remaining = await self._store._keep_alive_once(self._lease_id)
                     except TimeoutError:
+                        _log.warning("lease keepalive for %s got no answer in %.1f s; "
+                                     "trying again", self._name, interval)
                         continue
                     except BackendError as exc:
                         _log.warning("lease keepalive for %s failed: %s", self._name, exc)
+                        # soon, and on the next member
                         left = self._expires_at - time.monotonic()
-                        await asyncio.sleep(min(interval, max(left, 0.0)))
+                        await asyncio.sleep(min(interval / 4, max(left, 0.0)))
                         continue
                     if remaining <= 0:
                         _log.warning("lease of %s expired in etcd", self._name)

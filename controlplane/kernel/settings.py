@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from controlplane.kernel.errors import ConfigError
+from controlplane.kernel.etcd_endpoints import ENDPOINTS_HELP, parse_endpoints
 from controlplane.kernel.tracing_config import otlp_base_url
 from controlplane.kernel.values import UpstreamPolicy, split_upstream
 
@@ -35,8 +36,20 @@ class Settings(BaseSettings):
     )
     etcd: str = Field(
         default="memory://",
-        description="etcd endpoints host:port[,host:port…], or memory:// in-process",
+        description=ENDPOINTS_HELP,
     )
+
+    @field_validator("etcd")
+    @classmethod
+    def _etcd_shape(cls, value: str) -> str:
+        if value.strip().startswith("memory:"):
+            return value  # the store factory says what is wrong with it, if anything
+        try:
+            parse_endpoints(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
     etcd_prefix: str = Field(default="/canary", description="prefix of every etcd key")
     redis_url: str = Field(
         default="memory://", description="redis://…, rediss://… or memory:// in-process"

@@ -434,7 +434,7 @@ def test_endpoint_lists_open_etcd() -> None:
 @pytest.mark.parametrize(
     "url",
     ["", "localhost", "127.0.0.1:notaport", "127.0.0.1:70000", "grpc://etcd:2379",
-     "memory://elsewhere", "etcd-a:2379,etcd-b:2379", "127.0.0.1:2379,",
+     "memory://elsewhere", "etcd-a:2379,etcd-a:2379", "127.0.0.1:2379,",
      "https://10.0.0.1:2379,10.0.0.2:2379"],
 )
 def test_bad_urls_raise_config_error_on_one_line(url: str) -> None:

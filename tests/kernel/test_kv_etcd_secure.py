@@ -28,6 +28,7 @@ from controlplane.kernel.kv_etcd import EtcdKV
 from controlplane.kernel.kv_factory import open_kv
 from controlplane.kernel.settings import Settings
 from controlplane.kernel.tls import read_pem
+from tests.support.tcp_cut import TcpCut
 from tests.support.tls import Pki, TlsEtcdProcess, make_pki
 
 WAIT = 15.0  # an upper bound so a broken client fails instead of hanging
@@ -253,3 +254,33 @@ def test_unreadable_or_half_given_tls_files_are_one_line_config_errors(
 
 def test_the_password_stays_out_of_the_settings_repr() -> None:
     assert "hunter2" not in repr(Settings(etcd_user=USER, etcd_password="hunter2"))
+
+
+async def test_each_member_of_a_list_is_checked_against_its_own_name(
+    secure_etcd: TlsEtcdProcess, pki: Pki, password_file: str
+) -> None:
+    """Two members (the first a relay to the same etcd): the client authenticates and
+    writes while the first is away, each certificate is checked against the name its
+    member was reached by, and a member that drops out leaves the other serving."""
+    relay = TcpCut("127.0.0.1", secure_etcd.port)  # not listening yet
+    endpoints = f"https://localhost:{relay.port},{secure_etcd.endpoint}"
+    settings = Settings(
+        etcd=endpoints, etcd_ca_file=pki.ca_file, etcd_cert_file=pki.client_cert,
+        etcd_key_file=pki.client_key, etcd_user=USER, etcd_password_file=password_file,
+    )
+    kv = open_kv(settings.etcd, access=etcd_access(settings))
+    name = key("members")
+    try:
+        async with asyncio.timeout(WAIT):
+            await kv.put(name, b"first")  # authenticates past the member that is away
+            await relay.heal()
+            for n in range(4):  # in turn over both members
+                await kv.put(name, b"%d" % n)
+            await relay.cut()
+            for n in range(4, 8):
+                await kv.put(name, b"%d" % n)
+                got = await kv.get(name)
+                assert got is not None and got.value == b"%d" % n
+    finally:
+        await kv.close()
+        await relay.cut()
