@@ -23,9 +23,7 @@ async def test_the_relay_is_gated_queued_and_shed() -> None:
             h1_client(r.base) as client:  # fmt: skip
         guard = protect(r.proxy, queue_size=1, queue_timeout_ms=30_000, light_shed_share=1.0)
         # two streams take both places (one connection each: HTTP/1.1)
-        hung = [
-            asyncio.create_task(c.get("/hang", headers=H2)) for c in (hang1, hang2)
-        ]
+        hung = [asyncio.create_task(c.get("/hang", headers=H2)) for c in (hang1, hang2)]
         await r.h2.wait_started(2)
 
         shed = await client.get("/echo", headers=H2 | LOW)  # at the limit: light
@@ -66,9 +64,7 @@ async def test_the_relay_is_gated_queued_and_shed() -> None:
 async def test_a_relayed_request_waiting_past_the_timeout_is_shed_and_heavy_degrades() -> None:
     async with rig() as r, h1_client(r.base) as hang1, h1_client(r.base) as hang2, \
             h1_client(r.base) as client:  # fmt: skip
-        guard = protect(
-            r.proxy, queue_timeout_ms=20, shed_status=503, light_at=0.5, heavy_at=0.5
-        )
+        guard = protect(r.proxy, queue_timeout_ms=20, shed_status=503, light_at=0.5, heavy_at=0.5)
         calm = await client.get("/echo", headers=H2 | {"x-canary-degrade": "1"})
         assert ("x-canary-degrade", "1") not in [tuple(f) for f in calm.json()["fields"]]
         hung = asyncio.create_task(hang1.get("/hang", headers=H2))
