@@ -22,10 +22,11 @@ from sidecar.overload.levels import (
     ShareDraw,
     Thresholds,
     Verdict,
-    level_of,
+    pressure_of,
     verdict_for,
 )
 from sidecar.overload.limit import GradientLimit
+from sidecar.overload.signals import ExternalReading, Grades, RateMeter, graded
 from sidecar.proxy.limits import RateLimitedLog
 
 
@@ -45,6 +46,13 @@ class QueuePolicy:
     timeout: float = 0.05  # seconds
     thresholds: Thresholds = field(default_factory=Thresholds)
     light_shed_share: float = 0.5
+    hysteresis: float = 0.0
+    rate: Grades | None = None  # requests per second arriving; None: not a signal
+
+    @property
+    def pressure(self) -> Grades:
+        t = self.thresholds
+        return Grades(t.light_at, t.heavy_at, t.severe_at)
 
 
 class ShedCounts:
@@ -76,9 +84,11 @@ class LevelCounts:
 class UpstreamGate:
     __slots__ = (
         "_draw",
+        "_pressure_grades",
         "_timer",
         "admitted",
         "call_later",
+        "external",
         "in_flight",
         "level",
         "level_changes",
@@ -88,7 +98,10 @@ class UpstreamGate:
         "monotonic",
         "name",
         "policy",
+        "pressure_level",
         "queued_total",
+        "rate",
+        "rate_level",
         "shed_counts",
         "waiting",
     )
@@ -104,8 +117,11 @@ class UpstreamGate:
         shed_counts: ShedCounts,
         level_counts: LevelCounts | None = None,
         level_log: RateLimitedLog | None = None,
+        external: ExternalReading | None = None,
     ) -> None:
         self.name = name
+        # the service's own signal, shared by its gates (None: not configured)
+        self.external = external
         self.limiter = limiter
         self.policy = policy
         self.monotonic = monotonic
@@ -118,20 +134,42 @@ class UpstreamGate:
         # FIFO: insertion order; value (deadline, variant, low)
         self.waiting: dict[Waiter, tuple[float, str, bool]] = {}
         self.level = Level.NORMAL
+        self.pressure_level = Level.NORMAL
+        self.rate_level = Level.NORMAL
+        self.rate = RateMeter(monotonic())
+        self._pressure_grades = policy.pressure
         self.level_changes = 0
         self.admitted = 0
         self.queued_total = 0
         self._draw = ShareDraw(policy.light_shed_share)
         self._timer: asyncio.TimerHandle | None = None
 
-    def reconfigure(self, policy: QueuePolicy) -> None:
+    def reconfigure(self, policy: QueuePolicy, external: ExternalReading | None) -> None:
         self.policy = policy
+        self.external = external
+        self._pressure_grades = policy.pressure
         self._draw = ShareDraw(policy.light_shed_share)
 
-    def _set_level(self) -> Level:
-        level = level_of(
-            self.in_flight, len(self.waiting), self.limiter.limit, self.policy.thresholds
+    def _set_level(self, arrival: bool = False) -> Level:
+        """The level now: the highest of the signals' (`arrival`: one more request
+        arrived, for the rate)."""
+        policy = self.policy
+        hysteresis = policy.hysteresis
+        pressure = pressure_of(self.in_flight, len(self.waiting), self.limiter.limit)
+        level = self.pressure_level = graded(
+            pressure, self._pressure_grades, self.pressure_level, hysteresis
         )
+        rate_grades = policy.rate
+        if rate_grades is not None or self.external is not None:
+            now = self.monotonic()
+            if arrival:
+                self.rate.add(now)
+            if rate_grades is not None:
+                rate = self.rate.rate(now)
+                self.rate_level = graded(rate, rate_grades, self.rate_level, hysteresis)
+                level = max(level, self.rate_level)
+            if self.external is not None:
+                level = max(level, self.external.level_at(now))
         if level is not self.level:
             previous, self.level = self.level, level
             self.level_changes += 1
@@ -149,7 +187,7 @@ class UpstreamGate:
         return level
 
     def enter(self, waiter: Waiter, variant: str, low: bool) -> None:
-        level = self._set_level()
+        level = self._set_level(arrival=True)
         limit = self.limiter.limit
         verdict, reason = verdict_for(
             level,

@@ -15,8 +15,9 @@ from typing import Any
 from controlplane.kernel.overload import OverloadConfig
 from sidecar.choice import Upstream
 from sidecar.overload.gate import LevelCounts, QueuePolicy, ShedCounts, UpstreamGate, Waiter
-from sidecar.overload.levels import Thresholds
+from sidecar.overload.levels import Level, Thresholds
 from sidecar.overload.limit import GradientLimit, LimitSettings
+from sidecar.overload.signals import ExternalReading, Grades
 from sidecar.proxy.errors import problem_response
 from sidecar.proxy.headers import Header
 from sidecar.proxy.limits import RateLimitedLog
@@ -26,6 +27,12 @@ log = logging.getLogger("canary.sidecar.overload")
 PRIORITY = b"x-priority"
 LEVEL_LOG_INTERVAL = 10.0  # seconds between two lines on one upstream's level changes
 MAX_GATES = 1024  # upstreams remembered; past it the idle ones are forgotten
+FAILURE_LEVELS = {
+    "ignore": Level.NORMAL,
+    "light": Level.LIGHT,
+    "heavy": Level.HEAVY,
+    "severe": Level.SEVERE,
+}
 
 
 def limit_settings(config: OverloadConfig) -> LimitSettings:
@@ -44,11 +51,27 @@ def limit_settings(config: OverloadConfig) -> LimitSettings:
 
 
 def queue_policy(config: OverloadConfig) -> QueuePolicy:
+    rate = config.signals.rate
     return QueuePolicy(
         size=config.queue_size,
         timeout=config.queue_timeout_ms / 1000,
         thresholds=Thresholds(config.light_at, config.heavy_at, config.severe_at),
         light_shed_share=config.light_shed_share,
+        hysteresis=config.hysteresis,
+        rate=None if rate is None else Grades(rate.light, rate.heavy, rate.severe),
+    )
+
+
+def external_reading(config: OverloadConfig) -> ExternalReading | None:
+    """A fresh reading for the service's own signal, when it has one."""
+    ext = config.signals.external
+    if ext is None:
+        return None
+    return ExternalReading(
+        Grades(ext.light, ext.heavy, ext.severe),
+        hysteresis=config.hysteresis,
+        stale_after=ext.stale_after_ms / 1000,
+        failure_level=FAILURE_LEVELS[ext.on_failure],
     )
 
 
@@ -78,12 +101,19 @@ class OverloadGuard:
         self.config = config
         self._settings = limit_settings(config)
         self._policy = queue_policy(config)
+        # the service's own signal, shared by every gate; its probe (`probe.py`) is
+        # run by whoever made the guard
+        self.external = external_reading(config)
         self._paths = tuple(p.encode() for p in config.low_priority_paths)
         self._retry_after = (f"Retry-After: {config.retry_after_s}",)
 
     def configure(self, config: OverloadConfig) -> None:
         """A new valid config: queue and levels at once; limits restart when their
         settings changed (what they learned was learned under the old ones)."""
+        if config.signals.external != self.config.signals.external or (
+            config.hysteresis != self.config.hysteresis
+        ):
+            self.external = external_reading(config)
         self.config = config
         settings = limit_settings(config)
         self._policy = queue_policy(config)
@@ -93,7 +123,7 @@ class OverloadGuard:
         self._settings = settings
         now = self.monotonic()
         for gate in self.gates.values():
-            gate.reconfigure(self._policy)
+            gate.reconfigure(self._policy, self.external)
             if restart:
                 gate.limiter = GradientLimit(settings, now)
 
@@ -112,6 +142,7 @@ class OverloadGuard:
                 shed_counts=self.shed_counts,
                 level_counts=self.level_counts,
                 level_log=RateLimitedLog(log, self.monotonic, LEVEL_LOG_INTERVAL),
+                external=self.external,
             )
         return gate
 
@@ -170,6 +201,11 @@ class OverloadGuard:
                     "admitted": gate.admitted,
                     "queued_total": gate.queued_total,
                     "level_changes": gate.level_changes,
+                    "pressure_level": gate.pressure_level.name.lower(),
+                    "rate_level": gate.rate_level.name.lower(),
+                    "rate_rps": None
+                    if self._policy.rate is None
+                    else round(gate.rate.rate(self.monotonic()), 1),
                 }
             )
         shed = [
@@ -181,4 +217,23 @@ class OverloadGuard:
             "config": self.config.model_dump(mode="json"),
             "upstreams": gates,
             "shed": shed,
+            "external": self.external_state(),
+        }
+
+    def external_state(self) -> dict[str, Any] | None:
+        reading = self.external
+        ext = self.config.signals.external
+        if reading is None or ext is None:
+            return None
+        now = self.monotonic()
+        return {
+            "source": ext.source,
+            "value": reading.value,
+            "age_s": None if reading.read_at is None else round(now - reading.read_at, 3),
+            "fresh": reading.fresh(now),
+            "level": reading.level_at(now).name.lower(),
+            "reads": reading.reads,
+            "failing": reading.failing,
+            "last_error": reading.last_error,
+            "failures": dict(sorted(reading.failures.items())),
         }

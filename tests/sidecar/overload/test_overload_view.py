@@ -65,7 +65,7 @@ def test_merge_sums_the_workers_and_keeps_the_highest_level() -> None:
     assert first == {
         "upstream": "http://a:1", "level": "heavy", "limit": 9, "estimate": 8.8,
         "in_flight": 6, "queued": 3, "admitted": 20, "queued_total": 4, "level_changes": 6,
-        "workers": 2,
+        "workers": 2, "pressure_level": "normal", "rate_level": "normal", "rate_rps": None,
     }  # fmt: skip
     assert (second["upstream"], second["workers"], second["limit"]) == ("http://b:1", 1, 4)
     assert merged["shed"] == [
@@ -201,7 +201,9 @@ async def test_one_sidecar_answers_its_guard_state_behind_the_admin_token(
             off = await client.get(f"{admin}/overload", headers=AUTH)
             assert off.status_code == 200
             assert off.headers["content-type"] == "application/json"
-            assert off.json() == {"enabled": False, "config": None, "upstreams": [], "shed": []}
+            assert off.json() == {
+                    "enabled": False, "config": None, "upstreams": [], "shed": [], "external": None
+                }  # fmt: skip
 
             config = {"min_limit": 2, "max_limit": 2, "min_rtt_concurrency": 2}
             await kv.put(EtcdKeys().overload(SERVICE), json.dumps(config).encode())
