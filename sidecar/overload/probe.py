@@ -109,7 +109,11 @@ class ExternalProbe:
         self.monotonic = monotonic
         self.kind = source_kind(signal.source)
         self._nvml = nvml or Nvml()
-        self._client: Any = None  # httpx.AsyncClient, made on the first HTTP read
+        self._client: Any = None  # httpx.AsyncClient, for an HTTP source
+        if self.kind == "http":  # imported here, not within the first read's timeout
+            import httpx
+
+            self._client = httpx.AsyncClient(timeout=None, follow_redirects=False, trust_env=False)
         self._log = RateLimitedLog(log, monotonic, FAILURE_LOG_INTERVAL)
 
     async def read_once(self) -> None:
@@ -140,7 +144,7 @@ class ExternalProbe:
         import httpx
 
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=None, follow_redirects=False, trust_env=False)
+            raise ProbeFailed(UNREACHABLE, "the probe is closed")
         try:
             async with self._client.stream("GET", url) as answer:
                 if answer.status_code != 200:

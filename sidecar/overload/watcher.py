@@ -113,7 +113,7 @@ class OverloadWatcher:
         probe = ExternalProbe(signal, reading, monotonic=self.proxy.clock.monotonic)
         if probe.kind == "nvml":
             log.info("overload signal of %s: GPU %d memory through NVML", self.service, signal.gpu)
-        self._probe = (reading, self.proxy.loop.create_task(probe.run()))
+        self._probe = (reading, asyncio.get_running_loop().create_task(probe.run()))
 
     def _stop_probe(self) -> None:
         if self._probe is not None:
