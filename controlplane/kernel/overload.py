@@ -133,13 +133,18 @@ class OverloadConfig(BaseModel):
     update_interval_ms: int = _count(ge=10, le=60_000, default=100)
     percentile: float = _real(gt=0, le=1, default=0.5)
     rtt_buffer: float = _real(ge=0, le=1, default=0.1)
-    smoothing: float = _real(gt=0, le=1, default=0.5)
+    smoothing: float = _real(gt=0, le=1, default=0.3)
     min_rtt_interval_s: float = _real(ge=1, le=86_400, default=60)
     min_rtt_samples: int = _count(ge=1, le=10_000, default=25)
     min_rtt_concurrency: int = _count(ge=1, le=MAX_LIMIT, default=3)
     # the queue of requests over the limit
     queue_size: int = _count(ge=0, le=100_000, default=100)
     queue_timeout_ms: int = _count(ge=0, le=60_000, default=50)
+    # a queue that has not been empty for `queue_standing_after_ms` is a standing one
+    # (sustained overload, not a burst): what joins it then waits at most
+    # `queue_standing_timeout_ms` (CoDel's target and interval, decision 0026)
+    queue_standing_after_ms: int = _count(ge=1, le=60_000, default=100)
+    queue_standing_timeout_ms: int = _count(ge=0, le=60_000, default=5)
     # levels: pressure = (in flight + queued) / limit
     light_at: float = _real(gt=0, le=100, default=1.0)
     heavy_at: float = _real(gt=0, le=100, default=1.5)
@@ -176,7 +181,7 @@ class ServiceOverload(OverloadConfig):
         """The config as stored; the fields added with signals are left out while at
         their defaults, so sidecars that predate them accept the value."""
         config = self.config()
-        later = ("hysteresis", "signals")
+        later = ("hysteresis", "signals", "queue_standing_after_ms", "queue_standing_timeout_ms")
         unset = {name for name in later if getattr(config, name) == getattr(DEFAULTS, name)}
         return config.model_dump_json(exclude=unset).encode()
 

@@ -44,6 +44,10 @@ class Waiter(Protocol):
 class QueuePolicy:
     size: int = 100
     timeout: float = 0.05  # seconds
+    # a queue non-empty for `standing_after` seconds is standing: sustained overload,
+    # where waiting only adds latency; what joins it waits `standing_timeout` at most
+    standing_after: float = 0.1
+    standing_timeout: float = 0.005
     thresholds: Thresholds = field(default_factory=Thresholds)
     light_shed_share: float = 0.5
     hysteresis: float = 0.0
@@ -86,6 +90,7 @@ class UpstreamGate:
         "_draw",
         "_pressure_grades",
         "_timer",
+        "_timer_due",
         "admitted",
         "call_later",
         "external",
@@ -97,6 +102,7 @@ class UpstreamGate:
         "limiter",
         "monotonic",
         "name",
+        "nonempty_since",
         "policy",
         "pressure_level",
         "queued_total",
@@ -141,8 +147,10 @@ class UpstreamGate:
         self.level_changes = 0
         self.admitted = 0
         self.queued_total = 0
+        self.nonempty_since = 0.0  # when the queue last went from empty to not
         self._draw = ShareDraw(policy.light_shed_share)
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_due = 0.0  # when the armed timer fires (monotonic seconds)
 
     def reconfigure(self, policy: QueuePolicy, external: ExternalReading | None) -> None:
         self.policy = policy
@@ -200,10 +208,16 @@ class UpstreamGate:
             self._admit(waiter, level)
         elif verdict is Verdict.QUEUE:
             self.queued_total += 1
-            deadline = self.monotonic() + self.policy.timeout
+            policy = self.policy
+            now = self.monotonic()
+            if not self.waiting:
+                self.nonempty_since = now
+            standing = now - self.nonempty_since >= policy.standing_after
+            timeout = policy.standing_timeout if standing else policy.timeout
+            deadline = now + timeout
             self.waiting[waiter] = (deadline, variant, low)
-            if self._timer is None:
-                self._timer = self.call_later(self.policy.timeout, self._expire)
+            if self._timer is None or deadline < self._timer_due:
+                self._arm(deadline, now)
         else:
             self.shed_counts.add(variant, reason, low)
             waiter.shed(self, reason)
@@ -245,19 +259,26 @@ class UpstreamGate:
             else:
                 self._admit(waiter, self._set_level())
 
+    def _arm(self, due: float, now: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.call_later(max(0.0, due - now), self._expire)
+        self._timer_due = due
+
     def _expire(self) -> None:
+        """Sheds what waited past its deadline. Deadlines are not in queue order once a
+        queue turns standing (later requests get the shorter timeout): all are looked
+        at, the queue being short by then (its level is severe at twice the limit)."""
         self._timer = None
         now = self.monotonic()
         waiting = self.waiting
-        while waiting:
-            waiter = next(iter(waiting))
-            deadline, variant, low = waiting[waiter]
-            if deadline > now:
-                self._timer = self.call_later(deadline - now, self._expire)
-                break
-            del waiting[waiter]
+        expired = [w for w, (deadline, _, _) in waiting.items() if deadline <= now]
+        for waiter in expired:
+            _, variant, low = waiting.pop(waiter)
             self.shed_counts.add(variant, QUEUE_TIMEOUT, low)
             waiter.shed(self, QUEUE_TIMEOUT)
+        if waiting:
+            self._arm(min(deadline for deadline, _, _ in waiting.values()), now)
         self._set_level()
 
     def release_all(self) -> None:

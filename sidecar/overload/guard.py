@@ -55,6 +55,8 @@ def queue_policy(config: OverloadConfig) -> QueuePolicy:
     return QueuePolicy(
         size=config.queue_size,
         timeout=config.queue_timeout_ms / 1000,
+        standing_after=config.queue_standing_after_ms / 1000,
+        standing_timeout=min(config.queue_standing_timeout_ms, config.queue_timeout_ms) / 1000,
         thresholds=Thresholds(config.light_at, config.heavy_at, config.severe_at),
         light_shed_share=config.light_shed_share,
         hysteresis=config.hysteresis,
