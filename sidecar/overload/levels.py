@@ -45,18 +45,6 @@ def pressure_of(in_flight: int, queued: int, limit: int) -> float:
     return (in_flight + queued) / limit if limit > 0 else float("inf")
 
 
-def level_of(in_flight: int, queued: int, limit: int, t: Thresholds) -> Level:
-    """The level for pressure (in flight + queued) / limit, without hysteresis."""
-    pressure = pressure_of(in_flight, queued, limit)
-    if pressure >= t.severe_at:
-        return Level.SEVERE
-    if pressure >= t.heavy_at:
-        return Level.HEAVY
-    if pressure >= t.light_at:
-        return Level.LIGHT
-    return Level.NORMAL
-
-
 def verdict_for(
     level: Level, *, low: bool, has_slot: bool, queue_room: bool, light_draw: bool
 ) -> tuple[Verdict, str]:
