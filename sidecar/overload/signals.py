@@ -21,6 +21,7 @@ from typing import Final, Literal, get_args
 from sidecar.overload.levels import Level
 
 RATE_WINDOW = 1.0  # seconds
+MAX_ERROR_CHARS = 300  # of the last failure's description, as shown on /overload
 
 # why an external reading failed (`failures` keys; metrics label `reason`)
 FailureReason = Literal[
@@ -138,7 +139,7 @@ class ExternalReading:
     def fail(self, reason: FailureReason, detail: str) -> None:
         self.failures[reason] = self.failures.get(reason, 0) + 1
         self.failing = True
-        self.last_error = f"{reason}: {detail}"
+        self.last_error = f"{reason}: {detail}"[:MAX_ERROR_CHARS]
 
     def fresh(self, now: float) -> bool:
         return self.read_at is not None and now - self.read_at <= self.stale_after
