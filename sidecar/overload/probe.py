@@ -18,7 +18,7 @@ import math
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from controlplane.kernel.overload import ExternalSignal, source_kind
 from sidecar.overload.signals import (
@@ -34,6 +34,9 @@ from sidecar.overload.signals import (
 from sidecar.proxy.limits import RateLimitedLog
 
 log = logging.getLogger("canary.sidecar.overload")
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 MAX_BODY = 1024  # bytes; a number needs far fewer
 MAX_VALUE = 1e12
@@ -110,6 +113,7 @@ class ExternalProbe:
         self.kind = source_kind(signal.source)
         self._nvml = nvml or Nvml()
         self._client: Any = None  # httpx.AsyncClient, for an HTTP source
+        self._thread: asyncio.Future[Any] | None = None  # a file or NVML read under way
         if self.kind == "http":  # imported here, not within the first read's timeout
             import httpx
 
@@ -134,11 +138,23 @@ class ExternalProbe:
     async def _read(self) -> float:
         source = self.signal.source
         if self.kind == "file":
-            body = await asyncio.to_thread(_read_file, Path(source[len("file:") :]))
+            body = await self._in_thread(_read_file, Path(source[len("file:") :]))
             return parse_value(body)
         if self.kind == "nvml":
-            return await asyncio.to_thread(self._nvml.memory_share, self.signal.gpu)
+            return await self._in_thread(self._nvml.memory_share, self.signal.gpu)
         return parse_value(await self._get(source))
+
+    async def _in_thread(self, fn: Callable[[T], R], arg: T) -> R:
+        """`fn(arg)` in a thread, one at a time: a thread cannot be cancelled, so a
+        read blocked past its timeout (a hung mount, a wedged driver) is waited for
+        instead of piling up another thread every interval."""
+        if self._thread is not None and not self._thread.done():
+            raise ProbeFailed(TIMEOUT, "the previous read has not returned yet")
+        future = asyncio.ensure_future(asyncio.to_thread(fn, arg))
+        # its outcome is read here, or, after a timeout, by nobody: not an error
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._thread = future
+        return await asyncio.shield(future)
 
     async def _get(self, url: str) -> bytes:
         import httpx

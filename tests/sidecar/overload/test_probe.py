@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -165,3 +166,26 @@ async def test_nvml_without_its_bindings_is_reported_unavailable() -> None:
     assert p.reading.failures == {"unavailable": 1}
     assert p.reading.last_error == "unavailable: NVML unavailable: nvidia-ml-py is not installed"
     assert p.reading.level_at(0.0) is Level.NORMAL  # never sheds on it
+
+
+async def test_a_blocked_file_read_is_waited_for_not_repeated(tmp_path: Path) -> None:
+    fifo = tmp_path / "signal"
+    os.mkfifo(fifo)  # opening it for reading blocks until a writer comes: a hung mount
+    p = probe(f"file:{fifo}", FakeClock(), timeout_ms=50)
+    await p.read_once()
+    await p.read_once()  # the first read's thread is still blocked: no second one
+    assert p.reading.failures == {"timeout": 2}
+    assert p.reading.last_error == "timeout: the previous read has not returned yet"
+
+    def unblock() -> None:
+        with fifo.open("w") as writer:
+            writer.write("0.3")
+
+    await asyncio.to_thread(unblock)
+    fifo.unlink()
+    fifo.write_text("0.7")
+    async with asyncio.timeout(10):
+        while p.reading.value is None:  # until the blocked thread has returned
+            await p.read_once()
+            await asyncio.sleep(0.01)
+    assert p.reading.value == 0.7  # the late answer of the blocked read is not used
