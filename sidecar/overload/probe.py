@@ -132,6 +132,8 @@ class ExternalProbe:
             self._failed(TIMEOUT, f"no answer within {timeout:g} s")
         except OSError as exc:
             self._failed(UNREACHABLE, exc.strerror or type(exc).__name__)
+        except Exception as exc:  # whatever else a client library raises: the probe goes on
+            self._failed(UNREACHABLE, f"{type(exc).__name__}: {exc}")
         else:
             self.reading.record(self.monotonic(), value)
 
