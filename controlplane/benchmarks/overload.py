@@ -166,6 +166,17 @@ def _limit_of(view: dict[str, Any]) -> dict[str, Any] | None:
     return {k: gate[k] for k in ("limit", "estimate", "phase", "min_rtt_ms", "level")}
 
 
+def _leftover(stack: Stack) -> dict[str, int]:
+    """Once the upstream is idle, what the sidecar still counts in flight and queued:
+    anything but 0 is a leak of its accounting."""
+    _idle(stack)
+    gates = _overload(stack)["upstreams"]
+    return {
+        "in_flight": sum(g["in_flight"] for g in gates),
+        "queued": sum(g["queued"] for g in gates),
+    }
+
+
 # --- one run --------------------------------------------------------------------
 
 
@@ -380,6 +391,8 @@ def run(*, quick: bool, progress: bool, durations: Durations | None = None) -> d
                     )  # fmt: skip
                     figures = _figures(measured, shed)
                     figures["idle_wait_before_s"] = waited
+                    if mode == "on":
+                        figures["after_idle"] = _leftover(stack)
                     runs[mode][f"{load:g}x"] = figures
                     _say(progress, f"[{mode} {load:g}x] goodput {figures['goodput_share']:.2f}, "
                          f"P99 {figures['admitted_p99_ms']} ms, shed {figures['shed']}, "
@@ -421,6 +434,7 @@ def _targets(result: dict[str, Any]) -> dict[str, Any]:
     added_p50 = _minus(on["0.5x"]["admitted_p50_ms"], off["0.5x"]["admitted_p50_ms"])
     added_p99 = _minus(on["0.5x"]["admitted_p99_ms"], off["0.5x"]["admitted_p99_ms"])
     settled = result["step"]["settled_in_band_s"]
+    proportional = result["step"].get("half_of_before", {}).get("settled_in_band_s")
     ratio = None if p99_4x is None or not unloaded_p99 else round(p99_4x / unloaded_p99, 2)
     return {
         "goodput_share_min": TARGET_GOODPUT_SHARE,
@@ -439,9 +453,17 @@ def _targets(result: dict[str, Any]) -> dict[str, Any]:
         "half_load_ok": on["0.5x"]["shed"] == 0
         and added_p99 is not None
         and added_p99 <= TARGET_ADDED_P99_MS,
+        "accounting_leak": any(
+            r["after_idle"]["in_flight"] or r["after_idle"]["queued"] for r in on.values()
+        ),
         "adapt_settled_s": settled,
         "adapt_s_max": TARGET_ADAPT_S,
         "adapt_ok": settled is not None and settled <= TARGET_ADAPT_S,
+        # the same band around half the limit held before the step: the sidecar's own
+        # time per request is in the limit (decision 0026), so its limit for a
+        # concurrency of 4 is not 4
+        "adapt_settled_half_of_before_s": proportional,
+        "adapt_half_of_before_ok": proportional is not None and proportional <= TARGET_ADAPT_S,
     }
 
 

@@ -8,6 +8,8 @@ change with its audit event in a single step.
 
 from __future__ import annotations
 
+import json
+
 from controlplane.experiments.service_rules import StoredValueInvalid, previous_value
 from controlplane.experiments.store import ExperimentStore
 from controlplane.kernel.clock import Clock, utc_now
@@ -44,7 +46,7 @@ async def write_overload(
     key = keys.overload(overload.service)
     value = overload.to_stored()
     previous = await kv.get(key)
-    new_value = overload.config().model_dump(mode="json")
+    new_value = json.loads(value)  # as stored: fields at their defaults may be left out
     old_value = previous_value(previous.value if previous else None)
     if old_value == new_value:
         return overload  # writes only on change

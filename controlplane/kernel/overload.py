@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -24,12 +25,99 @@ MAX_PATH_RULES = 64
 PathPrefix = Annotated[str, Field(strict=True, pattern=r"^/[\x21-\x7e]{0,255}$")]
 
 
-def _real(*, ge: float | None = None, gt: float | None = None, le: float, default: float) -> Any:
-    return Field(default=default, ge=ge, gt=gt, le=le, strict=True, allow_inf_nan=False)
+def _real(
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    lt: float | None = None,
+    le: float,
+    default: float,
+) -> Any:
+    return Field(default=default, ge=ge, gt=gt, lt=lt, le=le, strict=True, allow_inf_nan=False)
 
 
 def _count(*, ge: int, le: int, default: int) -> Any:
     return Field(default=default, ge=ge, le=le, strict=True)
+
+
+MAX_SIGNAL_VALUE = 1e12
+MAX_SOURCE_CHARS = 2048
+Failure = Literal["ignore", "light", "heavy", "severe"]
+
+
+class _Graded(BaseModel):
+    """Three ordered thresholds of one signal's value: at or above `light`, the light
+    level, and so on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    light: float = Field(strict=True, ge=0, le=MAX_SIGNAL_VALUE, allow_inf_nan=False)
+    heavy: float = Field(strict=True, ge=0, le=MAX_SIGNAL_VALUE, allow_inf_nan=False)
+    severe: float = Field(strict=True, ge=0, le=MAX_SIGNAL_VALUE, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _ordered_levels(self) -> _Graded:
+        if not 0 < self.light <= self.heavy <= self.severe:
+            raise ValueError("thresholds must be ordered: 0 < light <= heavy <= severe")
+        return self
+
+
+class RateSignal(_Graded):
+    """Requests per second arriving for one upstream (per sidecar worker)."""
+
+
+class ExternalSignal(_Graded):
+    """A number the service reports, polled: `http://host:port/path` (the body is the
+    number), `file:/absolute/path` (the file holds it), or `nvml` (the used share of GPU
+    `gpu`'s memory, 0..1, when NVML and a GPU are there)."""
+
+    source: str = Field(strict=True, min_length=4, max_length=MAX_SOURCE_CHARS)
+    gpu: int = _count(ge=0, le=63, default=0)
+    interval_ms: int = _count(ge=50, le=60_000, default=1000)
+    timeout_ms: int = _count(ge=10, le=10_000, default=200)
+    # a reading older than this is stale: ignored, as a failing probe is
+    stale_after_ms: int = _count(ge=50, le=600_000, default=5000)
+    # the level while the probe fails or its reading is stale ("ignore": none)
+    on_failure: Failure = "ignore"
+
+    @model_validator(mode="after")
+    def _probe(self) -> ExternalSignal:
+        source_kind(self.source)  # raises ValueError naming what is wrong
+        if self.timeout_ms > self.interval_ms:
+            raise ValueError("timeout_ms must not exceed interval_ms")
+        if self.stale_after_ms < self.interval_ms:
+            raise ValueError("stale_after_ms must be at least interval_ms")
+        return self
+
+
+def source_kind(source: str) -> Literal["http", "file", "nvml"]:
+    """What an external signal's source is; ValueError when it is none of them."""
+    if source == "nvml":
+        return "nvml"
+    if any(ord(c) <= 0x20 or ord(c) >= 0x7F for c in source):
+        raise ValueError("source must be printable ASCII without spaces")
+    if source.startswith("file:/"):
+        path = source[len("file:") :]
+        if path.startswith("//"):
+            raise ValueError("a file source is file:/absolute/path")
+        return "file"
+    url = urlsplit(source)
+    if url.scheme != "http" or not url.hostname or url.username or url.password:
+        raise ValueError("source must be http://host[:port]/path, file:/path or nvml")
+    try:
+        url.port  # noqa: B018 - a port out of range raises
+    except ValueError as exc:
+        raise ValueError(f"source port: {exc}") from exc
+    return "http"
+
+
+class Signals(BaseModel):
+    """Signals beside in-flight pressure; the level is the highest any of them gives."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rate: RateSignal | None = None
+    external: ExternalSignal | None = None
 
 
 class OverloadConfig(BaseModel):
@@ -45,18 +133,26 @@ class OverloadConfig(BaseModel):
     update_interval_ms: int = _count(ge=10, le=60_000, default=100)
     percentile: float = _real(gt=0, le=1, default=0.5)
     rtt_buffer: float = _real(ge=0, le=1, default=0.1)
-    smoothing: float = _real(gt=0, le=1, default=0.5)
+    smoothing: float = _real(gt=0, le=1, default=0.3)
     min_rtt_interval_s: float = _real(ge=1, le=86_400, default=60)
     min_rtt_samples: int = _count(ge=1, le=10_000, default=25)
     min_rtt_concurrency: int = _count(ge=1, le=MAX_LIMIT, default=3)
     # the queue of requests over the limit
     queue_size: int = _count(ge=0, le=100_000, default=100)
     queue_timeout_ms: int = _count(ge=0, le=60_000, default=50)
+    # a queue that has not been empty for `queue_standing_after_ms` is a standing one
+    # (sustained overload, not a burst): what joins it then waits at most
+    # `queue_standing_timeout_ms` (CoDel's target and interval, decision 0026)
+    queue_standing_after_ms: int = _count(ge=1, le=60_000, default=100)
+    queue_standing_timeout_ms: int = _count(ge=0, le=60_000, default=5)
     # levels: pressure = (in flight + queued) / limit
     light_at: float = _real(gt=0, le=100, default=1.0)
     heavy_at: float = _real(gt=0, le=100, default=1.5)
     severe_at: float = _real(gt=0, le=100, default=2.0)
     light_shed_share: float = _real(ge=0, le=1, default=0.5)
+    # a level is left only once its signal is below its threshold by this share
+    hysteresis: float = _real(ge=0, lt=1, le=1, default=0.1)
+    signals: Signals = Field(default_factory=Signals)
     # what a shed request gets
     shed_status: Literal[429, 503] = 429
     retry_after_s: int = _count(ge=0, le=3600, default=1)
@@ -82,7 +178,15 @@ class ServiceOverload(OverloadConfig):
         return OverloadConfig.model_validate(self.model_dump(exclude={"service"}))
 
     def to_stored(self) -> bytes:
-        return self.config().model_dump_json().encode()
+        """The config as stored; the fields added with signals are left out while at
+        their defaults, so sidecars that predate them accept the value."""
+        config = self.config()
+        later = ("hysteresis", "signals", "queue_standing_after_ms", "queue_standing_timeout_ms")
+        unset = {name for name in later if getattr(config, name) == getattr(DEFAULTS, name)}
+        return config.model_dump_json(exclude=unset).encode()
+
+
+DEFAULTS = OverloadConfig()
 
 
 def parse_overload(raw: bytes | str | dict[str, Any]) -> OverloadConfig:

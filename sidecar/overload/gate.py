@@ -22,10 +22,11 @@ from sidecar.overload.levels import (
     ShareDraw,
     Thresholds,
     Verdict,
-    level_of,
+    pressure_of,
     verdict_for,
 )
 from sidecar.overload.limit import GradientLimit
+from sidecar.overload.signals import ExternalReading, Grades, RateMeter, graded
 from sidecar.proxy.limits import RateLimitedLog
 
 
@@ -43,8 +44,19 @@ class Waiter(Protocol):
 class QueuePolicy:
     size: int = 100
     timeout: float = 0.05  # seconds
+    # a queue non-empty for `standing_after` seconds is standing: sustained overload,
+    # where waiting only adds latency; what joins it waits `standing_timeout` at most
+    standing_after: float = 0.1
+    standing_timeout: float = 0.005
     thresholds: Thresholds = field(default_factory=Thresholds)
     light_shed_share: float = 0.5
+    hysteresis: float = 0.0
+    rate: Grades | None = None  # requests per second arriving; None: not a signal
+
+    @property
+    def pressure(self) -> Grades:
+        t = self.thresholds
+        return Grades(t.light_at, t.heavy_at, t.severe_at)
 
 
 class ShedCounts:
@@ -76,9 +88,12 @@ class LevelCounts:
 class UpstreamGate:
     __slots__ = (
         "_draw",
+        "_pressure_grades",
         "_timer",
+        "_timer_due",
         "admitted",
         "call_later",
+        "external",
         "in_flight",
         "level",
         "level_changes",
@@ -87,8 +102,12 @@ class UpstreamGate:
         "limiter",
         "monotonic",
         "name",
+        "nonempty_since",
         "policy",
+        "pressure_level",
         "queued_total",
+        "rate",
+        "rate_level",
         "shed_counts",
         "waiting",
     )
@@ -104,8 +123,11 @@ class UpstreamGate:
         shed_counts: ShedCounts,
         level_counts: LevelCounts | None = None,
         level_log: RateLimitedLog | None = None,
+        external: ExternalReading | None = None,
     ) -> None:
         self.name = name
+        # the service's own signal, shared by its gates (None: not configured)
+        self.external = external
         self.limiter = limiter
         self.policy = policy
         self.monotonic = monotonic
@@ -118,20 +140,44 @@ class UpstreamGate:
         # FIFO: insertion order; value (deadline, variant, low)
         self.waiting: dict[Waiter, tuple[float, str, bool]] = {}
         self.level = Level.NORMAL
+        self.pressure_level = Level.NORMAL
+        self.rate_level = Level.NORMAL
+        self.rate = RateMeter(monotonic())
+        self._pressure_grades = policy.pressure
         self.level_changes = 0
         self.admitted = 0
         self.queued_total = 0
+        self.nonempty_since = 0.0  # when the queue last went from empty to not
         self._draw = ShareDraw(policy.light_shed_share)
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_due = 0.0  # when the armed timer fires (monotonic seconds)
 
-    def reconfigure(self, policy: QueuePolicy) -> None:
+    def reconfigure(self, policy: QueuePolicy, external: ExternalReading | None) -> None:
         self.policy = policy
+        self.external = external
+        self._pressure_grades = policy.pressure
         self._draw = ShareDraw(policy.light_shed_share)
 
-    def _set_level(self) -> Level:
-        level = level_of(
-            self.in_flight, len(self.waiting), self.limiter.limit, self.policy.thresholds
+    def _set_level(self, arrival: bool = False) -> Level:
+        """The level now: the highest of the signals' (`arrival`: one more request
+        arrived, for the rate)."""
+        policy = self.policy
+        hysteresis = policy.hysteresis
+        pressure = pressure_of(self.in_flight, len(self.waiting), self.limiter.limit)
+        level = self.pressure_level = graded(
+            pressure, self._pressure_grades, self.pressure_level, hysteresis
         )
+        rate_grades = policy.rate
+        if rate_grades is not None or self.external is not None:
+            now = self.monotonic()
+            if arrival:
+                self.rate.add(now)
+            if rate_grades is not None:
+                rate = self.rate.rate(now)
+                self.rate_level = graded(rate, rate_grades, self.rate_level, hysteresis)
+                level = max(level, self.rate_level)
+            if self.external is not None:
+                level = max(level, self.external.level_at(now))
         if level is not self.level:
             previous, self.level = self.level, level
             self.level_changes += 1
@@ -149,7 +195,7 @@ class UpstreamGate:
         return level
 
     def enter(self, waiter: Waiter, variant: str, low: bool) -> None:
-        level = self._set_level()
+        level = self._set_level(arrival=True)
         limit = self.limiter.limit
         verdict, reason = verdict_for(
             level,
@@ -162,10 +208,16 @@ class UpstreamGate:
             self._admit(waiter, level)
         elif verdict is Verdict.QUEUE:
             self.queued_total += 1
-            deadline = self.monotonic() + self.policy.timeout
+            policy = self.policy
+            now = self.monotonic()
+            if not self.waiting:
+                self.nonempty_since = now
+            standing = now - self.nonempty_since >= policy.standing_after
+            timeout = policy.standing_timeout if standing else policy.timeout
+            deadline = now + timeout
             self.waiting[waiter] = (deadline, variant, low)
-            if self._timer is None:
-                self._timer = self.call_later(self.policy.timeout, self._expire)
+            if self._timer is None or deadline < self._timer_due:
+                self._arm(deadline, now)
         else:
             self.shed_counts.add(variant, reason, low)
             waiter.shed(self, reason)
@@ -207,19 +259,26 @@ class UpstreamGate:
             else:
                 self._admit(waiter, self._set_level())
 
+    def _arm(self, due: float, now: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.call_later(max(0.0, due - now), self._expire)
+        self._timer_due = due
+
     def _expire(self) -> None:
+        """Sheds what waited past its deadline. Deadlines are not in queue order once a
+        queue turns standing (later requests get the shorter timeout): all are looked
+        at, the queue being short by then (its level is severe at twice the limit)."""
         self._timer = None
         now = self.monotonic()
         waiting = self.waiting
-        while waiting:
-            waiter = next(iter(waiting))
-            deadline, variant, low = waiting[waiter]
-            if deadline > now:
-                self._timer = self.call_later(deadline - now, self._expire)
-                break
-            del waiting[waiter]
+        expired = [w for w, (deadline, _, _) in waiting.items() if deadline <= now]
+        for waiter in expired:
+            _, variant, low = waiting.pop(waiter)
             self.shed_counts.add(variant, QUEUE_TIMEOUT, low)
             waiter.shed(self, QUEUE_TIMEOUT)
+        if waiting:
+            self._arm(min(deadline for deadline, _, _ in waiting.values()), now)
         self._set_level()
 
     def release_all(self) -> None:

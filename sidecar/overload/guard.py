@@ -15,8 +15,9 @@ from typing import Any
 from controlplane.kernel.overload import OverloadConfig
 from sidecar.choice import Upstream
 from sidecar.overload.gate import LevelCounts, QueuePolicy, ShedCounts, UpstreamGate, Waiter
-from sidecar.overload.levels import Thresholds
+from sidecar.overload.levels import Level, Thresholds
 from sidecar.overload.limit import GradientLimit, LimitSettings
+from sidecar.overload.signals import ExternalReading, Grades
 from sidecar.proxy.errors import problem_response
 from sidecar.proxy.headers import Header
 from sidecar.proxy.limits import RateLimitedLog
@@ -26,6 +27,13 @@ log = logging.getLogger("canary.sidecar.overload")
 PRIORITY = b"x-priority"
 LEVEL_LOG_INTERVAL = 10.0  # seconds between two lines on one upstream's level changes
 MAX_GATES = 1024  # upstreams remembered; past it the idle ones are forgotten
+MAX_ANSWERS = 1024  # shed answers kept ready; past it they are made again
+FAILURE_LEVELS = {
+    "ignore": Level.NORMAL,
+    "light": Level.LIGHT,
+    "heavy": Level.HEAVY,
+    "severe": Level.SEVERE,
+}
 
 
 def limit_settings(config: OverloadConfig) -> LimitSettings:
@@ -44,11 +52,29 @@ def limit_settings(config: OverloadConfig) -> LimitSettings:
 
 
 def queue_policy(config: OverloadConfig) -> QueuePolicy:
+    rate = config.signals.rate
     return QueuePolicy(
         size=config.queue_size,
         timeout=config.queue_timeout_ms / 1000,
+        standing_after=config.queue_standing_after_ms / 1000,
+        standing_timeout=min(config.queue_standing_timeout_ms, config.queue_timeout_ms) / 1000,
         thresholds=Thresholds(config.light_at, config.heavy_at, config.severe_at),
         light_shed_share=config.light_shed_share,
+        hysteresis=config.hysteresis,
+        rate=None if rate is None else Grades(rate.light, rate.heavy, rate.severe),
+    )
+
+
+def external_reading(config: OverloadConfig) -> ExternalReading | None:
+    """A fresh reading for the service's own signal, when it has one."""
+    ext = config.signals.external
+    if ext is None:
+        return None
+    return ExternalReading(
+        Grades(ext.light, ext.heavy, ext.severe),
+        hysteresis=config.hysteresis,
+        stale_after=ext.stale_after_ms / 1000,
+        failure_level=FAILURE_LEVELS[ext.on_failure],
     )
 
 
@@ -78,22 +104,31 @@ class OverloadGuard:
         self.config = config
         self._settings = limit_settings(config)
         self._policy = queue_policy(config)
+        # the service's own signal, shared by every gate; its probe (`probe.py`) is
+        # run by whoever made the guard
+        self.external = external_reading(config)
         self._paths = tuple(p.encode() for p in config.low_priority_paths)
         self._retry_after = (f"Retry-After: {config.retry_after_s}",)
+        self._answers: dict[tuple[str, str, str | None, bool], tuple[bytes, int]] = {}
 
     def configure(self, config: OverloadConfig) -> None:
         """A new valid config: queue and levels at once; limits restart when their
         settings changed (what they learned was learned under the old ones)."""
+        if config.signals.external != self.config.signals.external or (
+            config.hysteresis != self.config.hysteresis
+        ):
+            self.external = external_reading(config)
         self.config = config
         settings = limit_settings(config)
         self._policy = queue_policy(config)
         self._paths = tuple(p.encode() for p in config.low_priority_paths)
         self._retry_after = (f"Retry-After: {config.retry_after_s}",)
+        self._answers = {}  # status and Retry-After may have changed
         restart = settings != self._settings
         self._settings = settings
         now = self.monotonic()
         for gate in self.gates.values():
-            gate.reconfigure(self._policy)
+            gate.reconfigure(self._policy, self.external)
             if restart:
                 gate.limiter = GradientLimit(settings, now)
 
@@ -112,6 +147,7 @@ class OverloadGuard:
                 shed_counts=self.shed_counts,
                 level_counts=self.level_counts,
                 level_log=RateLimitedLog(log, self.monotonic, LEVEL_LOG_INTERVAL),
+                external=self.external,
             )
         return gate
 
@@ -134,16 +170,25 @@ class OverloadGuard:
     def shed_response(
         self, reason: str, variant: str, experiment: str | None, *, close: bool
     ) -> tuple[bytes, int]:
-        status, detail, _ = self.shed_answer(reason, variant)
-        body = problem_response(
-            status,
-            detail,
-            variant=variant,
-            experiment=experiment,
-            close=close,
-            extra=self._retry_after,
-        )
-        return body, status
+        """The HTTP/1.1 answer, made once per (reason, variant, experiment, close): under
+        overload the same few are sent thousands of times a second, and building one
+        (12 us) is CPU the admitted requests need."""
+        key = (reason, variant, experiment, close)
+        answer = self._answers.get(key)
+        if answer is None:
+            status, detail, _ = self.shed_answer(reason, variant)
+            body = problem_response(
+                status,
+                detail,
+                variant=variant,
+                experiment=experiment,
+                close=close,
+                extra=self._retry_after,
+            )
+            if len(self._answers) >= MAX_ANSWERS:
+                self._answers.clear()
+            answer = self._answers[key] = (body, status)
+        return answer
 
     def release_all(self) -> None:
         for gate in self.gates.values():
@@ -170,6 +215,11 @@ class OverloadGuard:
                     "admitted": gate.admitted,
                     "queued_total": gate.queued_total,
                     "level_changes": gate.level_changes,
+                    "pressure_level": gate.pressure_level.name.lower(),
+                    "rate_level": gate.rate_level.name.lower(),
+                    "rate_rps": None
+                    if self._policy.rate is None
+                    else round(gate.rate.rate(self.monotonic()), 1),
                 }
             )
         shed = [
@@ -181,4 +231,23 @@ class OverloadGuard:
             "config": self.config.model_dump(mode="json"),
             "upstreams": gates,
             "shed": shed,
+            "external": self.external_state(),
+        }
+
+    def external_state(self) -> dict[str, Any] | None:
+        reading = self.external
+        ext = self.config.signals.external
+        if reading is None or ext is None:
+            return None
+        now = self.monotonic()
+        return {
+            "source": ext.source,
+            "value": reading.value,
+            "age_s": None if reading.read_at is None else round(now - reading.read_at, 3),
+            "fresh": reading.fresh(now),
+            "level": reading.level_at(now).name.lower(),
+            "reads": reading.reads,
+            "failing": reading.failing,
+            "last_error": reading.last_error,
+            "failures": dict(sorted(reading.failures.items())),
         }

@@ -1,7 +1,9 @@
 """Graded overload: how hard a gate is pressed, and what that means for one request.
 
 Pure functions of what the gate measures (in flight, queued, the limit) and the
-service's thresholds; the gate applies the verdicts.
+service's thresholds; the gate applies the verdicts. The other signals (request rate,
+the service's own) and hysteresis are in `signals.py`; the gate's level is the highest
+any signal gives.
 """
 
 from __future__ import annotations
@@ -39,16 +41,8 @@ class Thresholds:
     severe_at: float = 2.0
 
 
-def level_of(in_flight: int, queued: int, limit: int, t: Thresholds) -> Level:
-    """The level for pressure (in flight + queued) / limit."""
-    pressure = (in_flight + queued) / limit if limit > 0 else float("inf")
-    if pressure >= t.severe_at:
-        return Level.SEVERE
-    if pressure >= t.heavy_at:
-        return Level.HEAVY
-    if pressure >= t.light_at:
-        return Level.LIGHT
-    return Level.NORMAL
+def pressure_of(in_flight: int, queued: int, limit: int) -> float:
+    return (in_flight + queued) / limit if limit > 0 else float("inf")
 
 
 def verdict_for(

@@ -50,7 +50,7 @@ class LimitSettings:
     update_interval: float = 0.1  # seconds per sample interval
     percentile: float = 0.5  # of latencies, to summarise an interval or a measurement
     rtt_buffer: float = 0.1  # latency above the no-load latency still taken as no queue
-    smoothing: float = 0.5  # weight of the new limit against the old one
+    smoothing: float = 0.3  # weight of the new limit against the old one (decision 0026)
     min_rtt_interval: float = 60.0  # seconds between no-load measurements
     min_rtt_samples: int = 25
     min_rtt_concurrency: int = 3

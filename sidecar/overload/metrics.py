@@ -1,5 +1,5 @@
-"""Overload protection on /metrics: limits, in flight, queues, levels, level changes and
-shed counts."""
+"""Overload protection on /metrics: limits, in flight, queues, levels, level changes,
+shed counts, and the service's own signal when it has one."""
 
 from __future__ import annotations
 
@@ -64,6 +64,7 @@ class OverloadMetricsCollector(Collector):
         for (upstream, level), count in sorted(entered.items()):
             changes.add_metric([upstream, level], count)
         yield changes
+        yield from self._external(guard)
         stats = self._watcher.stats
         yield CounterMetricFamily(
             f"{p}_configs_applied", "Overload config values put in force", value=stats.applied
@@ -76,3 +77,33 @@ class OverloadMetricsCollector(Collector):
         yield GaugeMetricFamily(
             f"{p}_enabled", "1 while overload protection is on", value=int(guard is not None)
         )
+
+    def _external(
+        self, guard: OverloadGuard | None
+    ) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        """The service's own signal, while protection is on and it has one."""
+        reading = None if guard is None else guard.external
+        if guard is None or reading is None:
+            return
+        p = self._prefix
+        now = guard.monotonic()
+        if reading.value is not None:
+            yield GaugeMetricFamily(
+                f"{p}_signal_value", "Last value read of the service's own signal",
+                value=reading.value,
+            )  # fmt: skip
+        yield GaugeMetricFamily(
+            f"{p}_signal_fresh", "1 while the last reading is recent enough to be used",
+            value=int(reading.fresh(now)),
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            f"{p}_signal_level", "Level the service's own signal gives (0..3)",
+            value=int(reading.level_at(now)),
+        )  # fmt: skip
+        failures = CounterMetricFamily(
+            f"{p}_signal_failures", "Failed reads of the service's own signal, by reason",
+            labels=["reason"],
+        )  # fmt: skip
+        for reason, count in sorted(reading.failures.items()):
+            failures.add_metric([reason], count)
+        yield failures

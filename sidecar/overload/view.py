@@ -15,7 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from controlplane.kernel.overload import MAX_SOURCE_CHARS
 from sidecar.overload.guard import MAX_GATES
+from sidecar.overload.signals import FAILURES, FailureReason
 
 MAX_VIEW_BYTES = 4 * 1024 * 1024
 MAX_SHED_ENTRIES = 10_000
@@ -43,6 +45,21 @@ class UpstreamView(_Strict):
     admitted: Count = Field(ge=0)
     queued_total: Count = Field(ge=0)
     level_changes: Count = Field(ge=0)
+    pressure_level: LevelName = "normal"
+    rate_level: LevelName = "normal"
+    rate_rps: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+
+
+class ExternalView(_Strict):
+    source: str = Field(max_length=MAX_SOURCE_CHARS)
+    value: float | None = Field(allow_inf_nan=False)
+    age_s: float | None = Field(ge=0, allow_inf_nan=False)
+    fresh: bool
+    level: LevelName
+    reads: Count = Field(ge=0)
+    failing: bool
+    last_error: str | None = Field(max_length=_NAME)
+    failures: dict[FailureReason, Count] = Field(max_length=len(FAILURES))
 
 
 class ShedView(_Strict):
@@ -57,11 +74,12 @@ class OverloadView(_Strict):
     config: dict[str, Any] | None
     upstreams: list[UpstreamView] = Field(max_length=MAX_GATES)
     shed: list[ShedView] = Field(max_length=MAX_SHED_ENTRIES)
+    external: ExternalView | None = None
 
 
 def disabled_view() -> dict[str, Any]:
     """The view while protection is off."""
-    return {"enabled": False, "config": None, "upstreams": [], "shed": []}
+    return {"enabled": False, "config": None, "upstreams": [], "shed": [], "external": None}
 
 
 def parse_view(body: bytes) -> OverloadView:
@@ -100,6 +118,9 @@ def merge_views(views: Sequence[tuple[int, OverloadView | str]]) -> dict[str, An
                 total = upstreams[gate.upstream] = {
                     "upstream": gate.upstream,
                     "level": gate.level,
+                    "pressure_level": gate.pressure_level,
+                    "rate_level": gate.rate_level,
+                    "rate_rps": None,
                     "estimate": 0.0,
                     "workers": 0,
                     **dict.fromkeys(_SUMMED, 0),
@@ -110,10 +131,18 @@ def merge_views(views: Sequence[tuple[int, OverloadView | str]]) -> dict[str, An
             total["workers"] += 1
             if _LEVELS.index(gate.level) > _LEVELS.index(total["level"]):
                 total["level"] = gate.level
+            for name in ("pressure_level", "rate_level"):
+                if _LEVELS.index(getattr(gate, name)) > _LEVELS.index(total[name]):
+                    total[name] = getattr(gate, name)
+            if gate.rate_rps is not None:
+                total["rate_rps"] = round((total["rate_rps"] or 0.0) + gate.rate_rps, 1)
         for entry in view.shed:
             key = (entry.variant, entry.reason, entry.priority)
             shed[key] = shed.get(key, 0) + entry.count
     config = next((v.config for v in answered if v.enabled), None)
+    # each worker probes on its own: the merged view shows the one at the highest level
+    externals = [v.external for v in answered if v.external is not None]
+    external = max(externals, key=lambda e: _LEVELS.index(e.level), default=None)
     return {
         "enabled": bool(answered) and all(v.enabled for v in answered),
         "config": config,
@@ -123,4 +152,5 @@ def merge_views(views: Sequence[tuple[int, OverloadView | str]]) -> dict[str, An
             for (v, r, p), n in sorted(shed.items())
         ],
         "workers": workers,
+        "external": None if external is None else external.model_dump(mode="json"),
     }

@@ -178,6 +178,10 @@ class Exchange:
         self.choice = choice
         self.variant = choice.variant.encode()
         if choice.upstream.http2:
+            guard = server.overload
+            if guard is not None:  # admit() opens the stream, now or from the queue
+                guard.enter(self, choice.upstream, choice.variant, self.headers, self.target)
+                return
             self.relay = server.h2.relay(self, choice)
             return
         try:
@@ -240,11 +244,27 @@ class Exchange:
             self.gate = None
             gate.release(self.t_admit, sample=False)
             return
+        choice = self.choice
+        if choice is not None and choice.upstream.http2:
+            self._relay_admitted(choice, degrade)
+            return
         if degrade:
             self.head = self.head[:-2] + b"X-Canary-Degrade: 1\r\n\r\n"
         pool = self.pool
         assert pool is not None
         self._forward(pool)
+
+    def _relay_admitted(self, choice: Choice, degrade: bool) -> None:
+        """The stream to an HTTP/2 upstream opens; what of the body arrived while the
+        request waited goes on it."""
+        relay = self.relay = self.client.server.h2.relay(self, choice, degrade=degrade)
+        pending, self.pending = self.pending, None
+        for chunk in pending or ():
+            relay.request_data(chunk)
+        if self.req_complete:
+            relay.request_end()
+        if self.client.read_block & WAIT_UPSTREAM:
+            self.client.unblock(WAIT_UPSTREAM)
 
     def shed(self, gate: UpstreamGate, reason: str) -> None:
         """Answered for the upstream, which never sees it: no sample, a count."""

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from controlplane.benchmarks import overload, overload_tuning
 from controlplane.benchmarks.overload import LOADS, Durations, run
 from controlplane.cli.bench import BENCHMARKS
 
@@ -49,3 +50,20 @@ def test_a_tiny_run_reports_every_load_both_ways_and_the_step(
     for verdict in ("goodput_ok", "admitted_p99_ok", "half_load_ok", "adapt_ok"):
         assert isinstance(targets[verdict], bool)
     assert isinstance(result["notes"], list)
+    assert targets["accounting_leak"] is False  # the sidecar's counts are back to 0
+    assert {"in_flight", "queued"} == set(result["runs"]["on"]["4x"]["after_idle"])
+
+
+def test_the_tuning_comparison_runs_every_variant(
+    etcd_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CANARY_BENCH_ETCD", etcd_endpoint)
+    result = overload_tuning.run(quick=True, progress=False, reps=1, durations=TINY)
+    json.dumps(result, allow_nan=False)
+    assert BENCHMARKS["overload-tuning"] == "controlplane.benchmarks.overload_tuning:run"
+    assert set(result["queue"]["by_load"]) == {"1x", "2x", "4x"}
+    for by_variant in result["queue"]["by_load"].values():
+        assert set(by_variant) == {"before", "now"}
+        assert all(len(v["runs"]) == 1 for v in by_variant.values())
+    assert set(result["step"]["runs"]) == {name for name, _ in overload_tuning.STEP_VARIANTS}
+    assert overload.PROTECTION == {}  # the shipped defaults again

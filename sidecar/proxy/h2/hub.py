@@ -74,11 +74,12 @@ class H2Hub:
         leg.start(self.server.pool_for(upstream))
         return leg
 
-    def relay(self, exchange: Exchange, choice: Choice) -> H2Relay:
-        """An HTTP/1.1 exchange's request as a stream on its HTTP/2 upstream."""
+    def relay(self, exchange: Exchange, choice: Choice, *, degrade: bool = False) -> H2Relay:
+        """An HTTP/1.1 exchange's request as a stream on its HTTP/2 upstream
+        (`degrade`: admitted under heavy overload)."""
         relay = H2Relay(self, exchange)
         try:
-            relay.start(choice)
+            relay.start(choice, degrade=degrade)
         except Exception as exc:  # e.g. an Upstream built by hand with a bad host name
             log.exception("no HTTP/2 stream to %s", choice.upstream)
             relay.upstream_failed(502, 502, f"unusable upstream {choice.upstream}: {exc}")

@@ -9,7 +9,8 @@ turns the stream's answer back into the exchange's response callbacks: an HTTP/1
 head (no Content-Length: chunked for an HTTP/1.1 client, read to the close for an
 HTTP/1.0 one), body chunks, and the trailers as the chunked trailer section. The
 exchange frames, tags and records as for any upstream; a gRPC answer's outcome is
-its grpc-status.
+its grpc-status. With overload protection on, the exchange passes its upstream's
+gate first and the relay starts when it is admitted (`Exchange.admit`).
 
 Flow control: request bytes the upstream's windows hold back stop reading from the
 client past `_HELD`; response bytes are acknowledged to the upstream (its window
@@ -77,7 +78,7 @@ class H2Relay:
         self.grpc_status: bytes | None = None
         self.done = False
 
-    def start(self, choice: Choice) -> None:
+    def start(self, choice: Choice, *, degrade: bool = False) -> None:
         ex = self.exchange
         server = self.hub.server
         upstream = choice.upstream
@@ -95,6 +96,7 @@ class H2Relay:
             proto=server.forwarded_proto,
             variant=ex.variant,
             experiment=None if choice.experiment is None else choice.experiment.encode(),
+            degrade=degrade,
         )
         # a request without a body is all in its head: HEADERS with END_STREAM
         self.req_ended = not ex.has_body

@@ -12,9 +12,10 @@ from sidecar.overload.levels import (
     ShareDraw,
     Thresholds,
     Verdict,
-    level_of,
+    pressure_of,
     verdict_for,
 )
+from sidecar.overload.signals import Grades, graded
 
 T = Thresholds(light_at=1.0, heavy_at=1.5, severe_at=2.0)
 
@@ -33,7 +34,8 @@ T = Thresholds(light_at=1.0, heavy_at=1.5, severe_at=2.0)
     ],
 )
 def test_level_follows_pressure(in_flight: int, queued: int, limit: int, level: Level) -> None:
-    assert level_of(in_flight, queued, limit, T) is level
+    grades = Grades(T.light_at, T.heavy_at, T.severe_at)
+    assert graded(pressure_of(in_flight, queued, limit), grades, Level.NORMAL, 0.0) is level
 
 
 @pytest.mark.parametrize(

@@ -19,11 +19,11 @@ SETTINGS = LimitSettings(min_rtt_interval=30.0)
 @pytest.mark.parametrize(
     ("limit", "sample", "min_rtt", "expected"),
     [
-        (10.0, 0.010, 0.010, 10.5),  # no queue: grows by half the buffer (smoothing 0.5)
+        (10.0, 0.010, 0.010, 10.3),  # no queue: grows by 0.3 of the buffer (smoothing 0.3)
         (10.0, 0.011, 0.010, 10.0),  # exactly the buffer above: stays
-        (10.0, 0.022, 0.010, 7.5),  # twice the buffered no-load latency: halfway to half
-        (10.0, 1.000, 0.010, 7.5),  # an outlier interval cuts by a quarter at most
-        (10.0, 0.001, 0.010, 15.0),  # faster than ever: grows by half at most
+        (10.0, 0.022, 0.010, 8.5),  # twice the buffered no-load latency: 0.3 of the way to half
+        (10.0, 1.000, 0.010, 8.5),  # an outlier interval cuts by 15% at most
+        (10.0, 0.001, 0.010, 13.0),  # faster than ever: grows by 30% at most
         (1.0, 1.000, 0.010, 1.0),  # never below min_limit
         (1000.0, 0.001, 0.010, 1000.0),  # never above max_limit
     ],

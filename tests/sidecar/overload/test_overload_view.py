@@ -65,7 +65,7 @@ def test_merge_sums_the_workers_and_keeps_the_highest_level() -> None:
     assert first == {
         "upstream": "http://a:1", "level": "heavy", "limit": 9, "estimate": 8.8,
         "in_flight": 6, "queued": 3, "admitted": 20, "queued_total": 4, "level_changes": 6,
-        "workers": 2,
+        "workers": 2, "pressure_level": "normal", "rate_level": "normal", "rate_rps": None,
     }  # fmt: skip
     assert (second["upstream"], second["workers"], second["limit"]) == ("http://b:1", 1, 4)
     assert merged["shed"] == [
@@ -201,7 +201,9 @@ async def test_one_sidecar_answers_its_guard_state_behind_the_admin_token(
             off = await client.get(f"{admin}/overload", headers=AUTH)
             assert off.status_code == 200
             assert off.headers["content-type"] == "application/json"
-            assert off.json() == {"enabled": False, "config": None, "upstreams": [], "shed": []}
+            assert off.json() == {
+                    "enabled": False, "config": None, "upstreams": [], "shed": [], "external": None
+                }  # fmt: skip
 
             config = {"min_limit": 2, "max_limit": 2, "min_rtt_concurrency": 2}
             await kv.put(EtcdKeys().overload(SERVICE), json.dumps(config).encode())
@@ -222,3 +224,30 @@ async def test_one_sidecar_answers_its_guard_state_behind_the_admin_token(
     finally:
         await sidecar.stop()
         await kv.close()
+
+
+def signal_view(level: str, value: float, **gate: Any) -> dict[str, Any]:
+    external = {
+        "source": "file:/run/q", "value": value, "age_s": 0.2, "fresh": True, "level": level,
+        "reads": 3, "failing": False, "last_error": None, "failures": {"timeout": 1},
+    }  # fmt: skip
+    return {"enabled": True, "config": {}, "upstreams": [gate_view("http://a:1", **gate)],
+            "shed": [], "external": external}  # fmt: skip
+
+
+def test_merge_sums_the_rates_and_shows_the_signal_at_its_highest_level() -> None:
+    a = signal_view("light", 60.0, rate_rps=120.5, rate_level="light")
+    b = signal_view("heavy", 250.0, rate_rps=80.0, pressure_level="heavy")
+    merged = merge_views(
+        [(0, parse_view(json.dumps(a).encode())), (1, parse_view(json.dumps(b).encode()))]
+    )
+    gate = merged["upstreams"][0]
+    assert (gate["rate_rps"], gate["rate_level"], gate["pressure_level"]) == (
+        200.5,
+        "light",
+        "heavy",
+    )
+    assert merged["external"]["level"] == "heavy" and merged["external"]["value"] == 250.0
+    b["external"]["failures"] = {"surprise": 1}  # a reason no worker counts
+    with pytest.raises(ValueError, match="not an overload view"):
+        parse_view(json.dumps(b).encode())
