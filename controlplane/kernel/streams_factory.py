@@ -1,7 +1,9 @@
 """Choose the sample-stream and snapshot backend from a URL (CANARY_REDIS_URL).
 
     memory://            MemoryStreams, in this process
-    redis://…, rediss://…  RedisStreams
+    redis://…, rediss://…  RedisStreams, one server
+    redis+cluster://host:port[,host:port…], rediss+cluster://…
+                         RedisStreams on a Redis Cluster (seeds: any of its nodes)
 
 Both halves of the returned pair are the same object, which implements
 `SampleStream` and `SnapshotBoard` at once: close it once (closing twice is harmless).
@@ -38,10 +40,13 @@ def open_streams(
 
         bus = MemoryStreams(clock=clock)
         return bus, bus
-    if sep and scheme in ("redis", "rediss"):
+    if sep and scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
         # Imported here so the embedded mode never needs the Redis driver loaded.
         from controlplane.kernel.streams_redis import RedisStreams
 
         redis_backend = RedisStreams(url.strip(), namespace=namespace, access=access)
         return redis_backend, redis_backend
-    raise ConfigError(f"unsupported stream URL {mask_url(url)!r}: expected memory://, redis:// or rediss://")
+    raise ConfigError(
+        f"unsupported stream URL {mask_url(url)!r}: expected memory://, redis://, "
+        "rediss://, redis+cluster:// or rediss+cluster://"
+    )

@@ -14,6 +14,13 @@ Every driver error is translated at this boundary: unreachable or slow Redis bec
 Timeouts come from the constructor, or from the URL (``?socket_timeout=…&
 socket_connect_timeout=…``), which wins as in redis-py.
 
+Redis Cluster (``redis+cluster://host:port[,host:port…]``, decision 0028): the
+same commands through redis-py's cluster client. Every key a command touches is in
+one slot (the hash tags of `RedisKeys`), pipelines are split per node by the client,
+and the two places that span slots are spelled out here: a read of several samples
+streams becomes one read per slot (`_read_cluster`), and listing the streams scans
+every primary.
+
 TLS and credentials (`RedisAccess`): ``rediss://`` with a CA and optionally a client
 certificate; the password in the URL or in a file, read again for every new
 connection (a rotated password needs no restart). The URL is never logged with its
@@ -24,15 +31,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.exceptions as redis_errors
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.crc import key_slot
 from redis.credentials import CredentialProvider
 from redis.typing import EncodableT, FieldT
 
@@ -50,6 +60,13 @@ DEFAULT_RETRIES = 1
 # XAUTOCLAIM cannot report how often an entry was delivered; when the follow-up
 # XPENDING does not say either, an entry being claimed was delivered at least twice.
 FALLBACK_DELIVERIES = 2
+# A cluster read that found nothing waits on this many slots at once (one blocking
+# connection each); the others are polled by the next read, which starts with a
+# non-blocking look at every slot.
+MAX_BLOCKING_SLOTS = 16
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+MAX_CLUSTER_SEEDS = 64
+_SEED_HOST = re.compile(r"[A-Za-z0-9._-]{1,253}|[0-9A-Fa-f:.]{2,45}")
 
 # Compare-and-delete of hash fields (SnapshotBoard.remove_if_unchanged): ARGV holds
 # field, expected value, field, expected value, …; answers the fields it deleted.
@@ -83,7 +100,8 @@ def _boundary(operation: str) -> Iterator[None]:
 
 
 def _is_nogroup(exc: redis_errors.ResponseError) -> bool:
-    return str(exc).startswith("NOGROUP")
+    # a cluster pipeline prefixes the server's error with the failed command
+    return "NOGROUP" in str(exc)
 
 
 def _text(value: bytes | str) -> str:
@@ -144,7 +162,21 @@ def _open_client(
     connect_timeout: float,
     retries: int,
     access: RedisAccess | None = None,
-) -> Redis:
+) -> Redis | RedisCluster:
+    cluster_url = split_cluster_url(url)
+    if cluster_url is not None:
+        first, seeds = cluster_url
+        first, options = _connection_options(first, access)
+        cluster: RedisCluster = RedisCluster.from_url(
+            first,
+            startup_nodes=[ClusterNode(host, port) for host, port in seeds],
+            decode_responses=False,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=connect_timeout,
+            retry=Retry(NoBackoff(), retries),
+            **options,
+        )
+        return cluster
     url, options = _connection_options(url, access)
     client: Redis = Redis.from_url(
         url,
@@ -155,6 +187,49 @@ def _open_client(
         **options,
     )
     return client
+
+
+def split_cluster_url(url: str) -> tuple[str, list[tuple[str, int]]] | None:
+    """``redis+cluster://[user[:password]@]host:port[,host:port…][/0][?options]`` as
+    the plain URL of its first seed (``redis://`` or ``rediss://``) and the other
+    seeds; None for a URL that is not a cluster URL.
+
+    Seeds are only where the client starts: it learns every node from the first one
+    that answers. Strict: a missing port, a database other than 0 (a cluster has
+    only db 0) or more than MAX_CLUSTER_SEEDS seeds is a ConfigError.
+    """
+    scheme, sep, rest = url.strip().partition("://")
+    plain = CLUSTER_SCHEMES.get(scheme.lower())
+    if not sep or plain is None:
+        return None
+    netloc, slash, tail = rest.partition("/")
+    path, question, query = tail.partition("?")
+    if "?" in netloc:  # no path: the query follows the hosts directly
+        netloc, _, query = netloc.partition("?")
+        question = "?"
+    if path not in ("", "0"):
+        raise ConfigError("a Redis Cluster URL has no database other than /0")
+    userinfo, at, hosts = netloc.rpartition("@")
+    seeds = [_seed(part) for part in hosts.split(",")]
+    if not 1 <= len(seeds) <= MAX_CLUSTER_SEEDS:
+        raise ConfigError(f"a Redis Cluster URL names 1 to {MAX_CLUSTER_SEEDS} seeds")
+    host, port = seeds[0]
+    bracketed = f"[{host}]" if ":" in host else host
+    first = f"{plain}://{userinfo}{at}{bracketed}:{port}{slash and '/'}{question}{query}"
+    return first, seeds[1:]
+
+
+def _seed(text: str) -> tuple[str, int]:
+    host, colon, port = text.strip().rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if (
+        not colon
+        or _SEED_HOST.fullmatch(host) is None
+        or not port.isdigit()
+        or not 1 <= int(port) <= 65535
+    ):
+        raise ConfigError("each Redis Cluster seed is host:port with a port 1-65535")
+    return host, int(port)
 
 
 def _without_userinfo(url: str) -> str:
@@ -187,6 +262,8 @@ class RedisStreams:
             access=access,
         )
         self._remove_if_unchanged = self._client.register_script(_REMOVE_IF_UNCHANGED)
+        self._cluster = isinstance(self._client, RedisCluster)
+        self._next_blocking = 0  # where the next blocking wait over slots starts
 
     # --- SampleStream -------------------------------------------------------
 
@@ -222,7 +299,7 @@ class RedisStreams:
         entries: list[StreamEntry] = []
         with _boundary("read_group"):
             try:
-                reply = await self._xreadgroup(service_of, group, consumer, count, block_ms)
+                replies = await self._read(service_of, group, consumer, count, block_ms)
             except redis_errors.ResponseError as exc:
                 if not _is_nogroup(exc):
                     raise
@@ -230,8 +307,8 @@ class RedisStreams:
                 # it. Recreate and read again rather than stall the collector.
                 for key in service_of:
                     await self._create_group(key, group)
-                reply = await self._xreadgroup(service_of, group, consumer, count, block_ms)
-        for key, stream_entries in self._stream_replies(reply):
+                replies = await self._read(service_of, group, consumer, count, block_ms)
+        for key, stream_entries in replies:
             service = service_of[_text(key)]
             for entry_id, fields in stream_entries:
                 if entry_id is None or fields is None:
@@ -363,10 +440,60 @@ class RedisStreams:
             if not str(exc).startswith("BUSYGROUP"):
                 raise
 
-    async def _xreadgroup(
+    async def _read(
         self, service_of: Mapping[str, str], group: str, consumer: str, count: int, block_ms: int
+    ) -> list[tuple[Any, Any]]:
+        if self._cluster:
+            by_slot: dict[int, list[str]] = {}
+            for key in service_of:
+                by_slot.setdefault(key_slot(key.encode()), []).append(key)
+            if len(by_slot) > 1:
+                return await self._read_cluster(list(by_slot.values()), group, consumer,
+                                                count, block_ms)
+        return self._stream_replies(
+            await self._xreadgroup(list(service_of), group, consumer, count, block_ms)
+        )
+
+    async def _read_cluster(
+        self, slots: list[list[str]], group: str, consumer: str, count: int, block_ms: int
+    ) -> list[tuple[Any, Any]]:
+        """One XREADGROUP per slot (a cluster refuses keys of several slots in one).
+
+        First a look at every slot without blocking, pipelined (one round trip per
+        node); only when that found nothing, a wait of up to block_ms on at most
+        MAX_BLOCKING_SLOTS slots at once, all waited for (a wait is never cancelled:
+        entries it was handed would be left pending on this consumer).
+        """
+        async with self._client.pipeline(transaction=False) as pipe:
+            for keys in slots:
+                pipe.xreadgroup(group, consumer, dict.fromkeys(keys, ">"), count=count)
+            now = await pipe.execute()
+        found = [pair for reply in now for pair in self._stream_replies(reply)]
+        if any(entries for _, entries in found) or block_ms <= 0:
+            return found
+        start = self._next_blocking % len(slots)
+        chosen = (slots[start:] + slots[:start])[:MAX_BLOCKING_SLOTS]
+        self._next_blocking = start + len(chosen)
+        waited = await asyncio.gather(
+            *(self._xreadgroup(keys, group, consumer, count, block_ms) for keys in chosen),
+            return_exceptions=True,
+        )
+        found = [
+            pair
+            for reply in waited
+            if not isinstance(reply, BaseException)
+            for pair in self._stream_replies(reply)
+        ]
+        failed = [reply for reply in waited if isinstance(reply, BaseException)]
+        # what the other slots handed over is returned, not lost to one slot's failure
+        if failed and not any(entries for _, entries in found):
+            raise failed[0]
+        return found
+
+    async def _xreadgroup(
+        self, keys: Sequence[str], group: str, consumer: str, count: int, block_ms: int
     ) -> Any:
-        streams: dict[Any, Any] = dict.fromkeys(service_of, ">")
+        streams: dict[Any, Any] = dict.fromkeys(keys, ">")
         if block_ms <= 0:
             return await self._client.xreadgroup(group, consumer, streams, count=count)
         # The blocking pool has no socket timeout; this bound replaces it.

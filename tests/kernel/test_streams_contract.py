@@ -17,7 +17,9 @@ from controlplane.kernel.streams import SampleStream, SnapshotBoard
 from controlplane.kernel.streams_factory import open_streams
 from controlplane.kernel.streams_memory import MemoryStreams
 from controlplane.kernel.streams_redis import RedisStreams
+from tests.conftest import unique
 from tests.support.processes import RedisProcess
+from tests.support.redis_cluster import RedisCluster
 
 GROUP = COLLECTOR_GROUP
 LONG_IDLE_MS = 60_000
@@ -31,7 +33,7 @@ class Backend:
     stream: SampleStream
     board: SnapshotBoard
     clock: FakeClock | None
-    raw: redis_async.Redis | None
+    raw: redis_async.Redis | redis_async.RedisCluster | None
     keys: RedisKeys
 
     async def length(self, service: str) -> int:
@@ -58,9 +60,20 @@ class Backend:
         return 0
 
 
-@pytest.fixture(params=["redis", "memory"])
+@pytest.fixture(params=["redis", "memory", "redis-cluster"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
-    if request.param == "redis":
+    if request.param == "redis-cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        namespace = unique("canary-test")
+        stream, board = open_streams(cluster.url, namespace=namespace)
+        port = cluster.alive()[0].port
+        raw_cluster = redis_async.RedisCluster(host="127.0.0.1", port=port)
+        try:
+            yield Backend("redis-cluster", stream, board, None, raw_cluster, RedisKeys(namespace))
+        finally:
+            await raw_cluster.aclose()
+            await stream.close()
+    elif request.param == "redis":
         namespace: str = request.getfixturevalue("redis_namespace")
         url: str = request.getfixturevalue("redis_url")
         stream, board = open_streams(url, namespace=namespace)
