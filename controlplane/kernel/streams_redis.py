@@ -95,6 +95,15 @@ def _boundary(operation: str) -> Iterator[None]:
         ) from exc
     except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
         raise BackendUnavailable(f"redis unavailable during {operation}: {exc}") from exc
+    except (
+        redis_errors.ClusterDownError,
+        redis_errors.TryAgainError,
+        redis_errors.SlotNotCoveredError,
+    ) as exc:
+        # a cluster between a primary's death and its replica's promotion
+        raise BackendUnavailable(f"redis cluster unavailable during {operation}: {exc}") from exc
+    except redis_errors.RedisClusterException as exc:
+        raise BackendError(f"redis cluster refused {operation}: {exc}") from exc
     except redis_errors.RedisError as exc:
         raise BackendError(f"redis refused {operation}: {exc}") from exc
 
