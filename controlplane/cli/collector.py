@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from controlplane.cli.observability import LogFormatOption, observability_settings
+from controlplane.kernel.streams_factory import URL_FORMS
 
 if TYPE_CHECKING:
     from controlplane.kernel.sample_keys import SampleKeys
@@ -15,7 +16,9 @@ if TYPE_CHECKING:
 def register(app: typer.Typer) -> None:
     @app.command("collector")
     def collector_command(
-        redis: Annotated[str | None, typer.Option("--redis", help="redis://… or memory://")] = None,
+        redis: Annotated[
+            str | None, typer.Option("--redis", help=f"{URL_FORMS} [env CANARY_REDIS_URL]")
+        ] = None,
         etcd: Annotated[
             str | None, typer.Option("--etcd", help="host:port[,…] or memory://")
         ] = None,

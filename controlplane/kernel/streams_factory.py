@@ -20,6 +20,12 @@ from controlplane.kernel.errors import ConfigError
 from controlplane.kernel.secrets import mask_url
 from controlplane.kernel.streams import SampleStream, SnapshotBoard
 
+# the URL forms, as the CLI's --redis help states them
+URL_FORMS = (
+    "redis://…, rediss://… (one server), redis+cluster://host:port[,host:port…] or "
+    "rediss+cluster://… (a Redis Cluster; any of its nodes as seeds), or memory://"
+)
+
 if TYPE_CHECKING:
     from controlplane.kernel.backend_access import RedisAccess
 
