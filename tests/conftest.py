@@ -19,6 +19,7 @@ from controlplane.kernel.settings import Settings
 from tests.support.outage import Outage, open_outage
 from tests.support.processes import EtcdProcess
 from tests.support.redis_cluster import RedisCluster, start_cluster
+from tests.support.redis_sentinel import SentinelSet, start_sentinel_set
 
 ETCD = os.environ.get("CANARY_TEST_ETCD", "127.0.0.1:2379")
 REDIS = os.environ.get("CANARY_TEST_REDIS", "redis://127.0.0.1:6379/0")
@@ -154,3 +155,13 @@ def redis_cluster() -> Iterator[RedisCluster]:
         yield cluster
     finally:
         cluster.close()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[SentinelSet]:
+    """A Redis primary, its replica and three sentinels on private ports, for the session."""
+    found = start_sentinel_set()
+    try:
+        yield found
+    finally:
+        found.close()

@@ -4,6 +4,9 @@
     redis://…, rediss://…  RedisStreams, one server
     redis+cluster://host:port[,host:port…], rediss+cluster://…
                          RedisStreams on a Redis Cluster (seeds: any of its nodes)
+    redis+sentinel://host:port[,host:port…]/service[/db], rediss+sentinel://…
+                         RedisStreams on the primary the sentinels name, followed
+                         through failovers
 
 Both halves of the returned pair are the same object, which implements
 `SampleStream` and `SnapshotBoard` at once: close it once (closing twice is harmless).
@@ -23,7 +26,9 @@ from controlplane.kernel.streams import SampleStream, SnapshotBoard
 # the URL forms, as the CLI's --redis help states them
 URL_FORMS = (
     "redis://…, rediss://… (one server), redis+cluster://host:port[,host:port…] or "
-    "rediss+cluster://… (a Redis Cluster; any of its nodes as seeds), or memory://"
+    "rediss+cluster://… (a Redis Cluster; any of its nodes as seeds), "
+    "redis+sentinel://host:port[,host:port…]/<primary name>[/db] (the primary "
+    "Redis Sentinel names), or memory://"
 )
 
 if TYPE_CHECKING:
@@ -46,7 +51,9 @@ def open_streams(
 
         bus = MemoryStreams(clock=clock)
         return bus, bus
-    if sep and scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
+    if sep and scheme in (
+        "redis", "rediss", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel",
+    ):  # fmt: skip
         # Imported here so the embedded mode never needs the Redis driver loaded.
         from controlplane.kernel.streams_redis import RedisStreams
 
@@ -54,5 +61,6 @@ def open_streams(
         return redis_backend, redis_backend
     raise ConfigError(
         f"unsupported stream URL {mask_url(url)!r}: expected memory://, redis://, "
-        "rediss://, redis+cluster:// or rediss+cluster://"
+        "rediss://, redis+cluster://, rediss+cluster://, redis+sentinel:// or "
+        "rediss+sentinel://"
     )

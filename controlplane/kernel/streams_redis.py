@@ -34,13 +34,15 @@ import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis.exceptions as redis_errors
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.credentials import CredentialProvider
@@ -65,6 +67,8 @@ FALLBACK_DELIVERIES = 2
 # non-blocking look at every slot.
 MAX_BLOCKING_SLOTS = 16
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+SENTINEL_SCHEMES = {"redis+sentinel": "redis", "rediss+sentinel": "rediss"}
+_SENTINEL_SERVICE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 MAX_CLUSTER_SEEDS = 64
 _SEED_HOST = re.compile(r"[A-Za-z0-9._-]{1,253}|[0-9A-Fa-f:.]{2,45}")
 
@@ -171,7 +175,13 @@ def _open_client(
     connect_timeout: float,
     retries: int,
     access: RedisAccess | None = None,
-) -> Redis | RedisCluster:
+) -> tuple[Redis | RedisCluster, Sentinel | None]:
+    """The client for `url`, and the Sentinel it asks for the primary (to close)."""
+    timeouts: dict[str, Any] = {
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": connect_timeout,
+        "retry": Retry(NoBackoff(), retries),
+    }
     cluster_url = split_cluster_url(url)
     if cluster_url is not None:
         first, seeds = cluster_url
@@ -180,22 +190,77 @@ def _open_client(
             first,
             startup_nodes=[ClusterNode(host, port) for host, port in seeds],
             decode_responses=False,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=connect_timeout,
-            retry=Retry(NoBackoff(), retries),
+            **timeouts,
             **options,
         )
-        return cluster
+        return cluster, None
+    target = split_sentinel_url(url)
+    if target is not None:
+        _, options = _connection_options(target.plain_url, access)
+        if "credential_provider" not in options:
+            options.update(username=target.username, password=target.password)
+        # the sentinels are asked with the same short timeouts, never blocking
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+            target.seeds,
+            sentinel_kwargs={"socket_timeout": DEFAULT_SOCKET_TIMEOUT,
+                             "socket_connect_timeout": connect_timeout},
+        )  # fmt: skip
+        primary: Redis = sentinel.master_for(
+            target.service, redis_class=Redis, db=target.db, ssl=target.tls,
+            decode_responses=False, **timeouts, **options,
+        )  # fmt: skip
+        return primary, sentinel
     url, options = _connection_options(url, access)
-    client: Redis = Redis.from_url(
-        url,
-        decode_responses=False,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=connect_timeout,
-        retry=Retry(NoBackoff(), retries),
-        **options,
+    client: Redis = Redis.from_url(url, decode_responses=False, **timeouts, **options)
+    return client, None
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """A ``redis+sentinel://`` URL, parsed: where to ask, for which primary."""
+
+    seeds: list[tuple[str, int]]
+    service: str
+    db: int
+    tls: bool
+    username: str | None
+    password: str | None
+    plain_url: str  # the same credentials and TLS on one server, for the checks
+
+
+def split_sentinel_url(url: str) -> SentinelTarget | None:
+    """``redis+sentinel://[user[:password]@]host:port[,host:port…]/service[/db]``
+    (``rediss+sentinel://`` for TLS to the data nodes); None for any other URL.
+
+    The hosts are sentinels; the user and password are the data nodes'. No query
+    options: the timeouts are the constructor's.
+    """
+    scheme, sep, rest = url.strip().partition("://")
+    plain = SENTINEL_SCHEMES.get(scheme.lower())
+    if not sep or plain is None:
+        return None
+    if "?" in rest or "#" in rest:
+        raise ConfigError("a Redis Sentinel URL takes no query options")
+    netloc, _, path = rest.partition("/")
+    service, _, db_text = path.partition("/")
+    if _SENTINEL_SERVICE.fullmatch(service) is None:
+        raise ConfigError("a Redis Sentinel URL names its primary: /<service>[/<db>]")
+    if db_text and (not db_text.isdigit() or int(db_text) > 15):
+        raise ConfigError("the Redis database in a Sentinel URL is 0-15")
+    userinfo, at, hosts = netloc.rpartition("@")
+    seeds = [_seed(part) for part in hosts.split(",")]
+    if not 1 <= len(seeds) <= MAX_CLUSTER_SEEDS:
+        raise ConfigError(f"a Redis Sentinel URL names 1 to {MAX_CLUSTER_SEEDS} sentinels")
+    parts = urlsplit(f"{plain}://{userinfo}{at}localhost")
+    return SentinelTarget(
+        seeds=seeds,
+        service=service,
+        db=int(db_text or 0),
+        tls=plain == "rediss",
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password is not None else None,
+        plain_url=f"{plain}://{userinfo}{at}localhost",
     )
-    return client
 
 
 def split_cluster_url(url: str) -> tuple[str, list[tuple[str, int]]] | None:
@@ -262,14 +327,15 @@ class RedisStreams:
     ) -> None:
         self._keys = RedisKeys(namespace)
         self._socket_timeout = socket_timeout
-        self._client = _open_client(
+        self._client, sentinel = _open_client(
             url, socket_timeout=socket_timeout, connect_timeout=connect_timeout, retries=retries,
             access=access,
         )
-        self._blocking = _open_client(
+        self._blocking, blocking_sentinel = _open_client(
             url, socket_timeout=None, connect_timeout=connect_timeout, retries=retries,
             access=access,
         )
+        self._sentinels = [s for s in (sentinel, blocking_sentinel) if s is not None]
         self._remove_if_unchanged = self._client.register_script(_REMOVE_IF_UNCHANGED)
         self._cluster = isinstance(self._client, RedisCluster)
         self._next_blocking = 0  # where the next blocking wait over slots starts
@@ -439,6 +505,9 @@ class RedisStreams:
     async def close(self) -> None:
         await self._client.aclose()
         await self._blocking.aclose()
+        for sentinel in self._sentinels:
+            await sentinel.aclose()
+        self._sentinels = []
 
     # --- internals ----------------------------------------------------------
 

@@ -20,6 +20,7 @@ from controlplane.kernel.streams_redis import RedisStreams
 from tests.conftest import unique
 from tests.support.processes import RedisProcess
 from tests.support.redis_cluster import RedisCluster
+from tests.support.redis_sentinel import SentinelSet
 
 GROUP = COLLECTOR_GROUP
 LONG_IDLE_MS = 60_000
@@ -60,9 +61,19 @@ class Backend:
         return 0
 
 
-@pytest.fixture(params=["redis", "memory", "redis-cluster"])
+@pytest.fixture(params=["redis", "memory", "redis-cluster", "redis-sentinel"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
-    if request.param == "redis-cluster":
+    if request.param == "redis-sentinel":
+        sentinels: SentinelSet = request.getfixturevalue("redis_sentinel")
+        namespace = unique("canary-test")
+        stream, board = open_streams(sentinels.url, namespace=namespace)
+        raw_primary = redis_async.Redis(host="127.0.0.1", port=sentinels.primary_port())
+        try:
+            yield Backend("redis-sentinel", stream, board, None, raw_primary, RedisKeys(namespace))
+        finally:
+            await raw_primary.aclose()
+            await stream.close()
+    elif request.param == "redis-cluster":
         cluster: RedisCluster = request.getfixturevalue("redis_cluster")
         namespace = unique("canary-test")
         stream, board = open_streams(cluster.url, namespace=namespace)
