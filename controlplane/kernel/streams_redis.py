@@ -62,10 +62,10 @@ DEFAULT_RETRIES = 1
 # XAUTOCLAIM cannot report how often an entry was delivered; when the follow-up
 # XPENDING does not say either, an entry being claimed was delivered at least twice.
 FALLBACK_DELIVERIES = 2
-# A cluster read that found nothing waits on this many slots at once (one blocking
-# connection each); the others are polled by the next read, which starts with a
-# non-blocking look at every slot.
-MAX_BLOCKING_SLOTS = 16
+# A cluster read asks this many slots at once (a connection each, so the pools stay
+# bounded); when every slot was empty it waits on this many, and the others are
+# looked at again by the next read.
+MAX_CONCURRENT_SLOTS = 16
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 SENTINEL_SCHEMES = {"redis+sentinel": "redis", "rediss+sentinel": "rediss"}
 _SENTINEL_SERVICE = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -537,33 +537,39 @@ class RedisStreams:
     ) -> list[tuple[Any, Any]]:
         """One XREADGROUP per slot (a cluster refuses keys of several slots in one).
 
-        First a look at every slot without blocking, pipelined (one round trip per
-        node); only when that found nothing, a wait of up to block_ms on at most
-        MAX_BLOCKING_SLOTS slots at once, all waited for (a wait is never cancelled:
-        entries it was handed would be left pending on this consumer).
+        First a look at every slot without blocking, MAX_CONCURRENT_SLOTS at a time;
+        only when that found nothing, a wait of up to block_ms on at most that many
+        slots at once, all waited for (a wait is never cancelled: entries it was
+        handed would be left pending on this consumer).
         """
-        async with self._client.pipeline(transaction=False) as pipe:
-            for keys in slots:
-                pipe.xreadgroup(group, consumer, dict.fromkeys(keys, ">"), count=count)
-            now = await pipe.execute()
-        found = [pair for reply in now for pair in self._stream_replies(reply)]
+        found: list[tuple[Any, Any]] = []
+        for wave in range(0, len(slots), MAX_CONCURRENT_SLOTS):
+            found += await self._read_slots(
+                slots[wave : wave + MAX_CONCURRENT_SLOTS], group, consumer, count, 0
+            )
         if any(entries for _, entries in found) or block_ms <= 0:
             return found
         start = self._next_blocking % len(slots)
-        chosen = (slots[start:] + slots[:start])[:MAX_BLOCKING_SLOTS]
+        chosen = (slots[start:] + slots[:start])[:MAX_CONCURRENT_SLOTS]
         self._next_blocking = start + len(chosen)
-        waited = await asyncio.gather(
-            *(self._xreadgroup(keys, group, consumer, count, block_ms) for keys in chosen),
+        return await self._read_slots(chosen, group, consumer, count, block_ms)
+
+    async def _read_slots(
+        self, slots: list[list[str]], group: str, consumer: str, count: int, block_ms: int
+    ) -> list[tuple[Any, Any]]:
+        replies = await asyncio.gather(
+            *(self._xreadgroup(keys, group, consumer, count, block_ms) for keys in slots),
             return_exceptions=True,
         )
         found = [
             pair
-            for reply in waited
+            for reply in replies
             if not isinstance(reply, BaseException)
             for pair in self._stream_replies(reply)
         ]
-        failed = [reply for reply in waited if isinstance(reply, BaseException)]
+        failed = [reply for reply in replies if isinstance(reply, BaseException)]
         # what the other slots handed over is returned, not lost to one slot's failure
+        # (a node failing over): left pending, it would wait for a claim
         if failed and not any(entries for _, entries in found):
             raise failed[0]
         return found
