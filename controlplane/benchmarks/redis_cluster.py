@@ -34,18 +34,27 @@ BATCH = 512
 PER_CALL = 64
 
 
-def _batch_fields(seq: int) -> dict[str, bytes]:
+def _payload() -> bytes:
     builder = BatchBuilder()
     now = time.time()
     for i in range(BATCH):
         builder.add(now, "canary" if i % 4 == 0 else "baseline", 40_000 + i, 200)
-    return entry_fields(BatchMeta("1", "bench", seq, BATCH), builder.encode())
+    return builder.encode()
 
 
 async def _append(stream: SampleStream, services: list[str], calls: int) -> float:
-    fields = [_batch_fields(seq) for seq in range(PER_CALL)]
+    payload = _payload()
+    # one source per service, seqs rising: every batch is new to the stream
+    sent = [
+        [
+            entry_fields(BatchMeta("1", f"bench-{call % len(services)}", call * PER_CALL + k + 1,
+                                   BATCH), payload)
+            for k in range(PER_CALL)
+        ]
+        for call in range(calls)
+    ]  # fmt: skip
     start = time.perf_counter()
-    for call in range(calls):
+    for call, fields in enumerate(sent):
         await stream.append(services[call % len(services)], fields, maxlen=1_000_000)
     return calls * PER_CALL / (time.perf_counter() - start)
 

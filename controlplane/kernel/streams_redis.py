@@ -49,6 +49,7 @@ from redis.credentials import CredentialProvider
 from redis.typing import EncodableT, FieldT
 
 from controlplane.kernel.backend_access import RedisAccess
+from controlplane.kernel.codec import source_and_seq
 from controlplane.kernel.errors import BackendError, BackendUnavailable, ConfigError
 from controlplane.kernel.keys import RedisKeys, is_service_name
 from controlplane.kernel.secrets import url_password
@@ -84,6 +85,35 @@ for i = 1, #ARGV, 2 do
 end
 return removed
 """
+
+# Append, idempotent per source (SampleStream.append): KEYS[1] the stream, KEYS[k]
+# (k ≥ 2) a source's last-seq key; ARGV: maxlen, the keys' TTL, then per batch the
+# index k of its source's key (0: none), its seq (decimal, no leading zeros), its
+# number of fields and the fields. Seqs compare as decimal strings: up to 19 digits,
+# beyond Lua's exact numbers. Answers each batch's id, "" for one already there.
+_APPEND = """
+local ids = {}
+local i = 3
+while i <= #ARGV do
+  local k = tonumber(ARGV[i])
+  local seq = ARGV[i + 1]
+  local n = tonumber(ARGV[i + 2])
+  local fields = {}
+  for j = 1, 2 * n do fields[j] = ARGV[i + 2 + j] end
+  i = i + 3 + 2 * n
+  local last = k > 0 and redis.call('GET', KEYS[k])
+  if last and (#last > #seq or (#last == #seq and last >= seq)) then
+    ids[#ids + 1] = ''
+  else
+    ids[#ids + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(fields))
+    if k > 0 then redis.call('SET', KEYS[k], seq, 'EX', ARGV[2]) end
+  end
+end
+return ids
+"""
+# a source's last seq is kept this long after its last append (sources are sidecar
+# processes: a restarted one has a new id)
+SOURCE_SEQ_TTL_SEC = 86_400
 
 log = logging.getLogger("canary.streams")
 
@@ -337,6 +367,7 @@ class RedisStreams:
         )
         self._sentinels = [s for s in (sentinel, blocking_sentinel) if s is not None]
         self._remove_if_unchanged = self._client.register_script(_REMOVE_IF_UNCHANGED)
+        self._append = self._client.register_script(_APPEND)
         self._cluster = isinstance(self._client, RedisCluster)
         self._next_blocking = 0  # where the next blocking wait over slots starts
 
@@ -347,12 +378,23 @@ class RedisStreams:
     ) -> list[str]:
         if not batches:
             return []
-        key = self._keys.samples(service)
+        keys = [self._keys.samples(service)]
+        key_of: dict[str, int] = {}
+        args: list[EncodableT] = [maxlen, SOURCE_SEQ_TTL_SEC]
+        for batch in batches:
+            origin = source_and_seq(batch)
+            k, seq = 0, ""
+            if origin is not None:
+                source, number = origin
+                if source not in key_of:
+                    keys.append(self._keys.source_seq(service, source))
+                    key_of[source] = len(keys)
+                k, seq = key_of[source], str(number)
+            args += [k, seq, len(batch)]
+            for name, value in batch.items():
+                args += [name, value]
         with _boundary("append"):
-            async with self._client.pipeline(transaction=False) as pipe:
-                for batch in batches:
-                    pipe.xadd(key, _wire(batch), maxlen=maxlen, approximate=True)
-                ids = await pipe.execute()
+            ids: Any = await self._append(keys=keys, args=args)
         return [_text(entry_id) for entry_id in ids]
 
     async def ensure_group(self, service: str, group: str) -> None:

@@ -121,6 +121,62 @@ async def test_appended_batches_are_read_through_a_group(backend: Backend) -> No
     assert await s.pending("pay", GROUP) == 3
 
 
+def sourced(source: str, seq: int) -> dict[str, bytes]:
+    return {"src": source.encode(), "seq": str(seq).encode(), "payload": b"\x00"}
+
+
+async def test_a_resent_batch_is_not_appended_twice(backend: Backend) -> None:
+    s = backend.stream
+    await s.ensure_group("pay", GROUP)
+    first = await s.append("pay", [sourced("sc-1", 1), sourced("sc-1", 2)], maxlen=1000)
+    # the reply to the first send was lost: the same batches again, then a new one
+    again = await s.append(
+        "pay", [sourced("sc-1", 1), sourced("sc-1", 2), sourced("sc-1", 3)], maxlen=1000
+    )
+
+    got = await s.read_group(["pay"], GROUP, "c1", count=10, block_ms=0)
+
+    assert all(first) and again[:2] == ["", ""] and again[2]
+    assert [(e.fields["src"], e.fields["seq"]) for e in got] == [
+        (b"sc-1", b"1"), (b"sc-1", b"2"), (b"sc-1", b"3"),
+    ]  # fmt: skip
+
+
+async def test_seqs_are_per_source_and_per_stream(backend: Backend) -> None:
+    s = backend.stream
+    await s.append("pay", [sourced("sc-1", 10)], maxlen=1000)
+
+    other_source = await s.append("pay", [sourced("sc-2", 1)], maxlen=1000)
+    other_stream = await s.append("cart", [sourced("sc-1", 1)], maxlen=1000)
+    older = await s.append("pay", [sourced("sc-1", 9)], maxlen=1000)
+
+    assert other_source[0] and other_stream[0] and older == [""]
+    assert await backend.length("pay") == 2
+
+
+async def test_seqs_compare_exactly_beyond_double_precision(backend: Backend) -> None:
+    s = backend.stream
+    big = 10**18 + 1  # 2^53 < big: a float would call it equal to big + 1
+    await s.append("pay", [sourced("sc-1", big)], maxlen=1000)
+
+    assert (await s.append("pay", [sourced("sc-1", big + 1)], maxlen=1000))[0]
+    assert await s.append("pay", [sourced("sc-1", big)], maxlen=1000) == [""]
+    assert (await s.append("pay", [sourced("sc-1", 10**19 - 1)], maxlen=1000))[0]
+
+
+async def test_entries_without_a_well_formed_source_are_appended_as_they_are(
+    backend: Backend,
+) -> None:
+    s = backend.stream
+    odd = {"src": b"{x}", "seq": b"1", "payload": b"\x00"}
+
+    unsourced = {"seq": b"1", "payload": b"\x00"}
+
+    ids = await s.append("pay", [odd, odd, unsourced, unsourced], maxlen=1000)
+
+    assert all(ids) and await backend.length("pay") == 4
+
+
 async def test_entry_ids_increase_within_a_stream(backend: Backend) -> None:
     first = await backend.stream.append("pay", [batch(1), batch(2)], maxlen=1000)
     second = await backend.stream.append("pay", [batch(3)], maxlen=1000)
