@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from redis.asyncio import RedisCluster as RedisClusterClient
 
 from controlplane.collector.sharding import read_merged_snapshots
 from controlplane.kernel.clock import SystemClock
@@ -29,7 +31,7 @@ from controlplane.kernel.kv_factory import open_kv
 from controlplane.kernel.streams import SampleStream, SnapshotBoard
 from controlplane.kernel.streams_factory import open_streams
 from sidecar.reporter import SampleReporter
-from tests.collector.test_crash import start_collector, wait_ready
+from tests.collector.test_crash import wait_ready
 from tests.collector.test_service import make_batches
 from tests.conftest import unique
 from tests.support.processes import environ_with, free_port
@@ -37,7 +39,8 @@ from tests.support.redis_cluster import RedisCluster
 
 pytestmark = [pytest.mark.real, pytest.mark.e2e]
 
-SETTLE_SEC = 60.0  # how long the collectors get to catch up after the load ends
+SETTLE_SEC = 60.0
+FAILOVER_CLAIM_IDLE_MS = 8000  # how long the collectors get to catch up after the load ends
 
 
 @dataclass
@@ -89,14 +92,60 @@ def collectors() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 
 async def start_collectors(
-    setup: Setup, procs: list[subprocess.Popen[bytes]], n: int
+    setup: Setup,
+    procs: list[subprocess.Popen[bytes]],
+    n: int,
+    names: Sequence[str] = (),
+    claim_idle_ms: int = 1500,
 ) -> list[int]:
     ports = [free_port() for _ in range(n)]
-    procs.extend(start_collector(setup.env, port) for port in ports)
+    for i, port in enumerate(ports):
+        named = ["--name", names[i]] if names else []
+        procs.append(start_collector(setup.env, port, claim_idle_ms, *named))
     deadline = time.monotonic() + 30
     for port in ports:
         await asyncio.to_thread(wait_ready, port, deadline)
     return ports
+
+
+def start_collector(
+    env: dict[str, str], admin_port: int, claim_idle_ms: int, *extra: str
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "controlplane.cli.main", "collector",
+            "--admin", f"127.0.0.1:{admin_port}", "--claim-idle-ms", str(claim_idle_ms),
+            "--count", "20", *extra,
+        ],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+async def kill_holding_entries(
+    setup: Setup, proc: subprocess.Popen[bytes], services: Sequence[str]
+) -> None:
+    """SIGKILL the collector named `doomed` at a moment it holds unacked entries:
+    frozen (SIGSTOP) first, so what XPENDING says is still true at the kill."""
+    keys = RedisKeys(setup.namespace)
+    raw = RedisClusterClient(host="127.0.0.1", port=setup.cluster.alive()[0].port)
+    try:
+        for _ in range(200):
+            proc.send_signal(signal.SIGSTOP)
+            held = 0
+            for service in services:
+                summary = await raw.xpending(keys.samples(service), COLLECTOR_GROUP)
+                held += sum(
+                    int(c["pending"]) for c in summary["consumers"] if c["name"] == b"doomed"
+                )
+            if held:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=10)
+                return
+            proc.send_signal(signal.SIGCONT)
+            await asyncio.sleep(0.005)  # let it read again before the next look
+    finally:
+        await raw.aclose()
+    raise AssertionError("the collector never held an unacked entry")
 
 
 def services_on_every_primary(cluster: RedisCluster, namespace: str) -> list[str]:
@@ -205,7 +254,9 @@ async def test_primary_killed_mid_stream_loses_only_unreplicated_samples_and_cou
     )
     await put_rule(setup, service)
     await setup.streams.ensure_group(service, COLLECTOR_GROUP)
-    ports = await start_collectors(setup, collectors, 2)
+    # longer than the failover: a collector riding it out keeps what it read (a
+    # claim idle shorter than an outage hands a live collector's entries to another)
+    ports = await start_collectors(setup, collectors, 2, claim_idle_ms=FAILOVER_CLAIM_IDLE_MS)
     reporter = SampleReporter(
         setup.streams, service, batch_size=50, maxlen=1_000_000, send_timeout=0.5,
         backoff_initial=0.02, backoff_max=0.2,
@@ -257,7 +308,7 @@ async def test_collector_killed_among_three_has_its_pending_entries_claimed_by_t
     for service in services:
         await put_rule(setup, service)
         await setup.streams.ensure_group(service, COLLECTOR_GROUP)
-    ports = await start_collectors(setup, collectors, 3)
+    ports = await start_collectors(setup, collectors, 3, names=["doomed", "c1", "c2"])
     clock = SystemClock()
     rng = np.random.default_rng(7)
     sent = 0
@@ -269,8 +320,7 @@ async def test_collector_killed_among_three_has_its_pending_entries_claimed_by_t
         await setup.streams.append(service, batches, maxlen=100_000)
         sent += rt.shape[0]
         if round_ == 20:
-            collectors[0].send_signal(signal.SIGKILL)
-            collectors[0].wait(timeout=10)
+            await kill_holding_entries(setup, collectors[0], services)
         await asyncio.sleep(0.01)  # paces the producer so the kill lands mid-stream
 
     totals = await settle(setup, {"42": sent}, services)
