@@ -25,10 +25,10 @@ from controlplane.kernel.streams import SampleStream, SnapshotBoard
 
 # the URL forms, as the CLI's --redis help states them
 URL_FORMS = (
-    "redis://…, rediss://… (one server), redis+cluster://host:port[,host:port…] or "
-    "rediss+cluster://… (a Redis Cluster; any of its nodes as seeds), "
-    "redis+sentinel://host:port[,host:port…]/<primary name>[/db] (the primary "
-    "Redis Sentinel names), or memory://"
+    "redis://… or rediss://… (one server); redis+cluster://host:port,host:port… or "
+    "rediss+cluster://… (a Redis Cluster, any of its nodes as seeds); "
+    "redis+sentinel://host:port,…/PRIMARY (the primary Redis Sentinel names, "
+    "optionally /PRIMARY/DB); or memory://"
 )
 
 if TYPE_CHECKING:

@@ -202,6 +202,15 @@ class MemoryStreams:
         self._check_open()
         return sorted(s for s in self._streams if is_service_name(s))
 
+    def add_raw(self, service: str, fields: Mapping[str, bytes], *, maxlen: int = 10_000) -> str:
+        """An entry as any Redis writer could XADD it, without `append`'s seq check:
+        what collectors must cope with (tests of duplicates and poison)."""
+        self._check_open()
+        stream = self._streams.setdefault(service, _Stream())
+        entry_id = _format_id(stream.add(fields, self._now_ms(), maxlen))
+        self._wake_readers()
+        return entry_id
+
     def length(self, service: str) -> int:
         """Entries held in the service's stream (XLEN), for gauges and tests."""
         stream = self._streams.get(service)

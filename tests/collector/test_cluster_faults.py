@@ -34,7 +34,7 @@ from sidecar.reporter import SampleReporter
 from tests.collector.test_crash import wait_ready
 from tests.collector.test_service import make_batches
 from tests.conftest import unique
-from tests.support.processes import environ_with, free_port
+from tests.support.processes import environ_with, free_port, terminate
 from tests.support.redis_cluster import RedisCluster
 
 pytestmark = [pytest.mark.real, pytest.mark.e2e]
@@ -80,15 +80,7 @@ def collectors() -> Iterator[list[subprocess.Popen[bytes]]]:
     procs: list[subprocess.Popen[bytes]] = []
     yield procs
     for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+        terminate(proc)
 
 
 async def start_collectors(
@@ -156,6 +148,15 @@ def services_on_every_primary(cluster: RedisCluster, namespace: str) -> list[str
     raise AssertionError("no three services on three primaries")
 
 
+async def prepare_services(setup: Setup) -> list[str]:
+    """Three services on three primaries, each with a rule and the collectors' group."""
+    services = services_on_every_primary(setup.cluster, setup.namespace)
+    for service in services:
+        await put_rule(setup, service)
+        await setup.streams.ensure_group(service, COLLECTOR_GROUP)
+    return services
+
+
 async def put_rule(setup: Setup, service: str) -> None:
     rule = f'{{"service": "{service}", "threshold_ms": 50, "window_sec": 600}}'
     await setup.kv.put(setup.keys.rule(service), rule.encode())
@@ -191,10 +192,7 @@ def record(reporter: SampleReporter, experiment: str, n: int, rng: np.random.Gen
 async def test_reporter_to_controller_read_counts_every_sample_once_across_primaries(
     setup: Setup, collectors: list[subprocess.Popen[bytes]]
 ) -> None:
-    services = services_on_every_primary(setup.cluster, setup.namespace)
-    for service in services:
-        await put_rule(setup, service)
-        await setup.streams.ensure_group(service, COLLECTOR_GROUP)
+    services = await prepare_services(setup)
     await start_collectors(setup, collectors, 2)
     reporters = [SampleReporter(setup.streams, service, batch_size=100) for service in services]
     rng = np.random.default_rng(11)
@@ -300,10 +298,7 @@ async def test_primary_killed_mid_stream_loses_only_unreplicated_samples_and_cou
 async def test_collector_killed_among_three_has_its_pending_entries_claimed_by_the_others(
     setup: Setup, collectors: list[subprocess.Popen[bytes]]
 ) -> None:
-    services = services_on_every_primary(setup.cluster, setup.namespace)
-    for service in services:
-        await put_rule(setup, service)
-        await setup.streams.ensure_group(service, COLLECTOR_GROUP)
+    services = await prepare_services(setup)
     ports = await start_collectors(setup, collectors, 3, names=["doomed", "c1", "c2"])
     clock = SystemClock()
     rng = np.random.default_rng(7)

@@ -15,7 +15,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from tests.support.processes import ServiceProcess, wait_port
+from tests.support.processes import RedisProcess, ServiceProcess, wait_port
 
 NODE_TIMEOUT_MS = 1000
 BUS_OFFSET = 10_000  # Redis Cluster's bus port is the client port + 10000
@@ -49,18 +49,13 @@ def redis_cli(port: int, *args: str, timeout: float = 10.0) -> str:
     return done.stdout
 
 
-class ClusterNodeProcess(ServiceProcess):
+class ClusterNodeProcess(RedisProcess):
     def __init__(self) -> None:
-        super().__init__("redis-cluster", cluster_port())
+        ServiceProcess.__init__(self, "redis-cluster", cluster_port())
 
     def command(self) -> list[str]:
         return [
-            shutil.which("redis-server") or "redis-server",
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(self.workdir),
+            *super().command(),
             "--cluster-enabled", "yes",
             "--cluster-config-file", "nodes.conf",
             "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
