@@ -63,44 +63,33 @@ class Backend:
 
 @pytest.fixture(params=["redis", "memory", "redis-cluster", "redis-sentinel"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
-    if request.param == "redis-sentinel":
-        sentinels: SentinelSet = request.getfixturevalue("redis_sentinel")
-        namespace = unique("canary-test")
-        stream, board = open_streams(sentinels.url, namespace=namespace)
-        raw_primary = redis_async.Redis(host="127.0.0.1", port=sentinels.primary_port())
-        try:
-            yield Backend("redis-sentinel", stream, board, None, raw_primary, RedisKeys(namespace))
-        finally:
-            await raw_primary.aclose()
-            await stream.close()
-    elif request.param == "redis-cluster":
-        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
-        namespace = unique("canary-test")
-        stream, board = open_streams(cluster.url, namespace=namespace)
-        port = cluster.alive()[0].port
-        raw_cluster = redis_async.RedisCluster(host="127.0.0.1", port=port)
-        try:
-            yield Backend("redis-cluster", stream, board, None, raw_cluster, RedisKeys(namespace))
-        finally:
-            await raw_cluster.aclose()
-            await stream.close()
-    elif request.param == "redis":
-        namespace: str = request.getfixturevalue("redis_namespace")
-        url: str = request.getfixturevalue("redis_url")
-        stream, board = open_streams(url, namespace=namespace)
-        raw = redis_async.Redis.from_url(url)
-        try:
-            yield Backend("redis", stream, board, None, raw, RedisKeys(namespace))
-        finally:
-            await raw.aclose()
-            await stream.close()
-    else:
+    if request.param == "memory":
         clock = FakeClock()
         stream, board = open_streams("memory://", clock=clock)
         try:
             yield Backend("memory", stream, board, clock, None, RedisKeys())
         finally:
             await stream.close()
+        return
+    raw: redis_async.Redis | redis_async.RedisCluster
+    if request.param == "redis-sentinel":
+        sentinels: SentinelSet = request.getfixturevalue("redis_sentinel")
+        namespace, url = unique("canary-test"), sentinels.url
+        raw = redis_async.Redis(host="127.0.0.1", port=sentinels.primary_port())
+    elif request.param == "redis-cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        namespace, url = unique("canary-test"), cluster.url
+        raw = redis_async.RedisCluster(host="127.0.0.1", port=cluster.alive()[0].port)
+    else:
+        namespace = request.getfixturevalue("redis_namespace")
+        url = request.getfixturevalue("redis_url")
+        raw = redis_async.Redis.from_url(url)
+    stream, board = open_streams(url, namespace=namespace)
+    try:
+        yield Backend(request.param, stream, board, None, raw, RedisKeys(namespace))
+    finally:
+        await raw.aclose()
+        await stream.close()
 
 
 def batch(n: int) -> dict[str, bytes]:
