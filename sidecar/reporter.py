@@ -9,8 +9,9 @@ pipelined call.
 
 When the stream is down or slow the buffer keeps the newest batches and drops the
 oldest, counting what it drops; sending resumes with exponential backoff. A batch
-whose append timed out may have reached Redis anyway and is then sent twice with the
-same (src, seq), which lets a collector recognise the repeat.
+whose append timed out may have reached Redis anyway and is then sent again with the
+same (src, seq): the stream does not take it twice (`SampleStream.append` is
+idempotent per source), and a collector would recognise the repeat anyway.
 
 Samples without an experiment (a default upstream, no route) are not sent: there is
 nothing to compare them with. They are counted as `unattributed`. A batch whose

@@ -19,6 +19,8 @@ from controlplane.kernel.settings import Settings
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.outage import Outage, open_outage
 from tests.support.processes import EtcdProcess
+from tests.support.redis_cluster import RedisCluster, start_cluster
+from tests.support.redis_sentinel import SentinelSet, start_sentinel_set
 
 ETCD = os.environ.get("CANARY_TEST_ETCD", "127.0.0.1:2379")
 REDIS = os.environ.get("CANARY_TEST_REDIS", "redis://127.0.0.1:6379/0")
@@ -158,3 +160,27 @@ async def outage(request: pytest.FixtureRequest, own_etcd: EtcdProcess) -> Async
     """A consumer's store that the test can take away past its history and bring back."""
     async with open_outage(request.param, own_etcd) as opened:
         yield opened
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    """A 3-primary, 3-replica Redis Cluster on private ports, shared by the session.
+
+    Tests that kill a node restore it (restart, wait until the cluster is ok) before
+    they end, so the next test finds every slot served and every primary replicated.
+    """
+    cluster = start_cluster()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[SentinelSet]:
+    """A Redis primary, its replica and three sentinels on private ports, for the session."""
+    found = start_sentinel_set()
+    try:
+        yield found
+    finally:
+        found.close()

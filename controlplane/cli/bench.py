@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, str] = {
     "history": "controlplane.benchmarks.history:run",
     "overload": "controlplane.benchmarks.overload:run",
     "overload-tuning": "controlplane.benchmarks.overload_tuning:run",
+    "redis-cluster": "controlplane.benchmarks.redis_cluster:run",
 }
 
 

@@ -8,6 +8,7 @@ import typer
 
 from controlplane.cli.observability import LogFormatOption, observability_settings
 from controlplane.kernel.etcd_endpoints import ENDPOINTS_HELP
+from controlplane.kernel.streams_factory import URL_FORMS
 
 if TYPE_CHECKING:
     from controlplane.kernel.sample_keys import SampleKeys
@@ -16,7 +17,9 @@ if TYPE_CHECKING:
 def register(app: typer.Typer) -> None:
     @app.command("collector")
     def collector_command(
-        redis: Annotated[str | None, typer.Option("--redis", help="redis://… or memory://")] = None,
+        redis: Annotated[
+            str | None, typer.Option("--redis", help=f"{URL_FORMS} [env CANARY_REDIS_URL]")
+        ] = None,
         etcd: Annotated[
             str | None, typer.Option("--etcd", help=ENDPOINTS_HELP)
         ] = None,

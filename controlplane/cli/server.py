@@ -21,6 +21,7 @@ from controlplane.cli.observability import (
     observability_settings,
 )
 from controlplane.kernel.etcd_endpoints import ENDPOINTS_HELP
+from controlplane.kernel.streams_factory import URL_FORMS
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -321,7 +322,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         redis: Annotated[
             str | None,
-            typer.Option("--redis", help="redis://… or memory:// [env CANARY_REDIS_URL]"),
+            typer.Option("--redis", help=f"{URL_FORMS} [env CANARY_REDIS_URL]"),
         ] = None,
         tls_cert: Annotated[
             str | None, typer.Option("--tls-cert", help="serve HTTPS: certificate (PEM) "

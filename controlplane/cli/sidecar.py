@@ -18,6 +18,7 @@ from controlplane.cli.observability import (
     observability_settings,
 )
 from controlplane.kernel.etcd_endpoints import ENDPOINTS_HELP
+from controlplane.kernel.streams_factory import URL_FORMS
 
 # the listener's address is taken, not this host's, or not ours to bind
 _BIND_ERRORS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
@@ -52,7 +53,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         redis: Annotated[
             str | None,
-            typer.Option("--redis", help="redis://… or memory:// (env CANARY_REDIS_URL)"),
+            typer.Option("--redis", help=f"{URL_FORMS} (env CANARY_REDIS_URL)"),
         ] = None,
         default_upstream: Annotated[
             str | None,

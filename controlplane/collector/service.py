@@ -81,6 +81,8 @@ log = logging.getLogger("canary.collector")
 CONFIG_SOURCES = ("rules", "routes", "windows")
 DEDUP_HORIZON = 65_536  # batches per source remembered below its high-water mark
 HEARTBEAT_SEC = 5.0  # republish an unchanged experiment this often, so age stays low
+BACKEND_RETRY_INITIAL_SEC = 0.05
+BACKEND_RETRY_MAX_SEC = 2.0
 
 
 class SourceDedup:
@@ -199,6 +201,11 @@ class CollectorMetrics:
             "rules, routes or window rules read again from etcd after a lost watch, by source",
             ["source"], registry=registry,
         )  # fmt: skip
+        self.backend_errors = Counter(
+            "canary_collector_backend_errors",
+            "rounds failed because Redis was unreachable or refused (then retried)",
+            registry=registry,
+        )
         self.config_watch_errors = Counter(
             "canary_collector_config_watch_errors",
             "failed reads or lost watches of rules, routes or window rules, by source",
@@ -438,8 +445,22 @@ class Collector:
                     waiting.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await waiting
+            backoff = BACKEND_RETRY_INITIAL_SEC
             while not stop.is_set():
-                await self.step()
+                try:
+                    await self.step()
+                except BackendError as exc:
+                    # Redis away or failing over: what was read and not published
+                    # stays held (listed as unacked) and what was not read stays in
+                    # the stream, so the next round resumes exactly
+                    self.metrics.backend_errors.inc()
+                    log.warning("round failed, retrying in %.2f s: %s", backoff, exc)
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(backoff):
+                            await stop.wait()
+                    backoff = min(backoff * 2, BACKEND_RETRY_MAX_SEC)
+                else:
+                    backoff = BACKEND_RETRY_INITIAL_SEC
         finally:
             await self.flush()
             await self.stop_watching()

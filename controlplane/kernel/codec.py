@@ -502,6 +502,17 @@ def parse_meta(fields: Mapping[str, bytes]) -> BatchMeta:
     return BatchMeta(experiment, source.decode("ascii"), _number(fields, "seq"), n, version)
 
 
+def source_and_seq(fields: Mapping[str, bytes]) -> tuple[str, int] | None:
+    """The entry's (src, seq) when both are well-formed, else None; nothing else checked."""
+    source = fields.get("src")
+    seq = fields.get("seq")
+    if not isinstance(source, bytes) or not isinstance(seq, bytes):
+        return None
+    if not _SOURCE.fullmatch(source) or not _DIGITS.fullmatch(seq):
+        return None
+    return source.decode("ascii"), int(seq)
+
+
 def parse_entry_raw(fields: Mapping[str, bytes]) -> tuple[BatchMeta, RawBatch]:
     """Validate one stream entry and view its columns (see `decode_raw`)."""
     meta = parse_meta(fields)

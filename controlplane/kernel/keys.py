@@ -88,6 +88,12 @@ class RedisKeys:
         _checked("service name", service, is_service_name(service))
         return f"{self.namespace}:samples:{{{service}}}"
 
+    def source_seq(self, service: str, source: str) -> str:
+        """The last batch seq appended from `source` to the service's samples stream;
+        `source` must already match the codec's pattern (no braces)."""
+        _checked("service name", service, is_service_name(service))
+        return f"{self.namespace}:seq:{{{service}}}:{source}"
+
     def stats(self, experiment: str | int) -> str:
         text = str(experiment)
         _checked("experiment id", text, is_experiment_id(text))

@@ -52,7 +52,9 @@ class Settings(BaseSettings):
 
     etcd_prefix: str = Field(default="/canary", description="prefix of every etcd key")
     redis_url: str = Field(
-        default="memory://", description="redis://…, rediss://… or memory:// in-process"
+        default="memory://",
+        description="redis://…, rediss://…, redis+cluster://host:port[,host:port…], "
+        "rediss+cluster://…, or memory:// in-process",
     )
     redis_namespace: str = Field(
         default="canary", description="first segment of every Redis key (canary:…)"

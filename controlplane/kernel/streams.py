@@ -29,7 +29,15 @@ class SampleStream(Protocol):
     async def append(
         self, service: str, batches: Sequence[Mapping[str, bytes]], *, maxlen: int
     ) -> list[str]:
-        """Append batches (one entry each, pipelined), trimming to ~maxlen entries."""
+        """Append batches (one entry each, in one call), trimming to ~maxlen entries.
+
+        Idempotent per source: a batch whose (src, seq) is not above the last seq
+        appended from its src to this stream is not added again (its id is ""), so a
+        send retried after a lost reply never puts a batch in the stream twice (two
+        collectors would each count their copy). A source's batches go in seq order
+        (the reporter's). Entries without a well-formed (src, seq) are appended as
+        they are.
+        """
         ...
 
     async def ensure_group(self, service: str, group: str) -> None:

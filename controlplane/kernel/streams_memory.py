@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from controlplane.kernel.clock import Clock, SystemClock
+from controlplane.kernel.codec import source_and_seq
 from controlplane.kernel.errors import BackendUnavailable
 from controlplane.kernel.keys import is_service_name
 from controlplane.kernel.streams import DECISIONS_MAXLEN, StreamEntry
@@ -97,6 +98,8 @@ class MemoryStreams:
         self._streams: dict[str, _Stream] = {}
         self._stats: dict[str, dict[str, str]] = {}
         self._decisions = _Stream()
+        # (service, src) -> the last seq appended (SampleStream.append is idempotent)
+        self._last_seq: dict[tuple[str, str], int] = {}
         # Replaced on every append: a blocked reader waits on the generation it saw,
         # so no wake-up is lost between its check and its wait.
         self._arrival = asyncio.Event()
@@ -109,8 +112,17 @@ class MemoryStreams:
     ) -> list[str]:
         self._check_open()
         stream = self._streams.setdefault(service, _Stream())
-        ids = [_format_id(stream.add(batch, self._now_ms(), maxlen)) for batch in batches]
-        if ids:
+        ids: list[str] = []
+        for batch in batches:
+            origin = source_and_seq(batch)
+            if origin is not None:
+                last = self._last_seq.get((service, origin[0]))
+                if last is not None and origin[1] <= last:
+                    ids.append("")  # already appended: a retried send
+                    continue
+                self._last_seq[(service, origin[0])] = origin[1]
+            ids.append(_format_id(stream.add(batch, self._now_ms(), maxlen)))
+        if any(ids):
             self._wake_readers()
         return ids
 
@@ -189,6 +201,15 @@ class MemoryStreams:
     async def services(self) -> list[str]:
         self._check_open()
         return sorted(s for s in self._streams if is_service_name(s))
+
+    def add_raw(self, service: str, fields: Mapping[str, bytes], *, maxlen: int = 10_000) -> str:
+        """An entry as any Redis writer could XADD it, without `append`'s seq check:
+        what collectors must cope with (tests of duplicates and poison)."""
+        self._check_open()
+        stream = self._streams.setdefault(service, _Stream())
+        entry_id = _format_id(stream.add(fields, self._now_ms(), maxlen))
+        self._wake_readers()
+        return entry_id
 
     def length(self, service: str) -> int:
         """Entries held in the service's stream (XLEN), for gauges and tests."""

@@ -14,6 +14,13 @@ Every driver error is translated at this boundary: unreachable or slow Redis bec
 Timeouts come from the constructor, or from the URL (``?socket_timeout=…&
 socket_connect_timeout=…``), which wins as in redis-py.
 
+Redis Cluster (``redis+cluster://host:port[,host:port…]``, decision 0028): the
+same commands through redis-py's cluster client. Every key a command touches is in
+one slot (the hash tags of `RedisKeys`), pipelines are split per node by the client,
+and the two places that span slots are spelled out here: a read of several samples
+streams becomes one read per slot (`_read_cluster`), and listing the streams scans
+every primary.
+
 TLS and credentials (`RedisAccess`): ``rediss://`` with a CA and optionally a client
 certificate; the password in the URL or in a file, read again for every new
 connection (a rotated password needs no restart). The URL is never logged with its
@@ -24,19 +31,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis.exceptions as redis_errors
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
+from redis.crc import key_slot
 from redis.credentials import CredentialProvider
 from redis.typing import EncodableT, FieldT
 
 from controlplane.kernel.backend_access import RedisAccess
+from controlplane.kernel.codec import source_and_seq
 from controlplane.kernel.errors import BackendError, BackendUnavailable, ConfigError
 from controlplane.kernel.keys import RedisKeys, is_service_name
 from controlplane.kernel.secrets import url_password
@@ -50,6 +63,15 @@ DEFAULT_RETRIES = 1
 # XAUTOCLAIM cannot report how often an entry was delivered; when the follow-up
 # XPENDING does not say either, an entry being claimed was delivered at least twice.
 FALLBACK_DELIVERIES = 2
+# A cluster read asks this many slots at once (a connection each, so the pools stay
+# bounded); when every slot was empty it waits on this many, and the others are
+# looked at again by the next read.
+MAX_CONCURRENT_SLOTS = 16
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+SENTINEL_SCHEMES = {"redis+sentinel": "redis", "rediss+sentinel": "rediss"}
+_SENTINEL_SERVICE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+MAX_CLUSTER_SEEDS = 64
+_SEED_HOST = re.compile(r"[A-Za-z0-9._-]{1,253}|[0-9A-Fa-f:.]{2,45}")
 
 # Compare-and-delete of hash fields (SnapshotBoard.remove_if_unchanged): ARGV holds
 # field, expected value, field, expected value, …; answers the fields it deleted.
@@ -63,6 +85,35 @@ for i = 1, #ARGV, 2 do
 end
 return removed
 """
+
+# Append, idempotent per source (SampleStream.append): KEYS[1] the stream, KEYS[k]
+# (k ≥ 2) a source's last-seq key; ARGV: maxlen, the keys' TTL, then per batch the
+# index k of its source's key (0: none), its seq (decimal, no leading zeros), its
+# number of fields and the fields. Seqs compare as decimal strings: up to 19 digits,
+# beyond Lua's exact numbers. Answers each batch's id, "" for one already there.
+_APPEND = """
+local ids = {}
+local i = 3
+while i <= #ARGV do
+  local k = tonumber(ARGV[i])
+  local seq = ARGV[i + 1]
+  local n = tonumber(ARGV[i + 2])
+  local fields = {}
+  for j = 1, 2 * n do fields[j] = ARGV[i + 2 + j] end
+  i = i + 3 + 2 * n
+  local last = k > 0 and redis.call('GET', KEYS[k])
+  if last and (#last > #seq or (#last == #seq and last >= seq)) then
+    ids[#ids + 1] = ''
+  else
+    ids[#ids + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(fields))
+    if k > 0 then redis.call('SET', KEYS[k], seq, 'EX', ARGV[2]) end
+  end
+end
+return ids
+"""
+# a source's last seq is kept this long after its last append (sources are sidecar
+# processes: a restarted one has a new id)
+SOURCE_SEQ_TTL_SEC = 86_400
 
 log = logging.getLogger("canary.streams")
 
@@ -78,12 +129,22 @@ def _boundary(operation: str) -> Iterator[None]:
         ) from exc
     except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
         raise BackendUnavailable(f"redis unavailable during {operation}: {exc}") from exc
+    except (
+        redis_errors.ClusterDownError,
+        redis_errors.TryAgainError,
+        redis_errors.SlotNotCoveredError,
+    ) as exc:
+        # a cluster between a primary's death and its replica's promotion
+        raise BackendUnavailable(f"redis cluster unavailable during {operation}: {exc}") from exc
+    except redis_errors.RedisClusterException as exc:
+        raise BackendError(f"redis cluster refused {operation}: {exc}") from exc
     except redis_errors.RedisError as exc:
         raise BackendError(f"redis refused {operation}: {exc}") from exc
 
 
 def _is_nogroup(exc: redis_errors.ResponseError) -> bool:
-    return str(exc).startswith("NOGROUP")
+    # a cluster pipeline prefixes the server's error with the failed command
+    return "NOGROUP" in str(exc)
 
 
 def _text(value: bytes | str) -> str:
@@ -144,17 +205,135 @@ def _open_client(
     connect_timeout: float,
     retries: int,
     access: RedisAccess | None = None,
-) -> Redis:
+) -> tuple[Redis | RedisCluster, Sentinel | None]:
+    """The client for `url`, and the Sentinel it asks for the primary (to close)."""
+    timeouts: dict[str, Any] = {
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": connect_timeout,
+        "retry": Retry(NoBackoff(), retries),
+    }
+    cluster_url = split_cluster_url(url)
+    if cluster_url is not None:
+        first, seeds = cluster_url
+        first, options = _connection_options(first, access)
+        cluster: RedisCluster = RedisCluster.from_url(
+            first,
+            startup_nodes=[ClusterNode(host, port) for host, port in seeds],
+            decode_responses=False,
+            **timeouts,
+            **options,
+        )
+        return cluster, None
+    target = split_sentinel_url(url)
+    if target is not None:
+        _, options = _connection_options(target.plain_url, access)
+        if "credential_provider" not in options:
+            options.update(username=target.username, password=target.password)
+        # the sentinels are asked with the same short timeouts, never blocking
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+            target.seeds,
+            sentinel_kwargs={"socket_timeout": DEFAULT_SOCKET_TIMEOUT,
+                             "socket_connect_timeout": connect_timeout},
+        )  # fmt: skip
+        primary: Redis = sentinel.master_for(
+            target.service, redis_class=Redis, db=target.db, ssl=target.tls,
+            decode_responses=False, **timeouts, **options,
+        )  # fmt: skip
+        return primary, sentinel
     url, options = _connection_options(url, access)
-    client: Redis = Redis.from_url(
-        url,
-        decode_responses=False,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=connect_timeout,
-        retry=Retry(NoBackoff(), retries),
-        **options,
+    client: Redis = Redis.from_url(url, decode_responses=False, **timeouts, **options)
+    return client, None
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """A ``redis+sentinel://`` URL, parsed: where to ask, for which primary."""
+
+    seeds: list[tuple[str, int]]
+    service: str
+    db: int
+    tls: bool
+    username: str | None
+    password: str | None
+    plain_url: str  # the same credentials and TLS on one server, for the checks
+
+
+def split_sentinel_url(url: str) -> SentinelTarget | None:
+    """``redis+sentinel://[user[:password]@]host:port[,host:port…]/service[/db]``
+    (``rediss+sentinel://`` for TLS to the data nodes); None for any other URL.
+
+    The hosts are sentinels; the user and password are the data nodes'. No query
+    options: the timeouts are the constructor's.
+    """
+    scheme, sep, rest = url.strip().partition("://")
+    plain = SENTINEL_SCHEMES.get(scheme.lower())
+    if not sep or plain is None:
+        return None
+    if "?" in rest or "#" in rest:
+        raise ConfigError("a Redis Sentinel URL takes no query options")
+    netloc, _, path = rest.partition("/")
+    service, _, db_text = path.partition("/")
+    if _SENTINEL_SERVICE.fullmatch(service) is None:
+        raise ConfigError("a Redis Sentinel URL names its primary: /<service>[/<db>]")
+    if db_text and (not db_text.isdigit() or int(db_text) > 15):
+        raise ConfigError("the Redis database in a Sentinel URL is 0-15")
+    userinfo, at, hosts = netloc.rpartition("@")
+    seeds = [_seed(part) for part in hosts.split(",")]
+    if not 1 <= len(seeds) <= MAX_CLUSTER_SEEDS:
+        raise ConfigError(f"a Redis Sentinel URL names 1 to {MAX_CLUSTER_SEEDS} sentinels")
+    parts = urlsplit(f"{plain}://{userinfo}{at}localhost")
+    return SentinelTarget(
+        seeds=seeds,
+        service=service,
+        db=int(db_text or 0),
+        tls=plain == "rediss",
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password is not None else None,
+        plain_url=f"{plain}://{userinfo}{at}localhost",
     )
-    return client
+
+
+def split_cluster_url(url: str) -> tuple[str, list[tuple[str, int]]] | None:
+    """``redis+cluster://[user[:password]@]host:port[,host:port…][/0][?options]`` as
+    the plain URL of its first seed (``redis://`` or ``rediss://``) and the other
+    seeds; None for a URL that is not a cluster URL.
+
+    Seeds are only where the client starts: it learns every node from the first one
+    that answers. Strict: a missing port, a database other than 0 (a cluster has
+    only db 0) or more than MAX_CLUSTER_SEEDS seeds is a ConfigError.
+    """
+    scheme, sep, rest = url.strip().partition("://")
+    plain = CLUSTER_SCHEMES.get(scheme.lower())
+    if not sep or plain is None:
+        return None
+    netloc, slash, tail = rest.partition("/")
+    path, question, query = tail.partition("?")
+    if "?" in netloc:  # no path: the query follows the hosts directly
+        netloc, _, query = netloc.partition("?")
+        question = "?"
+    if path not in ("", "0"):
+        raise ConfigError("a Redis Cluster URL has no database other than /0")
+    userinfo, at, hosts = netloc.rpartition("@")
+    seeds = [_seed(part) for part in hosts.split(",")]
+    if not 1 <= len(seeds) <= MAX_CLUSTER_SEEDS:
+        raise ConfigError(f"a Redis Cluster URL names 1 to {MAX_CLUSTER_SEEDS} seeds")
+    host, port = seeds[0]
+    bracketed = f"[{host}]" if ":" in host else host
+    first = f"{plain}://{userinfo}{at}{bracketed}:{port}{slash and '/'}{question}{query}"
+    return first, seeds[1:]
+
+
+def _seed(text: str) -> tuple[str, int]:
+    host, colon, port = text.strip().rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if (
+        not colon
+        or _SEED_HOST.fullmatch(host) is None
+        or not port.isdigit()
+        or not 1 <= int(port) <= 65535
+    ):
+        raise ConfigError("each Redis Cluster seed is host:port with a port 1-65535")
+    return host, int(port)
 
 
 def _without_userinfo(url: str) -> str:
@@ -178,15 +357,19 @@ class RedisStreams:
     ) -> None:
         self._keys = RedisKeys(namespace)
         self._socket_timeout = socket_timeout
-        self._client = _open_client(
+        self._client, sentinel = _open_client(
             url, socket_timeout=socket_timeout, connect_timeout=connect_timeout, retries=retries,
             access=access,
         )
-        self._blocking = _open_client(
+        self._blocking, blocking_sentinel = _open_client(
             url, socket_timeout=None, connect_timeout=connect_timeout, retries=retries,
             access=access,
         )
+        self._sentinels = [s for s in (sentinel, blocking_sentinel) if s is not None]
         self._remove_if_unchanged = self._client.register_script(_REMOVE_IF_UNCHANGED)
+        self._append = self._client.register_script(_APPEND)
+        self._cluster = isinstance(self._client, RedisCluster)
+        self._next_blocking = 0  # where the next blocking wait over slots starts
 
     # --- SampleStream -------------------------------------------------------
 
@@ -195,12 +378,23 @@ class RedisStreams:
     ) -> list[str]:
         if not batches:
             return []
-        key = self._keys.samples(service)
+        keys = [self._keys.samples(service)]
+        key_of: dict[str, int] = {}
+        args: list[EncodableT] = [maxlen, SOURCE_SEQ_TTL_SEC]
+        for batch in batches:
+            origin = source_and_seq(batch)
+            k, seq = 0, ""
+            if origin is not None:
+                source, number = origin
+                if source not in key_of:
+                    keys.append(self._keys.source_seq(service, source))
+                    key_of[source] = len(keys)
+                k, seq = key_of[source], str(number)
+            args += [k, seq, len(batch)]
+            for name, value in batch.items():
+                args += [name, value]
         with _boundary("append"):
-            async with self._client.pipeline(transaction=False) as pipe:
-                for batch in batches:
-                    pipe.xadd(key, _wire(batch), maxlen=maxlen, approximate=True)
-                ids = await pipe.execute()
+            ids: Any = await self._append(keys=keys, args=args)
         return [_text(entry_id) for entry_id in ids]
 
     async def ensure_group(self, service: str, group: str) -> None:
@@ -222,7 +416,7 @@ class RedisStreams:
         entries: list[StreamEntry] = []
         with _boundary("read_group"):
             try:
-                reply = await self._xreadgroup(service_of, group, consumer, count, block_ms)
+                replies = await self._read(service_of, group, consumer, count, block_ms)
             except redis_errors.ResponseError as exc:
                 if not _is_nogroup(exc):
                     raise
@@ -230,8 +424,8 @@ class RedisStreams:
                 # it. Recreate and read again rather than stall the collector.
                 for key in service_of:
                     await self._create_group(key, group)
-                reply = await self._xreadgroup(service_of, group, consumer, count, block_ms)
-        for key, stream_entries in self._stream_replies(reply):
+                replies = await self._read(service_of, group, consumer, count, block_ms)
+        for key, stream_entries in replies:
             service = service_of[_text(key)]
             for entry_id, fields in stream_entries:
                 if entry_id is None or fields is None:
@@ -353,6 +547,9 @@ class RedisStreams:
     async def close(self) -> None:
         await self._client.aclose()
         await self._blocking.aclose()
+        for sentinel in self._sentinels:
+            await sentinel.aclose()
+        self._sentinels = []
 
     # --- internals ----------------------------------------------------------
 
@@ -363,10 +560,66 @@ class RedisStreams:
             if not str(exc).startswith("BUSYGROUP"):
                 raise
 
-    async def _xreadgroup(
+    async def _read(
         self, service_of: Mapping[str, str], group: str, consumer: str, count: int, block_ms: int
+    ) -> list[tuple[Any, Any]]:
+        if self._cluster:
+            by_slot: dict[int, list[str]] = {}
+            for key in service_of:
+                by_slot.setdefault(key_slot(key.encode()), []).append(key)
+            if len(by_slot) > 1:
+                return await self._read_cluster(list(by_slot.values()), group, consumer,
+                                                count, block_ms)
+        return self._stream_replies(
+            await self._xreadgroup(list(service_of), group, consumer, count, block_ms)
+        )
+
+    async def _read_cluster(
+        self, slots: list[list[str]], group: str, consumer: str, count: int, block_ms: int
+    ) -> list[tuple[Any, Any]]:
+        """One XREADGROUP per slot (a cluster refuses keys of several slots in one).
+
+        First a look at every slot without blocking, MAX_CONCURRENT_SLOTS at a time;
+        only when that found nothing, a wait of up to block_ms on at most that many
+        slots at once, all waited for (a wait is never cancelled: entries it was
+        handed would be left pending on this consumer).
+        """
+        found: list[tuple[Any, Any]] = []
+        for wave in range(0, len(slots), MAX_CONCURRENT_SLOTS):
+            found += await self._read_slots(
+                slots[wave : wave + MAX_CONCURRENT_SLOTS], group, consumer, count, 0
+            )
+        if any(entries for _, entries in found) or block_ms <= 0:
+            return found
+        start = self._next_blocking % len(slots)
+        chosen = (slots[start:] + slots[:start])[:MAX_CONCURRENT_SLOTS]
+        self._next_blocking = start + len(chosen)
+        return await self._read_slots(chosen, group, consumer, count, block_ms)
+
+    async def _read_slots(
+        self, slots: list[list[str]], group: str, consumer: str, count: int, block_ms: int
+    ) -> list[tuple[Any, Any]]:
+        replies = await asyncio.gather(
+            *(self._xreadgroup(keys, group, consumer, count, block_ms) for keys in slots),
+            return_exceptions=True,
+        )
+        found = [
+            pair
+            for reply in replies
+            if not isinstance(reply, BaseException)
+            for pair in self._stream_replies(reply)
+        ]
+        failed = [reply for reply in replies if isinstance(reply, BaseException)]
+        # what the other slots handed over is returned, not lost to one slot's failure
+        # (a node failing over): left pending, it would wait for a claim
+        if failed and not any(entries for _, entries in found):
+            raise failed[0]
+        return found
+
+    async def _xreadgroup(
+        self, keys: Sequence[str], group: str, consumer: str, count: int, block_ms: int
     ) -> Any:
-        streams: dict[Any, Any] = dict.fromkeys(service_of, ">")
+        streams: dict[Any, Any] = dict.fromkeys(keys, ">")
         if block_ms <= 0:
             return await self._client.xreadgroup(group, consumer, streams, count=count)
         # The blocking pool has no socket timeout; this bound replaces it.

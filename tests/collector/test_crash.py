@@ -18,7 +18,7 @@ from controlplane.kernel.keys import EtcdKeys
 from controlplane.kernel.kv_factory import open_kv
 from controlplane.kernel.streams_factory import open_streams
 from tests.collector.test_service import EXPERIMENT, SERVICE, make_batches
-from tests.support.processes import environ_with, free_port
+from tests.support.processes import environ_with, free_port, terminate
 
 pytestmark = [pytest.mark.real, pytest.mark.e2e]
 
@@ -101,14 +101,6 @@ async def test_sigkill_of_one_collector_loses_and_doubles_nothing(
             assert b"canary_collector_samples_ingested" in reply.read()
     finally:
         for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            if proc.stderr is not None:
-                proc.stderr.close()
+            terminate(proc)
         await streams.close()
         await kv.close()

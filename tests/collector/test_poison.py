@@ -165,7 +165,9 @@ async def make_setup(
         streams, board = open_streams("memory://", clock=clock)
 
         async def add_raw(batches: list[Fields]) -> None:
-            await streams.append(SERVICE, batches, maxlen=10_000)
+            # as a hostile writer would: around the append's seq check
+            for batch in batches:
+                streams.add_raw(SERVICE, batch)
 
         stats_keys = None
         expected_stats = ""

@@ -8,12 +8,13 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
+import redis.asyncio as redis_async
 
 from controlplane.collector.service import Collector
 from controlplane.collector.sharding import read_merged_snapshots
 from controlplane.kernel.clock import FakeClock, SystemClock
 from controlplane.kernel.codec import BatchBuilder, BatchMeta, entry_fields
-from controlplane.kernel.keys import EtcdKeys
+from controlplane.kernel.keys import EtcdKeys, RedisKeys
 from controlplane.kernel.kv_factory import open_kv
 from controlplane.kernel.streams_factory import open_streams
 
@@ -89,7 +90,10 @@ async def test_corrupt_entry_is_skipped_acked_and_counted(memory_setup) -> None:
 async def test_redelivered_batch_is_not_counted_twice(memory_setup) -> None:  # type: ignore[no-untyped-def]
     collector, streams, clock = memory_setup
     batches = make_batches(np.full(1_024, 1_000, np.uint32), clock.now())
-    await streams.append(SERVICE, [*batches, batches[0]], maxlen=100)
+    await streams.append(SERVICE, batches, maxlen=100)
+    # a resend the stream took again (its source's last seq expired, or a writer
+    # that does not check): the collector still counts the batch once
+    streams.add_raw(SERVICE, batches[0])
     await collector.step()
     clock.advance(0.2)
     await collector.step()
@@ -196,9 +200,12 @@ async def test_real_redis_and_etcd_ingest_and_publish(
         batches = make_batches(rt, clock.now())
         corrupt = dict(batches[3])
         corrupt["data"] = b"garbage"
-        await streams.append(
-            SERVICE, [*batches[:5], corrupt, *batches[5:], batches[0]], maxlen=10_000
-        )
+        corrupt["seq"] = str(len(batches) + 1).encode()  # a seq of its own: appended
+        await streams.append(SERVICE, [*batches, corrupt], maxlen=10_000)
+        # a resend from a writer that does not check seqs (XADD straight)
+        raw = redis_async.Redis.from_url(redis_url)
+        await raw.xadd(RedisKeys(redis_namespace).samples(SERVICE), batches[0])  # type: ignore[arg-type]
+        await raw.aclose()
         expected = rt.shape[0]
         total = 0
         for _ in range(200):

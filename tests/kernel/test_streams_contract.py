@@ -17,7 +17,10 @@ from controlplane.kernel.streams import SampleStream, SnapshotBoard
 from controlplane.kernel.streams_factory import open_streams
 from controlplane.kernel.streams_memory import MemoryStreams
 from controlplane.kernel.streams_redis import RedisStreams
+from tests.conftest import unique
 from tests.support.processes import RedisProcess
+from tests.support.redis_cluster import RedisCluster
+from tests.support.redis_sentinel import SentinelSet
 
 GROUP = COLLECTOR_GROUP
 LONG_IDLE_MS = 60_000
@@ -31,7 +34,7 @@ class Backend:
     stream: SampleStream
     board: SnapshotBoard
     clock: FakeClock | None
-    raw: redis_async.Redis | None
+    raw: redis_async.Redis | redis_async.RedisCluster | None
     keys: RedisKeys
 
     async def length(self, service: str) -> int:
@@ -58,25 +61,35 @@ class Backend:
         return 0
 
 
-@pytest.fixture(params=["redis", "memory"])
+@pytest.fixture(params=["redis", "memory", "redis-cluster", "redis-sentinel"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
-    if request.param == "redis":
-        namespace: str = request.getfixturevalue("redis_namespace")
-        url: str = request.getfixturevalue("redis_url")
-        stream, board = open_streams(url, namespace=namespace)
-        raw = redis_async.Redis.from_url(url)
-        try:
-            yield Backend("redis", stream, board, None, raw, RedisKeys(namespace))
-        finally:
-            await raw.aclose()
-            await stream.close()
-    else:
+    if request.param == "memory":
         clock = FakeClock()
         stream, board = open_streams("memory://", clock=clock)
         try:
             yield Backend("memory", stream, board, clock, None, RedisKeys())
         finally:
             await stream.close()
+        return
+    raw: redis_async.Redis | redis_async.RedisCluster
+    if request.param == "redis-sentinel":
+        sentinels: SentinelSet = request.getfixturevalue("redis_sentinel")
+        namespace, url = unique("canary-test"), sentinels.url
+        raw = redis_async.Redis(host="127.0.0.1", port=sentinels.primary_port())
+    elif request.param == "redis-cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        namespace, url = unique("canary-test"), cluster.url
+        raw = redis_async.RedisCluster(host="127.0.0.1", port=cluster.alive()[0].port)
+    else:
+        namespace = request.getfixturevalue("redis_namespace")
+        url = request.getfixturevalue("redis_url")
+        raw = redis_async.Redis.from_url(url)
+    stream, board = open_streams(url, namespace=namespace)
+    try:
+        yield Backend(request.param, stream, board, None, raw, RedisKeys(namespace))
+    finally:
+        await raw.aclose()
+        await stream.close()
 
 
 def batch(n: int) -> dict[str, bytes]:
@@ -95,6 +108,62 @@ async def test_appended_batches_are_read_through_a_group(backend: Backend) -> No
     assert {e.service for e in got} == {"pay"}
     assert all(e.deliveries == 1 for e in got)
     assert await s.pending("pay", GROUP) == 3
+
+
+def sourced(source: str, seq: int) -> dict[str, bytes]:
+    return {"src": source.encode(), "seq": str(seq).encode(), "payload": b"\x00"}
+
+
+async def test_a_resent_batch_is_not_appended_twice(backend: Backend) -> None:
+    s = backend.stream
+    await s.ensure_group("pay", GROUP)
+    first = await s.append("pay", [sourced("sc-1", 1), sourced("sc-1", 2)], maxlen=1000)
+    # the reply to the first send was lost: the same batches again, then a new one
+    again = await s.append(
+        "pay", [sourced("sc-1", 1), sourced("sc-1", 2), sourced("sc-1", 3)], maxlen=1000
+    )
+
+    got = await s.read_group(["pay"], GROUP, "c1", count=10, block_ms=0)
+
+    assert all(first) and again[:2] == ["", ""] and again[2]
+    assert [(e.fields["src"], e.fields["seq"]) for e in got] == [
+        (b"sc-1", b"1"), (b"sc-1", b"2"), (b"sc-1", b"3"),
+    ]  # fmt: skip
+
+
+async def test_seqs_are_per_source_and_per_stream(backend: Backend) -> None:
+    s = backend.stream
+    await s.append("pay", [sourced("sc-1", 10)], maxlen=1000)
+
+    other_source = await s.append("pay", [sourced("sc-2", 1)], maxlen=1000)
+    other_stream = await s.append("cart", [sourced("sc-1", 1)], maxlen=1000)
+    older = await s.append("pay", [sourced("sc-1", 9)], maxlen=1000)
+
+    assert other_source[0] and other_stream[0] and older == [""]
+    assert await backend.length("pay") == 2
+
+
+async def test_seqs_compare_exactly_beyond_double_precision(backend: Backend) -> None:
+    s = backend.stream
+    big = 10**18 + 1  # 2^53 < big: a float would call it equal to big + 1
+    await s.append("pay", [sourced("sc-1", big)], maxlen=1000)
+
+    assert (await s.append("pay", [sourced("sc-1", big + 1)], maxlen=1000))[0]
+    assert await s.append("pay", [sourced("sc-1", big)], maxlen=1000) == [""]
+    assert (await s.append("pay", [sourced("sc-1", 10**19 - 1)], maxlen=1000))[0]
+
+
+async def test_entries_without_a_well_formed_source_are_appended_as_they_are(
+    backend: Backend,
+) -> None:
+    s = backend.stream
+    odd = {"src": b"{x}", "seq": b"1", "payload": b"\x00"}
+
+    unsourced = {"seq": b"1", "payload": b"\x00"}
+
+    ids = await s.append("pay", [odd, odd, unsourced, unsourced], maxlen=1000)
+
+    assert all(ids) and await backend.length("pay") == 4
 
 
 async def test_entry_ids_increase_within_a_stream(backend: Backend) -> None:

@@ -121,6 +121,19 @@ class RedisProcess(ServiceProcess):
         ]
 
 
+def terminate(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a child that still runs, SIGKILL it after 10 s; close its stderr pipe."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stderr is not None:
+        proc.stderr.close()
+
+
 def environ_with(**overrides: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(overrides)
