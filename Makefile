@@ -2,6 +2,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
+# the suite waits on networks and subprocesses much of the time: one worker per core
+TEST_WORKERS ?= 2
 
 .PHONY: install demo dev test lint services clean
 
@@ -24,7 +26,7 @@ services: install
 	VENV_BIN=$(VENV)/bin scripts/services.sh
 
 test: services
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(TEST_WORKERS)
 
 lint: install
 	$(VENV)/bin/ruff check controlplane sidecar tests
