@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, str] = {
     "notify": "controlplane.benchmarks.notify:run",
     "history": "controlplane.benchmarks.history:run",
     "overload": "controlplane.benchmarks.overload:run",
+    "scale": "controlplane.benchmarks.scale:run",
 }
 
 

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.registry import Collector
 
-from controlplane.controller.apply import apply_decision
+from controlplane.controller.apply import apply_decision, decided_state
 from controlplane.controller.metrics import ControllerMetricsCollector, ControllerStats
 from controlplane.controller.reconciler import RouteReconciler
 from controlplane.controller.rulebook import RuleBook, RuleRejection
-from controlplane.decision.model import Decision
+from controlplane.decision.model import Decision, RolloutState
 from controlplane.decision.rollout import decide, fast_window_sec
 from controlplane.experiments.lifecycle import ACTIVE, ExperimentState
 from controlplane.experiments.rollout_state import inline_rule, rollout_state_of, steps_of
@@ -87,17 +87,30 @@ class StatsHash:
     partials: list[Partial]
 
 
-@dataclass(frozen=True)
-class RoundReads:
-    """The stats hashes of a round's running experiments, read in one round trip.
+@dataclass
+class Round:
+    """What one round shares across its experiments (decision 0031).
 
-    `hashes` None: not read ahead (`Controller.batch_reads` off, or no board);
-    `error` set: the read failed, and every experiment of the round is judged as no
-    data, as a failed read of one experiment is.
+    `hashes`: the stats hashes of its running experiments, read in one round trip;
+    None: not read ahead (`Controller.batch_reads` off, or no board). `error` set:
+    that read failed, and every experiment of the round is judged as no data, as a
+    failed read of one experiment is. `memory`: decisions that change nothing but the
+    rollout's memory (looks, tallies), committed together when the round ends.
     """
 
     hashes: Mapping[str, StatsHash] | None = None
     error: BackendError | None = None
+    memory: list[tuple[ExperimentRecord, Decision]] = field(default_factory=list)
+
+
+def only_memory(state: RolloutState, decision: Decision) -> bool:
+    """Does the decision change nothing but the rollout's memory (pure)? No action,
+    route or event, and the same status, breaker, step and weight: such a write can
+    wait for the round's end, where one transaction commits them all."""
+    new = decision.new_state
+    return not decision.actions and (
+        new.status, new.breaker, new.step_index, new.canary_bp
+    ) == (state.status, state.breaker, state.step_index, state.canary_bp)
 
 
 @dataclass
@@ -112,8 +125,9 @@ class Controller:
     fast_window: bool = True
     # None: judge the rule's window only
     # True: read every running experiment's stats hash in one pipelined round trip
-    # per round (decision 0031); False: one read per experiment and window, as before,
-    # kept as the scale benchmark's same-run reference
+    # per round, and commit the round's memory-only decisions in one transaction
+    # (decision 0031); False: one read per experiment and window, and one transaction
+    # per decision, as before, kept as the scale benchmark's same-run reference
     batch_reads: bool = True
     stats: ControllerStats = field(default_factory=ControllerStats)
     reconciler: RouteReconciler = field(default_factory=RouteReconciler)
@@ -247,6 +261,7 @@ class Controller:
                 continue
             if next_at is not None:
                 earliest = next_at if earliest is None else min(earliest, next_at)
+        await self._commit_memory(backends, reads.memory)
         await self.history.flush(backends.history)
         await self.history.keep(
             backends.history, [e.id for e in experiments], backends.clock.now()
@@ -255,19 +270,19 @@ class Controller:
 
     async def _read_round(
         self, backends: Backends, experiments: list[ExperimentRecord]
-    ) -> RoundReads:
+    ) -> Round:
         """Every running experiment's stats hash in one round trip (decision 0031): a
         read per experiment made a round's time grow with N round trips to Redis."""
         from controlplane.collector.sharding import parse_partials
 
         running = [str(e.id) for e in experiments if e.state is ExperimentState.RUNNING]
         if not self.batch_reads or backends.board is None or not running:
-            return RoundReads()
+            return Round()
         try:
             hashes = await backends.board.read_many(running)
         except BackendError as exc:
-            return RoundReads({}, exc)
-        return RoundReads({
+            return Round({}, exc)
+        return Round({
             experiment: StatsHash(fields, parse_partials(fields))
             for experiment, fields in zip(running, hashes, strict=True)
         })  # fmt: skip
@@ -277,11 +292,11 @@ class Controller:
         backends: Backends,
         experiment: ExperimentRecord,
         fence: Fence | None,
-        reads: RoundReads | None = None,
+        reads: Round | None = None,
     ) -> float | None:
         if experiment.state is not ExperimentState.RUNNING:
             return None
-        reads = reads or RoundReads()
+        reads = reads if reads is not None else Round()
         if self.tracer is None:
             return await self._evaluate(backends, experiment, fence, None, reads)
         attributes = {
@@ -299,7 +314,7 @@ class Controller:
         experiment: ExperimentRecord,
         fence: Fence | None,
         span: Span | None,
-        reads: RoundReads,
+        reads: Round,
     ) -> float | None:
         rule = inline_rule(experiment)
         if rule is None and self._rulebook is not None:
@@ -325,6 +340,9 @@ class Controller:
             span.set_attributes(decision_attributes(decision, changed))
         if not changed:
             return decision.next_check_at
+        if self.batch_reads and only_memory(state, decision):
+            reads.memory.append((experiment, decision))
+            return decision.next_check_at
         await apply_decision(
             backends,
             experiment_id=experiment.id,
@@ -337,7 +355,7 @@ class Controller:
         return decision.next_check_at
 
     async def _read_windows(
-        self, backends: Backends, experiment: str, rule: BreakerRule, reads: RoundReads
+        self, backends: Backends, experiment: str, rule: BreakerRule, reads: Round
     ) -> tuple[Mapping[str, WindowSnapshot], Mapping[str, WindowSnapshot] | None]:
         """The rule's window and the fast one; no data at all while Redis is away.
 
@@ -365,6 +383,34 @@ class Controller:
                         experiment, exc)
             return {}, None
         return snapshots, fast
+
+    async def _commit_memory(
+        self, backends: Backends, memory: list[tuple[ExperimentRecord, Decision]]
+    ) -> None:
+        """The round's memory-only decisions in one transaction: one commit a round
+        rather than one per experiment (decision 0031). Each row is still written only
+        at the version it was decided on; a row that moved meanwhile keeps its new
+        state and is decided again next round. A database error propagates, as the
+        write of a single decision's does."""
+        if not memory:
+            return
+        at = utc_now(backends.clock)
+        saved = 0
+        try:
+            async with backends.store.transaction() as tx:
+                for experiment, decision in memory:
+                    try:
+                        await tx.save_state(experiment=decided_state(experiment, decision, at))
+                    except RevisionConflict:
+                        self.stats.conflicts += 1
+                        continue
+                    saved += 1
+        except RevisionConflict:
+            # a row moved between its read and its write (the flush): none of the
+            # round's memory is committed; the next round decides each again
+            self.stats.conflicts += 1
+            return
+        self.stats.decisions_applied += saved
 
     def _windows_of(
         self,
