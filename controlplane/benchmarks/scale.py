@@ -6,9 +6,9 @@ batches (the sidecar's codec and signature) to the services' streams, a `canary
 collector` process consumes them, the controller evaluates. Measured at each N:
 
 - `tick`: one controller round (`Controller.evaluate_all`), wall and CPU time, per
-  round and per experiment; beside it the same rounds with one Redis read per
-  experiment and window (`batch_reads=False`, the way before decision 0031), in turn
-  with them, as the same-run reference;
+  round and per experiment; beside it the same rounds one by one (a Redis read per
+  experiment and window, a transaction per decision: `batched_round=False`, the way
+  before decision 0031), in turn with them, as the same-run reference;
 - `collector`: CPU seconds per million samples (its /proc figures over the ingest of
   a fixed number of samples), and CPU per experiment and second while it holds every
   experiment's window with no new samples (heartbeats);
@@ -366,17 +366,17 @@ async def _ticks(rig: Rig, controller: Controller, rounds: int) -> dict[str, Any
     evaluations = controller.stats.evaluations
     for i in range(rounds * 2):
         batched = i % 2 == 0
-        controller.batch_reads = batched
+        controller.batched_round = batched
         cpu = time.process_time()
         began = time.perf_counter()
         await controller.evaluate_all(rig.backends, None)
         figures[batched][0].append(time.perf_counter() - began)
         figures[batched][1].append(time.process_time() - cpu)
-    controller.batch_reads = True
+    controller.batched_round = True
     evaluated = (controller.stats.evaluations - evaluations) / (rounds * 2)
     out: dict[str, Any] = {"rounds": rounds, "evaluated_per_round": evaluated,
                            "decisions_applied": controller.stats.decisions_applied}  # fmt: skip
-    for batched, name in ((True, "batched"), (False, "per_experiment_reads")):
+    for batched, name in ((True, "batched"), (False, "one_by_one")):
         wall, cpus = figures[batched]
         out[name] = {
             "round_ms": round(statistics.median(wall) * 1000, 2),
@@ -693,7 +693,7 @@ def _per_unit(figures: dict[str, Any]) -> dict[str, float]:
     return {
         "tick_ms_per_experiment": tick["batched"]["ms_per_experiment"],
         "tick_cpu_ms_per_experiment": tick["batched"]["cpu_ms_per_experiment"],
-        "tick_ms_per_experiment_per_experiment_reads": tick["per_experiment_reads"][
+        "tick_ms_per_experiment_one_by_one": tick["one_by_one"][
             "ms_per_experiment"
         ],
         "collector_cpu_s_per_million_samples": figures["collector"]["cpu_s_per_million_samples"],

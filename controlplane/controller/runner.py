@@ -92,7 +92,7 @@ class Round:
     """What one round shares across its experiments (decision 0031).
 
     `hashes`: the stats hashes of its running experiments, read in one round trip;
-    None: not read ahead (`Controller.batch_reads` off, or no board). `error` set:
+    None: not read ahead (`Controller.batched_round` off, or no board). `error` set:
     that read failed, and every experiment of the round is judged as no data, as a
     failed read of one experiment is. `memory`: decisions that change nothing but the
     rollout's memory (looks, tallies), committed together when the round ends.
@@ -128,7 +128,7 @@ class Controller:
     # per round, and commit the round's memory-only decisions in one transaction
     # (decision 0031); False: one read per experiment and window, and one transaction
     # per decision, as before, kept as the scale benchmark's same-run reference
-    batch_reads: bool = True
+    batched_round: bool = True
     stats: ControllerStats = field(default_factory=ControllerStats)
     reconciler: RouteReconciler = field(default_factory=RouteReconciler)
     # records what each round judged, for the dashboard's plots
@@ -276,7 +276,7 @@ class Controller:
         from controlplane.collector.sharding import parse_partials
 
         running = [str(e.id) for e in experiments if e.state is ExperimentState.RUNNING]
-        if not self.batch_reads or backends.board is None or not running:
+        if not self.batched_round or backends.board is None or not running:
             return Round()
         try:
             hashes = await backends.board.read_many(running)
@@ -340,7 +340,7 @@ class Controller:
             span.set_attributes(decision_attributes(decision, changed))
         if not changed:
             return decision.next_check_at
-        if self.batch_reads and only_memory(state, decision):
+        if self.batched_round and only_memory(state, decision):
             reads.memory.append((experiment, decision))
             return decision.next_check_at
         await apply_decision(

@@ -58,7 +58,7 @@ def test_the_smallest_run_reports_every_part(
 
     tick = size["tick"]
     assert tick["evaluated_per_round"] == 3, "every running experiment is evaluated"
-    for mode in ("batched", "per_experiment_reads"):
+    for mode in ("batched", "one_by_one"):
         assert tick[mode]["round_ms"] > 0 and tick[mode]["round_cpu_ms"] > 0
         assert tick[mode]["ms_per_experiment"] == pytest.approx(tick[mode]["round_ms"] / 3,
                                                                 abs=0.01)  # fmt: skip
