@@ -10,8 +10,9 @@ collector` process consumes them, the controller evaluates. Measured at each N:
   experiment and window, a transaction per decision: `batched_round=False`, the way
   before decision 0031), in turn with them, as the same-run reference;
 - `collector`: CPU seconds per million samples (its /proc figures over the ingest of
-  a fixed number of samples), and CPU per experiment and second while it holds every
-  experiment's window with no new samples (heartbeats);
+  a fixed number of samples, with the partial windows it published meanwhile), and
+  CPU per experiment and second under a steady feed of FEED_SAMPLES a second to every
+  experiment (a process of its own, `scale_feed.py`);
 - `redis`: bytes per running experiment (MEMORY USAGE of its stats hash, and of its
   samples stream after the ingest);
 - `trip`: among N experiments fed healthy samples, one canary turns bad: time from
@@ -361,7 +362,21 @@ class Steady:
 
 
 async def _ticks(rig: Rig, controller: Controller, rounds: int) -> dict[str, Any]:
-    """Rounds with batched reads and with one read per experiment, in turn."""
+    """Rounds batched and one by one, in turn; before them, a term's first round with
+    its history merges bounded and not."""
+    from controlplane.history.recorder import RETAIN_PER_ROUND
+
+    await controller.evaluate_all(rig.backends, None)  # warm: rule book, first parses
+    # the first round of a term merges old history points: at most RETAIN_PER_ROUND
+    # experiments' (decision 0031), then every one's, as before; the rounds after it
+    # merge none (every experiment done within the last minute)
+    first: dict[str, float] = {}
+    for name, bound in (("bounded", RETAIN_PER_ROUND), ("all", rig.n)):
+        controller.history.new_term()
+        controller.history.retain_per_round = bound
+        began = time.perf_counter()
+        await controller.evaluate_all(rig.backends, None)
+        first[name] = round((time.perf_counter() - began) * 1000, 2)
     figures: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
     evaluations = controller.stats.evaluations
     for i in range(rounds * 2):
@@ -375,6 +390,8 @@ async def _ticks(rig: Rig, controller: Controller, rounds: int) -> dict[str, Any
     controller.batched_round = True
     evaluated = (controller.stats.evaluations - evaluations) / (rounds * 2)
     out: dict[str, Any] = {"rounds": rounds, "evaluated_per_round": evaluated,
+                           "first_round_ms": {"retention_all": first["all"],
+                                              "retention_bounded": first["bounded"]},
                            "decisions_applied": controller.stats.decisions_applied}  # fmt: skip
     for batched, name in ((True, "batched"), (False, "one_by_one")):
         wall, cpus = figures[batched]
