@@ -413,6 +413,7 @@ async def _trips(rig: Rig, controller: Controller, trips: int) -> dict[str, Any]
     backends = rig.backends
     sql_s: list[float] = []
     route_s: list[float] = []
+    rounds: list[float] = []  # the leader's rounds from the first bad batch to the trip
     for experiment, service in rig.experiments[:trips]:
         watcher = RouteWatcher(backends.kv, RouteTable(), service=service, prefix=rig.prefix)
         watcher.start()
@@ -420,6 +421,7 @@ async def _trips(rig: Rig, controller: Controller, trips: int) -> dict[str, Any]
             if not await watcher.wait_for(lambda r: r is not None, 60.0):
                 raise RuntimeError(f"no route for {service} within a minute")
             began = time.perf_counter()
+            evaluations = controller.stats.evaluations
 
             async def feed_bad(experiment: str = experiment, service: str = service) -> None:
                 while True:
@@ -437,10 +439,11 @@ async def _trips(rig: Rig, controller: Controller, trips: int) -> dict[str, Any]
                         row = await tx.load_experiment(experiment_id=int(experiment))
                     if row.breaker_state is not BreakerState.CLOSED:
                         sql_s.append(time.perf_counter() - began)
+                        rounds.append((controller.stats.evaluations - evaluations) / rig.n)
                         break
                     if time.perf_counter() - began > TRIP_TIMEOUT_SEC:
                         raise RuntimeError(f"experiment {experiment} did not trip in time")
-                    await asyncio.sleep(0.01)
+                    await asyncio.sleep(0.05)
                 if not await routed:
                     raise RuntimeError(f"the route of {service} kept its canary weight")
                 route_s.append(time.perf_counter() - began)
@@ -452,7 +455,8 @@ async def _trips(rig: Rig, controller: Controller, trips: int) -> dict[str, Any]
                         await task
         finally:
             await watcher.stop()
-    return {"trips": len(sql_s), "to_sql": _ms(sql_s), "to_sidecar_route": _ms(route_s)}
+    return {"trips": len(sql_s), "to_sql": _ms(sql_s), "to_sidecar_route": _ms(route_s),
+            "leader_rounds_to_sql": round(statistics.median(rounds), 2)}  # fmt: skip
 
 
 async def _one_size(
@@ -513,7 +517,6 @@ async def _one_size(
             while not leader.stats.leader:
                 await asyncio.sleep(0.05)
             result["trip"] = await _trips(rig, leader, plan.trips)
-            result["trip"]["rounds_done"] = leader.stats.evaluations
             if progress:
                 print(f"  trip {result['trip']}", file=sys.stderr)
         finally:
@@ -719,4 +722,5 @@ def _per_unit(figures: dict[str, Any]) -> dict[str, float]:
         ],
         "redis_stats_bytes_per_experiment": figures["redis"]["stats_bytes_per_experiment"],
         "trip_to_sql_p50_ms": figures["trip"]["to_sql"]["p50_ms"],
+        "trip_leader_rounds": figures["trip"]["leader_rounds_to_sql"],
     }
