@@ -14,7 +14,8 @@ collector` process consumes them, the controller evaluates. Measured at each N:
   CPU per experiment and second under a steady feed of FEED_SAMPLES a second to every
   experiment (a process of its own, `scale_feed.py`);
 - `redis`: bytes per running experiment (MEMORY USAGE of its stats hash, and of its
-  samples stream after the ingest);
+  samples stream) after the ingest, and (`steady`) with its window full of the
+  steady feed;
 - `trip`: among N experiments fed healthy samples, one canary turns bad: time from
   its first bad batch to the trip committed in SQL, and to the route with no canary
   weight in force in a sidecar's route table (watching etcd).
@@ -510,6 +511,8 @@ async def _one_size(
             rounds = max(2, min(plan.tick_rounds, 400 // n))
             result["tick"] = await _ticks(rig, ticker, rounds)
             result["collector"]["steady"] = steady.figures()
+            # the window full of the steady feed: what a running experiment holds
+            result["redis"]["steady"] = await _redis_memory(rig, redis)
             if progress:
                 print(f"  tick {result['tick']}, steady {result['collector']['steady']}",
                       file=sys.stderr)  # fmt: skip
@@ -720,7 +723,9 @@ def _per_unit(figures: dict[str, Any]) -> dict[str, float]:
         "collector_steady_cpu_ms_per_experiment_s": figures["collector"]["steady"][
             "cpu_ms_per_experiment_s"
         ],
-        "redis_stats_bytes_per_experiment": figures["redis"]["stats_bytes_per_experiment"],
+        "redis_stats_bytes_per_experiment": figures["redis"]["steady"][
+            "stats_bytes_per_experiment"
+        ],
         "trip_to_sql_p50_ms": figures["trip"]["to_sql"]["p50_ms"],
         "trip_leader_rounds": figures["trip"]["leader_rounds_to_sql"],
     }

@@ -55,6 +55,7 @@ def test_the_smallest_run_reports_every_part(
     assert collector["cpu_s"] >= 0 and collector["steady"]["samples_per_experiment_s"] > 0
     assert size["redis"]["stats_bytes_per_experiment"] > 0
     assert size["redis"]["stream_bytes_per_service"] > 0
+    assert size["redis"]["steady"]["stats_bytes_per_experiment"] > 0
 
     tick = size["tick"]
     assert tick["evaluated_per_round"] == 3, "every running experiment is evaluated"
