@@ -261,6 +261,9 @@ class Controller:
                 continue
             if next_at is not None:
                 earliest = next_at if earliest is None else min(earliest, next_at)
+            # a batched round has nothing to wait for between experiments: let the
+            # lease's keep-alive, the reconciler and the watches run (decision 0031)
+            await asyncio.sleep(0)
         await self._commit_memory(backends, reads.memory)
         await self.history.flush(backends.history)
         await self.history.keep(
