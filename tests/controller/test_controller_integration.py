@@ -222,19 +222,7 @@ async def test_half_open_probe_after_cooldown_then_rollback_on_second_trip(rig: 
 async def test_an_unreadable_rollout_state_skips_that_experiment_not_the_round(rig: Rig) -> None:
     from controlplane.db.models import Experiment
 
-    other = await create_experiment(
-        store=rig.backends.store, clock=rig.clock, actor="user:test",
-        spec=ExperimentSpec(
-            name="cart v2", service="cart", baseline_upstream="http://127.0.0.1:9003",
-            canary_upstream="http://127.0.0.1:9004", steps=(StepSpec(1000, 30),),
-            sticky_header="x-user-id", sticky_cookie=None,
-            rule=RULE.model_copy(update={"service": "cart"}).model_dump(mode="json"),
-        ),
-    )
-    await apply_action(
-        store=rig.backends.store, changes=rig.backends.route_changes,
-        clock=rig.clock, experiment_id=other.id, action=Action.START, actor="user:test",
-    )
+    await _start_cart(rig)
 
     def corrupt(*, session):  # type: ignore[no-untyped-def]
         row = session.get(Experiment, rig.experiment_id)
