@@ -66,7 +66,7 @@ def test_the_smallest_run_reports_every_part(
                                                                 abs=0.01)  # fmt: skip
 
     trip = size["trip"]
-    assert trip["trips"] == 1
+    assert trip["trips"] == 1 and trip["missed"] == 0
     assert trip["leader_rounds_to_sql"] > 0
     # the sidecar sees the cut after the database holds the trip
     assert trip["to_sidecar_route"]["p50_ms"] >= trip["to_sql"]["p50_ms"] > 0
