@@ -91,7 +91,7 @@ class Plan:
     route_puts: int
 
 
-FULL = Plan(SIZES, WATCHERS, 1_000_000, 20, float(WINDOW_SEC), 2, 20)
+FULL = Plan(SIZES, WATCHERS, 1_000_000, 20, float(WINDOW_SEC), 1, 20)
 QUICK = Plan(QUICK_SIZES, QUICK_WATCHERS, 200_000, 6, 3.0, 1, 10)
 
 

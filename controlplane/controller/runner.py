@@ -51,8 +51,6 @@ from controlplane.runtime import Backends
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
-    from controlplane.collector.sharding import Partial
-
 log = logging.getLogger(__name__)
 
 RULE_REJECTED = "rule_rejected"
@@ -78,15 +76,6 @@ async def board_snapshots(
     )
 
 
-@dataclass(frozen=True)
-class StatsHash:
-    """An experiment's stats hash as read this round, its partials parsed once for
-    both the rule's window and the fast one."""
-
-    fields: Mapping[str, str]
-    partials: list[Partial]
-
-
 @dataclass
 class Round:
     """What one round shares across its experiments (decision 0031).
@@ -98,7 +87,7 @@ class Round:
     rollout's memory (looks, tallies), committed together when the round ends.
     """
 
-    hashes: Mapping[str, StatsHash] | None = None
+    hashes: Mapping[str, Mapping[str, str]] | None = None
     error: BackendError | None = None
     memory: list[tuple[ExperimentRecord, Decision]] = field(default_factory=list)
 
@@ -276,8 +265,6 @@ class Controller:
     ) -> Round:
         """Every running experiment's stats hash in one round trip (decision 0031): a
         read per experiment made a round's time grow with N round trips to Redis."""
-        from controlplane.collector.sharding import parse_partials
-
         running = [str(e.id) for e in experiments if e.state is ExperimentState.RUNNING]
         if not self.batched_round or backends.board is None or not running:
             return Round()
@@ -285,10 +272,8 @@ class Controller:
             hashes = await backends.board.read_many(running)
         except BackendError as exc:
             return Round({}, exc)
-        return Round({
-            experiment: StatsHash(fields, parse_partials(fields))
-            for experiment, fields in zip(running, hashes, strict=True)
-        })  # fmt: skip
+        # parsed one by one as each is judged, so that the round yields in between
+        return Round(dict(zip(running, hashes, strict=True)))
 
     async def evaluate(
         self,
@@ -420,22 +405,22 @@ class Controller:
         backends: Backends,
         experiment: str,
         rule: BreakerRule,
-        hashes: Mapping[str, StatsHash],
+        hashes: Mapping[str, Mapping[str, str]],
         fast_sec: int | None,
     ) -> tuple[Mapping[str, WindowSnapshot], Mapping[str, WindowSnapshot] | None]:
-        from controlplane.collector.sharding import snapshots_of_fields
+        """Both windows from the hash read this round, its partials parsed once."""
+        from controlplane.collector.sharding import parse_partials, snapshots_of_fields
 
-        held = hashes.get(experiment)
-        if held is None:  # started after the round's read: judged next round
-            return {}, None
+        fields = hashes.get(experiment, {})
+        partials = parse_partials(fields)
         now = backends.clock.now()
         snapshots = snapshots_of_fields(
-            experiment, held.fields, held.partials, now, window_sec=rule.window_sec
+            experiment, fields, partials, now, window_sec=rule.window_sec
         )
         if fast_sec is None:
             return snapshots, None
         return snapshots, snapshots_of_fields(
-            experiment, held.fields, held.partials, now, window_sec=fast_sec
+            experiment, fields, partials, now, window_sec=fast_sec
         )
 
     async def _report_no_rule(self, backends: Backends, experiment: ExperimentRecord) -> None:
