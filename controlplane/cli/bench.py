@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, str] = {
     "overload": "controlplane.benchmarks.overload:run",
     "overload-tuning": "controlplane.benchmarks.overload_tuning:run",
     "redis-cluster": "controlplane.benchmarks.redis_cluster:run",
+    "scale": "controlplane.benchmarks.scale:run",
 }
 
 

@@ -440,7 +440,23 @@ async def read_merged_snapshots(
     is present (a board written by something other than a collector).
     """
     fields = await board.read(experiment)
-    partials = parse_partials(fields)
+    return snapshots_of_fields(
+        experiment, fields, parse_partials(fields), now,
+        window_sec=window_sec, threshold_ms=threshold_ms,
+    )  # fmt: skip
+
+
+def snapshots_of_fields(
+    experiment: str,
+    fields: Mapping[str, str],
+    partials: list[Partial],
+    now: float,
+    *,
+    window_sec: int | None = None,
+    threshold_ms: float | str | None = "latest",
+) -> dict[str, WindowSnapshot]:
+    """`read_merged_snapshots` on a stats hash already read, its partials parsed
+    (`parse_partials(fields)`): a reader of several windows parses them once."""
     if partials:
         try:
             return merge_snapshots(

@@ -84,6 +84,11 @@ class SnapshotBoard(Protocol):
         """variant -> snapshot JSON, empty when nothing was published."""
         ...
 
+    async def read_many(self, experiments: Sequence[str]) -> list[dict[str, str]]:
+        """`read` of each experiment, in order, in one round trip (the controller's
+        tick reads every running experiment at once: decision 0031)."""
+        ...
+
     async def remove_if_unchanged(self, experiment: str, expected: Mapping[str, str]) -> list[str]:
         """Delete each stats hash field whose value is still exactly `expected[field]`.
 

@@ -235,6 +235,10 @@ class MemoryStreams:
         self._check_open()
         return dict(self._stats.get(experiment, {}))
 
+    async def read_many(self, experiments: Sequence[str]) -> list[dict[str, str]]:
+        self._check_open()
+        return [dict(self._stats.get(experiment, {})) for experiment in experiments]
+
     async def remove_if_unchanged(self, experiment: str, expected: Mapping[str, str]) -> list[str]:
         self._check_open()
         stats = self._stats.get(experiment, {})

@@ -524,6 +524,18 @@ class RedisStreams:
             raw = await self._client.hgetall(self._keys.stats(experiment))
         return {_text(name): _text(value) for name, value in raw.items()}
 
+    async def read_many(self, experiments: Sequence[str]) -> list[dict[str, str]]:
+        if not experiments:
+            return []
+        with _boundary("read_many"):
+            async with self._client.pipeline(transaction=False) as pipe:
+                for experiment in experiments:
+                    pipe.hgetall(self._keys.stats(experiment))
+                replies = await pipe.execute()
+        return [
+            {_text(name): _text(value) for name, value in raw.items()} for raw in replies
+        ]
+
     async def remove_if_unchanged(self, experiment: str, expected: Mapping[str, str]) -> list[str]:
         if not expected:
             return []

@@ -222,19 +222,7 @@ async def test_half_open_probe_after_cooldown_then_rollback_on_second_trip(rig: 
 async def test_an_unreadable_rollout_state_skips_that_experiment_not_the_round(rig: Rig) -> None:
     from controlplane.db.models import Experiment
 
-    other = await create_experiment(
-        store=rig.backends.store, clock=rig.clock, actor="user:test",
-        spec=ExperimentSpec(
-            name="cart v2", service="cart", baseline_upstream="http://127.0.0.1:9003",
-            canary_upstream="http://127.0.0.1:9004", steps=(StepSpec(1000, 30),),
-            sticky_header="x-user-id", sticky_cookie=None,
-            rule=RULE.model_copy(update={"service": "cart"}).model_dump(mode="json"),
-        ),
-    )
-    await apply_action(
-        store=rig.backends.store, changes=rig.backends.route_changes,
-        clock=rig.clock, experiment_id=other.id, action=Action.START, actor="user:test",
-    )
+    await _start_cart(rig)
 
     def corrupt(*, session):  # type: ignore[no-untyped-def]
         row = session.get(Experiment, rig.experiment_id)
@@ -320,3 +308,91 @@ async def test_an_ended_experiment_keeps_at_most_the_ended_bound_of_points(rig: 
     assert first == start + 1
     assert count <= bound + 1
     assert rig.controller.history.stats.compactions >= 1
+
+
+async def _start_cart(rig: Rig) -> int:
+    """A second running experiment, on another service, that gets no samples."""
+    other = await create_experiment(
+        store=rig.backends.store, clock=rig.clock, actor="user:test",
+        spec=ExperimentSpec(
+            name="cart v2", service="cart", baseline_upstream="http://127.0.0.1:9003",
+            canary_upstream="http://127.0.0.1:9004", steps=(StepSpec(1000, 30),),
+            sticky_header="x-user-id", sticky_cookie=None,
+            rule=RULE.model_copy(update={"service": "cart"}).model_dump(mode="json"),
+        ),
+    )  # fmt: skip
+    await apply_action(
+        store=rig.backends.store, changes=rig.backends.route_changes,
+        clock=rig.clock, experiment_id=other.id, action=Action.START, actor="user:test",
+    )  # fmt: skip
+    return other.id
+
+
+async def _versions(rig: Rig, *ids: int) -> list[int]:
+    async with rig.backends.store.transaction() as tx:
+        return [(await tx.load_experiment(experiment_id=i)).version for i in ids]
+
+
+class CountingStore:
+    """The real store, counting the transactions opened on it."""
+
+    def __init__(self, store: object) -> None:
+        self.store = store
+        self.opened = 0
+
+    def transaction(self):  # type: ignore[no-untyped-def]
+        self.opened += 1
+        return self.store.transaction()  # type: ignore[attr-defined]
+
+
+async def test_a_round_commits_every_memory_only_decision_in_one_transaction(rig: Rig) -> None:
+    await rig.second(canary_ms=40)
+    cart = await _start_cart(rig)  # its first look sets its no-data clock: memory
+    before = await _versions(rig, rig.experiment_id, cart)
+    counting = CountingStore(rig.backends.store)
+    rig.backends.store = counting  # type: ignore[assignment]
+    try:
+        rig.clock.advance(1.0)
+        applied = rig.controller.stats.decisions_applied
+        await rig.controller.evaluate_all(rig.backends, rig.fence)
+    finally:
+        rig.backends.store = counting.store  # type: ignore[assignment]
+    after = await _versions(rig, rig.experiment_id, cart)
+    assert after == [before[0] + 1, before[1] + 1], "both experiments' memory is saved"
+    assert rig.controller.stats.decisions_applied - applied == 2
+    # the list of experiments, then one commit for every experiment's memory
+    assert counting.opened == 2
+
+
+async def test_a_row_moved_during_the_round_keeps_its_change_and_the_others_are_saved(
+    rig: Rig,
+) -> None:
+    from controlplane.db.models import Experiment
+
+    await rig.second(canary_ms=40)
+    cart = await _start_cart(rig)
+    commit = rig.controller._commit_memory
+
+    async def raced(backends: Backends, memory: list) -> None:  # type: ignore[type-arg]
+        # the API moves the cart between the round's read and its commit
+        def touch(*, session):  # type: ignore[no-untyped-def]
+            row = session.get(Experiment, cart)
+            row.updated_at = datetime(2031, 1, 1, tzinfo=UTC)
+
+        async with backends.database.transaction() as tx:
+            await tx.run(touch)
+        assert {e.id for e, _ in memory} == {rig.experiment_id, cart}
+        await commit(backends, memory)
+
+    before = await _versions(rig, rig.experiment_id, cart)
+    conflicts = rig.controller.stats.conflicts
+    rig.controller._commit_memory = raced  # type: ignore[method-assign]
+    rig.clock.advance(1.0)
+    await rig.controller.evaluate_all(rig.backends, rig.fence)
+    after = await _versions(rig, rig.experiment_id, cart)
+    assert after[0] == before[0] + 1, "the other experiment's memory is saved"
+    assert after[1] == before[1] + 1, "only the API's write moved the cart"
+    async with rig.backends.store.transaction() as tx:
+        row = await tx.load_experiment(experiment_id=cart)
+    assert row.updated_at.year == 2031
+    assert rig.controller.stats.conflicts == conflicts + 1

@@ -382,6 +382,19 @@ async def test_snapshot_board_publish_and_read(backend: Backend) -> None:
     assert await backend.decisions_length() == 2
 
 
+async def test_read_many_answers_each_experiments_hash_in_the_order_asked(
+    backend: Backend,
+) -> None:
+    b = backend.board
+    assert await b.read_many([]) == []
+    await b.publish("7", {"canary": "{\"n\":7}"}, {"exp": "7"})
+    await b.publish("9", {"canary": "{\"n\":9}", "@part:c1": "{}"}, {"exp": "9"})
+
+    many = await b.read_many(["9", "8", "7"])
+    assert many == [await b.read("9"), {}, await b.read("7")]
+    assert many[0] == {"canary": '{"n":9}', "@part:c1": "{}"}
+
+
 async def test_remove_if_unchanged_deletes_only_fields_still_holding_the_read_value(
     backend: Backend,
 ) -> None:

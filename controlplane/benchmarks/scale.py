@@ -1,0 +1,734 @@
+"""`canary bench scale`: what N running experiments cost the control plane, on one machine.
+
+For N running experiments (one service each; N = 10, 100, 1,000, or 10 and 100 with
+`--quick`) on real Redis, etcd and SQLite: simulated sidecars write signed sample
+batches (the sidecar's codec and signature) to the services' streams, a `canary
+collector` process consumes them, the controller evaluates. Measured at each N:
+
+- `tick`: one controller round (`Controller.evaluate_all`), wall and CPU time, per
+  round and per experiment; beside it the same rounds one by one (a Redis read per
+  experiment and window, a transaction per decision: `batched_round=False`, the way
+  before decision 0031), in turn with them, as the same-run reference;
+- `collector`: CPU seconds per million samples (its /proc figures over the ingest of
+  a fixed number of samples, with the partial windows it published meanwhile), and
+  CPU per experiment and second under a steady feed of FEED_SAMPLES a second to every
+  experiment (a process of its own, `scale_feed.py`);
+- `redis`: bytes per running experiment (MEMORY USAGE of its stats hash, and of its
+  samples stream) after the ingest, and (`steady`) with its window full of the
+  steady feed;
+- `trip`: among N experiments fed healthy samples, one canary turns bad: time from
+  its first bad batch to the trip committed in SQL, and to the route with no canary
+  weight in force in a sidecar's route table (watching etcd).
+
+For M = 100, 1,000 simulated sidecars (100 with `--quick`), each with its own etcd
+client and route watch (what a sidecar process has), split over two processes:
+`watch`: time from a route's put to applied, in every watcher (P50, P99, max), and
+the watchers' CPU per route applied.
+
+`growth` holds every per-unit figure at each N over its value at the smallest N: a
+cost linear in N keeps its per-unit figure flat (ratio ≈ 1); a ratio growing with N
+is a cost growing faster than N. The machine is shared: the load average is
+recorded, and the per-unit CPU figures are the robust ones.
+
+URLs: CANARY_BENCH_REDIS (default redis://127.0.0.1:6379/0) and CANARY_BENCH_ETCD
+(default http://127.0.0.1:2379); a Redis namespace and an etcd prefix of its own,
+removed afterwards; SQLite in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from controlplane.controller.runner import Controller
+    from controlplane.kernel.sample_auth import SampleSigner
+    from controlplane.kernel.streams import SampleStream
+    from controlplane.runtime import Backends
+
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+DEFAULT_ETCD = "http://127.0.0.1:2379"
+SIZES = (10, 100, 1000)
+QUICK_SIZES = (10, 100)
+WATCHERS = (100, 1000)
+QUICK_WATCHERS = (100,)
+WATCHER_PROCESSES = 2
+STREAM_MAXLEN = 10_000
+BATCH = 512
+THRESHOLD_MS = 250.0
+WINDOW_SEC = 10
+CANARY_EVERY = 10  # one sample in ten to the canary: the first step's 10 %
+KID = "bench"
+IN_FLIGHT = 16
+TRIP_TIMEOUT_SEC = 300.0
+FEED_SAMPLES = 50  # per experiment and second in the steady feed
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much of each part a run does."""
+
+    sizes: tuple[int, ...]
+    watchers: tuple[int, ...]
+    ingest_samples: int  # per N, spread over its experiments
+    tick_rounds: int
+    warm_sec: float
+    trips: int
+    route_puts: int
+
+
+FULL = Plan(SIZES, WATCHERS, 1_000_000, 20, float(WINDOW_SEC), 1, 20)
+QUICK = Plan(QUICK_SIZES, QUICK_WATCHERS, 200_000, 6, 3.0, 1, 10)
+
+
+# --- figures --------------------------------------------------------------------------
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _ms(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "p50_ms": round(_quantile(values, 0.5) * 1000, 2),
+        "p99_ms": round(_quantile(values, 0.99) * 1000, 2),
+        "max_ms": round(max(values) * 1000, 2),
+    }
+
+
+def _cpu_seconds(pid: int) -> float:
+    """user + system CPU time of a process (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def growth(per_n: dict[int, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Each per-unit figure at every N over its value at the smallest N (pure)."""
+    sizes = sorted(per_n)
+    table: dict[str, dict[str, float]] = {}
+    if not sizes:
+        return table
+    for name in per_n[sizes[0]]:
+        base = per_n[sizes[0]][name]
+        if not base:
+            continue
+        table[name] = {str(n): round(per_n[n][name] / base, 3) for n in sizes if name in per_n[n]}
+    return table
+
+
+# --- simulated sidecars -----------------------------------------------------------------
+
+
+def _service(i: int) -> str:
+    return f"svc-{i:04d}"
+
+
+@dataclass
+class Sidecars:
+    """Sample batches as the sidecars of N services send them: the real codec and
+    signature, one source per service, sequence numbers that grow."""
+
+    streams: SampleStream
+    signer: SampleSigner
+    tag: str = "sidecar"
+    seq: dict[str, int] = field(default_factory=dict)
+    rng: Any = field(default_factory=lambda: __import__("numpy").random.default_rng(31))
+
+    def entry(
+        self, service: str, experiment: str, n: int, now: float, *, bad: bool = False
+    ) -> dict[str, bytes]:
+        import numpy as np
+
+        from controlplane.kernel.codec import BatchBuilder, BatchMeta, entry_fields
+
+        canary = np.arange(n) % CANARY_EVERY == 0
+        rt = self.rng.lognormal(math.log(40_000), 0.5, n).astype(np.int64)
+        outcomes = np.full(n, 200)
+        if bad:
+            rt[canary] = 2_000_000
+            outcomes[canary] = 503
+        builder = BatchBuilder()
+        builder.add_columns(
+            (now - 0.5 + 0.5 * np.arange(n) / n).tolist(),
+            ["canary" if c else "baseline" for c in canary.tolist()],
+            rt.tolist(), outcomes.tolist(),
+            (self.rng.integers(1, 2**32, n)).tolist(), (rt // 4).tolist(),
+        )  # fmt: skip
+        seq = self.seq[service] = self.seq.get(service, 0) + 1
+        fields = entry_fields(BatchMeta(experiment, f"{self.tag}-{service}", seq, n),
+                              builder.encode())  # fmt: skip
+        return self.signer.sign(service, fields)
+
+    async def send(self, entries: list[tuple[str, dict[str, bytes]]]) -> None:
+        """Append each (service, entry), IN_FLIGHT at a time, as many sidecars would
+        (within the client's connection pool)."""
+        for i in range(0, len(entries), IN_FLIGHT):
+            await asyncio.gather(*(
+                self.streams.append(service, [entry], maxlen=STREAM_MAXLEN)
+                for service, entry in entries[i : i + IN_FLIGHT]
+            ))  # fmt: skip
+
+
+# --- one N ------------------------------------------------------------------------------
+
+
+@dataclass
+class Rig:
+    n: int
+    backends: Backends
+    experiments: list[tuple[str, str]]  # (experiment id, service)
+    sidecars: Sidecars
+    namespace: str
+    prefix: str
+    sample_keys: str
+    collector: subprocess.Popen[bytes] | None = None
+
+
+async def _create(backends: Backends, n: int, progress: bool) -> list[tuple[str, str]]:
+    from controlplane.experiments.actions import apply_action, create_experiment
+    from controlplane.experiments.lifecycle import Action
+    from controlplane.experiments.store import ExperimentSpec, StepSpec
+
+    rules = [
+        (_service(i), json.dumps({
+            "service": _service(i), "threshold_ms": THRESHOLD_MS, "window_sec": WINDOW_SEC,
+            "min_samples": 50, "consecutive_breaches": 2, "cooldown_sec": 3600,
+        }).encode())
+        for i in range(n)
+    ]  # fmt: skip
+    await asyncio.gather(*(backends.kv.put(backends.keys.rule(s), rule) for s, rule in rules))
+    made = []
+    for i in range(n):
+        spec = ExperimentSpec(
+            name=f"scale {i}", service=_service(i),
+            baseline_upstream="http://127.0.0.1:9001", canary_upstream="http://127.0.0.1:9002",
+            steps=(StepSpec(1000, 86_400), StepSpec(10_000, 86_400)),
+            sticky_header="x-user-id", sticky_cookie=None, rule=None,
+        )  # fmt: skip
+        record = await create_experiment(
+            store=backends.store, clock=backends.clock, spec=spec, actor="bench"
+        )
+        await apply_action(
+            store=backends.store, changes=backends.route_changes, clock=backends.clock,
+            experiment_id=record.id, action=Action.START, actor="bench",
+        )  # fmt: skip
+        made.append((str(record.id), spec.service))
+        if progress and (i + 1) % 250 == 0:
+            print(f"  {i + 1}/{n} experiments", file=sys.stderr)
+    return made
+
+
+def _start_collector(rig: Rig, redis: str, etcd: str, admin: int) -> subprocess.Popen[bytes]:
+    env = dict(
+        os.environ, CANARY_REDIS_URL=redis, CANARY_REDIS_NAMESPACE=rig.namespace,
+        CANARY_ETCD=etcd, CANARY_ETCD_PREFIX=rig.prefix, CANARY_SAMPLE_KEYS=rig.sample_keys,
+    )  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "controlplane.cli.main", "collector", "--admin",
+         f"127.0.0.1:{admin}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+async def _wait_ready(admin: int, timeout: float = 60.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient() as client:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(f"http://127.0.0.1:{admin}/readyz")).status_code == 200:
+                    return
+            await asyncio.sleep(0.1)
+    raise RuntimeError("the collector was not ready within a minute")
+
+
+async def _drained(rig: Rig, redis: Any, timeout: float = 300.0) -> None:
+    """Until every stream's group has read and acked everything (acks follow the
+    publish that counts the entries)."""
+    keys = [rig.backends.redis_keys.samples(service) for _, service in rig.experiments]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        async with redis.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.xinfo_groups(key)
+            replies = await pipe.execute()
+        if all(g and g[0]["lag"] == 0 and g[0]["pending"] == 0 for g in replies):
+            return
+        await asyncio.sleep(0.05)
+    raise RuntimeError("the collector did not drain the streams in time")
+
+
+async def _publishes(admin: int) -> int:
+    """The collector's count of published partial windows (its /metrics)."""
+    import httpx
+
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"http://127.0.0.1:{admin}/metrics")).text
+    for line in text.splitlines():
+        if line.startswith("canary_collector_publishes_total "):
+            return int(float(line.split()[1]))
+    return 0
+
+
+async def _ingest(rig: Rig, redis: Any, samples: int, admin: int) -> dict[str, float]:
+    """A fixed number of samples over every experiment: collector CPU per million.
+
+    The figure holds the publishing of each experiment's partial window (every tick
+    while its samples come), a cost per experiment rather than per sample: the
+    publishes are counted beside it."""
+    assert rig.collector is not None
+    publishes = await _publishes(admin)
+    per_experiment = max(1, samples // rig.n)
+    batches = [
+        (experiment, service, min(BATCH, per_experiment - done))
+        for experiment, service in rig.experiments
+        for done in range(0, per_experiment, BATCH)
+    ]
+    total = per_experiment * rig.n
+    cpu = _cpu_seconds(rig.collector.pid)
+    began = time.perf_counter()
+    for i in range(0, len(batches), 200):
+        now = time.time()  # encoded as they go, so no sample arrives late
+        await rig.sidecars.send([
+            (service, rig.sidecars.entry(service, experiment, n, now))
+            for experiment, service, n in batches[i : i + 200]
+        ])  # fmt: skip
+    await _drained(rig, redis)
+    wall = time.perf_counter() - began
+    cpu = _cpu_seconds(rig.collector.pid) - cpu
+    return {
+        "samples": total,
+        "publishes": await _publishes(admin) - publishes,
+        "wall_s": round(wall, 3),
+        "cpu_s": round(cpu, 3),
+        "cpu_s_per_million_samples": round(cpu / total * 1e6, 3),
+    }
+
+
+async def _redis_memory(rig: Rig, redis: Any) -> dict[str, float]:
+    keys = rig.backends.redis_keys
+    async with redis.pipeline(transaction=False) as pipe:
+        for experiment, service in rig.experiments:
+            pipe.memory_usage(keys.stats(experiment), samples=0)
+            pipe.memory_usage(keys.samples(service), samples=0)
+        sizes = await pipe.execute()
+    stats = [s or 0 for s in sizes[0::2]]
+    streams = [s or 0 for s in sizes[1::2]]
+    return {
+        "stats_bytes_per_experiment": round(statistics.fmean(stats)),
+        "stream_bytes_per_service": round(statistics.fmean(streams)),
+    }
+
+
+class Steady:
+    """The collector's CPU over a span of the steady feed (FEED_SAMPLES a second to
+    every experiment), per experiment and second."""
+
+    def __init__(self, rig: Rig) -> None:
+        assert rig.collector is not None
+        self.rig = rig
+        self.pid = rig.collector.pid
+        self.cpu = _cpu_seconds(self.pid)
+        self.began = time.perf_counter()
+
+    def figures(self) -> dict[str, float]:
+        per_sec = (_cpu_seconds(self.pid) - self.cpu) / (time.perf_counter() - self.began)
+        return {"samples_per_experiment_s": FEED_SAMPLES,
+                "cpu_s_per_s": round(per_sec, 4),
+                "cpu_ms_per_experiment_s": round(per_sec / self.rig.n * 1000, 4)}  # fmt: skip
+
+
+async def _ticks(rig: Rig, controller: Controller, rounds: int) -> dict[str, Any]:
+    """Rounds batched and one by one, in turn; before them, a term's first round with
+    its history merges bounded and not."""
+    from controlplane.history.recorder import RETAIN_PER_ROUND
+
+    await controller.evaluate_all(rig.backends, None)  # warm: rule book, first parses
+    # the first round of a term merges old history points: at most RETAIN_PER_ROUND
+    # experiments' (decision 0031), then every one's, as before; the rounds after it
+    # merge none (every experiment done within the last minute)
+    first: dict[str, float] = {}
+    for name, bound in (("bounded", RETAIN_PER_ROUND), ("all", rig.n)):
+        controller.history.new_term()
+        controller.history.retain_per_round = bound
+        began = time.perf_counter()
+        await controller.evaluate_all(rig.backends, None)
+        first[name] = round((time.perf_counter() - began) * 1000, 2)
+    figures: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
+    evaluations = controller.stats.evaluations
+    for i in range(rounds * 2):
+        batched = i % 2 == 0
+        controller.batched_round = batched
+        cpu = time.process_time()
+        began = time.perf_counter()
+        await controller.evaluate_all(rig.backends, None)
+        figures[batched][0].append(time.perf_counter() - began)
+        figures[batched][1].append(time.process_time() - cpu)
+    controller.batched_round = True
+    evaluated = (controller.stats.evaluations - evaluations) / (rounds * 2)
+    out: dict[str, Any] = {"rounds": rounds, "evaluated_per_round": evaluated,
+                           "first_round_ms": {"retention_all": first["all"],
+                                              "retention_bounded": first["bounded"]},
+                           "decisions_applied": controller.stats.decisions_applied}  # fmt: skip
+    for batched, name in ((True, "batched"), (False, "one_by_one")):
+        wall, cpus = figures[batched]
+        out[name] = {
+            "round_ms": round(statistics.median(wall) * 1000, 2),
+            "round_cpu_ms": round(statistics.median(cpus) * 1000, 2),
+            "ms_per_experiment": round(statistics.median(wall) * 1000 / rig.n, 4),
+            "cpu_ms_per_experiment": round(statistics.median(cpus) * 1000 / rig.n, 4),
+        }
+    return out
+
+
+async def _trips(rig: Rig, controller: Controller, trips: int) -> dict[str, Any]:
+    """One canary goes bad among N fed healthy: time to the trip in SQL and in a
+    sidecar's route table. `controller` runs its loop (leading, reconciling)."""
+    from controlplane.experiments.lifecycle import BreakerState
+    from sidecar.routing import RouteTable, RouteWatcher
+
+    backends = rig.backends
+    sql_s: list[float] = []
+    route_s: list[float] = []
+    rounds: list[float] = []  # the leader's rounds from the first bad batch to the trip
+    for experiment, service in rig.experiments[:trips]:
+        watcher = RouteWatcher(backends.kv, RouteTable(), service=service, prefix=rig.prefix)
+        watcher.start()
+        try:
+            if not await watcher.wait_for(lambda r: r is not None, 60.0):
+                raise RuntimeError(f"no route for {service} within a minute")
+            began = time.perf_counter()
+            evaluations = controller.stats.evaluations
+
+            async def feed_bad(experiment: str = experiment, service: str = service) -> None:
+                while True:
+                    entry = rig.sidecars.entry(service, experiment, 200, time.time(), bad=True)
+                    await rig.sidecars.send([(service, entry)])
+                    await asyncio.sleep(0.1)
+
+            bad = asyncio.create_task(feed_bad())
+            routed = asyncio.create_task(watcher.wait_for(
+                lambda r: r is not None and r.weight_of("canary") == 0, TRIP_TIMEOUT_SEC
+            ))  # fmt: skip
+            tripped = False
+            try:
+                while not tripped:
+                    async with backends.store.transaction() as tx:
+                        row = await tx.load_experiment(experiment_id=int(experiment))
+                    tripped = row.breaker_state is not BreakerState.CLOSED
+                    if tripped:
+                        sql_s.append(time.perf_counter() - began)
+                        rounds.append((controller.stats.evaluations - evaluations) / rig.n)
+                    elif time.perf_counter() - began > TRIP_TIMEOUT_SEC:
+                        break  # counted as missed: the other figures stay
+                    else:
+                        await asyncio.sleep(0.05)
+                if tripped and await routed:
+                    route_s.append(time.perf_counter() - began)
+            finally:
+                bad.cancel()
+                routed.cancel()
+                for task in (bad, routed):
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+        finally:
+            await watcher.stop()
+    return {"trips": len(sql_s), "missed": trips - len(sql_s),
+            "to_sql": _ms(sql_s) if sql_s else None,
+            "to_sidecar_route": _ms(route_s) if route_s else None,
+            "leader_rounds_to_sql": round(statistics.median(rounds), 2) if rounds else None}
+
+
+async def _one_size(
+    n: int, plan: Plan, redis_url: str, etcd: str, progress: bool
+) -> dict[str, Any]:
+    import redis.asyncio as aioredis
+
+    from controlplane.controller.runner import Controller
+    from controlplane.db import migrate
+    from controlplane.kernel.sample_auth import SampleSigner
+    from controlplane.kernel.sample_keys import parse_sample_keys
+    from controlplane.kernel.settings import Settings
+    from controlplane.runtime import open_backends
+
+    tag = secrets.token_hex(4)
+    namespace, prefix = f"canary-bench-{tag}", f"/canary-bench-{tag}"
+    sample_keys = f"{KID}:{secrets.token_hex(32)}"
+    redis = aioredis.Redis.from_url(redis_url)
+    feeder: subprocess.Popen[str] | None = None
+    with tempfile.TemporaryDirectory() as scratch:
+        url = f"sqlite:///{scratch}/scale.db"
+        migrate.upgrade(url)
+        settings = Settings(database_url=url, etcd=etcd, etcd_prefix=prefix,
+                            redis_url=redis_url, redis_namespace=namespace)  # fmt: skip
+        backends = await open_backends(settings)
+        assert backends.streams is not None
+        signer = SampleSigner(parse_sample_keys(sample_keys, origin="bench"))
+        rig = Rig(n, backends, [], Sidecars(backends.streams, signer), namespace, prefix,
+                  sample_keys)  # fmt: skip
+        # the tick is measured on a controller that only evaluates (no loop running)
+        ticker = Controller(identity=f"bench-ticker-{tag}")
+        leader = Controller(identity=f"bench-{tag}")
+        result: dict[str, Any] = {"n": n}
+        try:
+            began = time.perf_counter()
+            rig.experiments = await _create(backends, n, progress)
+            result["setup_s"] = round(time.perf_counter() - began, 2)
+            admin = _free_port()
+            rig.collector = _start_collector(rig, redis_url, etcd, admin)
+            await _wait_ready(admin)
+            result["collector"] = await _ingest(rig, redis, plan.ingest_samples, admin)
+            result["redis"] = await _redis_memory(rig, redis)
+            if progress:
+                print(f"  ingest {result['collector']}, redis {result['redis']}",
+                      file=sys.stderr)  # fmt: skip
+            feeder = _start_feed(rig, redis_url)
+            await ticker.open(backends)
+            await asyncio.sleep(plan.warm_sec)  # the windows fill with the steady feed
+            steady = Steady(rig)
+            # fewer rounds at large N: each evaluates every experiment
+            rounds = max(2, min(plan.tick_rounds, 400 // n))
+            result["tick"] = await _ticks(rig, ticker, rounds)
+            result["collector"]["steady"] = steady.figures()
+            # the window full of the steady feed: what a running experiment holds
+            result["redis"]["steady"] = await _redis_memory(rig, redis)
+            if progress:
+                print(f"  tick {result['tick']}, steady {result['collector']['steady']}",
+                      file=sys.stderr)  # fmt: skip
+            await leader.start(backends)
+            while not leader.stats.leader:
+                await asyncio.sleep(0.05)
+            result["trip"] = await _trips(rig, leader, plan.trips)
+            if progress:
+                print(f"  trip {result['trip']}", file=sys.stderr)
+        finally:
+            if feeder is not None:
+                _stop_feed(feeder)
+            await leader.stop()
+            await ticker.stop()
+            if rig.collector is not None:
+                _stop(rig.collector)
+            await _clean(backends, redis, namespace, prefix)
+            await backends.close()
+            await redis.aclose()
+    return result
+
+
+def _start_feed(rig: Rig, redis_url: str) -> subprocess.Popen[str]:
+    """The steady feed, in a process of its own (controlplane.benchmarks.scale_feed),
+    so that the controller's CPU figures hold none of it."""
+    feeder = subprocess.Popen(
+        [sys.executable, "-m", "controlplane.benchmarks.scale_feed", redis_url, rig.namespace,
+         str(FEED_SAMPLES)],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+        env=dict(os.environ, CANARY_SAMPLE_KEYS=rig.sample_keys),
+    )  # fmt: skip
+    assert feeder.stdin is not None
+    feeder.stdin.write(json.dumps(rig.experiments) + "\n")
+    feeder.stdin.flush()
+    return feeder
+
+
+def _stop_feed(feeder: subprocess.Popen[str]) -> None:
+    assert feeder.stdin is not None
+    with contextlib.suppress(OSError):
+        feeder.stdin.close()  # its end of input is its stop
+    try:
+        feeder.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        feeder.kill()
+        feeder.wait()
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+async def _clean(backends: Backends, redis: Any, namespace: str, prefix: str) -> None:
+    keys = [k async for k in redis.scan_iter(match=f"{namespace}:*", count=1000)]
+    for i in range(0, len(keys), 1000):
+        await redis.delete(*keys[i : i + 1000])
+    values, _ = await backends.kv.get_prefix(prefix + "/")
+    await asyncio.gather(*(backends.kv.delete(v.key) for v in values))
+
+
+# --- watch fan-out ----------------------------------------------------------------------
+
+
+def _route(revision: int, canary_bp: int) -> bytes:
+    return json.dumps({
+        "experiment": 1, "revision": revision, "salt": "bench",
+        "sticky": {"header": "x-user-id", "cookie": None},
+        "variants": [
+            {"name": "baseline", "upstream": "http://127.0.0.1:9001", "weight": 10_000 - canary_bp},
+            {"name": "canary", "upstream": "http://127.0.0.1:9002", "weight": canary_bp},
+        ],
+        "state": "running",
+    }).encode()  # fmt: skip
+
+
+@contextlib.contextmanager
+def _watcher_processes(
+    etcd: str, prefix: str, service: str, m: int
+) -> Iterator[list[subprocess.Popen[str]]]:
+    shares = [m // WATCHER_PROCESSES + (1 if i < m % WATCHER_PROCESSES else 0)
+              for i in range(WATCHER_PROCESSES)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "controlplane.benchmarks.scale_watchers", etcd, prefix,
+             service, str(share)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        for share in shares if share
+    ]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+async def _fan_out(m: int, puts: int, etcd: str) -> dict[str, Any]:
+    from controlplane.kernel.kv_factory import open_kv
+
+    prefix = f"/canary-bench-{secrets.token_hex(4)}"
+    service = "fan-out"
+    key = f"{prefix}/routes/{service}"
+    kv = open_kv(etcd)
+    try:
+        await kv.put(key, _route(1, 0))
+        with _watcher_processes(etcd, prefix, service, m) as procs:
+            began = time.perf_counter()
+            for proc in procs:
+                assert proc.stdout is not None
+                line = await asyncio.to_thread(proc.stdout.readline)
+                if line.strip() != "ready":
+                    raise RuntimeError(f"a watcher process did not get ready: {line!r}")
+            ready_s = time.perf_counter() - began
+            sent: dict[int, float] = {}
+            for revision in range(2, puts + 2):
+                sent[revision] = time.time()
+                await kv.put(key, _route(revision, 100 * (revision % 2)))
+                await asyncio.sleep(0.25)
+            await asyncio.sleep(1.0)
+            reports = []
+            for proc in procs:
+                assert proc.stdin is not None and proc.stdout is not None
+                proc.stdin.write("stop\n")
+                proc.stdin.flush()
+                reports.append(json.loads(await asyncio.to_thread(proc.stdout.readline)))
+    finally:
+        with contextlib.suppress(Exception):
+            await kv.delete(key)
+        await kv.close()
+    delays: list[float] = []
+    for report in reports:
+        for revision, at in sent.items():
+            delays += [t - at for t in report["applied"].get(str(revision), [])]
+    expected = m * puts
+    cpu = sum(float(r["cpu_s"]) for r in reports)
+    return {
+        "m": m,
+        "puts": puts,
+        "applied": len(delays),
+        "missed": expected - len(delays),
+        "ready_s": round(ready_s, 2),
+        "put_to_applied": _ms(delays) if delays else None,
+        "cpu_ms_per_watcher_update": round(cpu / expected * 1000, 4),
+        "processes": len(reports),
+    }
+
+
+# --- the run ----------------------------------------------------------------------------
+
+
+def run(*, quick: bool, progress: bool, plan: Plan | None = None) -> dict[str, Any]:
+    plan = plan or (QUICK if quick else FULL)
+    redis = os.environ.get("CANARY_BENCH_REDIS", DEFAULT_REDIS)
+    etcd = os.environ.get("CANARY_BENCH_ETCD", DEFAULT_ETCD)
+    load_before = os.getloadavg()
+    sizes: dict[int, dict[str, Any]] = {}
+    for n in plan.sizes:
+        if progress:
+            print(f"N={n} experiments", file=sys.stderr)
+        sizes[n] = asyncio.run(_one_size(n, plan, redis, etcd, progress))
+    watch: dict[int, dict[str, Any]] = {}
+    for m in plan.watchers:
+        if progress:
+            print(f"M={m} watchers", file=sys.stderr)
+        try:
+            watch[m] = asyncio.run(_fan_out(m, plan.route_puts, etcd))
+        except (RuntimeError, OSError, ValueError) as exc:  # reported, the rest kept
+            watch[m] = {"m": m, "error": f"{type(exc).__name__}: {exc}"}
+            continue
+    per_unit = {n: _per_unit(figures) for n, figures in sizes.items()}
+    watch_units = {m: {
+        "watch_cpu_ms_per_watcher_update": w["cpu_ms_per_watcher_update"],
+        "watch_p99_ms": (w["put_to_applied"] or {}).get("p99_ms", 0.0),
+    } for m, w in watch.items() if "error" not in w}  # fmt: skip
+    return {
+        "benchmark": "scale",
+        "quick": quick,
+        "cpus": os.cpu_count(),
+        "load_avg": {"before": list(load_before), "after": list(os.getloadavg())},
+        "sizes": {str(n): figures for n, figures in sizes.items()},
+        "watch": {str(m): figures for m, figures in watch.items()},
+        "per_unit": {str(n): figures for n, figures in per_unit.items()},
+        "growth": growth(per_unit),
+        "watch_growth": growth(watch_units),
+        "settings": {"window_sec": WINDOW_SEC, "threshold_ms": THRESHOLD_MS,
+                     "ingest_samples": plan.ingest_samples, "batch": BATCH,
+                     "watcher_processes": WATCHER_PROCESSES},
+    }
+
+
+def _per_unit(figures: dict[str, Any]) -> dict[str, float]:
+    """The per-experiment and per-sample figures of one N: flat across N is linear."""
+    tick = figures["tick"]
+    return {
+        "tick_ms_per_experiment": tick["batched"]["ms_per_experiment"],
+        "tick_cpu_ms_per_experiment": tick["batched"]["cpu_ms_per_experiment"],
+        "tick_ms_per_experiment_one_by_one": tick["one_by_one"][
+            "ms_per_experiment"
+        ],
+        "collector_cpu_s_per_million_samples": figures["collector"]["cpu_s_per_million_samples"],
+        "collector_steady_cpu_ms_per_experiment_s": figures["collector"]["steady"][
+            "cpu_ms_per_experiment_s"
+        ],
+        "redis_stats_bytes_per_experiment": figures["redis"]["steady"][
+            "stats_bytes_per_experiment"
+        ],
+        "trip_to_sql_p50_ms": (figures["trip"]["to_sql"] or {}).get("p50_ms", 0.0),
+        "trip_leader_rounds": figures["trip"]["leader_rounds_to_sql"] or 0.0,
+    }
