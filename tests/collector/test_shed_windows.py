@@ -84,7 +84,8 @@ def test_shed_leaves_the_window_with_its_second_and_late_tallies_are_dropped() -
 
 
 def _partial(w: ExperimentWindow, now: float, collector: str) -> dict[str, str]:
-    return {part_field(collector): json.dumps(export_partial(w, now, collector=collector, unacked=()))}
+    partial = export_partial(w, now, collector=collector, unacked=())
+    return {part_field(collector): json.dumps(partial)}
 
 
 def test_partials_carry_shed_and_merge_second_by_second() -> None:

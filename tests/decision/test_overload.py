@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 
-from controlplane.decision import BreakerState, Decision, EventKind, RecordEvent, RolloutState, decide
+from controlplane.decision import (
+    BreakerState,
+    Decision,
+    EventKind,
+    RecordEvent,
+    RolloutState,
+    decide,
+)
 from controlplane.kernel.errors import ValidationFailed
 from controlplane.kernel.rules import BreakerRule, parse_rule
 from controlplane.kernel.snapshots import WindowSnapshot
