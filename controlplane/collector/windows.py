@@ -415,8 +415,15 @@ class ExperimentWindow:
                 key = (int(t), int(v))
                 per_second[key] = per_second.get(key, 0) + int(n)
         for (second, v), n in per_second.items():
-            ring = self._rings[v]
-            slot = int(ring.claim(np.array([second], dtype=np.int64))[0][0])
+            ring, fb_ring = self._rings[v], self._fb_rings[v]
+            seconds = np.array([second], dtype=np.int64)
+            slots, held = ring.claim(seconds)
+            # the first-byte ring claims the second too, paired as _fill pairs them:
+            # a second claimed in the total ring alone would cost every later read of
+            # it a reservoir and a unit sketch of its own in the first-byte ring
+            fb_held = fb_ring.claim(seconds)[1]
+            fb_ring.paired[slots] = (held == fb_held) & (~held | fb_ring.paired[slots])
+            slot = int(slots[0])
             ring.shed[slot] += n
             ring.win_shed += n
             self.counters.shed += n
