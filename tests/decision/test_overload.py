@@ -21,7 +21,7 @@ from controlplane.decision import (
 from controlplane.kernel.errors import ValidationFailed
 from controlplane.kernel.rules import BreakerRule, parse_rule
 from controlplane.kernel.snapshots import WindowSnapshot
-from tests.decision.factory import STEPS, T0, healthy, rule, slow, state
+from tests.decision.factory import STEPS, T0, half_open, healthy, rule, slow, state
 
 HOLD = rule()
 JUDGE = rule(overload="judge")
@@ -144,14 +144,7 @@ def test_a_due_step_does_not_advance_while_held_and_advances_after() -> None:
 
 
 def test_a_probe_does_not_close_while_held() -> None:
-    probing = state(
-        breaker=BreakerState.HALF_OPEN,
-        canary_bp=HOLD.half_open_weight,
-        weight_since=T0 + 100,
-        probe_started_at=T0 + 100,
-        opened_at=T0,
-        trips=1,
-    ).with_changes(tally=state().tally.starting(T0 + 100))
+    probing = half_open(HOLD)
     d1 = at(probing, healthy(T0 + 110), T0 + 110, HOLD)
     assert d1.new_state.breaker is BreakerState.CLOSED  # the control: it would close
     d2 = at(probing, shedding(healthy(T0 + 110), baseline=9), T0 + 110, HOLD)
