@@ -244,19 +244,29 @@ async def judge_looks(
     ready: Callable[[dict[str, int]], bool],
     *,
     looks: int = LOOKS,
+    until: Callable[[Judged], bool] | None = None,
+    after: Judged | None = None,
     timeout: float = 40.0,
 ) -> Judged:
     """Decide on every fresh merged snapshot, as the controller does, under both
     overload policies side by side; `looks` decisions once `ready(counts)` holds for
-    the snapshots (counts: canary samples, baseline shed, canary shed)."""
+    the snapshots (counts: canary samples, baseline shed, canary shed), or as many as
+    it takes for `until(judged)`. `after`: go on from the states those looks left."""
     now = time.time()
     first = start_rollout(STEPS, now).new_state
     states = {"hold": first, "judge": first}
+    last_ts = 0.0
+    if after is not None:
+        states = {"hold": after.hold[-1].new_state, "judge": after.judge[-1].new_state}
+        last_ts = states["hold"].last_snapshot_ts or 0.0
     judged = Judged()
     deadline = time.monotonic() + timeout
-    last_ts = 0.0
-    while len(judged.hold) < looks:
-        assert time.monotonic() < deadline, f"no {looks} fresh looks in {timeout} s: {judged}"
+
+    def done() -> bool:
+        return until(judged) if until is not None else len(judged.hold) >= looks
+
+    while not done():
+        assert time.monotonic() < deadline, f"not done within {timeout} s: {judged}"
         await asyncio.sleep(LOOK_SEC)
         now = time.time()
         snaps = await read_merged_snapshots(
@@ -297,16 +307,27 @@ async def flushed(stack: Stack, shed_answers: int) -> None:
 async def test_overload_sheds_low_priority_and_holds_the_breaker(stack: Stack) -> None:
     await stack.route(41, stack.upstreams["canary"], revision=1)
     answers = Answers()
-    # 6 high-priority clients per variant for a limit of 2: they queue, ~3 service
-    # times each; 2 low-priority clients per variant are shed
-    high = users("baseline", 300, 6) + users("canary", 300, 6)
+    # 2 high-priority clients per variant, the gates' limit, all along; during the
+    # overload 4 more per variant (they queue, ~3 service times each) and 2
+    # low-priority ones per variant, which are shed
+    steady = users("baseline", 200, 2) + users("canary", 200, 2)
+    surge = users("baseline", 300, 4) + users("canary", 300, 4)
     low = users("baseline", 100, 2) + users("canary", 100, 2)
 
     def overloaded(c: dict[str, int]) -> bool:
         return c["canary"] >= RULE.min_samples and c["baseline_shed"] > 0
 
-    async with clients(stack, answers, high, low):
-        judged = await judge_looks(stack, 41, overloaded)
+    def cleared(j: Judged) -> bool:
+        kinds = [e.kind for e in events(j.hold)]
+        return EventKind.OVERLOAD_CLEARED in kinds and len(j.hold) > kinds.index(
+            EventKind.OVERLOAD_CLEARED
+        )
+
+    async with clients(stack, answers, steady, []):
+        async with clients(stack, answers, surge, low):
+            judged = await judge_looks(stack, 41, overloaded)
+        # the shedding stopped: the hold ends once the window no longer holds any
+        after = await judge_looks(stack, 41, lambda c: True, until=cleared, after=judged)
 
     # high priority is served, low priority is shed with a Retry-After
     assert set(answers.high) == {200}, answers
@@ -332,6 +353,14 @@ async def test_overload_sheds_low_priority_and_holds_the_breaker(stack: Stack) -
     evidence = tripped.payload["evidence"]
     assert evidence["overload"]["held"] is False
     assert evidence["overload"]["variants"]["baseline"]["shed"] > 0
+
+    # the hold ended a window after the shedding, with its event, and judging resumed
+    assert all(d.new_state.breaker is BreakerState.CLOSED for d in after.hold)
+    assert [e.kind for e in events(after.hold)] == [EventKind.OVERLOAD_CLEARED]
+    last = after.hold[-1]
+    assert last.evidence["overload"]["held"] is False
+    assert last.evidence["overload"]["variants"]["baseline"]["shed"] == 0
+    assert last.evidence["window"]["verdict"] != "overloaded"
 
     # every 429 answered is one shed request counted by the collector, none a sample
     await flushed(stack, answers.low[429])
