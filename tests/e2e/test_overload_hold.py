@@ -10,7 +10,8 @@ snapshots it reads from Redis, as the controller loop takes it.
   canary is healthy but its admitted requests queue behind the overload, above the
   rule's bound: under `overload: hold` the breaker holds (the evidence names the shed
   counts and the hold), while the same snapshots judged under `overload: judge`
-  trip it - the hold is what keeps it closed.
+  trip it - the hold is what keeps it closed. Once the shedding stops the hold ends
+  a window later (`overload_cleared`) and the looks are judged again.
 - Control: no overload, a canary slow on its own: it trips under `overload: hold`.
 
 Every assertion is on counts and states, none on how long anything took.
