@@ -134,6 +134,11 @@ async def test_a_client_leaving_the_queue_is_counted_as_abandoned() -> None:
         h.baseline.release.set()
         await asyncio.gather(*served)
         assert len(h.baseline.requests) == 2
+        # it never reached the upstream because of the overload: in the tally
+        h.proxy.flush_samples()
+        samples = await h.recorder.wait_for(3)
+        assert [s.rt_us for s in samples if s.outcome == SHED] == [1]
+        assert sorted(s.outcome for s in samples if s.outcome != SHED) == [200, 200]
 
 
 async def test_heavy_overload_asks_the_upstream_to_degrade_and_a_client_cannot() -> None:
