@@ -234,14 +234,20 @@ class SampleReporter:
                 )
             return
         try:
-            payload = builder.encode()
+            payload = builder.encode()  # version 3 only when it holds a shed tally
         except CodecError as exc:  # e.g. an over-long variant name from a request header
             self.stats.samples_dropped += n
             self.stats.batches_dropped += 1
             log.warning("a batch of %d samples could not be encoded: %s", n, exc)
             return
         self._seq += 1
-        meta = BatchMeta(experiment=self._experiment, source=self.source, seq=self._seq, n=n)
+        meta = BatchMeta(
+            experiment=self._experiment,
+            source=self.source,
+            seq=self._seq,
+            n=n,
+            version=builder.version,
+        )
         fields = entry_fields(meta, payload)
         if self._signer is not None:
             fields = self._signer.sign(self.service, fields)

@@ -107,6 +107,8 @@ def snapshot_live(snapshot: WindowSnapshot) -> SnapshotLive:
             )
         ),
         samples_without_first_byte=snapshot.missing_first_byte,
+        shed=snapshot.shed,
+        shed_share=snapshot.shed_share,
     )
 
 
@@ -162,6 +164,7 @@ def live_view(
         next_check_for=why,
         controller_next_check_at=_at(controller_at),
         last_reason=reason if isinstance(reason, str) else None,
+        overload_held=state is not None and state.overload_held,
         rule_source=rule_source,
         rule_note=rule_note,
         snapshots=(

@@ -311,6 +311,12 @@ class SnapshotLive(BaseModel):
     samples_without_first_byte: int = Field(
         default=0, description="samples from sidecars older than sample batch version 2"
     )
+    shed: int = Field(
+        default=0,
+        description="requests the sidecars' overload protection answered themselves in the "
+        "window: not in count, never latency samples",
+    )
+    shed_share: float = Field(default=0.0, description="shed / (count + shed)")
 
 
 NextCheckFor = Literal["step_due", "cooldown_end", "probe_due", "controller_recheck"]
@@ -337,6 +343,11 @@ class ExperimentLive(BaseModel):
         description="the latest time the controller asked to look again, at its last round"
     )
     last_reason: str | None = Field(description="the controller's reason at its last round")
+    overload_held: bool = Field(
+        default=False,
+        description="the controller's last look was held: the baseline's sidecars shed "
+        "requests and the rule says overload: hold",
+    )
     rule_source: Literal["experiment", "service"] | None
     rule_note: str | None = None
     snapshots: dict[str, SnapshotLive] | None = Field(

@@ -128,10 +128,19 @@ class _Connection(asyncio.Protocol):
             self.capacity.arrive(transport)
 
 
-async def serve(port: int, concurrency: int, service_ms: float) -> None:
+async def start(
+    port: int, concurrency: int, service_ms: float
+) -> tuple[asyncio.Server, Capacity]:
+    """Listen on HOST:port (0: any free port) in the running loop; close the server
+    to stop."""
     capacity = Capacity(concurrency, service_ms / 1000)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: _Connection(capacity), HOST, port, backlog=4096)
+    return server, capacity
+
+
+async def serve(port: int, concurrency: int, service_ms: float) -> None:
+    server, _ = await start(port, concurrency, service_ms)
     await _until_sigterm()
     server.close()
 

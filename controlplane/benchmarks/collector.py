@@ -29,7 +29,14 @@ from typing import Any
 import numpy as np
 
 from controlplane.collector.windows import ExperimentWindow, WindowConfig
-from controlplane.kernel.codec import BatchMeta, DecodedBatch, RawBatch, decode_raw, entry_fields
+from controlplane.kernel.codec import (
+    SHED,
+    BatchMeta,
+    DecodedBatch,
+    RawBatch,
+    decode_raw,
+    entry_fields,
+)
 from controlplane.kernel.rules import PERCENTILES
 
 BATCH = 512
@@ -56,16 +63,24 @@ def _samples(kind: str, n: int, seed: int) -> np.ndarray:
 
 
 def _decoded(
-    rt: np.ndarray, t0: float, span: float, *, first_byte: bool = True
+    rt: np.ndarray, t0: float, span: float, *, first_byte: bool = True, tallies: bool = False
 ) -> list[DecodedBatch]:
     """Batches of `rt`; with `first_byte` (batch version 2) the head came at a quarter
-    of the total, without it they are what a sidecar before version 2 sends."""
+    of the total, without it they are what a sidecar before version 2 sends. With
+    `tallies` the last record of each batch is a shed tally (batch version 3), as a
+    sidecar flushing while its gates shed writes it."""
     n = rt.shape[0]
     ts = t0 + np.linspace(0, span, n)
     variant = (np.arange(n) % 10 == 0).astype(np.uint8)
     outcome = np.full(n, 200, np.uint16)
     unit = np.zeros(n, np.uint32)
     fb = rt // 4 if first_byte else None
+    if tallies:
+        rt = rt.copy()
+        outcome[BATCH - 1 :: BATCH] = SHED
+        rt[BATCH - 1 :: BATCH] = 3  # requests shed since the previous tally
+        if fb is not None:
+            fb[BATCH - 1 :: BATCH] = 0
     return [
         DecodedBatch(("baseline", "canary"), ts[i : i + BATCH], variant[i : i + BATCH],
                      rt[i : i + BATCH], outcome[i : i + BATCH], unit[i : i + BATCH],
@@ -82,7 +97,7 @@ def _payload(batch: DecodedBatch) -> bytes:
     names = b"".join(bytes([len(v)]) + v.encode() for v in batch.variants)
     n = len(batch)
     t0 = float(batch.ts[0])
-    version = 1 if batch.fb_us is None else 2
+    version = 1 if batch.fb_us is None else 3 if bool((batch.outcome == SHED).any()) else 2
     body = (
         struct.pack("<3sBIB", b"CSB", version, n, len(batch.variants)) + names
         + struct.pack("<d", t0)
@@ -95,10 +110,12 @@ def _payload(batch: DecodedBatch) -> bytes:
     return body + struct.pack("<I", zlib.crc32(body))
 
 
-def _engine_input(n: int, *, first_byte: bool = True) -> tuple[list[RawBatch], np.ndarray]:
+def _engine_input(
+    n: int, *, first_byte: bool = True, tallies: bool = False
+) -> tuple[list[RawBatch], np.ndarray]:
     """The batches as the collector holds them after a read: views into the payloads."""
     rt = _samples("lognormal", n, 1)
-    decoded = _decoded(rt, NOW - 50, 50, first_byte=first_byte)
+    decoded = _decoded(rt, NOW - 50, 50, first_byte=first_byte, tallies=tallies)
     return [decode_raw(_payload(b)) for b in decoded], rt
 
 
@@ -265,16 +282,21 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
     # the same samples in version 1 batches (no first byte: the total window only),
     # run in turn with the version 2 ones so both see the same machine load
     v1_input, _ = _engine_input(n_engine, first_byte=False)
-    engine_measured, v1_measured = [], []
+    # and in version 3 batches, one shed tally each (decision 0025)
+    v3_input, _ = _engine_input(n_engine, tallies=True)
+    engine_measured, v1_measured, v3_measured = [], [], []
     for _ in range(ENGINE_REPEATS):
         engine_measured.append(_engine(engine_input))
         v1_measured.append(_engine(v1_input))
+        v3_measured.append(_engine(v3_input))
     engine_runs = [wall for wall, _ in engine_measured]
     engine_cpu_runs = [cpu for _, cpu in engine_measured]
     engine_rate = float(np.median(engine_runs))
     v1_rate = float(np.median([wall for wall, _ in v1_measured]))
     v1_cpu = float(np.median([cpu for _, cpu in v1_measured]))
-    del engine_input, v1_input
+    v3_rate = float(np.median([wall for wall, _ in v3_measured]))
+    v3_cpu = float(np.median([cpu for _, cpu in v3_measured]))
+    del engine_input, v1_input, v3_input
     if progress:
         print(f"engine: {engine_rate / 1e6:.1f} M samples/s (median), "
               f"{max(engine_runs) / 1e6:.1f} best; version 1 batches "
@@ -309,6 +331,11 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
         # what keeping the first byte beside the total costs the engine, same run
         "engine_v2_vs_v1_batches": engine_rate / v1_rate,
         "engine_v2_vs_v1_batches_cpu": float(np.median(engine_cpu_runs)) / v1_cpu,
+        "engine_v3_tallies_batches_samples_per_s": v3_rate,
+        "engine_v3_tallies_batches_samples_per_cpu_s": v3_cpu,
+        # what a shed tally in every batch costs the engine, same run (records per s)
+        "engine_v3_tallies_vs_v2_batches": v3_rate / engine_rate,
+        "engine_v3_tallies_vs_v2_batches_cpu": v3_cpu / float(np.median(engine_cpu_runs)),
         "ddsketch_samples_per_s": dd_rate,
         "numpy_exact_samples_per_s": np_rate,
         "engine_vs_ddsketch": engine_rate / dd_rate,

@@ -121,6 +121,7 @@ def _experiment_view(experiment: dict[str, Any]) -> RenderableType:
         ("sticky", ", ".join(f"{k}: {v}" for k, v in sticky.items() if v) or None),
         ("rule", "inline" if experiment.get("rule") else "the service's rule"),
         ("latency judged", _inline_latency(experiment)),
+        ("overload", _overload_text(experiment)),
         ("created", time_text(experiment.get("created_at"))),
         ("updated", time_text(experiment.get("updated_at"))),
     ]
@@ -146,6 +147,17 @@ def _experiment_view(experiment: dict[str, Any]) -> RenderableType:
     return Group(summary, variants, steps, *([windows] if windows is not None else []))
 
 
+def _overload_text(experiment: dict[str, Any]) -> str | None:
+    """Whether the controller holds the rollout for overload (decision 0025)."""
+    live = experiment.get("live") or {}
+    if live.get("overload_held"):
+        return "held: the baseline's sidecars are shedding requests (overload: hold)"
+    rule = experiment.get("rule")
+    if isinstance(rule, dict) and rule.get("overload") == "judge":
+        return "judged while shedding (overload: judge)"
+    return None
+
+
 def _inline_latency(experiment: dict[str, Any]) -> str | None:
     """The latency an inline rule judges (a service's rule is not in the answer)."""
     rule = experiment.get("rule")
@@ -154,6 +166,10 @@ def _inline_latency(experiment: dict[str, Any]) -> str | None:
 
 def _ms(value: Any) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+def _percent(value: Any) -> str:
+    return "-" if not isinstance(value, int | float) else f"{value:.1%}"
 
 
 def _windows_table(experiment: dict[str, Any]) -> RenderableType | None:
@@ -169,6 +185,7 @@ def _windows_table(experiment: dict[str, Any]) -> RenderableType | None:
     table.add_column("variant")
     columns = ["samples", "failures", "total p50", "total p95", "total p99"]
     columns += ["first byte p50", "first byte p95", "first byte p99", "no first byte"]
+    columns += ["shed", "shed %"]
     for column in columns:
         table.add_column(column, justify="right")
     for name, snap in sorted(snapshots.items()):
@@ -180,6 +197,8 @@ def _windows_table(experiment: dict[str, Any]) -> RenderableType | None:
             *(_ms(snap.get(p)) for p in ("p50_ms", "p95_ms", "p99_ms")),
             *(_ms(head.get(p)) for p in ("p50_ms", "p95_ms", "p99_ms")),
             dash(snap.get("samples_without_first_byte")),
+            dash(snap.get("shed")),
+            _percent(snap.get("shed_share")),
         )
     return table
 

@@ -1,6 +1,7 @@
 """One variant's ring of 1-second buckets and the running sum over its window.
 
-A bucket holds the count, failures, the sum of response times, the exact count above
+A bucket holds the count, failures, the sum of response times, the requests the
+sidecars shed (tallies, never samples: a total ring's only), the exact count above
 the rule's threshold, a log-bucket histogram, a small bottom-k reservoir and the
 bottom-k distinct unit hashes. The running sum over the buckets inside the window is
 kept with subtract-on-evict (`add_to_window`), so a snapshot costs O(bins), not
@@ -33,6 +34,7 @@ class VariantRing:
     failures: I64
     sum_us: F64
     above: I64
+    shed: I64
     stale: npt.NDArray[np.bool_]
     dirty: npt.NDArray[np.bool_]
     hist: npt.NDArray[np.int32]
@@ -60,6 +62,7 @@ class VariantRing:
         self.win_failures = 0
         self.win_sum_us = 0.0
         self.win_above = 0  # over in-window buckets whose threshold is the current one
+        self.win_shed = 0
         self.newest_ts: float | None = None
 
     def _allocate(self, capacity: int) -> None:
@@ -70,6 +73,7 @@ class VariantRing:
             "failures": np.zeros(capacity, dtype=np.int64),
             "sum_us": np.zeros(capacity, dtype=np.float64),
             "above": np.zeros(capacity, dtype=np.int64),
+            "shed": np.zeros(capacity, dtype=np.int64),
             "stale": np.zeros(capacity, dtype=bool),
             "dirty": np.ones(capacity, dtype=bool),
             # int32 per second halves the ring; the running sum is int64
@@ -111,6 +115,7 @@ class VariantRing:
             fresh, new = slots[~held], seconds[~held]
             self.second[fresh] = new
             self.count[fresh] = self.failures[fresh] = self.above[fresh] = 0
+            self.shed[fresh] = 0
             self.sum_us[fresh] = 0.0
             self.stale[fresh] = False
             self.hist[fresh] = 0
@@ -127,6 +132,7 @@ class VariantRing:
         self.win_count += sign * int(self.count[slot])
         self.win_failures += sign * int(self.failures[slot])
         self.win_sum_us += sign * float(self.sum_us[slot])
+        self.win_shed += sign * int(self.shed[slot])
         if not self.stale[slot]:
             self.win_above += sign * int(self.above[slot])
         if sign > 0:

@@ -131,6 +131,12 @@ class CollectorMetrics:
             "canary_collector_samples_clamped", "samples ahead of the clock, clamped to now",
             registry=registry,
         )  # fmt: skip
+        self.shed = Counter(
+            "canary_collector_shed",
+            "requests the sidecars shed, from their tallies (never latency samples)",
+            ["service"],
+            registry=registry,
+        )
         self.without_first_byte = Counter(
             "canary_collector_samples_without_first_byte",
             "samples from batches older than version 2: in the total window only",
@@ -570,7 +576,8 @@ class Collector:
             window = self._window(experiment, now)
             counters = window.counters
             before = (
-                counters.ingested, counters.late, counters.clamped, counters.without_first_byte
+                counters.ingested, counters.late, counters.clamped, counters.without_first_byte,
+                counters.shed,
             )  # fmt: skip
             try:
                 window.record_many(batches, now)
@@ -582,6 +589,9 @@ class Collector:
             self.metrics.late.inc(window.counters.late - before[1])
             self.metrics.clamped.inc(window.counters.clamped - before[2])
             self.metrics.without_first_byte.inc(window.counters.without_first_byte - before[3])
+            if window.counters.shed > before[4]:
+                service = self.experiment_service.get(experiment, "")
+                self.metrics.shed.labels(service).inc(window.counters.shed - before[4])
 
     def _check_variants(
         self, experiment: str, batch: RawBatch, pending: Mapping[str, list[RawBatch]]
@@ -799,6 +809,8 @@ def decision_entry(
             "above_threshold_fraction": s.above_threshold_fraction,
             "threshold_exact": s.threshold_exact,
             "sample_lag_ms": s.sample_lag_ms,
+            "shed": s.shed,
+            "shed_share": s.shed_share,
         }
         for name, s in snapshots.items()
     }

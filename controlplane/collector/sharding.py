@@ -9,7 +9,10 @@ reader sums the partials second by second, drops the seconds that have left its
 window, and gets the window over everything every collector applied. The plain
 `<variant>` fields (architecture §5) are the merge as the publishing collector saw it.
 
-Each variant's entry carries the same sums for the first byte under `fb` (the samples
+Each variant's entry also carries `shed`, per second, the requests the sidecars shed
+(tallies, never samples; docs/decisions/0025-overload-and-judgment.md); a partial
+from a collector older than it has none, which counts 0. Each variant's entry
+carries the same sums for the first byte under `fb` (the samples
 that have one, ring for ring as in windows.py). A partial from a collector older than
 the first byte has no `fb`: its samples count in the total only, as samples without a
 first byte, so the merged first-byte window is exact over the samples that have one.
@@ -124,7 +127,7 @@ def export_partial(
     start = window.window_start
     variants: dict[str, Any] = {}
     for name in window.variants:
-        variants[name] = _export_ring(window.ring(name), start)
+        variants[name] = _export_ring(window.ring(name), start, shed=True)
         variants[name]["fb"] = _export_ring(window.ring(name, first_byte=True), start)
     return {
         "v": PARTIAL_VERSION,
@@ -139,8 +142,9 @@ def export_partial(
     }
 
 
-def _export_ring(ring: VariantRing, start: int) -> dict[str, Any]:
-    """One ring's seconds from `start` on, as a partial's variant entry holds them."""
+def _export_ring(ring: VariantRing, start: int, *, shed: bool = False) -> dict[str, Any]:
+    """One ring's seconds from `start` on, as a partial's variant entry holds them
+    (`shed`: with the shed counts, which only a total ring holds)."""
     slots = np.flatnonzero(ring.second >= start)
     slots = slots[np.argsort(ring.second[slots])]
     hist: list[str] = []
@@ -159,7 +163,7 @@ def _export_ring(ring: VariantRing, start: int) -> dict[str, Any]:
     keys, order = ring.res_keys[slots][mask], np.arange(int(fills.sum()))
     if keys.shape[0] > RESERVOIR_SIZE:
         order = np.argpartition(keys, RESERVOIR_SIZE - 1)[:RESERVOIR_SIZE]
-    return {
+    entry = {
         "sec": ring.second[slots].tolist(),
         "count": ring.count[slots].tolist(),
         "fail": ring.failures[slots].tolist(),
@@ -177,6 +181,9 @@ def _export_ring(ring: VariantRing, start: int) -> dict[str, Any]:
         # cannot drop a second): a reader with another window length reads this one
         "distinct": _b64(ring.window_distinct(slots).astype("<u4").tobytes()),
     }
+    if shed:
+        entry["shed"] = ring.shed[slots].tolist()
+    return entry
 
 
 @dataclass(frozen=True)
@@ -217,6 +224,9 @@ class Partial:
         unit_rows = part.get("units")  # absent in a partial from an older collector
         if unit_rows is not None and len(unit_rows) != len(part["sec"]):
             raise ValueError("a partial's unit rows do not match its seconds")
+        shed = part.get("shed")  # absent in a partial from an older collector: 0
+        if shed is not None and (not isinstance(shed, list) or len(shed) != len(part["sec"])):
+            raise ValueError("a partial's shed counts do not match its seconds")
         same_threshold = self.data.get("threshold_ms") == threshold_ms
         stale = np.zeros(bins, dtype=np.int64)
         any_stale = False
@@ -226,6 +236,8 @@ class Partial:
             totals.count += int(part["count"][i])
             totals.failures += int(part["fail"][i])
             totals.sum_us += float(part["sum"][i])
+            if shed is not None:
+                totals.shed += _count(shed[i])
             if unit_rows is not None:
                 decode_unit_rows_into(unit_rows[i], totals.unit_counts, totals.unit_sums)
             if same_threshold and not part["stale"][i]:
@@ -258,6 +270,13 @@ class Partial:
                 raise ValueError("a partial's distinct-unit sketch is too long")
             totals.distinct = np.sort(distinct.astype(np.uint32))
         return totals
+
+
+def _count(value: object) -> int:
+    """A count from a partial (untrusted JSON): a non-negative integer within 2^53."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**53:
+        raise ValueError("a partial's count is not a non-negative integer")
+    return value
 
 
 def parse_partials(fields: Mapping[str, str]) -> list[Partial]:

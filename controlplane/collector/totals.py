@@ -44,6 +44,7 @@ class WindowTotals:
     failures: int = 0
     sum_us: float = 0.0
     above_exact: int = 0
+    shed: int = 0  # requests the sidecars shed (tallies, not samples)
     # histogram of buckets whose above-count was taken under another threshold
     stale_hist: I64 | None = None
     hist: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -67,6 +68,7 @@ class WindowTotals:
         self.failures += other.failures
         self.sum_us += other.sum_us
         self.above_exact += other.above_exact
+        self.shed += other.shed
         self.hist += other.hist
         if other.stale_hist is not None:
             if self.stale_hist is None:
@@ -132,6 +134,7 @@ class WindowTotals:
             above_threshold=above,
             threshold_exact=exact,
             sample_lag_ms=lag,
+            shed=self.shed,
             reservoir_ms=tuple(float(v) / 1000.0 for v in self.res_us),
             reservoir_units=tuple(int(u) for u in self.res_units),
             units=self.unit_summary(mapping),
@@ -172,7 +175,8 @@ def with_first_byte(
     window_start: float,
     threshold_ms: float | None,
 ) -> WindowSnapshot:
-    """A variant's snapshot of the total time, its first-byte window nested in it."""
+    """A variant's snapshot of the total time, its first-byte window nested in it (the
+    shed requests are the variant's, whichever latency is judged)."""
 
     def read(totals: WindowTotals) -> WindowSnapshot:
         return totals.snapshot(
@@ -185,4 +189,5 @@ def with_first_byte(
             threshold_ms=threshold_ms,
         )
 
-    return replace(read(total), first_byte=replace(read(first_byte), latency=FIRST_BYTE))
+    inner = replace(read(first_byte), latency=FIRST_BYTE, shed=total.shed)
+    return replace(read(total), first_byte=inner)

@@ -55,6 +55,8 @@ from controlplane.kernel.codec import (
     GRPC_MAX_CODE,
     GRPC_OK,
     GRPC_STATUS,
+    SHED,
+    VERSION_SHED,
     DecodedBatch,
     RawBatch,
 )
@@ -214,6 +216,7 @@ class IngestCounters:
     late: int = 0
     clamped: int = 0
     without_first_byte: int = 0  # ingested from batches older than version 2
+    shed: int = 0  # requests shed by the sidecars, from the tallies (never samples)
 
 
 class ExperimentWindow:
@@ -380,7 +383,51 @@ class ExperimentWindow:
         outcome = _concat([b.outcome for b in batches])
         unit = _concat([b.unit for b in batches])
         fb_us, known = _first_byte_column(batches)
+        # only a version 3 batch may hold a tally (codec.py); a decoded one may be any
+        if any(getattr(b, "version", VERSION_SHED) >= VERSION_SHED for b in batches):
+            tallies = outcome == SHED
+            if tallies.any():
+                self.record_shed(variant[tallies], ts[tallies], rt_us[tallies], now)
+                keep = ~tallies
+                variant, ts, rt_us = variant[keep], ts[keep], rt_us[keep]
+                outcome, unit = outcome[keep], unit[keep]
+                fb_us = None if fb_us is None else fb_us[keep]
+                known = None if known is None else known[keep]
         self.ingest(variant, ts, rt_us, outcome, now, unit, fb_us=fb_us, known=known)
+
+    def record_shed(
+        self,
+        variant: npt.NDArray[np.integer[Any]],
+        ts: F64,
+        counts: npt.NDArray[np.uint32],
+        now: float,
+    ) -> None:
+        """Shed tallies (variant as ring indices) into their seconds' `shed` counts.
+
+        Admitted as samples are (ahead of the clock: clamped to now; older than the
+        window: dropped); they touch nothing else of a bucket. A few per sidecar worker
+        and flush at most, so a loop over them costs little."""
+        self.advance(now)
+        ts = np.where(ts > now + self.skew_sec, now, ts)
+        per_second: dict[tuple[int, int], int] = {}
+        for t, v, n in zip(np.floor(ts).tolist(), variant.tolist(), counts.tolist(), strict=True):
+            if t >= self._tail:
+                key = (int(t), int(v))
+                per_second[key] = per_second.get(key, 0) + int(n)
+        for (second, v), n in per_second.items():
+            ring, fb_ring = self._rings[v], self._fb_rings[v]
+            seconds = np.array([second], dtype=np.int64)
+            slots, held = ring.claim(seconds)
+            # the first-byte ring claims the second too, paired as _fill pairs them:
+            # a second claimed in the total ring alone would cost every later read of
+            # it a reservoir and a unit sketch of its own in the first-byte ring
+            fb_held = fb_ring.claim(seconds)[1]
+            fb_ring.paired[slots] = (held == fb_held) & (~held | fb_ring.paired[slots])
+            slot = int(slots[0])
+            ring.shed[slot] += n
+            ring.win_shed += n
+            self.counters.shed += n
+            self.changed = True
 
     def ingest(
         self,
@@ -769,6 +816,7 @@ class ExperimentWindow:
             newest_ts=ring.newest_ts,
             unit_counts=ring.win_unit_counts.copy(),
             unit_sums=ring.win_unit_sums.copy(),
+            shed=ring.win_shed,
         )
         stale = np.flatnonzero(in_window & ring.stale)
         if stale.shape[0]:

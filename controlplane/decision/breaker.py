@@ -45,6 +45,8 @@ class Verdict(StrEnum):
     BREACH = "breach"
     TOO_FEW_SAMPLES = "too_few_samples"
     NO_DATA = "no_data"
+    # the baseline's sidecars shed requests and the rule holds (decision 0025)
+    OVERLOADED = "overloaded"
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,8 @@ def variant_evidence(snap: WindowSnapshot | None, rule: BreakerRule) -> dict[str
         "above_threshold_fraction": snap.above_threshold_fraction,
         "threshold_exact": snap.threshold_exact,
         "reservoir_size": len(snap.reservoir_ms),
+        "shed": snap.shed,
+        "shed_share": snap.shed_share,
         "window_start": snap.window_start,
         "window_end": snap.window_end,
         "ts": snap.ts,
@@ -394,6 +398,24 @@ def _describe(g: Guardrail) -> str:
     if g.test is not None:
         text += f", {g.test.method} p={g.test.p_value:.3g}, Holm p={fmt(g.p_adjusted)}"
     return text
+
+
+def overloaded(
+    canary: WindowSnapshot | None, baseline: WindowSnapshot, rule: BreakerRule
+) -> Evaluation:
+    """A look held for overload: neither breach nor pass, no test run.
+
+    The baseline's window has shed requests: its admitted requests queued behind the
+    overload, so neither arm's latency says what the version does (decision 0025)."""
+    variants = {
+        "canary": variant_evidence(canary, rule),
+        "baseline": variant_evidence(baseline, rule),
+    }
+    reason = (
+        f"overloaded: the baseline's sidecars shed {baseline.shed} requests in the window "
+        f"({baseline.shed_share:.1%} of its requests); held, not judged (overload: hold)"
+    )
+    return Evaluation(Verdict.OVERLOADED, reason, variants=variants)
 
 
 def evaluate(

@@ -95,6 +95,8 @@ class RolloutState:
     # the current no-data period has been announced (a `no_data` event)
     no_data_reported: bool = False
     srm_flagged: bool = False
+    # the last look was held because the baseline's sidecars shed (overload: hold)
+    overload_held: bool = False
     tally: Tally = field(default_factory=Tally)
     # the sample-ratio check's counts at the current weight (None: none yet)
     srm_tally: SrmTally | None = None
@@ -125,6 +127,7 @@ class RolloutState:
             "no_data_since": self.no_data_since,
             "no_data_reported": self.no_data_reported,
             "srm_flagged": self.srm_flagged,
+            "overload_held": self.overload_held,
             "tally": self.tally.to_dict(),
             "srm_tally": self.srm_tally.to_dict() if self.srm_tally is not None else None,
             "ramp_split": self.ramp_split.to_dict() if self.ramp_split is not None else None,
@@ -147,6 +150,7 @@ class RolloutState:
             no_data_since=data.get("no_data_since"),
             no_data_reported=bool(data.get("no_data_reported", False)),
             srm_flagged=bool(data.get("srm_flagged", False)),
+            overload_held=bool(data.get("overload_held", False)),
             tally=Tally.from_dict(data["tally"]) if data.get("tally") else Tally(),
             srm_tally=SrmTally.from_dict(data["srm_tally"]) if data.get("srm_tally") else None,
             ramp_split=RampSplit.from_dict(data["ramp_split"]) if data.get("ramp_split") else None,
@@ -165,6 +169,8 @@ class EventKind(StrEnum):
     SRM_DETECTED = "srm_detected"
     SRM_CLEARED = "srm_cleared"
     NO_DATA = "no_data"
+    OVERLOAD_HOLD = "overload_hold"
+    OVERLOAD_CLEARED = "overload_cleared"
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,13 @@ alpha is the false-alarm budget of a whole step, split evenly over the step's lo
 at both window lengths. A step advances only
 while closed, after its `hold_sec`, once the disjoint windows of the step hold
 `min_samples` canary samples and their merged evidence is within every bound.
+
+Overload (docs/decisions/0025-overload-and-judgment.md): under `overload: hold` a
+look whose baseline window holds shed requests is `overloaded`: no test runs (no
+alpha spent), the breach streak restarts, the window adds nothing to the step's
+evidence or to the sample-ratio counts (the shed requests are missing from the
+baseline's count), the no-data timer does not run and neither a step nor a probe
+completes while it lasts. `overload_hold` / `overload_cleared` mark its edges.
 """
 
 from __future__ import annotations
@@ -30,7 +37,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.decision.breaker import Evaluation, Guardrail, Verdict, evaluate, unit_evidence
+from controlplane.decision.breaker import (
+    Evaluation,
+    Guardrail,
+    Verdict,
+    evaluate,
+    overloaded,
+    unit_evidence,
+)
 from controlplane.decision.model import (
     Decision,
     EventKind,
@@ -48,7 +62,7 @@ from controlplane.decision.stats import SrmResult, UnitSrm, sample_ratio_mismatc
 from controlplane.decision.tally import SrmTally, Tally
 from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 from controlplane.kernel.routes import BASELINE, CANARY, TOTAL_WEIGHT, RouteState
-from controlplane.kernel.rules import Action, BreakerRule, NoDataPolicy, SrmPolicy
+from controlplane.kernel.rules import Action, BreakerRule, NoDataPolicy, OverloadPolicy, SrmPolicy
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.kernel.units import DISTINCT_K
 
@@ -115,6 +129,8 @@ class _Look:
     alphas: tuple[float, float | None] | None = None
     srm_units: UnitSrm | None = None  # set when the split was judged on units
     ramp: RampSplit | None = None  # the split across the whole ramp, on units
+    overloaded: bool = False  # this look was held: the baseline shed (overload: hold)
+    overload_changed: bool = False  # ... and the last fresh look was not, or the reverse
 
     @property
     def breached(self) -> bool:
@@ -204,7 +220,15 @@ def _observe(
     )
     # what the rule judges: a first_byte rule has no data without first-byte samples
     judged = canary.for_latency(rule.latency.value) if canary is not None else None
-    has_data = judged is not None and judged.count > 0
+    # the service answers, only not every request: no-data does not run while held
+    held = (
+        fresh
+        and rule.overload is OverloadPolicy.HOLD
+        and baseline is not None
+        and baseline.shed > 0
+    )
+    still_held = canary is not None and not fresh and state.overload_held
+    has_data = (judged is not None and judged.count > 0) or held or still_held
     no_data_since = (
         None if has_data else (state.no_data_since if state.no_data_since is not None else now)
     )
@@ -223,6 +247,12 @@ def _observe(
     ramp: RampSplit | None = state.ramp_split
     srm_changed = False
     if fresh and canary is not None:
+        changes["overload_held"] = held
+        changes["last_snapshot_ts"] = canary.ts
+    if held and canary is not None and baseline is not None:
+        evaluation = overloaded(canary, baseline, rule)
+        changes["consecutive_breaches"] = 0
+    elif fresh and canary is not None:
         fast_canary = fast.get(CANARY) if fast is not None else None
         if fast_canary is not None and now - fast_canary.ts > rule.window_sec:
             fast_canary = None
@@ -235,7 +265,6 @@ def _observe(
             counts = counts or (
                 fast_evaluation.breached and _judges_current_weight(state, fast_canary)
             )
-        changes["last_snapshot_ts"] = canary.ts
         changes["consecutive_breaches"] = state.consecutive_breaches + 1 if counts else 0
         if judged is not None and judged.count > 0:
             latency = rule.latency.value
@@ -260,6 +289,8 @@ def _observe(
         alphas,
         srm_units,
         ramp,
+        held,
+        fresh and canary is not None and held != state.overload_held,
     )
     return state.with_changes(**changes), look
 
@@ -365,7 +396,11 @@ def _while_closed(
     state: RolloutState, look: _Look, rule: BreakerRule, steps: Sequence[Step], now: float
 ) -> Decision:
     state, no_data = _no_data_events(state, rule, now)
-    srm_events = (*_srm_events(state, look, rule, now), *no_data)
+    srm_events = (
+        *_srm_events(state, look, rule, now),
+        *no_data,
+        *_overload_events(state, look, rule, now),
+    )
     tripped = _trip_reason(state, look, rule, now)
     if tripped is not None:
         return _trip(state, look, rule, steps, now, tripped, srm_events)
@@ -373,7 +408,12 @@ def _while_closed(
     step = steps[state.step_index]
     due = state.step_started_at + step.hold_sec
     gate: Evaluation | None = None
-    if now < due:
+    if state.overload_held:
+        reason = (
+            f"holding step {state.step_index + 1} (due at {due:.3f}): the baseline is "
+            "shedding requests (overload: hold)"
+        )
+    elif now < due:
         reason = f"holding step {state.step_index + 1}: due at {due:.3f}"
     elif state.consecutive_breaches:
         reason = (
@@ -399,7 +439,11 @@ def _while_half_open(
     state: RolloutState, look: _Look, rule: BreakerRule, steps: Sequence[Step], now: float
 ) -> Decision:
     state, no_data = _no_data_events(state, rule, now)
-    srm_events = (*_srm_events(state, look, rule, now), *no_data)
+    srm_events = (
+        *_srm_events(state, look, rule, now),
+        *no_data,
+        *_overload_events(state, look, rule, now),
+    )
     tripped = _trip_reason(state, look, rule, now)
     if tripped is not None:
         return _trip(state, look, rule, steps, now, "probe failed: " + tripped, srm_events)
@@ -407,7 +451,12 @@ def _while_half_open(
     assert state.probe_started_at is not None
     probe_end = state.probe_started_at + rule.window_sec
     gate: Evaluation | None = None
-    if now < probe_end:
+    if state.overload_held:
+        reason = (
+            f"probing at {state.canary_bp} bp (until {probe_end:.3f}), held: the baseline "
+            "is shedding requests (overload: hold)"
+        )
+    elif now < probe_end:
         reason = f"probing at {state.canary_bp} bp until {probe_end:.3f}"
     elif state.tally.canary.count < rule.min_samples:
         reason = (
@@ -687,6 +736,29 @@ def _srm_events(
     return (RecordEvent(EventKind.SRM_CLEARED, "sample ratio back within expectation", data),)
 
 
+def _overload_events(
+    state: RolloutState, look: _Look, rule: BreakerRule, now: float
+) -> tuple[RolloutAction, ...]:
+    """`overload_hold` when a hold begins, `overload_cleared` when it ends: edges only."""
+    if not look.overload_changed:
+        return ()
+    data = {"at": now, "overload": _overload_evidence(look, rule, held=look.overloaded)}
+    if look.overloaded:
+        assert look.evaluation is not None
+        return (RecordEvent(EventKind.OVERLOAD_HOLD, look.evaluation.reason, data),)
+    reason = "the baseline no longer sheds requests: judged again (overload: hold)"
+    return (RecordEvent(EventKind.OVERLOAD_CLEARED, reason, data),)
+
+
+def _overload_evidence(look: _Look, rule: BreakerRule, *, held: bool) -> dict[str, Any]:
+    """Whether the look was held for overload, and each arm's shed requests: a trip
+    while the sidecars shed and a shed are told apart."""
+    arms: dict[str, Any] = {}
+    for arm, snap in (("canary", look.canary), ("baseline", look.baseline)):
+        arms[arm] = None if snap is None else {"shed": snap.shed, "shed_share": snap.shed_share}
+    return {"policy": rule.overload.value, "held": held, "variants": arms}
+
+
 def _srm_reason(look: _Look, rule: BreakerRule) -> str:
     ramp = look.ramp
     step = look.srm_units.result if look.srm_units is not None else look.srm
@@ -780,6 +852,7 @@ def _evidence(
                 "reason": look.stale_note or "no snapshot newer than the last one judged",
             }
         evidence["srm"] = _srm_evidence(look)
+        evidence["overload"] = _overload_evidence(look, rule, held=after.overload_held)
         if units:
             evidence["units"] = {
                 arm: unit_evidence(snap, concentrated=True) if snap is not None else None

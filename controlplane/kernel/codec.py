@@ -4,7 +4,8 @@ A batch is one Redis Stream entry with fields `v, exp, src, seq, n, data`. `data
 is the binary payload below; the sidecar builds it with `BatchBuilder` (stdlib
 arrays, cheap per request) and the collector decodes it straight into numpy arrays.
 
-Payload, version 2, little-endian (version 1 is the same without `fb_us`):
+Payload, version 2, little-endian (version 1 is the same without `fb_us`; version 3
+is the layout of version 2, and the only one that may carry SHED tallies):
 
     magic  b"CSB"          3 bytes
     version u8             = 2 (or 1, from a sidecar that predates the first byte)
@@ -15,15 +16,23 @@ Payload, version 2, little-endian (version 1 is the same without `fb_us`):
     variant u8[n]          index into the variant names
     rt_us   u32[n]         response time, microseconds (saturates at ~71 minutes)
     outcome u16[n]         HTTP status, or CONNECT_ERROR / TIMEOUT / ABORTED below 100,
-                           or GRPC_STATUS + a gRPC status code (1000..1016)
+                           or GRPC_STATUS + a gRPC status code (1000..1016), or SHED
+                           (version 3 only): a tally, not a sample (below)
     unit    u32[n]         32-bit hash of the sticky unit (0: none), for per-unit analysis
     fb_us   u32[n]         time to the first response byte, microseconds, <= rt_us
                            (version 2 only; an exchange without a response head: rt_us)
     crc32   u32            zlib.crc32 of everything before it
 
 The entry field `v` names the payload's version, and both must agree. A collector
-reads both versions (old sidecars keep sending version 1 during a rolling upgrade:
+reads versions 1 to 3 (old sidecars keep sending version 1 during a rolling upgrade:
 their samples have no first byte, `fb_us` is None) and refuses any other.
+
+A record with outcome SHED is a *tally* of requests the sidecar's overload
+protection answered itself (docs/decisions/0025-overload-and-judgment.md): `rt_us`
+is how many requests of that variant were shed since the previous tally, `fb_us` and
+`unit` are 0, `dt_us` when the tally was taken. A builder seals a batch as version 3
+only when it holds a tally, so collectors of the previous release keep reading the
+sidecar's other batches; SHED in a version 1 or 2 batch is refused (bad_outcome).
 
 Every byte of an entry is untrusted (anyone who can write to Redis writes entries),
 so decoding is strict and bounded, all of it here: a caller gets a valid batch or a
@@ -56,12 +65,14 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-VERSION = 2
-VERSIONS = (1, 2)  # what a collector reads: the current one and the one before it
+VERSION = 2  # what a builder writes when it holds no tally
+VERSION_SHED = 3  # what it writes when it does
+VERSIONS = (1, 2, 3)  # what a collector reads
 MAGIC = b"CSB"
 CONNECT_ERROR = 0
 TIMEOUT = 1
 ABORTED = 2  # the client went away before the upstream answered
+SHED = 3  # a tally of requests shed by the sidecar (version 3 only): never a sample
 # A gRPC call's outcome is its grpc-status, not its HTTP status (a failed call is an
 # HTTP 200): GRPC_STATUS + code, for the codes gRPC defines (0 OK .. 16
 # UNAUTHENTICATED). A collector that predates the range refuses such a batch as
@@ -74,7 +85,7 @@ _HEAD = struct.Struct("<3sBIB")
 _T0 = struct.Struct("<d")
 _CRC = struct.Struct("<I")
 _U32_MAX = 0xFFFF_FFFF
-_BYTES_PER_SAMPLE = {1: 4 + 1 + 4 + 2 + 4, 2: 4 + 1 + 4 + 2 + 4 + 4}
+_BYTES_PER_SAMPLE = {1: 4 + 1 + 4 + 2 + 4, 2: 4 + 1 + 4 + 2 + 4 + 4, 3: 4 + 1 + 4 + 2 + 4 + 4}
 _LITTLE = sys.byteorder == "little"
 
 # bounds of what a collector accepts (a sidecar sends 512 samples, ~7.7 KB, by default)
@@ -128,7 +139,7 @@ def is_failure_outcome(
     """Connect errors, timeouts and (by default) 5xx are failures; a gRPC call fails
     with the codes in `grpc_failure_codes` (by default every code but 0, OK)."""
     if outcome < 100:
-        return outcome != ABORTED
+        return outcome != ABORTED and outcome != SHED
     if outcome >= GRPC_STATUS:
         code = outcome - GRPC_STATUS
         return code != 0 if grpc_failure_codes is None else code in grpc_failure_codes
@@ -140,7 +151,9 @@ def is_failure_outcome(
 class BatchBuilder:
     """Accumulates one experiment's samples; `encode()` yields the payload."""
 
-    __slots__ = ("_dt", "_fb", "_outcome", "_rt", "_t0", "_unit", "_variant", "_variants")
+    __slots__ = (
+        "_dt", "_fb", "_outcome", "_rt", "_t0", "_tallies", "_unit", "_variant", "_variants",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self._variants: dict[str, int] = {}
@@ -151,6 +164,7 @@ class BatchBuilder:
         self._outcome = array("H")
         self._unit = array("I")
         self._fb = array("I")
+        self._tallies = 0  # records with outcome SHED: they make the batch version 3
 
     def __len__(self) -> int:
         return len(self._rt)
@@ -158,6 +172,16 @@ class BatchBuilder:
     @property
     def first_ts(self) -> float | None:
         return self._t0
+
+    @property
+    def version(self) -> int:
+        """The version `encode()` writes: 3 when the batch holds a shed tally, else 2."""
+        return VERSION_SHED if self._tallies else VERSION
+
+    def add_shed(self, ts: float, variant: str, count: int) -> None:
+        """A tally: `count` requests of `variant` shed since the previous one."""
+        if count > 0:
+            self.add(ts, variant, count, SHED, 0, 0)
 
     def add(
         self,
@@ -187,6 +211,8 @@ class BatchBuilder:
         rt = rt_us if 0 <= rt_us <= _U32_MAX else (0 if rt_us < 0 else _U32_MAX)
         self._rt.append(rt)
         self._outcome.append(outcome)
+        if outcome == SHED:
+            self._tallies += 1
         self._unit.append(unit & _U32_MAX)
         fb = rt if first_byte_us is None else first_byte_us
         self._fb.append(fb if 0 <= fb <= rt else (0 if fb < 0 else rt))
@@ -238,6 +264,8 @@ class BatchBuilder:
             raise CodecError("sample columns of different lengths")
         index.update(lookup)
         self._t0 = t0
+        if SHED in columns[3]:
+            self._tallies += columns[3].count(SHED)
         for column, values in zip(self._columns(VERSION), columns, strict=True):
             column.extend(values)
 
@@ -246,11 +274,15 @@ class BatchBuilder:
         columns = (self._dt, self._variant, self._rt, self._outcome, self._unit)
         return columns if version == 1 else (*columns, self._fb)
 
-    def encode(self, version: int = VERSION) -> bytes:
-        """The payload; `version=1` writes what a sidecar before the first byte wrote
-        (for tests and benchmarks of a rolling upgrade)."""
+    def encode(self, version: int | None = None) -> bytes:
+        """The payload, of `self.version` by default; `version=1` writes what a sidecar
+        before the first byte wrote (for tests and benchmarks of a rolling upgrade)."""
+        if version is None:
+            version = self.version
         if version not in VERSIONS:
             raise CodecError(f"no sample payload version {version}", BAD_VERSION)
+        if self._tallies and version != VERSION_SHED:
+            raise CodecError(f"a batch with shed tallies is version 3, not {version}", BAD_VERSION)
         names = sorted(self._variants, key=self._variants.__getitem__)
         parts = [_HEAD.pack(MAGIC, version, len(self), len(names))]
         for name in names:
@@ -361,6 +393,10 @@ def decode_raw(payload: bytes) -> RawBatch:
         raise CodecError("sample payload names a variant it does not define", BAD_VARIANT)
     if n and _outcomes_out_of_range(outcome):
         raise CodecError("sample payload has an outcome out of range", BAD_OUTCOME)
+    if n and version < VERSION_SHED and bool((outcome == SHED).any()):
+        raise CodecError(
+            f"sample payload of version {version} carries a shed tally", BAD_OUTCOME
+        )
     return RawBatch(tuple(names), t0, dt, variant, rt_us, outcome, unit, fb_us, version)
 
 
@@ -391,15 +427,15 @@ _OUTCOME_OK: npt.NDArray[np.bool_] | None = None
 
 
 def _outcomes_out_of_range(outcome: npt.NDArray[np.uint16]) -> bool:
-    """Any outcome neither one of the codes below 100, a three-digit HTTP status nor a
-    gRPC status?"""
+    """Any outcome neither one of the codes below 100 (SHED included: its version is
+    checked apart), a three-digit HTTP status nor a gRPC status?"""
     global _OUTCOME_OK
     if _OUTCOME_OK is None:
         import numpy as np
 
         # one gather over the column: cheaper than the two comparisons it replaces
         table = np.zeros(65536, dtype=bool)
-        table[: ABORTED + 1] = True
+        table[: SHED + 1] = True
         table[100:1000] = True
         table[GRPC_STATUS : GRPC_STATUS + GRPC_MAX_CODE + 1] = True
         _OUTCOME_OK = table

@@ -68,6 +68,14 @@ class SrmPolicy(StrEnum):
     HOLD = "hold"
 
 
+class OverloadPolicy(StrEnum):
+    """A look while the baseline's sidecars shed requests
+    (docs/decisions/0025-overload-and-judgment.md)."""
+
+    HOLD = "hold"  # neither breach nor pass: the look is `overloaded`
+    JUDGE = "judge"  # judged as any other; the shed counts are evidence only
+
+
 class Latency(StrEnum):
     """Which response time a rule judges (docs/decisions/0017-first-byte-latency.md)."""
 
@@ -156,6 +164,11 @@ class BreakerRule(BaseModel):
         description="the response time judged: total, or first_byte (time to the "
         "response head, for streams whose length says nothing of the service's speed)",
     )
+    overload: OverloadPolicy = Field(
+        default=OverloadPolicy.HOLD,
+        description="while the baseline's sidecars shed requests: hold (no breach, no "
+        "pass, the step waits) or judge as usual (shed counts are evidence only)",
+    )
     # Kayenta-compatible judgment knobs (docs/decisions/0013); left unset, every
     # decision is the same as without them
     direction: GuardrailDirections = Field(
@@ -220,12 +233,14 @@ class BreakerRule(BaseModel):
         return check_grpc_codes(value)
 
     @model_serializer(mode="wrap")
-    def _omit_total_latency(self, handler: Any) -> Any:
+    def _omit_defaults_of_new_fields(self, handler: Any) -> Any:
         # a rule judging the total reads as it did before the field existed, so
         # controllers and collectors of the previous release still accept it
         data = handler(self)
         if isinstance(data, dict) and self.latency is Latency.TOTAL:
             data.pop("latency", None)
+        if isinstance(data, dict) and self.overload is OverloadPolicy.HOLD:
+            data.pop("overload", None)  # likewise for rules written before the option
         return data
 
     def is_failure_status(self, status: int) -> bool:

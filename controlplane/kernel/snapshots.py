@@ -7,6 +7,10 @@ A snapshot's latency fields are the total time of its samples. Nested in it,
 samples that carry one: its `count` falls short of the outer one by the samples from
 sidecars older than batch version 2 (`missing_first_byte`), and it is None from a
 collector older than the first byte. `for_latency` picks the one a rule judges.
+
+`shed` counts the requests the sidecars' overload protection answered themselves in
+the window (tallies, never samples: docs/decisions/0025-overload-and-judgment.md);
+the nested window carries the same number. 0 from a collector older than it.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ class WindowSnapshot:
     above_threshold: int = 0
     threshold_exact: bool = True
     sample_lag_ms: float | None = None
+    # requests shed by the sidecars in the window: not in `count`, never latencies
+    shed: int = 0
     # a bounded uniform reservoir of RTs (ms) from the window, for rank tests
     reservoir_ms: tuple[float, ...] = field(default_factory=tuple)
     # the unit (hash, 0: none) of each reservoir sample, in the same order; may be empty
@@ -94,11 +100,18 @@ class WindowSnapshot:
             window_end=self.window_end,
             threshold_ms=self.threshold_ms,
             sample_lag_ms=self.sample_lag_ms,
+            shed=self.shed,
         )
 
     @property
     def failure_ratio(self) -> float:
         return self.failures / self.count if self.count else 0.0
+
+    @property
+    def shed_share(self) -> float:
+        """The share of the variant's requests in the window that were shed."""
+        total = self.count + self.shed
+        return self.shed / total if total else 0.0
 
     @property
     def above_threshold_fraction(self) -> float:
@@ -116,6 +129,7 @@ class WindowSnapshot:
         data["first_byte"] = self.first_byte.to_dict() if self.first_byte is not None else None
         data["failure_ratio"] = self.failure_ratio
         data["above_threshold_fraction"] = self.above_threshold_fraction
+        data["shed_share"] = self.shed_share
         return data
 
     def to_json(self) -> str:
@@ -162,7 +176,7 @@ MAX_MS = 1e9
 MAX_RESERVOIR = 100_000
 MAX_SNAPSHOT_BYTES = 16 * 1024 * 1024
 _NAME_FIELDS = ("experiment", "variant")
-_COUNT_FIELDS = ("count", "failures", "above_threshold")
+_COUNT_FIELDS = ("count", "failures", "above_threshold", "shed")
 _TIME_FIELDS = ("ts", "window_start", "window_end")
 _MS_FIELDS = ("mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "p999_ms", "threshold_ms")
 

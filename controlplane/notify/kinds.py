@@ -19,6 +19,7 @@ TOPICS: Final[dict[str, tuple[str, ...]]] = {
     "step": ("step_advanced",),
     "srm": ("srm_detected", "srm_cleared"),
     "no_data": ("no_data",),
+    "overload": ("overload_hold", "overload_cleared"),
     "lifecycle": ("start", "pause", "resume"),
     "routes": ("route_reconciled",),
     "rules": ("rule_changed", "rule_rejected", "no_rule", "overload_changed"),

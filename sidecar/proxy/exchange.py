@@ -270,6 +270,8 @@ class Exchange:
         """Answered for the upstream, which never sees it: no sample, a count."""
         guard = self.client.server.overload
         choice = self.choice
+        if choice is not None:
+            self.client.server.shed(choice)
         if guard is None or choice is None or self.resp_done or self.client.closed:
             return
         if self.reserved:
@@ -299,6 +301,7 @@ class Exchange:
         if gate is None or self not in gate.waiting:
             return False
         gate.leave(self)
+        self.client.server.shed(self.choice)  # abandoned in the queue: shed all the same
         if self.reserved:
             self.reserved = False
             self.client.server.tunnel_refused()

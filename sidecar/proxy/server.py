@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from controlplane.kernel.clock import Clock, SystemClock
+from controlplane.kernel.codec import SHED
 from sidecar.choice import Choice, Chooser, Recorder, Sample, Upstream
 from sidecar.proxy import errors
 from sidecar.proxy.client import ClientConnection
@@ -99,6 +100,9 @@ class ProxyServer:
         # metrics take them in bulk, a C loop per column instead of calls per request
         self._samples: list[Sample] = []
         self._overheads: list[float] = []
+        # requests the overload gates answered since the last flush, per (experiment,
+        # variant): handed over as one tally each, never as samples (decision 0025)
+        self._shed: dict[tuple[str, str], int] = {}
         self._flush_timer: asyncio.TimerHandle | None = None
         self._refusals = RateLimitedLog(log, lambda: self.time())
         self._accept_errors = RateLimitedLog(log, lambda: self.time())
@@ -245,20 +249,42 @@ class ProxyServer:
         elif self._flush_timer is None and self._loop is not None:
             self._flush_timer = self._loop.call_later(SAMPLE_FLUSH_DELAY, self.flush_samples)
 
+    def shed(self, choice: Choice) -> None:
+        """An overload gate answered a request of `choice` itself (or its client left
+        the gate's queue): a tally for the collector, with the next flush."""
+        experiment = choice.experiment
+        if experiment is None:  # nothing to compare it with, as for samples
+            return
+        key = (experiment, choice.variant)
+        self._shed[key] = self._shed.get(key, 0) + 1
+        if self._flush_timer is None and self._loop is not None:
+            self._flush_timer = self._loop.call_later(SAMPLE_FLUSH_DELAY, self.flush_samples)
+
     def flush_samples(self) -> None:
-        """Hand what finished since the last flush to the metrics and the recorder."""
+        """Hand what finished since the last flush to the metrics and the recorder,
+        and the shed tallies to the recorder."""
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
         if self.tracing is not None:
             self.tracing.flush()
         samples = self._samples
-        if not samples:
+        shed = self._shed
+        if not samples and not shed:
             return
-        overheads = self._overheads
-        self._samples = []
-        self._overheads = []
-        self.metrics.observe_many(samples, overheads)
+        if samples:
+            overheads = self._overheads
+            self._samples = []
+            self._overheads = []
+            self.metrics.observe_many(samples, overheads)
+        if shed:
+            self._shed = {}
+            now = self.clock.now()
+            # a tally is a record whose "latency" is the count (codec.SHED)
+            samples = samples + [
+                (now, experiment, variant, count, SHED, 0, 0)
+                for (experiment, variant), count in shed.items()
+            ]
         try:
             self.recorder.record_many(samples)
         except Exception:  # a recorder must not raise; if one does, the requests are done

@@ -101,6 +101,25 @@ async def test_a_malformed_stored_rule_is_reported_not_fatal(
     assert (await client.get("/v1/services/payment-api/rule")).status_code == 200
 
 
+async def test_a_rule_chooses_how_overload_is_judged_and_refuses_anything_else(
+    client: httpx.AsyncClient, backends: Backends
+) -> None:
+    response = await client.put("/v1/services/batch-api/rule", json={**RULE, "overload": "judge"})
+    assert response.status_code == 200, response.text
+    assert response.json()["overload"] == "judge"
+    stored = await backends.kv.get(backends.keys.rule("batch-api"))
+    assert stored is not None and json.loads(stored.value)["overload"] == "judge"
+    # hold, the default, is stored as before the field existed: older readers accept it
+    held = await client.put("/v1/services/batch-api/rule", json={**RULE, "overload": "hold"})
+    assert held.status_code == 200 and held.json().get("overload", "hold") == "hold"
+    plain = await backends.kv.get(backends.keys.rule("batch-api"))
+    assert plain is not None and "overload" not in json.loads(plain.value)
+    for value in ("ignore", "HOLD", "", 1, None, ["hold"]):
+        bad = await client.put("/v1/services/batch-api/rule", json={**RULE, "overload": value})
+        assert bad.status_code == 422, bad.text
+        assert ["body", "overload"] in [e["loc"][:2] for e in bad.json()["errors"]], bad.json()
+
+
 async def test_a_rule_chooses_first_byte_latency_and_refuses_anything_else(
     client: httpx.AsyncClient, backends: Backends
 ) -> None:

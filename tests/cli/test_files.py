@@ -13,6 +13,7 @@ from controlplane.client.files import (
     load_rule,
     parse_text,
 )
+from controlplane.kernel.rules import BreakerRule, OverloadPolicy
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "examples"
 
@@ -57,6 +58,7 @@ def test_example_rule_loads_and_names_its_service() -> None:
     _, body = load_rule(EXAMPLES / "rule.yaml")
     assert body["service"] == "payment-api"
     assert body["threshold_ms"] == 800
+    assert BreakerRule.model_validate(body).overload is OverloadPolicy.HOLD
 
 
 def test_json_files_load_like_yaml(tmp_path: Path) -> None:

@@ -117,8 +117,15 @@ POISON: dict[str, Poison] = {
     "truncated": Poison("truncated", lambda now: entry(now, data=payload(now)[:10])),
     "cut short": Poison("bad_checksum", lambda now: entry(now, data=payload(now)[:-7])),
     "oversized": Poison("oversized", lambda now: entry(now, data=b"\0" * (2 * 1024 * 1024))),
-    "payload version 3": Poison(
-        "bad_version", lambda now: entry(now, data=payload(now, version=3))
+    "payload version 4": Poison(
+        "bad_version", lambda now: entry(now, data=payload(now, version=4))
+    ),
+    "a shed tally in a version 1 batch": Poison(
+        "bad_outcome", lambda now: entry(now, data=payload(now, outcome=3))
+    ),
+    "a shed tally in a version 2 batch": Poison(
+        "bad_outcome",
+        lambda now: entry(now, v=b"2", data=payload(now, version=2, outcome=3, first_byte_us=10)),
     ),
     "payload version 2 in a version 1 entry": Poison(
         "bad_version", lambda now: entry(now, data=payload(now, version=2, first_byte_us=10))

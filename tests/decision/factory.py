@@ -51,6 +51,20 @@ def state(**overrides: Any) -> RolloutState:
     return RolloutState(**base)
 
 
+def half_open(r: BreakerRule | None = None, **overrides: Any) -> RolloutState:
+    """Probing since T0 + 100 after the first trip, at the rule's half-open weight."""
+    weight = (r if r is not None else rule()).half_open_weight
+    return state(
+        breaker=BreakerState.HALF_OPEN,
+        canary_bp=weight,
+        weight_since=T0 + 100,
+        probe_started_at=T0 + 100,
+        opened_at=T0,
+        trips=1,
+        **overrides,
+    ).with_changes(tally=state().tally.starting(T0 + 100))
+
+
 def snap(
     variant: str,
     ts: float,

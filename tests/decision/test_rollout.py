@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 
@@ -24,7 +23,7 @@ from controlplane.decision import (
 from controlplane.kernel.routes import RouteState
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.snapshots import WindowSnapshot
-from tests.decision.factory import STEPS, T0, healthy, rule, slow, snap, state
+from tests.decision.factory import STEPS, T0, half_open, healthy, rule, slow, snap, state
 
 RULE = rule()
 
@@ -50,16 +49,6 @@ def tripped(s: RolloutState | None = None, r: BreakerRule = RULE, t: float = T0 
     return at(first.new_state, slow(t + 0.25, bp=s.canary_bp), t + 0.25, r)
 
 
-def half_open(r: BreakerRule = RULE, **kw: Any) -> RolloutState:
-    return state(
-        breaker=BreakerState.HALF_OPEN,
-        canary_bp=r.half_open_weight,
-        weight_since=T0 + 100,
-        probe_started_at=T0 + 100,
-        opened_at=T0,
-        trips=1,
-        **kw,
-    ).with_changes(tally=state().tally.starting(T0 + 100))
 
 
 # ---------------------------------------------------------------- start and hold

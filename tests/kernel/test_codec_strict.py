@@ -128,7 +128,7 @@ def test_builder_refuses_a_non_finite_first_time() -> None:
         BatchBuilder().add_columns([math.inf], ["canary"], [1], [200], [0])
 
 
-@pytest.mark.parametrize("outcome", [3, 99, 1017, 65535])
+@pytest.mark.parametrize("outcome", [4, 99, 1017, 65535])
 def test_outcomes_out_of_range_are_refused(outcome: int) -> None:
     builder = BatchBuilder()
     builder.add(NOW, "canary", 1, 200)

@@ -157,14 +157,14 @@ def test_first_bytes_within_the_total_pass(rt_us: int, fb_us: int) -> None:
     assert batch.fb_us is not None and batch.fb_us.tolist() == [fb_us]
 
 
-@pytest.mark.parametrize("version", [0, 3, 255])
+@pytest.mark.parametrize("version", [0, 4, 255])
 def test_unknown_payload_versions_are_refused(version: int) -> None:
     with pytest.raises(CodecError) as caught:
         decode_raw(_payload(version, 1_000, 500))
     assert caught.value.reason == BAD_VERSION
 
 
-@pytest.mark.parametrize("v", [b"0", b"3", b"10"])
+@pytest.mark.parametrize("v", [b"0", b"4", b"10"])
 def test_unknown_entry_versions_are_refused(v: bytes) -> None:
     assert _refusal({**_entry(2, _payload(2, 1_000, 500)), "v": v}) == BAD_VERSION
 
@@ -189,4 +189,4 @@ def test_the_builder_writes_no_unknown_version() -> None:
     builder = BatchBuilder()
     builder.add(NOW, "canary", 1, 200)
     with pytest.raises(CodecError):
-        builder.encode(version=3)
+        builder.encode(version=4)

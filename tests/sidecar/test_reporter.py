@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.kernel.clock import FakeClock
-from controlplane.kernel.codec import TIMEOUT, parse_entry
+from controlplane.kernel.codec import SHED, TIMEOUT, parse_entry
 from controlplane.kernel.errors import BackendUnavailable
 from controlplane.kernel.keys import COLLECTOR_GROUP
 from controlplane.kernel.streams import SampleStream
@@ -404,3 +404,19 @@ async def test_record_many_counts_each_sample_once_when_a_run_fails() -> None:
     assert stats.samples_recorded == 305
     assert stats.samples_sent + stats.samples_dropped == 305
     assert (stats.samples_sent, stats.samples_dropped) == (3 + 255 + 2, 45)
+
+
+async def test_only_a_batch_holding_a_shed_tally_is_version_3(stream: SampleStream) -> None:
+    reporter = SampleReporter(stream, SERVICE, batch_size=4, clock=FakeClock())
+    t0 = 1_800_000_000.0
+    reporter.record_many([(t0, "7", "canary", 900, 200, 1, 800)] * 4)  # sealed: no tally
+    reporter.record_many(
+        [(t0, "7", "canary", 900, 200, 2, 800), (t0 + 0.001, "7", "baseline", 5, SHED, 0, 0)]
+    )
+    await reporter.flush()
+    entries = await stream.read_group([SERVICE], COLLECTOR_GROUP, "test", count=10, block_ms=0)
+    metas = [parse_entry(entry.fields) for entry in entries]
+    assert [meta.version for meta, _ in metas] == [2, 3]
+    _, tallied = metas[1]
+    assert tallied.outcome.tolist() == [200, SHED] and tallied.rt_us.tolist() == [900, 5]
+    await reporter.close()

@@ -46,16 +46,21 @@
     const trips = live.max_trips ? `${live.trips} of ${live.max_trips}` : String(live.trips);
     const snap = live.snapshots || {};
     const canary = snap.canary, baseline = snap.baseline;
+    // requests the sidecars shed are not in n: they are named beside it (decision 0025)
+    const shed = (s) => (s.shed ? ` · shed ${s.shed} (${ratio(s.shed_share)})` : "");
     byId("facts").replaceChildren(
       fact("Service", e.service),
       fact("Weights (baseline / canary)", `${pct(live.baseline_weight_bp)} / ${pct(live.canary_weight_bp)}`),
       fact("Breaker", `${words(live.breaker_state)} · trips ${trips}`, { "data-breaker": live.breaker_state }),
       fact("Next", nextText(live)),
-      fact("Canary now", canary ? `P95 ${ms(canary.p95_ms)} · failed ${ratio(canary.failure_ratio)} · n=${canary.count}` : "no window"),
-      fact("Baseline now", baseline ? `P95 ${ms(baseline.p95_ms)} · failed ${ratio(baseline.failure_ratio)} · n=${baseline.count}` : "no window"),
+      fact("Canary now", canary ? `P95 ${ms(canary.p95_ms)} · failed ${ratio(canary.failure_ratio)} · n=${canary.count}${shed(canary)}` : "no window"),
+      fact("Baseline now", baseline ? `P95 ${ms(baseline.p95_ms)} · failed ${ratio(baseline.failure_ratio)} · n=${baseline.count}${shed(baseline)}` : "no window"),
       fact("Route", e.route_applied === null ? (e.route_note || "none yet")
            : e.route_applied ? `revision ${e.route_revision} in etcd` : `revision ${e.route_revision} pending`),
       fact("Last decision", live.last_reason || "–", { class: "fact wide" }),
+      ...(live.overload_held
+        ? [fact("Overload", "held: the baseline's sidecars are shedding requests", { class: "fact wide", "data-overload": "held" })]
+        : []),
     );
     const notes = [live.rule_note, live.snapshots_note, live.snapshots_error].filter(Boolean);
     byId("page-error").textContent = notes.join(" · ");
@@ -172,10 +177,13 @@
     return box;
   }
 
+  // a trip and an overload hold are different events, and look it
+  const BADGES = { tripped: "open", overload_hold: "paused", overload_cleared: "closed" };
+
   function renderEvents() {
     const rows = [...events.items].reverse().map((e) => el("tr", { "data-kind": e.kind },
       el("td", { class: "muted", text: when(e.at) }),
-      el("td", {}, el("span", { class: `badge ${e.kind === "tripped" ? "open" : ""}`, text: words(e.kind) })),
+      el("td", {}, el("span", { class: `badge ${BADGES[e.kind] || ""}`, text: words(e.kind) })),
       el("td", { text: e.actor }),
       el("td", { text: e.from_state || e.to_state ? `${words(e.from_state || "")} → ${words(e.to_state || "")}` : "" }),
       el("td", { text: e.reason }),

@@ -8,6 +8,7 @@ const Plots = (() => {
     tripped: "#c62828", probe_failed: "#c62828", rolled_back: "#c62828", rollback: "#c62828",
     abort: "#c62828", half_open: "#b35900", srm_detected: "#b35900", probe_passed: "#1a7f37",
     step_advanced: "#1a7f37", promoted: "#1a7f37", promote: "#1a7f37",
+    overload_hold: "#b35900", overload_cleared: "#8a94a6",
   };
   const HEIGHT = 260;
 

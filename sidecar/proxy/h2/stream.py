@@ -211,6 +211,8 @@ class H2Stream:
         pending, self.pending = self.pending, None
         self._drop(pending)
         choice = self.choice
+        if choice is not None:
+            self.conn.server.shed(choice)
         if self.done or choice is None:
             return
         guard = self.conn.server.overload
@@ -238,6 +240,7 @@ class H2Stream:
         if gate is None or self not in gate.waiting:
             return False
         gate.leave(self)
+        self.conn.server.shed(choice)  # abandoned in the queue: shed all the same
         self.fwd = None
         pending, self.pending = self.pending, None
         self._drop(pending)

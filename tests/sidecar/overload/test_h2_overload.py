@@ -16,6 +16,7 @@ import h2.errors
 import h2.events
 import httpx
 
+from controlplane.kernel.codec import SHED
 from tests.sidecar.overload.test_proxy_overload import LOW, arrived, protect, queued
 from tests.sidecar.proxy_harness import harness
 
@@ -58,7 +59,9 @@ async def test_streams_are_shed_with_429_queued_and_released_on_end() -> None:
 
         h.proxy.flush_samples()
         samples = await h.recorder.wait_for(3)
-        assert sorted(s.outcome for s in samples) == [200] * 3  # shed: no sample
+        # shed: no sample, a tally (codec.SHED) of one request
+        assert sorted(s.outcome for s in samples if s.outcome != SHED) == [200] * 3
+        assert sum(s.rt_us for s in samples if s.outcome == SHED) == 1
         assert guard.shed_counts.counts == {("baseline", "low_priority", "low"): 1}
         assert h.proxy.metrics.requests[("baseline", 429)] == 1
         # every place was given back when its stream ended

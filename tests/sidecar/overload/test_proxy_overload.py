@@ -10,10 +10,11 @@ import asyncio
 
 import httpx
 
+from controlplane.kernel.codec import SHED
 from controlplane.kernel.overload import OverloadConfig
 from sidecar.overload.guard import OverloadGuard
 from sidecar.proxy import ProxyServer
-from tests.sidecar.proxy_harness import harness
+from tests.sidecar.proxy_harness import EXPERIMENT, harness
 
 LOW = {"x-priority": "low"}
 
@@ -71,7 +72,13 @@ async def test_high_priority_is_served_while_low_priority_is_shed() -> None:
 
         h.proxy.flush_samples()
         samples = await h.recorder.wait_for(4)
-        assert [s.outcome for s in samples] == [200] * 4  # shed: no samples
+        # shed: no samples, tallies of the shed requests (codec.SHED) for the collector
+        assert [s.outcome for s in samples if s.outcome != SHED] == [200] * 4
+        tallies = [s for s in samples if s.outcome == SHED]
+        assert sum(s.rt_us for s in tallies) == 3
+        assert {(s.experiment, s.variant, s.unit_hash) for s in tallies} == {
+            (EXPERIMENT, "baseline", 0)
+        }
         counts = guard.shed_counts.counts
         assert counts == {
             ("baseline", "low_priority", "low"): 2,
@@ -127,6 +134,11 @@ async def test_a_client_leaving_the_queue_is_counted_as_abandoned() -> None:
         h.baseline.release.set()
         await asyncio.gather(*served)
         assert len(h.baseline.requests) == 2
+        # it never reached the upstream because of the overload: in the tally
+        h.proxy.flush_samples()
+        samples = await h.recorder.wait_for(3)
+        assert [s.rt_us for s in samples if s.outcome == SHED] == [1]
+        assert sorted(s.outcome for s in samples if s.outcome != SHED) == [200, 200]
 
 
 async def test_heavy_overload_asks_the_upstream_to_degrade_and_a_client_cannot() -> None:
