@@ -22,7 +22,8 @@ import httptools
 
 from sidecar.choice import Upstream
 from sidecar.proxy.corking import CorkedWriter
-from sidecar.proxy.headers import ResponseFields, split_response_head
+from sidecar.proxy.head_cache import HeadCache
+from sidecar.proxy.headers import ResponseFields
 from sidecar.proxy.trailers import TAIL_BYTES, trailer_section
 
 _NO_BODY_STATUSES = frozenset({204, 304})
@@ -243,8 +244,7 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
             raise _InvalidResponse(f"response head larger than {MAX_RESPONSE_HEAD} bytes")
         # after an interim (1xx) response the next head starts right behind this one
         self._head = received[end + 4 :] if status < 200 else None
-        status_line, fields = split_response_head(received[:end])
-        scan = ResponseFields(fields)
+        status_line, fields, scan = self.pool.heads.parse(received[:end])
         if scan.named is not None and scan.named & _FRAMING:
             raise _InvalidResponse("the response's Connection field names its framing")
         if status == 101:
@@ -421,6 +421,7 @@ class UpstreamPool:
         "_ssl",
         "base_path",
         "connect_timeout",
+        "heads",
         "host_header",
         "loop",
         "max_idle",
@@ -446,6 +447,7 @@ class UpstreamPool:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.max_idle = max_idle
+        self.heads = HeadCache()  # the response heads this upstream repeats
         self._idle: list[UpstreamConnection] = []
         self._closing = False
         self._ssl: ssl.SSLContext | None = None
