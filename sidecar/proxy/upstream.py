@@ -253,11 +253,6 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
                 raise _InvalidResponse(error)
             self.framing = EMPTY
             return
-        coding = scan.coding
-        if coding is not None:  # Transfer-Encoding wins over a length
-            body_framing = CHUNKED if coding.endswith(b"chunked") else UNTIL_CLOSE
-        else:
-            body_framing = LENGTH if scan.has_length else UNTIL_CLOSE
         if status < 200:
             framing = EMPTY
         elif user.no_body:
@@ -266,9 +261,14 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         elif status in _NO_BODY_STATUSES:
             framing = EMPTY
         else:
-            framing = body_framing
-            if framing == CHUNKED:
+            coding = scan.coding
+            if coding is None:
+                framing = LENGTH if scan.has_length else UNTIL_CLOSE
+            elif coding.endswith(b"chunked"):  # Transfer-Encoding wins over a length
+                framing = CHUNKED
                 self._named = scan.named
+            else:
+                framing = UNTIL_CLOSE
         self.framing = framing
         user.response_head(status, status_line, fields, scan, framing)
         if self._reset_parser and self.user is user:
@@ -288,7 +288,10 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
             self.user = None
             self._ending = (user, self._parser.should_keep_alive())
             return
-        self._finish(user, self._parser.should_keep_alive())
+        # _finish, inline: this runs once per response
+        self._waiting = False
+        self.user = None
+        user.response_complete(self._parser.should_keep_alive())
 
     def _keep_tail(self, data: bytes) -> None:
         """Keep the last reads of a chunked response, enough to hold its trailers."""
