@@ -15,7 +15,10 @@ upstream and a two-thread wrk share every CPU), as ratios to nginx and as scalin
 (N = 2 over N = 1); CPU time per request sums the proxy's processes.
 
 For each: the maximum requests/s (wrk, 50 connections) and P50/P99 latency at a fixed
-1,000 requests/s, open loop. wrk2 is not at hand, so the open-loop generator is here:
+1,000 requests/s, open loop. CPU time per request (user + system, from /proc, over the
+requests wrk counted) is reported beside requests/s, and its ratio to nginx's
+(`cpu_vs_nginx`, the median over rounds): requests/s move with whatever else loads the
+machine, CPU per request much less. wrk2 is not at hand, so the open-loop generator is here:
 requests leave on a fixed schedule over keep-alive sockets, and latency runs from the
 *scheduled* send time, so a stall is charged to every request it delayed (no
 coordinated omission). With two CPUs the server under test gets one, the load
@@ -81,6 +84,37 @@ QUICK = Durations(rounds=1, max_rps_s=1.0, latency_s=1.5, warmup_s=0.3, reload_c
 FULL = Durations(
     rounds=3, max_rps_s=3.0, latency_s=5.0, warmup_s=0.5, reload_changes=RELOAD_CHANGES
 )
+
+
+def cpu_vs_reference(
+    ours: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
+    """The reference's CPU time per request over ours: the requests/s ratio the two
+    reach when each has a CPU to itself, whatever else loads the machine. Rounds run
+    in turn, so round i of each met the same load: the per-round ratios, their median
+    (the figure), and the ratio of the best rounds."""
+    pairs = [
+        (r["cpu_us_per_request"], o["cpu_us_per_request"])
+        for o, r in zip(ours, reference, strict=False)
+        if o.get("cpu_us_per_request") and r.get("cpu_us_per_request")
+    ]
+    if not pairs:
+        return {"cpu_vs_nginx": None, "cpu_vs_nginx_rounds": [], "cpu_vs_nginx_best": None}
+    rounds = [round(ref / own, 3) for ref, own in pairs]
+    best = min(ref for ref, _ in pairs) / min(own for _, own in pairs)
+    return {
+        "cpu_vs_nginx": round(float(np.median(rounds)), 3),
+        "cpu_vs_nginx_rounds": rounds,
+        "cpu_vs_nginx_best": round(best, 3),
+    }
+
+
+def requests_served(peak: dict[str, Any], seconds: float) -> int:
+    """Requests of a max-throughput run: counted by wrk, else from its rate."""
+    counted = peak.get("requests")
+    if counted:
+        return int(counted)
+    return int(peak["max_rps"] * max(1, round(seconds)))
 
 
 def _combine(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -511,6 +545,9 @@ def _wrk(
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket_errors = re.search(r"Socket errors: (.*)", out)
     result: dict[str, Any] = {"max_rps": round(float(match.group(1)))}
+    served = re.search(r"(\d+) requests in", out)
+    if served:
+        result["requests"] = int(served.group(1))
     result["errors"] = int(errors.group(1)) if errors else 0
     if socket_errors:
         result["socket_errors"] = socket_errors.group(1).strip()
@@ -599,7 +636,7 @@ def _run_http(*, quick: bool, progress: bool) -> dict[str, Any]:
         else:
             peak = closed_loop(port, connections=WRK_CONNECTIONS, duration=durations.max_rps_s)
         cpu_used = _cpu_seconds(pid) - cpu_before
-        served = peak["max_rps"] * max(1, round(durations.max_rps_s))
+        served = requests_served(peak, durations.max_rps_s)
         # CPU time per request holds up better than requests/s on a shared machine
         peak["cpu_us_per_request"] = round(cpu_used / served * 1e6, 1) if served else None
         _say(progress, f"[{name}] latency at {RATE} req/s ...")
@@ -719,6 +756,11 @@ def _run_http(*, quick: bool, progress: bool) -> dict[str, Any]:
         result["command_added_p99_ms"] = round(full["p99_ms"] - direct["p99_ms"], 3)
         result["command_rps_vs_nginx"] = round(full["max_rps"] / ref["max_rps"], 3) if ref else None
     if ref:
+        # the ratio that holds on a loaded machine (requests/s swing with the load)
+        result.update(cpu_vs_reference(sidecar.get("rounds", [sidecar]), ref.get("rounds", [ref])))
+        if full:
+            ratios = cpu_vs_reference(full.get("rounds", [full]), ref.get("rounds", [ref]))
+            result.update({f"command_{key}": value for key, value in ratios.items()})
         result["nginx_added_p50_ms"] = round(ref["p50_ms"] - direct["p50_ms"], 3)
         result["nginx_added_p99_ms"] = round(ref["p99_ms"] - direct["p99_ms"], 3)
     result["targets"] = {
@@ -728,6 +770,9 @@ def _run_http(*, quick: bool, progress: bool) -> dict[str, Any]:
         "rps_vs_nginx_ok": None
         if result["rps_vs_nginx"] is None
         else result["rps_vs_nginx"] >= TARGET_RPS_VS_NGINX,
+        "cpu_vs_nginx_ok": None
+        if result.get("cpu_vs_nginx") is None
+        else result["cpu_vs_nginx"] >= TARGET_RPS_VS_NGINX,
     }
     # gRPC unary through the proxy (HTTP/2 both sides); alone: `canary bench sidecar-grpc`
     from controlplane.benchmarks import sidecar_grpc
@@ -811,7 +856,7 @@ def _workers_paths(
             _say(progress, f"[{name} {index + 1}] max requests/s, nothing pinned ...")
             before = _cpu_seconds(pid)
             peak = _wrk(wrk, port, duration=durations.max_rps_s, cpu=None, threads=2)
-            served = peak["max_rps"] * max(1, round(durations.max_rps_s))
+            served = requests_served(peak, durations.max_rps_s)
             used = _cpu_seconds(pid) - before
             peak["cpu_us_per_request"] = round(used / served * 1e6, 1) if served else None
             _say(progress, f"[{name} {index + 1}] {json.dumps(peak)}")
@@ -835,6 +880,8 @@ def _workers_paths(
     for workers in WORKER_COUNTS:
         ours, ref = result[f"sidecar_{workers}"], result[f"nginx_{workers}"]
         result[f"rps_vs_nginx_{workers}"] = round(ours["max_rps"] / ref["max_rps"], 3)
+        ratios = cpu_vs_reference(ours["rounds"], ref["rounds"])
+        result.update({f"{key}_{workers}": value for key, value in ratios.items()})
     for kind in ("sidecar", "nginx"):
         result[f"scaling_{kind}"] = round(
             result[f"{kind}_2"]["max_rps"] / result[f"{kind}_1"]["max_rps"], 3
