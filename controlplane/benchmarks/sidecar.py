@@ -7,7 +7,10 @@ One run, one upstream (nginx returning a fixed 200), one load generator, the pat
   choice and a recorder that batches samples as the reporter does;
 - sidecar_command: through `canary sidecar` itself (route from etcd, sticky
   assignment, sample reporter on `memory://`), when etcd and the command are there;
-- nginx: through nginx `proxy_pass` with upstream keepalive, one worker.
+- nginx: through nginx `proxy_pass` with upstream keepalive, one worker;
+- sidecar_before: with `CANARY_BENCH_BEFORE=<git revision>`, the proxy of that
+  revision run as `sidecar` is, for a before/after in the same run
+  (`cpu_vs_before`: its CPU per request over this code's, median of the rounds).
 
 And every core (`workers`): max requests/s through `canary sidecar --workers N` and
 nginx `worker_processes N`, N = 1 and 2, with nothing pinned (the proxies, the
@@ -87,7 +90,7 @@ FULL = Durations(
 
 
 def cpu_vs_reference(
-    ours: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]]
+    ours: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]], name: str = "nginx"
 ) -> dict[str, Any]:
     """The reference's CPU time per request over ours: the requests/s ratio the two
     reach when each has a CPU to itself, whatever else loads the machine. Rounds run
@@ -98,14 +101,15 @@ def cpu_vs_reference(
         for o, r in zip(ours, reference, strict=False)
         if o.get("cpu_us_per_request") and r.get("cpu_us_per_request")
     ]
+    key = f"cpu_vs_{name}"
     if not pairs:
-        return {"cpu_vs_nginx": None, "cpu_vs_nginx_rounds": [], "cpu_vs_nginx_best": None}
+        return {key: None, f"{key}_rounds": [], f"{key}_best": None}
     rounds = [round(ref / own, 3) for ref, own in pairs]
     best = min(ref for ref, _ in pairs) / min(own for _, own in pairs)
     return {
-        "cpu_vs_nginx": round(float(np.median(rounds)), 3),
-        "cpu_vs_nginx_rounds": rounds,
-        "cpu_vs_nginx_best": round(best, 3),
+        key: round(float(np.median(rounds)), 3),
+        f"{key}_rounds": rounds,
+        f"{key}_best": round(best, 3),
     }
 
 
@@ -677,6 +681,12 @@ def _run_http(*, quick: bool, progress: bool) -> dict[str, Any]:
                     ("direct", up_port, upstream.pid),
                     ("sidecar", proxy_port, proxy.pid),
                 ]
+                before = _start_before(stack, tmp, up_port, server_cpu)
+                if isinstance(before, tuple):
+                    before_port, before_pid, result["before_commit"] = before
+                    paths.append(("sidecar_before", before_port, before_pid))
+                elif before is not None:
+                    notes.append(f"no sidecar_before: {before}")
                 if nginx:
                     conf = _nginx_conf(
                         tmp,
@@ -755,6 +765,12 @@ def _run_http(*, quick: bool, progress: bool) -> dict[str, Any]:
         result["command_added_p50_ms"] = round(full["p50_ms"] - direct["p50_ms"], 3)
         result["command_added_p99_ms"] = round(full["p99_ms"] - direct["p99_ms"], 3)
         result["command_rps_vs_nginx"] = round(full["max_rps"] / ref["max_rps"], 3) if ref else None
+    earlier = result.get("sidecar_before")
+    if earlier:
+        # above 1: this code spends less CPU per request than the revision before
+        now_rounds = sidecar.get("rounds", [sidecar])
+        before_rounds = earlier.get("rounds", [earlier])
+        result.update(cpu_vs_reference(now_rounds, before_rounds, name="before"))
     if ref:
         # the ratio that holds on a loaded machine (requests/s swing with the load)
         result.update(cpu_vs_reference(sidecar.get("rounds", [sidecar]), ref.get("rounds", [ref])))
@@ -779,6 +795,30 @@ def _run_http(*, quick: bool, progress: bool) -> dict[str, Any]:
 
     result["grpc"] = sidecar_grpc.run(quick=quick, progress=progress)
     return result
+
+
+def _start_before(
+    stack: contextlib.ExitStack, tmp: Path, up_port: int, cpu: int | None
+) -> tuple[int, int, str] | str | None:
+    """The proxy of the revision `CANARY_BENCH_BEFORE` names, run as `sidecar` is:
+    (port, pid, commit); None when no revision is asked for, else why it cannot run."""
+    rev = os.environ.get("CANARY_BENCH_BEFORE")
+    if not rev:
+        return None
+    from controlplane.benchmarks.revision import unpack_revision
+
+    unpacked = unpack_revision(tmp, rev)
+    if isinstance(unpacked, str):
+        return unpacked
+    tree, commit = unpacked
+    port = _free_port()
+    args = [sys.executable, "-m", "controlplane.benchmarks.sidecar", "serve-proxy",
+            f"{HOST}:{port}", f"http://{HOST}:{up_port}"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = stack.enter_context(
+        _process(args, cpu=cpu, port=port, log=tmp / "sidecar-before.log", env=env)
+    )
+    return port, proc.pid, commit
 
 
 # --- every core: --workers 2 against nginx worker_processes 2 -----------------

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.benchmarks.sidecar import requests_served, cpu_vs_reference
+from controlplane.benchmarks.sidecar import cpu_vs_reference, requests_served
 
 
 def rounds(*cpu: float | None) -> list[dict[str, Any]]:
