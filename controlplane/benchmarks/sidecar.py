@@ -115,7 +115,7 @@ def cpu_vs_reference(
 
 def requests_served(peak: dict[str, Any], seconds: float) -> int:
     """Requests of a max-throughput run: counted by wrk, else from its rate."""
-    counted = peak.get("requests")
+    counted = peak.get("wrk_requests")
     if counted:
         return int(counted)
     return int(peak["max_rps"] * max(1, round(seconds)))
@@ -551,7 +551,7 @@ def _wrk(
     result: dict[str, Any] = {"max_rps": round(float(match.group(1)))}
     served = re.search(r"(\d+) requests in", out)
     if served:
-        result["requests"] = int(served.group(1))
+        result["wrk_requests"] = int(served.group(1))
     result["errors"] = int(errors.group(1)) if errors else 0
     if socket_errors:
         result["socket_errors"] = socket_errors.group(1).strip()

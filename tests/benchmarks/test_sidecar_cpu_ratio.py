@@ -45,5 +45,5 @@ def test_no_cpu_figures_give_no_ratio() -> None:
 
 
 def test_requests_are_counted_by_wrk_when_it_says() -> None:
-    assert requests_served({"max_rps": 1000, "requests": 3123}, 3.0) == 3123
+    assert requests_served({"max_rps": 1000, "wrk_requests": 3123}, 3.0) == 3123
     assert requests_served({"max_rps": 1000}, 3.0) == 3000
