@@ -7,7 +7,10 @@ One run, one upstream (nginx returning a fixed 200), one load generator, the pat
   choice and a recorder that batches samples as the reporter does;
 - sidecar_command: through `canary sidecar` itself (route from etcd, sticky
   assignment, sample reporter on `memory://`), when etcd and the command are there;
-- nginx: through nginx `proxy_pass` with upstream keepalive, one worker.
+- nginx: through nginx `proxy_pass` with upstream keepalive, one worker;
+- sidecar_before: with `CANARY_BENCH_BEFORE=<git revision>`, the proxy of that
+  revision run as `sidecar` is, for a before/after in the same run
+  (`cpu_vs_before`: its CPU per request over this code's, median of the rounds).
 
 And every core (`workers`): max requests/s through `canary sidecar --workers N` and
 nginx `worker_processes N`, N = 1 and 2, with nothing pinned (the proxies, the
@@ -15,7 +18,10 @@ upstream and a two-thread wrk share every CPU), as ratios to nginx and as scalin
 (N = 2 over N = 1); CPU time per request sums the proxy's processes.
 
 For each: the maximum requests/s (wrk, 50 connections) and P50/P99 latency at a fixed
-1,000 requests/s, open loop. wrk2 is not at hand, so the open-loop generator is here:
+1,000 requests/s, open loop. CPU time per request (user + system, from /proc, over the
+requests wrk counted) is reported beside requests/s, and its ratio to nginx's
+(`cpu_vs_nginx`, the median over rounds): requests/s move with whatever else loads the
+machine, CPU per request much less. wrk2 is not at hand, so the open-loop generator is here:
 requests leave on a fixed schedule over keep-alive sockets, and latency runs from the
 *scheduled* send time, so a stall is charged to every request it delayed (no
 coordinated omission). With two CPUs the server under test gets one, the load
@@ -83,6 +89,38 @@ FULL = Durations(
 )
 
 
+def cpu_vs_reference(
+    ours: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]], name: str = "nginx"
+) -> dict[str, Any]:
+    """The reference's CPU time per request over ours: the requests/s ratio the two
+    reach when each has a CPU to itself, whatever else loads the machine. Rounds run
+    in turn, so round i of each met the same load: the per-round ratios, their median
+    (the figure), and the ratio of the best rounds."""
+    pairs = [
+        (r["cpu_us_per_request"], o["cpu_us_per_request"])
+        for o, r in zip(ours, reference, strict=False)
+        if o.get("cpu_us_per_request") and r.get("cpu_us_per_request")
+    ]
+    key = f"cpu_vs_{name}"
+    if not pairs:
+        return {key: None, f"{key}_rounds": [], f"{key}_best": None}
+    rounds = [round(ref / own, 3) for ref, own in pairs]
+    best = min(ref for ref, _ in pairs) / min(own for _, own in pairs)
+    return {
+        key: round(float(np.median(rounds)), 3),
+        f"{key}_rounds": rounds,
+        f"{key}_best": round(best, 3),
+    }
+
+
+def requests_served(peak: dict[str, Any], seconds: float) -> int:
+    """Requests of a max-throughput run: counted by wrk, else from its rate."""
+    counted = peak.get("wrk_requests")
+    if counted:
+        return int(counted)
+    return int(peak["max_rps"] * max(1, round(seconds)))
+
+
 def _combine(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """Best throughput, median latency over the rounds; each round kept as measured."""
     combined: dict[str, Any] = {
@@ -143,15 +181,23 @@ def _wait_ready(admin_port: int, proc: subprocess.Popen[bytes], timeout: float =
 
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU of a process and its children (nginx's worker), in seconds."""
-    total = 0.0
+    user, system = _cpu_split(pid)
+    return user + system
+
+
+def _cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process and its children."""
+    user = system = 0.0
     pids = [pid]
     with contextlib.suppress(OSError):
         pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    tick = os.sysconf("SC_CLK_TCK")
     for each in pids:
         with contextlib.suppress(OSError, IndexError, ValueError):
             fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+            user += int(fields[11]) / tick
+            system += int(fields[12]) / tick
+    return user, system
 
 
 # a server under test gets one CPU: no idle BLAS worker threads beside it
@@ -511,6 +557,9 @@ def _wrk(
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket_errors = re.search(r"Socket errors: (.*)", out)
     result: dict[str, Any] = {"max_rps": round(float(match.group(1)))}
+    served = re.search(r"(\d+) requests in", out)
+    if served:
+        result["wrk_requests"] = int(served.group(1))
     result["errors"] = int(errors.group(1)) if errors else 0
     if socket_errors:
         result["socket_errors"] = socket_errors.group(1).strip()
@@ -593,15 +642,18 @@ def _run_http(*, quick: bool, progress: bool) -> dict[str, Any]:
 
     def measure(name: str, port: int, pid: int) -> dict[str, Any]:
         _say(progress, f"[{name}] max requests/s ...")
-        cpu_before = _cpu_seconds(pid)
+        user_before, system_before = _cpu_split(pid)
         if wrk:
             peak = _wrk(wrk, port, duration=durations.max_rps_s, cpu=load_cpu)
         else:
             peak = closed_loop(port, connections=WRK_CONNECTIONS, duration=durations.max_rps_s)
-        cpu_used = _cpu_seconds(pid) - cpu_before
-        served = peak["max_rps"] * max(1, round(durations.max_rps_s))
-        # CPU time per request holds up better than requests/s on a shared machine
-        peak["cpu_us_per_request"] = round(cpu_used / served * 1e6, 1) if served else None
+        user_after, system_after = _cpu_split(pid)
+        user, system = user_after - user_before, system_after - system_before
+        served = requests_served(peak, durations.max_rps_s)
+        # CPU time per request holds up better than requests/s on a shared machine;
+        # user time is where the proxy's own work shows, system time the kernel's
+        peak["cpu_us_per_request"] = round((user + system) / served * 1e6, 1) if served else None
+        peak["user_us_per_request"] = round(user / served * 1e6, 1) if served else None
         _say(progress, f"[{name}] latency at {RATE} req/s ...")
         latency = open_loop(
             port, rate=RATE, duration=durations.latency_s, warmup=durations.warmup_s
@@ -640,6 +692,12 @@ def _run_http(*, quick: bool, progress: bool) -> dict[str, Any]:
                     ("direct", up_port, upstream.pid),
                     ("sidecar", proxy_port, proxy.pid),
                 ]
+                before = _start_before(stack, tmp, up_port, server_cpu)
+                if isinstance(before, tuple):
+                    before_port, before_pid, result["before_commit"] = before
+                    paths.append(("sidecar_before", before_port, before_pid))
+                elif before is not None:
+                    notes.append(f"no sidecar_before: {before}")
                 if nginx:
                     conf = _nginx_conf(
                         tmp,
@@ -718,7 +776,18 @@ def _run_http(*, quick: bool, progress: bool) -> dict[str, Any]:
         result["command_added_p50_ms"] = round(full["p50_ms"] - direct["p50_ms"], 3)
         result["command_added_p99_ms"] = round(full["p99_ms"] - direct["p99_ms"], 3)
         result["command_rps_vs_nginx"] = round(full["max_rps"] / ref["max_rps"], 3) if ref else None
+    earlier = result.get("sidecar_before")
+    if earlier:
+        # above 1: this code spends less CPU per request than the revision before
+        now_rounds = sidecar.get("rounds", [sidecar])
+        before_rounds = earlier.get("rounds", [earlier])
+        result.update(cpu_vs_reference(now_rounds, before_rounds, name="before"))
     if ref:
+        # the ratio that holds on a loaded machine (requests/s swing with the load)
+        result.update(cpu_vs_reference(sidecar.get("rounds", [sidecar]), ref.get("rounds", [ref])))
+        if full:
+            ratios = cpu_vs_reference(full.get("rounds", [full]), ref.get("rounds", [ref]))
+            result.update({f"command_{key}": value for key, value in ratios.items()})
         result["nginx_added_p50_ms"] = round(ref["p50_ms"] - direct["p50_ms"], 3)
         result["nginx_added_p99_ms"] = round(ref["p99_ms"] - direct["p99_ms"], 3)
     result["targets"] = {
@@ -728,12 +797,39 @@ def _run_http(*, quick: bool, progress: bool) -> dict[str, Any]:
         "rps_vs_nginx_ok": None
         if result["rps_vs_nginx"] is None
         else result["rps_vs_nginx"] >= TARGET_RPS_VS_NGINX,
+        "cpu_vs_nginx_ok": None
+        if result.get("cpu_vs_nginx") is None
+        else result["cpu_vs_nginx"] >= TARGET_RPS_VS_NGINX,
     }
     # gRPC unary through the proxy (HTTP/2 both sides); alone: `canary bench sidecar-grpc`
     from controlplane.benchmarks import sidecar_grpc
 
     result["grpc"] = sidecar_grpc.run(quick=quick, progress=progress)
     return result
+
+
+def _start_before(
+    stack: contextlib.ExitStack, tmp: Path, up_port: int, cpu: int | None
+) -> tuple[int, int, str] | str | None:
+    """The proxy of the revision `CANARY_BENCH_BEFORE` names, run as `sidecar` is:
+    (port, pid, commit); None when no revision is asked for, else why it cannot run."""
+    rev = os.environ.get("CANARY_BENCH_BEFORE")
+    if not rev:
+        return None
+    from controlplane.benchmarks.revision import unpack_revision
+
+    unpacked = unpack_revision(tmp, rev)
+    if isinstance(unpacked, str):
+        return unpacked
+    tree, commit = unpacked
+    port = _free_port()
+    args = [sys.executable, "-m", "controlplane.benchmarks.sidecar", "serve-proxy",
+            f"{HOST}:{port}", f"http://{HOST}:{up_port}"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = stack.enter_context(
+        _process(args, cpu=cpu, port=port, log=tmp / "sidecar-before.log", env=env)
+    )
+    return port, proc.pid, commit
 
 
 # --- every core: --workers 2 against nginx worker_processes 2 -----------------
@@ -811,7 +907,7 @@ def _workers_paths(
             _say(progress, f"[{name} {index + 1}] max requests/s, nothing pinned ...")
             before = _cpu_seconds(pid)
             peak = _wrk(wrk, port, duration=durations.max_rps_s, cpu=None, threads=2)
-            served = peak["max_rps"] * max(1, round(durations.max_rps_s))
+            served = requests_served(peak, durations.max_rps_s)
             used = _cpu_seconds(pid) - before
             peak["cpu_us_per_request"] = round(used / served * 1e6, 1) if served else None
             _say(progress, f"[{name} {index + 1}] {json.dumps(peak)}")
@@ -835,6 +931,8 @@ def _workers_paths(
     for workers in WORKER_COUNTS:
         ours, ref = result[f"sidecar_{workers}"], result[f"nginx_{workers}"]
         result[f"rps_vs_nginx_{workers}"] = round(ours["max_rps"] / ref["max_rps"], 3)
+        ratios = cpu_vs_reference(ours["rounds"], ref["rounds"])
+        result.update({f"{key}_{workers}": value for key, value in ratios.items()})
     for kind in ("sidecar", "nginx"):
         result[f"scaling_{kind}"] = round(
             result[f"{kind}_2"]["max_rps"] / result[f"{kind}_1"]["max_rps"], 3

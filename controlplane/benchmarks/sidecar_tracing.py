@@ -26,7 +26,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any, cast
@@ -34,6 +33,7 @@ from typing import Any, cast
 import httptools
 import numpy as np
 
+from controlplane.benchmarks.revision import ROOT, unpack_revision
 from controlplane.benchmarks.sidecar import (
     _NGINX_UPSTREAM,
     HOST,
@@ -57,7 +57,6 @@ from controlplane.benchmarks.sidecar import (
 
 MODULE = "controlplane.benchmarks.sidecar_tracing"
 PROXY = "controlplane.benchmarks.sidecar"  # its serve-proxy: the proxy, tracing off
-ROOT = Path(__file__).resolve().parents[2]
 FORMS = ("before", "off", "on_1", "on_0.01")
 RATIOS = {"on_1": 1.0, "on_0.01": 0.01}
 _EMPTY_PROTOBUF = (
@@ -80,22 +79,7 @@ def _before_tree(tmp: Path) -> tuple[Path, str] | str:
         if not added:
             return "sidecar/proxy/tracing.py is not committed yet"
         rev = added[-1] + "^"
-    archive = tmp / "before.tar"
-    with archive.open("wb") as out:
-        done = subprocess.run(
-            [git, "-C", str(ROOT), "archive", "--format=tar", rev, "controlplane", "sidecar"],
-            stdout=out, stderr=subprocess.PIPE, check=False,
-        )  # fmt: skip
-    if done.returncode != 0:
-        return f"git archive {rev} failed: {done.stderr.decode(errors='replace').strip()}"
-    tree = tmp / "before"
-    with tarfile.open(archive) as tar:
-        tar.extractall(tree, filter="data")
-    commit = subprocess.run(
-        [git, "-C", str(ROOT), "rev-parse", "--short", rev],
-        capture_output=True, text=True, check=False,
-    ).stdout.strip()  # fmt: skip
-    return tree, commit
+    return unpack_revision(tmp, rev)
 
 
 async def _serve_otlp(port: int) -> None:

@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "sidecar": "controlplane.benchmarks.sidecar:run",
     "sidecar-grpc": "controlplane.benchmarks.sidecar_grpc:run",
     "sidecar-tracing": "controlplane.benchmarks.sidecar_tracing:run",
+    "sidecar-python": "controlplane.benchmarks.sidecar_python:run",
     "control": "controlplane.benchmarks.control:run",
     "notify": "controlplane.benchmarks.notify:run",
     "history": "controlplane.benchmarks.history:run",

@@ -47,6 +47,7 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
     __slots__ = (
         "_after_flush",
         "_chunked",
+        "_connection_field",
         "_corked_upstreams",
         "_first_bytes",
         "_has_length",
@@ -97,6 +98,8 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         self._has_length = False
         self._named: frozenset[bytes] | None = None
         self._upgrade_asked = False  # the head's Connection lists `upgrade`
+        # the head has a Connection or Proxy-Connection field (see on_headers_complete)
+        self._connection_field = False
         # bytes read past the head of a request asking to upgrade, until it is answered
         self._held: bytes | None = None
         self.tunnel: Tunnel | None = None  # the connection's tunnel after a 101
@@ -276,18 +279,29 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
                 raise conformance.duplicate_transfer_encoding()
             conformance.check_transfer_coding(value)
             self._chunked = True
-        elif lower == b"connection" and value not in PLAIN_CONNECTION:
-            conformance.check_connection(value)
-            options = connection_options(value)
-            if options is not None:
-                self._named = options if self._named is None else self._named | options
-            if upgrades.connection_lists_upgrade(value):
-                self._upgrade_asked = True
+        elif lower == b"connection":
+            self._connection_field = True
+            if value not in PLAIN_CONNECTION:
+                conformance.check_connection(value)
+                options = connection_options(value)
+                if options is not None:
+                    self._named = options if self._named is None else self._named | options
+                if upgrades.connection_lists_upgrade(value):
+                    self._upgrade_asked = True
+        elif lower == b"proxy-connection":
+            self._connection_field = True  # llhttp reads it as Connection
         self._headers.append((lower, name, value))
 
     def on_headers_complete(self) -> None:
         parser = self.parser
-        version = parser.get_http_version()
+        keep_alive = parser.should_keep_alive()
+        # llhttp takes the request lines of HTTP/0.9, 1.0, 1.1 and 2.0 and keeps only
+        # 1.1 alive unless a Connection or Proxy-Connection field asks for it: without
+        # one, keep-alive means 1.1, and get_http_version(), which formats a string
+        # on every call (the costliest call here), is left out
+        version = (
+            "1.1" if keep_alive and not self._connection_field else parser.get_http_version()
+        )
         method = parser.get_method()
         if version != "1.1":
             if version != "1.0":
@@ -308,7 +322,7 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
             method,
             target,
             self._headers,
-            parser.should_keep_alive(),  # keep_alive
+            keep_alive,
             version == "1.0",  # http_1_0
             self._chunked,
             self._named,
@@ -331,7 +345,7 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         self._host = None
         self._chunked = self._has_length = False
         self._named = None
-        self._upgrade_asked = False
+        self._upgrade_asked = self._connection_field = False
         self._head_budget = self.server.options.max_head_bytes
 
     def _upgrade(self) -> tuple[bytes, ...] | None:

@@ -358,10 +358,11 @@ class Exchange:
     def _attach(self, conn: UpstreamConnection) -> None:
         self.upstream = conn
         conn.attach(self)
+        client = self.client
         if self.has_body:
             # the head and what the same read brings of the body leave in one send
-            self.client.cork_upstream(conn)
-        if self.client.write_paused:
+            client.cork_upstream(conn)
+        if client.write_paused:
             conn.pause_reading()
         pending = self.pending
         if pending:
@@ -380,9 +381,9 @@ class Exchange:
             conn.writelines([self.head, self._last_chunk()])
         else:
             conn.write(self.head)
-        self.t_sent = self.client.server.clock.monotonic()
-        if self.client.read_block:
-            self.client.unblock(WAIT_UPSTREAM)
+        self.t_sent = client.server.clock.monotonic()
+        if client.read_block:
+            client.unblock(WAIT_UPSTREAM)
         if self.req_complete:
             conn.arm_read_timeout()
 
@@ -501,22 +502,23 @@ class Exchange:
     def response_complete(self, reusable: bool, outcome: int | None = None) -> None:
         """The response is all in; `outcome`: the sample's, when not the status (a
         gRPC call's)."""
+        client = self.client
         if self.resp_chunked:
             trailers = self.trailers
-            self.client.write(_LAST_CHUNK if trailers is None else b"0\r\n%s\r\n" % trailers)
+            client.write(_LAST_CHUNK if trailers is None else b"0\r\n%s\r\n" % trailers)
         self.resp_done = True
         conn = self.upstream
         self.upstream = None
         if conn is not None:
             # a request still being sent cannot share its connection with the next one
             conn.release(reusable and self.req_complete)
-        if self.client.read_block:
-            self.client.unblock(UPSTREAM_FULL | WAIT_UPSTREAM)
+        if client.read_block:
+            client.unblock(UPSTREAM_FULL | WAIT_UPSTREAM)
         self._record(self.status if outcome is None else outcome)
         if self.req_complete:
-            self.client.exchange_finished(self)
+            client.exchange_finished(self)
         else:
-            self.client.linger()
+            client.linger()
 
     def upstream_invalid(self, conn: UpstreamConnection, reason: str) -> None:
         """The upstream's response is malformed or badly framed: neither connection

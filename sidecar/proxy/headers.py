@@ -189,10 +189,13 @@ _CONNECTION = b"\r\nconnection:"
 class ResponseFields:
     """What the proxy reads from a response head's fields."""
 
-    __slots__ = ("coding", "drop", "has_length", "length_span", "named")
+    __slots__ = ("coding", "drop", "has_length", "length_span", "named", "rewrites")
 
     def __init__(self, fields: bytes) -> None:
         self.coding: bytes | None = None  # the last Transfer-Encoding value, lower-case
+        # the head as sent to a keep-alive HTTP/1.1 client, per variant: kept when the
+        # head is shared by many responses (head_cache.HeadCache), else None
+        self.rewrites: dict[bytes, bytes] | None = None
         self.named: frozenset[bytes] | None = None  # extra names Connection lists
         # Content-Length's span: found by the general path; the fast path leaves it
         # to `length_field`, needed only when the proxy re-frames a body
@@ -286,6 +289,30 @@ def response_head(
     """The head sent to the client: hop-by-hop fields (and those Connection names)
     dropped, X-Canary-Variant set, framing and connection handling chosen by the
     caller (`chunked`: the proxy re-frames the body, so the upstream's length goes)."""
+    rewrites = scan.rewrites
+    if rewrites is not None and not (chunked or close or keep_alive_1_0):
+        head = rewrites.get(variant)
+        if head is None:
+            head = _rewrite(status_line, fields, scan, variant, False, False, False)
+            if len(rewrites) < _REWRITES_KEPT:
+                rewrites[variant] = head
+        return head
+    return _rewrite(status_line, fields, scan, variant, chunked, close, keep_alive_1_0)
+
+
+# rewrites kept per shared head: one per variant of a route is what is expected
+_REWRITES_KEPT = 16
+
+
+def _rewrite(
+    status_line: bytes,
+    fields: bytes,
+    scan: ResponseFields,
+    variant: bytes,
+    chunked: bool,
+    close: bool,
+    keep_alive_1_0: bool,
+) -> bytes:
     drop = scan.drop
     if chunked:
         length = scan.length_field(fields)

@@ -22,7 +22,8 @@ import httptools
 
 from sidecar.choice import Upstream
 from sidecar.proxy.corking import CorkedWriter
-from sidecar.proxy.headers import ResponseFields, split_response_head
+from sidecar.proxy.head_cache import HeadCache
+from sidecar.proxy.headers import ResponseFields
 from sidecar.proxy.trailers import TAIL_BYTES, trailer_section
 
 _NO_BODY_STATUSES = frozenset({204, 304})
@@ -243,8 +244,7 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
             raise _InvalidResponse(f"response head larger than {MAX_RESPONSE_HEAD} bytes")
         # after an interim (1xx) response the next head starts right behind this one
         self._head = received[end + 4 :] if status < 200 else None
-        status_line, fields = split_response_head(received[:end])
-        scan = ResponseFields(fields)
+        status_line, fields, scan = self.pool.heads.parse(received[:end])
         if scan.named is not None and scan.named & _FRAMING:
             raise _InvalidResponse("the response's Connection field names its framing")
         if status == 101:
@@ -253,11 +253,6 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
                 raise _InvalidResponse(error)
             self.framing = EMPTY
             return
-        coding = scan.coding
-        if coding is not None:  # Transfer-Encoding wins over a length
-            body_framing = CHUNKED if coding.endswith(b"chunked") else UNTIL_CLOSE
-        else:
-            body_framing = LENGTH if scan.has_length else UNTIL_CLOSE
         if status < 200:
             framing = EMPTY
         elif user.no_body:
@@ -266,9 +261,14 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         elif status in _NO_BODY_STATUSES:
             framing = EMPTY
         else:
-            framing = body_framing
-            if framing == CHUNKED:
+            coding = scan.coding
+            if coding is None:
+                framing = LENGTH if scan.has_length else UNTIL_CLOSE
+            elif coding.endswith(b"chunked"):  # Transfer-Encoding wins over a length
+                framing = CHUNKED
                 self._named = scan.named
+            else:
+                framing = UNTIL_CLOSE
         self.framing = framing
         user.response_head(status, status_line, fields, scan, framing)
         if self._reset_parser and self.user is user:
@@ -288,7 +288,10 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
             self.user = None
             self._ending = (user, self._parser.should_keep_alive())
             return
-        self._finish(user, self._parser.should_keep_alive())
+        # _finish, inline: this runs once per response
+        self._waiting = False
+        self.user = None
+        user.response_complete(self._parser.should_keep_alive())
 
     def _keep_tail(self, data: bytes) -> None:
         """Keep the last reads of a chunked response, enough to hold its trailers."""
@@ -421,6 +424,7 @@ class UpstreamPool:
         "_ssl",
         "base_path",
         "connect_timeout",
+        "heads",
         "host_header",
         "loop",
         "max_idle",
@@ -446,6 +450,7 @@ class UpstreamPool:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.max_idle = max_idle
+        self.heads = HeadCache()  # the response heads this upstream repeats
         self._idle: list[UpstreamConnection] = []
         self._closing = False
         self._ssl: ssl.SSLContext | None = None

@@ -9,6 +9,9 @@ Paths:
 - `/trailers`: a body, then the trailers `x-checksum: <body length>` and `grpc-status: 0`;
 - `/hang`: the head is read, nothing is ever answered.
 
+A request with a body and `expect: 100-continue` is answered 100 (informational
+HEADERS) as soon as its head arrives.
+
 `goaway_after`: once that many streams have started, the next request head is
 answered (once) with GOAWAY whose last stream id is the stream before it, and the
 connection closes: that stream was not processed and may be retried elsewhere, the
@@ -115,6 +118,8 @@ class H2Upstream:
                         )
                         if event.stream_ended is not None:
                             self._answer(conn, event.stream_id, streams, pending, ends)
+                        elif head.get("expect", "").lower() == "100-continue":
+                            conn.send_headers(event.stream_id, [(":status", "100")])
                     elif isinstance(event, h2.events.DataReceived):
                         conn.acknowledge_received_data(
                             event.flow_controlled_length, event.stream_id

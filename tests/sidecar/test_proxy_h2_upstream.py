@@ -9,6 +9,7 @@ where the test reads the bytes of a chunked trailer section.
 from __future__ import annotations
 
 import asyncio
+import json
 import struct
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -263,3 +264,48 @@ async def test_the_upstreams_stream_limit_is_kept_and_the_queue_is_bounded() -> 
         assert upstream.peak_streams == 2
         outcomes = sorted(outcome for _, outcome in await r.outcomes(7))
         assert outcomes == sorted([200, 503, TIMEOUT, TIMEOUT, 200, 200, 200])
+
+
+async def test_100_continue_from_an_h2c_upstream_reaches_an_http1_client() -> None:
+    """The client sends its body only once 100 Continue arrives: without the relay
+    passing the upstream's informational response on, it would wait in vain."""
+    async with rig() as r:
+        reader, writer = await asyncio.open_connection("127.0.0.1", r.proxy.port)
+        try:
+            writer.write(
+                b"POST /echo HTTP/1.1\r\nHost: t\r\nX-Test-Variant: h2\r\n"
+                b"Expect: 100-continue\r\nContent-Length: 5\r\n\r\n"
+            )
+            async with asyncio.timeout(5):
+                interim = await reader.readuntil(b"\r\n\r\n")
+            assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+            writer.write(b"hello")
+            async with asyncio.timeout(10):
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(
+                    next(
+                        line.split(b":", 1)[1]
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    )
+                )
+                body = await reader.readexactly(length)
+        finally:
+            writer.close()
+        assert head.startswith(b"HTTP/1.1 200 ")
+        seen = json.loads(body)
+        assert seen["body_len"] == 5
+        assert dict(seen["fields"])["expect"] == "100-continue"
+        assert await r.outcomes(1) == [("h2", 200)]
+
+
+async def test_an_http1_0_client_is_sent_no_100_continue() -> None:
+    async with rig() as r:
+        answer = await exchange(
+            r.proxy.port,
+            b"POST /echo HTTP/1.0\r\nHost: t\r\nX-Test-Variant: h2\r\n"
+            b"Expect: 100-continue\r\nContent-Length: 5\r\n\r\nhello",
+        )
+        assert answer.startswith(b"HTTP/1.1 200 ")
+        assert b" 100 " not in answer.split(b"\r\n", 1)[0]
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["body_len"] == 5

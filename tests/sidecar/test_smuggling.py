@@ -192,6 +192,28 @@ REFUSED = {
         400,
         "framing",
     ),
+    # kept alive by a field, so the version must be read, not assumed to be 1.1
+    "HTTP/1.0 keep-alive with Transfer-Encoding": (
+        post(
+            b"Connection: keep-alive\r\nTransfer-Encoding: chunked\r\n",
+            CHUNKED_BODY,
+            version=b"HTTP/1.0",
+        ),
+        400,
+        "framing",
+    ),
+    "HTTP/1.0 Proxy-Connection keep-alive with Transfer-Encoding": (
+        post(
+            b"Proxy-Connection: keep-alive\r\nTransfer-Encoding: chunked\r\n",
+            CHUNKED_BODY,
+            version=b"HTTP/1.0",
+        ),
+        400,
+        "framing",
+    ),
+    "HTTP/2.0 request line, kept alive": (
+        b"GET /t HTTP/2.0\r\nHost: svc\r\nConnection: keep-alive\r\n\r\n", 505, "version"
+    ),
 }
 
 

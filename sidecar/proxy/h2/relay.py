@@ -174,6 +174,18 @@ class H2Relay:
         if end:
             self.response_end()
 
+    def response_interim(self, status: int, fields: list[Pair]) -> None:
+        """A 1xx before the response (100 Continue, 103 Early Hints): relayed, so a
+        client waiting to send its body (`Expect: 100-continue`) goes on at once. An
+        HTTP/1.0 client is sent none (RFC 9110 §15.2), nor is a 101 (HTTP/2 has none)."""
+        if self.done or self.exchange.http_1_0 or status == 101:
+            return
+        lines = h1_fields(fields)
+        self._cork()
+        self.exchange.response_head(
+            status, h1_status_line(status), lines, ResponseFields(lines), EMPTY
+        )
+
     def response_data(self, data: bytes) -> None:
         leg = self.leg
         if self.done or leg is None:

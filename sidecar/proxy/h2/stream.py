@@ -319,6 +319,11 @@ class H2Stream:
         if end:
             self._finish()
 
+    def response_interim(self, status: int, fields: list[Pair]) -> None:
+        """A 1xx from an HTTP/2 upstream is not passed on to an HTTP/2 client (not
+        done yet: such a client that waits for 100 Continue sends its body after its
+        own timeout)."""
+
     def response_data(self, data: bytes) -> None:
         if self.done:
             return

@@ -1,0 +1,53 @@
+"""Response heads an upstream repeats, parsed once.
+
+An upstream answers most requests to a route with the same head, byte for byte, for
+as long as its Date field says the same second. Scanning a head (`ResponseFields`)
+and rewriting it for the client (`headers.response_head`) is a good part of the
+proxy's Python work per request, so each pool keeps the heads it has parsed, keyed by
+their bytes: a head seen before costs one dictionary lookup, and its rewrite for a
+variant is kept with it (`ResponseFields.rewrites`).
+
+The bytes are the upstream's, so the cache is bounded both ways: heads longer than
+`MAX_CACHED_HEAD` are never kept, and once `limit` heads are held the cache starts
+afresh (heads that keep changing, a Content-Length per response say, then cost a
+lookup and an insertion each, and no more memory).
+"""
+
+from __future__ import annotations
+
+from sidecar.proxy.headers import ResponseFields, split_response_head
+
+# longer heads are parsed every time: typical heads are a few hundred bytes
+MAX_CACHED_HEAD = 2048
+DEFAULT_LIMIT = 64
+
+ParsedHead = tuple[bytes, bytes, ResponseFields]  # (status line, fields, scan)
+
+
+class HeadCache:
+    """Parsed response heads by their bytes (status line and fields, no blank line)."""
+
+    __slots__ = ("_heads", "limit")
+
+    def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
+        self.limit = limit
+        self._heads: dict[bytes, ParsedHead] = {}
+
+    def __len__(self) -> int:
+        return len(self._heads)
+
+    def parse(self, head: bytes) -> ParsedHead:
+        """(status line as HTTP/1.1, fields, their scan) of a head httptools accepted."""
+        parsed = self._heads.get(head)
+        if parsed is not None:
+            return parsed
+        status_line, fields = split_response_head(head)
+        scan = ResponseFields(fields)
+        parsed = (status_line, fields, scan)
+        if len(head) <= MAX_CACHED_HEAD:
+            heads = self._heads
+            if len(heads) >= self.limit:
+                heads.clear()
+            scan.rewrites = {}  # shared by every response with this head: keep rewrites
+            heads[head] = parsed
+        return parsed
