@@ -37,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from controlplane.decision.breaker import (
     Evaluation,
     Guardrail,
@@ -272,6 +274,10 @@ def _observe(
             changes["tally"] = state.tally.add(judged, judged_baseline)
         srm_tally, srm, srm_units, ramp = _srm_check(state, canary, baseline)
         changes["srm_tally"] = srm_tally
+    if ramp is not None and _step_due(state, steps, now):
+        # a planned look of the loss test: the end of a step of the schedule
+        ramp = ramp.judge_loss(state.step_index, len(steps))
+    if (fresh and canary is not None) or ramp is not state.ramp_split:
         changes["ramp_split"] = ramp
         verdict_now = _srm_verdict(srm, srm_units, ramp)
         if verdict_now is not None:
@@ -293,6 +299,13 @@ def _observe(
         fresh and canary is not None and held != state.overload_held,
     )
     return state.with_changes(**changes), look
+
+
+def _step_due(state: RolloutState, steps: Sequence[Step], now: float) -> bool:
+    """The current step's hold is over: its gate (and the loss test) look now."""
+    if state.breaker is not BreakerState.CLOSED or not 0 <= state.step_index < len(steps):
+        return False
+    return now >= state.step_started_at + steps[state.step_index].hold_sec
 
 
 def _judges_current_weight(state: RolloutState, canary: WindowSnapshot) -> bool:
@@ -326,9 +339,17 @@ def _srm_check(
     ramp = state.ramp_split
     if tally is None or tally.since != state.weight_since:
         tally = SrmTally.starting(state.weight_since, state.weight_since + ROUTE_SETTLE_SEC)
-    if baseline is None or not 0 < state.canary_bp < TOTAL_WEIGHT:
-        return tally, None, None, ramp
     if not tally.accepts(canary.window_start):
+        return tally, None, None, ramp
+    seconds = canary.window_end - canary.window_start
+    if baseline is None or not 0 < state.canary_bp < TOTAL_WEIGHT:
+        # every unit's arm is known: no split to judge, but where the followed units
+        # are seen (and where not) is what the loss test needs, at 100% most of all
+        if ramp is not None and canary.units is not None:
+            tally = tally.add(0, canary.count, canary.window_end)
+            none = np.zeros(0, dtype=np.uint32)
+            base = none if baseline is None or baseline.units is None else baseline.units.distinct
+            ramp = ramp.observe(base, canary.units.distinct, state.canary_bp, seconds=seconds)
         return tally, None, None, ramp
     tally = tally.add(
         baseline.count, canary.count, canary.window_end, (baseline.units, canary.units)
@@ -341,7 +362,7 @@ def _srm_check(
         )
     if baseline.units is not None and canary.units is not None:
         ramp = (ramp if ramp is not None else RampSplit()).observe(
-            baseline.units.distinct, canary.units.distinct, state.canary_bp
+            baseline.units.distinct, canary.units.distinct, state.canary_bp, seconds=seconds
         )
     return tally, requests, units, ramp
 
@@ -351,14 +372,16 @@ def _srm_verdict(
 ) -> bool | None:
     """Whether the split is out of balance now; None when nothing could be judged.
 
-    On units, either the step's own split or the whole ramp's (decision/ramp_split.py)
-    decides; a rejection by the ramp's always-valid test stands for the rest of the
-    rollout. Without units, the request counts of 0003 decide.
+    On units, either the step's own split or the whole ramp's (decision/ramp_split.py:
+    the always-valid test, or the loss test at a step's end) decides; a rejection
+    across the ramp stands for the rest of the rollout. Without units, the request
+    counts of 0003 decide.
     """
-    if units is None:
+    judged = ramp is not None and (ramp.events > 0 or ramp.loss is not None)
+    across = ramp.mismatch if ramp is not None and judged else None
+    if units is None and not across:
         return requests.mismatch if requests is not None else None
-    step = units.result.mismatch if units.result is not None else None
-    across = ramp.mismatch if ramp is not None and ramp.events else None
+    step = units.result.mismatch if units is not None and units.result is not None else None
     if step is None and across is None:
         return None
     return bool(step) or bool(across)
@@ -771,6 +794,13 @@ def _srm_reason(look: _Look, rule: BreakerRule) -> str:
             f"always-valid p={step.always_valid_p:.2g} ({rule.srm.value})"
         )
     assert ramp is not None
+    loss = ramp.loss
+    if ramp.decided_by == "loss" and loss is not None:
+        return (
+            f"sample ratio mismatch: the {loss.short_arm} is short of units "
+            f"({loss.units} units judged at the end of step {loss.look}), z={loss.z:.2f}, "
+            f"p={loss.p_value:.2g} < {loss.alpha / 2:.2g} ({rule.srm.value})"
+        )
     return (
         f"sample ratio mismatch across the ramp: {ramp.canary_events} of {ramp.events} "
         f"units' sightings in the canary, expected {ramp.expected:.1f}, "
@@ -784,12 +814,12 @@ def _srm_evidence(look: _Look) -> dict[str, Any] | None:
     Requests out of balance while units are in balance is a few heavy units landing
     in one arm, not a broken assignment: reported as `heavy_users`, never as SRM.
     """
-    if look.srm is None and look.srm_units is None:
+    if look.srm is None and look.srm_units is None and look.ramp is None:
         return None
     requests = look.srm.to_dict() if look.srm is not None else None
-    if look.srm_units is None:
+    if look.srm_units is None and look.ramp is None:
         return {**(requests or {}), "judged_on": "requests"}
-    unit_result = look.srm_units.result
+    unit_result = look.srm_units.result if look.srm_units is not None else None
     heavy = (
         look.srm is not None
         and look.srm.mismatch
@@ -800,11 +830,23 @@ def _srm_evidence(look: _Look) -> dict[str, Any] | None:
     return {
         **(unit_result.to_dict() if unit_result is not None else {}),
         "judged_on": "units",
-        "units": look.srm_units.to_dict(),
+        "units": look.srm_units.to_dict() if look.srm_units is not None else None,
         "ramp": look.ramp.to_evidence() if look.ramp is not None else None,
         "requests": requests,
         "heavy_users": heavy,
+        "decided_by": _srm_decided_by(look),
     }
+
+
+def _srm_decided_by(look: _Look) -> str | None:
+    """Which test's mismatch the verdict stands on: the step's units (or requests),
+    the ramp's always-valid test, or the loss test at a step's end."""
+    step = look.srm_units.result if look.srm_units is not None else look.srm
+    if step is not None and step.mismatch:
+        return "step_units" if look.srm_units is not None else "step_requests"
+    if look.ramp is not None and look.ramp.mismatch:
+        return look.ramp.decided_by
+    return None
 
 
 def _payload(from_: str, to: str, evidence: dict[str, Any]) -> dict[str, Any]:
