@@ -81,6 +81,11 @@ log = logging.getLogger("canary.collector")
 CONFIG_SOURCES = ("rules", "routes", "windows")
 DEDUP_HORIZON = 65_536  # batches per source remembered below its high-water mark
 HEARTBEAT_SEC = 5.0  # republish an unchanged experiment this often, so age stays low
+# the merged plain `<variant>` view and its `canary:decisions` entry, per experiment, at
+# most this often (an idle experiment's heartbeat carries it each time): the partial,
+# what counts and what the controller reads, goes out with every publish
+# (docs/decisions/0031-round-cost-at-scale.md, "The collector's publish")
+MERGED_EVERY_SEC = HEARTBEAT_SEC
 BACKEND_RETRY_INITIAL_SEC = 0.05
 BACKEND_RETRY_MAX_SEC = 2.0
 
@@ -317,6 +322,7 @@ class Collector:
         self._grouped: set[str] = set()
         self._stream_services: set[str] = set()
         self._last_publish: dict[str, float] = {}
+        self._last_merged: dict[str, float] = {}
         self._last_tick = -math.inf
         self._last_claim = -math.inf
         self._last_services = -math.inf
@@ -657,7 +663,16 @@ class Collector:
         if self._last_publish:
             self.metrics.snapshot_age.set(max(0.0, now - max(self._last_publish.values())))
 
-    async def publish(self, experiment: str, now: float) -> dict[str, WindowSnapshot]:
+    async def publish(
+        self, experiment: str, now: float, *, merged: bool | None = None
+    ) -> dict[str, WindowSnapshot]:
+        """Write this collector's partial window of `experiment`, then ack what it holds.
+
+        With it (`merged`; by default when MERGED_EVERY_SEC has passed since the last
+        one) the merged plain view over every collector's partial and a decisions
+        entry: they cost a read of the hash and most of the CPU, and only readers
+        without the partials' merge use them. Returns the merged view, or {} without.
+        """
         window = self.windows[experiment]
         # held until published and acked: entries a failed publish or ack left
         # pending stay listed as unacked in the next partial, so no claimer counts
@@ -666,6 +681,14 @@ class Collector:
         included = list(held.entries)
         unacked = [f"{service}/{entry_id}" for service, entry_id in included]
         partial = export_partial(window, now, collector=self.name, unacked=unacked)
+        own = {part_field(self.name): json.dumps(partial, separators=(",", ":"))}
+        if merged is None:
+            merged = now - self._last_merged.get(experiment, -math.inf) >= MERGED_EVERY_SEC
+        if not merged:
+            await self.board.publish(experiment, own, None)
+            self._published(experiment, window, now)
+            await self._ack_included(experiment, held, included)
+            return {}
         others = {
             name: raw
             for name, raw in (await self.board.read(experiment)).items()
@@ -681,12 +704,24 @@ class Collector:
             local=window,
             local_collector=self.name,
         )
-        fields = {name: snap.to_json() for name, snap in snapshots.items()}
-        fields[part_field(self.name)] = json.dumps(partial, separators=(",", ":"))
+        fields = {name: snap.to_json() for name, snap in snapshots.items()} | own
         await self.board.publish(experiment, fields, decision_entry(experiment, snapshots, now))
+        self._published(experiment, window, now)
+        self._last_merged[experiment] = now
+        await self._ack_included(experiment, held, included)
+        if expired:
+            await self._remove_expired(experiment, expired, others, now)
+        return snapshots
+
+    def _published(self, experiment: str, window: ExperimentWindow, now: float) -> None:
         window.changed = False
         self._last_publish[experiment] = now
         self.metrics.publishes.inc()
+
+    async def _ack_included(
+        self, experiment: str, held: _Held, included: Sequence[tuple[str, str]]
+    ) -> None:
+        """Ack the entries a partial now on the board contains (never before: 0004)."""
         by_service: dict[str, list[str]] = {}
         for service, entry_id in included:
             by_service.setdefault(service, []).append(entry_id)
@@ -695,9 +730,6 @@ class Collector:
         del held.entries[: len(included)]
         if not held.entries:
             self._held.pop(experiment, None)
-        if expired:
-            await self._remove_expired(experiment, expired, others, now)
-        return snapshots
 
     def grace_sec(self, experiment: str) -> float:
         """How long an ended experiment is kept: every window it was judged on is over."""
@@ -723,6 +755,7 @@ class Collector:
                 self.on_forget(experiment, window)
             self.experiment_service.pop(experiment, None)
             self._last_publish.pop(experiment, None)
+            self._last_merged.pop(experiment, None)
             self._held.pop(experiment, None)
             self.lifecycle.forgotten(experiment)
             self.metrics.forgotten.inc()
@@ -782,7 +815,7 @@ class Collector:
                 log.warning("read in flight at shutdown failed: %s", exc)
         now = self.clock.now()
         for experiment in list(self.windows):
-            await self.publish(experiment, now)
+            await self.publish(experiment, now, merged=True)
         for service, ids in list(self._ack_now.items()):
             if ids:
                 await self.streams.ack(service, COLLECTOR_GROUP, ids)

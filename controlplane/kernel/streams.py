@@ -75,9 +75,10 @@ class SampleStream(Protocol):
 
 class SnapshotBoard(Protocol):
     async def publish(
-        self, experiment: str, per_variant: Mapping[str, str], decision: Mapping[str, str]
+        self, experiment: str, per_variant: Mapping[str, str], decision: Mapping[str, str] | None
     ) -> None:
-        """Set the stats hash fields (variant -> JSON) and add one decisions entry."""
+        """Set the stats hash fields (variant -> JSON) and add one decisions entry
+        (None: none, a partial window alone)."""
         ...
 
     async def read(self, experiment: str) -> dict[str, str]:

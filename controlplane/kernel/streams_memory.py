@@ -219,12 +219,14 @@ class MemoryStreams:
     # --- SnapshotBoard ------------------------------------------------------
 
     async def publish(
-        self, experiment: str, per_variant: Mapping[str, str], decision: Mapping[str, str]
+        self, experiment: str, per_variant: Mapping[str, str], decision: Mapping[str, str] | None
     ) -> None:
         self._check_open()
-        if not decision:
+        if decision is not None and not decision:
             raise ValueError("a decision entry needs at least one field")
         self._stats.setdefault(experiment, {}).update(per_variant)
+        if decision is None:
+            return
         self._decisions.add(
             {name: value.encode() for name, value in decision.items()},
             self._now_ms(),

@@ -503,11 +503,16 @@ class RedisStreams:
     # --- SnapshotBoard ------------------------------------------------------
 
     async def publish(
-        self, experiment: str, per_variant: Mapping[str, str], decision: Mapping[str, str]
+        self, experiment: str, per_variant: Mapping[str, str], decision: Mapping[str, str] | None
     ) -> None:
-        if not decision:
+        if decision is not None and not decision:
             raise ValueError("a decision entry needs at least one field")
         with _boundary("publish"):
+            if decision is None:
+                # a partial window alone: one command, no pipeline to build
+                if per_variant:
+                    await self._client.hset(self._keys.stats(experiment), mapping=_wire(per_variant))
+                return
             async with self._client.pipeline(transaction=False) as pipe:
                 if per_variant:
                     pipe.hset(self._keys.stats(experiment), mapping=_wire(per_variant))
