@@ -512,3 +512,11 @@ async def test_redis_down_raises_backend_unavailable_and_recovers(
         assert await streams.remove_if_unchanged("7", {"canary": "{}"}) == ["canary"]
     finally:
         await streams.close()
+
+
+async def test_a_publish_without_a_decision_entry_sets_the_fields_only(backend: Backend) -> None:
+    b = backend.board
+    await b.publish("7", {"@part:c1": "a", "canary": "{}"}, {"exp": "7"})
+    await b.publish("7", {"@part:c1": "b"}, None)
+    assert await b.read("7") == {"@part:c1": "b", "canary": "{}"}
+    assert await backend.decisions_length() == 1
