@@ -648,12 +648,17 @@ class Collector:
         """Publish every experiment that changed (or is due a heartbeat); then ack."""
         self._last_tick = self.clock.monotonic()
         now = self.clock.now()
+        partial_only: list[str] = []
         for experiment, window in list(self.windows.items()):
             window.advance(now)
             held = self._held.get(experiment)
             quiet_for = now - self._last_publish.get(experiment, -math.inf)
             if window.changed or (held and held.entries) or quiet_for >= HEARTBEAT_SEC:
-                await self.publish(experiment, now)
+                if self._merged_due(experiment, now):
+                    await self.publish(experiment, now, merged=True)
+                else:
+                    partial_only.append(experiment)
+        await self.publish_partials(partial_only, now)
         for service, ids in list(self._ack_now.items()):
             if ids:
                 await self.streams.ack(service, COLLECTOR_GROUP, ids)
@@ -673,22 +678,11 @@ class Collector:
         entry: they cost a read of the hash and most of the CPU, and only readers
         without the partials' merge use them. Returns the merged view, or {} without.
         """
-        window = self.windows[experiment]
-        # held until published and acked: entries a failed publish or ack left
-        # pending stay listed as unacked in the next partial, so no claimer counts
-        # them again (a second ack of an entry is harmless)
-        held = self._held.get(experiment, _Held())
-        included = list(held.entries)
-        unacked = [f"{service}/{entry_id}" for service, entry_id in included]
-        partial = export_partial(window, now, collector=self.name, unacked=unacked)
-        own = {part_field(self.name): json.dumps(partial, separators=(",", ":"))}
-        if merged is None:
-            merged = now - self._last_merged.get(experiment, -math.inf) >= MERGED_EVERY_SEC
-        if not merged:
-            await self.board.publish(experiment, own, None)
-            self._published(experiment, window, now)
-            await self._ack_included(experiment, held, included)
+        if not (self._merged_due(experiment, now) if merged is None else merged):
+            await self.publish_partials([experiment], now)
             return {}
+        window = self.windows[experiment]
+        held, included, own = self._own_partial(experiment, now)
         others = {
             name: raw
             for name, raw in (await self.board.read(experiment)).items()
@@ -708,10 +702,45 @@ class Collector:
         await self.board.publish(experiment, fields, decision_entry(experiment, snapshots, now))
         self._published(experiment, window, now)
         self._last_merged[experiment] = now
-        await self._ack_included(experiment, held, included)
+        await self._ack_included({experiment: (held, included)})
         if expired:
             await self._remove_expired(experiment, expired, others, now)
         return snapshots
+
+    async def publish_partials(self, experiments: Sequence[str], now: float) -> None:
+        """This collector's partial windows of `experiments` alone, in one round trip,
+        then their entries acked in one more (a tick's publishes without the merged
+        view): the same order as `publish`, every partial on the board before any ack.
+        """
+        if not experiments:
+            return
+        fields: dict[str, dict[str, str]] = {}
+        included: dict[str, tuple[_Held, list[tuple[str, str]]]] = {}
+        for experiment in experiments:
+            held, entries, fields[experiment] = self._own_partial(experiment, now)
+            included[experiment] = (held, entries)
+        await self.board.write_many(fields)
+        for experiment in experiments:
+            self._published(experiment, self.windows[experiment], now)
+        await self._ack_included(included)
+
+    def _own_partial(
+        self, experiment: str, now: float
+    ) -> tuple[_Held, list[tuple[str, str]], dict[str, str]]:
+        """What this collector holds of `experiment` now, and its partial's field."""
+        # held until published and acked: entries a failed publish or ack left
+        # pending stay listed as unacked in the next partial, so no claimer counts
+        # them again (a second ack of an entry is harmless)
+        held = self._held.get(experiment, _Held())
+        included = list(held.entries)
+        unacked = [f"{service}/{entry_id}" for service, entry_id in included]
+        partial = export_partial(
+            self.windows[experiment], now, collector=self.name, unacked=unacked
+        )
+        return held, included, {part_field(self.name): json.dumps(partial, separators=(",", ":"))}
+
+    def _merged_due(self, experiment: str, now: float) -> bool:
+        return now - self._last_merged.get(experiment, -math.inf) >= MERGED_EVERY_SEC
 
     def _published(self, experiment: str, window: ExperimentWindow, now: float) -> None:
         window.changed = False
@@ -719,17 +748,19 @@ class Collector:
         self.metrics.publishes.inc()
 
     async def _ack_included(
-        self, experiment: str, held: _Held, included: Sequence[tuple[str, str]]
+        self, included: Mapping[str, tuple[_Held, Sequence[tuple[str, str]]]]
     ) -> None:
-        """Ack the entries a partial now on the board contains (never before: 0004)."""
+        """Ack the entries partials now on the board contain (never before: 0004), and
+        stop holding them; a failed ack keeps them held, listed in the next partial."""
         by_service: dict[str, list[str]] = {}
-        for service, entry_id in included:
-            by_service.setdefault(service, []).append(entry_id)
-        for service, ids in by_service.items():
-            await self.streams.ack(service, COLLECTOR_GROUP, ids)
-        del held.entries[: len(included)]
-        if not held.entries:
-            self._held.pop(experiment, None)
+        for _, entries in included.values():
+            for service, entry_id in entries:
+                by_service.setdefault(service, []).append(entry_id)
+        await self.streams.ack_many(COLLECTOR_GROUP, by_service)
+        for experiment, (held, entries) in included.items():
+            del held.entries[: len(entries)]
+            if not held.entries:
+                self._held.pop(experiment, None)
 
     def grace_sec(self, experiment: str) -> float:
         """How long an ended experiment is kept: every window it was judged on is over."""

@@ -166,6 +166,12 @@ class MemoryStreams:
                 acked += 1
         return acked
 
+    async def ack_many(self, group: str, entry_ids: Mapping[str, Sequence[str]]) -> int:
+        acked = 0
+        for service, ids in entry_ids.items():
+            acked += await self.ack(service, group, ids)
+        return acked
+
     async def claim_idle(
         self, service: str, group: str, consumer: str, *, min_idle_ms: int, count: int
     ) -> list[StreamEntry]:
@@ -219,19 +225,22 @@ class MemoryStreams:
     # --- SnapshotBoard ------------------------------------------------------
 
     async def publish(
-        self, experiment: str, per_variant: Mapping[str, str], decision: Mapping[str, str] | None
+        self, experiment: str, per_variant: Mapping[str, str], decision: Mapping[str, str]
     ) -> None:
         self._check_open()
-        if decision is not None and not decision:
+        if not decision:
             raise ValueError("a decision entry needs at least one field")
         self._stats.setdefault(experiment, {}).update(per_variant)
-        if decision is None:
-            return
         self._decisions.add(
             {name: value.encode() for name, value in decision.items()},
             self._now_ms(),
             DECISIONS_MAXLEN,
         )
+
+    async def write_many(self, fields: Mapping[str, Mapping[str, str]]) -> None:
+        self._check_open()
+        for experiment, values in fields.items():
+            self._stats.setdefault(experiment, {}).update(values)
 
     async def read(self, experiment: str) -> dict[str, str]:
         self._check_open()

@@ -186,10 +186,14 @@ class RecordingBoard:
         return getattr(self.board, name)
 
     async def publish(
-        self, experiment: str, per_variant: Mapping[str, str], decision: Mapping[str, str] | None
+        self, experiment: str, per_variant: Mapping[str, str], decision: Mapping[str, str]
     ) -> None:
         self.published.append(dict(per_variant))
         await self.board.publish(experiment, per_variant, decision)
+
+    async def write_many(self, fields: Mapping[str, Mapping[str, str]]) -> None:
+        self.published.extend(dict(values) for values in fields.values())
+        await self.board.write_many(fields)
 
 
 @dataclass

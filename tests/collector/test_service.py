@@ -15,8 +15,8 @@ from controlplane.collector.sharding import read_merged_snapshots
 from controlplane.kernel.clock import FakeClock, SystemClock
 from controlplane.kernel.codec import BatchBuilder, BatchMeta, entry_fields
 from controlplane.kernel.keys import EtcdKeys, RedisKeys
-from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.kernel.kv_factory import open_kv
+from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.kernel.streams_factory import open_streams
 
 SERVICE = "payment-api"
