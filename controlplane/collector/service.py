@@ -648,13 +648,20 @@ class Collector:
         """Publish every experiment that changed (or is due a heartbeat); then ack."""
         self._last_tick = self.clock.monotonic()
         now = self.clock.now()
+        # the last read was full (a next one is prefetched): entries are waiting. Then
+        # no heartbeat and no merged view, only the partials of what was applied: a
+        # collector behind its streams that republished every experiment it had not
+        # heard from for HEARTBEAT_SEC, merged, spent its time on those and read less
+        # and less (docs/decisions/0031-round-cost-at-scale.md)
+        behind = self._prefetch is not None
         partial_only: list[str] = []
         for experiment, window in list(self.windows.items()):
             window.advance(now)
             held = self._held.get(experiment)
             quiet_for = now - self._last_publish.get(experiment, -math.inf)
-            if window.changed or (held and held.entries) or quiet_for >= HEARTBEAT_SEC:
-                if self._merged_due(experiment, now):
+            heartbeat = quiet_for >= HEARTBEAT_SEC and not behind
+            if window.changed or (held and held.entries) or heartbeat:
+                if not behind and self._merged_due(experiment, now):
                     await self.publish(experiment, now, merged=True)
                 else:
                     partial_only.append(experiment)

@@ -373,3 +373,44 @@ async def test_the_partial_goes_out_with_every_publish_the_merged_view_every_few
     assert streams.decisions_length() == 2
     plain = sum(WindowSnapshot.from_json(fields[v]).count for v in ("canary", "baseline"))
     assert plain == await exact_count() == sent
+
+
+async def test_behind_its_streams_a_collector_publishes_partials_only_and_no_heartbeats() -> None:
+    from controlplane.collector.service import HEARTBEAT_SEC
+
+    clock = FakeClock()
+    streams, board = open_streams("memory://", clock=clock)
+    kv = open_kv("memory://", clock=clock)
+    keys = EtcdKeys("/t")
+    await kv.put(
+        keys.rule(SERVICE), b'{"service": "payment-api", "threshold_ms": 100, "window_sec": 30}'
+    )
+    collector = Collector(
+        streams, board, kv, keys, consumer_name="c1", clock=clock, block_ms=0, count=2
+    )
+    await collector.load_config()
+    try:
+        rt = np.full(64, 40_000, np.uint32)
+        await streams.append(SERVICE, make_batches(rt, clock.now(), size=8), maxlen=100)
+        await collector.step()  # discovery; a full read of 2 of the 8 entries
+        clock.advance(0.2)
+        await collector.step()  # another full read: behind, the partial alone
+        fields = await streams.read(EXPERIMENT)
+        assert set(fields) == {"@part:c1"} and streams.decisions_length() == 0
+        for _ in range(3):
+            clock.advance(0.2)
+            await collector.step()  # full reads: each publish is the partial alone
+            assert set(await streams.read(EXPERIMENT)) == {"@part:c1"}
+        assert collector.metrics.publishes._value.get() == 4
+        clock.advance(HEARTBEAT_SEC)
+        await collector.step()  # an empty read: caught up, a heartbeat with the merged view
+        assert collector.metrics.publishes._value.get() == 5
+        fields = await streams.read(EXPERIMENT)
+        assert {"canary", "baseline"} <= set(fields) and streams.decisions_length() == 1
+        snaps = await read_merged_snapshots(streams, EXPERIMENT, clock.now())
+        assert sum(s.count for s in snaps.values()) == 64
+        assert await streams.pending(SERVICE, "collectors") == 0
+    finally:
+        await collector.stop_watching()
+        await streams.close()
+        await kv.close()
