@@ -346,20 +346,29 @@ async def _redis_memory(rig: Rig, redis: Any) -> dict[str, float]:
 
 class Steady:
     """The collector's CPU over a span of the steady feed (FEED_SAMPLES a second to
-    every experiment), per experiment and second."""
+    every experiment), per experiment and second; and per partial window published
+    (`publishes`: its count at the start), the figure a loaded machine does not cap:
+    a collector short of CPU publishes less, so its CPU per second stays flat, but
+    each publish costs what it costs. A collector that keeps up publishes about N a
+    second (each experiment gets a batch a second)."""
 
-    def __init__(self, rig: Rig) -> None:
+    def __init__(self, rig: Rig, publishes: int) -> None:
         assert rig.collector is not None
         self.rig = rig
         self.pid = rig.collector.pid
         self.cpu = _cpu_seconds(self.pid)
+        self.publishes = publishes
         self.began = time.perf_counter()
 
-    def figures(self) -> dict[str, float]:
-        per_sec = (_cpu_seconds(self.pid) - self.cpu) / (time.perf_counter() - self.began)
+    def figures(self, publishes: int) -> dict[str, float]:
+        cpu = _cpu_seconds(self.pid) - self.cpu
+        span = time.perf_counter() - self.began
+        published = max(1, publishes - self.publishes)
         return {"samples_per_experiment_s": FEED_SAMPLES,
-                "cpu_s_per_s": round(per_sec, 4),
-                "cpu_ms_per_experiment_s": round(per_sec / self.rig.n * 1000, 4)}  # fmt: skip
+                "cpu_s_per_s": round(cpu / span, 4),
+                "cpu_ms_per_experiment_s": round(cpu / span / self.rig.n * 1000, 4),
+                "publishes_per_s": round((publishes - self.publishes) / span, 2),
+                "cpu_ms_per_publish": round(cpu / published * 1000, 4)}  # fmt: skip
 
 
 async def _ticks(rig: Rig, controller: Controller, rounds: int) -> dict[str, Any]:
@@ -509,11 +518,11 @@ async def _one_size(
             feeder = _start_feed(rig, redis_url)
             await ticker.open(backends)
             await asyncio.sleep(plan.warm_sec)  # the windows fill with the steady feed
-            steady = Steady(rig)
+            steady = Steady(rig, await _publishes(admin))
             # fewer rounds at large N: each evaluates every experiment
             rounds = max(2, min(plan.tick_rounds, 400 // n))
             result["tick"] = await _ticks(rig, ticker, rounds)
-            result["collector"]["steady"] = steady.figures()
+            result["collector"]["steady"] = steady.figures(await _publishes(admin))
             # the window full of the steady feed: what a running experiment holds
             result["redis"]["steady"] = await _redis_memory(rig, redis)
             if progress:
@@ -725,6 +734,9 @@ def _per_unit(figures: dict[str, Any]) -> dict[str, float]:
         "collector_cpu_s_per_million_samples": figures["collector"]["cpu_s_per_million_samples"],
         "collector_steady_cpu_ms_per_experiment_s": figures["collector"]["steady"][
             "cpu_ms_per_experiment_s"
+        ],
+        "collector_steady_cpu_ms_per_publish": figures["collector"]["steady"][
+            "cpu_ms_per_publish"
         ],
         "redis_stats_bytes_per_experiment": figures["redis"]["steady"][
             "stats_bytes_per_experiment"

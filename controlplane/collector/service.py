@@ -81,6 +81,11 @@ log = logging.getLogger("canary.collector")
 CONFIG_SOURCES = ("rules", "routes", "windows")
 DEDUP_HORIZON = 65_536  # batches per source remembered below its high-water mark
 HEARTBEAT_SEC = 5.0  # republish an unchanged experiment this often, so age stays low
+# the merged plain `<variant>` view and its `canary:decisions` entry, per experiment, at
+# most this often (an idle experiment's heartbeat carries it each time): the partial,
+# what counts and what the controller reads, goes out with every publish
+# (docs/decisions/0031-round-cost-at-scale.md, "The collector's publish")
+MERGED_EVERY_SEC = HEARTBEAT_SEC
 BACKEND_RETRY_INITIAL_SEC = 0.05
 BACKEND_RETRY_MAX_SEC = 2.0
 
@@ -317,6 +322,7 @@ class Collector:
         self._grouped: set[str] = set()
         self._stream_services: set[str] = set()
         self._last_publish: dict[str, float] = {}
+        self._last_merged: dict[str, float] = {}
         self._last_tick = -math.inf
         self._last_claim = -math.inf
         self._last_services = -math.inf
@@ -642,12 +648,24 @@ class Collector:
         """Publish every experiment that changed (or is due a heartbeat); then ack."""
         self._last_tick = self.clock.monotonic()
         now = self.clock.now()
+        # the last read was full (a next one is prefetched): entries are waiting. Then
+        # no heartbeat and no merged view, only the partials of what was applied: a
+        # collector behind its streams that republished every experiment it had not
+        # heard from for HEARTBEAT_SEC, merged, spent its time on those and read less
+        # and less (docs/decisions/0031-round-cost-at-scale.md)
+        behind = self._prefetch is not None
+        partial_only: list[str] = []
         for experiment, window in list(self.windows.items()):
             window.advance(now)
             held = self._held.get(experiment)
             quiet_for = now - self._last_publish.get(experiment, -math.inf)
-            if window.changed or (held and held.entries) or quiet_for >= HEARTBEAT_SEC:
-                await self.publish(experiment, now)
+            heartbeat = quiet_for >= HEARTBEAT_SEC and not behind
+            if window.changed or (held and held.entries) or heartbeat:
+                if not behind and self._merged_due(experiment, now):
+                    await self.publish(experiment, now, merged=True)
+                else:
+                    partial_only.append(experiment)
+        await self.publish_partials(partial_only, now)
         for service, ids in list(self._ack_now.items()):
             if ids:
                 await self.streams.ack(service, COLLECTOR_GROUP, ids)
@@ -657,15 +675,21 @@ class Collector:
         if self._last_publish:
             self.metrics.snapshot_age.set(max(0.0, now - max(self._last_publish.values())))
 
-    async def publish(self, experiment: str, now: float) -> dict[str, WindowSnapshot]:
+    async def publish(
+        self, experiment: str, now: float, *, merged: bool | None = None
+    ) -> dict[str, WindowSnapshot]:
+        """Write this collector's partial window of `experiment`, then ack what it holds.
+
+        With it (`merged`; by default when MERGED_EVERY_SEC has passed since the last
+        one) the merged plain view over every collector's partial and a decisions
+        entry: they cost a read of the hash and most of the CPU, and only readers
+        without the partials' merge use them. Returns the merged view, or {} without.
+        """
+        if not (self._merged_due(experiment, now) if merged is None else merged):
+            await self.publish_partials([experiment], now)
+            return {}
         window = self.windows[experiment]
-        # held until published and acked: entries a failed publish or ack left
-        # pending stay listed as unacked in the next partial, so no claimer counts
-        # them again (a second ack of an entry is harmless)
-        held = self._held.get(experiment, _Held())
-        included = list(held.entries)
-        unacked = [f"{service}/{entry_id}" for service, entry_id in included]
-        partial = export_partial(window, now, collector=self.name, unacked=unacked)
+        held, included, own = self._own_partial(experiment, now)
         others = {
             name: raw
             for name, raw in (await self.board.read(experiment)).items()
@@ -681,23 +705,69 @@ class Collector:
             local=window,
             local_collector=self.name,
         )
-        fields = {name: snap.to_json() for name, snap in snapshots.items()}
-        fields[part_field(self.name)] = json.dumps(partial, separators=(",", ":"))
+        fields = {name: snap.to_json() for name, snap in snapshots.items()} | own
         await self.board.publish(experiment, fields, decision_entry(experiment, snapshots, now))
-        window.changed = False
-        self._last_publish[experiment] = now
-        self.metrics.publishes.inc()
-        by_service: dict[str, list[str]] = {}
-        for service, entry_id in included:
-            by_service.setdefault(service, []).append(entry_id)
-        for service, ids in by_service.items():
-            await self.streams.ack(service, COLLECTOR_GROUP, ids)
-        del held.entries[: len(included)]
-        if not held.entries:
-            self._held.pop(experiment, None)
+        self._published(experiment, window, now)
+        self._last_merged[experiment] = now
+        await self._ack_included({experiment: (held, included)})
         if expired:
             await self._remove_expired(experiment, expired, others, now)
         return snapshots
+
+    async def publish_partials(self, experiments: Sequence[str], now: float) -> None:
+        """This collector's partial windows of `experiments` alone, in one round trip,
+        then their entries acked in one more (a tick's publishes without the merged
+        view): the same order as `publish`, every partial on the board before any ack.
+        """
+        if not experiments:
+            return
+        fields: dict[str, dict[str, str]] = {}
+        included: dict[str, tuple[_Held, list[tuple[str, str]]]] = {}
+        for experiment in experiments:
+            held, entries, fields[experiment] = self._own_partial(experiment, now)
+            included[experiment] = (held, entries)
+        await self.board.write_many(fields)
+        for experiment in experiments:
+            self._published(experiment, self.windows[experiment], now)
+        await self._ack_included(included)
+
+    def _own_partial(
+        self, experiment: str, now: float
+    ) -> tuple[_Held, list[tuple[str, str]], dict[str, str]]:
+        """What this collector holds of `experiment` now, and its partial's field."""
+        # held until published and acked: entries a failed publish or ack left
+        # pending stay listed as unacked in the next partial, so no claimer counts
+        # them again (a second ack of an entry is harmless)
+        held = self._held.get(experiment, _Held())
+        included = list(held.entries)
+        unacked = [f"{service}/{entry_id}" for service, entry_id in included]
+        partial = export_partial(
+            self.windows[experiment], now, collector=self.name, unacked=unacked
+        )
+        return held, included, {part_field(self.name): json.dumps(partial, separators=(",", ":"))}
+
+    def _merged_due(self, experiment: str, now: float) -> bool:
+        return now - self._last_merged.get(experiment, -math.inf) >= MERGED_EVERY_SEC
+
+    def _published(self, experiment: str, window: ExperimentWindow, now: float) -> None:
+        window.changed = False
+        self._last_publish[experiment] = now
+        self.metrics.publishes.inc()
+
+    async def _ack_included(
+        self, included: Mapping[str, tuple[_Held, Sequence[tuple[str, str]]]]
+    ) -> None:
+        """Ack the entries partials now on the board contain (never before: 0004), and
+        stop holding them; a failed ack keeps them held, listed in the next partial."""
+        by_service: dict[str, list[str]] = {}
+        for _, entries in included.values():
+            for service, entry_id in entries:
+                by_service.setdefault(service, []).append(entry_id)
+        await self.streams.ack_many(COLLECTOR_GROUP, by_service)
+        for experiment, (held, entries) in included.items():
+            del held.entries[: len(entries)]
+            if not held.entries:
+                self._held.pop(experiment, None)
 
     def grace_sec(self, experiment: str) -> float:
         """How long an ended experiment is kept: every window it was judged on is over."""
@@ -723,6 +793,7 @@ class Collector:
                 self.on_forget(experiment, window)
             self.experiment_service.pop(experiment, None)
             self._last_publish.pop(experiment, None)
+            self._last_merged.pop(experiment, None)
             self._held.pop(experiment, None)
             self.lifecycle.forgotten(experiment)
             self.metrics.forgotten.inc()
@@ -782,7 +853,7 @@ class Collector:
                 log.warning("read in flight at shutdown failed: %s", exc)
         now = self.clock.now()
         for experiment in list(self.windows):
-            await self.publish(experiment, now)
+            await self.publish(experiment, now, merged=True)
         for service, ids in list(self._ack_now.items()):
             if ids:
                 await self.streams.ack(service, COLLECTOR_GROUP, ids)

@@ -4,9 +4,9 @@
 
 The history is what the collectors already publish: one `canary:decisions` entry per
 snapshot, each carrying every variant's numbers over its window. Consecutive entries
-overlap almost entirely (a collector publishes every tick), so only entries at least
-one window apart are kept: each kept value then describes samples no other kept
-value saw, and the count of windows is a count of independent looks.
+overlap almost entirely (a collector writes one every few seconds per experiment),
+so only entries at least one window apart are kept: each kept value then describes
+samples no other kept value saw, and the count of windows is a count of independent looks.
 
 The proposal:
     threshold_ms  = P95 over the windows of the baseline's per-window percentile

@@ -87,6 +87,9 @@ class CountingStream:
     async def ack(self, service: str, group: str, entry_ids: Sequence[str]) -> int:
         return await self._inner.ack(service, group, entry_ids)
 
+    async def ack_many(self, group: str, entry_ids: Mapping[str, Sequence[str]]) -> int:
+        return await self._inner.ack_many(group, entry_ids)
+
     async def claim_idle(
         self, service: str, group: str, consumer: str, *, min_idle_ms: int, count: int
     ) -> list[StreamEntry]:

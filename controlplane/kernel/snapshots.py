@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeGuard
 
 from controlplane.kernel.units import UnitSummary
@@ -122,7 +122,10 @@ class WindowSnapshot:
         return value
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        # field by field, not dataclasses.asdict: that deep-copies the reservoirs and
+        # the unit summary value by value only for them to be replaced below, and was
+        # most of a collector's publish (docs/decisions/0031-round-cost-at-scale.md)
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["reservoir_ms"] = list(self.reservoir_ms)
         data["reservoir_units"] = list(self.reservoir_units)
         data["units"] = self.units.to_dict() if self.units is not None else None

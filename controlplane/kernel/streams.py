@@ -58,6 +58,11 @@ class SampleStream(Protocol):
 
     async def ack(self, service: str, group: str, entry_ids: Sequence[str]) -> int: ...
 
+    async def ack_many(self, group: str, entry_ids: Mapping[str, Sequence[str]]) -> int:
+        """`ack` of each service's entries (service -> ids) in one round trip (the
+        collector acks a tick's publishes at once); returns how many were acked."""
+        ...
+
     async def claim_idle(
         self, service: str, group: str, consumer: str, *, min_idle_ms: int, count: int
     ) -> list[StreamEntry]:
@@ -78,6 +83,11 @@ class SnapshotBoard(Protocol):
         self, experiment: str, per_variant: Mapping[str, str], decision: Mapping[str, str]
     ) -> None:
         """Set the stats hash fields (variant -> JSON) and add one decisions entry."""
+        ...
+
+    async def write_many(self, fields: Mapping[str, Mapping[str, str]]) -> None:
+        """Set stats hash fields of several experiments (experiment -> field -> JSON)
+        in one round trip, with no decisions entry (a tick's partial windows)."""
         ...
 
     async def read(self, experiment: str) -> dict[str, str]:

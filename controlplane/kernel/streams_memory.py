@@ -166,6 +166,12 @@ class MemoryStreams:
                 acked += 1
         return acked
 
+    async def ack_many(self, group: str, entry_ids: Mapping[str, Sequence[str]]) -> int:
+        acked = 0
+        for service, ids in entry_ids.items():
+            acked += await self.ack(service, group, ids)
+        return acked
+
     async def claim_idle(
         self, service: str, group: str, consumer: str, *, min_idle_ms: int, count: int
     ) -> list[StreamEntry]:
@@ -230,6 +236,11 @@ class MemoryStreams:
             self._now_ms(),
             DECISIONS_MAXLEN,
         )
+
+    async def write_many(self, fields: Mapping[str, Mapping[str, str]]) -> None:
+        self._check_open()
+        for experiment, values in fields.items():
+            self._stats.setdefault(experiment, {}).update(values)
 
     async def read(self, experiment: str) -> dict[str, str]:
         self._check_open()

@@ -447,6 +447,24 @@ class RedisStreams:
                 return 0
         return acked
 
+    async def ack_many(self, group: str, entry_ids: Mapping[str, Sequence[str]]) -> int:
+        wanted = [(service, ids) for service, ids in entry_ids.items() if ids]
+        if not wanted:
+            return 0
+        with _boundary("ack_many"):
+            async with self._client.pipeline(transaction=False) as pipe:
+                for service, ids in wanted:
+                    pipe.xack(self._keys.samples(service), group, *ids)
+                replies = await pipe.execute(raise_on_error=False)
+            acked = 0
+            for reply in replies:
+                if isinstance(reply, redis_errors.ResponseError) and _is_nogroup(reply):
+                    continue  # as `ack`: no group, nothing pending in it
+                if isinstance(reply, Exception):
+                    raise reply  # translated by the boundary, as a single command's
+                acked += int(reply)
+        return acked
+
     async def claim_idle(
         self, service: str, group: str, consumer: str, *, min_idle_ms: int, count: int
     ) -> list[StreamEntry]:
@@ -517,6 +535,16 @@ class RedisStreams:
                     maxlen=DECISIONS_MAXLEN,
                     approximate=True,
                 )
+                await pipe.execute()
+
+    async def write_many(self, fields: Mapping[str, Mapping[str, str]]) -> None:
+        wanted = [(experiment, values) for experiment, values in fields.items() if values]
+        if not wanted:
+            return
+        with _boundary("write_many"):
+            async with self._client.pipeline(transaction=False) as pipe:
+                for experiment, values in wanted:
+                    pipe.hset(self._keys.stats(experiment), mapping=_wire(values))
                 await pipe.execute()
 
     async def read(self, experiment: str) -> dict[str, str]:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from controlplane.collector.service import Collector
+from controlplane.collector.service import MERGED_EVERY_SEC, Collector
 from controlplane.collector.sharding import (
     EXPIRY_MARGIN_SEC,
     Partial,
@@ -191,6 +191,10 @@ class RecordingBoard:
         self.published.append(dict(per_variant))
         await self.board.publish(experiment, per_variant, decision)
 
+    async def write_many(self, fields: Mapping[str, Mapping[str, str]]) -> None:
+        self.published.extend(dict(values) for values in fields.values())
+        await self.board.write_many(fields)
+
 
 @dataclass
 class World:
@@ -290,10 +294,16 @@ async def test_a_dead_partial_stays_and_counts_until_the_horizon_then_is_removed
     assert (await w.board.read(EXPERIMENT))[part_field("b")] == dead_value
     assert a.metrics.partials_removed._value.get() == 0
 
-    # past the horizon: the next publish of the live collector removes it
+    # past the horizon: a publish of the partial alone reads no other field and
+    # leaves it; the next one with the merged view (which reads them) removes it
     w.clock.advance(0.5)
     latest = await w.send(1, first_seq=20)
     await a.step()
+    assert "canary" not in w.board.published[-1]
+    assert (await w.board.read(EXPERIMENT))[part_field("b")] == dead_value
+    w.clock.advance(MERGED_EVERY_SEC)
+    await a.step()  # a heartbeat, with the merged view
+    assert "canary" in w.board.published[-1]
     after = await w.board.read(EXPERIMENT)
     assert part_field("b") not in after
     assert after[part_field("a")] == w.board.published[-1][part_field("a")]

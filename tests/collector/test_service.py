@@ -16,6 +16,7 @@ from controlplane.kernel.clock import FakeClock, SystemClock
 from controlplane.kernel.codec import BatchBuilder, BatchMeta, entry_fields
 from controlplane.kernel.keys import EtcdKeys, RedisKeys
 from controlplane.kernel.kv_factory import open_kv
+from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.kernel.streams_factory import open_streams
 
 SERVICE = "payment-api"
@@ -308,3 +309,108 @@ async def test_a_malformed_partial_is_a_codec_error_for_its_experiment_only() ->
     with pytest.raises(CodecError, match="experiment 7"):
         await read_merged_snapshots(board, "7", 10.0)
     assert await read_merged_snapshots(board, "8", 10.0) == {}
+
+
+async def test_the_partial_goes_out_with_every_publish_the_merged_view_every_few_seconds(
+    memory_setup,  # type: ignore[no-untyped-def]
+) -> None:
+    from dataclasses import asdict
+
+    from controlplane.collector.service import MERGED_EVERY_SEC
+
+    collector, streams, clock = memory_setup
+    rng = np.random.default_rng(5)
+    seq = 1
+    sent = 0
+
+    async def send_and_publish(n: int) -> None:
+        nonlocal seq, sent
+        rt = rng.lognormal(np.log(50_000), 1.0, n).astype(np.uint32)
+        batches = make_batches(rt, clock.now(), first_seq=seq)
+        seq += len(batches)
+        sent += n
+        await streams.append(SERVICE, batches, maxlen=10_000)
+        await collector.step()
+        clock.advance(0.2)
+        await collector.step()
+
+    async def exact_count() -> int:
+        snaps = await read_merged_snapshots(streams, EXPERIMENT, clock.now())
+        return sum(s.count for s in snaps.values())
+
+    await send_and_publish(1_000)  # the first publish carries the merged view
+    first = await streams.read(EXPERIMENT)
+    assert await exact_count() == sent
+    assert streams.decisions_length() == 1
+    merged = WindowSnapshot.from_json(first["canary"])
+    # field by field, the same JSON as dataclasses.asdict gave (the snapshot's form)
+    reference = asdict(merged) | {
+        "reservoir_ms": list(merged.reservoir_ms),
+        "reservoir_units": list(merged.reservoir_units),
+        "units": merged.units.to_dict() if merged.units is not None else None,
+        "first_byte": merged.first_byte.to_dict() if merged.first_byte is not None else None,
+        "failure_ratio": merged.failure_ratio,
+        "above_threshold_fraction": merged.above_threshold_fraction,
+        "shed_share": merged.shed_share,
+    }
+    assert merged.units is not None and merged.first_byte is not None
+    assert merged.to_dict() == reference
+    assert merged.to_json() == first["canary"]
+
+    # within MERGED_EVERY_SEC: each publish writes the partial (the controller's exact
+    # read counts every sample at once), the plain view and the decisions stay
+    for _ in range(3):
+        await send_and_publish(500)
+        fields = await streams.read(EXPERIMENT)
+        assert await exact_count() == sent
+        assert fields["canary"] == first["canary"] and fields["baseline"] == first["baseline"]
+        assert streams.decisions_length() == 1
+    assert collector.metrics.publishes._value.get() == 4
+
+    clock.advance(MERGED_EVERY_SEC)
+    await send_and_publish(500)
+    fields = await streams.read(EXPERIMENT)
+    assert streams.decisions_length() == 2
+    plain = sum(WindowSnapshot.from_json(fields[v]).count for v in ("canary", "baseline"))
+    assert plain == await exact_count() == sent
+
+
+async def test_behind_its_streams_a_collector_publishes_partials_only_and_no_heartbeats() -> None:
+    from controlplane.collector.service import HEARTBEAT_SEC
+
+    clock = FakeClock()
+    streams, board = open_streams("memory://", clock=clock)
+    kv = open_kv("memory://", clock=clock)
+    keys = EtcdKeys("/t")
+    await kv.put(
+        keys.rule(SERVICE), b'{"service": "payment-api", "threshold_ms": 100, "window_sec": 30}'
+    )
+    collector = Collector(
+        streams, board, kv, keys, consumer_name="c1", clock=clock, block_ms=0, count=2
+    )
+    await collector.load_config()
+    try:
+        rt = np.full(64, 40_000, np.uint32)
+        await streams.append(SERVICE, make_batches(rt, clock.now(), size=8), maxlen=100)
+        await collector.step()  # discovery; a full read of 2 of the 8 entries
+        clock.advance(0.2)
+        await collector.step()  # another full read: behind, the partial alone
+        fields = await streams.read(EXPERIMENT)
+        assert set(fields) == {"@part:c1"} and streams.decisions_length() == 0
+        for _ in range(3):
+            clock.advance(0.2)
+            await collector.step()  # full reads: each publish is the partial alone
+            assert set(await streams.read(EXPERIMENT)) == {"@part:c1"}
+        assert collector.metrics.publishes._value.get() == 4
+        clock.advance(HEARTBEAT_SEC)
+        await collector.step()  # an empty read: caught up, a heartbeat with the merged view
+        assert collector.metrics.publishes._value.get() == 5
+        fields = await streams.read(EXPERIMENT)
+        assert {"canary", "baseline"} <= set(fields) and streams.decisions_length() == 1
+        snaps = await read_merged_snapshots(streams, EXPERIMENT, clock.now())
+        assert sum(s.count for s in snaps.values()) == 64
+        assert await streams.pending(SERVICE, "collectors") == 0
+    finally:
+        await collector.stop_watching()
+        await streams.close()
+        await kv.close()

@@ -512,3 +512,33 @@ async def test_redis_down_raises_backend_unavailable_and_recovers(
         assert await streams.remove_if_unchanged("7", {"canary": "{}"}) == ["canary"]
     finally:
         await streams.close()
+
+
+
+async def test_write_many_sets_each_experiments_fields_with_no_decision_entry(
+    backend: Backend,
+) -> None:
+    b = backend.board
+    await b.write_many({})
+    await b.publish("7", {"@part:c1": "a", "canary": "{}"}, {"exp": "7"})
+    await b.write_many({"7": {"@part:c1": "b"}, "9": {"@part:c1": "c", "@part:c2": "d"}, "8": {}})
+    assert await b.read_many(["7", "8", "9"]) == [
+        {"@part:c1": "b", "canary": "{}"}, {}, {"@part:c1": "c", "@part:c2": "d"},
+    ]
+    assert await backend.decisions_length() == 1
+
+
+async def test_ack_many_acks_each_services_entries(backend: Backend) -> None:
+    s = backend.stream
+    for service in ("pay", "cart"):
+        await s.ensure_group(service, GROUP)
+        await s.append(service, [batch(1), batch(2)], maxlen=10)
+    pay = await s.read_group(["pay"], GROUP, "c1", count=10, block_ms=0)
+    cart = await s.read_group(["cart"], GROUP, "c1", count=10, block_ms=0)
+    assert await s.ack_many(GROUP, {}) == 0
+    acked = await s.ack_many(
+        GROUP, {"pay": [e.entry_id for e in pay], "cart": [cart[0].entry_id], "none": ["1-0"]}
+    )
+    assert acked == 3
+    assert await s.pending("pay", GROUP) == 0
+    assert await s.pending("cart", GROUP) == 1
