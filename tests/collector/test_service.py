@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -38,8 +39,9 @@ def make_batches(
     return batches
 
 
-@pytest.fixture
-async def memory_setup() -> AsyncIterator[tuple[Collector, object, FakeClock]]:
+async def memory_collector(**options: Any) -> tuple[Collector, Any, Any, FakeClock]:
+    # (collector, streams, kv, clock): the caller stops and closes them
+    """A collector on the in-process backends, the service's rule loaded."""
     clock = FakeClock()
     streams, board = open_streams("memory://", clock=clock)
     kv = open_kv("memory://", clock=clock)
@@ -48,9 +50,15 @@ async def memory_setup() -> AsyncIterator[tuple[Collector, object, FakeClock]]:
         keys.rule(SERVICE), b'{"service": "payment-api", "threshold_ms": 100, "window_sec": 30}'
     )
     collector = Collector(
-        streams, board, kv, keys, consumer_name="c1", clock=clock, block_ms=0, claim_idle_ms=5000
+        streams, board, kv, keys, consumer_name="c1", clock=clock, block_ms=0, **options
     )
     await collector.load_config()
+    return collector, streams, kv, clock
+
+
+@pytest.fixture
+async def memory_setup() -> AsyncIterator[tuple[Collector, object, FakeClock]]:
+    collector, streams, kv, clock = await memory_collector(claim_idle_ms=5000)
     yield collector, streams, clock
     await collector.stop_watching()
     await streams.close()
@@ -378,17 +386,7 @@ async def test_the_partial_goes_out_with_every_publish_the_merged_view_every_few
 async def test_behind_its_streams_a_collector_publishes_partials_only_and_no_heartbeats() -> None:
     from controlplane.collector.service import HEARTBEAT_SEC
 
-    clock = FakeClock()
-    streams, board = open_streams("memory://", clock=clock)
-    kv = open_kv("memory://", clock=clock)
-    keys = EtcdKeys("/t")
-    await kv.put(
-        keys.rule(SERVICE), b'{"service": "payment-api", "threshold_ms": 100, "window_sec": 30}'
-    )
-    collector = Collector(
-        streams, board, kv, keys, consumer_name="c1", clock=clock, block_ms=0, count=2
-    )
-    await collector.load_config()
+    collector, streams, kv, clock = await memory_collector(count=2)
     try:
         rt = np.full(64, 40_000, np.uint32)
         await streams.append(SERVICE, make_batches(rt, clock.now(), size=8), maxlen=100)
