@@ -7,13 +7,20 @@ controlplane.db.migrate, so no alembic.ini is needed and any cwd works.
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import Connection
+from sqlalchemy import Connection, text
 
 from controlplane.db.models import Base
 from controlplane.db.session import make_engine
 
 config = context.config
 target_metadata = Base.metadata
+
+# Replicas that start together (an API Deployment scaled to 3 on an empty database)
+# each run `canary db upgrade`. On PostgreSQL the upgrade is one transaction, so a
+# transaction-scoped advisory lock taken before Alembic reads the version makes the
+# others wait, then find the schema current and do nothing. SQLite serialises writers
+# by itself. The key is a constant of ours: "canary" as a 64-bit integer.
+MIGRATION_LOCK_KEY = 0x63616E617279
 
 
 def run_with(connection: Connection) -> None:
@@ -25,6 +32,10 @@ def run_with(connection: Connection) -> None:
         compare_type=True,
     )
     with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            connection.execute(
+                text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
+            )
         context.run_migrations()
 
 

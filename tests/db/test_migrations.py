@@ -58,3 +58,23 @@ def test_downgrade_base_removes_every_table(empty_database: str) -> None:
     assert migrate.current(empty_database) is None
     migrate.upgrade(empty_database)  # and up again from base
     assert table_names(empty_database) >= TABLES
+
+
+def test_replicas_upgrading_together_wait_for_each_other(pg_url: str) -> None:
+    """Three processes start on an empty PostgreSQL database at once: one migrates,
+    the others wait on the migration lock and find the schema current (without the
+    lock, two of them create the same tables and one fails)."""
+    import subprocess
+    import sys
+
+    code = "import sys; from controlplane.db import migrate; migrate.upgrade(sys.argv[1])"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, pg_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for _ in range(3)
+    ]
+    results = [(proc.communicate(timeout=120)[1].decode(), proc.returncode) for proc in procs]
+    assert [code for _, code in results] == [0, 0, 0], [err[-600:] for err, _ in results]
+    assert migrate.current(pg_url) == migrate.head(pg_url)
+    assert table_names(pg_url) >= TABLES
