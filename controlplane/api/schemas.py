@@ -407,6 +407,11 @@ class VariantSeries(BaseModel):
     p50_ms: list[float | None]
     p95_ms: list[float | None]
     p99_ms: list[float | None]
+    shed: list[int] = Field(
+        description="requests the sidecars' overload protection shed in the window "
+        "(never in count: a shed request is not a sample of the version)"
+    )
+    shed_rps: list[float] = Field(description="shed requests per second over the window")
 
 
 class HistoryMark(BaseModel):

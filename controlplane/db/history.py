@@ -23,7 +23,9 @@ from controlplane.history.points import HistoryPoint, VariantPoint
 from controlplane.history.store import HistorySpan, Mark
 
 ENDED_STATES = ("promoted", "rolled_back", "aborted")
-_VARIANT_FIELDS = ("count", "rps", "failure_ratio", "p50_ms", "p95_ms", "p99_ms")
+_VARIANT_FIELDS = (
+    "count", "rps", "failure_ratio", "p50_ms", "p95_ms", "p99_ms", "shed", "shed_rps"
+)  # fmt: skip
 
 
 def _values(point: HistoryPoint) -> dict[str, Any]:
@@ -75,6 +77,8 @@ def _aggregates() -> list[ColumnElement[Any]]:
             func.max(col["p50_ms"]),
             func.max(col["p95_ms"]),
             func.max(col["p99_ms"]),
+            func.avg(col["shed"]),
+            func.avg(col["shed_rps"]),
         ]
     return columns
 
@@ -84,7 +88,7 @@ def _float(value: Any) -> float | None:
 
 
 def _variant_of(values: Sequence[Any]) -> VariantPoint:
-    count, rps, failure_ratio, p50, p95, p99 = values
+    count, rps, failure_ratio, p50, p95, p99, shed, shed_rps = values
     return VariantPoint(
         count=round(float(count)),
         rps=float(rps),
@@ -92,6 +96,8 @@ def _variant_of(values: Sequence[Any]) -> VariantPoint:
         p50_ms=_float(p50),
         p95_ms=_float(p95),
         p99_ms=_float(p99),
+        shed=round(float(shed)),
+        shed_rps=float(shed_rps),
     )
 
 
@@ -105,8 +111,8 @@ def _point_of(experiment_id: int, row: Sequence[Any], width: int) -> HistoryPoin
         canary_weight_bp=int(weight),
         threshold_ms=_float(threshold),
         failure_bound=_float(bound),
-        baseline=_variant_of(row[7:13]),
-        canary=_variant_of(row[13:19]),
+        baseline=_variant_of(row[7:15]),
+        canary=_variant_of(row[15:23]),
     )
 
 

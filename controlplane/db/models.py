@@ -236,12 +236,16 @@ class HistoryPoint(Base):
     b_p50_ms: Mapped[float | None] = mapped_column(REAL)
     b_p95_ms: Mapped[float | None] = mapped_column(REAL)
     b_p99_ms: Mapped[float | None] = mapped_column(REAL)
+    b_shed: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    b_shed_rps: Mapped[float] = mapped_column(REAL, server_default="0")
     c_count: Mapped[int] = mapped_column(BigInteger)
     c_rps: Mapped[float] = mapped_column(REAL)
     c_failure_ratio: Mapped[float] = mapped_column(REAL)
     c_p50_ms: Mapped[float | None] = mapped_column(REAL)
     c_p95_ms: Mapped[float | None] = mapped_column(REAL)
     c_p99_ms: Mapped[float | None] = mapped_column(REAL)
+    c_shed: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    c_shed_rps: Mapped[float] = mapped_column(REAL, server_default="0")
 
 
 TOKEN_ROLES = ("viewer", "operator", "admin")

@@ -6,7 +6,7 @@ the bounds in force and the canary weight. Merging points into a bucket keeps wh
 plot drawn against a bound must not hide:
 
     latency percentiles, failure ratio   the peak (a breach seen stays visible)
-    count, request rate                  the mean
+    count, request rate, shed, shed rate the mean
     threshold, failure bound             the strictest (lowest)
     canary weight                        the lowest (a cut-back stays visible)
     window_sec                           the longest
@@ -43,6 +43,9 @@ class VariantPoint:
     p50_ms: float | None
     p95_ms: float | None
     p99_ms: float | None
+    # requests the sidecars' overload protection answered themselves: never in `count`
+    shed: int = 0
+    shed_rps: float = 0.0
 
 
 EMPTY = VariantPoint(count=0, rps=0.0, failure_ratio=0.0, p50_ms=None, p95_ms=None, p99_ms=None)
@@ -79,6 +82,8 @@ def variant_point(snapshot: WindowSnapshot | None) -> VariantPoint:
         p50_ms=snapshot.p50_ms,
         p95_ms=snapshot.p95_ms,
         p99_ms=snapshot.p99_ms,
+        shed=snapshot.shed,
+        shed_rps=snapshot.shed / span if span > 0 else 0.0,
     )
 
 
@@ -135,6 +140,8 @@ def merge_variant(points: Sequence[VariantPoint]) -> VariantPoint:
         p50_ms=_peak([p.p50_ms for p in points]),
         p95_ms=_peak([p.p95_ms for p in points]),
         p99_ms=_peak([p.p99_ms for p in points]),
+        shed=round(sum(p.shed for p in points) / n),
+        shed_rps=sum(p.shed_rps for p in points) / n,
     )
 
 

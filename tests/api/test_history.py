@@ -17,10 +17,11 @@ from tests.support.auth import bearer
 PROBLEM = "application/problem+json"
 
 
-def variant(p95: float, rps: float = 10.0) -> VariantPoint:
+def variant(p95: float, rps: float = 10.0, shed_rps: float = 0.0) -> VariantPoint:
     return VariantPoint(
-        count=int(rps * 30), rps=rps, failure_ratio=0.0, p50_ms=p95 / 2, p95_ms=p95, p99_ms=p95 * 2
-    )
+        count=int(rps * 30), rps=rps, failure_ratio=0.0, p50_ms=p95 / 2, p95_ms=p95, p99_ms=p95 * 2,
+        shed=int(shed_rps * 30), shed_rps=shed_rps,
+    )  # fmt: skip
 
 
 def points(experiment_id: int, start: int, seconds: int) -> list[HistoryPoint]:
@@ -33,7 +34,7 @@ def points(experiment_id: int, start: int, seconds: int) -> list[HistoryPoint]:
             canary_weight_bp=100,
             threshold_ms=250.0,
             failure_bound=0.25,
-            baseline=variant(50.0),
+            baseline=variant(50.0, shed_rps=2.0 if i % 2 else 0.0),
             canary=variant(float(i % 100)),
         )
         for i in range(seconds)
@@ -61,6 +62,11 @@ async def test_a_day_of_seconds_comes_back_as_at_most_the_points_asked_for(
     assert max(canary["p95_ms"]) == 99.0, "each bucket keeps its peak"
     assert set(body["threshold_ms"]) == {250.0}
     assert len(canary["rps"]) == len(body["t"]) == len(body["variants"]["baseline"]["p50_ms"])
+    baseline = body["variants"]["baseline"]
+    assert set(canary["shed_rps"]) == {0.0}, "shed is kept per variant"
+    # every other second sheds 2/s: a full bucket's mean is 1/s (the last one is shorter)
+    assert all(0.97 < r < 1.03 for r in baseline["shed_rps"][:-1]), "a bucket keeps the mean"
+    assert all(29 <= n <= 31 for n in baseline["shed"][:-1])
 
 
 async def test_a_short_range_is_served_second_by_second(

@@ -72,6 +72,8 @@ def variant(rng: np.random.Generator, empty: bool) -> VariantPoint:
         p50_ms=p50,
         p95_ms=f32(p50 * 2),
         p99_ms=f32(p50 * 3),
+        shed=int(rng.integers(0, 300)) if rng.random() < 0.5 else 0,
+        shed_rps=f32(rng.uniform(0, 20)),
     )
 
 
@@ -101,7 +103,8 @@ def assert_same(got: list[HistoryPoint], want: list[HistoryPoint]) -> None:
         for name in ("baseline", "canary"):
             x, y = a.variant(name), b.variant(name)
             assert abs(x.count - y.count) <= 1  # a mean rounded on either side
-            for field in ("rps", "failure_ratio", "p50_ms", "p95_ms", "p99_ms"):
+            assert abs(x.shed - y.shed) <= 1
+            for field in ("rps", "failure_ratio", "p50_ms", "p95_ms", "p99_ms", "shed_rps"):
                 vx, vy = getattr(x, field), getattr(y, field)
                 assert (vx is None) == (vy is None), field
                 if vx is not None:

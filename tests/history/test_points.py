@@ -21,11 +21,14 @@ from controlplane.kernel.snapshots import WindowSnapshot
 RULE = BreakerRule(service="shop", threshold_ms=250, window_sec=30, failure_ratio=0.2)
 
 
-def snapshot(variant: str, count: int, p95: float | None, *, held: float = 30.0) -> WindowSnapshot:
+def snapshot(
+    variant: str, count: int, p95: float | None, *, held: float = 30.0, shed: int = 0
+) -> WindowSnapshot:
     return WindowSnapshot(
         experiment="7",
         variant=variant,
         count=count,
+        shed=shed,
         failures=count // 10,
         window_sec=30,
         ts=1000.0,
@@ -45,6 +48,7 @@ def point(
     rps: float = 10.0,
     threshold: float = 250.0,
     failures: float = 0.0,
+    shed_rps: float = 0.0,
 ) -> HistoryPoint:
     variant = VariantPoint(
         count=int(rps * 30),
@@ -53,6 +57,8 @@ def point(
         p50_ms=p95 / 2,
         p95_ms=p95,
         p99_ms=p95 * 2,
+        shed=int(shed_rps * 30),
+        shed_rps=shed_rps,
     )
     return HistoryPoint(
         experiment_id=7,
@@ -85,7 +91,7 @@ def test_a_point_holds_the_judged_windows_the_bounds_and_the_weight() -> None:
         7,
         {
             "baseline": snapshot("baseline", 600, 80.0),
-            "canary": snapshot("canary", 60, 300.0, held=12.0),
+            "canary": snapshot("canary", 60, 300.0, held=12.0, shed=36),
         },
         RULE,
         500,
@@ -97,6 +103,8 @@ def test_a_point_holds_the_judged_windows_the_bounds_and_the_weight() -> None:
     assert made.baseline.rps == pytest.approx(20.0)
     assert made.canary.rps == pytest.approx(5.0), "the rate is over the span the window held"
     assert (made.canary.p95_ms, made.canary.failure_ratio) == (300.0, pytest.approx(0.1))
+    assert (made.canary.shed, made.canary.shed_rps) == (36, pytest.approx(3.0))
+    assert made.baseline.shed == 0, "what was shed is kept apart per variant"
 
 
 def test_a_variant_without_a_window_is_an_empty_point() -> None:
@@ -107,7 +115,7 @@ def test_a_variant_without_a_window_is_an_empty_point() -> None:
 def test_a_bucket_keeps_peaks_means_and_the_strictest_bounds() -> None:
     merged = merge(
         [
-            point(10, 100.0, weight=500, rps=10.0, threshold=250.0, failures=0.05),
+            point(10, 100.0, weight=500, rps=10.0, threshold=250.0, failures=0.05, shed_rps=4.0),
             point(11, 400.0, weight=0, rps=30.0, threshold=200.0, failures=0.01),
         ],
         10,
@@ -116,6 +124,7 @@ def test_a_bucket_keeps_peaks_means_and_the_strictest_bounds() -> None:
     assert merged.canary.p95_ms == 400.0, "a breach stays visible"
     assert merged.canary.failure_ratio == 0.05
     assert merged.canary.rps == 20.0 and merged.canary.count == 600
+    assert merged.canary.shed_rps == 2.0 and merged.canary.shed == 60, "shed: the mean"
     assert merged.threshold_ms == 200.0 and merged.canary_weight_bp == 0
     assert (merged.at, merged.span_sec) == (10, 2)
 

@@ -74,6 +74,8 @@ def series_of(points: list[HistoryPoint]) -> dict[str, VariantSeries]:
             p50_ms=[p.variant(name).p50_ms for p in points],
             p95_ms=[p.variant(name).p95_ms for p in points],
             p99_ms=[p.variant(name).p99_ms for p in points],
+            shed=[p.variant(name).shed for p in points],
+            shed_rps=[p.variant(name).shed_rps for p in points],
         )
         for name in VARIANTS
     }

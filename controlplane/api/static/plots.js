@@ -113,6 +113,9 @@ const Plots = (() => {
     return new Plot(container, [
       line("baseline req/s", COLORS.baseline, { value: fixed(1, "") }),
       line("canary req/s", COLORS.canary, { width: 2, value: fixed(1, "") }),
+      // shed requests are not in the rates above (decision 0025): drawn beside them
+      line("baseline shed/s", COLORS.baseline, { dash: [2, 3], value: fixed(1, "") }),
+      line("canary shed/s", COLORS.canary, { dash: [2, 3], value: fixed(1, "") }),
       line("canary weight %", COLORS.weight, { scale: "pct", dash: [4, 4],
                                                value: fixed(2, " %") }),
     ], [{ label: "req/s" }, { scale: "pct", side: 1, label: "weight %", grid: { show: false } }]);
@@ -135,7 +138,7 @@ const Plots = (() => {
                 v.canary.p50_ms, v.canary.p95_ms, v.canary.p99_ms, history.threshold_ms],
       failures: [history.t, percent(v.baseline.failure_ratio), percent(v.canary.failure_ratio),
                  percent(history.failure_bound)],
-      rate: [history.t, v.baseline.rps, v.canary.rps,
+      rate: [history.t, v.baseline.rps, v.canary.rps, v.baseline.shed_rps, v.canary.shed_rps,
              history.canary_weight_bp.map((bp) => bp / 100)],
     };
   }
