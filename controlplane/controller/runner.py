@@ -56,9 +56,10 @@ log = logging.getLogger(__name__)
 
 RULE_REJECTED = "rule_rejected"
 # experiments whose stats hashes one pipelined read fetches, just before they are
-# judged: a hash is judged as of the moment it is judged, so one read for a whole
-# round of 1,000 experiments (seconds of CPU) judged its last ones on windows read
-# many seconds earlier, mostly gone by then (decision 0033)
+# judged: a window is merged to end at the moment it is judged, so with one read for
+# a whole round of 1,000 experiments (seconds of CPU) the last ones were judged on
+# hashes read many seconds earlier, their samples mostly out of the window by then
+# (decision 0033)
 READ_AHEAD = 64
 
 SnapshotReader = Callable[[Backends, str, int], Awaitable[Mapping[str, WindowSnapshot]]]
