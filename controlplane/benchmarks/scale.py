@@ -18,7 +18,13 @@ collector` process consumes them, the controller evaluates. Measured at each N:
   steady feed;
 - `trip`: among N experiments fed healthy samples, one canary turns bad: time from
   its first bad batch to the trip committed in SQL, and to the route with no canary
-  weight in force in a sidecar's route table (watching etcd).
+  weight in force in a sidecar's route table (watching etcd);
+- `several`: with `Plan.collectors` collector processes sharing the streams (the
+  first one and others started then), the steady feed's CPU (summed over them) and
+  publishes, and a trip of another experiment, the leader running throughout.
+
+`--only` narrows a run (`narrowed`): the N to run (`1000`, `100,1000`), `watch` for
+the fan-out (left out otherwise), `collectors=K` for the second pass (1: none).
 
 For M = 100, 1,000 simulated sidecars (100 with `--quick`), each with its own etcd
 client and route watch (what a sidecar process has), split over two processes:
@@ -51,7 +57,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -76,6 +82,7 @@ KID = "bench"
 IN_FLIGHT = 16
 TRIP_TIMEOUT_SEC = 300.0
 FEED_SAMPLES = 50  # per experiment and second in the steady feed
+SEVERAL_COLLECTORS = 2
 
 
 @dataclass(frozen=True)
@@ -89,10 +96,46 @@ class Plan:
     warm_sec: float
     trips: int
     route_puts: int
+    # after the figures of one collector, the steady feed and a trip again with this
+    # many collector processes sharing the streams (1: not run)
+    collectors: int = 1
 
 
-FULL = Plan(SIZES, WATCHERS, 1_000_000, 20, float(WINDOW_SEC), 1, 20)
-QUICK = Plan(QUICK_SIZES, QUICK_WATCHERS, 200_000, 6, 3.0, 1, 10)
+FULL = Plan(SIZES, WATCHERS, 1_000_000, 20, float(WINDOW_SEC), 1, 20, SEVERAL_COLLECTORS)
+QUICK = Plan(QUICK_SIZES, QUICK_WATCHERS, 200_000, 6, 3.0, 1, 10, SEVERAL_COLLECTORS)
+MAX_SIZE = 10_000
+MAX_COLLECTORS = 8
+
+
+def narrowed(plan: Plan, only: str) -> Plan:
+    """`plan` cut to the parts `--only` names (pure): numbers are the N to run, `watch`
+    the watch fan-out, `collectors=K` the collectors of the second pass. Without a
+    number every N of the plan runs; without `watch` none of the fan-out."""
+    sizes: list[int] = []
+    watch = False
+    collectors = plan.collectors
+    for token in (t.strip() for t in only.split(",")):
+        if token == "watch":
+            watch = True
+        elif token.startswith("collectors="):
+            collectors = _bounded(token.removeprefix("collectors="), MAX_COLLECTORS, token)
+        elif token:
+            sizes.append(_bounded(token, MAX_SIZE, token))
+    return replace(
+        plan,
+        sizes=tuple(sizes) or plan.sizes,
+        watchers=plan.watchers if watch else (),
+        collectors=collectors,
+    )
+
+
+def _bounded(text: str, limit: int, token: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= limit:
+        raise ValueError(
+            f"scale --only: {token!r} is none of N (1..{MAX_SIZE}), watch, "
+            f"collectors=K (1..{MAX_COLLECTORS})"
+        )
+    return int(text)
 
 
 # --- figures --------------------------------------------------------------------------
@@ -205,6 +248,8 @@ class Rig:
     prefix: str
     sample_keys: str
     collector: subprocess.Popen[bytes] | None = None
+    # the second pass's other collectors, each with its admin port
+    others: list[tuple[subprocess.Popen[bytes], int]] = field(default_factory=list)
 
 
 async def _create(backends: Backends, n: int, progress: bool) -> list[tuple[str, str]]:
@@ -345,23 +390,25 @@ async def _redis_memory(rig: Rig, redis: Any) -> dict[str, float]:
 
 
 class Steady:
-    """The collector's CPU over a span of the steady feed (FEED_SAMPLES a second to
-    every experiment), per experiment and second; and per partial window published
-    (`publishes`: its count at the start), the figure a loaded machine does not cap:
-    a collector short of CPU publishes less, so its CPU per second stays flat, but
-    each publish costs what it costs. A collector that keeps up publishes about N a
-    second (each experiment gets a batch a second)."""
+    """The collectors' CPU (summed over `pids`) over a span of the steady feed
+    (FEED_SAMPLES a second to every experiment), per experiment and second; and per
+    partial window published (`publishes`: their count at the start), the figure a
+    loaded machine does not cap: a collector short of CPU publishes less, so its CPU
+    per second stays flat, but each publish costs what it costs. Collectors that keep
+    up publish about N a second together (each experiment gets a batch a second)."""
 
-    def __init__(self, rig: Rig, publishes: int) -> None:
-        assert rig.collector is not None
+    def __init__(self, rig: Rig, pids: Sequence[int], publishes: int) -> None:
         self.rig = rig
-        self.pid = rig.collector.pid
-        self.cpu = _cpu_seconds(self.pid)
+        self.pids = list(pids)
+        self.cpu = self._cpu()
         self.publishes = publishes
         self.began = time.perf_counter()
 
+    def _cpu(self) -> float:
+        return sum(_cpu_seconds(pid) for pid in self.pids)
+
     def figures(self, publishes: int) -> dict[str, float]:
-        cpu = _cpu_seconds(self.pid) - self.cpu
+        cpu = self._cpu() - self.cpu
         span = time.perf_counter() - self.began
         published = max(1, publishes - self.publishes)
         return {"samples_per_experiment_s": FEED_SAMPLES,
@@ -414,7 +461,9 @@ async def _ticks(rig: Rig, controller: Controller, rounds: int) -> dict[str, Any
     return out
 
 
-async def _trips(rig: Rig, controller: Controller, trips: int) -> dict[str, Any]:
+async def _trips(
+    rig: Rig, controller: Controller, chosen: Sequence[tuple[str, str]]
+) -> dict[str, Any]:
     """One canary goes bad among N fed healthy: time to the trip in SQL and in a
     sidecar's route table. `controller` runs its loop (leading, reconciling)."""
     from controlplane.experiments.lifecycle import BreakerState
@@ -424,7 +473,7 @@ async def _trips(rig: Rig, controller: Controller, trips: int) -> dict[str, Any]
     sql_s: list[float] = []
     route_s: list[float] = []
     rounds: list[float] = []  # the leader's rounds from the first bad batch to the trip
-    for experiment, service in rig.experiments[:trips]:
+    for experiment, service in chosen:
         watcher = RouteWatcher(backends.kv, RouteTable(), service=service, prefix=rig.prefix)
         watcher.start()
         try:
@@ -466,7 +515,7 @@ async def _trips(rig: Rig, controller: Controller, trips: int) -> dict[str, Any]
                         await task
         finally:
             await watcher.stop()
-    return {"trips": len(sql_s), "missed": trips - len(sql_s),
+    return {"trips": len(sql_s), "missed": len(chosen) - len(sql_s),
             "to_sql": _ms(sql_s) if sql_s else None,
             "to_sidecar_route": _ms(route_s) if route_s else None,
             "leader_rounds_to_sql": round(statistics.median(rounds), 2) if rounds else None}
@@ -518,7 +567,10 @@ async def _one_size(
             feeder = _start_feed(rig, redis_url)
             await ticker.open(backends)
             await asyncio.sleep(plan.warm_sec)  # the windows fill with the steady feed
-            steady = Steady(rig, await _publishes(admin))
+            assert rig.collector is not None
+            if progress:
+                print(f"  collector pid {rig.collector.pid}", file=sys.stderr)
+            steady = Steady(rig, [rig.collector.pid], await _publishes(admin))
             # fewer rounds at large N: each evaluates every experiment
             rounds = max(2, min(plan.tick_rounds, 400 // n))
             result["tick"] = await _ticks(rig, ticker, rounds)
@@ -531,9 +583,14 @@ async def _one_size(
             await leader.start(backends)
             while not leader.stats.leader:
                 await asyncio.sleep(0.05)
-            result["trip"] = await _trips(rig, leader, plan.trips)
+            result["trip"] = await _trips(rig, leader, rig.experiments[: plan.trips])
             if progress:
                 print(f"  trip {result['trip']}", file=sys.stderr)
+            if plan.collectors > 1:
+                result["several"] = await _several(rig, leader, plan, redis_url, etcd, admin)
+                if progress:
+                    print(f"  {plan.collectors} collectors {result['several']}",
+                          file=sys.stderr)  # fmt: skip
         finally:
             if feeder is not None:
                 _stop_feed(feeder)
@@ -541,10 +598,39 @@ async def _one_size(
             await ticker.stop()
             if rig.collector is not None:
                 _stop(rig.collector)
+            for other, _ in rig.others:
+                _stop(other)
             await _clean(backends, redis, namespace, prefix)
             await backends.close()
             await redis.aclose()
     return result
+
+
+async def _several(
+    rig: Rig, leader: Controller, plan: Plan, redis_url: str, etcd: str, admin: int
+) -> dict[str, Any]:
+    """The steady feed and a trip again (another experiment), with `plan.collectors`
+    collector processes sharing the streams' consumer group: the first one's, the
+    others started now. The steady span follows a warm span in which the new ones'
+    partial windows fill; the leader keeps running its rounds throughout."""
+    assert rig.collector is not None
+    for _ in range(plan.collectors - 1):
+        port = _free_port()
+        rig.others.append((_start_collector(rig, redis_url, etcd, port), port))
+        await _wait_ready(port)
+    admins = [admin] + [port for _, port in rig.others]
+    pids = [rig.collector.pid] + [proc.pid for proc, _ in rig.others]
+
+    async def publishes() -> int:
+        return sum([await _publishes(port) for port in admins])
+
+    await asyncio.sleep(plan.warm_sec)
+    steady = Steady(rig, pids, await publishes())
+    await asyncio.sleep(max(plan.warm_sec, float(WINDOW_SEC)))
+    figures = steady.figures(await publishes())
+    chosen = rig.experiments[plan.trips : 2 * plan.trips]
+    return {"collectors": plan.collectors, "steady": figures,
+            "trip": await _trips(rig, leader, chosen)}  # fmt: skip
 
 
 def _start_feed(rig: Rig, redis_url: str) -> subprocess.Popen[str]:
@@ -682,8 +768,12 @@ async def _fan_out(m: int, puts: int, etcd: str) -> dict[str, Any]:
 # --- the run ----------------------------------------------------------------------------
 
 
-def run(*, quick: bool, progress: bool, plan: Plan | None = None) -> dict[str, Any]:
+def run(
+    *, quick: bool, progress: bool, plan: Plan | None = None, only: str | None = None
+) -> dict[str, Any]:
     plan = plan or (QUICK if quick else FULL)
+    if only is not None:
+        plan = narrowed(plan, only)
     redis = os.environ.get("CANARY_BENCH_REDIS", DEFAULT_REDIS)
     etcd = os.environ.get("CANARY_BENCH_ETCD", DEFAULT_ETCD)
     load_before = os.getloadavg()
@@ -718,14 +808,25 @@ def run(*, quick: bool, progress: bool, plan: Plan | None = None) -> dict[str, A
         "watch_growth": growth(watch_units),
         "settings": {"window_sec": WINDOW_SEC, "threshold_ms": THRESHOLD_MS,
                      "ingest_samples": plan.ingest_samples, "batch": BATCH,
-                     "watcher_processes": WATCHER_PROCESSES},
+                     "watcher_processes": WATCHER_PROCESSES,
+                     "several_collectors": plan.collectors},
     }
 
 
 def _per_unit(figures: dict[str, Any]) -> dict[str, float]:
     """The per-experiment and per-sample figures of one N: flat across N is linear."""
     tick = figures["tick"]
-    return {
+    several: dict[str, float] = {}
+    if "several" in figures:
+        several = {
+            "several_collectors_steady_cpu_ms_per_experiment_s": figures["several"]["steady"][
+                "cpu_ms_per_experiment_s"
+            ],
+            "several_collectors_trip_to_sql_p50_ms": (
+                figures["several"]["trip"]["to_sql"] or {}
+            ).get("p50_ms", 0.0),
+        }
+    return several | {
         "tick_ms_per_experiment": tick["batched"]["ms_per_experiment"],
         "tick_cpu_ms_per_experiment": tick["batched"]["cpu_ms_per_experiment"],
         "tick_ms_per_experiment_one_by_one": tick["one_by_one"][

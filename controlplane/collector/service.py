@@ -73,7 +73,12 @@ from controlplane.kernel.rules import parse_rule
 from controlplane.kernel.sample_auth import SampleVerifier
 from controlplane.kernel.sample_keys import SampleKeys
 from controlplane.kernel.snapshots import WindowSnapshot
-from controlplane.kernel.streams import SampleStream, SnapshotBoard, StreamEntry
+from controlplane.kernel.streams import (
+    NOTHING_PENDING,
+    SampleStream,
+    SnapshotBoard,
+    StreamEntry,
+)
 from controlplane.kernel.window_rules import parse_window_rule
 
 log = logging.getLogger("canary.collector")
@@ -527,27 +532,38 @@ class Collector:
             self._grouped.add(service)
 
     async def _claim(self) -> None:
-        for service in sorted(self._grouped):
-            self.metrics.pending.labels(service).set(
-                await self.streams.pending(service, COLLECTOR_GROUP)
-            )
-            while True:
-                entries = await self.streams.claim_idle(
-                    service, COLLECTOR_GROUP, self.name,
-                    min_idle_ms=self.claim_idle_ms, count=self.count,
-                )  # fmt: skip
-                if not entries:
-                    break
-                self.metrics.claimed.inc(len(entries))
-                listed: set[str] = set()
-                # only well-formed ids are looked up (a key is made of them); the
-                # entries themselves are screened in apply like any others
-                for experiment in {experiment_of(e) for e in entries} - {None}:
-                    assert experiment is not None
-                    listed |= unacked_elsewhere(await self.board.read(experiment), own=self.name)
-                self.apply(entries, claimed_unacked=frozenset(listed))
-                if len(entries) < self.count:
-                    break
+        """Claim other consumers' idle entries. One pipelined look at every stream
+        says which have any (and sets the pending gauges); only those are claimed
+        from: a look then a claim per stream, one stream after the other, took
+        2,000 round trips a second over 1,000 streams (decision 0033)."""
+        services = sorted(self._grouped)
+        summaries = await self.streams.pending_many(
+            COLLECTOR_GROUP, services, min_idle_ms=self.claim_idle_ms
+        )
+        for service in services:
+            summary = summaries.get(service, NOTHING_PENDING)
+            self.metrics.pending.labels(service).set(summary.pending)
+            if summary.idle:
+                await self._claim_from(service)
+
+    async def _claim_from(self, service: str) -> None:
+        while True:
+            entries = await self.streams.claim_idle(
+                service, COLLECTOR_GROUP, self.name,
+                min_idle_ms=self.claim_idle_ms, count=self.count,
+            )  # fmt: skip
+            if not entries:
+                break
+            self.metrics.claimed.inc(len(entries))
+            listed: set[str] = set()
+            # only well-formed ids are looked up (a key is made of them); the
+            # entries themselves are screened in apply like any others
+            for experiment in {experiment_of(e) for e in entries} - {None}:
+                assert experiment is not None
+                listed |= unacked_elsewhere(await self.board.read(experiment), own=self.name)
+            self.apply(entries, claimed_unacked=frozenset(listed))
+            if len(entries) < self.count:
+                break
 
     def apply(self, entries: Sequence[StreamEntry], *, claimed_unacked: frozenset[str]) -> None:
         """Screen, de-duplicate and apply entries; nothing here awaits.

@@ -303,16 +303,19 @@ class ExperimentWindow:
             self._tail = new_tail
 
     def advance(self, now: float) -> None:
-        """Evict the seconds that left the window (subtract-on-evict)."""
+        """Evict the seconds that left the window (subtract-on-evict).
+
+        An eviction alone does not mark the window changed: every reader of a
+        partial drops the seconds that left its own window (sharding.py), so a
+        publish for it would tell nothing new, and it was one publish in three
+        under a steady feed (decision 0033). The heartbeat still republishes an
+        experiment without samples."""
         new_tail = math.floor(now) - self.config.window_sec + 1
         if new_tail <= self._tail:
             return
         for ring in self._every_ring():
-            evicted = ring.slots_between(self._tail, new_tail - 1)
-            for slot in evicted:
+            for slot in ring.slots_between(self._tail, new_tail - 1):
                 ring.add_to_window(slot, -1)
-            if evicted:
-                self.changed = True
         self._tail = new_tail
 
     @property

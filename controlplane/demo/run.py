@@ -39,7 +39,7 @@ from controlplane.demo.view import render
 from controlplane.kernel.sample_keys import generate_sample_keys
 from controlplane.kernel.settings import Settings, parse_host_port
 from controlplane.kernel.signals import on_stop_signals
-from controlplane.kernel.streams import SampleStream, StreamEntry
+from controlplane.kernel.streams import PendingSummary, SampleStream, StreamEntry
 from controlplane.runtime import Backends
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -99,6 +99,11 @@ class CountingStream:
 
     async def pending(self, service: str, group: str) -> int:
         return await self._inner.pending(service, group)
+
+    async def pending_many(
+        self, group: str, services: Sequence[str], *, min_idle_ms: int
+    ) -> dict[str, PendingSummary]:
+        return await self._inner.pending_many(group, services, min_idle_ms=min_idle_ms)
 
     async def services(self) -> list[str]:
         return await self._inner.services()

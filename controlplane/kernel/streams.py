@@ -25,6 +25,18 @@ class StreamEntry:
     deliveries: int = 1
 
 
+@dataclass(frozen=True)
+class PendingSummary:
+    """A stream's entries delivered to the group and not acked yet, on any consumer;
+    `idle`: at least one of them has waited min_idle_ms or longer (claimable)."""
+
+    pending: int
+    idle: bool
+
+
+NOTHING_PENDING = PendingSummary(0, False)
+
+
 class SampleStream(Protocol):
     async def append(
         self, service: str, batches: Sequence[Mapping[str, bytes]], *, maxlen: int
@@ -70,6 +82,15 @@ class SampleStream(Protocol):
         ...
 
     async def pending(self, service: str, group: str) -> int: ...
+
+    async def pending_many(
+        self, group: str, services: Sequence[str], *, min_idle_ms: int
+    ) -> dict[str, PendingSummary]:
+        """`pending` of every service, and whether any of its entries is idle for
+        min_idle_ms, in one round trip (the collector's claim pass looks at every
+        stream each second, and claims only where something is idle); a stream
+        without the group has nothing pending."""
+        ...
 
     async def services(self) -> list[str]:
         """Services that have a samples stream."""

@@ -31,7 +31,7 @@ from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.codec import source_and_seq
 from controlplane.kernel.errors import BackendUnavailable
 from controlplane.kernel.keys import is_service_name
-from controlplane.kernel.streams import DECISIONS_MAXLEN, StreamEntry
+from controlplane.kernel.streams import DECISIONS_MAXLEN, PendingSummary, StreamEntry
 
 _Id = tuple[int, int]
 
@@ -203,6 +203,20 @@ class MemoryStreams:
         self._check_open()
         _, state = self._group(service, group)
         return len(state.pending)
+
+    async def pending_many(
+        self, group: str, services: Sequence[str], *, min_idle_ms: int
+    ) -> dict[str, PendingSummary]:
+        self._check_open()
+        now = self._clock.monotonic()
+        found: dict[str, PendingSummary] = {}
+        for service in services:
+            stream = self._streams.get(service)
+            state = stream.groups.get(group) if stream else None
+            rows = state.pending.values() if state is not None else ()
+            idle = any((now - row.delivered_at) * 1000 >= min_idle_ms for row in rows)
+            found[service] = PendingSummary(len(rows), idle)
+        return found
 
     async def services(self) -> list[str]:
         self._check_open()

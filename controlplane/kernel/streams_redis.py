@@ -53,7 +53,12 @@ from controlplane.kernel.codec import source_and_seq
 from controlplane.kernel.errors import BackendError, BackendUnavailable, ConfigError
 from controlplane.kernel.keys import RedisKeys, is_service_name
 from controlplane.kernel.secrets import url_password
-from controlplane.kernel.streams import DECISIONS_MAXLEN, StreamEntry
+from controlplane.kernel.streams import (
+    DECISIONS_MAXLEN,
+    NOTHING_PENDING,
+    PendingSummary,
+    StreamEntry,
+)
 
 DEFAULT_SOCKET_TIMEOUT = 2.0
 DEFAULT_CONNECT_TIMEOUT = 0.5
@@ -505,6 +510,35 @@ class RedisStreams:
                     raise
                 return 0
         return int(summary["pending"])
+
+    async def pending_many(
+        self, group: str, services: Sequence[str], *, min_idle_ms: int
+    ) -> dict[str, PendingSummary]:
+        if not services:
+            return {}
+        found: dict[str, PendingSummary] = {}
+        with _boundary("pending_many"):
+            async with self._client.pipeline(transaction=False) as pipe:
+                for service in services:
+                    key = self._keys.samples(service)
+                    pipe.xpending(key, group)
+                    # one idle entry is enough to know a claim has work
+                    pipe.xpending_range(key, group, min="-", max="+", count=1,
+                                        idle=min_idle_ms)  # fmt: skip
+                replies = await pipe.execute(raise_on_error=False)
+            for i, service in enumerate(services):
+                summary, idle = replies[2 * i], replies[2 * i + 1]
+                failed = [r for r in (summary, idle) if isinstance(r, Exception)]
+                if any(
+                    isinstance(r, redis_errors.ResponseError) and _is_nogroup(r)
+                    for r in failed
+                ):
+                    found[service] = NOTHING_PENDING  # as `pending`: no group, nothing
+                    continue
+                if failed:
+                    raise failed[0]  # translated by the boundary, as a single command's
+                found[service] = PendingSummary(int(summary["pending"]), bool(idle))
+        return found
 
     async def services(self) -> list[str]:
         found: set[str] = set()

@@ -9,13 +9,13 @@ import json
 
 import pytest
 
-from controlplane.benchmarks.scale import Plan, growth, run
+from controlplane.benchmarks.scale import QUICK, Plan, growth, narrowed, run
 from controlplane.cli.bench import BENCHMARKS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real]
 
 SMALLEST = Plan(sizes=(3,), watchers=(4,), ingest_samples=3_000, tick_rounds=2, warm_sec=1.0,
-                trips=1, route_puts=2)  # fmt: skip
+                trips=1, route_puts=2, collectors=2)  # fmt: skip
 
 
 def test_the_scale_benchmark_is_registered() -> None:
@@ -36,6 +36,29 @@ def test_growth_is_each_per_unit_figure_over_the_smallest_ns(
     per_n: dict[int, dict[str, float]], expected: dict[str, dict[str, float]]
 ) -> None:
     assert growth(per_n) == expected
+
+
+@pytest.mark.parametrize(
+    ("only", "sizes", "watchers", "collectors"),
+    [
+        ("1000", (1000,), (), QUICK.collectors),
+        ("100, 1000,watch", (100, 1000), QUICK.watchers, QUICK.collectors),
+        ("watch,collectors=3", QUICK.sizes, QUICK.watchers, 3),
+        ("collectors=1", QUICK.sizes, (), 1),
+    ],
+)
+def test_only_picks_the_sizes_the_fan_out_and_the_collectors(
+    only: str, sizes: tuple[int, ...], watchers: tuple[int, ...], collectors: int
+) -> None:
+    plan = narrowed(QUICK, only)
+    assert (plan.sizes, plan.watchers, plan.collectors) == (sizes, watchers, collectors)
+    assert plan.ingest_samples == QUICK.ingest_samples
+
+
+@pytest.mark.parametrize("only", ["0", "10001", "ten", "collectors=0", "collectors=9", "watchers"])
+def test_only_refuses_what_it_does_not_know_or_cannot_bound(only: str) -> None:
+    with pytest.raises(ValueError, match="scale --only"):
+        narrowed(QUICK, only)
 
 
 def test_the_smallest_run_reports_every_part(
@@ -75,6 +98,12 @@ def test_the_smallest_run_reports_every_part(
     assert trip["leader_rounds_to_sql"] > 0
     # the sidecar sees the cut after the database holds the trip
     assert trip["to_sidecar_route"]["p50_ms"] >= trip["to_sql"]["p50_ms"] > 0
+
+    several = size["several"]
+    assert several["collectors"] == 2
+    assert several["steady"]["cpu_s_per_s"] >= 0 and several["steady"]["publishes_per_s"] >= 0
+    # the second trip is another experiment's, judged with both collectors running
+    assert several["trip"]["trips"] == 1 and several["trip"]["missed"] == 0
 
     watch = result["watch"]["4"]
     assert watch["applied"] == 4 * 2 and watch["missed"] == 0

@@ -396,3 +396,42 @@ async def test_a_row_moved_during_the_round_keeps_its_change_and_the_others_are_
         row = await tx.load_experiment(experiment_id=cart)
     assert row.updated_at.year == 2031
     assert rig.controller.stats.conflicts == conflicts + 1
+
+
+class RecordingBoard:
+    """The real board, recording each pipelined read's experiments and what the
+    controller had judged before it."""
+
+    def __init__(self, board: object, controller: Controller) -> None:
+        self.board = board
+        self.controller = controller
+        self.reads: list[tuple[list[str], int]] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.board, name)
+
+    async def read_many(self, experiments: list[str]) -> list[dict[str, str]]:
+        self.reads.append((list(experiments), self.controller.stats.evaluations))
+        return await self.board.read_many(experiments)  # type: ignore[attr-defined, no-any-return]
+
+
+async def test_a_round_reads_each_hash_just_before_judging_it_not_all_up_front(
+    rig: Rig,
+) -> None:
+    await rig.second(canary_ms=40)
+    cart = await _start_cart(rig)
+    recording = RecordingBoard(rig.backends.board, rig.controller)
+    rig.backends.board = recording  # type: ignore[assignment]
+    rig.controller.read_ahead = 1
+    try:
+        rig.clock.advance(1.0)
+        evaluations = rig.controller.stats.evaluations
+        await rig.controller.evaluate_all(rig.backends, rig.fence)
+    finally:
+        rig.backends.board = recording.board  # type: ignore[assignment]
+    # one read per experiment here (read_ahead 1), the second after the first judged:
+    # a long round judges its last experiments on hashes as fresh as its first ones'
+    assert [judged for _, judged in recording.reads] == [evaluations, evaluations + 1]
+    assert sorted(ids for ids, _ in recording.reads) == sorted(
+        [[str(rig.experiment_id)], [str(cart)]]
+    )

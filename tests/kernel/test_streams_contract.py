@@ -13,7 +13,7 @@ import redis.asyncio as redis_async
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.errors import BackendUnavailable, ConfigError
 from controlplane.kernel.keys import COLLECTOR_GROUP, RedisKeys
-from controlplane.kernel.streams import SampleStream, SnapshotBoard
+from controlplane.kernel.streams import PendingSummary, SampleStream, SnapshotBoard
 from controlplane.kernel.streams_factory import open_streams
 from controlplane.kernel.streams_memory import MemoryStreams
 from controlplane.kernel.streams_redis import RedisStreams
@@ -542,3 +542,28 @@ async def test_ack_many_acks_each_services_entries(backend: Backend) -> None:
     assert acked == 3
     assert await s.pending("pay", GROUP) == 0
     assert await s.pending("cart", GROUP) == 1
+
+
+async def test_pending_many_counts_each_streams_pending_and_says_which_are_idle(
+    backend: Backend,
+) -> None:
+    s = backend.stream
+    for service in ("pay", "cart", "quiet"):
+        await s.ensure_group(service, GROUP)
+    await s.append("pay", [batch(1), batch(2)], maxlen=10)
+    await s.append("cart", [batch(1)], maxlen=10)
+    got = await s.read_group(["pay", "cart"], GROUP, "c1", count=10, block_ms=0)
+    await s.ack("cart", GROUP, [e.entry_id for e in got if e.service == "cart"])
+    assert await s.pending_many(GROUP, [], min_idle_ms=0) == {}
+
+    fresh = await s.pending_many(GROUP, ["pay", "cart", "quiet", "none"],
+                                 min_idle_ms=LONG_IDLE_MS)  # fmt: skip
+    assert fresh == {
+        "pay": PendingSummary(2, idle=False),
+        "cart": PendingSummary(0, idle=False),
+        "quiet": PendingSummary(0, idle=False),
+        "none": PendingSummary(0, idle=False),  # no stream, no group: nothing pending
+    }
+    threshold = backend.idle_threshold_after(LONG_IDLE_MS)
+    idle = await s.pending_many(GROUP, ["pay", "cart"], min_idle_ms=threshold)
+    assert idle == {"pay": PendingSummary(2, idle=True), "cart": PendingSummary(0, idle=False)}
