@@ -22,6 +22,7 @@ class ControllerStats:
     routes_reconciled: int = 0
     routes_published: int = 0
     reconcile_passes: int = 0
+    revision_polls: int = 0
     route_notices_dropped: int = 0
     window_rules_published: int = 0
     window_rules_deleted: int = 0
@@ -63,6 +64,8 @@ class ControllerMetricsCollector(Collector):
              "unreadable or unowned (each also a route_reconciled event)", s.routes_reconciled),
             ("reconcile_passes", "Passes of the route reconciler (full or after a commit)",
              s.reconcile_passes),
+            ("revision_polls", "Polls of the desired routes' revisions (SQLite, which has no "
+             "NOTIFY): a pass follows only for the services that moved", s.revision_polls),
             ("routes_published", "Routes written to etcd by the reconciler",
              s.routes_published),
             ("route_notices_dropped", "Route change notices ignored: no service named",

@@ -20,6 +20,7 @@ simply has not published yet from one somebody else changed).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -122,3 +123,11 @@ def plan_route(desired: Route | None, stored: Stored | None, *, last_written: in
     if held == expected:
         return Plan(Step.PUBLISH, Found.PENDING, desired)
     return Plan(Step.PUBLISH, Found.MISSING if current is None else Found.OLDER, desired)
+
+
+def moved_services(seen: Mapping[str, int], now: Mapping[str, int]) -> frozenset[str]:
+    """The services whose desired revision differs from the one last reconciled, or
+    that appeared or disappeared since: what a poll of revisions has to look at."""
+    return frozenset(
+        service for service in seen.keys() | now.keys() if seen.get(service) != now.get(service)
+    )

@@ -43,6 +43,13 @@ def desired_revision(*, session: Session, service: str) -> int:
     return row.revision if row is not None else 0
 
 
+def desired_revisions(*, session: Session) -> dict[str, int]:
+    """Every service's desired route revision: two narrow columns, no route parsed.
+    What a poll compares to find the services whose route moved (SQLite has no NOTIFY)."""
+    rows = session.execute(select(ServiceRoute.service, ServiceRoute.revision))
+    return {service: int(revision) for service, revision in rows}
+
+
 def desired_route(*, session: Session, service: str) -> Route | None:
     row = session.get(ServiceRoute, service)
     return _route_of(row) if row is not None else None

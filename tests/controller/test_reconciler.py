@@ -326,3 +326,29 @@ async def test_a_commit_on_another_replica_wakes_the_leader(
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
         await other.close()
+
+
+async def test_on_sqlite_a_commit_elsewhere_is_found_by_a_poll_of_revisions(
+    rig: Rig, backend_settings: Settings
+) -> None:
+    if not backend_settings.database_url.startswith("sqlite"):
+        pytest.skip("PostgreSQL announces commits (NOTIFY); SQLite is polled")
+    leader = RouteReconciler(full_pass_sec=3600, poll_sec=0.01)  # no full pass would find it
+    running = asyncio.create_task(leader.run(rig.backends, rig.fence))
+    other = await open_backends(backend_settings, clock=rig.clock, streams=False)
+    try:
+        async with asyncio.timeout(10):
+            while leader.stats.revision_polls < 5:
+                await asyncio.sleep(0.01)
+        assert leader.stats.reconcile_passes == 1, "polls that find nothing moved pass over nothing"
+        replica = Rig(other, rig.clock, rig.fence, RouteReconciler())
+        await replica.start()  # committed through the other Backends: no in-process signal
+        async with asyncio.timeout(10):
+            while await rig.stored() is None:
+                await asyncio.sleep(0.01)
+        assert await rig.stored() == await rig.desired()
+        assert leader.stats.reconcile_passes == 2, "one pass, over the service that moved"
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await other.close()

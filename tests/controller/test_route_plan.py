@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.controller.route_plan import Found, Plan, Step, Stored, plan_route
+from controlplane.controller.route_plan import (
+    Found,
+    Plan,
+    Step,
+    Stored,
+    moved_services,
+    plan_route,
+)
 from controlplane.kernel.routes import Route, RouteState
 from tests.support.routes import two_way_route
 
@@ -84,3 +91,20 @@ def test_a_revision_at_the_ceiling_cannot_be_superseded() -> None:
     top = route(2**31 - 1, 9000)
     with pytest.raises(ValueError, match="cannot grow"):
         plan_route(DESIRED, stored(top), last_written=None)
+
+
+@pytest.mark.parametrize(
+    ("seen", "now", "moved"),
+    [
+        ({}, {}, set()),
+        ({"a": 3, "b": 1}, {"a": 3, "b": 1}, set()),
+        ({"a": 3, "b": 1}, {"a": 4, "b": 1}, {"a"}),
+        ({"a": 3}, {"a": 3, "new": 1}, {"new"}),
+        ({"a": 3, "gone": 2}, {"a": 3}, {"gone"}),
+        ({"a": 5}, {"a": 4}, {"a"}),  # lower: restored from a backup, still looked at
+    ],
+)
+def test_a_poll_looks_at_the_services_whose_revision_moved(
+    seen: dict[str, int], now: dict[str, int], moved: set[str]
+) -> None:
+    assert moved_services(seen, now) == moved
