@@ -630,6 +630,11 @@ def _run_http(*, quick: bool, progress: bool) -> dict[str, Any]:
     }
     if server_cpu is None:
         notes.append("fewer than two CPUs: nothing pinned")
+    from sidecar import compiled
+
+    # the proxies run from this tree decide the same way (sidecar/compiled.py); a
+    # revision unpacked for CANARY_BENCH_BEFORE is never compiled
+    result["proxy_build"] = compiled.select()[1]
     with contextlib.suppress(OSError):
         result["loadavg_at_start"] = round(os.getloadavg()[0], 2)
     if nginx is None:
