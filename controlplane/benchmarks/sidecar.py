@@ -828,7 +828,9 @@ def _start_before(
         return unpacked
     tree, commit = unpacked
     port = _free_port()
-    args = [sys.executable, "-m", "controlplane.benchmarks.sidecar", "serve-proxy",
+    # -P: without it `-m` puts the working directory (this checkout, when run from
+    # it) ahead of PYTHONPATH, and the "before" proxy would be this tree's
+    args = [sys.executable, "-P", "-m", "controlplane.benchmarks.sidecar", "serve-proxy",
             f"{HOST}:{port}", f"http://{HOST}:{up_port}"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(tree)}
     proc = stack.enter_context(
