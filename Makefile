@@ -7,11 +7,12 @@ TEST_WORKERS ?= 2
 
 .PHONY: install demo dev test lint services clean compile
 
-# the editable install also compiles the proxy's per-request modules in place (setup.py)
+# the proxy's per-request modules are compiled by `compile` below, once the venv holds
+# every dependency (their types are the compiler's), not by pip's bare build env
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --upgrade pip 'setuptools>=68'
+	CANARY_PURE_PYTHON=1 $(PY) -m pip install --quiet -e '.[dev]'
 	VENV_BIN=$(VENV)/bin scripts/install-k8s-tools.sh
 	touch $@
 

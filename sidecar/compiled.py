@@ -13,7 +13,8 @@ extension before its source whenever both are there, so this module decides firs
 - `CANARY_PURE_PYTHON=1` forces pure Python (tests run the proxy both ways with it).
 
 It is imported by `sidecar/__init__.py`, before any of those modules, and is itself
-never compiled. It reads the sources once at start-up (about 100 KB).
+never compiled. It reads the sources once at start-up (about 100 KB). Any other
+`sidecar` module is always imported from its source.
 """
 
 from __future__ import annotations
@@ -118,10 +119,12 @@ def _recorded(path: Path) -> object:
 
 
 class _PureSource(importlib.abc.MetaPathFinder):
-    """Imports the listed modules from their `.py` files, extension or not."""
+    """Imports `sidecar` modules from their `.py` files, extension or not, except
+    those in `compiled` (the build in use): an extension left over from another
+    build never loads."""
 
-    def __init__(self, modules: Sequence[str]) -> None:
-        self._modules = frozenset(modules)
+    def __init__(self, compiled: Sequence[str]) -> None:
+        self._compiled = frozenset(compiled)
 
     def find_spec(
         self,
@@ -129,14 +132,14 @@ class _PureSource(importlib.abc.MetaPathFinder):
         path: Sequence[str] | None,
         target: ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in self._modules or not path:
+        if not fullname.startswith("sidecar.") or fullname in self._compiled or not path:
             return None
         name = fullname.rpartition(".")[2] + ".py"
         for entry in path:
             source = os.path.join(entry, name)
             if os.path.isfile(source):
                 return importlib.util.spec_from_file_location(fullname, source)
-        return None
+        return None  # a package, or not ours: the usual finders
 
 
 # what `select()` chose, and why (the sidecar logs it, benchmarks record it)
@@ -156,6 +159,5 @@ def select() -> tuple[bool, str]:
         sources={module: _read(source_path(module)) for module in MODULES},
         extensions=[module for module in MODULES if _extension_present(module, ROOT)],
     )
-    if not IN_USE[0]:
-        sys.meta_path.insert(0, _PureSource(MODULES))
+    sys.meta_path.insert(0, _PureSource(MODULES if IN_USE[0] else ()))
     return IN_USE

@@ -63,12 +63,18 @@ def test_an_unreadable_source_or_a_missing_extension_means_pure_python() -> None
     assert not use and "no extension for sidecar.proxy.exchange" in why
 
 
-def test_the_pure_finder_imports_a_listed_module_from_its_source() -> None:
-    finder = compiled._PureSource(compiled.MODULES)
+def test_the_finder_imports_from_sources_all_but_the_compiled_in_use() -> None:
     package = importlib.import_module("sidecar.proxy")
-    spec = finder.find_spec("sidecar.proxy.exchange", package.__path__)
+    pure = compiled._PureSource(())
+    spec = pure.find_spec("sidecar.proxy.exchange", package.__path__)
     assert spec is not None and spec.origin is not None and spec.origin.endswith("exchange.py")
-    assert finder.find_spec("sidecar.proxy.options", package.__path__) is None  # not listed
+    with_compiled = compiled._PureSource(compiled.MODULES)
+    assert with_compiled.find_spec("sidecar.proxy.exchange", package.__path__) is None
+    # a module outside the build (an extension left over would never load)
+    spec = with_compiled.find_spec("sidecar.proxy.options", package.__path__)
+    assert spec is not None and spec.origin is not None and spec.origin.endswith("options.py")
+    assert with_compiled.find_spec("sidecar.proxy.h2", package.__path__) is None  # a package
+    assert with_compiled.find_spec("controlplane.kernel.codec", package.__path__) is None
 
 
 def test_the_modules_loaded_are_the_build_chosen() -> None:
