@@ -40,6 +40,7 @@ from controlplane.kernel.signals import on_stop_signals
 from controlplane.kernel.streams import SampleStream
 from controlplane.kernel.streams_factory import open_streams
 from controlplane.kernel.tracing_config import tracing_config
+from sidecar import compiled
 from sidecar.admin import AdminServer, SidecarCollector
 from sidecar.choice import Upstream
 from sidecar.overload.metrics import OverloadMetricsCollector
@@ -174,7 +175,12 @@ class Sidecar:
             await self.proxy.start_on(listen)
         else:
             await self.proxy.start(*listen, reuse_port=reuse_port)
-        log.info("sidecar for %s on port %d", self.service, self.proxy.port)
+        log.info(
+            "sidecar for %s on port %d (proxy: %s)",
+            self.service,
+            self.proxy.port,
+            compiled.IN_USE[1],
+        )
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests, flush samples.

@@ -630,6 +630,11 @@ def _run_http(*, quick: bool, progress: bool) -> dict[str, Any]:
     }
     if server_cpu is None:
         notes.append("fewer than two CPUs: nothing pinned")
+    from sidecar import compiled
+
+    # the proxies run from this tree decide the same way (sidecar/compiled.py); a
+    # revision unpacked for CANARY_BENCH_BEFORE is never compiled
+    result["proxy_build"] = compiled.select()[1]
     with contextlib.suppress(OSError):
         result["loadavg_at_start"] = round(os.getloadavg()[0], 2)
     if nginx is None:
@@ -823,7 +828,9 @@ def _start_before(
         return unpacked
     tree, commit = unpacked
     port = _free_port()
-    args = [sys.executable, "-m", "controlplane.benchmarks.sidecar", "serve-proxy",
+    # -P: without it `-m` puts the working directory (this checkout, when run from
+    # it) ahead of PYTHONPATH, and the "before" proxy would be this tree's
+    args = [sys.executable, "-P", "-m", "controlplane.benchmarks.sidecar", "serve-proxy",
             f"{HOST}:{port}", f"http://{HOST}:{up_port}"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(tree)}
     proc = stack.enter_context(

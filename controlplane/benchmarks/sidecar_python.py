@@ -10,8 +10,11 @@ httptools parser), none of the kernel's work. Two figures:
   a run of N requests minus a run of none, the same on a loaded machine as on a
   quiet one (user space only).
 
-With `CANARY_BENCH_BEFORE=<git revision>`, the same driver runs that revision's proxy
-too (`before`), and the ratios say what changed.
+When this tree's proxy modules are compiled (decision 0034), they are measured as
+`now` and again as pure Python (`now_pure`, with CANARY_PURE_PYTHON=1): the ratios
+`compiled_over_pure` say what compiling is worth. With
+`CANARY_BENCH_BEFORE=<git revision>`, the same driver runs that revision's proxy too
+(`before`, never compiled), and the ratios say what changed.
 
 The driver runs as a script (`python sidecar_python.py N [once]`), so that a
 revision unpacked elsewhere is imported in its place through PYTHONPATH.
@@ -144,8 +147,14 @@ def _main(argv: list[str]) -> None:
 # --- the benchmark -------------------------------------------------------------
 
 
-def _script(tree: Path | None, args: list[str], *, valgrind: str | None = None) -> str:
+def _script(
+    tree: Path | None, args: list[str], *, valgrind: str | None = None, pure: bool = False
+) -> str:
     env = {**os.environ, "PYTHONPATH": str(tree if tree is not None else SCRIPT.parents[2])}
+    if pure:
+        from sidecar.compiled import PURE_ENV
+
+        env[PURE_ENV] = "1"
     command = [sys.executable, str(SCRIPT), *args]
     if valgrind is not None:
         command = [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", *command]
@@ -153,11 +162,11 @@ def _script(tree: Path | None, args: list[str], *, valgrind: str | None = None) 
     return done.stdout + done.stderr
 
 
-def _instructions(tree: Path | None, valgrind: str, count: int) -> int:
+def _instructions(tree: Path | None, valgrind: str, count: int, *, pure: bool) -> int:
     """User-space instructions per request: a run of `count` minus a run of none."""
 
     def collected(n: int) -> int:
-        out = _script(tree, [str(n), "once"], valgrind=valgrind)
+        out = _script(tree, [str(n), "once"], valgrind=valgrind, pure=pure)
         match = re.search(r"Collected : (\d+)", out)
         if match is None:
             raise RuntimeError(f"no instruction count from callgrind:\n{out[-2000:]}")
@@ -167,17 +176,22 @@ def _instructions(tree: Path | None, valgrind: str, count: int) -> int:
 
 
 def _measure(
-    tree: Path | None, *, count: int, valgrind: str | None, progress: bool
+    tree: Path | None, *, count: int, valgrind: str | None, progress: bool, pure: bool = False
 ) -> dict[str, Any]:
-    name = "before" if tree is not None else "now"
+    name = "before" if tree is not None else ("now_pure" if pure else "now")
     if progress:
         print(f"[{name}] CPU per request ...", file=sys.stderr, flush=True)
-    figures: dict[str, Any] = {"cpu_us_per_request": float(_script(tree, [str(count)]).split()[-1])}
+    out = _script(tree, [str(count)], pure=pure)
+    figures: dict[str, Any] = {"cpu_us_per_request": float(out.split()[-1])}
     if valgrind is not None:
         if progress:
             print(f"[{name}] instructions per request (callgrind) ...", file=sys.stderr, flush=True)
-        figures["instructions_per_request"] = _instructions(tree, valgrind, count // 10)
+        figures["instructions_per_request"] = _instructions(tree, valgrind, count // 10, pure=pure)
     return figures
+
+
+def _ratios(now: dict[str, Any], other: dict[str, Any]) -> dict[str, float]:
+    return {key: round(now[key] / other[key], 3) for key in now if other.get(key)}
 
 
 def run(*, quick: bool, progress: bool) -> dict[str, Any]:
@@ -192,7 +206,15 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
     }
     with contextlib.suppress(OSError):
         result["loadavg_at_start"] = round(os.getloadavg()[0], 2)
+    from sidecar import compiled
+
+    use, result["proxy_build"] = compiled.select()
     result["now"] = _measure(None, count=count, valgrind=valgrind, progress=progress)
+    if use:
+        result["now_pure"] = _measure(
+            None, count=count, valgrind=valgrind, progress=progress, pure=True
+        )
+        result["compiled_over_pure"] = _ratios(result["now"], result["now_pure"])
     rev = os.environ.get("CANARY_BENCH_BEFORE")
     if rev:
         from controlplane.benchmarks.revision import unpack_revision
@@ -206,10 +228,7 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
                 tree, result["before_commit"] = unpacked
                 before = _measure(tree, count=count, valgrind=valgrind, progress=progress)
                 result["before"] = before
-                now = result["now"]
-                result["now_over_before"] = {
-                    key: round(now[key] / before[key], 3) for key in now if before.get(key)
-                }
+                result["now_over_before"] = _ratios(result["now"], before)
     return result
 
 

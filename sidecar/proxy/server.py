@@ -15,7 +15,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.codec import SHED
@@ -163,7 +163,10 @@ class ProxyServer:
     def port(self) -> int:
         """The port actually bound."""
         assert self._server is not None, "the proxy is not started"
-        port: int = self._server.sockets[0].getsockname()[1]
+        # uvloop's `sockets` is a list where asyncio's (and its stub) is a tuple, which
+        # the compiled module would check it is: read untyped
+        server: Any = self._server
+        port: int = server.sockets[0].getsockname()[1]
         return port
 
     async def stop(self, timeout: float | None = None) -> None:
