@@ -5,16 +5,23 @@ the application-limited rule of Netflix concurrency-limits' Gradient2:
 
 - **No-load latency** (`min_rtt`): measured first, then every `min_rtt_interval`
   seconds, with the limit pinned to `min_rtt_concurrency` until `min_rtt_samples`
-  requests admitted under the pin have completed; their `percentile` is the
+  requests admitted under the pin have completed; their `statistic` is the
   no-load latency. Pinning is what keeps the baseline honest: a minimum taken while
   the limit holds the upstream busy would drift up with the queue it measures.
-- **Sample latency**: the `percentile` of the requests completed in each
-  `update_interval` (requests admitted before the phase began are left out).
+- **Sample latency**: the `statistic` of the requests completed in each
+  `update_interval` (requests admitted before the phase began are left out): the
+  **mean** by default (decision 0032), each latency counted up to what the gradient
+  can act on (`min_rtt * (1 + rtt_buffer) / MIN_GRADIENT`), so one stalled request
+  cannot decide an interval. The mean is what Little's law ties to the queue: with
+  `n` in flight on `c` places of service time `t`, the mean is `t * n / c` whatever
+  the order of service, while the median of a FIFO upstream stays near `t` until
+  half the requests wait (decision 0032). `percentile` (Envoy's choice) remains.
 - **Gradient**: `min_rtt * (1 + rtt_buffer) / sample`, within [0.5, 2.0]; the new
   limit is `limit * gradient`, smoothed (`smoothing` of the new value) and held
   within [min_limit, max_limit]. Below capacity latency is the no-load latency and
   the limit grows by up to `1 + rtt_buffer` per interval; past it the upstream's own
-  queue raises latency and the limit settles near `capacity * (1 + rtt_buffer)`.
+  queue raises the mean and the limit settles near `capacity * (1 + rtt_buffer)`,
+  whose integer part is in force.
 - **Application-limited**: while fewer than half the limit were in flight during an
   interval the latency says nothing about capacity: the limit does not grow (it still
   falls when latency rises).
@@ -28,11 +35,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
+from typing import Literal
 
 MIN_GRADIENT = 0.5
 MAX_GRADIENT = 2.0
 # at most this many latencies are kept per interval; a busier interval ends early
 MAX_INTERVAL_SAMPLES = 4096
+
+
+Statistic = Literal["mean", "percentile"]
 
 
 class Phase(Enum):
@@ -48,7 +59,8 @@ class LimitSettings:
     max_limit: int = 1000
     initial_limit: int = 20
     update_interval: float = 0.1  # seconds per sample interval
-    percentile: float = 0.5  # of latencies, to summarise an interval or a measurement
+    statistic: Statistic = "mean"  # of latencies, to summarise an interval or a measurement
+    percentile: float = 0.5  # the percentile, when that is the statistic
     rtt_buffer: float = 0.1  # latency above the no-load latency still taken as no queue
     smoothing: float = 0.3  # weight of the new limit against the old one (decision 0026)
     min_rtt_interval: float = 60.0  # seconds between no-load measurements
@@ -73,6 +85,28 @@ def percentile_of(values: list[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, math.ceil(q * len(ordered)))
     return ordered[rank - 1]
+
+
+def capped_mean(values: list[float], cap: float) -> float:
+    """The mean of a non-empty list, each value counted up to `cap`."""
+    return sum(min(v, cap) for v in values) / len(values)
+
+
+def no_load_latency(values: list[float], s: LimitSettings) -> float:
+    """The no-load latency from the latencies of a measurement (non-empty). A mean is
+    taken with each latency counted up to twice the median: a stall during the
+    measurement would otherwise raise the baseline, and every limit after it."""
+    if s.statistic == "percentile":
+        return percentile_of(values, s.percentile)
+    return capped_mean(values, 2.0 * percentile_of(values, 0.5))
+
+
+def interval_latency(values: list[float], min_rtt: float, s: LimitSettings) -> float:
+    """One interval's latency from its latencies (non-empty)."""
+    if s.statistic == "percentile":
+        return percentile_of(values, s.percentile)
+    # beyond this a latency cannot lower the gradient further (it is clamped there)
+    return capped_mean(values, min_rtt * (1.0 + s.rtt_buffer) / MIN_GRADIENT)
 
 
 def next_limit(limit: float, sample_rtt: float, min_rtt: float, s: LimitSettings) -> float:
@@ -131,7 +165,7 @@ class GradientLimit:
         s = self.settings
         if self._phase is Phase.MEASURING:
             if len(latencies) >= s.min_rtt_samples:
-                self._min_rtt = percentile_of(latencies, s.percentile)
+                self._min_rtt = no_load_latency(latencies, s)
                 self._adapt(now)
             return
         if now >= self._interval_end or len(latencies) >= MAX_INTERVAL_SAMPLES:
@@ -139,9 +173,9 @@ class GradientLimit:
 
     def _close_interval(self, now: float) -> None:
         s = self.settings
-        sample = self._sample_rtt = percentile_of(self._latencies, s.percentile)
         min_rtt = self._min_rtt
         assert min_rtt is not None
+        sample = self._sample_rtt = interval_latency(self._latencies, min_rtt, s)
         proposed = next_limit(self._estimate, sample, min_rtt, s)
         # application-limited: too few in flight to have tested a higher limit
         if proposed < self._estimate or self._in_flight_peak * 2 >= self._estimate:
