@@ -135,7 +135,7 @@ class OverloadConfig(BaseModel):
     # `percentile` of them
     statistic: Literal["mean", "percentile"] = "mean"
     percentile: float = _real(gt=0, le=1, default=0.5)
-    rtt_buffer: float = _real(ge=0, le=1, default=0.1)
+    rtt_buffer: float = _real(ge=0, le=1, default=0.05)
     smoothing: float = _real(gt=0, le=1, default=0.3)
     min_rtt_interval_s: float = _real(ge=1, le=86_400, default=60)
     min_rtt_samples: int = _count(ge=1, le=10_000, default=25)

@@ -39,6 +39,8 @@ from typing import Literal
 
 MIN_GRADIENT = 0.5
 MAX_GRADIENT = 2.0
+# standard errors added to a measured mean no-load latency (`no_load_latency`)
+NO_LOAD_ERRORS = 2.0
 # at most this many latencies are kept per interval; a busier interval ends early
 MAX_INTERVAL_SAMPLES = 4096
 
@@ -61,7 +63,7 @@ class LimitSettings:
     update_interval: float = 0.1  # seconds per sample interval
     statistic: Statistic = "mean"  # of latencies, to summarise an interval or a measurement
     percentile: float = 0.5  # the percentile, when that is the statistic
-    rtt_buffer: float = 0.1  # latency above the no-load latency still taken as no queue
+    rtt_buffer: float = 0.05  # latency above the no-load latency still taken as no queue
     smoothing: float = 0.3  # weight of the new limit against the old one (decision 0026)
     min_rtt_interval: float = 60.0  # seconds between no-load measurements
     min_rtt_samples: int = 25
@@ -93,12 +95,23 @@ def capped_mean(values: list[float], cap: float) -> float:
 
 
 def no_load_latency(values: list[float], s: LimitSettings) -> float:
-    """The no-load latency from the latencies of a measurement (non-empty). A mean is
-    taken with each latency counted up to twice the median: a stall during the
-    measurement would otherwise raise the baseline, and every limit after it."""
+    """The no-load latency from the latencies of a measurement (non-empty).
+
+    For the mean: each latency counted up to twice the median (a stall during the
+    measurement would otherwise raise the baseline, and every limit after it), and
+    the upper end of the estimate's confidence, `NO_LOAD_ERRORS` standard errors
+    above the mean. A baseline measured low by chance would shrink the limit below
+    the capacity at every interval until the next measurement; one measured high lets
+    it settle a little higher, by as much as the service's latency is noisy."""
     if s.statistic == "percentile":
         return percentile_of(values, s.percentile)
-    return capped_mean(values, 2.0 * percentile_of(values, 0.5))
+    capped = [min(v, 2.0 * percentile_of(values, 0.5)) for v in values]
+    n = len(capped)
+    mean = sum(capped) / n
+    if n < 2:
+        return mean
+    variance = sum((v - mean) ** 2 for v in capped) / (n - 1)
+    return mean + NO_LOAD_ERRORS * math.sqrt(variance / n)
 
 
 def interval_latency(values: list[float], min_rtt: float, s: LimitSettings) -> float:
