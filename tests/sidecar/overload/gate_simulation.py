@@ -50,7 +50,8 @@ class Request:
     arrived: float
     admitted: float | None = None
     sent: float | None = None
-    outcome: str = ""
+    outcome: str = ""  # "ok", or why it was shed
+    latency: float | None = None  # arrival to the end of the answer, when admitted
 
 
 @dataclass
@@ -61,9 +62,10 @@ class GateRun:
     sidecar_before: float = 0.0002  # admission to head sent
     sidecar_after: float = 0.0002  # response head to the end of the exchange
     seed: int = 1
+    sample_every: float = 0.01  # seconds between two readings of the limit
     now: float = 0.0
     requests: list[Request] = field(default_factory=list)
-    limits: list[tuple[float, int]] = field(default_factory=list)
+    limits: list[tuple[float, int]] = field(default_factory=list)  # (when, limit)
     gate: UpstreamGate = field(init=False)
 
     def __post_init__(self) -> None:
@@ -79,6 +81,11 @@ class GateRun:
             shed_counts=ShedCounts(),
         )
         self._next_arrival = self.now
+        self._at(self.now, self._read_limit)
+
+    def _read_limit(self) -> None:
+        self.limits.append((self.now, self.gate.limiter.limit))
+        self._at(self.now + self.sample_every, self._read_limit)
 
     def _at(self, when: float, callback: Callable[[], None], handle: Handle | None = None) -> None:
         heapq.heappush(self._events, (when, next(self._seq), callback, handle))
@@ -103,7 +110,6 @@ class GateRun:
             self.now = when
             if handle is None or not handle.cancelled:
                 callback()
-            self.limits.append((self.now, self.gate.limiter.limit))
         self.now = end
 
     def _arrive(self) -> None:
@@ -139,21 +145,32 @@ class GateRun:
     def _end(self, request: Request, upstream_sec: float) -> None:
         assert request.admitted is not None
         request.outcome = "ok"
+        request.latency = self.now - request.arrived
         self.gate.release(request.admitted, upstream_sec=upstream_sec)
-        request.admitted_latency = self.now - request.arrived  # type: ignore[attr-defined]
 
-    def latencies(self, since: float) -> list[float]:
+    def latencies(self, since: float, until: float | None = None) -> list[float]:
         """Arrival to the end of the answer of the admitted requests that arrived
-        from `since` on, sorted."""
+        within [since, until), sorted."""
+        end = self.now if until is None else until
         return sorted(
-            getattr(r, "admitted_latency")  # noqa: B009
+            r.latency
             for r in self.requests
-            if r.arrived >= since and r.outcome == "ok"
+            if since <= r.arrived < end and r.latency is not None
         )
 
-    def shed_share(self, since: float) -> float:
-        window = [r for r in self.requests if r.arrived >= since and r.outcome]
-        return sum(r.outcome != "ok" for r in window) / len(window) if window else 0.0
+    def mean_limit(self, since: float, until: float | None = None) -> float:
+        end = self.now if until is None else until
+        window = [limit for at, limit in self.limits if since <= at < end]
+        return sum(window) / len(window)
+
+    def goodput(self, since: float, until: float) -> float:
+        """Admitted requests per second that arrived within [since, until)."""
+        return len(self.latencies(since, until)) / (until - since)
+
+
+def quantile(ordered: list[float], q: float) -> float:
+    """The nearest-rank `q` quantile of a sorted, non-empty list."""
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 @dataclass(eq=False)
