@@ -3,6 +3,9 @@
 `ProxyServer.overload` is an `OverloadGuard` while protection is on, None otherwise
 (the exchange then pays one attribute read). The guard picks the request's priority,
 finds or makes its upstream's gate and builds what a shed request is answered.
+While it has gates it times its own event loop (`LAG_PERIOD`): how late a timer fires
+is what a busy loop adds to every upstream time the limits learn from, and they leave
+it out (decision 0032).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ PRIORITY = b"x-priority"
 LEVEL_LOG_INTERVAL = 10.0  # seconds between two lines on one upstream's level changes
 MAX_GATES = 1024  # upstreams remembered; past it the idle ones are forgotten
 MAX_ANSWERS = 1024  # shed answers kept ready; past it they are made again
+LAG_PERIOD = 0.01  # seconds between two readings of the event loop's lateness
 FAILURE_LEVELS = {
     "ignore": Level.NORMAL,
     "light": Level.LIGHT,
@@ -112,6 +116,22 @@ class OverloadGuard:
         self._paths = tuple(p.encode() for p in config.low_priority_paths)
         self._retry_after = (f"Retry-After: {config.retry_after_s}",)
         self._answers: dict[tuple[str, str, str | None, bool], tuple[bytes, int]] = {}
+        self._lag_timer: asyncio.TimerHandle | None = None
+        self._lag_due = 0.0
+        self.loop_lag = 0.0  # the last lateness read, seconds
+
+    def _time_loop(self) -> None:
+        self._lag_due = self.monotonic() + LAG_PERIOD
+        self._lag_timer = self.call_later(LAG_PERIOD, self._on_lag_timer)
+
+    def _on_lag_timer(self) -> None:
+        lateness = self.loop_lag = max(0.0, self.monotonic() - self._lag_due)
+        for gate in self.gates.values():
+            gate.limiter.on_loop_lag(lateness)
+        if self.gates:
+            self._time_loop()
+        else:
+            self._lag_timer = None
 
     def configure(self, config: OverloadConfig) -> None:
         """A new valid config: queue and levels at once; limits restart when their
@@ -151,6 +171,8 @@ class OverloadGuard:
                 level_log=RateLimitedLog(log, self.monotonic, LEVEL_LOG_INTERVAL),
                 external=self.external,
             )
+            if self._lag_timer is None:
+                self._time_loop()
         return gate
 
     def enter(
@@ -193,6 +215,10 @@ class OverloadGuard:
         return answer
 
     def release_all(self) -> None:
+        """Protection is turned off: whatever waits goes on, the loop is no longer timed."""
+        if self._lag_timer is not None:
+            self._lag_timer.cancel()
+            self._lag_timer = None
         for gate in self.gates.values():
             gate.release_all()
 
@@ -233,6 +259,7 @@ class OverloadGuard:
             "config": self.config.model_dump(mode="json"),
             "upstreams": gates,
             "shed": shed,
+            "loop_lag_ms": round(self.loop_lag * 1000, 3),
             "external": self.external_state(),
         }
 

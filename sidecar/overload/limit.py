@@ -22,6 +22,11 @@ the application-limited rule of Netflix concurrency-limits' Gradient2:
   the limit grows by up to `1 + rtt_buffer` per interval; past it the upstream's own
   queue raises the mean and the limit settles near `capacity * (1 + rtt_buffer)`,
   whose integer part is in force.
+- **The sidecar's own lateness is left out**: an upstream time ends when the
+  sidecar's event loop gets to the response, so a busy loop adds to every sample and
+  would shrink the limit while the upstream idles (decision 0026). The guard reports
+  how late a periodic timer fires (`on_loop_lag`); the mean lateness of an interval
+  (or a measurement) is subtracted from its latency (decision 0032).
 - **Application-limited**: while fewer than half the limit were in flight during an
   interval the latency says nothing about capacity: the limit does not grow (it still
   falls when latency rises).
@@ -137,6 +142,8 @@ class GradientLimit:
         "_estimate",
         "_in_flight_peak",
         "_interval_end",
+        "_lag_count",
+        "_lag_sum",
         "_latencies",
         "_min_rtt",
         "_next_min_rtt_at",
@@ -156,12 +163,26 @@ class GradientLimit:
         self._sample_rtt: float | None = None
         self._latencies: list[float] = []
         self._in_flight_peak = 0
+        self._lag_sum = 0.0
+        self._lag_count = 0
         self._phase = Phase.ADAPTING
         self._phase_start = now
         self._interval_end = now
         self._next_min_rtt_at = now
         self.limit = 0  # set by _measure
         self._measure(now)
+
+    def on_loop_lag(self, lateness: float) -> None:
+        """The event loop ran a timer `lateness` seconds after it was due."""
+        self._lag_sum += lateness
+        self._lag_count += 1
+
+    def _without_lag(self, latency: float) -> float:
+        """`latency` less the mean lateness of the loop since the window began; not
+        below a microsecond (a latency is positive)."""
+        if not self._lag_count:
+            return latency
+        return max(1e-6, latency - self._lag_sum / self._lag_count)
 
     def on_sample(
         self, now: float, rtt: float, in_flight: int, admitted_at: float | None = None
@@ -178,7 +199,7 @@ class GradientLimit:
         s = self.settings
         if self._phase is Phase.MEASURING:
             if len(latencies) >= s.min_rtt_samples:
-                self._min_rtt = no_load_latency(latencies, s)
+                self._min_rtt = self._without_lag(no_load_latency(latencies, s))
                 self._adapt(now)
             return
         if now >= self._interval_end or len(latencies) >= MAX_INTERVAL_SAMPLES:
@@ -188,33 +209,38 @@ class GradientLimit:
         s = self.settings
         min_rtt = self._min_rtt
         assert min_rtt is not None
-        sample = self._sample_rtt = interval_latency(self._latencies, min_rtt, s)
+        sample = self._sample_rtt = self._without_lag(
+            interval_latency(self._latencies, min_rtt, s)
+        )
         proposed = next_limit(self._estimate, sample, min_rtt, s)
         # application-limited: too few in flight to have tested a higher limit
         if proposed < self._estimate or self._in_flight_peak * 2 >= self._estimate:
             self._estimate = proposed
-        self._latencies = []
-        self._in_flight_peak = 0
+        self._new_window()
         self._interval_end = now + s.update_interval
         if now >= self._next_min_rtt_at:
             self._measure(now)
         else:
             self.limit = max(s.min_limit, int(self._estimate))
 
+    def _new_window(self) -> None:
+        self._latencies = []
+        self._in_flight_peak = 0
+        self._lag_sum = 0.0
+        self._lag_count = 0
+
     def _measure(self, now: float) -> None:
         s = self.settings
         self._phase = Phase.MEASURING
         self._phase_start = now
-        self._latencies = []
-        self._in_flight_peak = 0
+        self._new_window()
         self.limit = min(s.max_limit, max(s.min_limit, s.min_rtt_concurrency))
 
     def _adapt(self, now: float) -> None:
         s = self.settings
         self._phase = Phase.ADAPTING
         self._phase_start = now
-        self._latencies = []
-        self._in_flight_peak = 0
+        self._new_window()
         self._interval_end = now + s.update_interval
         self._next_min_rtt_at = now + s.min_rtt_interval
         self.limit = max(s.min_limit, int(self._estimate))

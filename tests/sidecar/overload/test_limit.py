@@ -248,3 +248,43 @@ def test_after_the_capacity_halves_the_limit_settles_within_a_fifth_of_it(
     means = [run.mean_limit(since=t, until=t + 1.0) for t in range(11, 20)]
     assert all(0.8 * 4 <= mean <= 1.2 * 4 for mean in means), means
     assert run.goodput(12.0, 20.0) >= 0.95 * 400
+
+
+def _limiter_after_measuring(lag: float) -> GradientLimit:
+    """A limiter whose no-load measurement saw 12 ms with the loop `lag` late."""
+    settings = LimitSettings(min_rtt_samples=4, initial_limit=10, min_rtt_interval=30.0)
+    limiter = GradientLimit(settings, now=0.0)
+    for i in range(4):
+        limiter.on_loop_lag(lag)
+        limiter.on_sample(now=0.1 + i * 0.01, rtt=0.012, in_flight=3)
+    return limiter
+
+
+@pytest.mark.parametrize(
+    ("lag", "expected_min_rtt"),
+    [(0.0, 0.012), (0.002, 0.010), (0.050, 1e-6)],  # never below a microsecond
+)
+def test_the_loops_lateness_is_left_out_of_the_no_load_latency(
+    lag: float, expected_min_rtt: float
+) -> None:
+    limiter = _limiter_after_measuring(lag)
+    assert limiter.state().min_rtt == pytest.approx(expected_min_rtt)
+
+
+@pytest.mark.parametrize(
+    ("lag", "grows"),
+    [
+        (0.0, False),  # 13 ms against 10: a queue, the limit falls
+        (0.003, True),  # the loop was 3 ms late: no queue in the upstream, it grows
+    ],
+)
+def test_the_loops_lateness_is_left_out_of_an_interval(lag: float, grows: bool) -> None:
+    limiter = _limiter_after_measuring(0.002)  # no-load latency 10 ms
+    start = limiter.state()
+    assert start.phase is Phase.ADAPTING and start.limit == 10
+    for i in range(20):
+        limiter.on_loop_lag(lag)
+        limiter.on_sample(now=0.2 + i * 0.01, rtt=0.013, in_flight=10)
+    state = limiter.state()
+    assert state.sample_rtt == pytest.approx(0.013 - lag)
+    assert (state.estimate > start.estimate) is grows
