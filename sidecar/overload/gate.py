@@ -225,7 +225,13 @@ class UpstreamGate:
         if not waiting and now - self.emptied_at >= policy.standing_timeout:
             self.nonempty_since = now
         standing = now - self.nonempty_since >= policy.standing_after
-        if verdict is Verdict.SHED and reason != LOW_PRIORITY and standing and policy.standing_lifo:
+        if (
+            verdict is Verdict.SHED
+            and reason != LOW_PRIORITY
+            and waiting  # (a level from another signal sheds with an empty queue)
+            and standing
+            and policy.standing_lifo
+        ):
             # the queue is full (or the level severe) and stands: the oldest waiter,
             # next to time out and last to be served, is shed in place of the newest
             # one, which joins; the queue does not grow and as many are shed

@@ -192,3 +192,20 @@ def test_an_instant_of_empty_queue_does_not_end_a_standing_one() -> None:
     clock.advance(0.005)  # empty for the standing timeout: the overload has ended
     gate.enter(w["d"], "v", False)
     assert gate.waiting[w["d"]][0] == clock.monotonic() + 1.0
+
+
+def test_shedding_with_an_empty_standing_queue_sheds_the_newcomer() -> None:
+    # the queue stood and emptied an instant ago (still standing), and the level is
+    # severe from pressure alone: 2 in flight on a limit of 1 after the limit fell
+    clock, timers, log = FakeClock(), Timers(), []
+    gate, w = _gate(clock, timers), _waiters(log)
+    policy = QueuePolicy(
+        size=10, timeout=1.0, standing_after=0.1, standing_timeout=0.005,
+        thresholds=Thresholds(1.0, 1.5, 2.0),
+    )  # fmt: skip
+    gate.reconfigure(policy, None)
+    _standing(gate, clock, w)
+    _release(gate, clock)  # b goes on, the queue is empty
+    gate.in_flight = 2  # as if the limit had fallen under what was admitted
+    gate.enter(w["c"], "v", False)
+    assert log[-1] == ("c", "over_limit") and not gate.waiting
