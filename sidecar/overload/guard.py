@@ -32,6 +32,9 @@ LEVEL_LOG_INTERVAL = 10.0  # seconds between two lines on one upstream's level c
 MAX_GATES = 1024  # upstreams remembered; past it the idle ones are forgotten
 MAX_ANSWERS = 1024  # shed answers kept ready; past it they are made again
 LAG_PERIOD = 0.01  # seconds between two readings of the event loop's lateness
+# an idle loop runs a timer up to a millisecond late (its poll's timeout is in whole
+# milliseconds): lateness up to this is rounding, not a busy loop, and is not counted
+LAG_RESOLUTION = 0.001
 FAILURE_LEVELS = {
     "ignore": Level.NORMAL,
     "light": Level.LIGHT,
@@ -125,7 +128,8 @@ class OverloadGuard:
         self._lag_timer = self.call_later(LAG_PERIOD, self._on_lag_timer)
 
     def _on_lag_timer(self) -> None:
-        lateness = self.loop_lag = max(0.0, self.monotonic() - self._lag_due)
+        late = self.loop_lag = max(0.0, self.monotonic() - self._lag_due)
+        lateness = max(0.0, late - LAG_RESOLUTION)
         for gate in self.gates.values():
             gate.limiter.on_loop_lag(lateness)
         if self.gates:

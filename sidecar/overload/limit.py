@@ -25,8 +25,9 @@ the application-limited rule of Netflix concurrency-limits' Gradient2:
 - **The sidecar's own lateness is left out**: an upstream time ends when the
   sidecar's event loop gets to the response, so a busy loop adds to every sample and
   would shrink the limit while the upstream idles (decision 0026). The guard reports
-  how late a periodic timer fires (`on_loop_lag`); the mean lateness of an interval
-  (or a measurement) is subtracted from its latency (decision 0032).
+  how late a periodic timer fires, beyond its rounding (`on_loop_lag`); the mean
+  lateness of an interval (or a measurement) is subtracted from its latency
+  (decision 0032).
 - **Application-limited**: while fewer than half the limit were in flight during an
   interval the latency says nothing about capacity: the limit does not grow (it still
   falls when latency rises).

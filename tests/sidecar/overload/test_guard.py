@@ -8,7 +8,7 @@ import pytest
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.overload import OverloadConfig
 from sidecar.choice import Upstream
-from sidecar.overload.guard import LAG_PERIOD, OverloadGuard
+from sidecar.overload.guard import LAG_PERIOD, LAG_RESOLUTION, OverloadGuard
 from tests.sidecar.overload.test_standing_queue import Timers
 
 
@@ -47,13 +47,16 @@ def test_the_loop_is_timed_while_there_are_gates_and_its_lateness_reaches_the_li
     assert timers.due() == [LAG_PERIOD]
     guard.gate_for(Upstream.parse("http://v:1"))  # one timer for every gate
     assert timers.due() == [LAG_PERIOD]
-    clock.advance(LAG_PERIOD + 0.003)  # the loop got to it 3 ms late
+    clock.advance(LAG_PERIOD + 0.004)  # the loop got to it 4 ms late
     timers.fire_next()
-    assert guard.state()["loop_lag_ms"] == pytest.approx(3.0)
+    assert guard.state()["loop_lag_ms"] == pytest.approx(4.0)
     assert timers.due() == [LAG_PERIOD]  # timed again, from now
-    for _ in range(2):  # the no-load measurement: 12 ms, 3 of them the loop's
+    clock.advance(LAG_PERIOD + LAG_RESOLUTION)  # within the timer's rounding: not counted
+    timers.fire_next()
+    for _ in range(2):  # the no-load measurement: 12 ms, 1.5 of them the loop's
         clock.advance(0.012)
         gate.limiter.on_sample(clock.monotonic(), 0.012, 1)
-    assert gate.limiter.state().min_rtt == pytest.approx(0.009)
+    # the readings after rounding: 3 ms and 0, a mean of 1.5
+    assert gate.limiter.state().min_rtt == pytest.approx(0.0105)
     guard.release_all()  # protection off: no more timing
     assert timers.due() == []
