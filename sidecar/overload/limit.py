@@ -174,7 +174,8 @@ class GradientLimit:
         self._measure(now)
 
     def on_loop_lag(self, lateness: float) -> None:
-        """The event loop ran a timer `lateness` seconds after it was due."""
+        """The event loop ran a timer `lateness` seconds later than it was due (beyond
+        the timer's own rounding)."""
         self._lag_sum += lateness
         self._lag_count += 1
 
