@@ -45,6 +45,8 @@ from typing import Literal
 
 MIN_GRADIENT = 0.5
 MAX_GRADIENT = 2.0
+# queue-free intervals in a row that add the growth rate once more (`next_limit`)
+CLEAR_SCALE = 10
 # standard errors added to a measured mean no-load latency (`no_load_latency`)
 NO_LOAD_ERRORS = 2.0
 # at most this many latencies are kept per interval; a busier interval ends early
@@ -128,9 +130,17 @@ def interval_latency(values: list[float], min_rtt: float, s: LimitSettings) -> f
     return capped_mean(values, min_rtt * (1.0 + s.rtt_buffer) / MIN_GRADIENT)
 
 
-def next_limit(limit: float, sample_rtt: float, min_rtt: float, s: LimitSettings) -> float:
-    """The limit after one interval whose latency was `sample_rtt` (pure)."""
+def next_limit(
+    limit: float, sample_rtt: float, min_rtt: float, s: LimitSettings, clear: int = 0
+) -> float:
+    """The limit after one interval whose latency was `sample_rtt` (pure); `clear`:
+    how many intervals in a row before it showed no queue. Growth speeds up with
+    them (by a tenth of its rate per interval, TCP's slow start in spirit): a limit
+    far below what the upstream serves comes back within seconds, while one probing
+    the capacity, which meets a queue every few intervals, still grows slowly."""
     gradient = min_rtt * (1.0 + s.rtt_buffer) / sample_rtt if sample_rtt > 0 else MAX_GRADIENT
+    if gradient > 1.0:
+        gradient = 1.0 + (gradient - 1.0) * (1.0 + clear / CLEAR_SCALE)
     gradient = min(MAX_GRADIENT, max(MIN_GRADIENT, gradient))
     smoothed = limit * (1.0 - s.smoothing) + limit * gradient * s.smoothing
     return min(float(s.max_limit), max(float(s.min_limit), smoothed))
@@ -140,6 +150,7 @@ class GradientLimit:
     """The limit of one upstream: `limit` now; `on_sample` for each completed request."""
 
     __slots__ = (
+        "_clear",
         "_estimate",
         "_in_flight_peak",
         "_interval_end",
@@ -166,6 +177,7 @@ class GradientLimit:
         self._in_flight_peak = 0
         self._lag_sum = 0.0
         self._lag_count = 0
+        self._clear = 0  # intervals in a row that showed no queue and could grow
         self._phase = Phase.ADAPTING
         self._phase_start = now
         self._interval_end = now
@@ -214,10 +226,13 @@ class GradientLimit:
         sample = self._sample_rtt = self._without_lag(
             interval_latency(self._latencies, min_rtt, s)
         )
-        proposed = next_limit(self._estimate, sample, min_rtt, s)
+        proposed = next_limit(self._estimate, sample, min_rtt, s, self._clear)
         # application-limited: too few in flight to have tested a higher limit
         if proposed < self._estimate or self._in_flight_peak * 2 >= self._estimate:
+            self._clear = self._clear + 1 if proposed > self._estimate else 0
             self._estimate = proposed
+        else:
+            self._clear = 0
         self._new_window()
         self._interval_end = now + s.update_interval
         if now >= self._next_min_rtt_at:
