@@ -40,6 +40,23 @@ def test_next_limit_follows_the_gradient_within_bounds(
     assert next_limit(limit, sample, min_rtt, settings) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize(
+    ("clear", "sample", "expected"),
+    [
+        (0, 0.010, 10.3),  # no queue: 0.3 of the 10% buffer
+        (10, 0.010, 10.6),  # after 10 queue-free intervals growth is twice as fast
+        (30, 0.010, 11.2),
+        (1000, 0.010, 13.0),  # never past the largest gradient, 2 (smoothed: 30%)
+        (30, 0.022, 8.5),  # a queue: falls as ever, whatever came before
+    ],
+)
+def test_growth_speeds_up_with_queue_free_intervals_in_a_row(
+    clear: int, sample: float, expected: float
+) -> None:
+    settings = LimitSettings(rtt_buffer=0.1)
+    assert next_limit(10.0, sample, 0.010, settings, clear) == pytest.approx(expected)
+
+
 MEDIAN = LimitSettings(statistic="percentile", percentile=0.5)
 
 
@@ -288,3 +305,19 @@ def test_the_loops_lateness_is_left_out_of_an_interval(lag: float, grows: bool) 
     state = limiter.state()
     assert state.sample_rtt == pytest.approx(0.013 - lag)
     assert (state.estimate > start.estimate) is grows
+
+
+def test_a_limit_fallen_under_a_slow_spell_comes_back_within_seconds() -> None:
+    # an upstream three times slower for 2 s looks like a queue to a limit whose
+    # no-load latency was measured before: it falls to min_limit. Then it must not
+    # take the 1.5% an interval of a probe at the capacity to come back
+    upstream = FifoUpstream(8, 0.010, jitter=0.05)
+    run = GateRun(OverloadConfig(), upstream, rate=800)
+    run.until(10.0)
+    upstream.service = 0.030
+    run.until(12.0)
+    assert run.mean_limit(since=11.0) <= 2
+    upstream.service = 0.010
+    run.until(20.0)
+    assert 8 <= run.mean_limit(since=16.0) <= 8 * 1.15
+    assert run.goodput(16.0, 20.0) >= 0.95 * 800
