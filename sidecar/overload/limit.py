@@ -21,7 +21,10 @@ the application-limited rule of Netflix concurrency-limits' Gradient2:
   within [min_limit, max_limit]. Below capacity latency is the no-load latency and
   the limit grows by up to `1 + rtt_buffer` per interval; past it the upstream's own
   queue raises the mean and the limit settles near `capacity * (1 + rtt_buffer)`,
-  whose integer part is in force.
+  whose integer part is in force. Growth speeds up with each queue-free interval in
+  a row (`next_limit`'s `clear`): a limit that fell under a slow spell is back in
+  seconds, while one probing the capacity meets a queue every few intervals and
+  grows slowly (decision 0032).
 - **The sidecar's own lateness is left out**: an upstream time ends when the
   sidecar's event loop gets to the response, so a busy loop adds to every sample and
   would shrink the limit while the upstream idles (decision 0026). The guard reports
