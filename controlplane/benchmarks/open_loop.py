@@ -66,6 +66,7 @@ class _Tally:
         self.slo = slo
         self.ok_latencies: list[float] = []
         self.ok_at: list[float] = []  # scheduled offsets of good answers within the SLO
+        self.shed_latencies: list[float] = []  # answers 429 or 503: shed by the sidecar
         self.status: dict[str, int] = {}
         self.timeouts = 0
         self.errors = 0
@@ -82,6 +83,8 @@ class _Tally:
             self.ok_latencies.append(latency)
             if latency <= self.slo:
                 self.ok_at.append(scheduled - self.measure_from)
+        elif status in (429, 503):
+            self.shed_latencies.append(latency)
 
     def failed(self, scheduled: float, *, timeout: bool) -> None:
         if scheduled < self.measure_from:
@@ -206,6 +209,7 @@ def run(
 
 def _summary(tally: _Tally, *, rate: float, duration: float, opened: int) -> dict[str, Any]:
     ok = np.asarray(tally.ok_latencies) * 1e3
+    shed = np.asarray(tally.shed_latencies) * 1e3
     lags = np.asarray(tally.lags) * 1e3
     per_second = np.bincount(
         np.asarray(tally.ok_at, dtype=float).astype(int), minlength=int(np.ceil(duration))
@@ -225,6 +229,11 @@ def _summary(tally: _Tally, *, rate: float, duration: float, opened: int) -> dic
         "ok_within_slo": len(tally.ok_at),
         "ok_p50_ms": round(float(np.percentile(ok, 50)), 3) if ok.size else None,
         "ok_p99_ms": round(float(np.percentile(ok, 99)), 3) if ok.size else None,
+        "ok_p90_ms": round(float(np.percentile(ok, 90)), 3) if ok.size else None,
+        "ok_p999_ms": round(float(np.percentile(ok, 99.9)), 3) if ok.size else None,
+        # a shed answer's latency: what a standing queue's wait costs those it sheds
+        "shed_p50_ms": round(float(np.percentile(shed, 50)), 3) if shed.size else None,
+        "shed_p99_ms": round(float(np.percentile(shed, 99)), 3) if shed.size else None,
         "goodput_per_second": [int(n) for n in per_second[: int(np.ceil(duration))]],
         "connections_opened": opened,
     }

@@ -1,16 +1,16 @@
-"""`canary bench overload-tuning`: the overload settings chosen in decision 0026 against
+"""`canary bench overload-tuning`: the overload settings chosen in decision 0032 against
 the ones before, on one stack, alternating, so the machine's load falls on both alike.
 
 The stack and the runs are `canary bench overload`'s (`overload.py`). Two parts:
 
-- **queue**: at 1x, 2x and 4x the capacity, protection with the settings before
-  (`queue_standing_timeout_ms` 50, i.e. no shorter timeout for a standing queue;
-  `smoothing` 0.5) and with the defaults, alternately, `reps` times each: goodput,
-  P50/P99 of the admitted, shed by reason;
+- **queue**: at 1x, 2x and 4x the capacity, protection with the settings before (the
+  interval's median, `rtt_buffer` 0.1, a standing queue served first in, first out),
+  with the mean but the queue as before, and with the defaults, alternately, `reps`
+  times each: goodput, P50/P99 of the admitted, shed by reason;
 - **step**: the capacity halves mid-run (as in `overload`'s step) under each limit
   variant: how the limit is spread over the values it took after the halving, and
-  when it settled within 20% of 4 (the upstream's new concurrency) and of half the
-  limit it held before.
+  when it settled within 20% of 4 (the upstream's new concurrency): its mean over a
+  second, and every sample.
 """
 
 from __future__ import annotations
@@ -26,13 +26,18 @@ import numpy as np
 from controlplane.benchmarks import overload
 from controlplane.benchmarks.sidecar import _raise_priority, _say
 
-BEFORE: dict[str, Any] = {"queue_standing_timeout_ms": 50, "smoothing": 0.5}
-QUEUE_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (("before", BEFORE), ("now", {}))
+MEDIAN: dict[str, Any] = {"statistic": "percentile", "percentile": 0.5, "rtt_buffer": 0.1}
+BEFORE: dict[str, Any] = {**MEDIAN, "queue_standing_lifo": False}
+QUEUE_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("before", BEFORE),
+    ("mean, queue first in first out", {"queue_standing_lifo": False}),
+    ("now", {}),
+)
 STEP_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("smoothing 0.5 (before)", {"smoothing": 0.5}),
-    ("update_interval_ms 250", {"smoothing": 0.5, "update_interval_ms": 250}),
-    ("rtt_buffer 0.05", {"smoothing": 0.5, "rtt_buffer": 0.05}),
-    ("smoothing 0.3 (now)", {}),
+    ("median, rtt_buffer 0.1 (before)", MEDIAN),
+    ("mean, rtt_buffer 0.1", {"rtt_buffer": 0.1}),
+    ("mean, rtt_buffer 0.02", {"rtt_buffer": 0.02}),
+    ("mean, rtt_buffer 0.05 (now)", {}),
 )
 LOADS = (1.0, 2.0, 4.0)
 
@@ -63,12 +68,11 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _step_run(stack: overload.Stack, tmp: Path, d: overload.Durations) -> dict[str, Any]:
     step = overload._step(stack, tmp, d, False)
-    after = [s["limit"] for s in step["trace"] if s["t"] >= step["step_at_s"]]
-    spread = {str(v): round(after.count(v) / len(after), 2) for v in sorted(set(after))}
     half = step.get("half_of_before", {})
     return {
         "limit_before_median": step["limit_before_median"],
-        "limit_after_share": spread,
+        "limit_after_share": step["limit_after_share"],
+        "settled_mean_within_20pct_of_4_s": step["settled_mean_in_band_s"],
         "settled_within_20pct_of_4_s": step["settled_in_band_s"],
         "settled_within_20pct_of_half_before_s": half.get("settled_in_band_s"),
         "goodput_per_second": step["goodput_per_second"],

@@ -131,8 +131,11 @@ class OverloadConfig(BaseModel):
     max_limit: int = _count(ge=1, le=MAX_LIMIT, default=1000)
     initial_limit: int = _count(ge=1, le=MAX_LIMIT, default=20)
     update_interval_ms: int = _count(ge=10, le=60_000, default=100)
+    # how an interval's latencies are summarised (decision 0032): their mean, or the
+    # `percentile` of them
+    statistic: Literal["mean", "percentile"] = "mean"
     percentile: float = _real(gt=0, le=1, default=0.5)
-    rtt_buffer: float = _real(ge=0, le=1, default=0.1)
+    rtt_buffer: float = _real(ge=0, le=1, default=0.05)
     smoothing: float = _real(gt=0, le=1, default=0.3)
     min_rtt_interval_s: float = _real(ge=1, le=86_400, default=60)
     min_rtt_samples: int = _count(ge=1, le=10_000, default=25)
@@ -145,6 +148,8 @@ class OverloadConfig(BaseModel):
     # `queue_standing_timeout_ms` (CoDel's target and interval, decision 0026)
     queue_standing_after_ms: int = _count(ge=1, le=60_000, default=100)
     queue_standing_timeout_ms: int = _count(ge=0, le=60_000, default=5)
+    # a standing queue is served newest first (adaptive LIFO, decision 0032)
+    queue_standing_lifo: bool = Field(default=True, strict=True)
     # levels: pressure = (in flight + queued) / limit
     light_at: float = _real(gt=0, le=100, default=1.0)
     heavy_at: float = _real(gt=0, le=100, default=1.5)
@@ -181,7 +186,14 @@ class ServiceOverload(OverloadConfig):
         """The config as stored; the fields added with signals are left out while at
         their defaults, so sidecars that predate them accept the value."""
         config = self.config()
-        later = ("hysteresis", "signals", "queue_standing_after_ms", "queue_standing_timeout_ms")
+        later = (
+            "hysteresis",
+            "signals",
+            "queue_standing_after_ms",
+            "queue_standing_timeout_ms",
+            "statistic",
+            "queue_standing_lifo",
+        )
         unset = {name for name in later if getattr(config, name) == getattr(DEFAULTS, name)}
         return config.model_dump_json(exclude=unset).encode()
 

@@ -1,5 +1,10 @@
-"""Admission to one upstream: its adaptive limit, the requests in flight, a short FIFO
+"""Admission to one upstream: its adaptive limit, the requests in flight, a short
 queue for those over the limit, and graded shedding (`levels`).
+
+The queue is first in, first out while it absorbs a burst; once it stands (sustained
+overload) the newest waiter goes first (adaptive LIFO, decision 0032): those that
+have waited longest are the ones about to time out, and admitting them would only
+pass their wait on to the answer.
 
 A `Waiter` (the proxy's exchange) enters; the gate lets it through now or later
 (`admit`), or answers for it (`shed`), never both, and at most once. An admitted
@@ -17,6 +22,7 @@ from typing import Protocol
 
 from sidecar.overload.levels import (
     ABANDONED,
+    LOW_PRIORITY,
     QUEUE_TIMEOUT,
     Level,
     ShareDraw,
@@ -45,9 +51,13 @@ class QueuePolicy:
     size: int = 100
     timeout: float = 0.05  # seconds
     # a queue non-empty for `standing_after` seconds is standing: sustained overload,
-    # where waiting only adds latency; what joins it waits `standing_timeout` at most
+    # where waiting only adds latency; what joins it waits `standing_timeout` at most.
+    # Emptied for less than `standing_timeout` it still stands: a batch of answers
+    # can empty it for an instant without the overload having ended (decision 0032)
     standing_after: float = 0.1
     standing_timeout: float = 0.005
+    # a standing queue is served newest first
+    standing_lifo: bool = True
     thresholds: Thresholds = field(default_factory=Thresholds)
     light_shed_share: float = 0.5
     hysteresis: float = 0.0
@@ -93,6 +103,7 @@ class UpstreamGate:
         "_timer_due",
         "admitted",
         "call_later",
+        "emptied_at",
         "external",
         "in_flight",
         "level",
@@ -137,7 +148,7 @@ class UpstreamGate:
         # levels can flap with every arrival at the limit: a line per interval at most
         self.level_log = level_log
         self.in_flight = 0
-        # FIFO: insertion order; value (deadline, variant, low)
+        # insertion order; value (deadline, variant, low)
         self.waiting: dict[Waiter, tuple[float, str, bool]] = {}
         self.level = Level.NORMAL
         self.pressure_level = Level.NORMAL
@@ -148,6 +159,7 @@ class UpstreamGate:
         self.admitted = 0
         self.queued_total = 0
         self.nonempty_since = 0.0  # when the queue last went from empty to not
+        self.emptied_at = float("-inf")  # when it was last emptied
         self._draw = ShareDraw(policy.light_shed_share)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_due = 0.0  # when the armed timer fires (monotonic seconds)
@@ -206,16 +218,32 @@ class UpstreamGate:
         )
         if verdict is Verdict.ADMIT:
             self._admit(waiter, level)
-        elif verdict is Verdict.QUEUE:
+            return
+        policy = self.policy
+        now = self.monotonic()
+        waiting = self.waiting
+        if not waiting and now - self.emptied_at >= policy.standing_timeout:
+            self.nonempty_since = now
+        standing = now - self.nonempty_since >= policy.standing_after
+        if (
+            verdict is Verdict.SHED
+            and reason != LOW_PRIORITY
+            and waiting  # (a level from another signal sheds with an empty queue)
+            and standing
+            and policy.standing_lifo
+        ):
+            # the queue is full (or the level severe) and stands: the oldest waiter,
+            # next to time out and last to be served, is shed in place of the newest
+            # one, which joins; the queue does not grow and as many are shed
+            oldest = next(iter(waiting))
+            _, old_variant, old_low = waiting.pop(oldest)
+            self.shed_counts.add(old_variant, reason, old_low)
+            oldest.shed(self, reason)
+            verdict = Verdict.QUEUE
+        if verdict is Verdict.QUEUE:
             self.queued_total += 1
-            policy = self.policy
-            now = self.monotonic()
-            if not self.waiting:
-                self.nonempty_since = now
-            standing = now - self.nonempty_since >= policy.standing_after
-            timeout = policy.standing_timeout if standing else policy.timeout
-            deadline = now + timeout
-            self.waiting[waiter] = (deadline, variant, low)
+            deadline = now + (policy.standing_timeout if standing else policy.timeout)
+            waiting[waiter] = (deadline, variant, low)
             if self._timer is None or deadline < self._timer_due:
                 self._arm(deadline, now)
         else:
@@ -246,13 +274,19 @@ class UpstreamGate:
         """A queued request's client went away: it is counted, not answered."""
         entry = self.waiting.pop(waiter, None)
         if entry is not None:
+            if not self.waiting:
+                self.emptied_at = self.monotonic()
             self.shed_counts.add(entry[1], ABANDONED, entry[2])
 
     def _drain(self, now: float) -> None:
         waiting = self.waiting
+        policy = self.policy
         while waiting and self.in_flight < self.limiter.limit:
-            waiter = next(iter(waiting))
+            lifo = policy.standing_lifo and now - self.nonempty_since >= policy.standing_after
+            waiter = next(reversed(waiting)) if lifo else next(iter(waiting))
             deadline, variant, low = waiting.pop(waiter)
+            if not waiting:
+                self.emptied_at = now
             if deadline <= now:
                 self.shed_counts.add(variant, QUEUE_TIMEOUT, low)
                 waiter.shed(self, QUEUE_TIMEOUT)
@@ -279,6 +313,8 @@ class UpstreamGate:
             waiter.shed(self, QUEUE_TIMEOUT)
         if waiting:
             self._arm(min(deadline for deadline, _, _ in waiting.values()), now)
+        elif expired:
+            self.emptied_at = now
         self._set_level()
 
     def release_all(self) -> None:

@@ -3,6 +3,9 @@
 `ProxyServer.overload` is an `OverloadGuard` while protection is on, None otherwise
 (the exchange then pays one attribute read). The guard picks the request's priority,
 finds or makes its upstream's gate and builds what a shed request is answered.
+While it has gates it times its own event loop (`LAG_PERIOD`): how late a timer fires
+is what a busy loop adds to every upstream time the limits learn from, and they leave
+it out (decision 0032).
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ PRIORITY = b"x-priority"
 LEVEL_LOG_INTERVAL = 10.0  # seconds between two lines on one upstream's level changes
 MAX_GATES = 1024  # upstreams remembered; past it the idle ones are forgotten
 MAX_ANSWERS = 1024  # shed answers kept ready; past it they are made again
+LAG_PERIOD = 0.01  # seconds between two readings of the event loop's lateness
+# an idle loop runs a timer up to a millisecond late (its poll's timeout is in whole
+# milliseconds): lateness up to this is rounding, not a busy loop, and is not counted
+LAG_RESOLUTION = 0.001
 FAILURE_LEVELS = {
     "ignore": Level.NORMAL,
     "light": Level.LIGHT,
@@ -42,6 +49,7 @@ def limit_settings(config: OverloadConfig) -> LimitSettings:
         max_limit=config.max_limit,
         initial_limit=config.initial_limit,
         update_interval=config.update_interval_ms / 1000,
+        statistic=config.statistic,
         percentile=config.percentile,
         rtt_buffer=config.rtt_buffer,
         smoothing=config.smoothing,
@@ -58,6 +66,7 @@ def queue_policy(config: OverloadConfig) -> QueuePolicy:
         timeout=config.queue_timeout_ms / 1000,
         standing_after=config.queue_standing_after_ms / 1000,
         standing_timeout=min(config.queue_standing_timeout_ms, config.queue_timeout_ms) / 1000,
+        standing_lifo=config.queue_standing_lifo,
         thresholds=Thresholds(config.light_at, config.heavy_at, config.severe_at),
         light_shed_share=config.light_shed_share,
         hysteresis=config.hysteresis,
@@ -110,6 +119,23 @@ class OverloadGuard:
         self._paths = tuple(p.encode() for p in config.low_priority_paths)
         self._retry_after = (f"Retry-After: {config.retry_after_s}",)
         self._answers: dict[tuple[str, str, str | None, bool], tuple[bytes, int]] = {}
+        self._lag_timer: asyncio.TimerHandle | None = None
+        self._lag_due = 0.0
+        self.loop_lag = 0.0  # the last lateness read, seconds
+
+    def _time_loop(self) -> None:
+        self._lag_due = self.monotonic() + LAG_PERIOD
+        self._lag_timer = self.call_later(LAG_PERIOD, self._on_lag_timer)
+
+    def _on_lag_timer(self) -> None:
+        late = self.loop_lag = max(0.0, self.monotonic() - self._lag_due)
+        lateness = max(0.0, late - LAG_RESOLUTION)
+        for gate in self.gates.values():
+            gate.limiter.on_loop_lag(lateness)
+        if self.gates:
+            self._time_loop()
+        else:
+            self._lag_timer = None
 
     def configure(self, config: OverloadConfig) -> None:
         """A new valid config: queue and levels at once; limits restart when their
@@ -149,6 +175,8 @@ class OverloadGuard:
                 level_log=RateLimitedLog(log, self.monotonic, LEVEL_LOG_INTERVAL),
                 external=self.external,
             )
+            if self._lag_timer is None:
+                self._time_loop()
         return gate
 
     def enter(
@@ -191,6 +219,10 @@ class OverloadGuard:
         return answer
 
     def release_all(self) -> None:
+        """Protection is turned off: whatever waits goes on, the loop is no longer timed."""
+        if self._lag_timer is not None:
+            self._lag_timer.cancel()
+            self._lag_timer = None
         for gate in self.gates.values():
             gate.release_all()
 
@@ -231,6 +263,7 @@ class OverloadGuard:
             "config": self.config.model_dump(mode="json"),
             "upstreams": gates,
             "shed": shed,
+            "loop_lag_ms": round(self.loop_lag * 1000, 3),
             "external": self.external_state(),
         }
 

@@ -75,6 +75,8 @@ class OverloadView(_Strict):
     upstreams: list[UpstreamView] = Field(max_length=MAX_GATES)
     shed: list[ShedView] = Field(max_length=MAX_SHED_ENTRIES)
     external: ExternalView | None = None
+    # how late the worker's event loop ran its timer, last read, in milliseconds
+    loop_lag_ms: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 def disabled_view() -> dict[str, Any]:

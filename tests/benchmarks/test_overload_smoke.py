@@ -45,9 +45,10 @@ def test_a_tiny_run_reports_every_load_both_ways_and_the_step(
     step = result["step"]
     assert step["concurrency"] == [8, 4]
     assert step["trace"] and {"t", "limit", "estimate", "phase"} <= set(step["trace"][0])
-    assert {"first_in_band_s", "settled_in_band_s", "band"} <= set(step)
+    assert {"first_in_band_s", "settled_in_band_s", "settled_mean_in_band_s", "band"} <= set(step)
     targets = result["targets"]
-    for verdict in ("goodput_ok", "admitted_p99_ok", "half_load_ok", "adapt_ok"):
+    verdicts = ("goodput_ok", "admitted_p99_ok", "half_load_ok", "adapt_ok")
+    for verdict in (*verdicts, "adapt_every_sample_ok"):
         assert isinstance(targets[verdict], bool)
     assert isinstance(result["notes"], list)
     assert targets["accounting_leak"] is False  # the sidecar's counts are back to 0
@@ -63,7 +64,7 @@ def test_the_tuning_comparison_runs_every_variant(
     assert BENCHMARKS["overload-tuning"] == "controlplane.benchmarks.overload_tuning:run"
     assert set(result["queue"]["by_load"]) == {"1x", "2x", "4x"}
     for by_variant in result["queue"]["by_load"].values():
-        assert set(by_variant) == {"before", "now"}
+        assert set(by_variant) == {name for name, _ in overload_tuning.QUEUE_VARIANTS}
         assert all(len(v["runs"]) == 1 for v in by_variant.values())
     assert set(result["step"]["runs"]) == {name for name, _ in overload_tuning.STEP_VARIANTS}
     assert overload.PROTECTION == {}  # the shipped defaults again

@@ -66,8 +66,9 @@ JUDGE = BreakerRule.model_validate({**RULE.model_dump(), "overload": "judge"})
 # the gates' limit is pinned at 2: what is admitted, queued and shed follows the
 # number of clients, not what a limit learned; low priority is shed from the light
 # level on (one request in flight), and high priority queues until the severe level,
-# which is out of reach; a standing queue keeps the long timeout, so high priority
-# waits its turn instead of being cut at CoDel's 5 ms
+# which is out of reach; a standing queue keeps the long timeout and its order, so
+# high priority waits its turn instead of being cut at CoDel's 5 ms (or served newest
+# first: the clients just answered would go again at once and the others wait)
 OVERLOAD = OverloadConfig(
     min_limit=2,
     max_limit=2,
@@ -75,6 +76,7 @@ OVERLOAD = OverloadConfig(
     queue_size=100,
     queue_timeout_ms=10_000,
     queue_standing_timeout_ms=10_000,
+    queue_standing_lifo=False,
     light_at=0.5,
     heavy_at=1.5,
     light_shed_share=1.0,

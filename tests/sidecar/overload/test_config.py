@@ -51,6 +51,8 @@ def test_a_full_config_round_trips() -> None:
         b'{"enabled": "yes"}',
         b'{"rtt_buffer": NaN}',
         b'{"percentile": 0}',
+        b'{"statistic": "median"}',
+        b'{"queue_standing_lifo": 1}',
         b'{"queue_timeout_ms": -1}',
         b'{"light_at": 2.0, "heavy_at": 1.5}',
         b'{"shed_status": 500}',
@@ -64,6 +66,20 @@ def test_a_full_config_round_trips() -> None:
 def test_refuses_what_is_not_a_valid_config(raw: bytes) -> None:
     with pytest.raises(ValidationFailed):
         parse_overload(raw)
+
+
+def test_the_statistic_and_queue_order_are_stored_only_when_not_the_defaults() -> None:
+    plain = ServiceOverload.model_validate({"service": "checkout"}).to_stored()
+    assert b"statistic" not in plain and b"queue_standing_lifo" not in plain
+    assert parse_overload(plain).statistic == "mean" and parse_overload(plain).queue_standing_lifo
+    raw = {"statistic": "percentile", "percentile": 0.9, "queue_standing_lifo": False}
+    stored = ServiceOverload.model_validate({"service": "checkout"} | raw).to_stored()
+    config = parse_overload(stored)
+    assert (config.statistic, config.percentile, config.queue_standing_lifo) == (
+        "percentile",
+        0.9,
+        False,
+    )
 
 
 EXT = {"source": "http://127.0.0.1:9100/load", "light": 0.7, "heavy": 0.85, "severe": 0.95}

@@ -1,10 +1,15 @@
-"""The guard's shed answers: made once, made again when the config changes them."""
+"""The guard's shed answers: made once, made again when the config changes them. The
+guard times its event loop for the limits while it has gates."""
 
 from __future__ import annotations
 
+import pytest
+
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.overload import OverloadConfig
-from sidecar.overload.guard import OverloadGuard
+from sidecar.choice import Upstream
+from sidecar.overload.guard import LAG_PERIOD, LAG_RESOLUTION, OverloadGuard
+from tests.sidecar.overload.test_standing_queue import Timers
 
 
 def test_shed_answers_are_reused_until_the_config_changes_them() -> None:
@@ -28,3 +33,30 @@ def test_shed_answers_are_reused_until_the_config_changes_them() -> None:
     assert status == 503
     assert changed.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
     assert b"Retry-After: 9\r\n" in changed
+
+
+def test_the_loop_is_timed_while_there_are_gates_and_its_lateness_reaches_the_limits() -> None:
+    clock, timers = FakeClock(), Timers()
+    guard = OverloadGuard(
+        OverloadConfig(min_rtt_samples=2),
+        monotonic=clock.monotonic,
+        call_later=timers.call_later,  # type: ignore[arg-type]
+    )
+    assert timers.due() == []  # no gate, no timer
+    gate = guard.gate_for(Upstream.parse("http://u:1"))
+    assert timers.due() == [LAG_PERIOD]
+    guard.gate_for(Upstream.parse("http://v:1"))  # one timer for every gate
+    assert timers.due() == [LAG_PERIOD]
+    clock.advance(LAG_PERIOD + 0.004)  # the loop got to it 4 ms late
+    timers.fire_next()
+    assert guard.state()["loop_lag_ms"] == pytest.approx(4.0)
+    assert timers.due() == [LAG_PERIOD]  # timed again, from now
+    clock.advance(LAG_PERIOD + LAG_RESOLUTION)  # within the timer's rounding: not counted
+    timers.fire_next()
+    for _ in range(2):  # the no-load measurement: 12 ms, 1.5 of them the loop's
+        clock.advance(0.012)
+        gate.limiter.on_sample(clock.monotonic(), 0.012, 1)
+    # the readings after rounding: 3 ms and 0, a mean of 1.5
+    assert gate.limiter.state().min_rtt == pytest.approx(0.0105)
+    guard.release_all()  # protection off: no more timing
+    assert timers.due() == []

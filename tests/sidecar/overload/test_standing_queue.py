@@ -86,3 +86,126 @@ def test_a_standing_queue_sheds_after_the_short_timeout() -> None:
     gate.enter(w["d"], "v", False)  # a new queue: the long timeout again
     assert gate.waiting[w["d"]][0] == clock.monotonic() + 1.0
     assert gate.shed_counts.counts == {("v", "queue_timeout", "normal"): 1}
+
+
+def _gate(
+    clock: FakeClock, timers: Timers, *, size: int = 10, lifo: bool = True
+) -> UpstreamGate:
+    settings = LimitSettings(min_limit=1, max_limit=1, initial_limit=1, min_rtt_concurrency=1)
+    return UpstreamGate(
+        "http://u:1",
+        GradientLimit(settings, 0.0),
+        QueuePolicy(
+            size=size,
+            timeout=1.0,
+            standing_after=0.1,
+            standing_timeout=0.005,
+            standing_lifo=lifo,
+            thresholds=Thresholds(10.0, 10.0, 10.0),  # levels stay normal: only the queue
+        ),
+        monotonic=clock.monotonic,
+        call_later=timers.call_later,  # type: ignore[arg-type]
+        shed_counts=ShedCounts(),
+    )
+
+
+def _standing(gate: UpstreamGate, clock: FakeClock, w: dict[str, Waiter]) -> None:
+    """`a` holds the one place, `b` has queued since 0.1 s ago: the queue stands."""
+    gate.enter(w["a"], "v", False)
+    gate.enter(w["b"], "v", False)
+    clock.advance(0.1)
+
+
+def _release(gate: UpstreamGate, clock: FakeClock) -> None:
+    gate.release(clock.monotonic() - 0.01)
+
+
+def _waiters(log: list[tuple[str, str]]) -> dict[str, Waiter]:
+    return {n: Waiter(n, log) for n in "abcdefgh"}
+
+
+def test_a_standing_queue_serves_the_newest_first() -> None:
+    clock, timers, log = FakeClock(), Timers(), []
+    gate, w = _gate(clock, timers), _waiters(log)
+    _standing(gate, clock, w)
+    gate.enter(w["c"], "v", False)
+    gate.enter(w["d"], "v", False)
+    _release(gate, clock)  # a ends: d, the newest, goes on
+    _release(gate, clock)  # d ends: then c
+    assert log == [("a", "admitted"), ("d", "admitted"), ("c", "admitted")]
+    assert list(gate.waiting) == [w["b"]]  # the oldest waits for its deadline
+
+
+def test_a_burst_queue_is_served_in_order() -> None:
+    clock, timers, log = FakeClock(), Timers(), []
+    gate, w = _gate(clock, timers), _waiters(log)
+    gate.enter(w["a"], "v", False)
+    gate.enter(w["b"], "v", False)
+    gate.enter(w["c"], "v", False)
+    clock.advance(0.05)  # queued for less than standing_after
+    _release(gate, clock)
+    assert log == [("a", "admitted"), ("b", "admitted")]
+
+
+def test_first_in_first_out_when_asked() -> None:
+    clock, timers, log = FakeClock(), Timers(), []
+    gate, w = _gate(clock, timers, lifo=False), _waiters(log)
+    _standing(gate, clock, w)
+    gate.enter(w["c"], "v", False)
+    _release(gate, clock)
+    assert log == [("a", "admitted"), ("b", "admitted")]
+
+
+def test_a_full_standing_queue_sheds_its_oldest_for_the_newest() -> None:
+    clock, timers, log = FakeClock(), Timers(), []
+    gate, w = _gate(clock, timers, size=2), _waiters(log)
+    _standing(gate, clock, w)
+    gate.enter(w["c"], "v", False)  # the queue is full: b, c
+    gate.enter(w["d"], "v", True)  # b is shed in its place
+    assert log == [("a", "admitted"), ("b", "queue_full")]
+    assert list(gate.waiting) == [w["c"], w["d"]]
+    assert gate.shed_counts.counts == {("v", "queue_full", "normal"): 1}  # b's priority
+    _release(gate, clock)
+    assert log[-1] == ("d", "admitted")
+
+
+def test_a_full_burst_queue_sheds_the_newcomer() -> None:
+    clock, timers, log = FakeClock(), Timers(), []
+    gate, w = _gate(clock, timers, size=2), _waiters(log)
+    gate.enter(w["a"], "v", False)
+    gate.enter(w["b"], "v", False)
+    gate.enter(w["c"], "v", False)
+    gate.enter(w["d"], "v", False)  # not standing yet: d is refused, b and c keep their turn
+    assert log == [("a", "admitted"), ("d", "queue_full")]
+    assert list(gate.waiting) == [w["b"], w["c"]]
+
+
+def test_an_instant_of_empty_queue_does_not_end_a_standing_one() -> None:
+    clock, timers, log = FakeClock(), Timers(), []
+    gate, w = _gate(clock, timers), _waiters(log)
+    _standing(gate, clock, w)
+    _release(gate, clock)  # b goes on: the queue is empty
+    clock.advance(0.004)  # less than the standing timeout later, c arrives
+    gate.enter(w["c"], "v", False)
+    assert gate.waiting[w["c"]][0] == clock.monotonic() + 0.005  # still standing
+    _release(gate, clock)
+    clock.advance(0.005)  # empty for the standing timeout: the overload has ended
+    gate.enter(w["d"], "v", False)
+    assert gate.waiting[w["d"]][0] == clock.monotonic() + 1.0
+
+
+def test_shedding_with_an_empty_standing_queue_sheds_the_newcomer() -> None:
+    # the queue stood and emptied an instant ago (still standing), and the level is
+    # severe from pressure alone: 2 in flight on a limit of 1 after the limit fell
+    clock, timers, log = FakeClock(), Timers(), []
+    gate, w = _gate(clock, timers), _waiters(log)
+    policy = QueuePolicy(
+        size=10, timeout=1.0, standing_after=0.1, standing_timeout=0.005,
+        thresholds=Thresholds(1.0, 1.5, 2.0),
+    )  # fmt: skip
+    gate.reconfigure(policy, None)
+    _standing(gate, clock, w)
+    _release(gate, clock)  # b goes on, the queue is empty
+    gate.in_flight = 2  # as if the limit had fallen under what was admitted
+    gate.enter(w["c"], "v", False)
+    assert log[-1] == ("c", "over_limit") and not gate.waiting
