@@ -108,14 +108,31 @@ def _read(path: Path) -> bytes | None:
         return None
 
 
+# a build's manifest is a few hundred bytes; anything far larger is not one
+MAX_MANIFEST_BYTES = 64 * 1024
+
+
 def _recorded(path: Path) -> object:
+    """The manifest as parsed, or None: absent, too large, or not JSON (a damaged
+    file must leave the proxy in pure Python, never stop the sidecar's import)."""
     raw = _read(path)
-    if raw is None:
+    if raw is None or len(raw) > MAX_MANIFEST_BYTES:
         return None
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
+
+
+def _group_loads() -> str | None:
+    """None if the group's shared library (which every compiled module imports)
+    loads; else why not. It holds only the compiled code: importing it runs none of
+    the modules."""
+    try:
+        importlib.import_module(GROUP + "__mypyc")
+    except Exception as exc:  # ImportError, or a library built for another Python
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 class _PureSource(importlib.abc.MetaPathFinder):
@@ -159,5 +176,9 @@ def select() -> tuple[bool, str]:
         sources={module: _read(source_path(module)) for module in MODULES},
         extensions=[module for module in MODULES if _extension_present(module, ROOT)],
     )
+    if IN_USE[0]:
+        failure = _group_loads()
+        if failure is not None:
+            IN_USE = (False, f"not compiled: the compiled library does not load ({failure})")
     sys.meta_path.insert(0, _PureSource(MODULES if IN_USE[0] else ()))
     return IN_USE

@@ -214,12 +214,14 @@ class RouteReconciler:
             except NotLeader:
                 raise
             except RevisionConflict as exc:
+                self._reconciled.pop(service, None)  # the next poll looks again
                 self.stats.conflicts += 1
                 log.info("route of %r changed under the reconciler: %s", service, exc)
                 again = True
             except BackendError:
                 raise
             except (CanaryError, ValueError) as exc:
+                self._reconciled.pop(service, None)
                 self.stats.errors += 1
                 log.warning("route of %r not reconciled: %s", service, exc)
         return await self.reconcile_windows(backends, fence) or again

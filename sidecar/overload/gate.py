@@ -16,7 +16,7 @@ away leaves through `leave`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -34,6 +34,20 @@ from sidecar.overload.levels import (
 from sidecar.overload.limit import GradientLimit
 from sidecar.overload.signals import ExternalReading, Grades, RateMeter, graded
 from sidecar.proxy.limits import RateLimitedLog
+
+
+def displaced_by(
+    waiting: Mapping[Waiter, tuple[float, str, bool]], low: bool
+) -> Waiter | None:
+    """Which waiter a newcomer (`low`: of low priority) takes the place of in a full,
+    standing queue (oldest first): the oldest low-priority one; else, for a newcomer
+    of normal priority, the oldest of all; else none (the newcomer is shed)."""
+    for candidate, (_, _, candidate_low) in waiting.items():
+        if candidate_low:
+            return candidate
+    if low:
+        return None
+    return next(iter(waiting), None)
 
 
 class Waiter(Protocol):
@@ -225,6 +239,7 @@ class UpstreamGate:
         if not waiting and now - self.emptied_at >= policy.standing_timeout:
             self.nonempty_since = now
         standing = now - self.nonempty_since >= policy.standing_after
+        displaced: Waiter | None = None
         if (
             verdict is Verdict.SHED
             and reason != LOW_PRIORITY
@@ -234,18 +249,27 @@ class UpstreamGate:
         ):
             # the queue is full (or the level severe) and stands: the oldest waiter,
             # next to time out and last to be served, is shed in place of the newest
-            # one, which joins; the queue does not grow and as many are shed
-            oldest = next(iter(waiting))
-            _, old_variant, old_low = waiting.pop(oldest)
-            self.shed_counts.add(old_variant, reason, old_low)
-            oldest.shed(self, reason)
-            verdict = Verdict.QUEUE
+            # one, which joins; the queue does not grow and as many are shed. A
+            # low-priority waiter goes first, and a low-priority newcomer never takes a
+            # normal one's place (low priority is what is shed first)
+            displaced = displaced_by(waiting, low)
+            if displaced is not None:
+                verdict = Verdict.QUEUE
         if verdict is Verdict.QUEUE:
+            old: tuple[str, bool] | None = None
+            if displaced is not None:
+                _, old_variant, old_low = waiting.pop(displaced)
+                old = (old_variant, old_low)
             self.queued_total += 1
             deadline = now + (policy.standing_timeout if standing else policy.timeout)
             waiting[waiter] = (deadline, variant, low)
             if self._timer is None or deadline < self._timer_due:
                 self._arm(deadline, now)
+            if displaced is not None and old is not None:
+                # last: shedding it may run its connection's next request, which enters
+                # this gate again and must find the queue as it now is
+                self.shed_counts.add(old[0], reason, old[1])
+                displaced.shed(self, reason)
         else:
             self.shed_counts.add(variant, reason, low)
             waiter.shed(self, reason)

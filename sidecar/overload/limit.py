@@ -54,6 +54,8 @@ CLEAR_SCALE = 10
 NO_LOAD_ERRORS = 2.0
 # at most this many latencies are kept per interval; a busier interval ends early
 MAX_INTERVAL_SAMPLES = 4096
+# the loop's lateness is taken off a latency up to this share of it (GradientLimit)
+MAX_LAG_SHARE = 0.5
 
 
 Statistic = Literal["mean", "percentile"]
@@ -194,12 +196,14 @@ class GradientLimit:
         self._lag_sum += lateness
         self._lag_count += 1
 
-    def _without_lag(self, latency: float) -> float:
-        """`latency` less the mean lateness of the loop since the window began; not
-        below a microsecond (a latency is positive)."""
+    def _without_lag(self, latencies: list[float]) -> list[float]:
+        """Each latency less the mean lateness of the loop since the window began, by
+        at most `MAX_LAG_SHARE` of it: a lateness read in a busy instant must not turn
+        a latency into nothing (the gradient would then read any upstream as idle)."""
         if not self._lag_count:
-            return latency
-        return max(1e-6, latency - self._lag_sum / self._lag_count)
+            return latencies
+        lag = self._lag_sum / self._lag_count
+        return [v - min(lag, v * MAX_LAG_SHARE) for v in latencies]
 
     def on_sample(
         self, now: float, rtt: float, in_flight: int, admitted_at: float | None = None
@@ -216,7 +220,11 @@ class GradientLimit:
         s = self.settings
         if self._phase is Phase.MEASURING:
             if len(latencies) >= s.min_rtt_samples:
-                self._min_rtt = self._without_lag(no_load_latency(latencies, s))
+                # never below the fastest request seen: a lateness the measurement
+                # happened to read high would pin the limit low until the next one
+                self._min_rtt = max(
+                    min(latencies), no_load_latency(self._without_lag(latencies), s)
+                )
                 self._adapt(now)
             return
         if now >= self._interval_end or len(latencies) >= MAX_INTERVAL_SAMPLES:
@@ -226,8 +234,10 @@ class GradientLimit:
         s = self.settings
         min_rtt = self._min_rtt
         assert min_rtt is not None
-        sample = self._sample_rtt = self._without_lag(
-            interval_latency(self._latencies, min_rtt, s)
+        # the lateness leaves each latency before the cap: capped first, a late loop
+        # could hold every interval below the cap whatever the upstream's latency
+        sample = self._sample_rtt = interval_latency(
+            self._without_lag(self._latencies), min_rtt, s
         )
         proposed = next_limit(self._estimate, sample, min_rtt, s, self._clear)
         # application-limited: too few in flight to have tested a higher limit

@@ -104,3 +104,20 @@ def test_the_proxy_tests_pass_in_pure_python_too() -> None:
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert done.returncode == 0 and " passed" in done.stdout, (done.stdout + done.stderr)[-3000:]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"[" * 100_000, b" " * (compiled.MAX_MANIFEST_BYTES + 1), b"\xff\xfe", b"{"],
+    ids=["nested", "oversized", "not-utf8", "truncated"],
+)
+def test_a_damaged_manifest_reads_as_none(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "compiled.json"
+    path.write_bytes(content)
+    assert compiled._recorded(path) is None  # then pure Python, never a failed import
+
+
+def test_a_group_library_that_does_not_load_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compiled, "GROUP", "sidecar.proxy._no_such_build")
+    failure = compiled._group_loads()
+    assert failure is not None and failure.startswith("ModuleNotFoundError")

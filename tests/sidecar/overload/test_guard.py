@@ -47,16 +47,19 @@ def test_the_loop_is_timed_while_there_are_gates_and_its_lateness_reaches_the_li
     assert timers.due() == [LAG_PERIOD]
     guard.gate_for(Upstream.parse("http://v:1"))  # one timer for every gate
     assert timers.due() == [LAG_PERIOD]
+    now = clock.monotonic()
+    for _ in range(2):  # the no-load measurement: 12 ms (the clock is the timer's)
+        gate.limiter.on_sample(now, 0.012, 1, admitted_at=now)
+    assert gate.limiter.state().min_rtt == pytest.approx(0.012)
     clock.advance(LAG_PERIOD + 0.004)  # the loop got to it 4 ms late
     timers.fire_next()
     assert guard.state()["loop_lag_ms"] == pytest.approx(4.0)
     assert timers.due() == [LAG_PERIOD]  # timed again, from now
     clock.advance(LAG_PERIOD + LAG_RESOLUTION)  # within the timer's rounding: not counted
     timers.fire_next()
-    for _ in range(2):  # the no-load measurement: 12 ms, 1.5 of them the loop's
-        clock.advance(0.012)
-        gate.limiter.on_sample(clock.monotonic(), 0.012, 1)
+    clock.advance(0.1)  # an interval's latency of 12 ms, 1.5 of them the loop's
+    gate.limiter.on_sample(clock.monotonic(), 0.012, 1, admitted_at=now)
     # the readings after rounding: 3 ms and 0, a mean of 1.5
-    assert gate.limiter.state().min_rtt == pytest.approx(0.0105)
+    assert gate.limiter.state().sample_rtt == pytest.approx(0.0105)
     guard.release_all()  # protection off: no more timing
     assert timers.due() == []

@@ -161,10 +161,10 @@ def test_a_full_standing_queue_sheds_its_oldest_for_the_newest() -> None:
     gate, w = _gate(clock, timers, size=2), _waiters(log)
     _standing(gate, clock, w)
     gate.enter(w["c"], "v", False)  # the queue is full: b, c
-    gate.enter(w["d"], "v", True)  # b is shed in its place
+    gate.enter(w["d"], "v", False)  # b is shed in its place
     assert log == [("a", "admitted"), ("b", "queue_full")]
     assert list(gate.waiting) == [w["c"], w["d"]]
-    assert gate.shed_counts.counts == {("v", "queue_full", "normal"): 1}  # b's priority
+    assert gate.shed_counts.counts == {("v", "queue_full", "normal"): 1}
     _release(gate, clock)
     assert log[-1] == ("d", "admitted")
 
@@ -209,3 +209,58 @@ def test_shedding_with_an_empty_standing_queue_sheds_the_newcomer() -> None:
     gate.in_flight = 2  # as if the limit had fallen under what was admitted
     gate.enter(w["c"], "v", False)
     assert log[-1] == ("c", "over_limit") and not gate.waiting
+
+
+def test_a_low_priority_newcomer_does_not_displace_a_normal_waiter() -> None:
+    clock, timers, log = FakeClock(), Timers(), []
+    gate = _gate(clock, timers, size=2)  # levels stay normal (thresholds 10)
+    w = {n: Waiter(n, log) for n in "abcd"}
+    gate.enter(w["a"], "v", False)      # holds the one place
+    gate.enter(w["b"], "v", False)      # normal priority, queued
+    gate.enter(w["c"], "v", False)      # normal priority, queued: the queue is full
+    clock.advance(0.1)                  # it stands
+    gate.enter(w["d"], "v", True)       # LOW priority arrives at a full standing queue
+    # a low-priority request should never cost a normal one its place
+    assert ("b", "queue_full") not in log
+
+
+@dataclass(eq=False)
+class Pipelined(Waiter):
+    """Shedding it answers its request, and its connection starts the next one at once
+    (client.exchange_finished -> following.start() -> guard.enter), re-entering the gate."""
+    gate: UpstreamGate | None = None
+    follower: Waiter | None = None
+
+    def shed(self, gate: UpstreamGate, reason: str) -> None:
+        super().shed(gate, reason)
+        if self.follower is not None:
+            f, self.follower = self.follower, None
+            gate.enter(f, "v", False)
+
+
+def test_the_queue_never_exceeds_its_size_when_a_shed_re_enters() -> None:
+    clock, timers, log = FakeClock(), Timers(), []
+    gate = _gate(clock, timers, size=2)
+    a, c, d, e = (Waiter(n, log) for n in "acde")
+    b = Pipelined("b", log, follower=e)
+    gate.enter(a, "v", False)
+    gate.enter(b, "v", False)
+    gate.enter(c, "v", False)  # full
+    clock.advance(0.1)         # standing
+    gate.enter(d, "v", False)  # displaces b, whose connection's next request e enters
+    assert len(gate.waiting) <= gate.policy.size
+    assert [w.name for w in gate.waiting] == ["d", "e"], "e displaced c; b was shed"
+
+
+def test_a_low_priority_waiter_is_displaced_before_a_normal_one() -> None:
+    clock, timers, log = FakeClock(), Timers(), []
+    gate = _gate(clock, timers, size=2)
+    a, b, c, d = (Waiter(n, log) for n in "abcd")
+    gate.enter(a, "v", False)
+    gate.enter(b, "v", False)  # normal, the oldest waiter
+    gate.enter(c, "v", True)  # low priority
+    clock.advance(0.1)
+    gate.enter(d, "v", False)
+    assert [w.name for w in gate.waiting] == ["b", "d"]
+    assert ("c", "queue_full") in log
+    assert gate.shed_counts.counts == {("v", "queue_full", "low"): 1}, "c's priority"
