@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from controlplane.benchmarks.children import stop_child
 from controlplane.collector.windows import ExperimentWindow, WindowConfig
 from controlplane.kernel.codec import (
     SHED,
@@ -256,12 +256,7 @@ async def _through_redis(url: str, n: int, progress: bool) -> dict[str, float]:
         result["arrival_to_snapshot_p99_ms"] = float(np.percentile(latencies, 99))
         result["arrival_to_snapshot_p50_ms"] = float(np.percentile(latencies, 50))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_child(proc, 15.0)
         import redis.asyncio as aioredis
 
         client = aioredis.Redis.from_url(url)

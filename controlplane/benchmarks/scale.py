@@ -49,7 +49,6 @@ import json
 import math
 import os
 import secrets
-import signal
 import socket
 import statistics
 import subprocess
@@ -59,6 +58,8 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
+
+from controlplane.benchmarks.children import stop_child
 
 if TYPE_CHECKING:
     from controlplane.controller.runner import Controller
@@ -597,9 +598,9 @@ async def _one_size(
             await leader.stop()
             await ticker.stop()
             if rig.collector is not None:
-                _stop(rig.collector)
+                stop_child(rig.collector, 20.0)
             for other, _ in rig.others:
-                _stop(other)
+                stop_child(other, 20.0)
             await _clean(backends, redis, namespace, prefix)
             await backends.close()
             await redis.aclose()
@@ -657,15 +658,6 @@ def _stop_feed(feeder: subprocess.Popen[str]) -> None:
     except subprocess.TimeoutExpired:
         feeder.kill()
         feeder.wait()
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 async def _clean(backends: Backends, redis: Any, namespace: str, prefix: str) -> None:

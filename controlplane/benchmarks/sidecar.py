@@ -46,7 +46,6 @@ import re
 import select
 import selectors
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -62,6 +61,7 @@ from typing import Any, cast
 import httptools
 import numpy as np
 
+from controlplane.benchmarks.children import stop_child
 from controlplane.kernel.codec import BatchBuilder
 from controlplane.kernel.signals import on_stop_signals
 
@@ -257,13 +257,7 @@ def _process(
             raise RuntimeError(f"{args[0]} did not start: {exc}\n{tail}") from exc
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_child(proc)
 
 
 _NGINX_COMMON = """

@@ -162,14 +162,7 @@ class RampSplit:
         if judged:
             hashes, lo, hi, bottom, top, count, not_followed = self._admit(seen)
         else:
-            hashes, lo, hi, bottom, top, count = (
-                self.hashes,
-                self.lo,
-                self.hi,
-                self.bottom,
-                self.top,
-                self.seen,
-            )
+            hashes, lo, hi, bottom, top, count = self._ledger()
             not_followed = 0
         at = np.searchsorted(hashes, seen)
         followed = np.isin(seen, hashes, assume_unique=True)
@@ -247,6 +240,10 @@ class RampSplit:
             decided_by=decided_by,
         )
 
+    def _ledger(self) -> tuple[U32, U16, U16, U16, U16, U16]:
+        """The ledger's columns as they are: hashes, lo, hi, bottom, top, seen."""
+        return self.hashes, self.lo, self.hi, self.bottom, self.top, self.seen
+
     def _admit(self, seen: U32) -> tuple[U32, U16, U16, U16, U16, U16, int]:
         """The ledger with the window's new units added while there is room."""
         known = np.isin(seen, self.hashes, assume_unique=True)
@@ -255,15 +252,7 @@ class RampSplit:
         admitted = fresh[:room]  # hash order: independent of the units' arms
         n = int(admitted.shape[0])
         if not n:
-            return (
-                self.hashes,
-                self.lo,
-                self.hi,
-                self.bottom,
-                self.top,
-                self.seen,
-                int(fresh.shape[0]),
-            )
+            return (*self._ledger(), int(fresh.shape[0]))
         hashes = np.concatenate([self.hashes, admitted])
         order = np.argsort(hashes, kind="stable")
 

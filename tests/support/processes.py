@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from controlplane.benchmarks.children import stop_child
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -123,13 +125,7 @@ class RedisProcess(ServiceProcess):
 
 def terminate(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM a child that still runs, SIGKILL it after 10 s; close its stderr pipe."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_child(proc)
     if proc.stderr is not None:
         proc.stderr.close()
 
