@@ -20,7 +20,7 @@ install: $(VENV)/.installed compile
 
 # recompiled when a proxy source changed since: a stale build would not be used
 # (sidecar/compiled.py falls back to pure Python), so tests would miss the compiled one
-sidecar/proxy/compiled.json: $(wildcard sidecar/proxy/*.py) sidecar/compiled.py setup.py | $(VENV)/.installed
+sidecar/proxy/compiled.json: $(wildcard sidecar/proxy/*.py) sidecar/choice.py sidecar/compiled.py setup.py | $(VENV)/.installed
 	$(PY) setup.py --quiet build_ext --inplace
 
 compile: sidecar/proxy/compiled.json

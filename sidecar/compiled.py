@@ -33,6 +33,7 @@ from types import ModuleType
 # the per-request path of an HTTP/1.1 exchange, and nothing else: no HTTP/2, no
 # tunnels, no start-up code. Compiled as one group (one shared library).
 MODULES: tuple[str, ...] = (
+    "sidecar.choice",
     "sidecar.proxy.client",
     "sidecar.proxy.conformance",
     "sidecar.proxy.corking",

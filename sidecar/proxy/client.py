@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 import httptools
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 # after an upstream answered before the request body was all in, the rest of the body
 # is read and dropped for at most this long, so the close does not reset the answer
-_LINGER = 2.0
+_LINGER: Final = 2.0
 
 
 class ClientConnection(CorkedWriter, asyncio.Protocol):

@@ -23,6 +23,8 @@ raises `Rejected` with its status and the reason it is counted under.
 
 from __future__ import annotations
 
+from typing import Final
+
 import httptools
 
 
@@ -39,7 +41,7 @@ class Rejected(Exception):
 
 # Naming one of these in Connection would make the proxy drop it as hop-by-hop while
 # the body it frames (or the host it addresses) is still relayed.
-NOT_NOMINABLE = frozenset({b"content-length", b"transfer-encoding", b"host"})
+NOT_NOMINABLE: Final = frozenset({b"content-length", b"transfer-encoding", b"host"})
 
 
 def check_connection(value: bytes) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from controlplane.kernel.codec import ABORTED, CONNECT_ERROR, TIMEOUT
 from sidecar.choice import Choice, NoRoute
@@ -51,9 +51,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # RFC 9110 §9.2.2; only these may be replayed on a fresh connection
-_IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
-_LAST_CHUNK = b"0\r\n\r\n"
-_CRLF = b"\r\n"
+_IDEMPOTENT: Final = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
+_LAST_CHUNK: Final = b"0\r\n\r\n"
+_CRLF: Final = b"\r\n"
 
 
 def _chunk(data: bytes) -> list[bytes]:

@@ -15,11 +15,13 @@ lookup and an insertion each, and no more memory).
 
 from __future__ import annotations
 
+from typing import Final
+
 from sidecar.proxy.headers import ResponseFields, split_response_head
 
 # longer heads are parsed every time: typical heads are a few hundred bytes
-MAX_CACHED_HEAD = 2048
-DEFAULT_LIMIT = 64
+MAX_CACHED_HEAD: Final = 2048
+DEFAULT_LIMIT: Final = 64
 
 ParsedHead = tuple[bytes, bytes, ResponseFields]  # (status line, fields, scan)
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any, cast
+from typing import Any, Final, cast
 
 Header = tuple[bytes, bytes, bytes]
 
 # RFC 9110 §7.6.1: meaningful for one connection only; "proxy-*" is handled apart.
-HOP_BY_HOP = frozenset(
+HOP_BY_HOP: Final = frozenset(
     {
         b"connection",
         b"keep-alive",
@@ -25,15 +25,18 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-VARIANT = b"x-canary-variant"
-EXPERIMENT = b"x-canary-experiment"
-DEGRADE = b"x-canary-degrade"  # sent upstream under heavy overload (sidecar.overload)
+VARIANT: Final = b"x-canary-variant"
+EXPERIMENT: Final = b"x-canary-experiment"
+DEGRADE: Final = b"x-canary-degrade"  # sent upstream under heavy overload (sidecar.overload)
 # set by the proxy itself: any value the client sent is replaced, never trusted
-_SET_ON_REQUEST = frozenset({b"host", b"x-forwarded-proto", VARIANT, EXPERIMENT, DEGRADE})
+_SET_ON_REQUEST: Final = frozenset({b"host", b"x-forwarded-proto", VARIANT, EXPERIMENT, DEGRADE})
 
-_KEEP, _DROP, _FORWARDED_FOR, _LENGTH = 0, 1, 2, 3
-_CACHE_LIMIT = 4096  # distinct header names remembered; unusual names beyond are computed
-_request_actions: dict[bytes, int] = {}
+_KEEP: Final = 0
+_DROP: Final = 1
+_FORWARDED_FOR: Final = 2
+_LENGTH: Final = 3
+_CACHE_LIMIT: Final = 4096  # distinct header names remembered; unusual names beyond are computed
+_request_actions: Final[dict[bytes, int]] = {}
 
 
 def _action(lower: bytes) -> int:
@@ -51,7 +54,7 @@ def _action(lower: bytes) -> int:
 
 
 # `upgrade` is not among them: a request asking to upgrade takes the slower path
-PLAIN_CONNECTION = frozenset({b"keep-alive", b"Keep-Alive", b"close", b"Close"})
+PLAIN_CONNECTION: Final = frozenset({b"keep-alive", b"Keep-Alive", b"close", b"Close"})
 
 
 def connection_options(value: bytes) -> frozenset[bytes] | None:
@@ -172,7 +175,7 @@ def request_head(
 
 # Matched against the lower-cased fields, so no IGNORECASE (several times slower);
 # bytes.lower() changes ASCII letters only, so positions stay those of the original.
-_RESPONSE_FIELD = re.compile(
+_RESPONSE_FIELD: Final = re.compile(
     rb"\r\n(connection|content-length|keep-alive|proxy-[^:]*|te|trailer"
     rb"|transfer-encoding|upgrade|x-canary-variant):[ \t]*([^\r]*)"
 )
@@ -180,10 +183,10 @@ _RESPONSE_FIELD = re.compile(
 # framing needs the full reading). Without any of them, which one search tells, only
 # Connection and Content-Length matter, and bytes.find finds them faster than a loop
 # over regex matches would.
-_RESPONSE_RARE = re.compile(
+_RESPONSE_RARE: Final = re.compile(
     rb"\r\n(?:keep-alive|proxy-[^:]*|te|trailer|transfer-encoding|upgrade|x-canary-variant):"
 )
-_CONNECTION = b"\r\nconnection:"
+_CONNECTION: Final = b"\r\nconnection:"
 
 
 class ResponseFields:
@@ -301,7 +304,7 @@ def response_head(
 
 
 # rewrites kept per shared head: one per variant of a route is what is expected
-_REWRITES_KEPT = 16
+_REWRITES_KEPT: Final = 16
 
 
 def _rewrite(

@@ -17,21 +17,22 @@ bounded (`MAX_TRAILER_BYTES`, the rest is dropped and counted).
 from __future__ import annotations
 
 import re
+from typing import Final
 
 from sidecar.proxy.headers import EXPERIMENT, HOP_BY_HOP, VARIANT, Header
 
-MAX_TRAILER_BYTES = 16 * 1024
+MAX_TRAILER_BYTES: Final = 16 * 1024
 # how much of a chunked response's end is kept to find its trailers in
-TAIL_BYTES = MAX_TRAILER_BYTES + 256
+TAIL_BYTES: Final = MAX_TRAILER_BYTES + 256
 
-LAST_CHUNK = b"0\r\n\r\n"
+LAST_CHUNK: Final = b"0\r\n\r\n"
 # framing and routing never come from a trailer: the message is framed by then
-_NEVER = frozenset(
+_NEVER: Final = frozenset(
     {b"content-length", b"host", b"x-forwarded-for", b"x-forwarded-proto", VARIANT, EXPERIMENT}
 )
 # the last-chunk line: zeros, maybe extensions; no trailer field line can look like it
 # (a field line needs a colon after a token, and ";" is not a token character)
-_LAST_CHUNK_LINE = re.compile(rb"\r\n0+(?:;[^\r\n]*)?\r\n")
+_LAST_CHUNK_LINE: Final = re.compile(rb"\r\n0+(?:;[^\r\n]*)?\r\n")
 
 
 def _dropped(lower: bytes, named: frozenset[bytes] | None) -> bool:

@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import enum
 import re
+from typing import Final
 
 from sidecar.proxy.conformance import Rejected
 
 # the upgrade tokens a request may list; more is not a client, and not a tunnel
-MAX_PROTOCOLS = 8
-MAX_UPGRADE_VALUE = 256
-_H2C = b"h2c"
+MAX_PROTOCOLS: Final = 8
+MAX_UPGRADE_VALUE: Final = 256
+_H2C: Final = b"h2c"
 # RFC 9110 §7.8: protocol-name ["/" protocol-version], both tokens
 _TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
-_PROTOCOL = re.compile(_TOKEN + rb"(?:/" + _TOKEN + rb")?")
+_PROTOCOL: Final = re.compile(_TOKEN + rb"(?:/" + _TOKEN + rb")?")
 
 
 class Plan(enum.Enum):

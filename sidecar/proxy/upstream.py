@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from typing import Protocol, cast
+from typing import Final, Protocol, cast
 
 import httptools
 
@@ -26,10 +26,10 @@ from sidecar.proxy.head_cache import HeadCache
 from sidecar.proxy.headers import ResponseFields
 from sidecar.proxy.trailers import TAIL_BYTES, trailer_section
 
-_NO_BODY_STATUSES = frozenset({204, 304})
+_NO_BODY_STATUSES: Final = frozenset({204, 304})
 # a response head (status line and fields) larger than this is refused: without a
 # limit an upstream could make the proxy hold any amount of memory
-MAX_RESPONSE_HEAD = 64 * 1024
+MAX_RESPONSE_HEAD: Final = 64 * 1024
 
 
 class UpstreamUser(Protocol):
@@ -74,10 +74,10 @@ class Downstream(Protocol):
 
 
 # response framing as seen on the upstream side
-LENGTH = 0  # Content-Length
-CHUNKED = 1
-UNTIL_CLOSE = 2  # neither: the body ends when the upstream closes
-EMPTY = 3  # HEAD, 204, 304
+LENGTH: Final = 0  # Content-Length
+CHUNKED: Final = 1
+UNTIL_CLOSE: Final = 2  # neither: the body ends when the upstream closes
+EMPTY: Final = 3  # HEAD, 204, 304
 
 
 class _InvalidResponse(Exception):
@@ -86,7 +86,7 @@ class _InvalidResponse(Exception):
 
 # a response whose Connection names these would have them dropped on the way to the
 # client while the body they frame is relayed: the client would misread the framing
-_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
+_FRAMING: Final = frozenset({b"content-length", b"transfer-encoding"})
 
 
 class UpstreamConnection(CorkedWriter, asyncio.Protocol):
