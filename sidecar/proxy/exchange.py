@@ -357,7 +357,7 @@ class Exchange:
 
     def _attach(self, conn: UpstreamConnection) -> None:
         self.upstream = conn
-        conn.attach(self)
+        conn.attach(self, self)
         client = self.client
         if self.has_body:
             # the head and what the same read brings of the body leave in one send

@@ -155,13 +155,44 @@ def request_head(
         if named is not None and lower in named:
             continue
         out += (raw, b": ", value, b"\r\n")
+    if forwarded_for is None and not chunked:
+        out.append(_request_tail(client_ip, proto, variant, experiment))
+        return b"".join(out)
     forwarded_for = client_ip if forwarded_for is None else forwarded_for + b", " + client_ip
-    out += (b"X-Forwarded-For: ", forwarded_for, b"\r\nX-Forwarded-Proto: ", proto)
+    out.append(_tail(forwarded_for, proto, variant, experiment, chunked))
+    return b"".join(out)
+
+
+def _tail(
+    forwarded_for: bytes, proto: bytes, variant: bytes, experiment: bytes | None, chunked: bool
+) -> bytes:
+    """The fields the proxy adds, and the end of the head."""
+    out = [b"X-Forwarded-For: ", forwarded_for, b"\r\nX-Forwarded-Proto: ", proto]
     out += (b"\r\nX-Canary-Variant: ", variant, b"\r\n")
     if experiment is not None:
         out += (b"X-Canary-Experiment: ", experiment, b"\r\n")
     out.append(b"Transfer-Encoding: chunked\r\n\r\n" if chunked else b"\r\n")
     return b"".join(out)
+
+
+# A head's added fields depend only on the client's address and the choice, so the
+# usual tail (no X-Forwarded-For from the client, no chunked body) is joined once per
+# address and variant: a dozen parts fewer to join per request. Bounded: addresses
+# come from clients, so the cache starts afresh when full.
+_TAILS_LIMIT: Final = 4096
+_request_tails: Final[dict[tuple[bytes, bytes, bytes, bytes | None], bytes]] = {}
+
+
+def _request_tail(
+    client_ip: bytes, proto: bytes, variant: bytes, experiment: bytes | None
+) -> bytes:
+    key = (client_ip, proto, variant, experiment)
+    tail = _request_tails.get(key)
+    if tail is None:
+        if len(_request_tails) >= _TAILS_LIMIT:
+            _request_tails.clear()
+        tail = _request_tails[key] = _tail(client_ip, proto, variant, experiment, False)
+    return tail
 
 
 # --- response heads ------------------------------------------------------------

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from typing import Final, Protocol, cast
+from typing import TYPE_CHECKING, Final, Protocol, cast
 
 import httptools
 
@@ -25,6 +25,9 @@ from sidecar.proxy.corking import CorkedWriter
 from sidecar.proxy.head_cache import HeadCache
 from sidecar.proxy.headers import ResponseFields
 from sidecar.proxy.trailers import TAIL_BYTES, trailer_section
+
+if TYPE_CHECKING:  # a cycle at run time: the exchange module imports this one
+    from sidecar.proxy.exchange import Exchange
 
 _NO_BODY_STATUSES: Final = frozenset({204, 304})
 # a response head (status line and fields) larger than this is refused: without a
@@ -104,6 +107,7 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         "_timer",
         "_waiting",
         "closed",
+        "exchange",
         "framing",
         "got_data",
         "idle_since",
@@ -120,6 +124,9 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self.user: UpstreamUser | None = None
+        # `user` again when it is an HTTP/1.1 exchange (nearly always): typed as the
+        # class, compiled code calls it natively instead of through a method lookup
+        self.exchange: Exchange | None = None
         self.closed = False
         self.reused = False
         self.got_data = False
@@ -161,8 +168,10 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         if head is not None:
             head = self._head = head + data if head else data
         # the response head and body of one read leave to the client in one send
-        client = user.client
-        corked = client.cork()
+        exchange = self.exchange
+        native = exchange.client if exchange is not None and exchange is user else None
+        client = user.client if native is None else native
+        corked = native.cork() if native is not None else client.cork()
         switched: bytes | None = None
         try:
             self._parser.feed_data(data)
@@ -192,11 +201,15 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
                 self._ending = None
                 self._end_chunked(ending[0], ending[1], data)
             if corked:
-                client.uncork()
+                if native is not None:
+                    native.uncork()
+                else:
+                    client.uncork()
         if switched is not None:
             self._cancel_timer()
             self._waiting = False
             self.user = None
+            self.exchange = None
             user.upstream_switched(self, switched)
             return
         if self._reset_parser:
@@ -215,6 +228,7 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
             self.pool.discard(self)
             return
         self.user = None
+        self.exchange = None
         if self.framing == UNTIL_CLOSE and self._status >= 200:
             user.response_complete(False)
         else:
@@ -236,6 +250,7 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         user = self.user
         if user is None:
             return
+        exchange = self.exchange
         status = self._status = self._parser.get_status_code()
         received = self._head
         end = -1 if received is None else received.find(b"\r\n\r\n")
@@ -255,7 +270,7 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
             return
         if status < 200:
             framing = EMPTY
-        elif user.no_body:
+        elif exchange.no_body if exchange is not None and exchange is user else user.no_body:
             framing = EMPTY
             self._reset_parser = True
         elif status in _NO_BODY_STATUSES:
@@ -270,13 +285,19 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
             else:
                 framing = UNTIL_CLOSE
         self.framing = framing
-        user.response_head(status, status_line, fields, scan, framing)
+        if exchange is not None and exchange is user:
+            exchange.response_head(status, status_line, fields, scan, framing)
+        else:
+            user.response_head(status, status_line, fields, scan, framing)
         if self._reset_parser and self.user is user:
             self._finish(user, self._parser.should_keep_alive())
 
     def on_body(self, body: bytes) -> None:
         user = self.user
-        if user is not None:
+        exchange = self.exchange
+        if exchange is not None and exchange is user:
+            exchange.response_body(body)
+        elif user is not None:
             user.response_body(body)
 
     def on_message_complete(self) -> None:
@@ -286,12 +307,18 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         if self.framing == CHUNKED:
             # its trailers are in the bytes of this read: finished when it is processed
             self.user = None
+            self.exchange = None
             self._ending = (user, self._parser.should_keep_alive())
             return
         # _finish, inline: this runs once per response
         self._waiting = False
         self.user = None
-        user.response_complete(self._parser.should_keep_alive())
+        exchange = self.exchange
+        if exchange is not None and exchange is user:
+            self.exchange = None
+            exchange.response_complete(self._parser.should_keep_alive())
+        else:
+            user.response_complete(self._parser.should_keep_alive())
 
     def _keep_tail(self, data: bytes) -> None:
         """Keep the last reads of a chunked response, enough to hold its trailers."""
@@ -320,6 +347,7 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
     def _finish(self, user: UpstreamUser, keep_alive: bool) -> None:
         self._waiting = False
         self.user = None
+        self.exchange = None
         user.response_complete(keep_alive)
 
     # --- used by the exchange ---------------------------------------------------
@@ -328,12 +356,15 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         """Give up the transport for good (a tunnel takes it over after a 101)."""
         assert self.transport is not None
         self.user = None
+        self.exchange = None
         self._cancel_timer()
         self.closed = True  # never pooled, never closed from here
         return self.transport
 
-    def attach(self, user: UpstreamUser) -> None:
+    def attach(self, user: UpstreamUser, exchange: Exchange | None = None) -> None:
+        """`exchange`: `user` itself when it is one (see `self.exchange`)."""
         self.user = user
+        self.exchange = exchange
         self.got_data = False
         self._status = 0
         self.framing = LENGTH
@@ -365,6 +396,7 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
             return
         user = self.user
         self.user = None
+        self.exchange = None
         self.abort()
         user.upstream_timeout(self)
 
@@ -387,6 +419,7 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
     def release(self, reusable: bool) -> None:
         """Give the connection back after a complete exchange."""
         self.user = None
+        self.exchange = None
         self._waiting = False
         if self.reading_paused:
             self.resume_reading()
@@ -397,6 +430,7 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
 
     def close(self) -> None:
         self.user = None
+        self.exchange = None
         self._cancel_timer()
         if self._out is not None:
             self.uncork()
@@ -407,6 +441,7 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
 
     def abort(self) -> None:
         self.user = None
+        self.exchange = None
         self._cancel_timer()
         self._out = None
         if not self.closed:
