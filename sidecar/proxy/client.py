@@ -70,6 +70,7 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         "read_block",
         "refused",
         "server",
+        "tags",
         "transport",
         "tunnel",
         "write_paused",
@@ -80,6 +81,10 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.client_ip = b"unknown"
+        # the last choice's variant and experiment, then as the exchange sends them:
+        # their bytes and `headers.request_tail` (a connection's requests mostly share
+        # one user, so one choice: compared by identity, recomputed otherwise)
+        self.tags: tuple[str, str | None, bytes, bytes | None, bytes] | None = None
         self.closed = False
         self.current: Exchange | None = None
         self.parsing: Exchange | None = None

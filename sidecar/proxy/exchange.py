@@ -30,6 +30,7 @@ from sidecar.proxy.headers import (
     ResponseFields,
     interim_head,
     request_head,
+    request_tail,
     response_head,
     switching_head,
 )
@@ -115,9 +116,9 @@ class Exchange:
         named: frozenset[bytes] | None,
         has_body: bool,
     ) -> None:
-        clock = client.server.clock
-        self.t0 = clock.monotonic()
-        self.ts = clock.now()
+        server = client.server
+        self.t0 = server.monotonic()
+        self.ts = server.wall()
         self.client = client
         self.method = method
         self.no_body = method == b"HEAD"  # the response ends with its head
@@ -176,7 +177,14 @@ class Exchange:
             )
             return
         self.choice = choice
-        self.variant = choice.variant.encode()
+        client = self.client
+        tags = client.tags
+        if tags is None or tags[0] is not choice.variant or tags[1] is not choice.experiment:
+            variant = choice.variant.encode()
+            experiment = None if choice.experiment is None else choice.experiment.encode()
+            tail = request_tail(client.client_ip, server.forwarded_proto, variant, experiment)
+            tags = client.tags = (choice.variant, choice.experiment, variant, experiment, tail)
+        self.variant = tags[2]
         if choice.upstream.http2:
             guard = server.overload
             if guard is not None:  # admit() opens the stream, now or from the queue
@@ -214,9 +222,10 @@ class Exchange:
             client_ip=self.client.client_ip,
             proto=server.forwarded_proto,
             variant=self.variant,
-            experiment=None if choice.experiment is None else choice.experiment.encode(),
+            experiment=tags[3],
             chunked=self.chunked,
             named=self.named,
+            tail=tags[4],
         )
         if self.reserved:
             assert self.upgrade is not None  # no body: the head ends with its blank line
@@ -381,7 +390,7 @@ class Exchange:
             conn.writelines([self.head, self._last_chunk()])
         else:
             conn.write(self.head)
-        self.t_sent = client.server.clock.monotonic()
+        self.t_sent = client.server.monotonic()
         if client.read_block:
             client.unblock(WAIT_UPSTREAM)
         if self.req_complete:
@@ -449,7 +458,7 @@ class Exchange:
                 keep_alive_1_0=self.http_1_0 and not close,
             )
         )
-        self.t_first = client.server.clock.monotonic()
+        self.t_first = client.server.monotonic()
         self.resp_started = True
 
     def response_switching(

@@ -136,9 +136,11 @@ def request_head(
     experiment: bytes | None,
     chunked: bool,
     named: frozenset[bytes] | None,
+    tail: bytes | None = None,
 ) -> bytes:
     """The head sent upstream: hop-by-hop headers (and those `named` in Connection)
-    dropped, X-Forwarded-For appended, X-Forwarded-Proto and the canary tags set."""
+    dropped, X-Forwarded-For appended, X-Forwarded-Proto and the canary tags set.
+    `tail`: `request_tail` of the same address and choice, if the caller kept it."""
     out = [method, b" ", target, b" HTTP/1.1\r\nHost: ", host, b"\r\n"]
     forwarded_for: bytes | None = None
     actions = _request_actions
@@ -156,7 +158,9 @@ def request_head(
             continue
         out += (raw, b": ", value, b"\r\n")
     if forwarded_for is None and not chunked:
-        out.append(_request_tail(client_ip, proto, variant, experiment))
+        out.append(
+            tail if tail is not None else _tail(client_ip, proto, variant, experiment, False)
+        )
         return b"".join(out)
     forwarded_for = client_ip if forwarded_for is None else forwarded_for + b", " + client_ip
     out.append(_tail(forwarded_for, proto, variant, experiment, chunked))
@@ -175,24 +179,12 @@ def _tail(
     return b"".join(out)
 
 
-# A head's added fields depend only on the client's address and the choice, so the
-# usual tail (no X-Forwarded-For from the client, no chunked body) is joined once per
-# address and variant: a dozen parts fewer to join per request. Bounded: addresses
-# come from clients, so the cache starts afresh when full.
-_TAILS_LIMIT: Final = 4096
-_request_tails: Final[dict[tuple[bytes, bytes, bytes, bytes | None], bytes]] = {}
-
-
-def _request_tail(
-    client_ip: bytes, proto: bytes, variant: bytes, experiment: bytes | None
-) -> bytes:
-    key = (client_ip, proto, variant, experiment)
-    tail = _request_tails.get(key)
-    if tail is None:
-        if len(_request_tails) >= _TAILS_LIMIT:
-            _request_tails.clear()
-        tail = _request_tails[key] = _tail(client_ip, proto, variant, experiment, False)
-    return tail
+def request_tail(client_ip: bytes, proto: bytes, variant: bytes, experiment: bytes | None) -> bytes:
+    """The usual end of a head sent upstream (the client sent no X-Forwarded-For, no
+    chunked body): the fields the proxy adds and the blank line. It depends only on
+    the client's address and the choice, so a connection keeps it from one request
+    to the next (`ClientConnection.tags`) instead of joining a dozen parts each time."""
+    return _tail(client_ip, proto, variant, experiment, False)
 
 
 # --- response heads ------------------------------------------------------------

@@ -78,6 +78,10 @@ class ProxyServer:
         self.recorder = recorder
         self.options = options if options is not None else ProxyOptions()
         self.clock: Clock = clock if clock is not None else SystemClock()
+        # the clock's two readings as plain callables: a request reads them a few
+        # times, and a call through them skips a method lookup on the clock each time
+        self.monotonic: Callable[[], float] = self.clock.monotonic
+        self.wall: Callable[[], float] = self.clock.now
         self.metrics = metrics if metrics is not None else ProxyMetrics()
         # None: tracing off, and nothing of it on the data path but this attribute
         self.tracing = tracing

@@ -1,6 +1,7 @@
 """Request heads as the proxy sends them upstream (sidecar.proxy.headers.request_head),
-checked against a plain reference built field by field: the usual tail (the fields the
-proxy adds) comes from a cache, and must read the same as a head built without it."""
+checked against a plain reference built field by field. The usual tail (the fields the
+proxy adds) is kept per connection and choice, and must read the same as one built
+for the request."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.proxy import headers
-from sidecar.proxy.headers import Header, request_head
+from sidecar.proxy.headers import Header, request_head, request_tail
+from tests.sidecar.proxy_harness import EXPERIMENT, harness
 
 _DROPPED = {
     b"connection", b"keep-alive", b"te", b"trailer", b"transfer-encoding", b"upgrade",
@@ -79,17 +80,22 @@ def test_a_request_head_reads_as_the_field_by_field_reference(
     kwargs: dict[str, Any] = {"client_ip": client_ip, "variant": variant, "experiment": experiment}
     expected = _reference(headers_in, chunked=chunked, **kwargs)
     assert _head(headers_in, chunked=chunked, **kwargs) == expected
-    # the second time the tail may come from the cache: the same bytes
-    assert _head(headers_in, chunked=chunked, **kwargs) == expected
+    # with the tail a connection keeps for its address and choice: the same bytes
+    tail = request_tail(client_ip, b"http", variant, experiment)
+    assert _head(headers_in, chunked=chunked, tail=tail, **kwargs) == expected
 
 
-def test_the_cache_of_tails_is_bounded_and_starts_afresh_when_full() -> None:
-    limit = headers._TAILS_LIMIT
-    headers._request_tails.clear()
-    for i in range(limit + 10):
-        ip = f"10.{i // 65536}.{i // 256 % 256}.{i % 256}".encode()
-        head = _head([], client_ip=ip, variant=b"canary", experiment=None, chunked=False)
-        assert head.endswith(b"X-Forwarded-For: " + ip + b"\r\nX-Forwarded-Proto: http\r\n"
-                             b"X-Canary-Variant: canary\r\n\r\n")  # fmt: skip
-        assert len(headers._request_tails) <= limit
-    assert len(headers._request_tails) == 10  # cleared once, at the limit
+async def test_one_connection_sends_each_request_with_its_own_choice_tags() -> None:
+    """A keep-alive connection keeps the last choice's tags: requests that move between
+    variants (and one with its own X-Forwarded-For) must each carry their own."""
+    async with harness() as h:
+        asked = ["baseline", "baseline", "canary", "baseline", "canary", "canary"]
+        for index, variant in enumerate(asked):
+            extra = {"x-forwarded-for": "192.0.2.1"} if index == 4 else {}
+            response = await h.client.get("/echo", headers={"x-test-variant": variant, **extra})
+            seen = dict((k.lower(), v) for k, v in response.json()["headers"])
+            assert seen["x-canary-variant"] == variant
+            assert seen["x-canary-experiment"] == EXPERIMENT
+            forwarded = seen["x-forwarded-for"]
+            assert forwarded == ("192.0.2.1, 127.0.0.1" if index == 4 else "127.0.0.1")
+        assert h.proxy.metrics.connections == 1  # all of them over one connection
