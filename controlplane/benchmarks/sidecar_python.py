@@ -45,7 +45,7 @@ WARMUP = 2_000
 SCRIPT = Path(__file__).resolve()
 
 
-class _Transport:
+class NullTransport:
     """Takes whatever is written; says it is connected to 127.0.0.1."""
 
     def write(self, data: bytes) -> None:
@@ -107,9 +107,9 @@ async def _drive(count: int, repeats: int) -> float:
     clients = []
     for _ in range(CONNECTIONS):
         client = ClientConnection(server)
-        client.connection_made(_Transport())  # type: ignore[arg-type]
+        client.connection_made(NullTransport())  # type: ignore[arg-type]
         conn = UpstreamConnection(pool)
-        conn.connection_made(_Transport())  # type: ignore[arg-type]
+        conn.connection_made(NullTransport())  # type: ignore[arg-type]
         pool.release(conn)
         clients.append(client)
 

@@ -64,6 +64,7 @@ class ProxyMetrics:
         "tunnels_refused",
         "upstream_connects",
         "upstream_retries",
+        "upstream_unsolicited",
     )
 
     def __init__(self) -> None:
@@ -77,6 +78,8 @@ class ProxyMetrics:
         self.rejected: dict[str, int] = {}
         self.upstream_connects = 0  # fresh upstream connections opened
         self.upstream_retries = 0  # stale pooled connections retried on a fresh one
+        # upstream connections closed for sending more than the response they owed
+        self.upstream_unsolicited = 0
         # trailer sections not passed on: to an HTTP/1.0 client, or too large
         self.trailers_dropped = 0
         self.tunnels_open = 0  # upgraded connections spliced as byte tunnels
@@ -176,6 +179,11 @@ class ProxyMetricsCollector(Collector):
             f"{self._prefix}_upstream_retries",
             "Requests retried on a fresh connection after a stale pooled one failed",
             value=m.upstream_retries,
+        )
+        yield CounterMetricFamily(
+            f"{self._prefix}_upstream_unsolicited",
+            "Upstream connections closed for bytes after the response they owed",
+            value=m.upstream_unsolicited,
         )
         yield from self._tunnels()
         yield CounterMetricFamily(

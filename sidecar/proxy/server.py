@@ -318,6 +318,7 @@ class ProxyServer:
                 read_timeout=opts.read_timeout,
                 max_idle=opts.max_pool_per_upstream,
                 ssl_context=opts.ssl_context,
+                metrics=self.metrics,
             )
         if len(self._pools_by_id) >= 1024:
             self._pools_by_id.clear()  # routes changed many times: start the cache afresh

@@ -22,12 +22,13 @@ import httptools
 
 from sidecar.choice import Upstream
 from sidecar.proxy.corking import CorkedWriter
-from sidecar.proxy.head_cache import HeadCache
+from sidecar.proxy.head_cache import MAX_CACHED_HEAD, HeadCache, ParsedHead, WholeResponse
 from sidecar.proxy.headers import ResponseFields
 from sidecar.proxy.trailers import TAIL_BYTES, trailer_section
 
 if TYPE_CHECKING:  # a cycle at run time: the exchange module imports this one
     from sidecar.proxy.exchange import Exchange
+    from sidecar.proxy.metrics import ProxyMetrics
 
 _NO_BODY_STATUSES: Final = frozenset({204, 304})
 # a response head (status line and fields) larger than this is refused: without a
@@ -94,8 +95,12 @@ _FRAMING: Final = frozenset({b"content-length", b"transfer-encoding"})
 
 class UpstreamConnection(CorkedWriter, asyncio.Protocol):
     __slots__ = (
+        "_body_seen",
+        "_done_in_read",
         "_ending",
         "_head",
+        "_head_parsed",
+        "_head_seen",
         "_last_activity",
         "_loop",
         "_named",
@@ -105,7 +110,9 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         "_reset_parser",
         "_status",
         "_timer",
+        "_unsolicited",
         "_waiting",
+        "_whole_keep_alive",
         "closed",
         "exchange",
         "framing",
@@ -149,6 +156,16 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         self._recent_len = 0
         self._named: frozenset[bytes] | None = None
         self._ending: tuple[UpstreamUser, bool] | None = None
+        # what a response taken by the parser leaves for `HeadCache.learn_whole`: its
+        # head (bytes, parsed), its body bytes, and its keep-alive (-1: not complete,
+        # or not framed by a length)
+        self._head_seen: bytes | None = None
+        self._head_parsed: ParsedHead | None = None
+        self._body_seen = 0
+        self._whole_keep_alive = -1
+        # a response owed completed in the read being parsed; a message began after it
+        self._done_in_read = False
+        self._unsolicited = False
 
     # --- asyncio.Protocol -------------------------------------------------------
 
@@ -164,17 +181,31 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
             self.abort()
             return
         self.got_data = True
+        self._done_in_read = False
         head = self._head
+        exchange = self.exchange
+        if head == b"" and exchange is not None and exchange is user and not exchange.no_body:
+            # a response that starts with this read: if its head came whole before, with
+            # as many body bytes, it is that response again (see HeadCache.learn_whole)
+            end = data.find(b"\r\n\r\n")
+            if 0 <= end <= MAX_CACHED_HEAD:
+                whole = self.pool.heads.whole(data[:end])
+                if whole is not None and len(data) == end + 4 + whole[4]:
+                    self._take_whole(exchange, whole, data, end + 4)
+                    return
         if head is not None:
             head = self._head = head + data if head else data
         # the response head and body of one read leave to the client in one send
-        exchange = self.exchange
         native = exchange.client if exchange is not None and exchange is user else None
         client = user.client if native is None else native
         corked = native.cork() if native is not None else client.cork()
         switched: bytes | None = None
         try:
             self._parser.feed_data(data)
+            if self._unsolicited:
+                self._drop_unsolicited()
+            elif self._whole_keep_alive >= 0:
+                self._learn_whole(len(data))
             head = self._head
             if head is not None and len(head) > MAX_RESPONSE_HEAD:
                 raise _InvalidResponse(f"response head larger than {MAX_RESPONSE_HEAD} bytes")
@@ -187,6 +218,8 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
             # the response's framing is in doubt: this connection never carries another
             failed = self.user
             self.abort()
+            if failed is None and self._done_in_read:
+                self._count_unsolicited()  # what followed the response did not parse
             if failed is not None:
                 if isinstance(exc, _InvalidResponse):
                     reason = str(exc)
@@ -246,6 +279,12 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
 
     # --- httptools callbacks ----------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self._done_in_read:
+            # bytes behind the response, in the same read, that no request asked for:
+            # the parser is inside them now (see _drop_unsolicited)
+            self._unsolicited = True
+
     def on_headers_complete(self) -> None:
         user = self.user
         if user is None:
@@ -259,7 +298,11 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
             raise _InvalidResponse(f"response head larger than {MAX_RESPONSE_HEAD} bytes")
         # after an interim (1xx) response the next head starts right behind this one
         self._head = received[end + 4 :] if status < 200 else None
-        status_line, fields, scan = self.pool.heads.parse(received[:end])
+        seen = received[:end]
+        parsed = self.pool.heads.parse(seen)
+        status_line, fields, scan = parsed
+        self._head_seen = seen
+        self._head_parsed = parsed
         if scan.named is not None and scan.named & _FRAMING:
             raise _InvalidResponse("the response's Connection field names its framing")
         if status == 101:
@@ -293,6 +336,7 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
             self._finish(user, self._parser.should_keep_alive())
 
     def on_body(self, body: bytes) -> None:
+        self._body_seen += len(body)
         user = self.user
         exchange = self.exchange
         if exchange is not None and exchange is user:
@@ -304,6 +348,7 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         user = self.user
         if user is None or self._status < 200 or self._reset_parser:
             return  # 1xx interim responses are followed by the real one
+        self._done_in_read = True
         if self.framing == CHUNKED:
             # its trailers are in the bytes of this read: finished when it is processed
             self.user = None
@@ -313,12 +358,73 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         # _finish, inline: this runs once per response
         self._waiting = False
         self.user = None
+        keep_alive = self._parser.should_keep_alive()
+        if self.framing == LENGTH:
+            self._whole_keep_alive = 1 if keep_alive else 0
         exchange = self.exchange
         if exchange is not None and exchange is user:
             self.exchange = None
-            exchange.response_complete(self._parser.should_keep_alive())
+            exchange.response_complete(keep_alive)
         else:
-            user.response_complete(self._parser.should_keep_alive())
+            user.response_complete(keep_alive)
+
+    def _drop_unsolicited(self) -> None:
+        """The upstream sent more than the response owed. Pooled, the connection would
+        hand those bytes (and a parser inside them) to the next request: it is closed
+        instead, and counted."""
+        self._unsolicited = False
+        self._count_unsolicited()
+        user = self.user  # none: the next request has not been given the connection
+        self.abort()
+        if user is not None:
+            user.upstream_invalid(self, "bytes after the previous response")
+
+    def _count_unsolicited(self) -> None:
+        metrics = self.pool.metrics
+        if metrics is not None:
+            metrics.upstream_unsolicited += 1
+
+    def _learn_whole(self, received: int) -> None:
+        """A response framed by its length completed in the read just parsed: if that
+        read was exactly its head and body, the head cache learns it (`_take_whole`)."""
+        keep_alive = self._whole_keep_alive
+        self._whole_keep_alive = -1
+        head, parsed = self._head_seen, self._head_parsed
+        if head is None or parsed is None or self._status < 200:
+            return
+        if received == len(head) + 4 + self._body_seen:
+            self.pool.heads.learn_whole(
+                head, parsed, self._status, self._body_seen, keep_alive == 1
+            )
+
+    def _take_whole(
+        self, exchange: Exchange, whole: WholeResponse, data: bytes, start: int
+    ) -> None:
+        """The response in `data` is one the parser took whole before (same head, same
+        length, body from `start`): the exchange gets what the parser's callbacks would
+        have given it, without the parser."""
+        status_line, fields, scan, status, body, keep_alive = whole
+        self.pool.heads.whole_hits += 1
+        self._head = None
+        self._status = status
+        self.framing = LENGTH
+        client = exchange.client
+        corked = client.cork()
+        try:
+            exchange.response_head(status, status_line, fields, scan, LENGTH)
+            if body and self.exchange is exchange:
+                exchange.response_body(data[start:])
+            if self.exchange is exchange:
+                self._waiting = False
+                self.user = None
+                self.exchange = None
+                exchange.response_complete(keep_alive)
+        except Exception as exc:  # as a parser callback's error would be: cut, report
+            self.abort()
+            exchange.upstream_invalid(self, f"invalid response: {exc}")
+        finally:
+            if corked:
+                client.uncork()
 
     def _keep_tail(self, data: bytes) -> None:
         """Keep the last reads of a chunked response, enough to hold its trailers."""
@@ -365,6 +471,10 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         """`exchange`: `user` itself when it is one (see `self.exchange`)."""
         self.user = user
         self.exchange = exchange
+        self._head_seen = None
+        self._head_parsed = None
+        self._body_seen = 0
+        self._whole_keep_alive = -1
         self.got_data = False
         self._status = 0
         self.framing = LENGTH
@@ -463,6 +573,7 @@ class UpstreamPool:
         "host_header",
         "loop",
         "max_idle",
+        "metrics",
         "read_timeout",
         "upstream",
     )
@@ -476,8 +587,10 @@ class UpstreamPool:
         read_timeout: float,
         max_idle: int,
         ssl_context: ssl.SSLContext | None,
+        metrics: ProxyMetrics | None = None,
     ) -> None:
         self.loop = loop
+        self.metrics = metrics
         self.upstream = upstream
         # computed once per upstream rather than per request
         self.host_header = upstream.authority.encode("idna")

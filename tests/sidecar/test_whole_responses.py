@@ -1,0 +1,202 @@
+"""Responses taken whole, without the parser (HeadCache.learn_whole and
+UpstreamConnection._take_whole): a read holding exactly a head the parser has seen
+complete a response before, and as many body bytes, is that response again.
+
+Driven in-process, as the event loop would drive the proxy (no sockets), so that each
+read is exactly the bytes a test chooses. Every case compares the client-visible bytes,
+the samples and the upstream connection's fate with a proxy whose head cache keeps
+nothing (`HeadCache(0)`), where every response goes through the parser."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controlplane.benchmarks.sidecar_python import NullTransport
+from sidecar.choice import Choice, Upstream
+from sidecar.proxy import ProxyServer
+from sidecar.proxy.client import ClientConnection
+from sidecar.proxy.head_cache import HeadCache
+from sidecar.proxy.upstream import UpstreamConnection, UpstreamPool
+
+GET = b"GET /a HTTP/1.1\r\nHost: svc\r\n\r\n"
+HEAD_REQUEST = b"HEAD /a HTTP/1.1\r\nHost: svc\r\n\r\n"
+KEEP = b"HTTP/1.1 200 OK\r\nServer: up\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n\r\n"
+CLOSE = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\n"
+EMPTY = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+ERROR = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\n"
+BODIES = {KEEP: b"ok\n", CLOSE: b"bye", EMPTY: b"", ERROR: b"busy"}
+
+
+class _Transport(NullTransport):
+    """Keeps what is written, and whether it was closed."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+
+    def writelines(self, parts: Sequence[bytes]) -> None:
+        for part in parts:
+            self.out += part
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.outcomes: list[tuple[str, int]] = []
+
+    def record(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the proxy records in bulk")
+
+    def record_many(self, samples: Sequence[Any]) -> None:
+        self.outcomes += [(s[2], s[4]) for s in samples]
+
+
+class _Proxy:
+    """One client connection and one pooled upstream connection, driven by hand."""
+
+    def __init__(self, *, cache: bool) -> None:
+        upstream = Upstream.parse("http://127.0.0.1:9")
+        choice = Choice(experiment="exp", variant="canary", upstream=upstream, unit_hash=7)
+
+        class Fixed:
+            def choose(self, headers: Any) -> Choice:
+                return choice
+
+        self.recorder = _Recorder()
+        self.server = ProxyServer(Fixed(), self.recorder)
+        self.server._loop = asyncio.get_running_loop()
+        self.pool: UpstreamPool = self.server.pool_for(upstream)
+        if not cache:
+            self.pool.heads = HeadCache(0)
+        self.client_transport = _Transport()
+        self.client = ClientConnection(self.server)
+        self.client.connection_made(self.client_transport)  # type: ignore[arg-type]
+        self.upstream_transport = _Transport()
+        conn = UpstreamConnection(self.pool)
+        conn.connection_made(self.upstream_transport)  # type: ignore[arg-type]
+        self.pool.release(conn)
+
+    def exchange(self, request: bytes, reads: Sequence[bytes]) -> None:
+        """One request, answered by the upstream in `reads`."""
+        self.client.data_received(request)
+        current = self.client.current
+        conn = None if current is None else current.upstream
+        if conn is None or conn.closed:
+            return
+        for data in reads:
+            if conn.closed:
+                break
+            conn.data_received(data)
+
+    def seen(self) -> tuple[bytes, list[tuple[str, int]], bool, int]:
+        self.server.flush_samples()
+        return (
+            bytes(self.client_transport.out),
+            self.recorder.outcomes,
+            self.upstream_transport.closed,
+            self.pool.heads.whole_hits,
+        )
+
+
+async def _both(steps: Sequence[tuple[bytes, Sequence[bytes]]]) -> tuple[Any, Any]:
+    cached, plain = _Proxy(cache=True), _Proxy(cache=False)
+    for request, reads in steps:
+        cached.exchange(request, reads)
+        plain.exchange(request, reads)
+    return cached.seen(), plain.seen()
+
+
+async def test_a_repeated_response_is_taken_whole_with_the_same_result() -> None:
+    steps = [(GET, [KEEP + b"ok\n"])] * 4
+    cached, plain = await _both(steps)
+    assert cached[3] == 3  # the first taught the cache, the next three were taken whole
+    assert cached[:3] == plain[:3]
+    assert cached[0].count(b"HTTP/1.1 200 OK") == 4
+    assert cached[1] == [("canary", 200)] * 4
+
+
+async def test_bytes_after_the_response_are_never_taken_whole() -> None:
+    # the same head and body, then bytes no request asked for: the parser decides
+    steps = [(GET, [KEEP + b"ok\n"]), (GET, [KEEP + b"ok\nHTTP/1.1 200 OK\r\n"])]
+    cached, plain = await _both(steps)
+    assert cached[3] == 0
+    assert cached[:3] == plain[:3]
+
+
+async def test_a_response_in_two_reads_or_to_a_head_request_goes_through_the_parser() -> None:
+    steps = [
+        (GET, [KEEP + b"ok\n"]),
+        (GET, [KEEP, b"ok\n"]),  # the body in a later read
+        (GET, [KEEP[:20], KEEP[20:] + b"ok\n"]),  # the head in two reads
+        (HEAD_REQUEST, [KEEP]),  # a head that frames no body here
+        (GET, [KEEP + b"ok\n"]),
+    ]
+    cached, plain = await _both(steps)
+    assert cached[3] == 1  # only the last
+    assert cached[:3] == plain[:3]
+
+
+async def test_a_response_that_closes_the_connection_closes_it_when_taken_whole() -> None:
+    cached = _Proxy(cache=True)
+    cached.exchange(GET, [CLOSE + b"bye"])  # learnt; the connection closes
+    assert cached.upstream_transport.closed
+    # a new connection to the same pool meets the same response: taken whole, closed
+    transport = _Transport()
+    conn = UpstreamConnection(cached.pool)
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    cached.pool.release(conn)
+    cached.exchange(GET, [CLOSE + b"bye"])
+    assert cached.pool.heads.whole_hits == 1
+    assert transport.closed
+    assert cached.seen()[1] == [("canary", 200)] * 2
+
+
+_responses = st.sampled_from([KEEP, KEEP, KEEP, EMPTY, ERROR, CLOSE])  # mostly kept alive
+
+
+@st.composite
+def _step(draw: st.DrawFn) -> tuple[bytes, list[bytes]]:
+    head = draw(_responses)
+    request = draw(st.sampled_from([GET, GET, GET, HEAD_REQUEST]))
+    message = head if request == HEAD_REQUEST else head + BODIES[head]
+    message += draw(st.sampled_from([b""] * 6 + [b"x", b"HTTP/1.1 200 OK\r\n"]))
+    if not draw(st.booleans()):
+        return request, [message]
+    cut = draw(st.integers(1, max(1, len(message) - 1)))
+    return request, [message[:cut], message[cut:]]
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps=st.lists(_step(), min_size=1, max_size=8))
+def test_any_sequence_of_responses_reads_the_same_with_and_without_taking_whole(
+    steps: list[tuple[bytes, list[bytes]]],
+) -> None:
+    cached, plain = asyncio.run(_both(steps))
+    assert cached[:3] == plain[:3]
+
+
+async def test_bytes_after_a_response_close_the_connection_instead_of_pooling_it() -> None:
+    for extra in (b"x", b"HTTP/1.1 200 OK\r\n", KEEP + b"ok\n"):
+        proxy = _Proxy(cache=True)
+        proxy.exchange(GET, [KEEP + b"ok\n" + extra])
+        body, outcomes, upstream_closed, _ = proxy.seen()
+        assert body.count(b"HTTP/1.1 200 OK") == 1 and body.endswith(b"ok\n")
+        assert outcomes == [("canary", 200)]  # the response owed went out whole
+        assert upstream_closed and proxy.pool.acquire() is None  # never handed out again
+        assert proxy.server.metrics.upstream_unsolicited == 1
