@@ -168,6 +168,8 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self.refuse(exc)
         finally:
+            if self.head_since < 0:  # a head began in this read and goes on in the next
+                self.head_since = self.server.time()
             self._corked_upstreams = None
             for upstream in corked:
                 upstream.uncork()
@@ -255,7 +257,9 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         if not self.head_since:  # a new connection's head is timed from its opening
-            self.head_since = self.server.time()
+            # timed once this read is parsed, and only if the head is still incomplete
+            # then: most heads end in the read that starts them
+            self.head_since = -1.0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
