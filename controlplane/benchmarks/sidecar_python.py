@@ -40,6 +40,16 @@ RESPONSE = (
     b"HTTP/1.1 200 OK\r\nServer: nginx\r\nDate: Wed, 02 Dec 2026 08:00:00 GMT\r\n"
     b"Content-Type: text/plain\r\nContent-Length: 3\r\nConnection: keep-alive\r\n\r\nok\n"
 )
+# `varied`: answers whose head changes from one response to the next (a length per
+# response, more distinct heads than a pool keeps), so that no response head is ever
+# found parsed before: the cost of the caches when they miss
+VARIED = [
+    b"HTTP/1.1 200 OK\r\nServer: nginx\r\nDate: Wed, 02 Dec 2026 08:00:00 GMT\r\n"
+    b"Content-Type: text/plain\r\nContent-Length: %d\r\nConnection: keep-alive\r\n\r\n%s"
+    % (n, b"x" * n)
+    for n in range(1, 98)
+]
+VARIED_NOTE = "97 responses of different lengths in turn, none found parsed before"
 CONNECTIONS = 4
 WARMUP = 2_000
 SCRIPT = Path(__file__).resolve()
@@ -73,7 +83,7 @@ class NullTransport:
         return False
 
 
-async def _drive(count: int, repeats: int) -> float:
+async def _drive(count: int, repeats: int, responses: Sequence[bytes] = (RESPONSE,)) -> float:
     """Best CPU µs per request over `repeats` runs of `count` requests."""
     from controlplane.kernel.codec import BatchBuilder
     from sidecar.choice import Choice, Upstream
@@ -113,6 +123,8 @@ async def _drive(count: int, repeats: int) -> float:
         pool.release(conn)
         clients.append(client)
 
+    kinds = len(responses)
+
     def requests(n: int) -> None:
         for i in range(n):
             client = clients[i % CONNECTIONS]
@@ -120,7 +132,7 @@ async def _drive(count: int, repeats: int) -> float:
             exchange = client.current
             if exchange is None or exchange.upstream is None:
                 raise RuntimeError("the request did not reach an upstream connection")
-            exchange.upstream.data_received(RESPONSE)
+            exchange.upstream.data_received(responses[i % kinds])
 
     requests(WARMUP)
     best = float("inf")
@@ -135,12 +147,13 @@ async def _drive(count: int, repeats: int) -> float:
 def _main(argv: list[str]) -> None:
     count = int(argv[0])
     repeats = 1 if "once" in argv else 5
+    responses = VARIED if "varied" in argv else [RESPONSE]
     try:
         import uvloop
     except ImportError:
-        per_request = asyncio.run(_drive(count, repeats))
+        per_request = asyncio.run(_drive(count, repeats, responses))
     else:
-        per_request = uvloop.run(_drive(count, repeats))
+        per_request = uvloop.run(_drive(count, repeats, responses))
     print(f"{per_request:.4f}")
 
 
@@ -162,11 +175,14 @@ def _script(
     return done.stdout + done.stderr
 
 
-def _instructions(tree: Path | None, valgrind: str, count: int, *, pure: bool) -> int:
+def _instructions(
+    tree: Path | None, valgrind: str, count: int, *, pure: bool, varied: bool = False
+) -> int:
     """User-space instructions per request: a run of `count` minus a run of none."""
 
     def collected(n: int) -> int:
-        out = _script(tree, [str(n), "once"], valgrind=valgrind, pure=pure)
+        args = [str(n), "once", *(["varied"] if varied else [])]
+        out = _script(tree, args, valgrind=valgrind, pure=pure)
         match = re.search(r"Collected : (\d+)", out)
         if match is None:
             raise RuntimeError(f"no instruction count from callgrind:\n{out[-2000:]}")
@@ -176,17 +192,26 @@ def _instructions(tree: Path | None, valgrind: str, count: int, *, pure: bool) -
 
 
 def _measure(
-    tree: Path | None, *, count: int, valgrind: str | None, progress: bool, pure: bool = False
+    tree: Path | None,
+    *,
+    count: int,
+    valgrind: str | None,
+    progress: bool,
+    pure: bool = False,
+    varied: bool = False,
 ) -> dict[str, Any]:
     name = "before" if tree is not None else ("now_pure" if pure else "now")
+    name += "_varied" if varied else ""
     if progress:
         print(f"[{name}] CPU per request ...", file=sys.stderr, flush=True)
-    out = _script(tree, [str(count)], pure=pure)
+    out = _script(tree, [str(count), *(["varied"] if varied else [])], pure=pure)
     figures: dict[str, Any] = {"cpu_us_per_request": float(out.split()[-1])}
     if valgrind is not None:
         if progress:
             print(f"[{name}] instructions per request (callgrind) ...", file=sys.stderr, flush=True)
-        figures["instructions_per_request"] = _instructions(tree, valgrind, count // 10, pure=pure)
+        figures["instructions_per_request"] = _instructions(
+            tree, valgrind, count // 10, pure=pure, varied=varied
+        )
     return figures
 
 
@@ -210,6 +235,12 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
 
     use, result["proxy_build"] = compiled.select()
     result["now"] = _measure(None, count=count, valgrind=valgrind, progress=progress)
+    # the same with heads that never repeat: what the response-head caches cost a
+    # response they do not know (only this tree's driver has this mode)
+    result["response_heads_varied"] = VARIED_NOTE
+    result["now_varied"] = _measure(
+        None, count=count, valgrind=valgrind, progress=progress, varied=True
+    )
     if use:
         result["now_pure"] = _measure(
             None, count=count, valgrind=valgrind, progress=progress, pure=True
