@@ -34,13 +34,14 @@ class HeadCache:
     """Parsed response heads by their bytes (status line and fields, no blank line);
     `limit` 0 keeps none."""
 
-    __slots__ = ("_heads", "_whole", "limit", "whole_hits")
+    __slots__ = ("_heads", "_whole", "hit", "limit", "whole_hits")
 
     def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
         self.limit = limit
         self._heads: dict[bytes, ParsedHead] = {}
         self._whole: dict[bytes, WholeResponse] = {}
         self.whole_hits = 0  # responses taken whole, without the parser
+        self.hit = False  # the last head parsed was found here
 
     def __len__(self) -> int:
         return len(self._heads)
@@ -49,7 +50,9 @@ class HeadCache:
         """(status line as HTTP/1.1, fields, their scan) of a head httptools accepted."""
         parsed = self._heads.get(head)
         if parsed is not None:
+            self.hit = True
             return parsed
+        self.hit = False
         status_line, fields = split_response_head(head)
         scan = ResponseFields(fields)
         parsed = (status_line, fields, scan)

@@ -299,9 +299,12 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         # after an interim (1xx) response the next head starts right behind this one
         self._head = received[end + 4 :] if status < 200 else None
         seen = received[:end]
-        parsed = self.pool.heads.parse(seen)
+        heads = self.pool.heads
+        parsed = heads.parse(seen)
         status_line, fields, scan = parsed
-        self._head_seen = seen
+        # this head, for _learn_whole: only a final one, and only one seen before (a
+        # head that never repeats is not worth keeping)
+        self._head_seen = seen if heads.hit and status >= 200 else None
         self._head_parsed = parsed
         if scan.named is not None and scan.named & _FRAMING:
             raise _InvalidResponse("the response's Connection field names its framing")

@@ -30,6 +30,10 @@ CLOSE = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\n"
 EMPTY = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
 ERROR = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\n"
 BODIES = {KEEP: b"ok\n", CLOSE: b"bye", EMPTY: b"", ERROR: b"busy"}
+# an interim head as long as KEEP: a 103 must never be learnt as a final response
+_HINT = b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload; x="
+INTERIM = _HINT + b"y" * (len(KEEP) - len(_HINT) - 4) + b"\r\n\r\n"
+assert len(INTERIM) == len(KEEP)
 
 
 class _Transport(NullTransport):
@@ -125,7 +129,9 @@ async def _both(steps: Sequence[tuple[bytes, Sequence[bytes]]]) -> tuple[Any, An
 async def test_a_repeated_response_is_taken_whole_with_the_same_result() -> None:
     steps = [(GET, [KEEP + b"ok\n"])] * 4
     cached, plain = await _both(steps)
-    assert cached[3] == 3  # the first taught the cache, the next three were taken whole
+    # the first is parsed, the second (a head seen before) teaches the cache, the
+    # next two are taken whole
+    assert cached[3] == 2
     assert cached[:3] == plain[:3]
     assert cached[0].count(b"HTTP/1.1 200 OK") == 4
     assert cached[1] == [("canary", 200)] * 4
@@ -142,6 +148,7 @@ async def test_bytes_after_the_response_are_never_taken_whole() -> None:
 async def test_a_response_in_two_reads_or_to_a_head_request_goes_through_the_parser() -> None:
     steps = [
         (GET, [KEEP + b"ok\n"]),
+        (GET, [KEEP + b"ok\n"]),
         (GET, [KEEP, b"ok\n"]),  # the body in a later read
         (GET, [KEEP[:20], KEEP[20:] + b"ok\n"]),  # the head in two reads
         (HEAD_REQUEST, [KEEP]),  # a head that frames no body here
@@ -154,17 +161,18 @@ async def test_a_response_in_two_reads_or_to_a_head_request_goes_through_the_par
 
 async def test_a_response_that_closes_the_connection_closes_it_when_taken_whole() -> None:
     cached = _Proxy(cache=True)
-    cached.exchange(GET, [CLOSE + b"bye"])  # learnt; the connection closes
+    cached.exchange(GET, [CLOSE + b"bye"])  # parsed; the connection closes
     assert cached.upstream_transport.closed
-    # a new connection to the same pool meets the same response: taken whole, closed
-    transport = _Transport()
-    conn = UpstreamConnection(cached.pool)
-    conn.connection_made(transport)  # type: ignore[arg-type]
-    cached.pool.release(conn)
-    cached.exchange(GET, [CLOSE + b"bye"])
+    # new connections to the same pool meet the same response: learnt, then taken whole
+    transports = [_Transport(), _Transport()]
+    for transport in transports:
+        conn = UpstreamConnection(cached.pool)
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        cached.pool.release(conn)
+        cached.exchange(GET, [CLOSE + b"bye"])
+        assert transport.closed
     assert cached.pool.heads.whole_hits == 1
-    assert transport.closed
-    assert cached.seen()[1] == [("canary", 200)] * 2
+    assert cached.seen()[1] == [("canary", 200)] * 3
 
 
 _responses = st.sampled_from([KEEP, KEEP, KEEP, EMPTY, ERROR, CLOSE])  # mostly kept alive
@@ -176,14 +184,20 @@ def _step(draw: st.DrawFn) -> tuple[bytes, list[bytes]]:
     request = draw(st.sampled_from([GET, GET, GET, HEAD_REQUEST]))
     message = head if request == HEAD_REQUEST else head + BODIES[head]
     message += draw(st.sampled_from([b""] * 6 + [b"x", b"HTTP/1.1 200 OK\r\n"]))
+    # an interim response first, in a read of its own, or followed by the body alone
+    interim = draw(st.sampled_from([[], [], [], [INTERIM], [INTERIM + BODIES[KEEP]]]))
     if not draw(st.booleans()):
-        return request, [message]
+        return request, [*interim, message]
     cut = draw(st.integers(1, max(1, len(message) - 1)))
-    return request, [message[:cut], message[cut:]]
+    return request, [*interim, message[:cut], message[cut:]]
 
 
-@settings(max_examples=150, deadline=None)
-@given(steps=st.lists(_step(), min_size=1, max_size=8))
+# half the steps are the plain repeated response, so that heads get learnt and taken
+_CLEAN = st.just((GET, [KEEP + BODIES[KEEP]]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(st.one_of(_CLEAN, _step()), min_size=1, max_size=12))
 def test_any_sequence_of_responses_reads_the_same_with_and_without_taking_whole(
     steps: list[tuple[bytes, list[bytes]]],
 ) -> None:
@@ -200,3 +214,16 @@ async def test_bytes_after_a_response_close_the_connection_instead_of_pooling_it
         assert outcomes == [("canary", 200)]  # the response owed went out whole
         assert upstream_closed and proxy.pool.acquire() is None  # never handed out again
         assert proxy.server.metrics.upstream_unsolicited == 1
+
+
+async def test_an_interim_head_is_never_learnt_as_the_final_response_after_it() -> None:
+    # the 103 seen twice, then a final head seen for the first time, in a read of the
+    # 103's length: what is learnt must be the final head, never the interim one
+    steps = [
+        (GET, [INTERIM, ERROR + BODIES[ERROR]]),
+        (GET, [INTERIM, KEEP + BODIES[KEEP]]),
+        (GET, [INTERIM + BODIES[KEEP]]),  # not a response: the parser refuses it
+    ]
+    cached, plain = await _both(steps)
+    assert cached[3] == 0
+    assert cached[:3] == plain[:3]
