@@ -92,9 +92,18 @@ async def _drive(count: int, repeats: int) -> float:
         def __init__(self) -> None:
             self.batch = BatchBuilder()
 
-        def record_many(self, samples: Sequence[Any]) -> None:
+        def record_many(self, samples: Sequence[Any]) -> None:  # a revision before columns
             ts, _, variants, rt_us, outcomes, units, first = zip(*samples, strict=True)
-            self.batch.add_columns(ts, variants, rt_us, outcomes, units, first)
+            self._add(ts, variants, rt_us, outcomes, units, first)
+
+        def record_columns(self, columns: Any) -> None:
+            self._add(
+                columns.ts, columns.variants, columns.rt_us, columns.outcomes,
+                columns.units, columns.first_byte_us,
+            )  # fmt: skip
+
+        def _add(self, *columns: Sequence[Any]) -> None:
+            self.batch.add_columns(*columns)
             if len(self.batch) >= 512:
                 self.batch.encode()
                 self.batch = BatchBuilder()
