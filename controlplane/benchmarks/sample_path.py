@@ -19,6 +19,7 @@ revision unpacked elsewhere is imported in its place through PYTHONPATH.
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import shutil
@@ -83,6 +84,10 @@ def _drive(what: str, flushes: int, repeats: int) -> float:
     """Best CPU µs per sample over `repeats` runs of `flushes` flushes."""
     step = _step(what)
     step()  # imports, first batch
+    # what the imports left is not this step's garbage: a full collection of it
+    # falling into a short run would count thousands of instructions per sample
+    gc.collect()
+    gc.freeze()
     best = float("inf")
     for _ in range(repeats):
         started = time.process_time()

@@ -236,7 +236,8 @@ class BatchBuilder:
         import numpy as np
 
         index = self._variants
-        # one variant, the usual run: the names are the same object, counted by identity
+        # one variant, the usual run: the chooser hands out one string, which count()
+        # matches by identity before it compares
         names = {variants[0]} if variants.count(variants[0]) == len(variants) else set(variants)
         # new names are numbered in order of first appearance, as `add` numbers them
         new = sorted(names.difference(index), key=variants.index)
