@@ -7,8 +7,8 @@ routes, etcd or Redis.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -97,6 +97,50 @@ class Chooser(Protocol):
 Sample = tuple[float, str | None, str, int, int, int, int]
 
 
+@dataclass(slots=True)
+class SampleColumns:
+    """Samples column by column, in order: sample i is (ts[i], experiments[i], …),
+    the fields of a `Sample`. What the proxy hands over: it appends to each list as
+    requests finish, and a recorder converts a whole column in one C loop, with no
+    tuple built per sample nor taken apart again."""
+
+    ts: list[float] = field(default_factory=list)
+    experiments: list[str | None] = field(default_factory=list)
+    variants: list[str] = field(default_factory=list)
+    rt_us: list[int] = field(default_factory=list)
+    outcomes: list[int] = field(default_factory=list)
+    units: list[int] = field(default_factory=list)
+    first_byte_us: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, samples: Sequence[Sample]) -> SampleColumns:
+        """The columns of `samples`; ValueError if one is not a 7-tuple."""
+        if not samples:
+            return cls()
+        ts, experiments, variants, rt_us, outcomes, units, first = map(
+            list, zip(*samples, strict=True)
+        )
+        return cls(ts, experiments, variants, rt_us, outcomes, units, first)
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def rows(self, start: int = 0, stop: int | None = None) -> list[Sample]:
+        """Samples start..stop as tuples."""
+        return list(
+            zip(
+                self.ts[start:stop],
+                self.experiments[start:stop],
+                self.variants[start:stop],
+                self.rt_us[start:stop],
+                self.outcomes[start:stop],
+                self.units[start:stop],
+                self.first_byte_us[start:stop],
+                strict=True,
+            )
+        )
+
+
 class Recorder(Protocol):
     def record(
         self,
@@ -113,6 +157,24 @@ class Recorder(Protocol):
         ...
 
     def record_many(self, samples: Sequence[Sample]) -> None:
-        """`record` for several samples, in order; what the proxy calls, every few
-        milliseconds or few hundred requests, so the per-request cost stays small."""
+        """`record` for several samples, in order."""
         ...
+
+
+class ColumnRecorder(Recorder, Protocol):
+    def record_columns(self, columns: SampleColumns) -> None:
+        """`record_many` for samples given column by column; what the proxy calls,
+        every few milliseconds or few hundred requests, so the per-request cost stays
+        small. It may keep the lists: the caller hands them over."""
+        ...
+
+
+def columns_recorder(recorder: Recorder) -> Callable[[SampleColumns], None]:
+    """How to hand `recorder` samples column by column: its own `record_columns`,
+    or, for a recorder without one, `record_many` with the samples as tuples."""
+    record_columns: Callable[[SampleColumns], None] | None = getattr(
+        recorder, "record_columns", None
+    )
+    if record_columns is not None:
+        return record_columns
+    return lambda columns: recorder.record_many(columns.rows())

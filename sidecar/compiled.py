@@ -42,6 +42,7 @@ MODULES: tuple[str, ...] = (
     "sidecar.proxy.headers",
     "sidecar.proxy.metrics",
     "sidecar.proxy.pausing",
+    "sidecar.proxy.samples",
     "sidecar.proxy.server",
     "sidecar.proxy.trailers",
     "sidecar.proxy.upgrades",

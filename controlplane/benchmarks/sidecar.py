@@ -354,7 +354,7 @@ async def _until_sigterm() -> None:
 
 async def _serve_proxy(listen: str, upstream_url: str, tracing: Any = None) -> None:
     """`tracing`: a `sidecar.proxy.tracing.RequestTracing`, or None (off)."""
-    from sidecar.choice import Choice, Sample, Upstream
+    from sidecar.choice import Choice, Sample, SampleColumns, Upstream
     from sidecar.proxy import ProxyServer
 
     choice = Choice(
@@ -386,8 +386,13 @@ async def _serve_proxy(listen: str, upstream_url: str, tracing: Any = None) -> N
             self.record_many([(ts, experiment, variant, rt_us, outcome, unit_hash, first)])
 
         def record_many(self, samples: Sequence[Sample]) -> None:
-            ts, _, variants, rt_us, outcomes, units, first = zip(*samples, strict=True)
-            self.batch.add_columns(ts, variants, rt_us, outcomes, units, first)
+            self.record_columns(SampleColumns.of(samples))
+
+        def record_columns(self, columns: SampleColumns) -> None:
+            self.batch.add_columns(
+                columns.ts, columns.variants, columns.rt_us, columns.outcomes,
+                columns.units, columns.first_byte_us,
+            )  # fmt: skip
             if len(self.batch) >= 512:
                 self.batch.encode()
                 self.batch = BatchBuilder()

@@ -25,11 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -102,9 +100,18 @@ async def _drive(count: int, repeats: int, responses: Sequence[bytes] = (RESPONS
         def __init__(self) -> None:
             self.batch = BatchBuilder()
 
-        def record_many(self, samples: Sequence[Any]) -> None:
+        def record_many(self, samples: Sequence[Any]) -> None:  # a revision before columns
             ts, _, variants, rt_us, outcomes, units, first = zip(*samples, strict=True)
-            self.batch.add_columns(ts, variants, rt_us, outcomes, units, first)
+            self._add(ts, variants, rt_us, outcomes, units, first)
+
+        def record_columns(self, columns: Any) -> None:
+            self._add(
+                columns.ts, columns.variants, columns.rt_us, columns.outcomes,
+                columns.units, columns.first_byte_us,
+            )  # fmt: skip
+
+        def _add(self, *columns: Sequence[Any]) -> None:
+            self.batch.add_columns(*columns)
             if len(self.batch) >= 512:
                 self.batch.encode()
                 self.batch = BatchBuilder()
@@ -164,6 +171,8 @@ def _script(
     tree: Path | None, args: list[str], *, valgrind: str | None = None, pure: bool = False
 ) -> str:
     env = {**os.environ, "PYTHONPATH": str(tree if tree is not None else SCRIPT.parents[2])}
+    # the sample reporter's numpy starts BLAS threads; under callgrind they would spin
+    env["OPENBLAS_NUM_THREADS"] = "1"
     if pure:
         from sidecar.compiled import PURE_ENV
 
@@ -179,16 +188,12 @@ def _instructions(
     tree: Path | None, valgrind: str, count: int, *, pure: bool, varied: bool = False
 ) -> int:
     """User-space instructions per request: a run of `count` minus a run of none."""
+    from controlplane.benchmarks.callgrind import instructions_per
 
-    def collected(n: int) -> int:
-        args = [str(n), "once", *(["varied"] if varied else [])]
-        out = _script(tree, args, valgrind=valgrind, pure=pure)
-        match = re.search(r"Collected : (\d+)", out)
-        if match is None:
-            raise RuntimeError(f"no instruction count from callgrind:\n{out[-2000:]}")
-        return int(match.group(1))
-
-    return round((collected(count) - collected(0)) / count)
+    args = ["once", *(["varied"] if varied else [])]
+    return instructions_per(
+        count, lambda n: _script(tree, [str(n), *args], valgrind=valgrind, pure=pure)
+    )
 
 
 def _measure(
@@ -215,11 +220,10 @@ def _measure(
     return figures
 
 
-def _ratios(now: dict[str, Any], other: dict[str, Any]) -> dict[str, float]:
-    return {key: round(now[key] / other[key], 3) for key in now if other.get(key)}
-
-
 def run(*, quick: bool, progress: bool) -> dict[str, Any]:
+    # here, not at the top: the driver runs with another revision's tree on the path
+    from controlplane.benchmarks.revision import measure_before, ratios
+
     count = 20_000 if quick else 100_000
     valgrind = shutil.which("valgrind")
     result: dict[str, Any] = {
@@ -245,21 +249,10 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
         result["now_pure"] = _measure(
             None, count=count, valgrind=valgrind, progress=progress, pure=True
         )
-        result["compiled_over_pure"] = _ratios(result["now"], result["now_pure"])
-    rev = os.environ.get("CANARY_BENCH_BEFORE")
-    if rev:
-        from controlplane.benchmarks.revision import unpack_revision
-
-        with tempfile.TemporaryDirectory(prefix="canary-bench-") as tmp:
-            unpacked = unpack_revision(Path(tmp), rev)
-            if isinstance(unpacked, str):
-                result["before"] = None
-                result["notes"] = [f"no before: {unpacked}"]
-            else:
-                tree, result["before_commit"] = unpacked
-                before = _measure(tree, count=count, valgrind=valgrind, progress=progress)
-                result["before"] = before
-                result["now_over_before"] = _ratios(result["now"], before)
+        result["compiled_over_pure"] = ratios(result["now"], result["now_pure"])
+    measure_before(
+        result, lambda tree: _measure(tree, count=count, valgrind=valgrind, progress=progress)
+    )
     return result
 
 

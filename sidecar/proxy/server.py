@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from controlplane.kernel.clock import Clock, SystemClock
-from controlplane.kernel.codec import SHED
-from sidecar.choice import Choice, Chooser, Recorder, Sample, Upstream
+from sidecar.choice import Choice, Chooser, Recorder, Upstream, columns_recorder
 from sidecar.proxy import errors
 from sidecar.proxy.client import ClientConnection
+from sidecar.proxy.exchange import Exchange
 from sidecar.proxy.h2.connection import H2ClientConnection
 from sidecar.proxy.h2.hub import H2Hub
 from sidecar.proxy.h2.preface import offer_h2
@@ -29,6 +29,7 @@ from sidecar.proxy.limits import RateLimitedLog
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.options import ProxyOptions
 from sidecar.proxy.pausing import STOPPED
+from sidecar.proxy.samples import PendingSamples
 from sidecar.proxy.tracing import RequestTrace, RequestTracing
 from sidecar.proxy.tunnel import IDLE, SHUTDOWN, Tunnel
 from sidecar.proxy.upstream import UpstreamPool
@@ -102,8 +103,8 @@ class ProxyServer:
         self._sweeper: asyncio.TimerHandle | None = None
         # finished requests wait here for `flush_samples`: the recorder and the
         # metrics take them in bulk, a C loop per column instead of calls per request
-        self._samples: list[Sample] = []
-        self._overheads: list[float] = []
+        self._pending = PendingSamples()
+        self._record_columns = columns_recorder(recorder)
         # requests the overload gates answered since the last flush, per (experiment,
         # variant): handed over as one tally each, never as samples (decision 0025)
         self._shed: dict[tuple[str, str], int] = {}
@@ -223,35 +224,36 @@ class ProxyServer:
 
     # --- samples ----------------------------------------------------------------
 
-    def finished(self, done: Sequence[tuple[Finished, int]]) -> None:
-        """Exchanges whose response went out (outcome: status or failure kind)."""
-        end = self.clock.monotonic()
-        samples = self._samples
-        overheads = self._overheads
+    def finished(self, done: Sequence[tuple[Exchange, int]]) -> None:
+        """HTTP/1.1 exchanges whose response went out (outcome: status or failure
+        kind). Typed as the compiled `Exchange`: its times are read natively."""
+        end = self.monotonic()
+        pending = self._pending
         for exchange, outcome in done:
             choice = exchange.choice
-            if choice is None:
-                continue
-            t0 = exchange.t0
-            total = int((end - t0) * 1e6)
-            t_first = exchange.t_first
-            first = total if t_first is None else int((t_first - t0) * 1e6)
-            samples.append(
-                (
-                    exchange.ts,
-                    choice.experiment,
-                    choice.variant,
-                    total,
-                    outcome,
-                    choice.unit_hash,
-                    first if first < total else total,
+            if choice is not None:
+                pending.add(
+                    choice, exchange.ts, exchange.t0, exchange.t_sent, exchange.t_first,
+                    outcome, end,
+                )  # fmt: skip
+        self._after_finished(done, end)
+
+    def streams_finished(self, done: Sequence[tuple[Finished, int]]) -> None:
+        """`finished` for HTTP/2 streams."""
+        end = self.monotonic()
+        pending = self._pending
+        for stream, outcome in done:
+            choice = stream.choice
+            if choice is not None:
+                pending.add(
+                    choice, stream.ts, stream.t0, stream.t_sent, stream.t_first, outcome, end
                 )
-            )
-            t_sent = exchange.t_sent
-            overheads.append(-1.0 if t_sent is None else t_sent - t0)
+        self._after_finished(done, end)
+
+    def _after_finished(self, done: Sequence[tuple[Finished, int]], end: float) -> None:
         if self.tracing is not None:
             self.tracing.finished(done, end)
-        if len(samples) >= SAMPLE_FLUSH_COUNT:
+        if len(self._pending) >= SAMPLE_FLUSH_COUNT:
             self.flush_samples()
         elif self._flush_timer is None and self._loop is not None:
             self._flush_timer = self._loop.call_later(SAMPLE_FLUSH_DELAY, self.flush_samples)
@@ -275,25 +277,20 @@ class ProxyServer:
             self._flush_timer = None
         if self.tracing is not None:
             self.tracing.flush()
-        samples = self._samples
+        pending = self._pending
         shed = self._shed
-        if not samples and not shed:
+        if not len(pending) and not shed:
             return
-        if samples:
-            overheads = self._overheads
-            self._samples = []
-            self._overheads = []
-            self.metrics.observe_many(samples, overheads)
+        self._pending = PendingSamples()
+        if len(pending):
+            self.metrics.observe_many(pending.variants, pending.outcomes, pending.overheads)
         if shed:
             self._shed = {}
             now = self.clock.now()
-            # a tally is a record whose "latency" is the count (codec.SHED)
-            samples = samples + [
-                (now, experiment, variant, count, SHED, 0, 0)
-                for (experiment, variant), count in shed.items()
-            ]
+            for (experiment, variant), count in shed.items():
+                pending.add_shed(now, experiment, variant, count)
         try:
-            self.recorder.record_many(samples)
+            self._record_columns(pending.columns())
         except Exception:  # a recorder must not raise; if one does, the requests are done
             log.exception("the sample recorder raised")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -181,3 +183,45 @@ def test_a_rejected_call_leaves_the_builder_as_it_was() -> None:
     assert builder.encode() == before
     builder.add(BASE, "canary", 2, 200)  # a second name is well within the limit
     assert decode(builder.encode()).variants == ("baseline", "canary")
+
+
+# --- the first byte column, and times that are not numbers ---------------------------
+
+first_bytes = st.one_of(
+    st.integers(-3, 3), st.integers(0, 120_000), st.integers(U32 - 3, U32 + 3),
+    st.integers(-(2**63), 2**70),
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(st.tuples(rows, first_bytes), max_size=300), max_size=4),
+    st.sampled_from([["canary"], ["baseline", "canary"], NAMES]),
+)
+def test_add_columns_with_first_bytes_encodes_what_add_encodes(
+    calls: list[list[tuple[Row, int]]], names: list[str]
+) -> None:
+    """Runs of one, two or four variants (the proxy's are of one or two), first bytes
+    below 0, beyond the total and beyond u32: the payload `add` makes, byte for byte."""
+    columns, one_by_one = BatchBuilder(), BatchBuilder()
+    for call in calls:
+        # names from `names` only, numbered by first appearance (one call may bring several)
+        call = [((ts, names[i % len(names)], *rest), fb) for i, ((ts, _, *rest), fb) in
+                enumerate(call)]  # fmt: skip
+        for (ts, variant, rt_us, outcome, unit), fb in call:
+            one_by_one.add(ts, variant, rt_us, outcome, unit, fb)
+        if call:
+            plain = [row for row, _ in call]
+            ts, variants, rt_us, outcomes, units = map(list, zip(*plain, strict=True))
+            columns.add_columns(ts, variants, rt_us, outcomes, units, [fb for _, fb in call])
+    assert columns.encode() == one_by_one.encode()
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_time_that_is_not_a_number_after_the_first_changes_nothing(bad: float) -> None:
+    builder = BatchBuilder()
+    builder.add(BASE, "baseline", 1, 200)
+    before = builder.encode()
+    with pytest.raises(ValueError):
+        builder.add_columns([BASE, bad], ["baseline", "canary"], [1, 2], [200, 200], [0, 0])
+    assert builder.encode() == before

@@ -466,4 +466,4 @@ class H2Stream:
         elif self.shed_status:
             server.metrics.observe(choice.variant, outcome, None)  # counted, not a sample
         else:
-            server.finished([(self, outcome)])
+            server.streams_finished([(self, outcome)])
