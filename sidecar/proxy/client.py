@@ -81,10 +81,10 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.client_ip = b"unknown"
-        # the last choice's variant and experiment, then as the exchange sends them:
-        # their bytes and `headers.request_tail` (a connection's requests mostly share
-        # one user, so one choice: compared by identity, recomputed otherwise)
-        self.tags: tuple[str, str | None, bytes, bytes | None, bytes] | None = None
+        # per variant name, as the exchange sends them: the experiment, the variant's
+        # and the experiment's bytes and `headers.request_tail`. A connection's
+        # requests share its address and meet few variants: joined once each
+        self.tags: dict[str, tuple[str | None, bytes, bytes | None, bytes]] = {}
         self.closed = False
         self.current: Exchange | None = None
         self.parsing: Exchange | None = None

@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 
 # RFC 9110 §9.2.2; only these may be replayed on a fresh connection
 _IDEMPOTENT: Final = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
+# variants whose tags a connection keeps (ClientConnection.tags): a route has a few;
+# names come from routes and choosers, so the dict starts afresh past this many
+TAGS_KEPT: Final = 16
 _LAST_CHUNK: Final = b"0\r\n\r\n"
 _CRLF: Final = b"\r\n"
 
@@ -178,13 +181,16 @@ class Exchange:
             return
         self.choice = choice
         client = self.client
-        tags = client.tags
-        if tags is None or tags[0] is not choice.variant or tags[1] is not choice.experiment:
+        known = client.tags
+        tags = known.get(choice.variant)
+        if tags is None or tags[0] != choice.experiment:
             variant = choice.variant.encode()
             experiment = None if choice.experiment is None else choice.experiment.encode()
             tail = request_tail(client.client_ip, server.forwarded_proto, variant, experiment)
-            tags = client.tags = (choice.variant, choice.experiment, variant, experiment, tail)
-        self.variant = tags[2]
+            if len(known) >= TAGS_KEPT:
+                known.clear()
+            tags = known[choice.variant] = (choice.experiment, variant, experiment, tail)
+        self.variant = tags[1]
         if choice.upstream.http2:
             guard = server.overload
             if guard is not None:  # admit() opens the stream, now or from the queue
@@ -222,10 +228,10 @@ class Exchange:
             client_ip=self.client.client_ip,
             proto=server.forwarded_proto,
             variant=self.variant,
-            experiment=tags[3],
+            experiment=tags[2],
             chunked=self.chunked,
             named=self.named,
-            tail=tags[4],
+            tail=tags[3],
         )
         if self.reserved:
             assert self.upgrade is not None  # no body: the head ends with its blank line

@@ -86,7 +86,7 @@ def test_a_request_head_reads_as_the_field_by_field_reference(
 
 
 async def test_one_connection_sends_each_request_with_its_own_choice_tags() -> None:
-    """A keep-alive connection keeps the last choice's tags: requests that move between
+    """A keep-alive connection keeps its tags per variant: requests that move between
     variants (and one with its own X-Forwarded-For) must each carry their own."""
     async with harness() as h:
         asked = ["baseline", "baseline", "canary", "baseline", "canary", "canary"]
