@@ -31,7 +31,8 @@ from pathlib import Path
 from types import ModuleType
 
 # the per-request path of an HTTP/1.1 exchange, and nothing else: no HTTP/2, no
-# tunnels, no start-up code. Compiled as one group (one shared library).
+# tunnels, no start-up code; `sidecar.choice` for the choice and sample types that
+# path reads per request (decision 0036). Compiled as one group (one shared library).
 MODULES: tuple[str, ...] = (
     "sidecar.choice",
     "sidecar.proxy.client",
