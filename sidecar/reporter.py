@@ -118,10 +118,6 @@ class SampleReporter:
         self._signer = signer
         self._refused_experiment: str | None = None  # the last one logged, not every batch
 
-        # BatchBuilder.add_columns converts with numpy: imported now, at start-up, not
-        # on the first flush with requests waiting (~0.1 s)
-        import numpy  # noqa: F401
-
         self._builder = BatchBuilder()
         self._experiment: str | None = None
         self._opened_at = 0.0  # clock.monotonic() of the current batch's first sample
@@ -154,9 +150,10 @@ class SampleReporter:
     def record_many(self, samples: Sequence[Sample]) -> None:
         try:
             columns = SampleColumns.of(samples)
-        except Exception:  # a bug: not samples
+        except Exception:  # one is not a sample: each goes as `record` would take it
             self.stats.samples_recorded += len(samples)
-            log.exception("recording samples failed")
+            for sample in samples:
+                self._add_one(sample)
             return
         self.record_columns(columns)
 
@@ -177,8 +174,8 @@ class SampleReporter:
             log.exception("recording samples failed")
 
     def _add_one(self, sample: Sample) -> None:
-        ts, experiment, variant, rt_us, outcome, unit_hash, first_byte_us = sample
         try:
+            ts, experiment, variant, rt_us, outcome, unit_hash, first_byte_us = sample
             if experiment is None:
                 self.stats.samples_unattributed += 1
                 return

@@ -107,8 +107,6 @@ def _main(argv: list[str]) -> None:
 
 def _script(tree: Path | None, args: list[str], valgrind: str | None = None) -> str:
     env = {**os.environ, "PYTHONPATH": str(tree if tree is not None else SCRIPT.parents[2])}
-    # numpy's BLAS threads idle at start-up; under callgrind they would spin
-    env["OPENBLAS_NUM_THREADS"] = "1"
     command = [sys.executable, str(SCRIPT), *args]
     if valgrind is not None:
         command = [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", *command]

@@ -171,8 +171,6 @@ def _script(
     tree: Path | None, args: list[str], *, valgrind: str | None = None, pure: bool = False
 ) -> str:
     env = {**os.environ, "PYTHONPATH": str(tree if tree is not None else SCRIPT.parents[2])}
-    # the sample reporter's numpy starts BLAS threads; under callgrind they would spin
-    env["OPENBLAS_NUM_THREADS"] = "1"
     if pure:
         from sidecar.compiled import PURE_ENV
 

@@ -49,6 +49,7 @@ variant names printable and unique, the entry's experiment id and source bounded
 from __future__ import annotations
 
 import math
+import operator
 import re
 import struct
 import sys
@@ -233,8 +234,6 @@ class BatchBuilder:
         the builder is left as it was."""
         if not ts:
             return
-        import numpy as np
-
         index = self._variants
         # one variant, the usual run: the chooser hands out one string, which count()
         # matches by identity before it compares
@@ -270,8 +269,7 @@ class BatchBuilder:
             raise CodecError("sample columns of different lengths")
         index.update(lookup)
         self._t0 = t0
-        tallies = np.count_nonzero(np.frombuffer(columns[3], dtype=np.uint16) == SHED)
-        self._tallies += int(tallies)
+        self._tallies += columns[3].count(SHED)
         for column, values in zip(self._columns(VERSION), columns, strict=True):
             column.extend(values)
 
@@ -331,34 +329,25 @@ def _u32_masked(values: Sequence[int]) -> array[int]:
 def _first_bytes(first_byte_us: Sequence[int], rt: array[int]) -> array[int]:
     """Each first byte within 0 and its (clamped) total, as `add` keeps it: a first
     byte after the whole exchange is a measuring slip, it is the end."""
-    import numpy as np
-
     try:
         fb = array("I", first_byte_us)
     except OverflowError:  # below 0 or beyond u32: rare, one by one
-        return array("I", [f if 0 <= f <= r else (0 if f < 0 else r)
-                           for f, r in zip(first_byte_us, rt, strict=True)])  # fmt: skip
-    first, total = np.frombuffer(fb, dtype=np.uint32), np.frombuffer(rt, dtype=np.uint32)
-    if bool((first > total).any()):
-        return array("I", np.minimum(first, total).tobytes())
+        fb = array("I", [0 if f < 0 else min(f, _U32_MAX) for f in first_byte_us])
+    if any(map(operator.gt, fb, rt)):  # one C loop; rare, then fixed one by one
+        return array("I", [f if f <= r else r for f, r in zip(fb, rt, strict=True)])
     return fb
 
 
 def _micros_since(ts: Sequence[float], t0: float) -> array[int]:
-    """`int((t - t0) * 1e6)` for each of `ts`, clamped to u32, as `add` computes dt:
-    the same float operations, vectorised. A time that is not finite raises
-    ValueError, as `int()` does."""
-    import numpy as np
-
-    dt = np.frombuffer(_packed("d", ts), dtype=np.float64) - t0
-    dt *= 1e6
-    low, high = float(dt.min()), float(dt.max())  # NaN if any is
-    if not (math.isfinite(low) and math.isfinite(high)):
-        raise ValueError("a sample time must be a finite number")
-    if low < 0.0 or high > _U32_MAX:
-        np.clip(dt, 0.0, float(_U32_MAX), out=dt)
-    # a float in [0, 2**32) converts to u32 as int() truncates it: towards zero
-    return array("I", dt.astype(np.uint32).tobytes())
+    """`int((t - t0) * 1e6)` for each of `ts`, clamped to u32, as `add` computes dt.
+    A time that is not finite raises ValueError. (numpy does this no faster for a
+    flush of a few hundred: packing the floats costs what the loop does; and it
+    would cost every sidecar process ~15 MB and a BLAS thread pool.)"""
+    try:
+        dt = [int((t - t0) * 1e6) for t in ts]
+    except (ValueError, OverflowError):  # NaN, or an infinity
+        raise ValueError("a sample time must be a finite number") from None
+    return _u32_clamped(dt)
 
 
 @dataclass(frozen=True)

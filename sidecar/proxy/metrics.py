@@ -123,7 +123,7 @@ class ProxyMetrics:
                 requests[key] = requests.get(key, 0) + i - start
                 start = i
         counts = self.overhead_counts
-        # summed apart, then added: the total rounds as one sum() of the flush would
+        # summed apart, left to right, then added (as sum() did before Python 3.12)
         total = 0.0
         measured = 0
         for overhead in overheads:

@@ -200,9 +200,11 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         client = user.client if native is None else native
         corked = native.cork() if native is not None else client.cork()
         switched: bytes | None = None
+        unsolicited = False  # bytes behind the response owed came in this read
         try:
             self._parser.feed_data(data)
             if self._unsolicited:
+                unsolicited = True
                 self._drop_unsolicited()
             elif self._whole_keep_alive >= 0:
                 self._learn_whole(len(data))
@@ -218,8 +220,9 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
             # the response's framing is in doubt: this connection never carries another
             failed = self.user
             self.abort()
-            if failed is None and self._done_in_read:
-                self._count_unsolicited()  # what followed the response did not parse
+            if self._done_in_read:  # what followed the response owed did not parse
+                unsolicited = True
+                self._count_unsolicited()
             if failed is not None:
                 if isinstance(exc, _InvalidResponse):
                     reason = str(exc)
@@ -232,7 +235,8 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
             ending = self._ending
             if ending is not None:
                 self._ending = None
-                self._end_chunked(ending[0], ending[1], data)
+                # with bytes behind it in the read, its trailers cannot be told from them
+                self._end_chunked(ending[0], ending[1], data, trailers=not unsolicited)
             if corked:
                 if native is not None:
                     native.uncork()
@@ -304,8 +308,11 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         status_line, fields, scan = parsed
         # this head, for _learn_whole: only a final one, and only one seen before (a
         # head that never repeats is not worth keeping)
-        self._head_seen = seen if heads.hit and status >= 200 else None
-        self._head_parsed = parsed
+        if heads.hit and status >= 200:
+            # a short head (the cache keeps none over 2 KiB), and the parse is the cache's
+            self._head_seen, self._head_parsed = seen, parsed
+        else:
+            self._head_seen = self._head_parsed = None
         if scan.named is not None and scan.named & _FRAMING:
             raise _InvalidResponse("the response's Connection field names its framing")
         if status == 101:
@@ -319,6 +326,7 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         elif exchange.no_body if exchange is not None and exchange is user else user.no_body:
             framing = EMPTY
             self._reset_parser = True
+            self._done_in_read = True  # it ends here: a message after it was never owed
         elif status in _NO_BODY_STATUSES:
             framing = EMPTY
         else:
@@ -339,6 +347,11 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
             self._finish(user, self._parser.should_keep_alive())
 
     def on_body(self, body: bytes) -> None:
+        if self._reset_parser:
+            # a response to HEAD ends with its head: the parser, which cannot be told,
+            # reads these bytes as its body. Never owed (see _drop_unsolicited)
+            self._unsolicited = True
+            return
         self._body_seen += len(body)
         user = self.user
         exchange = self.exchange
@@ -393,6 +406,7 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         keep_alive = self._whole_keep_alive
         self._whole_keep_alive = -1
         head, parsed = self._head_seen, self._head_parsed
+        self._head_seen = self._head_parsed = None  # a pooled connection keeps neither
         if head is None or parsed is None or self._status < 200:
             return
         if received == len(head) + 4 + self._body_seen:
@@ -423,8 +437,10 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
                 self.exchange = None
                 exchange.response_complete(keep_alive)
         except Exception as exc:  # as a parser callback's error would be: cut, report
+            failed = self.user  # the exchange, or one that took the connection after it
             self.abort()
-            exchange.upstream_invalid(self, f"invalid response: {exc}")
+            if failed is not None:
+                failed.upstream_invalid(self, f"invalid response: {exc}")
         finally:
             if corked:
                 client.uncork()
@@ -439,10 +455,13 @@ class UpstreamConnection(CorkedWriter, asyncio.Protocol):
         while self._recent_len - len(recent[0]) >= TAIL_BYTES:
             self._recent_len -= len(recent.pop(0))
 
-    def _end_chunked(self, user: UpstreamUser, keep_alive: bool, data: bytes) -> None:
-        """A chunked response is complete: pass its trailers on, then finish it."""
+    def _end_chunked(
+        self, user: UpstreamUser, keep_alive: bool, data: bytes, *, trailers: bool = True
+    ) -> None:
+        """A chunked response is complete: pass its trailers on (unless `trailers` is
+        false: none are looked for), then finish it."""
         recent = self._recent
-        if not data.endswith(b"\r\n0\r\n\r\n"):  # the usual end, without trailers
+        if trailers and not data.endswith(b"\r\n0\r\n\r\n"):  # the usual end, none
             tail = b"".join([*recent, data]) if recent else data
             section = trailer_section(tail[-TAIL_BYTES:])
             if section != b"":

@@ -420,3 +420,15 @@ async def test_only_a_batch_holding_a_shed_tally_is_version_3(stream: SampleStre
     _, tallied = metas[1]
     assert tallied.outcome.tolist() == [200, SHED] and tallied.rt_us.tolist() == [900, 5]
     await reporter.close()
+
+
+async def test_record_many_with_a_malformed_sample_drops_only_that_one() -> None:
+    stream = DownStream()
+    stream.up = True
+    reporter = SampleReporter(stream, SERVICE, clock=FakeClock())  # type: ignore[arg-type]
+    bad = (2.0, "7", "baseline", 1, 200, 0)  # six fields: not a sample
+    reporter.record_many([*samples(2, "7"), bad, *samples(1, "7")])  # type: ignore[list-item]
+    assert await reporter.flush()
+    stats = reporter.snapshot()
+    assert (stats.samples_recorded, stats.samples_sent, stats.samples_dropped) == (4, 3, 1)
+    await reporter.close(deadline=0.05)

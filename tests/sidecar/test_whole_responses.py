@@ -227,3 +227,58 @@ async def test_an_interim_head_is_never_learnt_as_the_final_response_after_it() 
     cached, plain = await _both(steps)
     assert cached[3] == 0
     assert cached[:3] == plain[:3]
+
+
+# --- bytes an upstream was never asked for -------------------------------------------
+
+
+async def _head_then_get(reads: Sequence[bytes]) -> _Proxy:
+    """A HEAD and a GET pipelined in one read; the upstream answers the HEAD in `reads`."""
+    proxy = _Proxy(cache=True)
+    proxy.client.data_received(HEAD_REQUEST + GET)
+    current = proxy.client.current
+    assert current is not None and current.upstream is not None
+    conn = current.upstream
+    for data in reads:
+        if conn.closed:
+            break
+        conn.data_received(data)
+    return proxy
+
+
+async def test_a_body_behind_a_head_response_never_reaches_the_client() -> None:
+    # the parser reads it as the HEAD response's body (it cannot know the method); once
+    # the pipelined GET held the connection, it went to the client ahead of any head
+    for stray in (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEVIL!",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nEVIL",
+    ):
+        proxy = await _head_then_get([stray])
+        out = bytes(proxy.client_transport.out)
+        assert b"EVIL" not in out
+        assert out.startswith(b"HTTP/1.1 200 OK\r\n") and out.count(b"HTTP/1.1") == 1
+        assert proxy.upstream_transport.closed
+        assert proxy.server.metrics.upstream_unsolicited == 1
+
+
+async def test_bytes_behind_a_chunked_response_are_never_read_as_its_trailers() -> None:
+    response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"
+    stray = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nSet-Cookie: sid=evil\r\n\r\n"
+    )
+    proxy = _Proxy(cache=True)
+    proxy.exchange(GET, [response + stray])
+    out = bytes(proxy.client_transport.out)
+    assert b"evil" not in out and out.endswith(b"hi\r\n0\r\n\r\n")
+    assert proxy.upstream_transport.closed
+    assert proxy.server.metrics.upstream_unsolicited == 1
+
+
+async def test_a_pooled_connection_keeps_no_long_response_head() -> None:
+    head = b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 60_000 + b"\r\nContent-Length: 3\r\n\r\n"
+    proxy = _Proxy(cache=True)
+    proxy.exchange(GET, [head + b"ok\n"])
+    conn = proxy.pool.acquire()
+    assert conn is not None  # pooled, and holding nothing of that head
+    assert conn._head_seen is None and conn._head_parsed is None
