@@ -264,6 +264,9 @@ class GradientLimit:
         self._phase = Phase.MEASURING
         self._phase_start = now
         self._new_window()
+        # a measurement breaks the run of queue-free intervals: growth after it starts
+        # at its usual rate, whatever the run before it was
+        self._clear = 0
         self.limit = min(s.max_limit, max(s.min_limit, s.min_rtt_concurrency))
 
     def _adapt(self, now: float) -> None:

@@ -360,3 +360,29 @@ def test_a_late_loop_during_the_measurement_does_not_pin_the_limit_low() -> None
             t += 0.005
             limit.on_sample(t, 0.0005, limit.limit)
     assert limit.limit >= 40
+
+
+def test_a_no_load_measurement_starts_the_run_of_queue_free_intervals_afresh() -> None:
+    s = LimitSettings(min_rtt_samples=4, initial_limit=10, min_rtt_interval=1.0)
+    limiter = GradientLimit(s, now=0.0)
+    now = 0.0
+
+    def interval(rtt: float) -> None:
+        nonlocal now
+        for _ in range(5):
+            now += 0.021
+            limiter.on_sample(now=now, rtt=rtt, in_flight=50)
+
+    interval(0.010)  # the first measurement: 10 ms without load
+    assert limiter.state().phase is Phase.ADAPTING
+    while limiter.state().phase is Phase.ADAPTING:  # queue-free intervals, a run of them
+        interval(0.010)
+    interval(0.010)  # the measurement due after min_rtt_interval
+    before = limiter.state()
+    assert before.phase is Phase.ADAPTING
+    interval(0.010)
+    after = limiter.state()
+    # the first interval after it grows as the first of a run does, not the tenth
+    assert after.estimate == pytest.approx(
+        next_limit(before.estimate, after.sample_rtt or 0.0, before.min_rtt or 0.0, s, 0)
+    )
