@@ -8,6 +8,8 @@ etcd write of a route), and it commits only after that await succeeds.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -116,8 +118,25 @@ class Transaction:
         self.session = session
 
     async def run(self, fn: Callable[..., T], /, **kwargs: Any) -> T:
-        call = functools.partial(_guarded, fn, session=self.session, **kwargs)
-        return await anyio.to_thread.run_sync(call)
+        return await in_thread(functools.partial(_guarded, fn, session=self.session, **kwargs))
+
+
+async def in_thread(call: Callable[[], T]) -> T:
+    """`call()` in a worker thread, never abandoned. A thread cannot be stopped, and
+    anyio lets go of one when the task awaiting it is cancelled: the task would go on
+    to roll back or close the session (or dispose of the engine) while the query still
+    runs on the same connection, and two threads in one SQLite connection can crash
+    the process. Cancelled, this waits for the thread to finish, then raises."""
+    future = asyncio.ensure_future(anyio.to_thread.run_sync(call))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        while not future.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({future})  # never cancels it, never raises its error
+        if not future.cancelled():
+            future.exception()  # retrieved: the caller is cancelled, not told
+        raise
 
 
 def _guarded(fn: Callable[..., T], /, **kwargs: Any) -> T:
@@ -141,14 +160,14 @@ class Database:
         session = self.sessionmaker()
         try:
             yield Transaction(session)
-            await anyio.to_thread.run_sync(functools.partial(_guarded, _commit, session=session))
+            await in_thread(functools.partial(_guarded, _commit, session=session))
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(session.rollback)
+                await in_thread(session.rollback)
             raise
         finally:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(session.close)
+                await in_thread(session.close)
 
     async def read(self, fn: Callable[..., T], /, **kwargs: Any) -> T:
         """Run a read-only function in its own short transaction."""
@@ -160,7 +179,7 @@ class Database:
             with self.engine.connect() as conn:
                 conn.exec_driver_sql("SELECT 1")
 
-        await anyio.to_thread.run_sync(functools.partial(_guarded, select_one))
+        await in_thread(functools.partial(_guarded, select_one))
 
     def dispose(self) -> None:
         self.engine.dispose()
