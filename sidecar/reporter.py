@@ -40,6 +40,7 @@ from controlplane.kernel.errors import CodecError
 from controlplane.kernel.keys import is_experiment_id
 from controlplane.kernel.sample_auth import SampleSigner
 from controlplane.kernel.streams import SampleStream
+from controlplane.kernel.tasks import cancel_and_wait
 from sidecar.choice import Sample, SampleColumns
 
 log = logging.getLogger("canary.sidecar.samples")
@@ -128,6 +129,9 @@ class SampleReporter:
         self.stats = ReporterStats()
 
         self._wake = asyncio.Event()
+        # one send at a time: the batches in flight are one list, and a flush() called
+        # while the background task sends would count or requeue the other's batches
+        self._sending = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -297,6 +301,10 @@ class SampleReporter:
 
     async def send_pending(self) -> bool:
         """Send every sealed batch, several per call; False when the stream failed."""
+        async with self._sending:
+            return await self._send_buffered()
+
+    async def _send_buffered(self) -> bool:
         while self._buffer:
             count = min(self._per_call, len(self._buffer))
             self._inflight = [self._buffer.popleft() for _ in range(count)]
@@ -347,7 +355,8 @@ class SampleReporter:
 
     async def _run(self) -> None:
         backoff = self._backoff_initial
-        while True:
+        # the closing flag as well as the cancellation: either one ends the loop
+        while not self._closing:
             due = self._next_due_in()
             if not self._buffer:
                 # wait for a full batch, or until the open batch reaches its max delay
@@ -373,14 +382,17 @@ class SampleReporter:
         self._closing = True
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            self._wake.set()
+            await cancel_and_wait(task)
         self._seal()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline
         try:
-            async with asyncio.timeout(deadline):
+            async with asyncio.timeout_at(end):
                 backoff = self._backoff_initial
-                while not await self.send_pending():
+                # the deadline is also checked here: a stream that loses the
+                # timeout's cancellation must not keep the loop going for ever
+                while not await self.send_pending() and loop.time() < end:
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, self._backoff_max)
         except TimeoutError:

@@ -47,6 +47,7 @@ from controlplane.kernel.errors import (
 from controlplane.kernel.kv import Fence, Leadership
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.snapshots import WindowSnapshot
+from controlplane.kernel.tasks import cancel_and_wait
 from controlplane.runtime import Backends
 
 if TYPE_CHECKING:
@@ -160,9 +161,7 @@ class Controller:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         if self._rulebook is not None:
             await self._rulebook.stop()
 

@@ -28,6 +28,7 @@ from typing import Protocol
 
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.kv import EventKind, KeyValue, KeyValueStore, RevisionCompacted
+from controlplane.kernel.tasks import cancel_and_wait
 
 log = logging.getLogger("canary.informer")
 
@@ -231,9 +232,7 @@ class PrefixInformer:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     async def wait_synced(self, timeout: float | None = None) -> bool:
         """Wait until the first read was delivered; False if timeout passes first."""

@@ -76,6 +76,7 @@ from controlplane.kernel.kv import (
     RevisionCompacted,
     WatchEvent,
 )
+from controlplane.kernel.tasks import cancel_and_wait
 
 _log = logging.getLogger(__name__)
 
@@ -761,6 +762,4 @@ class EtcdLeadership:
     async def _stop_keepalive(self) -> None:
         task, self._keepalive = self._keepalive, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)

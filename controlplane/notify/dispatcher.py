@@ -32,6 +32,7 @@ from controlplane.db import notifications as outbox
 from controlplane.kernel.clock import utc_now
 from controlplane.kernel.errors import CanaryError
 from controlplane.kernel.settings import Settings
+from controlplane.kernel.tasks import cancel_and_wait
 from controlplane.notify.backoff import (
     AttemptResult,
     Delivered,
@@ -131,9 +132,7 @@ class Dispatcher:
                 async with asyncio.timeout(self.sender.timeout_sec + 5.0):
                     await asyncio.shield(self._task)
             except TimeoutError:
-                self._task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task
+                await cancel_and_wait(self._task)
             self._task = None
         if self._backends is not None:
             await self.release(self._backends)

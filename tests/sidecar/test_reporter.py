@@ -432,3 +432,61 @@ async def test_record_many_with_a_malformed_sample_drops_only_that_one() -> None
     stats = reporter.snapshot()
     assert (stats.samples_recorded, stats.samples_sent, stats.samples_dropped) == (4, 3, 1)
     await reporter.close(deadline=0.05)
+
+
+class GatedStream:
+    """Appends wait for `gate`; `swallow` makes one that is cancelled fail instead,
+    as a client library that loses the cancellation at a timeout's edge does."""
+
+    def __init__(self, *, swallow: bool = False) -> None:
+        self.gate = asyncio.Event()
+        self.entered = asyncio.Event()
+        self.swallow = swallow
+        self.appended: list[Mapping[str, bytes]] = []
+
+    async def append(
+        self, service: str, batches: Sequence[Mapping[str, bytes]], *, maxlen: int
+    ) -> list[str]:
+        self.entered.set()
+        try:
+            await self.gate.wait()
+        except asyncio.CancelledError:
+            if not self.swallow:
+                raise
+            raise BackendUnavailable("connection reset") from None
+        self.appended.extend(batches)
+        return [str(i) for i in range(len(batches))]
+
+
+async def test_close_ends_the_task_when_the_stream_loses_the_cancellation() -> None:
+    stream = GatedStream(swallow=True)
+    reporter = SampleReporter(
+        stream, SERVICE, batch_size=10, clock=FakeClock(), backoff_initial=0.01  # type: ignore[arg-type]
+    )
+    reporter.start()
+    record_all(reporter, samples(20))
+    await stream.entered.wait()
+    # a hang guard, not a speed claim: before, close() awaited the task forever
+    await asyncio.wait_for(reporter.close(deadline=0.05), timeout=30)
+    stats = reporter.snapshot()
+    assert stats.buffered_samples == 20  # nothing sent, nothing lost: still held
+    assert stats.send_errors >= 1
+
+
+async def test_a_flush_during_the_background_send_sends_each_batch_once() -> None:
+    stream = GatedStream()
+    reporter = SampleReporter(
+        stream, SERVICE, batch_size=10, batches_per_call=2, clock=FakeClock()  # type: ignore[arg-type]
+    )
+    reporter.start()
+    record_all(reporter, samples(60))  # six batches: three calls of two
+    await stream.entered.wait()  # the background task is sending the first two
+    flushing = asyncio.create_task(reporter.flush())
+    await asyncio.sleep(0)  # the flush reaches the send while the first is in flight
+    stream.gate.set()
+    assert await flushing
+    await reporter.close()
+    seqs = [int(batch["seq"]) for batch in stream.appended]
+    assert sorted(seqs) == list(range(1, 7))  # each once: none lost, none twice
+    stats = reporter.snapshot()
+    assert (stats.samples_sent, stats.batches_sent, stats.buffered_samples) == (60, 6, 0)
