@@ -42,6 +42,12 @@ from controlplane.kernel.errors import (
 log = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
+# A query waiting on a lock, or running away, must not hold a controller round or an
+# API request without end, nor a shutdown (which waits for the query's thread): on
+# PostgreSQL the server cancels it, and the caller gets "database unavailable".
+PG_STATEMENT_TIMEOUT_MS = 30_000
+PG_LOCK_TIMEOUT_MS = 10_000
+PG_CONNECT_TIMEOUT_SEC = 5
 
 T = TypeVar("T")
 
@@ -70,14 +76,34 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
         cursor.close()
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, statement_timeout_ms: int = PG_STATEMENT_TIMEOUT_MS) -> Engine:
+    """An engine for `url`. On PostgreSQL each statement is bounded by
+    `statement_timeout_ms` (0: unbounded, for migrations) and each lock wait by
+    PG_LOCK_TIMEOUT_MS, unless the URL sets `options` itself."""
     parsed = database_url(url)
     if parsed.get_backend_name() == "sqlite":
         # Worker threads take turns on a connection, one at a time.
         engine = create_engine(parsed, connect_args={"check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(parsed, pool_pre_ping=True)
+    return create_engine(
+        parsed, pool_pre_ping=True, connect_args=pg_connect_args(parsed, statement_timeout_ms)
+    )
+
+
+def pg_connect_args(url: URL, statement_timeout_ms: int) -> dict[str, Any]:
+    """The server-side bounds a PostgreSQL connection starts with; what the URL's
+    query names itself wins."""
+    if statement_timeout_ms < 0:
+        raise ValueError("statement_timeout_ms must be ≥ 0")
+    args: dict[str, Any] = {}
+    if "connect_timeout" not in url.query:
+        args["connect_timeout"] = PG_CONNECT_TIMEOUT_SEC
+    if "options" not in url.query:
+        args["options"] = (
+            f"-c statement_timeout={statement_timeout_ms} -c lock_timeout={PG_LOCK_TIMEOUT_MS}"
+        )
+    return args
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
