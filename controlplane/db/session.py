@@ -78,7 +78,7 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 def make_engine(url: str, *, statement_timeout_ms: int = PG_STATEMENT_TIMEOUT_MS) -> Engine:
     """An engine for `url`. On PostgreSQL each statement is bounded by
-    `statement_timeout_ms` (0: unbounded, for migrations) and each lock wait by
+    `statement_timeout_ms` (0: unbounded) and each lock wait by
     PG_LOCK_TIMEOUT_MS, unless the URL sets `options` itself."""
     parsed = database_url(url)
     if parsed.get_backend_name() == "sqlite":
