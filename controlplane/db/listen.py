@@ -16,6 +16,7 @@ import psycopg
 from sqlalchemy.engine import URL
 
 from controlplane.db.routes import ROUTES_CHANNEL
+from controlplane.db.session import PG_CONNECT_TIMEOUT_SEC
 from controlplane.kernel.errors import BackendUnavailable
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,9 @@ def listens(url: URL) -> bool:
 
 
 def _conninfo(url: URL) -> str:
+    # a server that does not answer must not hold the listener's connect without end
+    if "connect_timeout" not in url.query:
+        url = url.update_query_dict({"connect_timeout": str(PG_CONNECT_TIMEOUT_SEC)})
     return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 

@@ -58,3 +58,14 @@ def test_the_bounds_are_refused_when_negative() -> None:
     assert pg_connect_args(make_url("postgresql://h/db?connect_timeout=2"), 0) == {
         "options": f"-c statement_timeout=0 -c lock_timeout={PG_LOCK_TIMEOUT_MS}"
     }
+
+
+def test_the_route_listener_connects_with_a_bound_unless_the_url_has_one() -> None:
+    from controlplane.db.listen import _conninfo
+
+    assert _conninfo(make_url("postgresql+psycopg://u:p@h/db")) == (
+        "postgresql://u:p@h/db?connect_timeout=5"
+    )
+    assert _conninfo(make_url("postgresql://h/db?connect_timeout=1")).endswith(
+        "?connect_timeout=1"
+    )
