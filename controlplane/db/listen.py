@@ -27,10 +27,22 @@ def listens(url: URL) -> bool:
     return url.get_backend_name() == "postgresql"
 
 
+# The listener only reads: a server that vanished without closing the connection (a
+# host lost, a partition) would leave it waiting for notices that never come, with
+# only the 5 s full pass to hide it. TCP keepalives notice within ~25 s; the
+# reconciler then listens again.
+_LISTENER_BOUNDS = {
+    "connect_timeout": str(PG_CONNECT_TIMEOUT_SEC),
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+}
+
+
 def _conninfo(url: URL) -> str:
-    # a server that does not answer must not hold the listener's connect without end
-    if "connect_timeout" not in url.query:
-        url = url.update_query_dict({"connect_timeout": str(PG_CONNECT_TIMEOUT_SEC)})
+    missing = {name: value for name, value in _LISTENER_BOUNDS.items() if name not in url.query}
+    url = url.update_query_dict(missing)  # what the URL names itself wins
     return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 

@@ -60,12 +60,34 @@ def test_the_bounds_are_refused_when_negative() -> None:
     }
 
 
-def test_the_route_listener_connects_with_a_bound_unless_the_url_has_one() -> None:
+def test_the_route_listener_connects_with_bounds_unless_the_url_names_them() -> None:
     from controlplane.db.listen import _conninfo
 
-    assert _conninfo(make_url("postgresql+psycopg://u:p@h/db")) == (
-        "postgresql://u:p@h/db?connect_timeout=5"
-    )
-    assert _conninfo(make_url("postgresql://h/db?connect_timeout=1")).endswith(
-        "?connect_timeout=1"
-    )
+    query = make_url(_conninfo(make_url("postgresql+psycopg://u:p@h/db"))).query
+    assert query == {
+        "connect_timeout": "5", "keepalives": "1", "keepalives_idle": "10",
+        "keepalives_interval": "5", "keepalives_count": "3",
+    }  # fmt: skip
+    own = make_url(_conninfo(make_url("postgresql://h/db?connect_timeout=1"))).query
+    assert own["connect_timeout"] == "1"
+
+
+async def test_the_route_listener_listens_with_its_bounds(pg_url: str) -> None:
+    import asyncio
+
+    from controlplane.db.listen import listen_for_routes
+    from controlplane.db.session import database_url
+
+    listening = asyncio.Event()
+    task = asyncio.create_task(
+        listen_for_routes(
+            database_url(pg_url), lambda _: None, accept=lambda _: True,
+            on_listening=listening.set,
+        )
+    )  # fmt: skip
+    try:
+        await asyncio.wait_for(listening.wait(), timeout=30)  # a hang guard
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
