@@ -16,7 +16,7 @@ import psycopg
 from sqlalchemy.engine import URL
 
 from controlplane.db.routes import ROUTES_CHANNEL
-from controlplane.db.session import PG_CONNECT_TIMEOUT_SEC
+from controlplane.db.session import PG_CONNECT_TIMEOUT_SEC, PG_KEEPALIVES
 from controlplane.kernel.errors import BackendUnavailable
 
 log = logging.getLogger(__name__)
@@ -31,13 +31,7 @@ def listens(url: URL) -> bool:
 # host lost, a partition) would leave it waiting for notices that never come, with
 # only the 5 s full pass to hide it. TCP keepalives notice within ~25 s; the
 # reconciler then listens again.
-_LISTENER_BOUNDS = {
-    "connect_timeout": str(PG_CONNECT_TIMEOUT_SEC),
-    "keepalives": "1",
-    "keepalives_idle": "10",
-    "keepalives_interval": "5",
-    "keepalives_count": "3",
-}
+_LISTENER_BOUNDS = {"connect_timeout": str(PG_CONNECT_TIMEOUT_SEC), **PG_KEEPALIVES}
 
 
 def _conninfo(url: URL) -> str:

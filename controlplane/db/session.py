@@ -48,6 +48,16 @@ SQLITE_BUSY_TIMEOUT_MS = 5_000
 PG_STATEMENT_TIMEOUT_MS = 30_000
 PG_LOCK_TIMEOUT_MS = 10_000
 PG_CONNECT_TIMEOUT_SEC = 5
+# The server's timeouts do nothing once the server is gone without closing the
+# connection (a host lost, a partition): a query's thread would block until the
+# system's keepalive notices, about 2 h 11 min by default. Client-side keepalives
+# notice in about 25 s.
+PG_KEEPALIVES = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+}
 
 T = TypeVar("T")
 
@@ -99,6 +109,7 @@ def pg_connect_args(url: URL, statement_timeout_ms: int) -> dict[str, Any]:
     args: dict[str, Any] = {}
     if "connect_timeout" not in url.query:
         args["connect_timeout"] = PG_CONNECT_TIMEOUT_SEC
+    args.update({name: value for name, value in PG_KEEPALIVES.items() if name not in url.query})
     if "options" not in url.query:
         args["options"] = (
             f"-c statement_timeout={statement_timeout_ms} -c lock_timeout={PG_LOCK_TIMEOUT_MS}"

@@ -55,9 +55,30 @@ def test_options_in_the_url_win(pg_url: str) -> None:
 def test_the_bounds_are_refused_when_negative() -> None:
     with pytest.raises(ValueError, match="≥ 0"):
         pg_connect_args(make_url("postgresql://h/db"), -1)
-    assert pg_connect_args(make_url("postgresql://h/db?connect_timeout=2"), 0) == {
-        "options": f"-c statement_timeout=0 -c lock_timeout={PG_LOCK_TIMEOUT_MS}"
-    }
+    assert pg_connect_args(make_url("postgresql://h/db?connect_timeout=2&keepalives=0"), 0) == {
+        "options": f"-c statement_timeout=0 -c lock_timeout={PG_LOCK_TIMEOUT_MS}",
+        "keepalives_idle": "10", "keepalives_interval": "5", "keepalives_count": "3",
+    }  # fmt: skip
+
+
+def test_every_connection_keeps_its_socket_alive(pg_url: str) -> None:
+    """Client-side keepalives, seen from the client's socket: a server gone without
+    a word is noticed in ~25 s, not after the system's two hours."""
+    import socket
+
+    engine = make_engine(pg_url)
+    try:
+        with engine.connect() as conn:
+            raw = conn.connection.dbapi_connection
+            sock = socket.socket(fileno=raw.pgconn.socket)  # type: ignore[union-attr]
+            try:
+                assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 10
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
+            finally:
+                sock.detach()  # the connection's own descriptor: never closed here
+    finally:
+        engine.dispose()
 
 
 def test_the_route_listener_connects_with_bounds_unless_the_url_names_them() -> None:
