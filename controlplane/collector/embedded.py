@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from dataclasses import dataclass, field
 
 from controlplane.collector.main import default_name
 from controlplane.collector.service import Collector
 from controlplane.kernel.sample_keys import SampleKeys
+from controlplane.kernel.tasks import cancel_and_wait
 from controlplane.runtime import Backends
+
+log = logging.getLogger("canary.collector")
+# how long a stop waits for the round in progress to publish and ack what it holds
+STOP_GRACE_SEC = 10.0
 
 
 @dataclass
@@ -49,5 +55,12 @@ class EmbeddedCollector:
         """Stop reading, publish and acknowledge what is held."""
         self._stop.set()
         if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(self._task, timeout=10)
+            # a bounded wait, then a cancellation that is never waited on for ever
+            # (wait_for would wait without end for a task that outlives its cancel)
+            done, _ = await asyncio.wait({self._task}, timeout=STOP_GRACE_SEC)
+            if done:
+                with contextlib.suppress(asyncio.CancelledError):
+                    self._task.result()
+            else:
+                log.warning("the collector did not stop within %.0f s: cancelled", STOP_GRACE_SEC)
+                await cancel_and_wait(self._task)

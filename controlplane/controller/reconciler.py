@@ -59,6 +59,7 @@ from controlplane.kernel.errors import (
 from controlplane.kernel.keys import is_experiment_id
 from controlplane.kernel.kv import Fence, KeyValue
 from controlplane.kernel.routes import CANARY, Route, parse_route
+from controlplane.kernel.tasks import cancel_and_wait
 from controlplane.kernel.values import ServiceName
 from controlplane.kernel.window_rules import parse_window_rule
 from controlplane.runtime import Backends
@@ -154,9 +155,8 @@ class RouteReconciler:
                     again = await self._poll(backends, fence)
         finally:
             if listener is not None:
-                listener.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await listener
+                with contextlib.suppress(Exception):
+                    await cancel_and_wait(listener)
 
     async def _listen(self, backends: Backends) -> None:
         """Forward PostgreSQL's notices; after a lost connection, listen again (a full

@@ -208,10 +208,13 @@ class Controller:
                         {lead, watch}, return_when=asyncio.FIRST_COMPLETED
                     )
                 finally:
+                    # cancel_and_wait: a cancellation lost in a client library would
+                    # otherwise keep a deposed lead running, and this replica waiting
+                    # for it, for ever; and only the task's errors are suppressed
+                    # here, never this caller's own cancellation (a stop)
                     if not lead.done():
-                        lead.cancel()
-                        with contextlib.suppress(asyncio.CancelledError, Exception):
-                            await lead
+                        with contextlib.suppress(Exception):
+                            await cancel_and_wait(lead)
                 if lead not in done:
                     log.warning("controller %s lost its leadership", self.identity)
                     return
@@ -228,9 +231,8 @@ class Controller:
                     log.warning("controller %s lost its leadership", self.identity)
                     return
         finally:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await watch
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(watch)
 
     async def _lead(self, backends: Backends, fence: Fence) -> None:
         reconcile = asyncio.create_task(self.reconciler.run(backends, fence), name="reconciler")
@@ -242,11 +244,12 @@ class Controller:
             for task in done:
                 task.result()  # re-raise NotLeader / BackendError
         finally:
-            for task in (reconcile, evaluate):
-                task.cancel()
-            for task in (reconcile, evaluate):
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            # both at once, each cancelled once (a second cancel would cut into its
+            # cleanup); their errors are theirs, reported by the round that failed
+            await asyncio.gather(
+                *(cancel_and_wait(task) for task in (reconcile, evaluate)),
+                return_exceptions=True,
+            )
 
     async def _evaluate_forever(self, backends: Backends, fence: Fence) -> None:
         while True:

@@ -183,7 +183,13 @@ class Dispatcher:
             async with gate:
                 await self._deliver(backends, delivery)
 
-        await asyncio.gather(*(one(d) for d in claimed))
+        # every delivery finishes (and records its outcome) before the round ends, even
+        # when one fails: left running unawaited, a sent delivery could go unrecorded
+        # once stop() released its lease, and be sent again
+        outcomes = await asyncio.gather(*(one(d) for d in claimed), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
         return len(claimed)
 
     async def _deliver(self, backends: Backends, delivery: ClaimedDelivery) -> None:

@@ -10,7 +10,6 @@ service's own signal (`probe.py`), when it has one, runs while protection is on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ from controlplane.kernel.informer import PrefixInformer
 from controlplane.kernel.keys import EtcdKeys
 from controlplane.kernel.kv import KeyValueStore
 from controlplane.kernel.overload import parse_overload
+from controlplane.kernel.tasks import cancel_and_wait
 from sidecar.overload.guard import OverloadGuard
 from sidecar.overload.probe import ExternalProbe
 from sidecar.overload.signals import ExternalReading
@@ -58,11 +58,11 @@ class OverloadWatcher:
 
     async def stop(self) -> None:
         await self.informer.stop()
-        probe = self._probe
-        self._stop_probe()
+        probe, self._probe = self._probe, None
         if probe is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await probe[1]
+            # the probe lives inside an HTTP client's timeouts: a lost cancellation
+            # must not hold the sidecar's stop (and its samples' flush) for ever
+            await cancel_and_wait(probe[1])
 
     def on_put(self, key: str, value: bytes, mod_revision: int) -> None:
         self.apply_value(value)

@@ -19,6 +19,7 @@ from controlplane.db.migrate import upgrade
 from controlplane.kernel.errors import BackendError, BackendUnavailable, NotLeader
 from controlplane.kernel.kv import Fence
 from controlplane.kernel.settings import Settings
+from controlplane.kernel.tasks import cancel_and_wait
 from controlplane.runtime import Backends, open_backends
 
 
@@ -86,3 +87,41 @@ async def test_a_lost_fence_or_a_hard_error_still_steps_down(
     assert controller.stats.terms == 2
     assert controller.stats.outages_ridden == 0
     assert len(set(reconciler.fences)) == 2
+
+
+class LosesOneCancellation(Controller):
+    """A round that loses its first cancellation, as redis-py's client has at the
+    edge of one of its own timeouts, and carries on."""
+
+    entered: asyncio.Event
+    lost_once = False
+
+    async def evaluate_all(self, backends: Backends, fence: Fence | None) -> float | None:
+        self.entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if self.lost_once:
+                raise
+            self.lost_once = True
+        return None
+
+
+async def test_a_deposed_lead_ends_even_when_a_round_loses_its_cancellation(
+    backends: Backends,
+) -> None:
+    controller = LosesOneCancellation(identity="one", reconciler=RouteReconciler())
+    controller.entered = asyncio.Event()
+    leadership = backends.kv.leadership(backends.keys.election, identity="one", ttl=5)
+    fence = await leadership.campaign()
+    leading = asyncio.create_task(controller._lead_until_lost(backends, fence, leadership))
+    await asyncio.wait_for(controller.entered.wait(), timeout=30)
+    await leadership.resign()  # the lease is gone: the lead must end
+    # a hang guard, not a speed claim: before, the replica waited for the lead for ever
+    # (wait_for would not do: the old code swallowed its cancellation too)
+    done, _ = await asyncio.wait({leading}, timeout=30)
+    if not done:
+        await cancel_and_wait(leading)
+    assert done, "the lead outlived its lease"
+    assert controller.lost_once
+    leading.result()
