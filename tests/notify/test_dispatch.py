@@ -14,10 +14,11 @@ import pytest
 
 from controlplane.db import notifications as outbox
 from controlplane.kernel.clock import FakeClock, utc_now
+from controlplane.kernel.errors import BackendUnavailable
 from controlplane.kernel.settings import Settings
 from controlplane.notify.backoff import RetryPolicy
 from controlplane.notify.dispatcher import Dispatcher
-from controlplane.notify.records import DeliveryRecord, DeliveryStatus, Format
+from controlplane.notify.records import ClaimedDelivery, DeliveryRecord, DeliveryStatus, Format
 from controlplane.notify.sender import WebhookSender
 from controlplane.notify.signing import verify
 from controlplane.runtime import Backends, open_backends
@@ -309,3 +310,44 @@ async def test_subscriptions_choose_their_service_kinds_and_format(
     slack = [json.loads(r.body) for r in receiver.received() if "blocks" in json.loads(r.body)]
     assert len(slack) == 1 and slack[0]["text"].startswith("checkout: experiment")
     assert {d.subscription_id for d in found} == {everything.id, trips.id}
+
+
+class FirstFails(Dispatcher):
+    """The round's first delivery fails at once (its outcome could not be recorded: a
+    database blip); the others wait for `release`."""
+
+    def prepare(self) -> None:
+        self.release = asyncio.Event()
+        self.holding = asyncio.Event()
+        self.finished: list[int] = []
+        self.failed: int | None = None
+
+    async def _deliver(self, backends: Backends, delivery: ClaimedDelivery) -> None:
+        if self.failed is None:
+            self.failed = delivery.delivery_id
+            raise BackendUnavailable("database unavailable")
+        self.holding.set()
+        await self.release.wait()
+        self.finished.append(delivery.delivery_id)
+
+
+async def test_a_round_ends_only_after_every_delivery_even_when_one_failed(
+    backends: Backends, hook_url: str
+) -> None:
+    await subscribe(backends, hook_url)
+    for service in ("checkout", "cart"):  # one event each: both claimed in one round
+        await announce(backends, await new_experiment(backends, service), "tripped")
+    sender = FirstFails(
+        policy=POLICY, sender=WebhookSender(timeout_sec=5.0), identity="a",
+        base_url="https://canary.example.com", rand=lambda: 0.0,
+    )  # fmt: skip
+    sender.prepare()
+    round_ = asyncio.create_task(sender.run_once(backends))
+    await asyncio.wait_for(sender.holding.wait(), timeout=30)  # a hang guard
+    for _ in range(20):  # however often the loop runs, the round waits for the other
+        await asyncio.sleep(0)
+    assert sender.failed is not None and not round_.done()
+    sender.release.set()
+    with pytest.raises(BackendUnavailable):
+        await round_
+    assert len(sender.finished) == 1  # the other delivery ran to its end, not orphaned
