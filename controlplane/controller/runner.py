@@ -245,11 +245,9 @@ class Controller:
                 task.result()  # re-raise NotLeader / BackendError
         finally:
             # both at once, each cancelled once (a second cancel would cut into its
-            # cleanup); their errors are theirs, reported by the round that failed
-            await asyncio.gather(
-                *(cancel_and_wait(task) for task in (reconcile, evaluate)),
-                return_exceptions=True,
-            )
+            # cleanup); their errors were reported by the round that failed
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(reconcile, evaluate)
 
     async def _evaluate_forever(self, backends: Backends, fence: Fence) -> None:
         while True:

@@ -67,3 +67,47 @@ async def test_a_finished_task_is_left_as_it_ended() -> None:
     await task
     await cancel_and_wait(task)
     assert task.result() == 7
+
+
+async def test_several_tasks_are_cancelled_once_each_and_all_waited_for() -> None:
+    cancels = [0, 0]
+    never = asyncio.Event()
+
+    async def counts(i: int) -> None:
+        try:
+            await never.wait()
+        except asyncio.CancelledError:
+            cancels[i] += 1
+            await asyncio.sleep(0)  # a cleanup that awaits: a second cancel would cut it
+            raise
+
+    tasks = [asyncio.create_task(counts(i)) for i in range(2)]
+    await asyncio.sleep(0)
+    await cancel_and_wait(*tasks)
+    assert cancels == [1, 1] and all(task.cancelled() for task in tasks)
+
+
+async def test_a_stopper_cancelled_meanwhile_still_ends_its_task_before_it_raises() -> None:
+    never = asyncio.Event()
+    swallowed = 0
+
+    async def loses_one() -> None:
+        nonlocal swallowed
+        while True:
+            try:
+                await never.wait()
+            except asyncio.CancelledError:
+                swallowed += 1
+                if swallowed == 2:
+                    raise
+
+    task = asyncio.create_task(loses_one())
+    await asyncio.sleep(0)
+    stopper = asyncio.create_task(cancel_and_wait(task, again_after=0.05))
+    for _ in range(40):  # the stopper itself is cancelled, over and over, meanwhile
+        await asyncio.sleep(0.005)
+        stopper.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopper
+    assert task.cancelled()  # never abandoned
+    assert swallowed == 2
