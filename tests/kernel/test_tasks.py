@@ -9,26 +9,32 @@ import pytest
 from controlplane.kernel.tasks import cancel_and_wait
 
 
-async def test_a_task_that_loses_its_cancellation_is_cancelled_again() -> None:
-    never = asyncio.Event()
-    swallowed = 0
+class LosesCancellations:
+    """A task body that carries on after its first `lost` cancellations, as a library
+    that caught them at a timeout's edge does; the next one ends it."""
 
-    async def loses_cancellations() -> None:
-        nonlocal swallowed
+    def __init__(self, lost: int) -> None:
+        self.lost = lost
+        self.received = 0
+
+    async def run(self) -> None:
+        never = asyncio.Event()
         while True:
             try:
                 await never.wait()
             except asyncio.CancelledError:
-                swallowed += 1
-                if swallowed == 3:
+                self.received += 1
+                if self.received > self.lost:
                     raise
-                # carries on, as a library that caught it at a timeout's edge does
 
-    task = asyncio.create_task(loses_cancellations())
+
+async def test_a_task_that_loses_its_cancellation_is_cancelled_again() -> None:
+    body = LosesCancellations(lost=2)
+    task = asyncio.create_task(body.run())
     await asyncio.sleep(0)
     await cancel_and_wait(task, again_after=0.01)
     assert task.cancelled()
-    assert swallowed == 3
+    assert body.received == 3
 
 
 async def test_a_task_that_ends_at_once_is_waited_for_and_its_cancellation_absorbed() -> None:
@@ -88,20 +94,8 @@ async def test_several_tasks_are_cancelled_once_each_and_all_waited_for() -> Non
 
 
 async def test_a_stopper_cancelled_meanwhile_still_ends_its_task_before_it_raises() -> None:
-    never = asyncio.Event()
-    swallowed = 0
-
-    async def loses_one() -> None:
-        nonlocal swallowed
-        while True:
-            try:
-                await never.wait()
-            except asyncio.CancelledError:
-                swallowed += 1
-                if swallowed == 2:
-                    raise
-
-    task = asyncio.create_task(loses_one())
+    body = LosesCancellations(lost=1)
+    task = asyncio.create_task(body.run())
     await asyncio.sleep(0)
     stopper = asyncio.create_task(cancel_and_wait(task, again_after=0.05))
     for _ in range(40):  # the stopper itself is cancelled, over and over, meanwhile
@@ -110,4 +104,4 @@ async def test_a_stopper_cancelled_meanwhile_still_ends_its_task_before_it_raise
     with pytest.raises(asyncio.CancelledError):
         await stopper
     assert task.cancelled()  # never abandoned
-    assert swallowed == 2
+    assert body.received == 2
