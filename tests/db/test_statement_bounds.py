@@ -4,12 +4,17 @@ unavailable, instead of holding a controller round or a request without end."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
+
 import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from controlplane.db.listen import _conninfo, listen_for_routes
 from controlplane.db.session import (
     PG_LOCK_TIMEOUT_MS,
+    database_url,
     db_errors,
     make_engine,
     pg_connect_args,
@@ -64,8 +69,6 @@ def test_the_bounds_are_refused_when_negative() -> None:
 def test_every_connection_keeps_its_socket_alive(pg_url: str) -> None:
     """Client-side keepalives, seen from the client's socket: a server gone without
     a word is noticed in ~25 s, not after the system's two hours."""
-    import socket
-
     engine = make_engine(pg_url)
     try:
         with engine.connect() as conn:
@@ -82,8 +85,6 @@ def test_every_connection_keeps_its_socket_alive(pg_url: str) -> None:
 
 
 def test_the_route_listener_connects_with_bounds_unless_the_url_names_them() -> None:
-    from controlplane.db.listen import _conninfo
-
     query = make_url(_conninfo(make_url("postgresql+psycopg://u:p@h/db"))).query
     assert query == {
         "connect_timeout": "5", "keepalives": "1", "keepalives_idle": "10",
@@ -94,11 +95,6 @@ def test_the_route_listener_connects_with_bounds_unless_the_url_names_them() -> 
 
 
 async def test_the_route_listener_listens_with_its_bounds(pg_url: str) -> None:
-    import asyncio
-
-    from controlplane.db.listen import listen_for_routes
-    from controlplane.db.session import database_url
-
     listening = asyncio.Event()
     task = asyncio.create_task(
         listen_for_routes(
