@@ -22,8 +22,9 @@ from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
+from controlplane.kernel.backoff import BackoffPolicy
 from controlplane.kernel.errors import ValidationFailed
-from controlplane.kernel.informer import BackoffPolicy, PrefixInformer
+from controlplane.kernel.informer import PrefixInformer
 from controlplane.kernel.keys import EtcdKeys
 from controlplane.kernel.kv import KeyValueStore
 from controlplane.kernel.routes import BASELINE, Route, parse_route

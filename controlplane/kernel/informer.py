@@ -4,15 +4,15 @@ The model is client-go's reflector. `PrefixInformer` reads the prefix, hands its
 consumer every key (the snapshot), then watches from the revision it read at and
 delivers each put and delete. When the watch is lost for good (the store compacted
 the revisions it would resume from, refused it, or ended it) or the read fails, it
-waits out one backoff policy (`Backoff`) and reads the prefix again; the consumer
-then gets only the *difference* against what it was last told: changed keys as
-puts, and keys deleted meanwhile as deletes (`diff_listing`). Nothing is delivered
-while the store is away, so a consumer keeps whatever it holds (fail-static).
+waits out the shared backoff policy (kernel/backoff.py) and reads the prefix
+again; the consumer then gets only the *difference* against what it was last told:
+changed keys as puts, and keys deleted meanwhile as deletes (`diff_listing`).
+Nothing is delivered while the store is away, so a consumer keeps whatever it holds
+(fail-static).
 
 The adapters already resume a watch across a dropped connection without losing an
 event (kv_etcd.py); the informer is what handles everything they cannot resume
-from. See docs/decisions/0015-shared-watch-loop.md for why the backoff is a small
-helper here rather than a retry library.
+from. See docs/decisions/0015-shared-watch-loop.md.
 """
 
 from __future__ import annotations
@@ -20,87 +20,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from controlplane.kernel.backoff import Backoff, BackoffPolicy
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.kv import EventKind, KeyValue, KeyValueStore, RevisionCompacted
 from controlplane.kernel.tasks import cancel_and_wait
 
 log = logging.getLogger("canary.informer")
-
-# 2**64 times any sane initial delay is past any sane maximum: no need to go higher,
-# and float powers beyond ~1024 overflow.
-_MAX_EXPONENT = 64
-
-
-# --- backoff ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BackoffPolicy:
-    """Exponential backoff with jitter, capped: the delay after the n-th failure in a row.
-
-    Delay n (from 1) is `min(maximum, initial * multiplier**(n-1))`, less a random
-    share of up to `jitter` of it, so that many sidecars that lost the same etcd do
-    not come back in step. A session that stayed up `reset_after` seconds starts the
-    sequence again from `initial`.
-    """
-
-    initial: float = 0.1
-    maximum: float = 5.0
-    multiplier: float = 2.0
-    jitter: float = 0.5
-    reset_after: float = 30.0
-
-    def __post_init__(self) -> None:
-        finite = (self.initial, self.maximum, self.multiplier, self.jitter, self.reset_after)
-        if not all(math.isfinite(x) for x in finite):
-            raise ValueError("backoff parameters must be finite numbers")
-        if self.initial <= 0 or self.maximum < self.initial:
-            raise ValueError("backoff needs 0 < initial <= maximum")
-        if self.multiplier < 1:
-            raise ValueError("backoff multiplier must be at least 1")
-        if not 0 <= self.jitter < 1:
-            raise ValueError("backoff jitter must be in [0, 1)")
-        if self.reset_after < 0:
-            raise ValueError("backoff reset_after must not be negative")
-
-    def delay(self, failures: int, draw: float) -> float:
-        """The wait after `failures` failures in a row (≥ 1); `draw` is uniform in [0, 1)."""
-        exponent = min(max(failures, 1) - 1, _MAX_EXPONENT)
-        base = min(self.maximum, self.initial * self.multiplier**exponent)
-        draw = min(max(draw, 0.0), 1.0)
-        return base * (1.0 - self.jitter * draw)
-
-
-class Backoff:
-    """The failures-in-a-row counter of one loop, and the delay it earns."""
-
-    def __init__(self, policy: BackoffPolicy, *, draw: Callable[[], float] = random.random):
-        self.policy = policy
-        self._draw = draw
-        self.failures = 0
-
-    def next_delay(self) -> float:
-        self.failures += 1
-        return self.policy.delay(self.failures, self._draw())
-
-    def reset(self) -> None:
-        self.failures = 0
-
-    def after_session(self, up_for: float | None) -> float:
-        """The delay after a session that was up (read the prefix) for `up_for` seconds.
-
-        None: it never got that far. A session up `reset_after` or longer was healthy,
-        so its end is the first failure of a new sequence.
-        """
-        if up_for is not None and up_for >= self.policy.reset_after:
-            self.reset()
-        return self.next_delay()
 
 
 # --- the difference a relist delivers ---------------------------------------------

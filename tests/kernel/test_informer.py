@@ -9,18 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 
-from controlplane.kernel.informer import (
-    Backoff,
-    BackoffPolicy,
-    PrefixInformer,
-    Stored,
-    diff_listing,
-)
+from controlplane.kernel.backoff import BackoffPolicy
+from controlplane.kernel.informer import PrefixInformer, Stored, diff_listing
 from controlplane.kernel.kv import KeyValue, KeyValueStore
 from controlplane.kernel.kv_etcd import EtcdKV
 from controlplane.kernel.kv_memory import MemoryKV
@@ -28,67 +22,6 @@ from tests.support.outage import Outage, open_outage
 from tests.support.processes import EtcdProcess, free_port
 
 WAIT = 15.0  # an upper bound so a broken loop fails instead of hanging; no speed claim
-
-
-# ------------------------------------------------------------------ backoff, pure
-
-
-def test_delays_grow_by_the_multiplier_up_to_the_maximum() -> None:
-    policy = BackoffPolicy(initial=0.1, maximum=2.0, multiplier=2.0, jitter=0.0)
-    assert [policy.delay(n, 0.0) for n in range(1, 8)] == pytest.approx(
-        [0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0]
-    )
-
-
-@pytest.mark.parametrize("failures", [1, 5, 64, 65, 10_000, 2**62])
-@pytest.mark.parametrize("draw", [0.0, 0.5, 0.999999, -3.0, 7.0])
-def test_every_delay_is_within_the_policy_bounds(failures: int, draw: float) -> None:
-    policy = BackoffPolicy(initial=0.05, maximum=5.0, jitter=0.5)
-    delay = policy.delay(failures, draw)
-    assert math.isfinite(delay)
-    assert policy.initial * (1 - policy.jitter) <= delay <= policy.maximum
-
-
-def test_jitter_takes_at_most_its_share_off_the_delay() -> None:
-    policy = BackoffPolicy(initial=1.0, maximum=1.0, jitter=0.25)
-    assert policy.delay(3, 0.0) == 1.0
-    assert policy.delay(3, 0.999999) == pytest.approx(0.75, abs=1e-5)
-
-
-def test_a_reset_starts_the_sequence_again() -> None:
-    draws = iter([0.0] * 10)
-    backoff = Backoff(BackoffPolicy(initial=0.1, maximum=1.0, jitter=0.5), draw=lambda: next(draws))
-    assert [backoff.next_delay() for _ in range(3)] == pytest.approx([0.1, 0.2, 0.4])
-    backoff.reset()
-    assert backoff.next_delay() == pytest.approx(0.1)
-
-
-def test_only_a_session_that_stayed_up_long_enough_starts_the_sequence_again() -> None:
-    policy = BackoffPolicy(initial=0.1, maximum=10.0, jitter=0.0, reset_after=30.0)
-    backoff = Backoff(policy, draw=lambda: 0.0)
-    assert backoff.after_session(None) == pytest.approx(0.1)  # never read the prefix
-    assert backoff.after_session(None) == pytest.approx(0.2)
-    assert backoff.after_session(29.0) == pytest.approx(0.4)  # up, but not for long
-    assert backoff.after_session(30.0) == pytest.approx(0.1)  # healthy: a first failure
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"initial": 0.0},
-        {"initial": -1.0},
-        {"initial": 2.0, "maximum": 1.0},
-        {"multiplier": 0.5},
-        {"jitter": 1.0},
-        {"jitter": -0.1},
-        {"maximum": math.inf},
-        {"initial": math.nan},
-        {"reset_after": -1.0},
-    ],
-)
-def test_an_unbounded_or_nonsensical_policy_is_refused(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match="backoff"):
-        BackoffPolicy(**kwargs)
 
 
 # ------------------------------------------------------------------ the difference, pure

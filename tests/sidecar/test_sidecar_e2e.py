@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from controlplane.kernel.backoff import BackoffPolicy
 from controlplane.kernel.codec import parse_entry
 from controlplane.kernel.errors import BackendUnavailable
-from controlplane.kernel.informer import BackoffPolicy
 from controlplane.kernel.keys import COLLECTOR_GROUP, EtcdKeys
 from controlplane.kernel.kv import KeyValueStore
 from controlplane.kernel.kv_factory import open_kv
