@@ -8,7 +8,7 @@ buffer; a background task sends them, one XADD per batch and several batches per
 pipelined call.
 
 When the stream is down or slow the buffer keeps the newest batches and drops the
-oldest, counting what it drops; sending resumes with exponential backoff. A batch
+oldest, counting what it drops; sending resumes with the shared backoff (kernel/backoff.py). A batch
 whose append timed out may have reached Redis anyway and is then sent again with the
 same (src, seq): the stream does not take it twice (`SampleStream.append` is
 idempotent per source), and a collector would recognise the repeat anyway.
@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from controlplane.kernel.backoff import Backoff, BackoffPolicy
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.codec import BatchBuilder, BatchMeta, entry_fields
 from controlplane.kernel.errors import CodecError
@@ -114,8 +115,7 @@ class SampleReporter:
         self._maxlen = maxlen
         self._per_call = batches_per_call
         self._send_timeout = send_timeout
-        self._backoff_initial = backoff_initial
-        self._backoff_max = backoff_max
+        self._backoff = BackoffPolicy(initial=backoff_initial, maximum=backoff_max)
         self._signer = signer
         self._refused_experiment: str | None = None  # the last one logged, not every batch
 
@@ -354,7 +354,7 @@ class SampleReporter:
             self._task = asyncio.create_task(self._run(), name=f"sample-reporter:{self.service}")
 
     async def _run(self) -> None:
-        backoff = self._backoff_initial
+        backoff = Backoff(self._backoff)
         # the closing flag as well as the cancellation: either one ends the loop
         while not self._closing:
             due = self._next_due_in()
@@ -368,11 +368,10 @@ class SampleReporter:
             if not self._buffer:
                 continue
             if await self.send_pending():
-                backoff = self._backoff_initial
+                backoff.reset()
                 continue
             # Backing off: record() keeps filling the bounded buffer meanwhile.
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self._backoff_max)
+            await asyncio.sleep(backoff.next_delay())
             self.seal_due()
 
     async def close(self, deadline: float = 5.0) -> None:
@@ -389,12 +388,11 @@ class SampleReporter:
         end = loop.time() + deadline
         try:
             async with asyncio.timeout_at(end):
-                backoff = self._backoff_initial
+                backoff = Backoff(self._backoff)
                 # the deadline is also checked here: a stream that loses the
                 # timeout's cancellation must not keep the loop going for ever
                 while not await self.send_pending() and loop.time() < end:
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, self._backoff_max)
+                    await asyncio.sleep(backoff.next_delay())
         except TimeoutError:
             pass
         stats = self.snapshot()

@@ -57,6 +57,7 @@ from controlplane.collector.windows import (
     LogMapping,
     WindowConfig,
 )
+from controlplane.kernel.backoff import Backoff, BackoffPolicy
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import BatchMeta, RawBatch
 from controlplane.kernel.errors import BackendError, CanaryError, CodecError, ValidationFailed
@@ -91,8 +92,7 @@ HEARTBEAT_SEC = 5.0  # republish an unchanged experiment this often, so age stay
 # what counts and what the controller reads, goes out with every publish
 # (docs/decisions/0031-round-cost-at-scale.md, "The collector's publish")
 MERGED_EVERY_SEC = HEARTBEAT_SEC
-BACKEND_RETRY_INITIAL_SEC = 0.05
-BACKEND_RETRY_MAX_SEC = 2.0
+BACKEND_RETRY = BackoffPolicy(initial=0.05, maximum=2.0)
 
 
 class SourceDedup:
@@ -462,7 +462,7 @@ class Collector:
                     waiting.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await waiting
-            backoff = BACKEND_RETRY_INITIAL_SEC
+            backoff = Backoff(BACKEND_RETRY)
             while not stop.is_set():
                 try:
                     await self.step()
@@ -471,13 +471,13 @@ class Collector:
                     # stays held (listed as unacked) and what was not read stays in
                     # the stream, so the next round resumes exactly
                     self.metrics.backend_errors.inc()
-                    log.warning("round failed, retrying in %.2f s: %s", backoff, exc)
+                    delay = backoff.next_delay()
+                    log.warning("round failed, retrying in %.2f s: %s", delay, exc)
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(backoff):
+                        async with asyncio.timeout(delay):
                             await stop.wait()
-                    backoff = min(backoff * 2, BACKEND_RETRY_MAX_SEC)
                 else:
-                    backoff = BACKEND_RETRY_INITIAL_SEC
+                    backoff.reset()
         finally:
             await self.flush()
             await self.stop_watching()

@@ -48,6 +48,7 @@ from controlplane.db import experiments as records
 from controlplane.db import routes as desired_routes
 from controlplane.db.listen import listen_for_routes, listens
 from controlplane.db.window_rules import desired_window_rules
+from controlplane.kernel.backoff import Backoff, BackoffPolicy
 from controlplane.kernel.clock import utc_now
 from controlplane.kernel.errors import (
     BackendError,
@@ -67,6 +68,7 @@ from controlplane.runtime import Backends
 log = logging.getLogger(__name__)
 
 ROUTE_RECONCILED = "route_reconciled"
+LISTEN_AGAIN_BACKOFF = BackoffPolicy(initial=1.0, maximum=10.0)
 
 
 def fence_entry(fence: Fence) -> dict[str, Any]:
@@ -162,6 +164,11 @@ class RouteReconciler:
         """Forward PostgreSQL's notices; after a lost connection, listen again (a full
         pass follows every LISTEN)."""
         changes = backends.route_changes
+        backoff = Backoff(LISTEN_AGAIN_BACKOFF)
+
+        def listening() -> None:
+            backoff.reset()
+            changes.notify_all()
 
         def accept(payload: str) -> bool:
             if is_service_name(payload):
@@ -172,10 +179,10 @@ class RouteReconciler:
         while True:
             try:
                 await listen_for_routes(backends.database.engine.url, changes.notify,
-                                        accept=accept, on_listening=changes.notify_all)
+                                        accept=accept, on_listening=listening)
             except BackendError as exc:
-                log.warning("%s; listening again in a second (full passes meanwhile)", exc)
-            await asyncio.sleep(1.0)
+                log.warning("%s; listening again shortly (full passes meanwhile)", exc)
+            await asyncio.sleep(backoff.next_delay())
 
     async def _poll(self, backends: Backends, fence: Fence | None) -> bool:
         """Without NOTIFY: reconcile the services whose desired revision moved."""

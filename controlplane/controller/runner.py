@@ -35,6 +35,7 @@ from controlplane.experiments.lifecycle import ACTIVE, ExperimentState
 from controlplane.experiments.rollout_state import inline_rule, rollout_state_of, steps_of
 from controlplane.experiments.store import ExperimentRecord
 from controlplane.history.recorder import HistoryRecorder
+from controlplane.kernel.backoff import Backoff, BackoffPolicy
 from controlplane.kernel.clock import utc_now
 from controlplane.kernel.errors import (
     BackendError,
@@ -62,6 +63,7 @@ RULE_REJECTED = "rule_rejected"
 # hashes read many seconds earlier, their samples mostly out of the window by then
 # (decision 0033)
 READ_AHEAD = 64
+STEP_DOWN_BACKOFF = BackoffPolicy(initial=1.0, maximum=10.0)  # before campaigning again
 
 SnapshotReader = Callable[[Backends, str, int], Awaitable[Mapping[str, WindowSnapshot]]]
 
@@ -168,12 +170,14 @@ class Controller:
     # ------------------------------------------------------------- leadership
 
     async def _run(self, backends: Backends) -> None:
+        backoff = Backoff(STEP_DOWN_BACKOFF)
         while True:
             leadership = backends.kv.leadership(
                 backends.keys.election, identity=self.identity, ttl=self.lease_ttl
             )
             try:
                 fence = await leadership.campaign()
+                backoff.reset()
                 self.stats.leader = True
                 self.stats.terms += 1
                 self.history.new_term()
@@ -182,12 +186,12 @@ class Controller:
                 await self._lead_until_lost(backends, fence, leadership)
             except BackendError as exc:
                 log.warning("controller %s steps down: %s", self.identity, exc)
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(backoff.next_delay())
             except Exception:
                 # a bug must not end the loop for good while the process looks healthy
                 log.exception("controller %s steps down after an unexpected error",
                               self.identity)
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(backoff.next_delay())
             finally:
                 self.stats.leader = False
                 with contextlib.suppress(Exception):

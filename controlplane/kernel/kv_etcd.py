@@ -60,6 +60,7 @@ from etcd3aio.kv import KVService
 from etcd3aio.lease import LeaseService
 
 from controlplane.kernel.backend_access import EtcdAccess
+from controlplane.kernel.backoff import Backoff, BackoffPolicy
 from controlplane.kernel.errors import (
     BackendError,
     BackendUnavailable,
@@ -89,8 +90,7 @@ _TRANSIENT = (
     grpc.StatusCode.CANCELLED,
     grpc.StatusCode.UNKNOWN,
 )
-_WATCH_BACKOFF_SECONDS = 0.1
-_WATCH_MAX_BACKOFF_SECONDS = 2.0
+_WATCH_BACKOFF = BackoffPolicy(initial=0.1, maximum=2.0)
 # gRPC's own defaults back off up to 120 s between connection attempts, which would
 # keep a watcher blind long after etcd is back.
 _CHANNEL_OPTIONS: list[tuple[str, int | str | bool]] = [
@@ -495,16 +495,16 @@ class EtcdKV:
     ) -> AsyncGenerator[WatchEvent, None]:
         # `after` is the last revision the caller has seen; 0 until the first stream
         # tells us which revision "now" is.
-        backoff = _WATCH_BACKOFF_SECONDS
+        backoff = Backoff(_WATCH_BACKOFF)
         renewed = False  # the token was renewed for this stream after a refusal
         while not self._closed:
             try:
                 await self._authenticated()
             except BackendUnavailable as exc:
+                retry_in = backoff.next_delay()
                 _log.warning("etcd watch on %s cannot authenticate (%s); retrying in %.1f s",
-                             key, exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _WATCH_MAX_BACKOFF_SECONDS)
+                             key, exc, retry_in)
+                await asyncio.sleep(retry_in)
                 continue
             token = self._token
             # etcd's start_revision is inclusive; ours is exclusive.
@@ -514,6 +514,7 @@ class EtcdKV:
             requests = _WatchRequests(request)
             # the next member in turn: after a lost stream, most likely another one
             stream = self._pick().watch.Watch(requests, metadata=self._metadata())
+            delay: float | None = None  # set when the stream failed and said so
             try:
                 async for response in stream:
                     if response.compact_revision > 0:
@@ -529,7 +530,7 @@ class EtcdKV:
                     if response.created:
                         if not after:
                             after = int(response.header.revision)
-                        backoff = _WATCH_BACKOFF_SECONDS
+                        backoff.reset()
                         renewed = False
                         continue
                     for event in response.events:
@@ -545,18 +546,18 @@ class EtcdKV:
             except grpc.aio.AioRpcError as exc:
                 if self._closed:
                     return
+                delay = backoff.next_delay()
                 if exc.code() == grpc.StatusCode.UNAUTHENTICATED and self._access.user:
                     self._forget_token(token)
                 elif exc.code() not in _TRANSIENT:
                     raise BackendError(f"etcd watch: {exc.code().name} {exc.details()}") from exc
                 _log.warning("etcd watch on %s lost (%s %s); resuming after revision %d "
                              "in %.1f s", key, exc.code().name, exc.details() or "", after,
-                             backoff)
+                             delay)
             finally:
                 requests.finish()
                 stream.cancel()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, _WATCH_MAX_BACKOFF_SECONDS)
+            await asyncio.sleep(backoff.next_delay() if delay is None else delay)
 
     def leadership(self, name: str, *, identity: str, ttl: int) -> Leadership:
         if ttl <= 0:

@@ -3,9 +3,9 @@
 Any answer other than 2xx, and any failure to get one (refused connection, timeout,
 an answer too large), is retried: a receiver that refuses today (a secret being
 rotated, a deploy) may accept tomorrow, and at-least-once means not dropping what it
-could still take. Retries back off exponentially with "equal jitter" (half the delay
-fixed, half random), so the delay still grows while retries of many deliveries
-spread out; a `Retry-After` the receiver sent lengthens the delay, never shortens
+could still take. Retries wait out the shared backoff (kernel/backoff.py) with half
+the delay random, so the delay still grows while retries of many deliveries spread
+out; a `Retry-After` the receiver sent lengthens the delay, never shortens
 it. A delivery that used up its attempts, or would be retried after its maximum age,
 is given up (`failed`), and stays visible as such.
 """
@@ -13,6 +13,8 @@ is given up (`failed`), and stays visible as such.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from controlplane.kernel.backoff import BackoffPolicy
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,10 @@ class RetryPolicy:
             raise ValueError("max_attempts must be 1..100")
         if not 0 < self.base_delay_sec <= self.max_delay_sec <= self.max_age_sec:
             raise ValueError("need 0 < base_delay_sec <= max_delay_sec <= max_age_sec")
+
+    @property
+    def backoff(self) -> BackoffPolicy:
+        return BackoffPolicy(initial=self.base_delay_sec, maximum=self.max_delay_sec, jitter=0.5)
 
 
 @dataclass(frozen=True)
@@ -72,9 +78,9 @@ def retry_delay(policy: RetryPolicy, attempts: int, jitter: float) -> float:
         raise ValueError("attempts start at 1")
     if not 0.0 <= jitter < 1.0:
         raise ValueError("jitter must be in [0, 1)")
-    # the exponent is capped first: 2 ** 1000 as a float would overflow
-    ceiling = min(policy.max_delay_sec, policy.base_delay_sec * 2.0 ** min(attempts - 1, 60))
-    return ceiling / 2 + jitter * ceiling / 2
+    # the policy takes a share off as its draw grows; here jitter 0 is the shortest
+    # delay (half the ceiling) and the delay grows with it
+    return policy.backoff.delay(attempts, 1.0 - jitter)
 
 
 def after_attempt(

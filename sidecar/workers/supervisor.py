@@ -18,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import shutil
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ class Supervisor:
         policy: RestartPolicy | None = None,
         grace: float = 20.0,
         clock: Clock | None = None,
+        draw: Callable[[], float] = random.random,
         python: str = sys.executable,
     ) -> None:
         if workers < 1:
@@ -70,6 +72,7 @@ class Supervisor:
         self._policy = policy or RestartPolicy()
         self._grace = grace  # the workers' drain and flush, and a margin
         self._clock: Clock = clock or SystemClock()
+        self._draw = draw  # the restart delay's jitter
         self._python = python
         self._dir = socket_dir  # private (see rundir.py); removed at stop
         self.slots = [
@@ -151,7 +154,9 @@ class Supervisor:
             ended = await self._run_once(slot)
             if self._stopping.is_set():
                 return
-            decision = after_exit(self._policy, slot.exits, self._clock.monotonic())
+            decision = after_exit(
+                self._policy, slot.exits, self._clock.monotonic(), draw=self._draw()
+            )
             if isinstance(decision, GiveUp):
                 self.failure = f"worker {slot.index} keeps exiting ({decision.reason})"
                 log.error("worker %d exited (%s): %s", slot.index, ended, self.failure)
