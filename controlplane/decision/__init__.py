@@ -9,7 +9,6 @@ from controlplane.decision.model import (
     BREAKER_TRANSITIONS,
     EXPERIMENT_TRANSITIONS,
     Decision,
-    EventKind,
     Promote,
     RecordEvent,
     Rollback,
@@ -20,6 +19,7 @@ from controlplane.decision.model import (
     transition,
 )
 from controlplane.decision.rollout import decide, start
+from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 
 __all__ = [

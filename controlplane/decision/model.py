@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from controlplane.decision.ramp_split import RampSplit
 from controlplane.decision.tally import SrmTally, Tally
+from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import TERMINAL, BreakerState, ExperimentState
 from controlplane.experiments.lifecycle import TRANSITIONS as LIFECYCLE_TRANSITIONS
 from controlplane.kernel.errors import IllegalTransition
@@ -155,22 +156,6 @@ class RolloutState:
             srm_tally=SrmTally.from_dict(data["srm_tally"]) if data.get("srm_tally") else None,
             ramp_split=RampSplit.from_dict(data["ramp_split"]) if data.get("ramp_split") else None,
         )
-
-
-class EventKind(StrEnum):
-    STARTED = "started"
-    TRIPPED = "tripped"
-    HALF_OPEN = "half_open"
-    PROBE_PASSED = "probe_passed"
-    PROBE_FAILED = "probe_failed"
-    ROLLED_BACK = "rolled_back"
-    STEP_ADVANCED = "step_advanced"
-    PROMOTED = "promoted"
-    SRM_DETECTED = "srm_detected"
-    SRM_CLEARED = "srm_cleared"
-    NO_DATA = "no_data"
-    OVERLOAD_HOLD = "overload_hold"
-    OVERLOAD_CLEARED = "overload_cleared"
 
 
 @dataclass(frozen=True)

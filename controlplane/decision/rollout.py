@@ -49,7 +49,6 @@ from controlplane.decision.breaker import (
 )
 from controlplane.decision.model import (
     Decision,
-    EventKind,
     Promote,
     RecordEvent,
     Rollback,
@@ -62,6 +61,7 @@ from controlplane.decision.model import (
 from controlplane.decision.ramp_split import RampSplit
 from controlplane.decision.stats import SrmResult, UnitSrm, sample_ratio_mismatch, unit_split
 from controlplane.decision.tally import SrmTally, Tally
+from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 from controlplane.kernel.routes import BASELINE, CANARY, TOTAL_WEIGHT, RouteState
 from controlplane.kernel.rules import Action, BreakerRule, NoDataPolicy, OverloadPolicy, SrmPolicy

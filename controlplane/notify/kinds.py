@@ -1,9 +1,9 @@
 """Which events are announced, and under which topic a person would look for them.
 
 Subscriptions name event kinds (the `kind` of the audit trail, architecture §7); only
-the kinds below can be subscribed to. Topics group them the way people speak of a
-rollout ("tell me about trips and rollbacks"): a subscription may name a topic in
-place of its kinds.
+the kinds that have a topic (`EventKind.topic`, experiments/events.py) can be
+subscribed to. Topics group them the way people speak of a rollout ("tell me about
+trips and rollbacks"): a subscription may name a topic in place of its kinds.
 """
 
 from __future__ import annotations
@@ -11,20 +11,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-TOPICS: Final[dict[str, tuple[str, ...]]] = {
-    "trip": ("tripped",),
-    "probe": ("half_open", "probe_passed", "probe_failed"),
-    "rollback": ("rolled_back", "rollback", "abort"),
-    "promotion": ("promoted", "promote"),
-    "step": ("step_advanced",),
-    "srm": ("srm_detected", "srm_cleared"),
-    "no_data": ("no_data",),
-    "overload": ("overload_hold", "overload_cleared"),
-    "lifecycle": ("start", "pause", "resume"),
-    "routes": ("route_reconciled",),
-    "rules": ("rule_changed", "rule_rejected", "no_rule", "overload_changed"),
-}
+from controlplane.experiments.events import EventKind
 
+
+def _topics() -> dict[str, tuple[str, ...]]:
+    topics: dict[str, list[str]] = {}
+    for kind in EventKind:
+        if kind.topic is not None:
+            topics.setdefault(kind.topic, []).append(kind.value)
+    return {topic: tuple(kinds) for topic, kinds in topics.items()}
+
+
+TOPICS: Final[dict[str, tuple[str, ...]]] = _topics()
 NOTIFIABLE_KINDS: Final[frozenset[str]] = frozenset(k for kinds in TOPICS.values() for k in kinds)
 TOPIC_OF: Final[dict[str, str]] = {k: topic for topic, kinds in TOPICS.items() for k in kinds}
 

@@ -12,8 +12,7 @@ from controlplane.api.problems import problem_responses
 from controlplane.api.schemas import ExperimentHistory, HistoryMark, VariantSeries
 from controlplane.api.security import require
 from controlplane.auth.roles import Role
-from controlplane.decision.model import EventKind
-from controlplane.experiments.lifecycle import Action
+from controlplane.experiments.events import ACTIONS, DECIDED
 from controlplane.history.points import MAX_POINTS, VARIANTS, HistoryPoint, bucket_width
 from controlplane.kernel.errors import FieldError, ValidationFailed
 
@@ -22,7 +21,7 @@ router = APIRouter(prefix="/v1/experiments", tags=["experiments"])
 DEFAULT_POINTS = 600
 MAX_RANGE_SEC = 400 * 24 * 3600
 MAX_MARKS = 500
-MARK_KINDS = frozenset({k.value for k in EventKind} | {a.value for a in Action})
+MARK_KINDS = frozenset(kind.value for kind in DECIDED | ACTIONS)
 
 
 def _aware(value: datetime) -> datetime:
