@@ -85,6 +85,7 @@ async def _measure(url: str, rounds: int, progress: bool) -> dict[str, Any]:
     from controlplane.db.history import SqlHistoryStore, read_rows
     from controlplane.db.session import Database, make_engine
     from controlplane.db.store import SqlExperimentStore
+    from controlplane.experiments.events import EventKind
     from controlplane.experiments.store import ExperimentSpec, StepSpec
     from controlplane.history.points import MAX_POINTS, bucket_width
     from controlplane.history.store import ended_width
@@ -119,7 +120,8 @@ async def _measure(url: str, rounds: int, progress: bool) -> dict[str, Any]:
             started = time.perf_counter()
             async with store.transaction() as tx:
                 await tx.append_event(
-                    service="svc-0", at=at, actor="bench", kind="bench", experiment_id=writers[0]
+                    service="svc-0", at=at, actor="bench", kind=EventKind.UPDATED,
+                    experiment_id=writers[0],
                 )
             event.append(time.perf_counter() - started)
             batch = [p for e in writers for p in _points(e, T0 + second, 1)]

@@ -25,6 +25,8 @@ import tempfile
 import time
 from typing import Any
 
+from controlplane.experiments.events import EventKind
+
 DEFAULT_DATABASE = "postgresql://postgres@127.0.0.1:5432/postgres"
 EXPERIMENTS = 10
 
@@ -94,7 +96,7 @@ async def _subscribe(backends: Any, url: str, name: str, service: str | None) ->
         )  # fmt: skip
 
 
-async def _event(backends: Any, experiment: Any, kind: str) -> int:
+async def _event(backends: Any, experiment: Any, kind: EventKind) -> int:
     from controlplane.kernel.clock import utc_now
 
     async with backends.store.transaction() as tx:
@@ -117,12 +119,13 @@ async def _write_cost(settings: Any, writes: int) -> dict[str, Any]:
             await _subscribe(backends, never, f"five-{i}", "bench-five")
         cases = {
             "reference (kind not announced)": (await _experiment(backends, "bench-none"),
-                                               "updated"),
+                                               EventKind.UPDATED),
             "announced, no subscription": (await _experiment(backends, "bench-none2"),
-                                           "tripped"),
-            "announced, 1 subscription": (await _experiment(backends, "bench-one"), "tripped"),
+                                           EventKind.TRIPPED),
+            "announced, 1 subscription": (await _experiment(backends, "bench-one"),
+                                          EventKind.TRIPPED),
             "announced, 5 subscriptions": (await _experiment(backends, "bench-five"),
-                                           "tripped"),
+                                           EventKind.TRIPPED),
         }  # fmt: skip
         timings: dict[str, list[float]] = {name: [] for name in cases}
         for _ in range(writes):
@@ -166,14 +169,14 @@ async def _delivery(settings: Any, events: int, backlog: int) -> dict[str, Any]:
         await dispatcher.start(backends)
         committed: dict[int, float] = {}
         for i in range(events):
-            event_id = await _event(backends, experiments[i % EXPERIMENTS], "tripped")
+            event_id = await _event(backends, experiments[i % EXPERIMENTS], EventKind.TRIPPED)
             committed[event_id] = time.perf_counter()
             await asyncio.sleep(0.02)
         await _until_received(receiver, set(committed), "one by one")
         latency = [(receiver.arrived[e] - t) * 1000 for e, t in committed.items()]
         await dispatcher.stop()
         # 2. a backlog written with no dispatcher, then drained
-        queued = [await _event(backends, experiments[i % EXPERIMENTS], "step_advanced")
+        queued = [await _event(backends, experiments[i % EXPERIMENTS], EventKind.STEP_ADVANCED)
                   for i in range(backlog)]  # fmt: skip
         drainer = dispatcher_for(settings)
         began = time.perf_counter()

@@ -110,7 +110,7 @@ async def apply_decision(
                 service=experiment.service,
                 at=at,
                 actor="controller",
-                kind=event.kind.value,
+                kind=event.kind,
                 from_state=str(payload.get("from", "")) or None,
                 to_state=str(payload.get("to", "")) or None,
                 reason=event.reason,

@@ -48,6 +48,7 @@ from controlplane.db import experiments as records
 from controlplane.db import routes as desired_routes
 from controlplane.db.listen import listen_for_routes, listens
 from controlplane.db.window_rules import desired_window_rules
+from controlplane.experiments.events import EventKind
 from controlplane.kernel.backoff import Backoff, BackoffPolicy
 from controlplane.kernel.clock import utc_now
 from controlplane.kernel.errors import (
@@ -67,7 +68,7 @@ from controlplane.runtime import Backends
 
 log = logging.getLogger(__name__)
 
-ROUTE_RECONCILED = "route_reconciled"
+ROUTE_RECONCILED = EventKind.ROUTE_RECONCILED
 LISTEN_AGAIN_BACKOFF = BackoffPolicy(initial=1.0, maximum=10.0)
 
 

@@ -31,6 +31,7 @@ from controlplane.controller.reconciler import RouteReconciler
 from controlplane.controller.rulebook import RuleBook, RuleRejection
 from controlplane.decision.model import Decision, RolloutState
 from controlplane.decision.rollout import decide, fast_window_sec
+from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import ACTIVE, ExperimentState
 from controlplane.experiments.rollout_state import inline_rule, rollout_state_of, steps_of
 from controlplane.experiments.store import ExperimentRecord
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RULE_REJECTED = "rule_rejected"
+RULE_REJECTED = EventKind.RULE_REJECTED
 # experiments whose stats hashes one pipelined read fetches, just before they are
 # judged: a window is merged to end at the moment it is judged, so with one read for
 # a whole round of 1,000 experiments (seconds of CPU) the last ones were judged on
@@ -480,7 +481,8 @@ class Controller:
         async with backends.store.transaction() as tx:
             await tx.append_event(
                 experiment_id=experiment.id, service=experiment.service,
-                at=utc_now(backends.clock), actor="controller", kind="no_rule", reason=reason,
+                at=utc_now(backends.clock), actor="controller", kind=EventKind.NO_RULE,
+                reason=reason,
             )
 
     async def _record_rejections(self, backends: Backends) -> None:

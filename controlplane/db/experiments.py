@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from controlplane.db.models import Event, Experiment, Step, Variant
 from controlplane.db.notifications import enqueue_for_event
+from controlplane.experiments.events import EventKind
 from controlplane.experiments.store import ExperimentSpec, StepSpec
 from controlplane.kernel.errors import NotFound
 from controlplane.kernel.routes import BASELINE, CANARY
@@ -131,7 +132,7 @@ def record_event(
     service: str,
     at: datetime,
     actor: str,
-    kind: str,
+    kind: EventKind,
     experiment_id: int | None = None,
     from_state: str | None = None,
     to_state: str | None = None,
@@ -143,7 +144,9 @@ def record_event(
         service=service,
         at=at,
         actor=actor,
-        kind=kind,
+        # a kind outside the enum is refused (ValueError), so every stored kind reads
+        # back as a member
+        kind=EventKind(kind).value,
         from_state=from_state,
         to_state=to_state,
         reason=reason,

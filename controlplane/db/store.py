@@ -20,6 +20,7 @@ from controlplane.db import experiments as rows
 from controlplane.db import routes as desired_routes
 from controlplane.db.models import Event, Experiment
 from controlplane.db.session import Database, Transaction
+from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 from controlplane.experiments.store import (
     EventRecord,
@@ -208,7 +209,7 @@ class SqlStoreTransaction:
         service: str,
         at: datetime,
         actor: str,
-        kind: str,
+        kind: EventKind,
         experiment_id: int | None = None,
         from_state: str | None = None,
         to_state: str | None = None,

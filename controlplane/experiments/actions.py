@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 
+from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import (
     ACTIVE,
     EDITABLE,
@@ -52,7 +53,7 @@ async def create_experiment(
             service=spec.service,
             at=now,
             actor=actor,
-            kind="created",
+            kind=EventKind.CREATED,
             to_state=ExperimentState.DRAFT,
             reason=f"created by {actor}",
         )
@@ -97,7 +98,7 @@ async def update_experiment(
             service=experiment.service,
             at=now,
             actor=actor,
-            kind="updated",
+            kind=EventKind.UPDATED,
             from_state=experiment.state,
             to_state=experiment.state,
             reason=f"edited by {actor}",
@@ -117,7 +118,7 @@ async def delete_experiment(
             service=experiment.service,
             at=now,
             actor=actor,
-            kind="deleted",
+            kind=EventKind.DELETED,
             from_state=experiment.state,
             reason=f"draft experiment {experiment.id} deleted by {actor}",
             payload={"experiment_id": experiment.id, "name": experiment.name},
@@ -229,7 +230,7 @@ async def _apply_action_once(
             service=experiment.service,
             at=now,
             actor=actor,
-            kind=action.value,
+            kind=EventKind.of_action(action),
             from_state=previous.value,
             to_state=experiment.state.value,
             reason=reason or f"{action.value} by {actor}",

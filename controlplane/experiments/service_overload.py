@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from controlplane.experiments.events import EventKind
 from controlplane.experiments.service_rules import StoredValueInvalid, previous_value
 from controlplane.experiments.store import ExperimentStore
 from controlplane.kernel.clock import Clock, utc_now
@@ -18,7 +19,7 @@ from controlplane.kernel.keys import EtcdKeys
 from controlplane.kernel.kv import KeyValueStore
 from controlplane.kernel.overload import ServiceOverload, parse_overload
 
-EVENT_KIND = "overload_changed"
+EVENT_KIND = EventKind.OVERLOAD_CHANGED
 
 
 async def read_overload(*, kv: KeyValueStore, keys: EtcdKeys, service: str) -> ServiceOverload:

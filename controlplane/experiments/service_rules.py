@@ -10,6 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from controlplane.experiments.events import EventKind
 from controlplane.experiments.store import ExperimentStore
 from controlplane.kernel.clock import Clock, utc_now
 from controlplane.kernel.errors import BackendError, FieldError, NotFound, ValidationFailed
@@ -75,7 +76,7 @@ async def write_rule(
             service=rule.service,
             at=now,
             actor=actor,
-            kind="rule_changed",
+            kind=EventKind.RULE_CHANGED,
             reason=f"breaker rule {'replaced' if previous else 'created'} by {actor}",
             payload={"rule": new_value, "previous": old_value},
         )

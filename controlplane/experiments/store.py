@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 from controlplane.kernel.routes import Route, RouteState
 
@@ -169,7 +170,7 @@ class StoreTransaction(Protocol):
         service: str,
         at: datetime,
         actor: str,
-        kind: str,
+        kind: EventKind,
         experiment_id: int | None = None,
         from_state: str | None = None,
         to_state: str | None = None,

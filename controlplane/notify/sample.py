@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from controlplane.experiments.events import EventKind
 from controlplane.notify.records import AnnouncedEvent
 
 SAMPLE_EXPERIMENT_ID = 0
@@ -13,7 +14,7 @@ SAMPLE_EXPERIMENT_ID = 0
 def sample_event(at: datetime, *, service: str = "example-service") -> AnnouncedEvent:
     return AnnouncedEvent(
         event_id=0,
-        kind="tripped",
+        kind=EventKind.TRIPPED,
         service=service,
         experiment_id=SAMPLE_EXPERIMENT_ID,
         experiment_name="sample notification",

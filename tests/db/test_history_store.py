@@ -14,6 +14,7 @@ from controlplane.db.history import SqlHistoryStore
 from controlplane.db.migrate import upgrade
 from controlplane.db.session import Database, make_engine
 from controlplane.db.store import SqlExperimentStore
+from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import ExperimentState
 from controlplane.experiments.store import ExperimentSpec, StepSpec
 from controlplane.history.points import HistoryPoint, VariantPoint, downsample
@@ -186,7 +187,7 @@ async def test_marks_are_the_newest_events_of_the_kinds_in_the_range(stores: Sto
                 service="checkout",
                 at=NOW + timedelta(seconds=i),
                 actor="controller",
-                kind=kind,
+                kind=EventKind(kind),
                 reason=f"r{i}",
             )
 

@@ -12,6 +12,7 @@ import pytest
 from controlplane.db.migrate import upgrade
 from controlplane.db.session import Database, make_engine
 from controlplane.db.store import SqlExperimentStore
+from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import ACTIVE, BreakerState, ExperimentState
 from controlplane.experiments.store import ExperimentSpec, ExperimentStore, StepSpec
 from controlplane.kernel.errors import NotFound, RevisionConflict
@@ -65,7 +66,7 @@ async def test_a_failed_block_leaves_nothing(store: ExperimentStore) -> None:
             saved = await tx.save_state(experiment=running)
             await tx.save_desired_route(experiment=saved, canary_bp=500,
                                         state=RouteState.RUNNING, now=NOW)
-            await tx.append_event(service="checkout", at=NOW, actor="t", kind="start",
+            await tx.append_event(service="checkout", at=NOW, actor="t", kind=EventKind.START,
                                   experiment_id=draft.id)
             raise Boom
     async with store.transaction() as tx:
@@ -105,14 +106,14 @@ async def test_lists_filter_and_order(store: ExperimentStore) -> None:
         a = await tx.create_experiment(spec=spec("a"), salt="s", now=NOW)
         b = await tx.create_experiment(spec=spec("b"), salt="s", now=NOW)
         await tx.save_state(experiment=replace(b, state=ExperimentState.PAUSED))
-        for minutes, kind in enumerate(("x", "y", "x")):
+        for minutes, kind in enumerate((EventKind.TRIPPED, EventKind.PAUSE, EventKind.TRIPPED)):
             await tx.append_event(service="a", at=NOW + timedelta(minutes=minutes),
                                   actor="t", kind=kind, reason=str(minutes))
     async with store.transaction() as tx:
         every, total = await tx.list_experiments()
         active, _ = await tx.list_experiments(states=ACTIVE)
         others, _ = await tx.list_experiments(excluding=b.id)
-        latest, count = await tx.list_events(service="a", kind="x", newest_first=True,
+        latest, count = await tx.list_events(service="a", kind=EventKind.TRIPPED, newest_first=True,
                                              limit=1)
         with pytest.raises(NotFound):
             await tx.load_experiment(experiment_id=999_999)
@@ -120,3 +121,24 @@ async def test_lists_filter_and_order(store: ExperimentStore) -> None:
     assert [e.id for e in active] == [b.id]
     assert [e.id for e in others] == [a.id]
     assert count == 2 and [e.reason for e in latest] == ["2"]
+
+
+async def test_every_kind_written_reads_back_as_its_member(store: ExperimentStore) -> None:
+    async with store.transaction() as tx:
+        for minutes, kind in enumerate(EventKind):
+            await tx.append_event(service="kinds", at=NOW + timedelta(minutes=minutes),
+                                  actor="t", kind=kind)
+    async with store.transaction() as tx:
+        events, total = await tx.list_events(service="kinds", limit=len(EventKind))
+    assert total == len(EventKind)
+    assert [EventKind(e.kind) for e in events] == list(EventKind)
+    assert all(type(e.kind) is str for e in events)  # a plain string, as read from a row
+
+
+async def test_a_kind_outside_the_enum_is_never_stored(store: ExperimentStore) -> None:
+    with pytest.raises(ValueError, match="is not a valid EventKind"):
+        async with store.transaction() as tx:
+            await tx.append_event(service="kinds", at=NOW, actor="t",
+                                  kind="rule-changed")  # type: ignore[arg-type]
+    async with store.transaction() as tx:
+        assert await tx.list_events(service="kinds") == ([], 0)

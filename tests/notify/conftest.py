@@ -10,6 +10,7 @@ import pytest
 
 from controlplane.db import notifications as outbox
 from controlplane.db.migrate import upgrade
+from controlplane.experiments.events import EventKind
 from controlplane.experiments.store import ExperimentRecord, ExperimentSpec, StepSpec
 from controlplane.kernel.clock import FakeClock, utc_now
 from controlplane.kernel.settings import Settings
@@ -110,7 +111,7 @@ async def announce(
             service=experiment.service,
             at=utc_now(backends.clock),
             actor="controller",
-            kind=kind,
+            kind=EventKind(kind),
             from_state="closed",
             to_state="open",
             reason=f"{kind} for the test",

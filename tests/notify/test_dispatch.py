@@ -13,6 +13,7 @@ from datetime import timedelta
 import pytest
 
 from controlplane.db import notifications as outbox
+from controlplane.experiments.events import EventKind
 from controlplane.kernel.clock import FakeClock, utc_now
 from controlplane.kernel.errors import BackendUnavailable
 from controlplane.kernel.settings import Settings
@@ -276,7 +277,7 @@ async def test_an_event_rolled_back_is_never_announced(
                 service=experiment.service,
                 at=utc_now(backends.clock),
                 actor="t",
-                kind="tripped",
+                kind=EventKind.TRIPPED,
             )
             raise Boom
     assert await deliveries(backends) == []
