@@ -1,1 +1,2 @@
-"""Route tables for the sidecars: building and publishing them to the KV store."""
+"""Routes for the sidecars: building one from an experiment, and the wake-up after a
+committed change (the leader's reconciler in controller/ writes them to etcd)."""
