@@ -347,7 +347,11 @@ class Exchange:
 
     def _last_chunk(self) -> bytes:
         trailers = self.req_trailers
-        return _LAST_CHUNK if trailers is None else request_last_chunk(trailers, self.named)
+        if trailers is None:
+            return _LAST_CHUNK
+        last, dropped = request_last_chunk(trailers, self.named)
+        self.client.server.metrics.trailer_fields_dropped += dropped
+        return last
 
     def cancel_upgrade(self) -> None:
         """httptools did not take the request as an upgrade after all: no 101 counts."""
@@ -501,7 +505,8 @@ class Exchange:
             # may be dropped (RFC 9110 §6.5.1), the body is whole without them
             self.client.server.metrics.trailers_dropped += 1
             return
-        self.trailers = response_trailers(section, named)
+        self.trailers, dropped = response_trailers(section, named)
+        self.client.server.metrics.trailer_fields_dropped += dropped
 
     def response_body(self, chunk: bytes) -> None:
         if self.resp_chunked:

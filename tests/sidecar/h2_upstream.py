@@ -17,6 +17,7 @@ answered (once) with GOAWAY whose last stream id is the stream before it, and th
 connection closes: that stream was not processed and may be retried elsewhere, the
 ones before it were (and must not be).
 `max_streams`: the MAX_CONCURRENT_STREAMS it advertises.
+`extra_trailers`: fields added to the trailers of `/trailers`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class H2Upstream:
     def __init__(self, *, max_streams: int = 100, goaway_after: int | None = None) -> None:
         self.max_streams = max_streams
         self.goaway_after = goaway_after
+        self.extra_trailers: list[tuple[str, str]] = []
         self.port = 0
         self.connections = 0
         self.started = 0  # streams whose head arrived, on every connection
@@ -168,7 +170,9 @@ class H2Upstream:
             body = b"t" * 1000
             conn.send_headers(sid, [(":status", "200"), ("content-type", "text/plain")])
             pending[sid] = body
-            ends[sid] = [("x-checksum", str(len(body))), ("grpc-status", "0")]
+            ends[sid] = [
+                ("x-checksum", str(len(body))), ("grpc-status", "0"), *self.extra_trailers
+            ]  # fmt: skip
         else:
             body = json.dumps(
                 {"method": seen.method, "path": seen.path, "fields": seen.fields,
