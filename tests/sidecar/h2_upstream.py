@@ -8,6 +8,8 @@ Paths:
 - `/download/<n>`: n bytes, sent within the proxy's flow-control windows;
 - `/trailers`: a body, then the trailers `x-checksum: <body length>` and `grpc-status: 0`;
 - `/hang`: the head is read, nothing is ever answered.
+- `/lying-length`: HEADERS with `content-length: 189` and END_STREAM, no DATA;
+- `/short-length`: `content-length: 100`, 10 bytes of DATA, then trailers.
 
 A request with a body and `expect: 100-continue` is answered 100 (informational
 HEADERS) as soon as its head arrives.
@@ -166,6 +168,11 @@ class H2Upstream:
             body = b"d" * int(seen.path.rsplit("/", 1)[1])
             conn.send_headers(sid, [(":status", "200"), ("content-length", str(len(body)))])
             pending[sid], ends[sid] = body, None
+        elif seen.path == "/lying-length":
+            conn.send_headers(sid, [(":status", "200"), ("content-length", "189")], end_stream=True)
+        elif seen.path == "/short-length":
+            conn.send_headers(sid, [(":status", "200"), ("content-length", "100")])
+            pending[sid], ends[sid] = b"s" * 10, [("x-checksum", "10")]
         elif seen.path == "/trailers":
             body = b"t" * 1000
             conn.send_headers(sid, [(":status", "200"), ("content-type", "text/plain")])

@@ -19,11 +19,12 @@ import h2.errors
 import httpx
 import pytest
 
-from sidecar.proxy import ProxyOptions, ProxyServer
+from sidecar.proxy import ProxyServer
 from tests.sidecar.early_upstream import EarlyUpstream
 from tests.sidecar.h2_raw_client import Outcome, RawH2Client
-from tests.sidecar.proxy_harness import HeaderChooser, ListRecorder
-from tests.sidecar.test_smuggling import proxied
+from tests.sidecar.h2_upstream import H2Upstream
+from tests.sidecar.proxy_harness import proxy_to
+from tests.sidecar.test_smuggling import proxied, read_all
 
 SMUGGLED = b"GET /smuggled HTTP/1.1\r\nHost: evil\r\nX-Forwarded-For: 6.6.6.6\r\n\r\n"
 VICTIM = {"authorization": "Bearer victim-token", "cookie": "session=victim"}
@@ -49,16 +50,10 @@ class Setup:
 async def early(drains: bool = True) -> AsyncIterator[Setup]:
     upstream = EarlyUpstream(drains=drains)
     await upstream.start()
-    proxy = ProxyServer(
-        HeaderChooser({"baseline": upstream.url}),
-        ListRecorder(),
-        options=ProxyOptions(read_timeout=5),
-    )
-    await proxy.start("127.0.0.1", 0)
     try:
-        yield Setup(upstream, proxy)
+        async with proxy_to(upstream.url) as proxy:
+            yield Setup(upstream, proxy)
     finally:
-        await proxy.stop(timeout=2)
         await upstream.stop()
 
 
@@ -323,3 +318,63 @@ async def test_an_answer_before_an_h2_body_closes_the_upstream_connection() -> N
         assert outcome.status == 200 and outcome.body == b"answer to /ignore"
         await assert_the_victim_is_served_alone(s, {b"/ignore"})
         assert b"/smuggled" not in s.upstream.targets
+
+
+# --- the other directions: HTTP/2 upstreams ----------------------------------------------
+
+
+@asynccontextmanager
+async def h2_upstream() -> AsyncIterator[tuple[H2Upstream, ProxyServer]]:
+    upstream = H2Upstream()
+    await upstream.start()
+    try:
+        async with proxy_to(upstream.url) as proxy:
+            yield upstream, proxy
+    finally:
+        await upstream.stop()
+
+
+@pytest.mark.parametrize("short", [False, True], ids=["END_STREAM on HEADERS", "short DATA"])
+async def test_a_lying_stream_to_an_http2_upstream_is_reset_and_never_completes(
+    short: bool,
+) -> None:
+    async with h2_upstream() as (upstream, proxy):
+        client = await RawH2Client.open(proxy.port)
+        fields = ((b"content-length", b"189"),)
+        sid = client.request(b"/attack", method=b"POST", end=not short, fields=fields)
+        if short:
+            client.data(sid, b"abc")
+            client.trailers(sid, [(b"x-checksum", b"1")])
+        await client.send()
+        outcome = await client.outcome(sid)
+        assert outcome.reset == h2.errors.ErrorCodes.PROTOCOL_ERROR
+        sid = client.request(b"/echo")  # the connection goes on
+        await client.send()
+        assert (await client.outcome(sid)).status == 200
+        client.close()
+        assert [seen.path for seen in upstream.answered] == ["/echo"]
+        assert proxy.metrics.rejected == {"h2_content_length": 1}
+
+
+async def test_an_http2_response_whose_length_is_a_lie_is_a_502_to_an_http1_client() -> None:
+    async with (
+        h2_upstream() as (_, proxy),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{proxy.port}") as c,
+    ):
+        response = await c.get("/lying-length", timeout=5)
+        assert response.status_code == 502
+        assert (await c.get("/echo", timeout=5)).status_code == 200
+
+
+async def test_an_http2_response_shorter_than_its_length_cuts_the_http1_client() -> None:
+    async with h2_upstream() as (_, proxy):
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(b"GET /short-length HTTP/1.1\r\nHost: svc\r\n\r\n")
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: svc\r\n\r\n")
+        data, closed = await read_all(reader)
+        writer.close()
+        assert closed
+        # nothing, or the head and the 10 bytes that came: never a byte of the second
+        # answer where the client waits for the rest of the first
+        assert data.count(b"HTTP/1.1 ") <= 1
+        assert data == b"" or data.endswith(b"\r\n\r\n" + b"s" * 10)

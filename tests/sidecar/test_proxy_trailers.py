@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from sidecar.proxy import ProxyOptions, ProxyServer
+from sidecar.proxy import ProxyServer
 from sidecar.proxy.trailers import (
     MAX_TRAILER_BYTES,
     request_last_chunk,
     response_trailers,
     trailer_section,
 )
-from tests.sidecar.proxy_harness import HeaderChooser, ListRecorder
+from tests.sidecar.proxy_harness import proxy_to as proxy_in_front
 
 # --- the pure parts ----------------------------------------------------------
 
@@ -114,14 +114,10 @@ class RawUpstream:
 @asynccontextmanager
 async def proxy_to(upstream: RawUpstream) -> AsyncIterator[ProxyServer]:
     url = await upstream.start()
-    proxy = ProxyServer(
-        HeaderChooser({"baseline": url}), ListRecorder(), options=ProxyOptions(read_timeout=5)
-    )
-    await proxy.start("127.0.0.1", 0)
     try:
-        yield proxy
+        async with proxy_in_front(url) as proxy:
+            yield proxy
     finally:
-        await proxy.stop(timeout=1)
         await upstream.stop()
 
 

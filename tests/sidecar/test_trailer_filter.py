@@ -14,12 +14,11 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
-from sidecar.proxy import ProxyOptions, ProxyServer
 from sidecar.proxy.trailers import trailer_allowed
 from tests.sidecar.early_upstream import EarlyUpstream
 from tests.sidecar.h2_raw_client import Pair, RawH2Client
 from tests.sidecar.h2_upstream import H2Upstream
-from tests.sidecar.proxy_harness import HeaderChooser, ListRecorder
+from tests.sidecar.proxy_harness import proxy_to
 
 ALLOWED: list[Pair] = [
     (b"grpc-status", b"0"),
@@ -70,18 +69,6 @@ def test_every_never_field_is_refused_and_the_others_allowed() -> None:
     assert [name for name, _ in NEVER_H1 + NEVER_H2 if trailer_allowed(name, None)] == []
     assert all(trailer_allowed(name, None) for name, _ in ALLOWED)
     assert not trailer_allowed(b"x-checksum", frozenset({b"x-checksum"}))  # Connection names it
-
-
-@asynccontextmanager
-async def proxy_to(url: str) -> AsyncIterator[ProxyServer]:
-    proxy = ProxyServer(
-        HeaderChooser({"baseline": url}), ListRecorder(), options=ProxyOptions(read_timeout=5)
-    )
-    await proxy.start("127.0.0.1", 0)
-    try:
-        yield proxy
-    finally:
-        await proxy.stop(timeout=2)
 
 
 @asynccontextmanager

@@ -12,6 +12,11 @@ exchange frames, tags and records as for any upstream; a gRPC answer's outcome i
 its grpc-status. With overload protection on, the exchange passes its upstream's
 gate first and the relay starts when it is admitted (`Exchange.admit`).
 
+The response's Content-Length frames it to an HTTP/1.1 client, so it is checked
+against the DATA counted (`h2` checks it only when the end comes on a DATA frame):
+a response that disagrees is a failed one (502 before its head went out, the client
+connection cut after), never a head promising bytes that do not follow.
+
 Flow control: request bytes the upstream's windows hold back stop reading from the
 client past `_HELD`; response bytes are acknowledged to the upstream (its window
 reopened) once written to the client, and not while the client's socket buffer is
@@ -46,6 +51,7 @@ if TYPE_CHECKING:
 # request bytes waiting for the upstream's windows before the client is not read
 _HELD = 256 * 1024
 _CONTENT_LENGTH = b"content-length"
+_NO_BODY = frozenset({204, 304})
 
 
 class H2Relay:
@@ -53,6 +59,7 @@ class H2Relay:
 
     __slots__ = (
         "corked",
+        "declared",
         "done",
         "exchange",
         "grpc",
@@ -60,6 +67,7 @@ class H2Relay:
         "held",
         "hub",
         "leg",
+        "received",
         "req_ended",
         "status",
         "unacked",
@@ -77,6 +85,10 @@ class H2Relay:
         self.grpc = False
         self.grpc_status: bytes | None = None
         self.done = False
+        # the response's content-length, when it frames the body to the client, and
+        # the DATA bytes counted against it
+        self.declared: int | None = None
+        self.received = 0
 
     def start(self, choice: Choice, *, degrade: bool = False) -> None:
         ex = self.exchange
@@ -161,9 +173,15 @@ class H2Relay:
         self.grpc = grpc.is_grpc(first(fields, b"content-type"))
         self.grpc_status = first(fields, b"grpc-status")  # a trailers-only response
         lines = h1_fields(fields)
+        length = first(fields, _CONTENT_LENGTH)  # digits: h2 refused anything else
+        if length is not None and self.exchange.method != b"HEAD" and status not in _NO_BODY:
+            self.declared = int(length)
         if end:
             framing = EMPTY
-        elif first(fields, _CONTENT_LENGTH) is not None:
+            if self.declared:
+                self._mismatch()
+                return
+        elif length is not None:
             framing = LENGTH
         else:
             framing = CHUNKED  # HTTP/2 frames the body: the client needs some framing
@@ -190,6 +208,7 @@ class H2Relay:
         leg = self.leg
         if self.done or leg is None:
             return
+        self.received += len(data)
         self._cork()
         self.exchange.response_body(data)
         if self.exchange.client.write_paused:
@@ -208,6 +227,10 @@ class H2Relay:
     def response_end(self) -> None:
         if self.done:
             return
+        declared = self.declared
+        if declared is not None and declared != self.received:
+            self._mismatch()
+            return
         self.done = True
         leg = self.leg
         self.leg = None
@@ -225,6 +248,14 @@ class H2Relay:
         self._cork()
         self.exchange.client.unblock(UPSTREAM_FULL)
         self.exchange.upstream_failed(status, outcome, reason)
+
+    def _mismatch(self) -> None:
+        """The response's content-length disagrees with its DATA: the stream is reset,
+        and the client is answered 502 or, with the head out, cut off."""
+        leg = self.leg
+        if leg is not None:
+            leg.cancel()
+        self.upstream_failed(502, 502, "the response's content-length disagrees with its body")
 
     # --- one write per upstream read ----------------------------------------------
 
