@@ -41,6 +41,7 @@ class EarlyUpstream:
     connections: int = 0
     closed: int = 0
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    hold: asyncio.Event = field(default_factory=asyncio.Event)
     _server: asyncio.Server | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -57,6 +58,7 @@ class EarlyUpstream:
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
+        self.hold.set()
         if self._server is not None:
             self._server.close()
             for task in list(self._tasks):
@@ -88,7 +90,13 @@ class EarlyUpstream:
                 head = _parse(raw)
                 self.heads.append(head)
                 self.arrived.set()
-                writer.write(self._answer(head.target))
+                answer = self._answer(head.target)
+                if head.target == b"/held":
+                    at = answer.index(b"\r\n\r\n") + 4
+                    writer.write(answer[:at])
+                    await self.hold.wait()
+                    answer = answer[at:]
+                writer.write(answer)
                 await writer.drain()
                 if self.drains:
                     await _drain(reader, head)

@@ -79,11 +79,12 @@ class RawH2Client:
         self.writer.write(self.h2.data_to_send())
         await self.writer.drain()
 
-    async def outcome(self, sid: int, timeout: float = 5) -> Outcome:
-        """Read until stream `sid` has ended (answer, reset, or the connection)."""
+    async def outcome(self, sid: int, timeout: float = 5, *, head: bool = False) -> Outcome:
+        """Read until stream `sid` has ended (answer, reset, or the connection), or
+        with `head`, until its response head is in."""
         wanted = self.outcomes[sid]
         async with asyncio.timeout(timeout):
-            while not (wanted.ended or self.closed):
+            while not (wanted.ended or self.closed or (head and wanted.status is not None)):
                 data = await self.reader.read(65536)
                 if not data:
                     self.closed = True

@@ -378,3 +378,39 @@ async def test_an_http2_response_shorter_than_its_length_cuts_the_http1_client()
         # answer where the client waits for the rest of the first
         assert data.count(b"HTTP/1.1 ") <= 1
         assert data == b"" or data.endswith(b"\r\n\r\n" + b"s" * 10)
+
+
+async def test_an_http1_answer_begun_before_the_request_ended_is_not_pooled() -> None:
+    """The upstream sent its head before the body was all in, and the rest of the
+    answer after: it may not have read that body, so its connection serves no one else."""
+    async with early() as s:
+        reader, writer = await asyncio.open_connection("127.0.0.1", s.proxy.port)
+        writer.write(b"POST /held HTTP/1.1\r\nHost: svc\r\nContent-Length: 3\r\n\r\n")
+        await writer.drain()
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 ")
+        writer.write(b"abc")
+        await writer.drain()
+        s.upstream.hold.set()
+        assert await reader.readuntil(b"answer to /held")
+        writer.close()
+        await s.upstream.wait_closed(1)
+        await assert_the_victim_is_served_alone(s, {b"/held"})
+        assert s.upstream.connections == 2
+
+
+async def test_an_h2_answer_begun_before_the_stream_ended_is_not_pooled() -> None:
+    async with early() as s:
+        client = await RawH2Client.open(s.proxy.port)
+        sid = client.request(b"/held", method=b"POST", end=False)
+        client.data(sid, b"ab")
+        await client.send()
+        assert (await client.outcome(sid, head=True)).status == 200
+        client.data(sid, b"c", end=True)
+        await client.send()
+        s.upstream.hold.set()
+        outcome = await client.outcome(sid)
+        client.close()
+        assert outcome.body == b"answer to /held"
+        await s.upstream.wait_closed(1)
+        await assert_the_victim_is_served_alone(s, {b"/held"})
+        assert s.upstream.connections == 2

@@ -50,6 +50,7 @@ class H1Leg:
 
     __slots__ = (
         "acks_held",
+        "answered_early",
         "body",
         "body_sent",
         "cancelled",
@@ -88,6 +89,7 @@ class H1Leg:
         self.head_sent = False
         self.body: list[bytes] = []  # request bytes received, not yet written upstream
         self.end_sent = False  # the chunked body's last chunk is written
+        self.answered_early = False  # the response head came before the request's end
         self.req_end = False
         self.req_trailers: list[Pair] | None = None
         self.body_sent = False
@@ -176,6 +178,9 @@ class H1Leg:
             self.body_sent = True
             self._ack(size)
 
+    def _all_sent(self) -> bool:
+        return self.req_end and not self.body and (self.end_sent or not self.chunked)
+
     def _frame(self) -> bytes:
         """The request head, framed by what the proxy holds: the whole body (its
         length), none, or a body still arriving or with trailers (chunked)."""
@@ -255,6 +260,7 @@ class H1Leg:
     ) -> None:
         if status < 200:
             return  # interim answers stay here
+        self.answered_early = not self._all_sent()
         pairs = h1_response_fields(fields, scan.named, keep_length=framing in (LENGTH, EMPTY))
         self.user.response_head(status, pairs, end=False)
 
@@ -295,10 +301,10 @@ class H1Leg:
         conn = self.conn
         self.conn = None
         if conn is not None:
-            # answered before the request was all written: the upstream may read the
-            # rest as a request of its own, so the connection carries no other
-            sent = self.req_end and not self.body and (self.end_sent or not self.chunked)
-            conn.release(reusable and sent)
+            # answered before the request was all written: the upstream may not have
+            # read it and take the rest for a request of its own (response-queue
+            # poisoning), so the connection carries no other
+            conn.release(reusable and not self.answered_early and self._all_sent())
         self.user.response_end()
 
     def upstream_invalid(self, conn: UpstreamConnection, reason: str) -> None:
