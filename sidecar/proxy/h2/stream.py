@@ -213,6 +213,9 @@ class H2Stream:
             leg.request_data(chunk)
         if self.req_ended:
             leg.request_end(self.req_trailers)
+        # admitted from the queue (another request ended, a timer): no read of this
+        # connection follows to send what the leg now holds
+        self.conn.server.h2.flush()
 
     def shed(self, gate: UpstreamGate, reason: str) -> None:
         """Answered for the upstream, which never sees it: no sample, a count."""
