@@ -95,8 +95,7 @@ def read_request(headers: list[Pair]) -> Request:
             raise conformance.Rejected(400, "scheme", "the :scheme must be http or https")
         if authority is not None:
             conformance.check_authority(authority)
-        for name, value in fields:
-            conformance.check_field(name, value)
+        conformance.check_fields(fields)
     except conformance.Rejected as exc:
         raise BadRequest(exc.status, exc.detail) from None
     return Request(method, scheme, authority, path, tuple(fields), length)
