@@ -23,7 +23,8 @@ from sidecar.proxy import ProxyServer
 from tests.sidecar.early_upstream import EarlyUpstream
 from tests.sidecar.h2_raw_client import Outcome, RawH2Client
 from tests.sidecar.h2_upstream import H2Upstream
-from tests.sidecar.proxy_harness import proxy_to
+from tests.sidecar.overload.test_proxy_overload import arrived, protect, queued
+from tests.sidecar.proxy_harness import harness, proxy_to
 from tests.sidecar.test_smuggling import proxied, read_all
 
 SMUGGLED = b"GET /smuggled HTTP/1.1\r\nHost: evil\r\nX-Forwarded-For: 6.6.6.6\r\n\r\n"
@@ -414,3 +415,39 @@ async def test_an_h2_answer_begun_before_the_stream_ended_is_not_pooled() -> Non
         await s.upstream.wait_closed(1)
         await assert_the_victim_is_served_alone(s, {b"/held"})
         assert s.upstream.connections == 2
+
+
+async def test_a_lying_stream_waiting_in_the_overload_queue_leaves_it_and_is_reset() -> None:
+    async with harness(http2=True) as h:
+        guard = protect(h.proxy, queue_size=2, queue_timeout_ms=30_000, light_shed_share=1.0)
+        held = [asyncio.create_task(h.client.get("/slow")) for _ in range(2)]
+        await arrived(h.baseline.requests, 2)  # both places taken
+        client = await RawH2Client.open(h.proxy.port)
+        sid = client.request(
+            b"/attack", method=b"POST", end=False, fields=((b"content-length", b"100"),)
+        )
+        client.data(sid, SMUGGLED)
+        await client.send()
+        await queued(guard, 1)
+        client.trailers(sid, [(b"x-checksum", b"1")])
+        await client.send()
+        outcome = await client.outcome(sid)
+        client.close()
+        assert outcome.reset == h2.errors.ErrorCodes.PROTOCOL_ERROR
+        gate = next(iter(guard.gates.values()))
+        assert (gate.in_flight, len(gate.waiting)) == (2, 0)
+        h.baseline.release.set()
+        assert [r.status_code for r in await asyncio.gather(*held)] == [200, 200]
+        assert len(h.baseline.requests) == 2  # the lying stream never reached it
+        assert h.proxy.metrics.rejected == {"h2_content_length": 1}
+
+
+async def test_an_http1_length_reaches_an_http2_upstream_as_the_parser_framed_it() -> None:
+    async with h2_upstream() as (upstream, proxy):
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: svc\r\nContent-Length: 005\r\n\r\nhello")
+        await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+        (seen,) = upstream.answered
+        assert [value for name, value in seen.fields if name == "content-length"] == ["5"]
+        assert seen.body_len == 5
