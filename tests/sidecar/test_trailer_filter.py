@@ -65,6 +65,12 @@ def section(pairs: list[Pair]) -> bytes:
     return b"".join(b"%s: %s\r\n" % pair for pair in pairs)
 
 
+def chunked_post(target: bytes) -> bytes:
+    """An HTTP/1.1 request whose chunked body ends with every trailer, allowed or not."""
+    head = b"POST %s HTTP/1.1\r\nHost: svc\r\nTransfer-Encoding: chunked\r\n\r\n" % target
+    return head + b"4\r\nbody\r\n0\r\n" + section(ALLOWED + NEVER_H1) + b"\r\n"
+
+
 def test_every_never_field_is_refused_and_the_others_allowed() -> None:
     assert [name for name, _ in NEVER_H1 + NEVER_H2 if trailer_allowed(name, None)] == []
     assert all(trailer_allowed(name, None) for name, _ in ALLOWED)
@@ -121,10 +127,7 @@ async def test_http2_request_trailers_to_an_http1_upstream_keep_only_the_allowed
 async def test_http1_request_trailers_keep_only_the_allowed() -> None:
     async with h1_upstream() as upstream, proxy_to(upstream.url) as proxy:
         reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
-        writer.write(
-            b"POST /t HTTP/1.1\r\nHost: svc\r\nTransfer-Encoding: chunked\r\n\r\n"
-            b"4\r\nbody\r\n0\r\n" + section(ALLOWED + NEVER_H1) + b"\r\n"
-        )
+        writer.write(chunked_post(b"/t"))
         await reader.readuntil(b"answer to /t")
         async with asyncio.timeout(5):
             while not (upstream.heads and upstream.heads[0].trailers):
@@ -199,3 +202,15 @@ async def test_a_body_without_trailers_is_not_counted(http2: bool) -> None:
         ) as client:
             assert (await client.post("/t", content=b"abc")).status_code == 200
         assert proxy.metrics.trailer_fields_dropped == 0
+
+
+async def test_http1_request_trailers_to_an_http2_upstream_keep_only_the_allowed() -> None:
+    async with h2_upstream() as upstream, proxy_to(upstream.url) as proxy:
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(chunked_post(b"/echo"))
+        await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+        (seen,) = upstream.answered
+        assert seen.trailers == [(name.decode(), value.decode()) for name, value in ALLOWED]
+        assert seen.body_len == 4
+        assert proxy.metrics.trailer_fields_dropped == len(NEVER_H1)

@@ -7,7 +7,9 @@ opens an `H2Leg` on the upstream's multiplexed connection (`upstream.py`) with t
 head translated by `fields.request_from_h1`, feeds it the body as it arrives, and
 turns the stream's answer back into the exchange's response callbacks: an HTTP/1.1
 head (no Content-Length: chunked for an HTTP/1.1 client, read to the close for an
-HTTP/1.0 one), body chunks, and the trailers as the chunked trailer section. The
+HTTP/1.0 one), body chunks, and the trailers as the chunked trailer section. A
+chunked request's trailers go up as the stream's trailers, through the one trailer
+filter. The
 exchange frames, tags and records as for any upstream; a gRPC answer's outcome is
 its grpc-status. With overload protection on, the exchange passes its upstream's
 gate first and the relay starts when it is admitted (`Exchange.admit`).
@@ -41,6 +43,7 @@ from sidecar.proxy.h2.fields import (
 )
 from sidecar.proxy.headers import ResponseFields
 from sidecar.proxy.pausing import UPSTREAM_FULL
+from sidecar.proxy.trailers import trailer_pairs
 from sidecar.proxy.upstream import CHUNKED, EMPTY, LENGTH
 
 if TYPE_CHECKING:
@@ -135,8 +138,18 @@ class H2Relay:
         self.req_ended = True
         leg = self.leg
         if leg is not None and not self.done:
-            leg.request_end(None)
+            leg.request_end(self._request_trailers())
             self.hub.flush()
+
+    def _request_trailers(self) -> list[Pair] | None:
+        """A chunked request's trailer fields that may travel, as HTTP/2 trailers."""
+        ex = self.exchange
+        trailers = ex.req_trailers
+        if not trailers:
+            return None
+        kept, dropped = trailer_pairs([(low, value) for low, _, value in trailers], ex.named)
+        self.hub.server.metrics.trailer_fields_dropped += dropped
+        return kept or None
 
     def client_resumed(self) -> None:
         """The client's socket buffer drained: reopen the upstream's window."""
