@@ -19,10 +19,18 @@ through is checked here:
 These run on the rare path only: the common request (origin-form target, no
 Transfer-Encoding, a plain `Connection` value) costs no call here. Each refusal
 raises `Rejected` with its status and the reason it is counted under.
+
+An HTTP/2 stream's head is not read by httptools, yet it becomes an HTTP/1.1 request
+line and fields when its upstream speaks HTTP/1.1. `check_method`,
+`check_origin_target`, `check_authority` and `check_fields` hold it to what the
+HTTP/1.1 parser accepts (a method it knows, a target of visible ASCII, field values
+without control characters), so neither protocol lets through what the other
+refuses.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 import httptools
@@ -117,6 +125,76 @@ def request_target(method: bytes, target: bytes, host: bytes | None) -> bytes:
         raise Rejected(400, "target", "an absolute target must name the Host it is sent with")
     path = path.partition(b"#")[0]
     return path if path.startswith(b"/") else b"/" + path
+
+
+# RFC 9110 §5.6.2 token characters; methods are case-sensitive and the ones the
+# HTTP/1.1 parser knows are upper-case
+_METHOD: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Z]+\Z")
+_TCHAR: Final = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+# what httptools accepts in a request target: visible ASCII, nothing else
+_VISIBLE: Final = bytes(range(0x21, 0x7F))
+# RFC 3986 §3.2.2-3 host [":" port]: an IP literal or a reg-name, no userinfo
+_AUTHORITY: Final = re.compile(
+    rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~%!$&'()*+,;=]+)(?::[0-9]{0,5})?\Z"
+)
+# RFC 9110 §5.5: no control character but HTAB (httptools refuses the same)
+_CONTROL: Final = bytes(range(0x09)) + bytes(range(0x0A, 0x20)) + b"\x7f"
+_known_methods: Final[dict[bytes, bool]] = {}
+_METHODS_KEPT: Final = 256
+
+
+class _Probe:
+    """httptools wants a protocol object; the method check needs none of its calls."""
+
+
+def _parser_knows(method: bytes) -> bool:
+    parser = httptools.HttpRequestParser(_Probe())
+    try:
+        parser.feed_data(method + b" / HTTP/1.1\r\nHost: h\r\n\r\n")
+    except httptools.HttpParserError:
+        return False
+    return True
+
+
+def check_method(method: bytes) -> None:
+    """A method the HTTP/1.1 parser would accept in a request line: a token of
+    upper-case characters that llhttp knows (asked once per distinct method)."""
+    known = _known_methods.get(method)
+    if known is None:
+        known = _METHOD.match(method) is not None and _parser_knows(method)
+        if len(_known_methods) < _METHODS_KEPT:
+            _known_methods[method] = known
+    if not known:
+        raise Rejected(400, "method", "the method is not one the proxy forwards")
+
+
+def check_origin_target(method: bytes, target: bytes) -> None:
+    """A target in origin-form (or `*` for OPTIONS) of the characters the HTTP/1.1
+    parser accepts; an HTTP/2 `:path` has no absolute-form (RFC 9113 §8.3.1)."""
+    if not target or target.translate(None, _VISIBLE):
+        raise Rejected(400, "target", "the target has a character a request line cannot carry")
+    if target == b"*":
+        request_target(method, target, None)
+    elif not target.startswith(b"/"):
+        raise Rejected(400, "target", "the target must be a path starting with /")
+
+
+def check_authority(authority: bytes) -> None:
+    """host [":" port] and nothing else: no userinfo, no spaces, no path."""
+    if _AUTHORITY.match(authority) is None:
+        raise Rejected(400, "host", "the authority must be a host and an optional port")
+
+
+def check_fields(fields: list[tuple[bytes, bytes]]) -> None:
+    """Fields the HTTP/1.1 parser would accept: token names, values without control
+    characters. Each rule is about single characters, so one pass over the names
+    joined (all non-empty: `h2` refuses an empty one) and one over the values check
+    them all."""
+    if b"".join([name for name, _ in fields]).translate(None, _TCHAR):
+        raise Rejected(400, "malformed", "a field name must be a token")
+    values = b"".join([value for _, value in fields])
+    if len(values.translate(None, _CONTROL)) != len(values):
+        raise Rejected(400, "malformed", "a field value must not carry control characters")
 
 
 def parser_error_reason(exc: httptools.HttpParserError) -> str:

@@ -68,6 +68,7 @@ class Exchange:
     """One request and its response through the proxy."""
 
     __slots__ = (
+        "answered_early",
         "body_sent",
         "choice",
         "chunked",
@@ -140,6 +141,7 @@ class Exchange:
         self.pending: list[bytes] | None = None
         self.head = b""
         self.req_complete = False
+        self.answered_early = False  # the response head came before the request's end
         self.resp_started = False
         self.resp_done = False
         self.resp_chunked = False
@@ -347,7 +349,11 @@ class Exchange:
 
     def _last_chunk(self) -> bytes:
         trailers = self.req_trailers
-        return _LAST_CHUNK if trailers is None else request_last_chunk(trailers, self.named)
+        if trailers is None:
+            return _LAST_CHUNK
+        last, dropped = request_last_chunk(trailers, self.named)
+        self.client.server.metrics.trailer_fields_dropped += dropped
+        return last
 
     def cancel_upgrade(self) -> None:
         """httptools did not take the request as an upgrade after all: no 101 counts."""
@@ -445,8 +451,11 @@ class Exchange:
         self.status = status
         if not self.req_complete:
             # answered before the request was all in: the connection cannot be trusted
-            # to frame what follows, so it closes after this response
+            # to frame what follows, so it closes after this response; so does the
+            # upstream's, which may not have read the body it answered and would take
+            # it for the next request (response-queue poisoning)
             self.close_after = True
+            self.answered_early = True
         if framing in (CHUNKED, UNTIL_CLOSE):
             if self.http_1_0:
                 self.close_after = True  # an HTTP/1.0 client reads to the end instead
@@ -501,7 +510,8 @@ class Exchange:
             # may be dropped (RFC 9110 §6.5.1), the body is whole without them
             self.client.server.metrics.trailers_dropped += 1
             return
-        self.trailers = response_trailers(section, named)
+        self.trailers, dropped = response_trailers(section, named)
+        self.client.server.metrics.trailer_fields_dropped += dropped
 
     def response_body(self, chunk: bytes) -> None:
         if self.resp_chunked:
@@ -525,8 +535,9 @@ class Exchange:
         conn = self.upstream
         self.upstream = None
         if conn is not None:
-            # a request still being sent cannot share its connection with the next one
-            conn.release(reusable and self.req_complete)
+            # a request still being sent, or answered before it was, cannot share its
+            # connection with the next one
+            conn.release(reusable and self.req_complete and not self.answered_early)
         if client.read_block:
             client.unblock(UPSTREAM_FULL | WAIT_UPSTREAM)
         self._record(self.status if outcome is None else outcome)

@@ -54,6 +54,7 @@ class ProxyMetrics:
         "overhead_sum",
         "rejected",
         "requests",
+        "trailer_fields_dropped",
         "trailers_dropped",
         "tunnel_bytes_downstream",
         "tunnel_bytes_upstream",
@@ -82,6 +83,8 @@ class ProxyMetrics:
         self.upstream_unsolicited = 0
         # trailer sections not passed on: to an HTTP/1.0 client, or too large
         self.trailers_dropped = 0
+        # trailer fields that must not be trailers (trailers.NEVER_TRAILERS...), dropped
+        self.trailer_fields_dropped = 0
         self.tunnels_open = 0  # upgraded connections spliced as byte tunnels
         self.tunnels_refused = 0  # upgrades answered 503: the tunnel cap was reached
         self.tunnels_closed: dict[str, int] = {}  # ended tunnels, by why (tunnel.CLOSED…)
@@ -215,6 +218,11 @@ class ProxyMetricsCollector(Collector):
             f"{self._prefix}_trailers_dropped",
             "Trailer sections not passed on (HTTP/1.0 client, or larger than the limit)",
             value=m.trailers_dropped,
+        )
+        yield CounterMetricFamily(
+            f"{self._prefix}_trailer_fields_dropped",
+            "Trailer fields not passed on: framing, routing, credentials and the like",
+            value=m.trailer_fields_dropped,
         )
 
     def _tunnels(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:

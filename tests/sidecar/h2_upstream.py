@@ -8,6 +8,8 @@ Paths:
 - `/download/<n>`: n bytes, sent within the proxy's flow-control windows;
 - `/trailers`: a body, then the trailers `x-checksum: <body length>` and `grpc-status: 0`;
 - `/hang`: the head is read, nothing is ever answered.
+- `/lying-length`: HEADERS with `content-length: 189` and END_STREAM, no DATA;
+- `/short-length`: `content-length: 100`, 10 bytes of DATA, then trailers.
 
 A request with a body and `expect: 100-continue` is answered 100 (informational
 HEADERS) as soon as its head arrives.
@@ -17,6 +19,7 @@ answered (once) with GOAWAY whose last stream id is the stream before it, and th
 connection closes: that stream was not processed and may be retried elsewhere, the
 ones before it were (and must not be).
 `max_streams`: the MAX_CONCURRENT_STREAMS it advertises.
+`extra_trailers`: fields added to the trailers of `/trailers`.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class H2Upstream:
     def __init__(self, *, max_streams: int = 100, goaway_after: int | None = None) -> None:
         self.max_streams = max_streams
         self.goaway_after = goaway_after
+        self.extra_trailers: list[tuple[str, str]] = []
         self.port = 0
         self.connections = 0
         self.started = 0  # streams whose head arrived, on every connection
@@ -164,11 +168,18 @@ class H2Upstream:
             body = b"d" * int(seen.path.rsplit("/", 1)[1])
             conn.send_headers(sid, [(":status", "200"), ("content-length", str(len(body)))])
             pending[sid], ends[sid] = body, None
+        elif seen.path == "/lying-length":
+            conn.send_headers(sid, [(":status", "200"), ("content-length", "189")], end_stream=True)
+        elif seen.path == "/short-length":
+            conn.send_headers(sid, [(":status", "200"), ("content-length", "100")])
+            pending[sid], ends[sid] = b"s" * 10, [("x-checksum", "10")]
         elif seen.path == "/trailers":
             body = b"t" * 1000
             conn.send_headers(sid, [(":status", "200"), ("content-type", "text/plain")])
             pending[sid] = body
-            ends[sid] = [("x-checksum", str(len(body))), ("grpc-status", "0")]
+            ends[sid] = [
+                ("x-checksum", str(len(body))), ("grpc-status", "0"), *self.extra_trailers
+            ]  # fmt: skip
         else:
             body = json.dumps(
                 {"method": seen.method, "path": seen.path, "fields": seen.fields,

@@ -87,6 +87,19 @@ class ListRecorder:
         return self.samples
 
 
+@asynccontextmanager
+async def proxy_to(url: str) -> AsyncIterator[ProxyServer]:
+    """A proxy whose every request goes to the upstream at `url`."""
+    proxy = ProxyServer(
+        HeaderChooser({"baseline": url}), ListRecorder(), options=ProxyOptions(read_timeout=5)
+    )
+    await proxy.start("127.0.0.1", 0)
+    try:
+        yield proxy
+    finally:
+        await proxy.stop(timeout=2)
+
+
 @dataclass
 class Harness:
     baseline: upstreams.Upstream

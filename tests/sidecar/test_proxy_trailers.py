@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from sidecar.proxy import ProxyOptions, ProxyServer
+from sidecar.proxy import ProxyServer
 from sidecar.proxy.trailers import (
     MAX_TRAILER_BYTES,
     request_last_chunk,
     response_trailers,
     trailer_section,
 )
-from tests.sidecar.proxy_harness import HeaderChooser, ListRecorder
+from tests.sidecar.proxy_harness import proxy_to as proxy_in_front
 
 # --- the pure parts ----------------------------------------------------------
 
@@ -46,15 +46,18 @@ def test_trailers_lose_hop_by_hop_framing_and_named_fields() -> None:
         b"Checksum: abc\r\nContent-Length: 5\r\nConnection: x\r\nX-Named: 1\r\n"
         b"Transfer-Encoding: chunked\r\nX-Canary-Variant: spoof\r\nProxy-Foo: 1\r\n"
     )
-    assert response_trailers(section, frozenset({b"x-named"})) == b"Checksum: abc\r\n"
+    assert response_trailers(section, frozenset({b"x-named"})) == (b"Checksum: abc\r\n", 6)
     fields = [
         (b"checksum", b"Checksum", b"abc"),
         (b"host", b"Host", b"evil"),
         (b"keep-alive", b"Keep-Alive", b"1"),
         (b"x-named", b"X-Named", b"1"),
     ]
-    assert request_last_chunk(fields, frozenset({b"x-named"})) == b"0\r\nChecksum: abc\r\n\r\n"
-    assert request_last_chunk([], None) == b"0\r\n\r\n"
+    assert request_last_chunk(fields, frozenset({b"x-named"})) == (
+        b"0\r\nChecksum: abc\r\n\r\n",
+        3,
+    )
+    assert request_last_chunk([], None) == (b"0\r\n\r\n", 0)
 
 
 # --- through the proxy ---------------------------------------------------------
@@ -111,14 +114,10 @@ class RawUpstream:
 @asynccontextmanager
 async def proxy_to(upstream: RawUpstream) -> AsyncIterator[ProxyServer]:
     url = await upstream.start()
-    proxy = ProxyServer(
-        HeaderChooser({"baseline": url}), ListRecorder(), options=ProxyOptions(read_timeout=5)
-    )
-    await proxy.start("127.0.0.1", 0)
     try:
-        yield proxy
+        async with proxy_in_front(url) as proxy:
+            yield proxy
     finally:
-        await proxy.stop(timeout=1)
         await upstream.stop()
 
 

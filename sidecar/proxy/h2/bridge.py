@@ -1,9 +1,14 @@
 """An HTTP/2 client's stream to an HTTP/1.1 upstream, through the keep-alive pools.
 
 `H1Leg` is the `UpstreamUser` of one pooled `UpstreamConnection`: it writes the
-request as HTTP/1.1 (Content-Length kept, else chunked, the stream's trailers as the
-chunked trailer section) and turns the parsed response into the stream's head, data
-and end. The request head is written once the stream says whether a body follows.
+request as HTTP/1.1 and turns the parsed response into the stream's head, data and
+end. The request's framing is the proxy's own, from the bytes it holds, never the
+client's content-length (which the stream checks against its DATA, decision 0037):
+no body when the stream ended with its HEADERS (`Content-Length: 0` where the method
+gives a body meaning); `Content-Length` of the body when the whole of it is in by
+the time the head is written (the body is written at the end of each client read,
+`flush`, so a request that arrives in one read goes whole); chunked otherwise, or
+when trailers come with it (as the chunked trailer section).
 
 Flow control: request bytes are acknowledged to the client as they are written,
 except while the upstream's write buffer is full; response bytes past `_HELD` not yet
@@ -16,7 +21,14 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from controlplane.kernel.codec import CONNECT_ERROR, TIMEOUT
-from sidecar.proxy.h2.fields import Forwarding, Pair, Request, h1_request, h1_response_fields
+from sidecar.proxy.h2.fields import (
+    Forwarding,
+    Pair,
+    Request,
+    h1_request,
+    h1_response_fields,
+    trailer_section,
+)
 from sidecar.proxy.headers import ResponseFields
 from sidecar.proxy.trailers import response_trailers
 from sidecar.proxy.upstream import EMPTY, LENGTH, UpstreamConnection, UpstreamPool
@@ -28,7 +40,9 @@ if TYPE_CHECKING:
 # response bytes the client has not taken yet before the upstream is not read
 _HELD = 256 * 1024
 _IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
-_LAST_CHUNK = b"0\r\n\r\n"
+# methods whose request content has no defined meaning: no framing for an empty body
+# (RFC 9110 §8.6: Content-Length when the method defines a meaning for content)
+_NO_CONTENT = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS", b"TRACE"})
 
 
 class H1Leg:
@@ -36,16 +50,18 @@ class H1Leg:
 
     __slots__ = (
         "acks_held",
+        "answered_early",
+        "body",
         "body_sent",
         "cancelled",
         "chunked",
         "conn",
         "connect_task",
+        "end_sent",
         "fwd",
         "head",
         "head_sent",
         "no_body",
-        "pending",
         "pool",
         "req_end",
         "req_trailers",
@@ -64,14 +80,16 @@ class H1Leg:
         self.user = user
         self.request = request
         self.fwd = fwd
-        self.no_body = request.method == b"HEAD"
+        self.no_body = request.method == b"HEAD"  # its response ends with its head
         self.pool: UpstreamPool | None = None
         self.conn: UpstreamConnection | None = None
         self.connect_task: asyncio.Task[None] | None = None
-        self.head: bytes | None = None  # known once the stream says whether a body follows
+        self.head: bytes | None = None  # framed once the proxy knows what body follows
         self.chunked = False
         self.head_sent = False
-        self.pending: list[bytes] = []  # request body before the connection is there
+        self.body: list[bytes] = []  # request bytes received, not yet written upstream
+        self.end_sent = False  # the chunked body's last chunk is written
+        self.answered_early = False  # the response head came before the request's end
         self.req_end = False
         self.req_trailers: list[Pair] | None = None
         self.body_sent = False
@@ -92,27 +110,20 @@ class H1Leg:
     # --- UpstreamLeg -----------------------------------------------------------------
 
     def request_data(self, data: bytes) -> None:
-        if self.head is None:
-            self.head, self.chunked = h1_request(self.request, self.fwd, has_body=True)
-        if self.chunked:
-            self.pending += [b"%x\r\n" % len(data), data, b"\r\n"]
-        else:
-            self.pending.append(data)
-        self._send(len(data))
+        self.body.append(data)
+        self.server.h2.dirty.add(self)  # written at the end of this read (`flush`)
 
     def request_end(self, trailers: list[Pair] | None) -> None:
         self.req_end = True
-        if self.head is None:
-            self.head, self.chunked = h1_request(self.request, self.fwd, has_body=False)
-        elif self.chunked:
-            if trailers:
-                fields = b"".join(b"%s: %s\r\n" % pair for pair in trailers)
-                self.pending += [b"0\r\n", fields, b"\r\n"]
-            else:
-                self.pending.append(_LAST_CHUNK)
-        self._send(0)
+        self.req_trailers = trailers
+        self._send()
         if self.conn is not None:
             self.conn.arm_read_timeout()
+
+    def flush(self) -> None:
+        """The hub's flush: the request bytes of this read go upstream in one write."""
+        if not self.cancelled:
+            self._send()
 
     def response_consumed(self, size: int) -> None:
         self.unsent -= size
@@ -133,24 +144,54 @@ class H1Leg:
 
     # --- sending ---------------------------------------------------------------------
 
-    def _send(self, size: int) -> None:
-        """Write what is pending once the connection and the head are there; the
-        client's window reopens for `size` bytes when they are written."""
+    def _send(self) -> None:
+        """Write what is held once the connection is there and the framing is known;
+        the client's window reopens for the body bytes written."""
         conn = self.conn
-        if conn is None or self.head is None:
-            self.acks_held += size
+        if conn is None or conn.closed:
             return
-        parts = self.pending
-        self.pending = []
+        body = self.body
+        if self.head is None:
+            if not body and not self.req_end:
+                return  # whether a body follows is not known yet
+            self.head = self._frame()
+        parts: list[bytes] = []
         if not self.head_sent:
             self.head_sent = True
-            parts.insert(0, self.head)
+            parts.append(self.head)
             self.user.upstream_attached()
+        size = 0
+        for chunk in body:
+            size += len(chunk)
+            if self.chunked:
+                parts += [b"%x\r\n" % len(chunk), chunk, b"\r\n"]
+            else:
+                parts.append(chunk)
+        self.body = []
+        if self.chunked and self.req_end and not self.end_sent:
+            self.end_sent = True
+            trailers = self.req_trailers
+            parts += [b"0\r\n", trailer_section(trailers) if trailers else b"", b"\r\n"]
         if parts:
             conn.writelines(parts)
-        if size or self.acks_held:
-            self.body_sent = self.body_sent or bool(size)
+        if size:
+            self.body_sent = True
             self._ack(size)
+
+    def _all_sent(self) -> bool:
+        return self.req_end and not self.body and (self.end_sent or not self.chunked)
+
+    def _frame(self) -> bytes:
+        """The request head, framed by what the proxy holds: the whole body (its
+        length), none, or a body still arriving or with trailers (chunked)."""
+        request = self.request
+        if self.req_end and not self.req_trailers:
+            size = sum(len(chunk) for chunk in self.body)
+            if size == 0 and request.method in _NO_CONTENT:
+                return h1_request(request, self.fwd, chunked=False, length=None)
+            return h1_request(request, self.fwd, chunked=False, length=size)
+        self.chunked = True
+        return h1_request(request, self.fwd, chunked=True, length=None)
 
     def _ack(self, size: int) -> None:
         if self.write_paused:
@@ -164,7 +205,7 @@ class H1Leg:
     def _attach(self, conn: UpstreamConnection) -> None:
         self.conn = conn
         conn.attach(self)
-        self._send(0)
+        self._send()
         if self.req_end:
             conn.arm_read_timeout()
 
@@ -219,6 +260,7 @@ class H1Leg:
     ) -> None:
         if status < 200:
             return  # interim answers stay here
+        self.answered_early = not self._all_sent()
         pairs = h1_response_fields(fields, scan.named, keep_length=framing in (LENGTH, EMPTY))
         self.user.response_head(status, pairs, end=False)
 
@@ -238,8 +280,10 @@ class H1Leg:
         if section is None:
             self.server.metrics.trailers_dropped += 1
             return
+        lines, dropped = response_trailers(section, named)
+        self.server.metrics.trailer_fields_dropped += dropped
         pairs: list[Pair] = []
-        for line in response_trailers(section, named).split(b"\r\n"):
+        for line in lines.split(b"\r\n"):
             name, sep, value = line.partition(b":")
             if sep:
                 pairs.append((name.strip().lower(), value.strip()))
@@ -257,8 +301,10 @@ class H1Leg:
         conn = self.conn
         self.conn = None
         if conn is not None:
-            # a request still being sent cannot share its connection with the next one
-            conn.release(reusable and self.req_end)
+            # answered before the request was all written: the upstream may not have
+            # read it and take the rest for a request of its own (response-queue
+            # poisoning), so the connection carries no other
+            conn.release(reusable and not self.answered_early and self._all_sent())
         self.user.response_end()
 
     def upstream_invalid(self, conn: UpstreamConnection, reason: str) -> None:
@@ -280,6 +326,7 @@ class H1Leg:
             # a pooled connection the upstream had closed: replay once on a fresh one
             self.retried = True
             self.head_sent = False
+            self.end_sent = False
             self.server.metrics.upstream_retries += 1
             self._connect()
             return

@@ -2,7 +2,12 @@
 (HTTP/2 or HTTP/1.1) and what a response becomes on the way to an HTTP/2 client.
 
 Pure functions over `(name, value)` byte pairs, names lower-case as HTTP/2 has them
-(the `h2` library has already refused what RFC 9113 §8.2 forbids on the way in).
+(the `h2` library has already refused what RFC 9113 §8.2 forbids on the way in:
+upper-case names, connection-specific fields, CR, LF and NUL in values, `te` other
+than `trailers`). What a stream's head becomes in an HTTP/1.1 request line is checked
+here by the rules the HTTP/1.1 side applies (`conformance`): nothing the client sent
+frames the message upstream, the proxy frames it from the bytes it counted
+(decision 0037).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from http import HTTPStatus
 
+from sidecar.proxy import conformance
 from sidecar.proxy.headers import (
     DEGRADE,
     EXPERIMENT,
@@ -35,7 +41,10 @@ class Request:
     scheme: bytes
     authority: bytes | None
     path: bytes
-    fields: tuple[Pair, ...]  # regular fields, in order
+    fields: tuple[Pair, ...]  # regular fields, in order; never a content-length
+    # the content-length the client declared, checked against the DATA it sends; the
+    # field itself is not forwarded as the client wrote it
+    length: int | None = None
 
     def content_type(self) -> bytes | None:
         return first(self.fields, b"content-type")
@@ -56,12 +65,19 @@ class BadRequest(ValueError):
 
 
 def read_request(headers: list[Pair]) -> Request:
-    """The request head of a stream; raises BadRequest for one that is not forwarded."""
+    """The request head of a stream; raises BadRequest for one that is not forwarded.
+
+    `h2` has checked the field syntax of RFC 9113 §8.2; what becomes an HTTP/1.1
+    request line or field is checked here as the HTTP/1.1 side checks it, so the
+    same request is refused on either protocol."""
     pseudo: dict[bytes, bytes] = {}
     fields: list[Pair] = []
+    length: int | None = None
     for name, value in headers:
         if name.startswith(b":"):
             pseudo[name] = value
+        elif name == _CONTENT_LENGTH:
+            length = _declared_length(value, length)
         else:
             fields.append((name, value))
     method = pseudo.get(b":method", b"")
@@ -70,10 +86,33 @@ def read_request(headers: list[Pair]) -> Request:
     path = pseudo.get(b":path", b"")
     if not method or not path:
         raise BadRequest(400, "a request needs :method and :path")
-    if not (path.startswith(b"/") or (path == b"*" and method == b"OPTIONS")):
-        raise BadRequest(400, "the :path must be absolute (origin form)")
+    scheme = pseudo.get(b":scheme", b"http")
     authority = pseudo.get(b":authority") or first(fields, b"host")
-    return Request(method, pseudo.get(b":scheme", b"http"), authority, path, tuple(fields))
+    try:
+        conformance.check_method(method)
+        conformance.check_origin_target(method, path)
+        if scheme not in _SCHEMES:
+            raise conformance.Rejected(400, "scheme", "the :scheme must be http or https")
+        if authority is not None:
+            conformance.check_authority(authority)
+        conformance.check_fields(fields)
+    except conformance.Rejected as exc:
+        raise BadRequest(exc.status, exc.detail) from None
+    return Request(method, scheme, authority, path, tuple(fields), length)
+
+
+_SCHEMES = frozenset({b"http", b"https"})
+
+
+def _declared_length(value: bytes, before: int | None) -> int:
+    """A content-length field's value; `h2` has refused non-digits and conflicting
+    repeats, which are checked again here because the framing depends on them."""
+    if not value.isdigit() or len(value) > 18:
+        raise BadRequest(400, "the content-length must be a decimal number")
+    length = int(value)
+    if before is not None and before != length:
+        raise BadRequest(400, "conflicting content-length fields")
+    return length
 
 
 def first(fields: tuple[Pair, ...] | list[Pair], name: bytes) -> bytes | None:
@@ -105,6 +144,8 @@ def h2_request(request: Request, fwd: Forwarding) -> list[Pair]:
         (b":authority", fwd.host),
         (b":path", fwd.target(request.path)),
     ]
+    if request.length is not None:  # checked against the DATA before the stream ends
+        out.append((_CONTENT_LENGTH, b"%d" % request.length))
     forwarded_for: bytes | None = None
     for name, value in request.fields:
         if name == _FORWARDED_FOR:
@@ -124,14 +165,18 @@ def h2_request(request: Request, fwd: Forwarding) -> list[Pair]:
     return out
 
 
-def h1_request(request: Request, fwd: Forwarding, *, has_body: bool) -> tuple[bytes, bool]:
-    """The HTTP/1.1 head sent to an HTTP/1.1 upstream, and whether its body goes
-    chunked (it has one and no Content-Length says how long)."""
+def h1_request(
+    request: Request, fwd: Forwarding, *, chunked: bool, length: int | None
+) -> bytes:
+    """The HTTP/1.1 head sent to an HTTP/1.1 upstream. Its framing is the proxy's,
+    never the client's: a chunked body, or `length` (the size of a body the proxy
+    holds whole), or none (no content)."""
     fields = [(name, value) for name, value in request.fields if name != b"cookie"]
     cookies = [value for name, value in request.fields if name == b"cookie"]
     if cookies:
         fields.append((b"cookie", b"; ".join(cookies)))
-    chunked = has_body and first(fields, _CONTENT_LENGTH) is None
+    if length is not None and not chunked:
+        fields.append((_CONTENT_LENGTH, b"%d" % length))
     head = request_head(
         request.method,
         fwd.target(request.path),
@@ -146,7 +191,7 @@ def h1_request(request: Request, fwd: Forwarding, *, has_body: bool) -> tuple[by
     )
     if fwd.degrade:
         head = head[:-2] + b"X-Canary-Degrade: 1\r\n\r\n"
-    return head, chunked
+    return head
 
 
 def h2_response(status: int, fields: list[Pair], variant: bytes) -> list[Pair]:
@@ -199,25 +244,25 @@ def request_from_h1(
 ) -> Request:
     """An HTTP/1.1 request head as a stream's request (RFC 9113 §8.2.2): hop-by-hop
     fields and those Connection names dropped, TE kept only as `trailers` (gRPC
-    asks for it), Content-Length dropped when the body comes chunked; Host becomes
-    the :authority."""
+    asks for it); Content-Length is the length the HTTP/1.1 parser framed the body
+    by (none for a chunked body); Host becomes the :authority."""
     fields: list[Pair] = []
     host: bytes | None = None
+    length: int | None = None
     for lower, _, value in headers:
         if lower == b"host":
             host = value
+        elif lower == _CONTENT_LENGTH:
+            if not chunked:  # one decimal value: httptools refused anything else
+                length = int(value)
         elif lower == _TE:
             if _TRAILERS in (token.strip().lower() for token in value.split(b",")):
                 fields.append((_TE, _TRAILERS))
-        elif (
-            lower in HOP_BY_HOP
-            or (named is not None and lower in named)
-            or (chunked and lower == _CONTENT_LENGTH)
-        ):
+        elif lower in HOP_BY_HOP or (named is not None and lower in named):
             continue
         else:
             fields.append((lower, value))
-    return Request(method, b"http", host, target, tuple(fields))
+    return Request(method, b"http", host, target, tuple(fields), length)
 
 
 def h1_status_line(status: int) -> bytes:

@@ -7,10 +7,17 @@ opens an `H2Leg` on the upstream's multiplexed connection (`upstream.py`) with t
 head translated by `fields.request_from_h1`, feeds it the body as it arrives, and
 turns the stream's answer back into the exchange's response callbacks: an HTTP/1.1
 head (no Content-Length: chunked for an HTTP/1.1 client, read to the close for an
-HTTP/1.0 one), body chunks, and the trailers as the chunked trailer section. The
+HTTP/1.0 one), body chunks, and the trailers as the chunked trailer section. A
+chunked request's trailers go up as the stream's trailers, through the one trailer
+filter. The
 exchange frames, tags and records as for any upstream; a gRPC answer's outcome is
 its grpc-status. With overload protection on, the exchange passes its upstream's
 gate first and the relay starts when it is admitted (`Exchange.admit`).
+
+The response's Content-Length frames it to an HTTP/1.1 client, so it is checked
+against the DATA counted (`h2` checks it only when the end comes on a DATA frame):
+a response that disagrees is a failed one (502 before its head went out, the client
+connection cut after), never a head promising bytes that do not follow.
 
 Flow control: request bytes the upstream's windows hold back stop reading from the
 client past `_HELD`; response bytes are acknowledged to the upstream (its window
@@ -36,6 +43,7 @@ from sidecar.proxy.h2.fields import (
 )
 from sidecar.proxy.headers import ResponseFields
 from sidecar.proxy.pausing import UPSTREAM_FULL
+from sidecar.proxy.trailers import trailer_pairs
 from sidecar.proxy.upstream import CHUNKED, EMPTY, LENGTH
 
 if TYPE_CHECKING:
@@ -46,6 +54,7 @@ if TYPE_CHECKING:
 # request bytes waiting for the upstream's windows before the client is not read
 _HELD = 256 * 1024
 _CONTENT_LENGTH = b"content-length"
+_NO_BODY = frozenset({204, 304})
 
 
 class H2Relay:
@@ -53,6 +62,7 @@ class H2Relay:
 
     __slots__ = (
         "corked",
+        "declared",
         "done",
         "exchange",
         "grpc",
@@ -60,6 +70,7 @@ class H2Relay:
         "held",
         "hub",
         "leg",
+        "received",
         "req_ended",
         "status",
         "unacked",
@@ -77,6 +88,10 @@ class H2Relay:
         self.grpc = False
         self.grpc_status: bytes | None = None
         self.done = False
+        # the response's content-length, when it frames the body to the client, and
+        # the DATA bytes counted against it
+        self.declared: int | None = None
+        self.received = 0
 
     def start(self, choice: Choice, *, degrade: bool = False) -> None:
         ex = self.exchange
@@ -123,8 +138,18 @@ class H2Relay:
         self.req_ended = True
         leg = self.leg
         if leg is not None and not self.done:
-            leg.request_end(None)
+            leg.request_end(self._request_trailers())
             self.hub.flush()
+
+    def _request_trailers(self) -> list[Pair] | None:
+        """A chunked request's trailer fields that may travel, as HTTP/2 trailers."""
+        ex = self.exchange
+        trailers = ex.req_trailers
+        if not trailers:
+            return None
+        kept, dropped = trailer_pairs([(low, value) for low, _, value in trailers], ex.named)
+        self.hub.server.metrics.trailer_fields_dropped += dropped
+        return kept or None
 
     def client_resumed(self) -> None:
         """The client's socket buffer drained: reopen the upstream's window."""
@@ -161,9 +186,15 @@ class H2Relay:
         self.grpc = grpc.is_grpc(first(fields, b"content-type"))
         self.grpc_status = first(fields, b"grpc-status")  # a trailers-only response
         lines = h1_fields(fields)
+        length = first(fields, _CONTENT_LENGTH)  # digits: h2 refused anything else
+        if length is not None and self.exchange.method != b"HEAD" and status not in _NO_BODY:
+            self.declared = int(length)
         if end:
             framing = EMPTY
-        elif first(fields, _CONTENT_LENGTH) is not None:
+            if self.declared:
+                self._mismatch()
+                return
+        elif length is not None:
             framing = LENGTH
         else:
             framing = CHUNKED  # HTTP/2 frames the body: the client needs some framing
@@ -190,6 +221,7 @@ class H2Relay:
         leg = self.leg
         if self.done or leg is None:
             return
+        self.received += len(data)
         self._cork()
         self.exchange.response_body(data)
         if self.exchange.client.write_paused:
@@ -208,6 +240,10 @@ class H2Relay:
     def response_end(self) -> None:
         if self.done:
             return
+        declared = self.declared
+        if declared is not None and declared != self.received:
+            self._mismatch()
+            return
         self.done = True
         leg = self.leg
         self.leg = None
@@ -225,6 +261,14 @@ class H2Relay:
         self._cork()
         self.exchange.client.unblock(UPSTREAM_FULL)
         self.exchange.upstream_failed(status, outcome, reason)
+
+    def _mismatch(self) -> None:
+        """The response's content-length disagrees with its DATA: the stream is reset,
+        and the client is answered 502 or, with the head out, cut off."""
+        leg = self.leg
+        if leg is not None:
+            leg.cancel()
+        self.upstream_failed(502, 502, "the response's content-length disagrees with its body")
 
     # --- one write per upstream read ----------------------------------------------
 

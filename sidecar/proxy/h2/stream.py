@@ -13,6 +13,12 @@ HTTP/1.1 exchange through `bridge`), and relays both ways under flow control:
 It records one sample when the response's end (trailers included) is handed to the
 connection; a gRPC response's outcome is its grpc-status (`grpc.call_outcome`).
 
+A content-length the client declared is checked against the DATA it sent when the
+stream ends (`h2` checks it only when the end comes on a DATA frame): a stream whose
+body disagrees is malformed (RFC 9113 §8.1.1), reset with PROTOCOL_ERROR, and its leg
+cancelled, which closes an HTTP/1.1 upstream connection rather than pool it. Trailers
+pass the one trailer filter (`trailers.trailer_allowed`) both ways.
+
 With overload protection on, a stream passes its upstream's gate (`sidecar.overload`)
 before it takes its leg, as an HTTP/1.1 exchange does: admitted now or from the queue
 (`admit`), or answered by the proxy (`shed`: the status, `Retry-After`, never a
@@ -37,6 +43,7 @@ from sidecar.proxy.h2 import grpc
 from sidecar.proxy.h2.fields import Forwarding, Pair, Request, first, h2_response
 from sidecar.proxy.h2.sending import send_head
 from sidecar.proxy.headers import HeaderView
+from sidecar.proxy.trailers import trailer_pairs
 
 if TYPE_CHECKING:
     from sidecar.overload.gate import UpstreamGate
@@ -76,6 +83,7 @@ class H2Stream:
         "out",
         "out_end",
         "pending",
+        "received",
         "req_ended",
         "req_trailers",
         "request",
@@ -105,6 +113,7 @@ class H2Stream:
         self.leg: UpstreamLeg | None = None
         self.req_ended = False
         self.req_trailers: list[Pair] | None = None
+        self.received = 0  # request body bytes, checked against a declared length
         self.head_sent = False
         self.status = 0
         self.grpc = False
@@ -204,6 +213,9 @@ class H2Stream:
             leg.request_data(chunk)
         if self.req_ended:
             leg.request_end(self.req_trailers)
+        # admitted from the queue (another request ended, a timer): no read of this
+        # connection follows to send what the leg now holds
+        self.conn.server.h2.flush()
 
     def shed(self, gate: UpstreamGate, reason: str) -> None:
         """Answered for the upstream, which never sees it: no sample, a count."""
@@ -253,6 +265,7 @@ class H2Stream:
             self.conn.ack(self.stream_id, sum(len(chunk) for chunk in pending))
 
     def request_data(self, data: bytes, flow_length: int) -> None:
+        self.received += len(data)
         padding = flow_length - len(data)
         if padding:
             self.conn.ack(self.stream_id, padding)
@@ -267,11 +280,32 @@ class H2Stream:
             leg.request_data(data)
 
     def request_end(self) -> None:
+        declared = self.request.length
+        if declared is not None and declared != self.received and not self.done:
+            self._malformed(f"content-length {declared}, {self.received} bytes of DATA")
+            return
         self.req_ended = True
+        trailers = self.req_trailers
+        if trailers:
+            self.req_trailers, dropped = trailer_pairs(trailers, None)
+            self.conn.server.metrics.trailer_fields_dropped += dropped
         if self.leg is not None and not self.done:
             self.leg.request_end(self.req_trailers)
         elif self.done:
             self.conn.stream_finished(self)
+
+    def _malformed(self, reason: str) -> None:
+        """The request's framing disagrees with itself: nothing more of it goes on,
+        the leg is cancelled (an HTTP/1.1 upstream connection is closed, never
+        pooled) and the stream is reset with PROTOCOL_ERROR (RFC 9113 §8.1.1)."""
+        self.conn.server.metrics.reject("h2_content_length")
+        self.req_ended = True  # nothing more is read of it
+        code = h2.errors.ErrorCodes.PROTOCOL_ERROR
+        if self._leave_queue():  # never went upstream
+            self.conn.reset(self.stream_id, code)
+            self.conn.stream_finished(self)
+            return
+        self._cut(ABORTED, f"malformed: {reason}", code)
 
     def client_lost(self) -> None:
         """The client reset the stream, or the connection is gone."""
@@ -336,7 +370,11 @@ class H2Stream:
         status = first(trailers, _GRPC_STATUS)
         if status is not None:
             self.grpc_status = status
-        self.out_end = [(name, value) for name, value in trailers if not name.startswith(b":")]
+        kept, dropped = trailer_pairs(
+            [(name, value) for name, value in trailers if not name.startswith(b":")], None
+        )
+        self.conn.server.metrics.trailer_fields_dropped += dropped
+        self.out_end = kept if kept else True
         self.pump()
 
     def response_end(self) -> None:
@@ -439,8 +477,14 @@ class H2Stream:
         self._record(outcome)
         self.conn.stream_finished(self)
 
-    def _cut(self, outcome: int, reason: str) -> None:
-        """The response broke after its head went out: reset the client's stream."""
+    def _cut(
+        self,
+        outcome: int,
+        reason: str,
+        code: h2.errors.ErrorCodes = h2.errors.ErrorCodes.INTERNAL_ERROR,
+    ) -> None:
+        """The response broke after its head went out, or the request is malformed:
+        reset the client's stream."""
         log.debug("stream %d cut: %s", self.stream_id, reason)
         leg = self.leg
         self.leg = None
@@ -448,7 +492,7 @@ class H2Stream:
             leg.cancel()
         self.done = True
         self.out.clear()
-        self.conn.reset(self.stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+        self.conn.reset(self.stream_id, code)
         self._record(outcome)
         self.conn.stream_finished(self)
 

@@ -7,6 +7,7 @@ and shed is decided by the test, not by timing.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import httpx
 
@@ -28,7 +29,7 @@ def protect(proxy: ProxyServer, **fields: object) -> OverloadGuard:
     return guard
 
 
-async def arrived(upstream_requests: list[object], count: int) -> None:
+async def arrived(upstream_requests: Sequence[object], count: int) -> None:
     async with asyncio.timeout(10):
         while len(upstream_requests) < count:
             await asyncio.sleep(0.005)
