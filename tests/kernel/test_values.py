@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from controlplane.api.schemas import ExperimentCreate, VariantIn
 from controlplane.kernel.errors import ValidationFailed
+from controlplane.kernel.hosts import parse_host
 from controlplane.kernel.keys import is_experiment_id
 from controlplane.kernel.routes import parse_route
 from controlplane.kernel.rules import parse_rule
@@ -241,7 +242,7 @@ def test_the_longest_cooldown_stays_inside_datetime_range() -> None:
     ],
 )
 def test_upstream_policy(allow: str, host: str, refused: bool) -> None:
-    assert (UpstreamPolicy.parse(allow).refusal(host) is not None) is refused
+    assert (UpstreamPolicy.parse(allow).refusal(parse_host(host.strip("[]"))) is not None) is refused
 
 
 @pytest.mark.parametrize("entry", ["a b", "x/y/z", "ho\x1bst"])
