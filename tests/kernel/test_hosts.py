@@ -13,51 +13,7 @@ from hypothesis import strategies as st
 
 from controlplane.kernel.hosts import carried_ipv4, inet_aton, parse_host
 from controlplane.kernel.values import UpstreamPolicy, is_metadata_address, split_upstream
-
-# (URL, the canonical address the refusal names) — every one reaches the address
-# through getaddrinfo/inet_aton or an IPv6 socket
-OTHER_SPELLINGS = [
-    ("http://2852039166/", "169.254.169.254"),
-    ("http://0xa9fea9fe/", "169.254.169.254"),
-    ("http://0XA9FEA9FE/", "169.254.169.254"),
-    ("http://169.254.43518/", "169.254.169.254"),
-    ("http://169.16689662/", "169.254.169.254"),
-    ("http://169.0xfe.169.254/", "169.254.169.254"),
-    ("http://0251.0376.0251.0376/", "169.254.169.254"),
-    ("http://0xA9.0xFE.0xA9.0xFE/", "169.254.169.254"),
-    ("http://169.254.169.254./", "169.254.169.254"),
-    ("http://169.254.169.0254/", "169.254.169.172"),
-    ("http://[::ffff:169.254.169.254]/", "169.254.169.254"),
-    ("http://[::ffff:a9fe:a9fe]/", "169.254.169.254"),
-    ("http://[::FFFF:A9FE:A9FE]/", "169.254.169.254"),
-    ("http://[0:0:0:0:0:ffff:169.254.169.254]/", "169.254.169.254"),
-    ("http://[::169.254.169.254]/", "169.254.169.254"),
-    ("http://2130706433/", "127.0.0.1"),
-    ("http://0x7f000001/", "127.0.0.1"),
-    ("http://127.1/", "127.0.0.1"),
-    ("http://0177.0.0.1/", "127.0.0.1"),
-    ("http://[::ffff:127.0.0.1]/", "127.0.0.1"),
-    ("http://0/", "0.0.0.0"),
-    ("http://0x0/", "0.0.0.0"),
-    ("http://010.0.0.1:8080/", "8.0.0.1"),
-]
-
-# refused as hosts no resolver reads as one thing
-NOT_HOSTS = [
-    ("http://[fe80::1%25eth0]/", "zone id"),
-    ("http://[::ffff:a9fe:a9fe%25eth0]/", "zone id"),
-    ("http://%31%36%39.254.169.254/", "percent-encoded"),
-    ("http://1.2.3.256/", "not an IPv4 address"),
-    ("http://1.2.3.4.5/", "not an IPv4 address"),
-    ("http://services.123/", "not an IPv4 address"),
-    ("http://08.0.0.1/", "not an IPv4 address"),  # 8 is no octal digit
-    ("http://1.2..3/", "not an IPv4 address"),
-    ("http://payments..internal/", "valid name"),
-    ("http://\uff11\uff16\uff19.254.169.254/", "ASCII"),  # IDNA 2003 maps these to digits
-    ("http://b\u00fccher.example/", "xn--"),
-    ("http://pay$ments/", "valid name"),
-    ("http://-payments/", "valid name"),
-]
+from tests.support.host_spellings import METADATA_URLS, NOT_HOSTS, OTHER_SPELLINGS
 
 # still accepted: canonical addresses and names, judged only by the policy
 ACCEPTED = [
@@ -98,20 +54,7 @@ def test_canonical_addresses_and_names_are_accepted(
     assert UpstreamPolicy().refusal(host) is None
 
 
-@pytest.mark.parametrize(
-    "url",
-    [
-        "http://169.254.169.254/",
-        "http://169.254.0.1/",
-        "http://[fe80::1]/",
-        "http://[fd00:ec2::254]/",
-        "http://100.100.100.200/",
-        "http://[64:ff9b::a9fe:a9fe]/",  # NAT64 to 169.254.169.254
-        "http://[64:ff9b::169.254.169.254]/",
-        "http://[2002:a9fe:a9fe::1]/",  # 6to4 through 169.254.169.254
-        "http://metadata.google.internal./",
-    ],
-)
+@pytest.mark.parametrize("url", METADATA_URLS)
 def test_metadata_addresses_are_refused_also_when_an_ipv6_address_carries_them(url: str) -> None:
     reason = UpstreamPolicy().refusal(split_upstream(url).host)
     assert reason == "upstream host is a link-local or cloud metadata address"
