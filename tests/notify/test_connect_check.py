@@ -11,21 +11,27 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
+import trustme
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from controlplane.db import notifications as outbox
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.hosts import IPAddress
+from controlplane.kernel.values import split_upstream
 from controlplane.notify.backoff import RetryPolicy
 from controlplane.notify.connect import Resolver
 from controlplane.notify.dispatcher import Dispatcher
 from controlplane.notify.records import DeliveryRecord, DeliveryStatus
-from controlplane.notify.sender import Outgoing, WebhookSender
+from controlplane.notify.sender import Outgoing, WebhookSender, sendable_url
 from controlplane.runtime import Backends
 from tests.notify.conftest import SECRET, announce, new_experiment, subscribe
-from tests.support.webhooks import Receiver
+from tests.support.webhooks import Receiver, receiving
 
 POLICY = RetryPolicy(max_attempts=3, base_delay_sec=2.0, max_delay_sec=60.0, max_age_sec=3600.0)
 METADATA = ipaddress.ip_address("169.254.169.254")
@@ -237,3 +243,49 @@ async def test_the_sender_never_raises_whatever_the_url(backends: Backends) -> N
             assert result.error.startswith("not sent: ")
     finally:
         await sender.close()
+
+
+async def test_over_tls_the_checked_address_is_dialled_under_the_url_s_name(
+    backends: Backends,
+    receiver: Receiver,
+    dispatcher: Callable[[Resolver], Dispatcher],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the certificate names only hooks.test: the handshake verifies only if the server
+    # name sent is the URL's, while the socket goes to the address the resolver gave
+    ca = trustme.CA()
+    issued = ca.issue_cert("hooks.test")
+    cert, key, ca_file = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
+    for blob in issued.cert_chain_pems:
+        blob.write_to_path(str(cert), append=True)
+    issued.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(ca_file))
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
+    names = Names(hooks_test=[LOOPBACK])
+    with receiving(receiver, certfile=str(cert), keyfile=str(key)) as url:
+        await subscribe(backends, named(url, "hooks.test").replace("http://", "https://"))
+        await announce(backends, await new_experiment(backends))
+        await dispatcher(names).run_once(backends)
+
+    delivered = await only_delivery(backends)
+    assert (delivered.status, delivered.last_status) == (DeliveryStatus.DELIVERED, 200)
+    [request] = receiver.received()
+    assert request.headers["host"] == f"hooks.test:{urlsplit(url).port}"
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.one_of(
+        st.text(max_size=40).map(lambda t: "http://" + t),
+        st.from_regex(r"\Ahttps?://[a-zA-Z0-9.:@/?#%\[\]_~!$&'()*+,;=\\-]{0,40}\Z"),
+    )
+)
+def test_a_url_the_api_accepts_is_one_the_sender_can_send(url: str) -> None:
+    try:
+        host = split_upstream(url).host
+    except ValueError:
+        return
+    parsed_host, parsed = sendable_url(url)  # raises if the HTTP client reads it otherwise
+    assert parsed_host == host
+    httpx.Request("POST", parsed)
