@@ -18,7 +18,6 @@ import httpx
 import pytest
 import trustme
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from controlplane.db import notifications as outbox
 from controlplane.kernel.clock import FakeClock
@@ -31,6 +30,7 @@ from controlplane.notify.records import DeliveryRecord, DeliveryStatus
 from controlplane.notify.sender import Outgoing, WebhookSender, sendable_url
 from controlplane.runtime import Backends
 from tests.notify.conftest import SECRET, announce, new_experiment, subscribe
+from tests.support.host_spellings import URL_TEXTS
 from tests.support.webhooks import Receiver, receiving
 
 POLICY = RetryPolicy(max_attempts=3, base_delay_sec=2.0, max_delay_sec=60.0, max_age_sec=3600.0)
@@ -275,12 +275,7 @@ async def test_over_tls_the_checked_address_is_dialled_under_the_url_s_name(
 
 
 @settings(max_examples=400, deadline=None)
-@given(
-    st.one_of(
-        st.text(max_size=40).map(lambda t: "http://" + t),
-        st.from_regex(r"\Ahttps?://[a-zA-Z0-9.:@/?#%\[\]_~!$&'()*+,;=\\-]{0,40}\Z"),
-    )
-)
+@given(URL_TEXTS)
 def test_a_url_the_api_accepts_is_one_the_sender_can_send(url: str) -> None:
     try:
         host = split_upstream(url).host

@@ -5,6 +5,15 @@ IPv6 socket."""
 
 from __future__ import annotations
 
+from hypothesis import strategies as st
+
+# URL-shaped texts for property tests: any text after http://, and URLs made of every
+# character a URL's authority can hold
+URL_TEXTS = st.one_of(
+    st.text(max_size=40).map(lambda t: "http://" + t),
+    st.from_regex(r"\Ahttps?://[a-zA-Z0-9.:@/?#%\[\]_~!$&'()*+,;=\\-]{0,40}\Z"),
+)
+
 OTHER_SPELLINGS: list[tuple[str, str]] = [
     ("http://2852039166/", "169.254.169.254"),
     ("http://0xa9fea9fe/", "169.254.169.254"),
