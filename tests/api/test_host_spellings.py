@@ -120,3 +120,19 @@ async def test_an_allow_list_admitting_an_address_admits_only_its_canonical_spel
     assert "write it as 169.254.169.254" in refusal(spelled, ("canary", "upstream"))
     canonical = await client.post("/v1/experiments", json=upstream_body("http://169.254.169.254/"))
     assert canonical.status_code == 201, canonical.text
+
+
+async def test_an_overload_signal_source_takes_the_same_hosts(client: httpx.AsyncClient) -> None:
+    def signal(source: str) -> dict[str, Any]:
+        external = {"source": source, "light": 0.7, "heavy": 0.85, "severe": 0.95}
+        return {"signals": {"external": external}}
+
+    path = "/v1/services/checkout/overload"
+    for url, says in REFUSED:
+        answer = await client.put(path, json=signal(f"{url.rstrip('/')}/load"))
+        assert answer.status_code == 422, (url, answer.text)
+        assert answer.headers["content-type"] == PROBLEM
+        # a source is refused earlier for any non-ASCII character
+        assert says in answer.text or not url.isascii(), url
+    accepted = await client.put(path, json=signal("http://127.0.0.1:9100/load"))
+    assert accepted.status_code == 200, accepted.text
