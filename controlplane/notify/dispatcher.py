@@ -196,8 +196,9 @@ class Dispatcher:
         attempt = delivery.attempts + 1
         try:
             body = render(delivery.event, delivery.format, base_url=self.base_url)
-        except (ValueError, TypeError) as exc:
-            # the stored evidence is not JSON a receiver could read: no retry mends it
+        except Exception as exc:
+            # the stored evidence is not JSON a receiver could read (or the renderer has
+            # a bug): no retry mends it, and the row must not stay pending unrecorded
             await self._record(
                 backends,
                 delivery,
