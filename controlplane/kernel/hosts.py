@@ -38,11 +38,16 @@ _COMPATIBLE: Final = ipaddress.ip_network("::/96")
 
 @dataclass(frozen=True)
 class Host:
-    """`name` is the lower-case name without its trailing dot, or the address's text;
-    `address` is set for an IP literal."""
+    """`name` is the lower-case name (a trailing dot kept: it tells the resolver not to
+    try its search domains) or the address's text; `address` is set for an IP literal."""
 
     name: str
     address: IPAddress | None = None
+
+    @property
+    def bare(self) -> str:
+        """The name without its trailing dot: what allow-lists and guards compare."""
+        return self.name.removesuffix(".")
 
 
 def _ends_in_number(labels: list[str]) -> bool:
@@ -126,7 +131,7 @@ def parse_host(text: str) -> Host:
         raise ValueError(
             "host is not a valid name (letters, digits, '-' and '_' in labels of 1-63)"
         )
-    return Host(name)
+    return Host(name + "." if trailing_dot else name)
 
 
 def carried_ipv4(address: IPAddress) -> tuple[ipaddress.IPv4Address, ...]:

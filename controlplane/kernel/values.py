@@ -269,7 +269,7 @@ class UpstreamPolicy:
             if host.address is not None:
                 networks.append(ipaddress.ip_network(host.address))
             else:
-                hosts.add(host.name)
+                hosts.add(host.bare)
         return cls(frozenset(hosts), tuple(networks), what, setting)
 
     @property
@@ -281,9 +281,9 @@ class UpstreamPolicy:
 
     def refusal(self, host: Host) -> str | None:
         """Why `host` may not be named, or None. Host names are not resolved here."""
-        if host.name in self.hosts or (host.address is not None and self._listed(host.address)):
+        if host.bare in self.hosts or (host.address is not None and self._listed(host.address)):
             return None
-        if host.name in METADATA_HOSTS or (
+        if host.bare in METADATA_HOSTS or (
             host.address is not None and is_metadata_address(host.address)
         ):
             return f"{self.what} host is a link-local or cloud metadata address"
@@ -294,7 +294,7 @@ class UpstreamPolicy:
     def address_refusal(self, host: Host, address: IPAddress) -> str | None:
         """Why a connection to `address`, which `host` resolved to, may not be made: the
         check at connect time, after `refusal` admitted the host itself."""
-        if host.name in self.hosts or self._listed(address):
+        if host.bare in self.hosts or self._listed(address):
             return None
         if is_metadata_address(address):
             return f"{self.what} host resolves to a link-local or cloud metadata address"

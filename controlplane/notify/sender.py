@@ -77,11 +77,13 @@ def _headers(outgoing: Outgoing, timestamp: int) -> dict[str, str]:
     return headers
 
 
-def _same_host(ours: str, theirs: str) -> bool:
-    try:
-        return ipaddress.ip_address(ours) == ipaddress.ip_address(theirs)
-    except ValueError:
-        return ours == theirs.lower().removesuffix(".")
+def _same_host(ours: Host, theirs: str) -> bool:
+    if ours.address is not None:
+        try:
+            return ours.address == ipaddress.ip_address(theirs)
+        except ValueError:
+            return False
+    return ours.name == theirs.lower()
 
 
 def sendable_url(url: str) -> tuple[Host, httpx.URL]:
@@ -92,7 +94,7 @@ def sendable_url(url: str) -> tuple[Host, httpx.URL]:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, ValueError, TypeError, UnicodeError):
         raise ValueError("webhook URL cannot be parsed by the HTTP client") from None
-    if not _same_host(host.name, parsed.host):
+    if not _same_host(host, parsed.host):
         raise ValueError("webhook URL host is read differently by the HTTP client")
     return host, parsed
 

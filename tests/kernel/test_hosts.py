@@ -18,7 +18,7 @@ from tests.support.host_spellings import METADATA_URLS, NOT_HOSTS, OTHER_SPELLIN
 # still accepted: canonical addresses and names, judged only by the policy
 ACCEPTED = [
     ("http://payments-v2:8080", "payments-v2", None),
-    ("http://Payments.Internal.:8080", "payments.internal", None),
+    ("http://Payments.Internal.:8080", "payments.internal.", None),
     ("http://my_service", "my_service", None),
     ("http://xn--bcher-kva.example", "xn--bcher-kva.example", None),
     ("http://1password.example", "1password.example", None),
