@@ -24,7 +24,7 @@ from typing import Final
 import httpx
 
 from controlplane.kernel.hosts import Host, IPAddress, parse_host
-from controlplane.kernel.values import UpstreamPolicy, split_upstream, unprintable
+from controlplane.kernel.values import UpstreamPolicy, split_webhook, unprintable
 from controlplane.notify.backoff import AttemptResult, parse_retry_after
 from controlplane.notify.connect import (
     CheckedBackend,
@@ -89,7 +89,7 @@ def _same_host(ours: Host, theirs: str) -> bool:
 def sendable_url(url: str) -> tuple[Host, httpx.URL]:
     """The URL's host, and the URL as the HTTP client will send it, once our parser and
     the client's agree on that host; raises ValueError (never echoing the URL)."""
-    host = split_upstream(url).host
+    host = split_webhook(url).host
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, ValueError, TypeError, UnicodeError):

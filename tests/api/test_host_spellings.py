@@ -67,6 +67,9 @@ async def test_every_spelling_of_a_refused_host_is_a_422_for_a_webhook(
         assert says in refusal(created, ("url",)), url
         patched = await client.patch(f"{SUBSCRIPTIONS}/{kept.json()['id']}", json={"url": url})
         assert says in refusal(patched, ("url",)), url
+    for url in ("h2c://hooks.example/x", "h2://hooks.example/x"):  # upstreams only
+        created = await client.post(SUBSCRIPTIONS, json={"name": "x", "url": url})
+        assert "must start with http:// or https://" in refusal(created, ("url",)), url
     listed = (await client.get(SUBSCRIPTIONS)).json()
     assert listed["total"] == 1 and listed["items"][0]["url"] == "http://hooks.example/…"
 
@@ -104,7 +107,7 @@ async def test_a_test_send_to_a_stored_url_that_cannot_be_sent_says_why(
     outcome = answer.json()
     assert (outcome["delivered"], outcome["status"]) == (False, None)
     assert outcome["error"] == (
-        "not sent: upstream URL host is 169.254.169.254 written in another form; "
+        "not sent: webhook URL host is 169.254.169.254 written in another form; "
         "write it as 169.254.169.254"
     )
 
