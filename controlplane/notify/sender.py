@@ -146,7 +146,7 @@ class WebhookSender:
         try:
             refused = self.refusal(outgoing.url)
             if refused is not None:
-                return AttemptResult(status=None, error=f"not sent: {refused}")
+                return AttemptResult(status=None, error=f"not sent: {refused}", refused=True)
             async with asyncio.timeout(self.timeout_sec):
                 return await self._exchange(outgoing, _headers(outgoing, timestamp))
         except TimeoutError:
@@ -154,7 +154,7 @@ class WebhookSender:
                 status=None, error=f"no complete answer within {self.timeout_sec:g}s"
             )
         except RefusedAddress as exc:
-            return AttemptResult(status=None, error=f"not sent: {exc.reason}")
+            return AttemptResult(status=None, error=f"not sent: {exc.reason}", refused=True)
         except httpx.HTTPError as exc:
             return AttemptResult(status=None, error=_describe(exc))
         except Exception as exc:

@@ -105,8 +105,9 @@ async def test_a_name_resolving_to_a_metadata_address_is_refused_at_send_time(
     names = Names(hooks_test=[METADATA])
     await subscribe(backends, named(hook_url, "hooks.test"))
     await announce(backends, await new_experiment(backends))
+    sender = dispatcher(names)
 
-    assert await dispatcher(names).run_once(backends) == 1
+    assert await sender.run_once(backends) == 1
 
     failed = await only_delivery(backends)
     assert (failed.status, failed.attempts, failed.last_status) == (
@@ -120,6 +121,7 @@ async def test_a_name_resolving_to_a_metadata_address_is_refused_at_send_time(
     )
     assert failed.next_attempt_at is not None  # retried: the name may be fixed
     assert names.asked == ["hooks.test"] and receiver.received() == []
+    assert (sender.stats.attempts, sender.stats.refused) == (1, 1)
 
 
 async def test_one_blocked_address_among_a_name_s_answers_refuses_the_name(
@@ -207,6 +209,7 @@ async def test_a_url_stored_in_another_spelling_is_a_recorded_failed_attempt(
     assert (failed.status, failed.attempts) == (DeliveryStatus.FAILED, POLICY.max_attempts)
     assert failed.last_error is not None and "write it as 169.254.169.254" in failed.last_error
     assert names.asked == [] and sender.stats.errors == 0
+    assert sender.stats.refused == POLICY.max_attempts
 
 
 async def test_any_error_while_sending_is_a_recorded_attempt_retried_with_backoff(
@@ -224,7 +227,7 @@ async def test_any_error_while_sending_is_a_recorded_attempt_retried_with_backof
     pending = await only_delivery(backends)
     assert (pending.status, pending.attempts) == (DeliveryStatus.PENDING, 1)
     assert pending.last_error == "RuntimeError: resolver state corrupted"
-    assert pending.next_attempt_at is not None
+    assert pending.next_attempt_at is not None and sender.stats.refused == 0
     assert await sender.run_once(backends) == 0  # not due before its backoff
     clock.advance(POLICY.max_delay_sec)
     assert await sender.run_once(backends) == 1
