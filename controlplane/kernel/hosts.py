@@ -31,8 +31,13 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 _LABEL: Final = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
 _NAME_MAX: Final = 253
 _HEX_PART: Final = re.compile(r"0x[0-9a-f]*")
-# IPv6 ranges that carry an IPv4 address which the traffic really reaches
-_NAT64: Final = ipaddress.ip_network("64:ff9b::/96")
+# IPv6 ranges whose last 32 bits are an IPv4 address a translator delivers to: NAT64's
+# well-known prefix, its local-use prefix in the usual /96 layout, SIIT's IPv4-translated
+_TRANSLATED: Final = (
+    ipaddress.ip_network("64:ff9b::/96"),
+    ipaddress.ip_network("64:ff9b:1::/48"),
+    ipaddress.ip_network("::ffff:0:0:0/96"),
+)
 _COMPATIBLE: Final = ipaddress.ip_network("::/96")
 
 
@@ -136,15 +141,15 @@ def parse_host(text: str) -> Host:
 
 def carried_ipv4(address: IPAddress) -> tuple[ipaddress.IPv4Address, ...]:
     """IPv4 addresses an IPv6 address stands for (IPv4-mapped or -compatible) or
-    reaches through a translator or tunnel (NAT64's well-known prefix, 6to4, Teredo's
-    client): a guard judges them too."""
+    reaches through a translator or tunnel (NAT64, SIIT, 6to4, Teredo's client): a
+    guard judges them too."""
     if isinstance(address, ipaddress.IPv4Address):
         return ()
     carried = []
     spelled = _spelled_ipv4(address)
     if spelled is not None:
         carried.append(spelled)
-    if address in _NAT64:
+    if any(address in net for net in _TRANSLATED):
         carried.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
     if address.sixtofour is not None:
         carried.append(address.sixtofour)

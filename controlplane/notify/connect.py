@@ -110,8 +110,8 @@ class CheckedBackend(httpcore.AsyncNetworkBackend):
 
 
 class _ResponseBody(httpx.AsyncByteStream):
-    def __init__(self, stream: httpcore.Response) -> None:
-        self._response = stream
+    def __init__(self, response: httpcore.Response) -> None:
+        self._response = response
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self._response.aiter_stream():

@@ -48,6 +48,8 @@ METADATA_URLS: list[str] = [
     "http://100.100.100.200/",
     "http://[64:ff9b::a9fe:a9fe]/",  # NAT64 to 169.254.169.254
     "http://[64:ff9b::169.254.169.254]/",
+    "http://[64:ff9b:1::a9fe:a9fe]/",  # NAT64, local-use prefix
+    "http://[::ffff:0:a9fe:a9fe]/",  # SIIT's IPv4-translated form
     "http://[2002:a9fe:a9fe::1]/",  # 6to4 through 169.254.169.254
     "http://metadata.google.internal./",
 ]
