@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
-from urllib.parse import urlsplit
+
+from controlplane.kernel.values import split_upstream
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # an upstream marked as speaking HTTP/2 (gRPC services do): h2c in clear text with prior
@@ -28,34 +29,16 @@ class Upstream:
 
     @classmethod
     def parse(cls, url: str) -> Upstream:
-        """Parse `http(s)|h2c|h2://host[:port][/prefix]`; raises ValueError naming the
-        problem."""
-        try:
-            parts = urlsplit(url)
-            port = parts.port
-        except ValueError as exc:
-            raise ValueError(f"invalid upstream URL {url!r}: {exc}") from exc
-        scheme = parts.scheme.lower()
-        http2 = scheme in _HTTP2_SCHEMES
-        scheme = _HTTP2_SCHEMES.get(scheme, scheme)
-        if scheme not in _DEFAULT_PORTS:
-            raise ValueError(
-                f"upstream URL {url!r} must start with http://, https://, h2c:// or h2://"
-            )
-        if not parts.hostname:
-            raise ValueError(f"upstream URL {url!r} has no host")
-        if parts.query or parts.fragment:
-            raise ValueError(f"upstream URL {url!r} must not carry a query or fragment")
-        if parts.username is not None or parts.password is not None:
-            raise ValueError(f"upstream URL {url!r} must not carry credentials")
-        try:
-            parts.hostname.encode("idna")  # the Host header and TLS name need it
-        except UnicodeError as exc:
-            raise ValueError(f"upstream URL {url!r} has an invalid host name: {exc}") from exc
+        """Parse `http(s)|h2c|h2://host[:port][/prefix]` with the one URL and host
+        parser every reader shares; raises ValueError naming the problem (never the
+        URL, which may carry a password)."""
+        parts = split_upstream(url)
+        http2 = parts.scheme in _HTTP2_SCHEMES
+        scheme = _HTTP2_SCHEMES.get(parts.scheme, parts.scheme)
         return cls(
             scheme=scheme,
-            host=parts.hostname,
-            port=port if port is not None else _DEFAULT_PORTS[scheme],
+            host=parts.host.name,
+            port=parts.port if parts.port is not None else _DEFAULT_PORTS[scheme],
             base_path=parts.path.rstrip("/"),
             http2=http2,
         )

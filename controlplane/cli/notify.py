@@ -63,14 +63,14 @@ def send_sample(url: str, secret: str, fmt: str) -> dict[str, Any]:
     from controlplane.kernel.clock import SystemClock, utc_now
     from controlplane.kernel.errors import ValidationFailed
     from controlplane.kernel.settings import Settings
-    from controlplane.kernel.values import split_upstream
+    from controlplane.kernel.values import split_webhook
     from controlplane.notify.payloads import render
     from controlplane.notify.records import Format
     from controlplane.notify.sample import sample_event
     from controlplane.notify.sender import Outgoing, WebhookSender
 
     try:
-        split_upstream(url)
+        split_webhook(url)
         chosen = Format(fmt)
     except ValueError as exc:
         raise ValidationFailed(str(exc)) from None

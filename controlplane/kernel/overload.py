@@ -14,8 +14,9 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from controlplane.kernel.errors import ValidationFailed
+from controlplane.kernel.hosts import parse_host
 from controlplane.kernel.rules import pydantic_field_errors
-from controlplane.kernel.values import ServiceName
+from controlplane.kernel.values import ServiceName, UpstreamPolicy
 
 MAX_OVERLOAD_BYTES = 16 * 1024
 MAX_LIMIT = 100_000
@@ -108,6 +109,14 @@ def source_kind(source: str) -> Literal["http", "file", "nvml"]:
         url.port  # noqa: B018 - a port out of range raises
     except ValueError as exc:
         raise ValueError(f"source port: {exc}") from exc
+    try:
+        host = parse_host(url.hostname)
+    except ValueError as exc:
+        raise ValueError(f"source {exc}") from None
+    # a load signal is never on a metadata service: no allow-list admits one here
+    refused = UpstreamPolicy(what="source").refusal(host)
+    if refused is not None:
+        raise ValueError(refused)
     return "http"
 
 

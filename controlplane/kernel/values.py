@@ -14,7 +14,8 @@ Principles:
 - names that reach the wire (sticky header and cookie names) are RFC 9110 tokens;
 - names that become etcd keys match a strict pattern;
 - upstream URLs are http(s) with a host and nothing that a sidecar would refuse
-  (userinfo, query, fragment, a port out of range, a host that is not IDNA-encodable).
+  (userinfo, query, fragment, a port out of range, a host in any but its one canonical
+  spelling: controlplane.kernel.hosts).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import Annotated, Final
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field
+
+from controlplane.kernel.hosts import Host, IPAddress, carried_ipv4, parse_host
 
 # --- numbers -------------------------------------------------------------------------
 
@@ -148,42 +151,43 @@ _SCHEMES: Final = ("http", "https", "h2c", "h2")
 @dataclass(frozen=True, slots=True)
 class UpstreamParts:
     scheme: str
-    host: str
+    host: Host
     port: int | None
     path: str
 
 
-def split_upstream(url: str) -> UpstreamParts:
+def split_upstream(
+    url: str, *, what: str = "upstream", schemes: tuple[str, ...] = _SCHEMES
+) -> UpstreamParts:
     """Check an upstream URL's shape; raises ValueError that never echoes the URL.
 
     The message must not repeat the value: a refused URL may carry a password.
     """
     if len(url) > URL_MAX:
-        raise ValueError(f"upstream URL longer than {URL_MAX} characters")
+        raise ValueError(f"{what} URL longer than {URL_MAX} characters")
     if unprintable(url) is not None or any(c.isspace() for c in url):
-        raise ValueError("upstream URL must not contain spaces or control characters")
+        raise ValueError(f"{what} URL must not contain spaces or control characters")
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError:
-        raise ValueError("upstream URL is malformed (bad host or port)") from None
-    if parts.scheme.lower() not in _SCHEMES or not url.lower().startswith(
-        tuple(f"{scheme}://" for scheme in _SCHEMES)
-    ):
-        raise ValueError("upstream URL must start with http://, https://, h2c:// or h2://")
+        raise ValueError(f"{what} URL is malformed (bad host or port)") from None
+    prefixes = tuple(f"{scheme}://" for scheme in schemes)
+    if parts.scheme.lower() not in schemes or not url.lower().startswith(prefixes):
+        raise ValueError(f"{what} URL must start with {', '.join(prefixes[:-1])} or {prefixes[-1]}")
     if "@" in parts.netloc:
-        raise ValueError("upstream URL must not carry credentials (user:password@)")
+        raise ValueError(f"{what} URL must not carry credentials (user:password@)")
     if not parts.hostname:
-        raise ValueError("upstream URL has no host")
+        raise ValueError(f"{what} URL has no host")
     if parts.query or parts.fragment or "?" in url or "#" in url:
-        raise ValueError("upstream URL must not carry a query or fragment")
+        raise ValueError(f"{what} URL must not carry a query or fragment")
     if port is not None and port == 0:
-        raise ValueError("upstream URL port must be 1-65535")
+        raise ValueError(f"{what} URL port must be 1-65535")
     try:
-        parts.hostname.encode("idna")  # the Host header and TLS name need it
-    except UnicodeError:
-        raise ValueError("upstream URL has an invalid host name") from None
-    return UpstreamParts(parts.scheme.lower(), parts.hostname, port, parts.path)
+        host = parse_host(parts.hostname)
+    except ValueError as exc:
+        raise ValueError(f"{what} URL {exc}") from None
+    return UpstreamParts(parts.scheme.lower(), host, port, parts.path)
 
 
 def _upstream(value: str) -> str:
@@ -204,18 +208,53 @@ UpstreamUrl = Annotated[
 ]
 
 
+def split_webhook(url: str) -> UpstreamParts:
+    """Check a webhook URL: an upstream URL's rules, over HTTP/1.1 only."""
+    return split_upstream(url, what="webhook", schemes=("http", "https"))
+
+
+def _webhook(value: str) -> str:
+    split_webhook(value)
+    return value  # kept exactly as written
+
+
+WebhookUrl = Annotated[
+    str,
+    Field(
+        min_length=8,
+        max_length=URL_MAX,
+        description="where to POST: http(s)://host[:port][/path], no credentials, query "
+        "or fragment",
+        examples=["https://hooks.example.com/canary"],
+    ),
+    AfterValidator(_webhook),
+]
+
+
 # --- which upstream hosts may be named ------------------------------------------------
 
 # Cloud metadata services and link-local space: an upstream there turns the proxy
-# into a way to read instance credentials. Refused unless explicitly allowed.
+# into a way to read instance credentials. Refused unless explicitly allowed, whatever
+# the spelling (controlplane.kernel.hosts) and, for webhooks, whatever a name
+# resolves to when the request is sent (controlplane.notify.connect).
 METADATA_HOSTS: Final = frozenset({"metadata.google.internal", "metadata"})
 METADATA_NETWORKS: Final = (
     ipaddress.ip_network("169.254.0.0/16"),
     ipaddress.ip_network("fe80::/10"),
     ipaddress.ip_network("fd00:ec2::254/128"),
+    ipaddress.ip_network("100.100.100.200/32"),  # Alibaba Cloud's metadata service
 )
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def is_metadata_address(address: IPAddress) -> bool:
+    """Whether `address`, or an IPv4 address it carries, is link-local or metadata."""
+    return any(
+        candidate in net
+        for candidate in (address, *carried_ipv4(address))
+        for net in METADATA_NETWORKS
+    )
 
 
 @dataclass(frozen=True)
@@ -247,42 +286,42 @@ class UpstreamPolicy:
                 continue
             except ValueError:
                 pass
-            if (
-                unprintable(entry) is not None
-                or not entry.replace("-", "").replace(".", "").isalnum()
-            ):
-                raise ValueError(f"{what} allow-list entry {entry!r} is not a host or CIDR")
-            hosts.add(entry.rstrip("."))
+            try:
+                host = parse_host(entry)
+            except ValueError as exc:
+                raise ValueError(f"{what} allow-list entry {entry!r}: {exc}") from None
+            if host.address is not None:
+                networks.append(ipaddress.ip_network(host.address))
+            else:
+                hosts.add(host.bare)
         return cls(frozenset(hosts), tuple(networks), what, setting)
 
     @property
     def restricted(self) -> bool:
         return bool(self.hosts or self.networks)
 
-    def _listed(
-        self, host: str, address: ipaddress.IPv4Address | ipaddress.IPv6Address | None
-    ) -> bool:
-        if host in self.hosts:
-            return True
-        return address is not None and any(address in net for net in self.networks)
+    def _listed(self, address: IPAddress) -> bool:
+        return any(address in net for net in self.networks)
 
-    def refusal(self, host: str) -> str | None:
-        """Why `host` may not be an upstream, or None. Host names are not resolved."""
-        name = host.lower().rstrip(".").strip("[]")
-        try:
-            address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(
-                name
-            )
-        except ValueError:
-            address = None
-        if self._listed(name, address):
+    def refusal(self, host: Host) -> str | None:
+        """Why `host` may not be named, or None. Host names are not resolved here."""
+        if host.bare in self.hosts or (host.address is not None and self._listed(host.address)):
             return None
-        if name in METADATA_HOSTS or (
-            address is not None and any(address in net for net in METADATA_NETWORKS)
+        if host.bare in METADATA_HOSTS or (
+            host.address is not None and is_metadata_address(host.address)
         ):
             return f"{self.what} host is a link-local or cloud metadata address"
         if self.restricted:
             return f"{self.what} host is not in the allowed hosts ({self.setting})"
+        return None
+
+    def address_refusal(self, host: Host, address: IPAddress) -> str | None:
+        """Why a connection to `address`, which `host` resolved to, may not be made: the
+        check at connect time, after `refusal` admitted the host itself."""
+        if host.bare in self.hosts or self._listed(address):
+            return None
+        if is_metadata_address(address):
+            return f"{self.what} host resolves to a link-local or cloud metadata address"
         return None
 
     def refusals(self, urls: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -42,6 +42,8 @@ class AttemptResult:
     status: int | None
     error: str | None = None
     retry_after_sec: float | None = None
+    # not sent at all: the URL, or an address its name resolved to, is refused
+    refused: bool = False
 
     @property
     def delivered(self) -> bool:

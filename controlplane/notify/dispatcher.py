@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class DispatchStats:
     attempts: int = 0
+    refused: int = 0
     delivered: int = 0
     retried: int = 0
     failed: int = 0
@@ -72,6 +73,11 @@ class DispatchMetricsCollector(Collector):
         )
         for name, text, value in (
             ("attempts", "Webhook requests made", s.attempts),
+            (
+                "refused",
+                "Attempts not sent: the URL, or an address its name resolved to, is refused",
+                s.refused,
+            ),
             ("delivered", "Deliveries a receiver accepted (2xx)", s.delivered),
             ("retried", "Attempts that failed and were scheduled again", s.retried),
             ("failed", "Deliveries given up (max attempts or max age)", s.failed),
@@ -196,8 +202,9 @@ class Dispatcher:
         attempt = delivery.attempts + 1
         try:
             body = render(delivery.event, delivery.format, base_url=self.base_url)
-        except (ValueError, TypeError) as exc:
-            # the stored evidence is not JSON a receiver could read: no retry mends it
+        except Exception as exc:
+            # the stored evidence is not JSON a receiver could read (or the renderer has
+            # a bug): no retry mends it, and the row must not stay pending unrecorded
             await self._record(
                 backends,
                 delivery,
@@ -216,6 +223,8 @@ class Dispatcher:
         )
         result = await self.sender.send(outgoing, timestamp=int(backends.clock.now()))
         self.stats.attempts += 1
+        if result.refused:
+            self.stats.refused += 1
         await self._record(backends, delivery, attempt, result)
 
     async def _record(

@@ -43,3 +43,16 @@ def test_serve_and_dev_print_where_the_dashboard_opens(listen: str, tls: bool, u
     from controlplane.kernel.settings import Settings
 
     assert dashboard_address(Settings(listen=listen), tls=tls) == url
+
+
+def test_a_sidecar_default_upstream_in_another_spelling_is_one_line_naming_the_address(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["sidecar", "--service", "checkout", "--listen", "127.0.0.1:0", "--etcd", "memory://"]
+    assert main([*argv, "--redis", "memory://", "--default-upstream", "http://0x7f000001:9"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (
+        "canary sidecar: upstream URL host is 127.0.0.1 written in another form; "
+        "write it as 127.0.0.1\n"
+    )

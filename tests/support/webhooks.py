@@ -78,12 +78,15 @@ class Receiver:
 
 
 @contextmanager
-def receiving(receiver: Receiver) -> Iterator[str]:
-    """Serve `receiver` on a free port; yield its URL."""
+def receiving(
+    receiver: Receiver, *, certfile: str | None = None, keyfile: str | None = None
+) -> Iterator[str]:
+    """Serve `receiver` on a free port (over TLS with a certificate); yield its URL."""
     port = free_port()
     config = uvicorn.Config(
-        receiver, host="127.0.0.1", port=port, log_level="warning", ws="none", lifespan="off"
-    )
+        receiver, host="127.0.0.1", port=port, log_level="warning", ws="none", lifespan="off",
+        ssl_certfile=certfile, ssl_keyfile=keyfile,
+    )  # fmt: skip
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="webhook-receiver", daemon=True)
     thread.start()
@@ -95,7 +98,7 @@ def receiving(receiver: Receiver) -> Iterator[str]:
             raise RuntimeError("the webhook receiver did not start")
         time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{port}/hook"
+        yield f"{'https' if certfile else 'http'}://127.0.0.1:{port}/hook"
     finally:
         server.should_exit = True
         thread.join(timeout=10)

@@ -28,7 +28,7 @@ from controlplane.kernel.values import (
     SQL_ID_MAX,
     DisplayName,
     ServiceName,
-    UpstreamUrl,
+    WebhookUrl,
     in_sql_range,
     unprintable,
 )
@@ -88,7 +88,7 @@ class SubscriptionCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: DisplayName
-    url: UpstreamUrl = Field(description="where to POST: http(s)://host[:port][/path]")
+    url: WebhookUrl
     service: ServiceName | None = Field(default=None, description="null: every service")
     kinds: Kinds = Field(default_factory=list)
     format: Format = Format.JSON
@@ -112,7 +112,7 @@ class SubscriptionUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: DisplayName | None = None
-    url: UpstreamUrl | None = None
+    url: WebhookUrl | None = None
     service: ServiceName | None = None
     kinds: Kinds | None = None
     format: Format | None = None
