@@ -11,6 +11,7 @@
     │   └── RevisionConflict     compare-and-swap lost against a newer write
     ├── BackendError             a dependency failed (translated at the adapter)
     │   ├── BackendUnavailable   cannot reach etcd / Redis / the database
+    │   │   └── IdentityProviderUnavailable   no OIDC keys to check a token against
     │   └── NotLeader            a fenced write by a replica that does not lead
     └── CodecError               a corrupt or truncated payload
 
@@ -94,6 +95,10 @@ class BackendError(CanaryError):
 
 
 class BackendUnavailable(BackendError):
+    pass
+
+
+class IdentityProviderUnavailable(BackendUnavailable):
     pass
 
 

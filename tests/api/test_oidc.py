@@ -161,7 +161,7 @@ async def test_roles_claim_maps_to_the_highest_role_and_the_actor_is_the_subject
     from controlplane.db import experiments as records
 
     events, _ = await backends.database.read(records.list_events, service="payment-api")
-    assert [e.actor for e in events] == ["oidc:u-42"]
+    assert [e.actor for e in events] == ["oidc:sub:u-42@login.example.com"]
 
 
 async def test_tokens_from_a_jwks_served_over_http(
@@ -172,12 +172,14 @@ async def test_tokens_from_a_jwks_served_over_http(
     assert (await ask(app_settings, backends, sign(OTHER_KEY))).status_code == 401
 
 
-async def test_an_unreachable_jwks_is_401_not_a_crash(
+async def test_an_unreachable_jwks_is_503_not_a_crash(
     settings: Settings, backends: Backends
 ) -> None:
     app_settings = oidc(settings, oidc_jwks_url=f"http://127.0.0.1:{free_port()}/jwks.json")
     answer = await ask(app_settings, backends, sign())
-    assert answer.status_code == 401 and "cannot be fetched" in answer.json()["detail"]
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["type"] == "urn:canary:problem:identity-provider-unavailable"
+    assert "cannot fetch it" in answer.json()["detail"]
 
 
 @pytest.mark.parametrize(
