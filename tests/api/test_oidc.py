@@ -198,3 +198,40 @@ def test_bad_oidc_settings_are_config_errors(
     base = oidc(Settings(), oidc_jwks_file=str(jwks_file))
     with pytest.raises(ConfigError, match=message):
         OidcVerifier.from_settings(base.model_copy(update=update))
+
+
+async def test_the_audit_actor_is_the_issuers_subject_unless_the_email_is_verified(
+    settings: Settings, backends: Backends, jwks_file: Path
+) -> None:
+    app_settings = oidc(settings, oidc_jwks_file=str(jwks_file))
+    body = {"threshold_ms": 800, "window_sec": 60, "failure_ratio": 0.3}
+    claims = {"sub": "mallory", "email": "boss@example.com", "groups": ["platform"]}
+    callers = {
+        "payment-api": sign(**claims),
+        "ledger-api": sign(**claims, email_verified=False),
+        "search-api": sign(**claims, email_verified=True),
+    }
+    app = create_app(app_settings, backends=backends)
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url=API_BASE) as http,
+    ):
+        for service, token in callers.items():
+            headers = {"Authorization": f"Bearer {token}"}
+            done = await http.put(f"/v1/services/{service}/rule", json=body, headers=headers)
+            assert done.status_code == 200, done.text
+        me = await http.get("/v1/me", headers={"Authorization": f"Bearer {callers['payment-api']}"})
+        assert me.json()["actor"] == "oidc:sub:mallory@login.example.com"
+
+    from controlplane.db import experiments as records
+
+    actors = {}
+    for service in callers:
+        events, _ = await backends.database.read(records.list_events, service=service)
+        actors[service] = [e.actor for e in events]
+    assert actors == {
+        "payment-api": ["oidc:sub:mallory@login.example.com"],
+        "ledger-api": ["oidc:sub:mallory@login.example.com"],
+        "search-api": ["oidc:boss@example.com"],
+    }
