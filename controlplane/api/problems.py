@@ -185,7 +185,8 @@ def canary_error_response(exc: CanaryError, instance: str | None) -> JSONRespons
         extensions["required_role"] = role
     headers: dict[str, str] | None = None
     if status == 503:
-        headers = {"Retry-After": "1"}
+        retry = getattr(exc, "retry_after_sec", 1)
+        headers = {"Retry-After": str(retry if isinstance(retry, int) and retry > 0 else 1)}
     elif status == 401:
         # RFC 6750: the scheme, and whether the credentials given were wrong
         headers = {"WWW-Authenticate": 'Bearer realm="canary"'}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import ssl
 from collections.abc import Callable
@@ -80,10 +81,11 @@ class RemoteJwks:
         if step.step is Step.UNKNOWN_KID:
             raise Unauthenticated("no key of the issuer has the token's kid")
         # UNAVAILABLE, or FETCH again right after a fetch (a zero back-off)
-        retry = max(0.0, self._state.retry_at - self._clock.monotonic())
+        retry = math.ceil(max(1.0, self._state.retry_at - self._clock.monotonic()))
         raise IdentityProviderUnavailable(
             f"the identity provider's keys are unavailable ({self._state.error}); "
-            f"next attempt in {retry:.0f} s"
+            f"next attempt in {retry} s",
+            retry_after_sec=retry,
         )
 
     def _fetch_in_flight(self) -> asyncio.Task[None]:

@@ -99,7 +99,12 @@ class BackendUnavailable(BackendError):
 
 
 class IdentityProviderUnavailable(BackendUnavailable):
-    pass
+    """No OIDC keys to check a token against; `retry_after_sec` is when the next
+    fetch of the issuer's keys may happen."""
+
+    def __init__(self, message: str, *, retry_after_sec: int = 1) -> None:
+        self.retry_after_sec = retry_after_sec
+        super().__init__(message)
 
 
 class NotLeader(BackendError):

@@ -205,7 +205,7 @@ async def test_the_audit_actor_is_the_issuers_subject_unless_the_email_is_verifi
 ) -> None:
     app_settings = oidc(settings, oidc_jwks_file=str(jwks_file))
     body = {"threshold_ms": 800, "window_sec": 60, "failure_ratio": 0.3}
-    claims = {"sub": "mallory", "email": "boss@example.com", "groups": ["platform"]}
+    claims: dict[str, Any] = {"sub": "mallory", "email": "boss@example.com", "groups": ["platform"]}
     callers = {
         "payment-api": sign(**claims),
         "ledger-api": sign(**claims, email_verified=False),

@@ -159,6 +159,7 @@ async def test_a_silent_issuer_delays_no_api_token_request_nor_readyz(
     # the failure is remembered: no request reaches the issuer during the back-off
     later = [await with_token(api, t) for t in (junk(), sign(), junk())]
     assert all(unavailable(a) for a in later)
+    assert {a.headers["retry-after"] for a in later} <= {"1", "2"}  # the back-off left
     assert issuer.connections == 1
 
     clock.advance(2.0)  # the first back-off is at most the base, 2 s
