@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jwt
+from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 
 MAX_JWKS_BYTES = 1024 * 1024
@@ -39,19 +41,30 @@ class JwksFailure(Exception):
 
 
 @dataclass(frozen=True)
+class SigningKey:
+    """A public key and the algorithms a token signed with it may name: the JWK's
+    `alg` if it declares one, else those its key type can verify. A token whose `alg`
+    does not fit its key is refused before PyJWT sees the pair."""
+
+    kid: str | None
+    algorithms: frozenset[str]
+    key: Any
+
+
+@dataclass(frozen=True)
 class KeySet:
     """The usable signing keys of one JWKS; `skipped` counts the entries left out by
     reason."""
 
-    keys: Sequence[jwt.PyJWK]
+    keys: Sequence[SigningKey]
     skipped: Mapping[str, int] = field(default_factory=dict)
 
-    def select(self, kid: str | None) -> jwt.PyJWK | None:
+    def select(self, kid: str | None) -> SigningKey | None:
         """The key a token's `kid` names; a token without one may use the only key."""
         if kid is None:
             return self.keys[0] if len(self.keys) == 1 else None
         for key in self.keys:
-            if key.key_id == kid:
+            if key.kid == kid:
                 return key
         return None
 
@@ -69,7 +82,7 @@ def parse_jwks(body: bytes) -> KeySet:
         raise JwksFailure('the JWKS is not an object with a "keys" list', "bad_shape")
     if len(entries) > MAX_JWKS_KEYS:
         raise JwksFailure(f"the JWKS holds more than {MAX_JWKS_KEYS} keys", "too_many_keys")
-    keys: list[jwt.PyJWK] = []
+    keys: list[SigningKey] = []
     skipped: Counter[str] = Counter()
     for entry in entries:
         key, why = _signing_key(entry)
@@ -77,7 +90,7 @@ def parse_jwks(body: bytes) -> KeySet:
             skipped[why] += 1
         else:
             keys.append(key)
-    kids = Counter(k.key_id for k in keys if k.key_id is not None)
+    kids = Counter(k.kid for k in keys if k.kid is not None)
     if any(n > 1 for n in kids.values()):
         raise JwksFailure("the JWKS names one kid for two signing keys", "duplicate_kid")
     if not keys:
@@ -88,7 +101,7 @@ def parse_jwks(body: bytes) -> KeySet:
     return KeySet(tuple(keys), dict(skipped))
 
 
-def _signing_key(entry: Any) -> tuple[jwt.PyJWK | None, str]:
+def _signing_key(entry: Any) -> tuple[SigningKey | None, str]:
     """The entry as a signing key, or None and why it is skipped."""
     if not isinstance(entry, dict):
         return None, "not_an_object"
@@ -98,14 +111,33 @@ def _signing_key(entry: Any) -> tuple[jwt.PyJWK | None, str]:
     if kid is not None and not (isinstance(kid, str) and KID.match(kid)):
         return None, "bad_kid"
     try:
-        key = jwt.PyJWK(entry)
+        jwk = jwt.PyJWK(entry)
     except (jwt.PyJWTError, ValueError, TypeError):
         return None, "unusable_key"
-    if key.algorithm_name not in ASYMMETRIC:
+    if jwk.algorithm_name not in ASYMMETRIC:
         return None, "not_asymmetric"
-    if isinstance(key.key, RSAPublicKey) and key.key.key_size > MAX_RSA_BITS:
+    if isinstance(jwk.key, RSAPublicKey) and jwk.key.key_size > MAX_RSA_BITS:
         return None, "key_too_large"
-    return key, ""
+    declared = entry.get("alg")
+    algorithms = frozenset({declared}) if isinstance(declared, str) else _verifies(jwk.key)
+    if not algorithms:
+        return None, "not_asymmetric"
+    return SigningKey(kid, algorithms, jwk.key), ""
+
+
+_RSA = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512"})
+_CURVES = {"secp256r1": "ES256", "secp384r1": "ES384", "secp521r1": "ES512"}
+
+
+def _verifies(key: Any) -> frozenset[str]:
+    """The algorithms a public key without a declared `alg` can verify."""
+    if isinstance(key, RSAPublicKey):
+        return _RSA
+    if isinstance(key, EllipticCurvePublicKey) and key.curve.name in _CURVES:
+        return frozenset({_CURVES[key.curve.name]})
+    if isinstance(key, Ed25519PublicKey):
+        return frozenset({"EdDSA"})
+    return frozenset()
 
 
 def _named(skipped: Mapping[str, int]) -> str:

@@ -10,6 +10,7 @@ and in keys (`parse_jwks`). When to fetch is decided by `jwks_schedule` (decisio
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import random
@@ -17,12 +18,12 @@ import ssl
 from collections.abc import Callable
 
 import httpx
-import jwt
 
-from controlplane.auth.jwks import MAX_JWKS_BYTES, JwksFailure, parse_jwks
+from controlplane.auth.jwks import MAX_JWKS_BYTES, JwksFailure, SigningKey, parse_jwks
 from controlplane.auth.jwks_schedule import (
     FetchPolicy,
     JwksState,
+    Plan,
     Step,
     failed,
     live_keys,
@@ -65,7 +66,7 @@ class RemoteJwks:
     def state(self) -> JwksState:
         return self._state
 
-    async def key_for(self, kid: str | None) -> jwt.PyJWK:
+    async def key_for(self, kid: str | None) -> SigningKey:
         """The key `kid` names. Waits at most for the one fetch in flight (itself
         bounded); Unauthenticated for a kid the issuer does not publish,
         IdentityProviderUnavailable when there are no keys to check against."""
@@ -74,13 +75,15 @@ class RemoteJwks:
             # shielded: a request that gives up must not cancel the fetch others await
             await asyncio.shield(self._fetch_in_flight())
             step = plan(self._state, kid, self._clock.monotonic(), self.policy)
+            if step.step is Step.FETCH:  # due again at once (a zero interval): never loop
+                live = live_keys(self._state, self._clock.monotonic(), self.policy)
+                step = Plan(Step.UNAVAILABLE if live is None else Step.UNKNOWN_KID)
         if step.step is Step.USE and step.key is not None:
             if step.refresh:
                 self._fetch_in_flight()
             return step.key
         if step.step is Step.UNKNOWN_KID:
             raise Unauthenticated("no key of the issuer has the token's kid")
-        # UNAVAILABLE, or FETCH again right after a fetch (a zero back-off)
         retry = math.ceil(max(1.0, self._state.retry_at - self._clock.monotonic()))
         raise IdentityProviderUnavailable(
             f"the identity provider's keys are unavailable ({self._state.error}); "
@@ -137,7 +140,9 @@ class RemoteJwks:
         try:
             async with asyncio.timeout(timeout):
                 async with (
-                    httpx.AsyncClient(timeout=timeout, follow_redirects=False, verify=_TLS) as http,
+                    httpx.AsyncClient(
+                        timeout=timeout, follow_redirects=False, verify=_tls()
+                    ) as http,
                     http.stream("GET", self.url, headers=_ASK) as answer,
                 ):
                     if answer.status_code != 200:
@@ -160,8 +165,12 @@ class RemoteJwks:
             await asyncio.gather(task, return_exceptions=True)
 
 
-# the system's certificate authorities, as the issuer's other clients use
-_TLS = ssl.create_default_context()
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """The system's certificate authorities, as the issuer's other clients use."""
+    return ssl.create_default_context()
+
+
 # no compression: a small compressed body may inflate far past MAX_JWKS_BYTES at once
 _ASK = {"Accept": "application/json", "Accept-Encoding": "identity"}
 

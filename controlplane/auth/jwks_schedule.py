@@ -16,9 +16,7 @@ import math
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-import jwt
-
-from controlplane.auth.jwks import KeySet
+from controlplane.auth.jwks import KeySet, SigningKey
 
 
 @dataclass(frozen=True)
@@ -51,7 +49,7 @@ class Step(StrEnum):
 @dataclass(frozen=True)
 class Plan:
     step: Step
-    key: jwt.PyJWK | None = None
+    key: SigningKey | None = None
     refresh: bool = False  # start a fetch in the background as well
 
 

@@ -26,6 +26,7 @@ from controlplane.auth.jwks import (
     MAX_JWKS_BYTES,
     JwksFailure,
     KeySet,
+    SigningKey,
     parse_jwks,
     token_kid,
 )
@@ -123,7 +124,7 @@ def actor_of(claims: Mapping[str, Any], issuer: str) -> str:
 
 
 class KeySource(Protocol):
-    async def key_for(self, kid: str | None) -> jwt.PyJWK:
+    async def key_for(self, kid: str | None) -> SigningKey:
         """The key a token's kid names; Unauthenticated when there is none,
         IdentityProviderUnavailable when the issuer's keys cannot be had now."""
         ...
@@ -137,7 +138,7 @@ class StaticJwks:
 
     keys: KeySet
 
-    async def key_for(self, kid: str | None) -> jwt.PyJWK:
+    async def key_for(self, kid: str | None) -> SigningKey:
         key = self.keys.select(kid)
         if key is None:
             raise Unauthenticated("no single key of the JWKS matches the token's kid")
@@ -213,6 +214,8 @@ class OidcVerifier:
             alg = str(header.get("alg"))[:20]
             raise Unauthenticated(f"token algorithm {alg!r} is not accepted")
         key = await self.keys.key_for(kid)
+        if header["alg"] not in key.algorithms:
+            raise Unauthenticated("the token's algorithm does not fit the key its kid names")
         try:
             claims: dict[str, Any] = jwt.decode(
                 token,

@@ -106,6 +106,13 @@ def none_token() -> str:
     return f"{header}.{payload}."
 
 
+def with_header(header: dict[str, Any]) -> str:
+    """A token with a header PyJWT would not write (its signature is never reached)."""
+    encoded = jwt.utils.base64url_encode(json.dumps(header).encode()).decode()
+    valid = sign().split(".")
+    return ".".join([encoded, valid[1], valid[2]])
+
+
 def hs_with_public_key() -> str:
     """The classic forgery: HMAC keyed with the public key's bytes."""
     now = int(time.time())
@@ -128,6 +135,10 @@ def hs_with_public_key() -> str:
         ("signed by another key", lambda: sign(OTHER_KEY), 401),
         ("alg none", none_token, 401),
         ("HS256 forgery", hs_with_public_key, 401),
+        ("RS256 naming the EC key", lambda: sign(kid="ec-1"), 401),
+        ("ES256 naming the RSA key", lambda: sign(EC_KEY, "ES256", "rsa-1"), 401),
+        ("kid not a string", lambda: with_header({"alg": "RS256", "kid": 7}), 401),
+        ("kid too long", lambda: with_header({"alg": "RS256", "kid": "k" * 200}), 401),
         ("no subject", lambda: sign(sub=None, email=None), 401),
         ("no role", lambda: sign(groups=["staff"]), 403),
     ],

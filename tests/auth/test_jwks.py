@@ -77,7 +77,7 @@ def test_unusable_entries_are_skipped_and_counted_beside_the_signing_keys() -> N
             "not an object",
         )
     )
-    assert [k.key_id for k in keys.keys] == ["rsa-1", "ec-1"]
+    assert [k.kid for k in keys.keys] == ["rsa-1", "ec-1"]
     assert keys.skipped == {
         "not_for_signing": 1,
         "not_asymmetric": 1,
@@ -90,7 +90,7 @@ def test_unusable_entries_are_skipped_and_counted_beside_the_signing_keys() -> N
 
 def test_a_kid_selects_its_key_and_no_kid_selects_only_a_lone_key() -> None:
     both = parse_jwks(body(RSA_JWK, EC_JWK))
-    assert [both.select(k).key_id for k in ("rsa-1", "ec-1")] == ["rsa-1", "ec-1"]  # type: ignore[union-attr]
+    assert [getattr(both.select(k), "kid", None) for k in ("rsa-1", "ec-1")] == ["rsa-1", "ec-1"]
     assert both.select("other") is None and both.select(None) is None
     assert parse_jwks(body({**RSA_JWK, "kid": None})).select(None) is not None
 
@@ -106,3 +106,12 @@ def test_a_token_kid_is_a_short_printable_string(header: dict[str, Any], kid: An
             token_kid(header)
     else:
         assert token_kid(header) == kid
+
+
+def test_a_key_fits_its_declared_alg_else_the_algorithms_of_its_type() -> None:
+    keys = parse_jwks(body({**RSA_JWK, "alg": "PS384"}, {**RSA_JWK, "kid": "r"}, EC_JWK))
+    assert [sorted(k.algorithms) for k in keys.keys] == [
+        ["PS384"],
+        ["PS256", "PS384", "PS512", "RS256", "RS384", "RS512"],
+        ["ES256"],
+    ]

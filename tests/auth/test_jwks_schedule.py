@@ -3,16 +3,14 @@ laws of the back-off."""
 
 from __future__ import annotations
 
-import json
 import math
 
-import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.auth.jwks import KeySet
+from controlplane.auth.jwks import KeySet, SigningKey
 from controlplane.auth.jwks_schedule import (
     FetchPolicy,
     JwksState,
@@ -26,8 +24,7 @@ from controlplane.auth.jwks_schedule import (
 
 POLICY = FetchPolicy()
 _PUBLIC = rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key()
-KEY = jwt.PyJWK({**json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(_PUBLIC)), "kid": "k1"})
-KEYS = KeySet((KEY,))
+KEYS = KeySet((SigningKey("k1", frozenset({"RS256"}), _PUBLIC),))
 FETCHED = succeeded(started(JwksState(), 1000.0), KEYS, 1000.0)
 FAILED_EMPTY = failed(started(JwksState(), 1000.0), "timeout", 1000.0, POLICY, jitter=0.0)
 FAILED_KEPT = failed(started(FETCHED, 1400.0), "not JSON", 1400.0, POLICY, jitter=0.0)
