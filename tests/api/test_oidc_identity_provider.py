@@ -11,7 +11,6 @@ import json
 import logging
 import secrets
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import httpx
 import pytest
@@ -24,75 +23,20 @@ from controlplane.runtime import Backends
 from tests.api.conftest import API_BASE
 from tests.api.test_oidc import OTHER_KEY, jwks, oidc, sign
 from tests.support.auth import bearer
+from tests.support.jwks_server import Issuer, http_answer, serving
 
 WAIT_SEC = 30.0  # a bound on waiting for an event, never a speed expectation
 PROBLEM = "application/problem+json"
 UNAVAILABLE = "urn:canary:problem:identity-provider-unavailable"
 
 
-def http_answer(
-    body: bytes, status: int = 200, content_type: str = "application/json", length: bool = True
-) -> bytes:
-    head = [f"HTTP/1.1 {status} X", f"Content-Type: {content_type}", "Connection: close"]
-    if length:
-        head.append(f"Content-Length: {len(body)}")
-    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
-
-
 KEYS = http_answer(json.dumps(jwks()).encode())
-
-
-@dataclass
-class Issuer:
-    """A JWKS server on a real socket. It reads a request, writes `first`; with `hold`
-    it then waits until the test sets `release`; then it writes `answer`."""
-
-    answer: bytes = KEYS
-    first: bytes = b""
-    hold: bool = False
-    connections: int = 0
-    open_now: int = 0
-    most_open: int = 0
-    answered: int = 0
-    accepted: asyncio.Event = field(default_factory=asyncio.Event)
-    release: asyncio.Event = field(default_factory=asyncio.Event)
-    url: str = ""
-
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        self.open_now += 1
-        self.most_open = max(self.most_open, self.open_now)
-        try:
-            await reader.readuntil(b"\r\n\r\n")
-            self.accepted.set()
-            writer.write(self.first)
-            if self.hold:
-                await self.release.wait()
-            writer.write(self.answer)
-            await writer.drain()
-            self.answered += 1
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            self.open_now -= 1
-            writer.close()
-
-    def answer_now(self, answer: bytes) -> None:
-        self.answer = answer
-        self.release.set()
 
 
 @pytest.fixture
 async def issuer() -> AsyncIterator[Issuer]:
-    served = Issuer()
-    server = await asyncio.start_server(served.handle, "127.0.0.1", 0)
-    served.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/jwks.json"
-    try:
+    async with serving(Issuer(answer=KEYS)) as served:
         yield served
-    finally:
-        served.release.set()
-        server.close()
-        await server.wait_closed()
 
 
 @pytest.fixture
