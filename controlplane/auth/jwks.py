@@ -108,7 +108,7 @@ def _signing_key(entry: Any) -> tuple[SigningKey | None, str]:
     if entry.get("use", "sig") != "sig":
         return None, "not_for_signing"
     kid = entry.get("kid")
-    if kid is not None and not (isinstance(kid, str) and KID.match(kid)):
+    if kid is not None and not (isinstance(kid, str) and KID.fullmatch(kid)):
         return None, "bad_kid"
     try:
         jwk = jwt.PyJWK(entry)
@@ -149,6 +149,6 @@ def token_kid(header: Mapping[str, Any]) -> str | None:
     kid = header.get("kid")
     if kid is None:
         return None
-    if not isinstance(kid, str) or not KID.match(kid):
+    if not isinstance(kid, str) or not KID.fullmatch(kid):
         raise ValueError("the token's kid is not a short printable string")
     return kid

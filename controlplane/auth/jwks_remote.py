@@ -86,7 +86,7 @@ class RemoteJwks:
             raise Unauthenticated("no key of the issuer has the token's kid")
         retry = math.ceil(max(1.0, self._state.retry_at - self._clock.monotonic()))
         raise IdentityProviderUnavailable(
-            f"the identity provider's keys are unavailable ({self._state.error}); "
+            f"the identity provider's keys are unavailable (last fetch: {self._state.error}); "
             f"next attempt in {retry} s",
             retry_after_sec=retry,
         )
@@ -118,7 +118,8 @@ class RemoteJwks:
 
     def _fail(self, exc: JwksFailure) -> None:
         now = self._clock.monotonic()
-        self._state = failed(self._state, str(exc), now, self.policy, self._jitter())
+        # the reason only: the 503 goes to any caller, the full message to the log
+        self._state = failed(self._state, exc.reason, now, self.policy, self._jitter())
         self._count(exc.reason)
         kept = live_keys(self._state, now, self.policy)
         consequence = (

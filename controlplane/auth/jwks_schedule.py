@@ -36,7 +36,7 @@ class JwksState:
     attempted_at: float = -math.inf  # ... of the last fetch started
     failures: int = 0  # consecutive failed fetches
     retry_at: float = -math.inf  # no fetch before this
-    error: str = ""  # why the last fetch failed
+    error: str = ""  # why the last fetch failed: a JwksFailure reason
 
 
 class Step(StrEnum):

@@ -86,7 +86,7 @@ def role_of(claims: Mapping[str, Any], claim: str, mapping: Mapping[str, Role]) 
 def issuer_host(issuer: str) -> str:
     """The host of the issuer URL, which qualifies subjects in the audit trail."""
     host = (urlsplit(issuer).hostname or "").lower()
-    if not host or len(host) > MAX_ISSUER_HOST_CHARS or not re.match(r"^[a-z0-9.-]+$", host):
+    if not host or len(host) > MAX_ISSUER_HOST_CHARS or not re.fullmatch(r"[a-z0-9.-]+", host):
         raise ConfigError(
             f"CANARY_OIDC_ISSUER {issuer!r} must be a URL whose host has at most "
             f"{MAX_ISSUER_HOST_CHARS} characters"
@@ -110,14 +110,14 @@ def actor_of(claims: Mapping[str, Any], issuer: str) -> str:
         claims.get("email_verified") is True
         and isinstance(email, str)
         and len(email) <= MAX_ACTOR_CHARS - len("oidc:")
-        and _PLAIN_EMAIL.match(email)
+        and _PLAIN_EMAIL.fullmatch(email)
     ):
         return f"oidc:{email}"
     subject = claims.get("sub")
     if not isinstance(subject, str) or not subject:
         raise Unauthenticated("the token has no subject")
     actor = f"oidc:sub:{subject}@{issuer}"
-    if _PLAIN_SUBJECT.match(subject) and len(actor) <= MAX_ACTOR_CHARS:
+    if _PLAIN_SUBJECT.fullmatch(subject) and len(actor) <= MAX_ACTOR_CHARS:
         return actor
     digest = hashlib.sha256(subject.encode("utf-8", "surrogatepass")).hexdigest()[:24]
     return f"oidc:sub#{digest}@{issuer}"

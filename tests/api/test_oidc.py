@@ -190,7 +190,7 @@ async def test_an_unreachable_jwks_is_503_not_a_crash(
     answer = await ask(app_settings, backends, sign())
     assert answer.status_code == 503, answer.text
     assert answer.json()["type"] == "urn:canary:problem:identity-provider-unavailable"
-    assert "cannot fetch it" in answer.json()["detail"]
+    assert "last fetch: unreachable" in answer.json()["detail"]
 
 
 @pytest.mark.parametrize(

@@ -98,7 +98,8 @@ def test_a_kid_selects_its_key_and_no_kid_selects_only_a_lone_key() -> None:
 @pytest.mark.parametrize(
     ("header", "kid"),
     [({}, None), ({"kid": "rsa-1"}, "rsa-1"), ({"kid": 7}, ValueError), ({"kid": ""}, ValueError),
-     ({"kid": "x" * 129}, ValueError), ({"kid": "a b"}, ValueError), ({"kid": "é"}, ValueError)],
+     ({"kid": "x" * 129}, ValueError), ({"kid": "a b"}, ValueError), ({"kid": "k\n"}, ValueError),
+     ({"kid": "é"}, ValueError)],
 )  # fmt: skip
 def test_a_token_kid_is_a_short_printable_string(header: dict[str, Any], kid: Any) -> None:
     if kid is ValueError:
