@@ -139,7 +139,7 @@ def create_app(
         oidc=OidcVerifier.from_settings(
             settings,
             clock=clock or (backends.clock if backends is not None else None),
-            count_fetch=exported.jwks_fetched,
+            counters=exported,
         ),
         failures=exported.auth_failures,
     )

@@ -55,6 +55,12 @@ class ApiMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.jwks_skipped_keys = Counter(
+            "canary_api_oidc_jwks_keys_skipped",
+            "Keys of fetched JWKS left out (not for signing, symmetric, malformed...)",
+            ["reason"],
+            registry=self.registry,
+        )
         self.insecure = Gauge(
             "canary_api_insecure",
             "1 when the API serves without authentication (--insecure)",
@@ -66,6 +72,9 @@ class ApiMetrics:
 
     def jwks_fetched(self, outcome: str) -> None:
         self.jwks_fetches.labels(outcome).inc()
+
+    def jwks_keys_skipped(self, reason: str, keys: int) -> None:
+        self.jwks_skipped_keys.labels(reason).inc(keys)
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         labels = (method, route, str(status))

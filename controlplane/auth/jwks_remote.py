@@ -16,6 +16,7 @@ import math
 import random
 import ssl
 from collections.abc import Callable
+from typing import Protocol
 
 import httpx
 
@@ -37,13 +38,24 @@ from controlplane.kernel.errors import IdentityProviderUnavailable, Unauthentica
 log = logging.getLogger(__name__)
 
 
-def _uncounted(outcome: str) -> None:
-    return None
+class JwksCounters(Protocol):
+    """Where fetch outcomes (`ok` or a failure's reason) and skipped keys are counted."""
+
+    def jwks_fetched(self, outcome: str) -> None: ...
+
+    def jwks_keys_skipped(self, reason: str, keys: int) -> None: ...
+
+
+class _Uncounted:
+    def jwks_fetched(self, outcome: str) -> None:
+        return None
+
+    def jwks_keys_skipped(self, reason: str, keys: int) -> None:
+        return None
 
 
 class RemoteJwks:
-    """The key source for a JWKS URL. `count(outcome)` is called once per fetch
-    (`ok` or the failure's reason); `jitter()` returns a float in [0, 1)."""
+    """The key source for a JWKS URL; `jitter()` returns a float in [0, 1)."""
 
     def __init__(
         self,
@@ -52,13 +64,13 @@ class RemoteJwks:
         clock: Clock,
         policy: FetchPolicy | None = None,
         jitter: Callable[[], float] = random.random,
-        count: Callable[[str], None] | None = None,
+        counters: JwksCounters | None = None,
     ) -> None:
         self.url = url
         self.policy = policy or FetchPolicy()
         self._clock = clock
         self._jitter = jitter
-        self._count = count or _uncounted
+        self._counters = counters or _Uncounted()
         self._state = JwksState()
         self._inflight: asyncio.Task[None] | None = None
 
@@ -110,7 +122,9 @@ class RemoteJwks:
             if self._state.failures:
                 log.info("OIDC: the JWKS at %s answers again", self.url)
             self._state = succeeded(self._state, keys, self._clock.monotonic())
-            self._count("ok")
+            self._counters.jwks_fetched("ok")
+            for reason, skipped in keys.skipped.items():
+                self._counters.jwks_keys_skipped(reason, skipped)
             if keys.skipped:
                 log.info("OIDC: the JWKS at %s: skipped keys %s", self.url, dict(keys.skipped))
         finally:
@@ -120,7 +134,7 @@ class RemoteJwks:
         now = self._clock.monotonic()
         # the reason only: the 503 goes to any caller, the full message to the log
         self._state = failed(self._state, exc.reason, now, self.policy, self._jitter())
-        self._count(exc.reason)
+        self._counters.jwks_fetched(exc.reason)
         kept = live_keys(self._state, now, self.policy)
         consequence = (
             f"keeping the keys fetched {now - self._state.fetched_at:.0f} s ago"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,7 +30,7 @@ from controlplane.auth.jwks import (
     parse_jwks,
     token_kid,
 )
-from controlplane.auth.jwks_remote import RemoteJwks
+from controlplane.auth.jwks_remote import JwksCounters, RemoteJwks
 from controlplane.auth.jwks_schedule import FetchPolicy
 from controlplane.auth.roles import Principal, Role, parse_role
 from controlplane.kernel.clock import Clock, SystemClock
@@ -164,10 +164,10 @@ class OidcVerifier:
         settings: Settings,
         *,
         clock: Clock | None = None,
-        count_fetch: Callable[[str], None] | None = None,
+        counters: JwksCounters | None = None,
     ) -> OidcVerifier | None:
         """The verifier the settings describe (None: OIDC is off); nothing is fetched
-        here. `count_fetch(outcome)` is told the outcome of each JWKS fetch."""
+        here; `counters` count the JWKS fetches and the keys they skip."""
         if not settings.oidc_enabled:
             return None
         if not settings.oidc_audience:
@@ -184,7 +184,7 @@ class OidcVerifier:
                 settings.oidc_jwks_url,
                 clock=clock or SystemClock(),
                 policy=FetchPolicy(timeout_sec=settings.oidc_jwks_timeout_sec),
-                count=count_fetch,
+                counters=counters,
             )
         else:
             keys = StaticJwks(load_jwks_file(Path(settings.oidc_jwks_file)))

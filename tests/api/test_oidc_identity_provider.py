@@ -68,11 +68,15 @@ def unavailable(answer: httpx.Response) -> bool:
     )
 
 
-async def fetches(api: httpx.AsyncClient, outcome: str) -> float:
+async def counted(api: httpx.AsyncClient, series: str) -> float:
+    """The value of one series of /metrics (0 when it is not there)."""
     text = (await api.get("/metrics", headers=bearer())).text
-    line = f'canary_api_oidc_jwks_fetches_total{{outcome="{outcome}"}} '
-    found = [row for row in text.splitlines() if row.startswith(line)]
+    found = [row for row in text.splitlines() if row.startswith(series + " ")]
     return float(found[0].split()[-1]) if found else 0.0
+
+
+async def fetches(api: httpx.AsyncClient, outcome: str) -> float:
+    return await counted(api, f'canary_api_oidc_jwks_fetches_total{{outcome="{outcome}"}}')
 
 
 async def until_fetched(api: httpx.AsyncClient, outcome: str) -> None:
@@ -232,6 +236,19 @@ async def test_stale_keys_are_refreshed_behind_the_request_and_expire_when_refre
     assert (await with_token(api, sign())).status_code == 200
     clock.advance(3600 - 300)
     assert unavailable(await with_token(api, sign()))
+
+
+async def test_keys_unfit_for_signing_are_skipped_and_counted_beside_good_ones(
+    api: httpx.AsyncClient, issuer: Issuer
+) -> None:
+    good = jwks()["keys"]
+    odd = [{"kty": "oct", "k": "c2VjcmV0", "kid": "hmac"}, {**good[0], "kid": "e", "use": "enc"}]
+    issuer.answer = http_answer(json.dumps({"keys": good + odd}).encode())
+    assert (await with_token(api, sign())).status_code == 200
+    assert (await with_token(api, sign(kid="hmac"))).status_code == 401
+    skipped = "canary_api_oidc_jwks_keys_skipped_total"
+    assert await counted(api, f'{skipped}{{reason="not_asymmetric"}}') == 1.0
+    assert await counted(api, f'{skipped}{{reason="not_for_signing"}}') == 1.0
 
 
 async def test_a_client_that_gives_up_does_not_cancel_the_fetch_others_wait_for(
