@@ -12,6 +12,7 @@ when the issuer says it verified it, else the subject qualified by the issuer's 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+import httpx
 import jwt
 
 from controlplane.auth.jwks import (
@@ -37,6 +39,8 @@ from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.errors import ConfigError, Unauthenticated
 from controlplane.kernel.secrets import read_bounded_file
 from controlplane.kernel.settings import Settings
+
+log = logging.getLogger(__name__)
 
 MAX_JWT_CHARS = 16 * 1024
 MAX_ACTOR_CHARS = 128  # the audit trail's column
@@ -178,10 +182,8 @@ class OidcVerifier:
         issuer_host(settings.oidc_issuer)
         keys: KeySource
         if settings.oidc_jwks_url:
-            if not re.match(r"^https?://", settings.oidc_jwks_url):
-                raise ConfigError("CANARY_OIDC_JWKS_URL must be an http(s) URL")
             keys = RemoteJwks(
-                settings.oidc_jwks_url,
+                jwks_url(settings.oidc_jwks_url),
                 clock=clock or SystemClock(),
                 policy=FetchPolicy(timeout_sec=settings.oidc_jwks_timeout_sec),
                 counters=counters,
@@ -230,6 +232,25 @@ class OidcVerifier:
             raise Unauthenticated(f"token rejected: {exc}") from None
         actor = actor_of(claims, issuer_host(self.issuer))
         return Principal(actor, role_of(claims, self.roles_claim, self.role_map))
+
+
+def jwks_url(text: str) -> str:
+    """The JWKS URL, checked once at start; plain HTTP beyond loopback is warned about:
+    whoever can answer for it can mint any token."""
+    try:
+        url = httpx.URL(text)
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise ConfigError(f"CANARY_OIDC_JWKS_URL is not a URL: {exc}") from None
+    host = url.raw_host.decode("ascii")
+    if url.scheme not in ("http", "https") or not re.fullmatch(r"[A-Za-z0-9.:-]+", host):
+        raise ConfigError("CANARY_OIDC_JWKS_URL must be an http(s) URL with a plain host")
+    if url.scheme == "http" and host not in ("localhost", "127.0.0.1", "::1"):
+        log.warning(
+            "OIDC: the JWKS URL %s is plain HTTP: anyone on the path can replace the "
+            "issuer's keys and sign any token; use https://",
+            text,
+        )
+    return text
 
 
 def load_jwks_file(path: Path) -> KeySet:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -201,6 +202,11 @@ async def test_an_unreachable_jwks_is_503_not_a_crash(
         ({"oidc_audience": ""}, "audience"),
         ({"oidc_jwks_file": "", "oidc_jwks_url": ""}, "JWKS"),
         ({"oidc_role_map": "sre=root"}, "unknown role"),
+        ({"oidc_jwks_file": "", "oidc_jwks_url": "ftp://login.example.com/keys"}, "http"),
+        ({"oidc_jwks_file": "", "oidc_jwks_url": "https:///keys"}, "host"),
+        ({"oidc_jwks_file": "", "oidc_jwks_url": "https://exa mple.com/keys"}, "host"),
+        ({"oidc_jwks_file": "", "oidc_jwks_url": "https://[::1"}, "URL"),
+        ({"oidc_issuer": "login.example.com"}, "host"),
     ],
 )
 def test_bad_oidc_settings_are_config_errors(
@@ -246,3 +252,14 @@ async def test_the_audit_actor_is_the_issuers_subject_unless_the_email_is_verifi
         "ledger-api": ["oidc:sub:mallory@login.example.com"],
         "search-api": ["oidc:boss@example.com"],
     }
+
+
+def test_a_plain_http_jwks_url_beyond_loopback_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    for url in ("http://127.0.0.1:9/jwks.json", "https://login.example.com/jwks.json"):
+        OidcVerifier.from_settings(oidc(Settings(), oidc_jwks_url=url))
+    assert not [r for r in caplog.records if "plain HTTP" in r.getMessage()]
+    with caplog.at_level(logging.WARNING, logger="controlplane.auth.oidc"):
+        OidcVerifier.from_settings(oidc(Settings(), oidc_jwks_url="http://idp.example.com/j"))
+    assert [r for r in caplog.records if "plain HTTP" in r.getMessage()]
