@@ -116,6 +116,7 @@ def create_app(
             async with _running(services, opened):
                 yield
         finally:
+            await app.state.auth.aclose()
             app.state.backends = None
             if owned:
                 await opened.close()
@@ -135,7 +136,11 @@ def create_app(
     exported.insecure.set(1 if insecure else 0)
     app.state.auth = security.Authenticator(
         insecure=insecure,
-        oidc=OidcVerifier.from_settings(settings),
+        oidc=OidcVerifier.from_settings(
+            settings,
+            clock=clock or (backends.clock if backends is not None else None),
+            counters=exported,
+        ),
         failures=exported.auth_failures,
     )
     # added innermost first: a request meets the metrics, then Host, JSON, size, and

@@ -49,6 +49,18 @@ class ApiMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.jwks_fetches = Counter(
+            "canary_api_oidc_jwks_fetches",
+            "Fetches of the OIDC issuer's JWKS, by outcome (ok, or why it failed)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.jwks_skipped_keys = Counter(
+            "canary_api_oidc_jwks_keys_skipped",
+            "Keys of fetched JWKS left out (not for signing, symmetric, malformed...)",
+            ["reason"],
+            registry=self.registry,
+        )
         self.insecure = Gauge(
             "canary_api_insecure",
             "1 when the API serves without authentication (--insecure)",
@@ -57,6 +69,12 @@ class ApiMetrics:
 
     def reject(self, reason: str) -> None:
         self.rejected.labels(reason).inc()
+
+    def jwks_fetched(self, outcome: str) -> None:
+        self.jwks_fetches.labels(outcome).inc()
+
+    def jwks_keys_skipped(self, reason: str, keys: int) -> None:
+        self.jwks_skipped_keys.labels(reason).inc(keys)
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         labels = (method, route, str(status))

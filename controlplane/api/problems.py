@@ -8,6 +8,7 @@
     NotEnoughHistory                   409   service, windows_found, windows_needed
     Conflict, IllegalTransition        409   current_state when known
     StoredValueInvalid                 502   errors: the stored value's fields
+    IdentityProviderUnavailable        503   (no OIDC keys to verify a token with)
     BackendUnavailable                 503
     other BackendError                 502
     anything else (a bug)              500   generic detail + correlation_id (logged)
@@ -40,6 +41,7 @@ from controlplane.kernel.errors import (
     Conflict,
     FieldError,
     Forbidden,
+    IdentityProviderUnavailable,
     IllegalTransition,
     NotFound,
     Unauthenticated,
@@ -60,6 +62,7 @@ _STATUS: list[tuple[type[CanaryError], int, str]] = [
     (IllegalTransition, 409, "illegal-transition"),
     (Conflict, 409, "conflict"),
     (StoredValueInvalid, 502, "stored-value-invalid"),
+    (IdentityProviderUnavailable, 503, "identity-provider-unavailable"),
     (BackendUnavailable, 503, "backend-unavailable"),
     (BackendError, 502, "backend-error"),
     (ConfigError, 500, "configuration-error"),
@@ -182,7 +185,8 @@ def canary_error_response(exc: CanaryError, instance: str | None) -> JSONRespons
         extensions["required_role"] = role
     headers: dict[str, str] | None = None
     if status == 503:
-        headers = {"Retry-After": "1"}
+        retry = getattr(exc, "retry_after_sec", 1)
+        headers = {"Retry-After": str(retry if isinstance(retry, int) and retry > 0 else 1)}
     elif status == 401:
         # RFC 6750: the scheme, and whether the credentials given were wrong
         headers = {"WWW-Authenticate": 'Bearer realm="canary"'}

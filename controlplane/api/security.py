@@ -4,9 +4,10 @@ none. The verified caller lands on `request.state.principal`; the audit trail's 
 comes from there (`ActorDep`), never from a header the client chose.
 
 Credentials, in order: an API token (`cnry_…`, looked up by its hash), else an OIDC JWT
-when OIDC is configured. An insecure app (`canary serve --insecure`) lets a request
-without credentials act as `anonymous` with the admin role, and still verifies the
-credentials a request does carry.
+when OIDC is configured. The API-token path never touches the issuer's keys, and the
+OIDC path never takes a worker thread (decision 0041). An insecure app (`canary serve
+--insecure`) lets a request without credentials act as `anonymous` with the admin role,
+and still verifies the credentials a request does carry.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-import anyio.to_thread
 from fastapi import Depends, FastAPI, Request
 from fastapi.routing import APIRoute, RouteContext, iter_route_contexts
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -28,7 +28,12 @@ from controlplane.auth.roles import Principal, Role
 from controlplane.auth.tokens import PREFIX, looks_like_token
 from controlplane.db.tokens import find_live_token
 from controlplane.kernel.clock import utc_now
-from controlplane.kernel.errors import ConfigError, Forbidden, Unauthenticated
+from controlplane.kernel.errors import (
+    ConfigError,
+    Forbidden,
+    IdentityProviderUnavailable,
+    Unauthenticated,
+)
 
 ANONYMOUS = Principal("anonymous", Role.ADMIN)
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -54,13 +59,21 @@ class Authenticator:
         if credentials.startswith(PREFIX):
             return await self._api_token(request, credentials)
         if self.oidc is not None:
+            # on the event loop: no thread, so a slow issuer holds no database worker
             try:
-                return await anyio.to_thread.run_sync(self.oidc.verify, credentials)
+                return await self.oidc.verify(credentials)
             except Unauthenticated:
                 self.failures.labels("oidc").inc()
                 raise
+            except IdentityProviderUnavailable:
+                self.failures.labels("oidc_unavailable").inc()
+                raise
         self.failures.labels("malformed").inc()
         raise Unauthenticated("the bearer token is not a canary API token")
+
+    async def aclose(self) -> None:
+        if self.oidc is not None:
+            await self.oidc.keys.aclose()
 
     async def _api_token(self, request: Request, token: str) -> Principal:
         if not looks_like_token(token):

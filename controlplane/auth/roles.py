@@ -34,7 +34,8 @@ def parse_role(text: str) -> Role:
 @dataclass(frozen=True)
 class Principal:
     """A verified caller. `actor` is what the audit trail records (`token:<name>`,
-    `oidc:<subject>`); `role` is None for an identity that verified but maps to no role."""
+    `oidc:<verified email>`, `oidc:sub:<sub>@<issuer host>`); `role` is None for an
+    identity that verified but maps to no role."""
 
     actor: str
     role: Role | None

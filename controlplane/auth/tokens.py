@@ -25,7 +25,7 @@ def new_token() -> str:
 
 
 def looks_like_token(text: str) -> bool:
-    return len(text) <= MAX_TOKEN_CHARS and _SHAPE.match(text) is not None
+    return len(text) <= MAX_TOKEN_CHARS and _SHAPE.fullmatch(text) is not None
 
 
 def token_hash(token: str) -> str:
@@ -37,4 +37,4 @@ def hashes_equal(a: str, b: str) -> bool:
 
 
 def valid_name(name: str) -> bool:
-    return _NAME.match(name) is not None
+    return _NAME.fullmatch(name) is not None

@@ -11,6 +11,7 @@
     │   └── RevisionConflict     compare-and-swap lost against a newer write
     ├── BackendError             a dependency failed (translated at the adapter)
     │   ├── BackendUnavailable   cannot reach etcd / Redis / the database
+    │   │   └── IdentityProviderUnavailable   no OIDC keys to check a token against
     │   └── NotLeader            a fenced write by a replica that does not lead
     └── CodecError               a corrupt or truncated payload
 
@@ -95,6 +96,15 @@ class BackendError(CanaryError):
 
 class BackendUnavailable(BackendError):
     pass
+
+
+class IdentityProviderUnavailable(BackendUnavailable):
+    """No OIDC keys to check a token against; `retry_after_sec` is when the next
+    fetch of the issuer's keys may happen."""
+
+    def __init__(self, message: str, *, retry_after_sec: int = 1) -> None:
+        self.retry_after_sec = retry_after_sec
+        super().__init__(message)
 
 
 class NotLeader(BackendError):

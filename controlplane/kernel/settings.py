@@ -206,6 +206,9 @@ class Settings(BaseSettings):
     oidc_audience: str = Field(default="", description="the audience (aud) tokens must name")
     oidc_jwks_url: str = Field(default="", description="URL of the issuer's JWKS")
     oidc_jwks_file: str = Field(default="", description="a JWKS file, instead of the URL")
+    oidc_jwks_timeout_sec: float = Field(
+        default=5.0, gt=0, le=30, description="longest a JWKS fetch may take, in all"
+    )
     oidc_algorithms: str = Field(
         default="RS256,ES256", description="accepted signature algorithms, comma-separated"
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -106,6 +107,13 @@ def none_token() -> str:
     return f"{header}.{payload}."
 
 
+def with_header(header: dict[str, Any]) -> str:
+    """A token with a header PyJWT would not write (its signature is never reached)."""
+    encoded = jwt.utils.base64url_encode(json.dumps(header).encode()).decode()
+    valid = sign().split(".")
+    return ".".join([encoded, valid[1], valid[2]])
+
+
 def hs_with_public_key() -> str:
     """The classic forgery: HMAC keyed with the public key's bytes."""
     now = int(time.time())
@@ -128,6 +136,10 @@ def hs_with_public_key() -> str:
         ("signed by another key", lambda: sign(OTHER_KEY), 401),
         ("alg none", none_token, 401),
         ("HS256 forgery", hs_with_public_key, 401),
+        ("RS256 naming the EC key", lambda: sign(kid="ec-1"), 401),
+        ("ES256 naming the RSA key", lambda: sign(EC_KEY, "ES256", "rsa-1"), 401),
+        ("kid not a string", lambda: with_header({"alg": "RS256", "kid": 7}), 401),
+        ("kid too long", lambda: with_header({"alg": "RS256", "kid": "k" * 200}), 401),
         ("no subject", lambda: sign(sub=None, email=None), 401),
         ("no role", lambda: sign(groups=["staff"]), 403),
     ],
@@ -161,7 +173,7 @@ async def test_roles_claim_maps_to_the_highest_role_and_the_actor_is_the_subject
     from controlplane.db import experiments as records
 
     events, _ = await backends.database.read(records.list_events, service="payment-api")
-    assert [e.actor for e in events] == ["oidc:u-42"]
+    assert [e.actor for e in events] == ["oidc:sub:u-42@login.example.com"]
 
 
 async def test_tokens_from_a_jwks_served_over_http(
@@ -172,12 +184,14 @@ async def test_tokens_from_a_jwks_served_over_http(
     assert (await ask(app_settings, backends, sign(OTHER_KEY))).status_code == 401
 
 
-async def test_an_unreachable_jwks_is_401_not_a_crash(
+async def test_an_unreachable_jwks_is_503_not_a_crash(
     settings: Settings, backends: Backends
 ) -> None:
     app_settings = oidc(settings, oidc_jwks_url=f"http://127.0.0.1:{free_port()}/jwks.json")
     answer = await ask(app_settings, backends, sign())
-    assert answer.status_code == 401 and "cannot be fetched" in answer.json()["detail"]
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["type"] == "urn:canary:problem:identity-provider-unavailable"
+    assert "last fetch: unreachable" in answer.json()["detail"]
 
 
 @pytest.mark.parametrize(
@@ -188,6 +202,11 @@ async def test_an_unreachable_jwks_is_401_not_a_crash(
         ({"oidc_audience": ""}, "audience"),
         ({"oidc_jwks_file": "", "oidc_jwks_url": ""}, "JWKS"),
         ({"oidc_role_map": "sre=root"}, "unknown role"),
+        ({"oidc_jwks_file": "", "oidc_jwks_url": "ftp://login.example.com/keys"}, "http"),
+        ({"oidc_jwks_file": "", "oidc_jwks_url": "https:///keys"}, "host"),
+        ({"oidc_jwks_file": "", "oidc_jwks_url": "https://exa mple.com/keys"}, "host"),
+        ({"oidc_jwks_file": "", "oidc_jwks_url": "https://[::1"}, "URL"),
+        ({"oidc_issuer": "login.example.com"}, "host"),
     ],
 )
 def test_bad_oidc_settings_are_config_errors(
@@ -196,3 +215,51 @@ def test_bad_oidc_settings_are_config_errors(
     base = oidc(Settings(), oidc_jwks_file=str(jwks_file))
     with pytest.raises(ConfigError, match=message):
         OidcVerifier.from_settings(base.model_copy(update=update))
+
+
+async def test_the_audit_actor_is_the_issuers_subject_unless_the_email_is_verified(
+    settings: Settings, backends: Backends, jwks_file: Path
+) -> None:
+    app_settings = oidc(settings, oidc_jwks_file=str(jwks_file))
+    body = {"threshold_ms": 800, "window_sec": 60, "failure_ratio": 0.3}
+    claims: dict[str, Any] = {"sub": "mallory", "email": "boss@example.com", "groups": ["platform"]}
+    callers = {
+        "payment-api": sign(**claims),
+        "ledger-api": sign(**claims, email_verified=False),
+        "search-api": sign(**claims, email_verified=True),
+    }
+    app = create_app(app_settings, backends=backends)
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url=API_BASE) as http,
+    ):
+        for service, token in callers.items():
+            headers = {"Authorization": f"Bearer {token}"}
+            done = await http.put(f"/v1/services/{service}/rule", json=body, headers=headers)
+            assert done.status_code == 200, done.text
+        me = await http.get("/v1/me", headers={"Authorization": f"Bearer {callers['payment-api']}"})
+        assert me.json()["actor"] == "oidc:sub:mallory@login.example.com"
+
+    from controlplane.db import experiments as records
+
+    actors = {}
+    for service in callers:
+        events, _ = await backends.database.read(records.list_events, service=service)
+        actors[service] = [e.actor for e in events]
+    assert actors == {
+        "payment-api": ["oidc:sub:mallory@login.example.com"],
+        "ledger-api": ["oidc:sub:mallory@login.example.com"],
+        "search-api": ["oidc:boss@example.com"],
+    }
+
+
+def test_a_plain_http_jwks_url_beyond_loopback_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    for url in ("http://127.0.0.1:9/jwks.json", "https://login.example.com/jwks.json"):
+        OidcVerifier.from_settings(oidc(Settings(), oidc_jwks_url=url))
+    assert not [r for r in caplog.records if "plain HTTP" in r.getMessage()]
+    with caplog.at_level(logging.WARNING, logger="controlplane.auth.oidc"):
+        OidcVerifier.from_settings(oidc(Settings(), oidc_jwks_url="http://idp.example.com/j"))
+    assert [r for r in caplog.records if "plain HTTP" in r.getMessage()]
