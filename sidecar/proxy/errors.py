@@ -76,16 +76,6 @@ def no_route(detail: str, *, close: bool) -> bytes:
     )
 
 
-def head_too_large(limit: int) -> bytes:
-    return problem_response(
-        431,
-        f"request line and headers exceed {limit} bytes",
-        variant=None,
-        experiment=None,
-        close=True,
-    )
-
-
 # RFC 9110 §15.5.6: a 405 names the methods that are allowed
 _ALLOW = "Allow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE"
 
