@@ -97,6 +97,17 @@ def too_many_connections(limit: int, retry_after: int) -> bytes:
     )
 
 
+def too_many_client_connections(limit: int) -> bytes:
+    return problem_response(
+        503,
+        f"this client holds the maximum of {limit} connections; close one or retry later",
+        variant=None,
+        experiment=None,
+        close=True,
+        extra=("Retry-After: 1",),
+    )
+
+
 def head_timeout(seconds: float) -> bytes:
     return problem_response(
         408,

@@ -28,7 +28,7 @@ async def until(condition: Callable[[], bool], timeout: float = 5) -> None:
 
 
 async def test_connections_beyond_the_cap_get_503_and_are_counted() -> None:
-    async with proxied(ProxyOptions(max_connections=3)) as s:
+    async with proxied(ProxyOptions(max_connections=3, max_connections_per_client=0)) as s:
         held = [await asyncio.open_connection("127.0.0.1", s.proxy.port) for _ in range(3)]
         await until(lambda: s.proxy.metrics.connections == 3)
         data, closed = await send(s.proxy.port, REQUEST)
@@ -38,7 +38,7 @@ async def test_connections_beyond_the_cap_get_503_and_are_counted() -> None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(ProxyMetricsCollector(s.proxy.metrics))
         text = generate_latest(registry).decode()
-        assert "canary_sidecar_connections_refused_total 1.0" in text
+        assert 'canary_sidecar_connections_refused_total{reason="max_connections"} 1.0' in text
         assert "canary_sidecar_client_connections 3.0" in text
         # a held connection is served, and a freed slot takes a new client
         reader, writer = held[0]
@@ -95,7 +95,7 @@ async def test_a_flooded_sidecar_refuses_clients_and_its_admin_still_answers() -
         [sys.executable, "-m", "controlplane.cli.main", "sidecar", "--service", "web",
          "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}",
          "--etcd", "memory://", "--redis", "memory://", "--default-upstream", upstream.url,
-         "--workers", "1"],
+         "--workers", "1", "--max-connections-per-client", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_low_fd_limit,
     )
     flood: list[asyncio.StreamWriter] = []
@@ -118,7 +118,7 @@ async def test_a_flooded_sidecar_refuses_clients_and_its_admin_still_answers() -
         assert health.status_code == 200
         refused = next(
             float(line.split()[-1]) for line in metrics.splitlines()
-            if line.startswith("canary_sidecar_connections_refused_total ")
+            if line.startswith('canary_sidecar_connections_refused_total{reason="max_connections"}')
         )
         assert refused >= 400
         assert f"canary_sidecar_client_connections {float(capacity)}" in metrics
