@@ -45,6 +45,8 @@ class TlsHandshake(asyncio.Protocol):
         if not server.handshake_started(self.client_ip):
             transport.abort()  # nothing was sent, nothing to flush: the descriptor goes now
             return
+        # the client hello waits in the socket for `start_tls`, which resumes reading
+        transport.pause_reading()
         task = server.loop.create_task(self._handshake(transport))
         server.tasks.add(task)
         task.add_done_callback(server.tasks.discard)
