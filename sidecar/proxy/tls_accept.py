@@ -34,6 +34,10 @@ class TlsHandshake(asyncio.Protocol):
         self.context = context
         self.client_ip = b"unknown"
         self.early: list[bytes] = []  # decrypted bytes that came with the handshake's end
+        # bytes read before `start_tls` took the transport over (uvloop starts reading
+        # right after connection_made, whatever it asked): the client hello's start
+        self.hello: list[bytes] = []
+        self.transport: asyncio.Transport | None = None
         self.lost = False
 
     def connection_made(self, base: asyncio.BaseTransport) -> None:
@@ -41,6 +45,7 @@ class TlsHandshake(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and peer:
             self.client_ip = str(peer[0]).encode()
+        self.transport = transport
         server = self.server
         if not server.handshake_started(self.client_ip):
             transport.abort()  # nothing was sent, nothing to flush: the descriptor goes now
@@ -52,6 +57,11 @@ class TlsHandshake(asyncio.Protocol):
         task.add_done_callback(server.tasks.discard)
 
     def data_received(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is not None and transport.get_protocol() is self:  # not through TLS
+            self.hello.append(data)
+            transport.pause_reading()  # the rest waits for the TLS layer
+            return
         self.early.append(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -63,9 +73,7 @@ class TlsHandshake(asyncio.Protocol):
         tls: asyncio.Transport | None = None
         try:
             async with asyncio.timeout(server.options.tls_handshake_timeout):
-                tls = await server.loop.start_tls(
-                    transport, self, self.context, server_side=True
-                )
+                tls = await self._start_tls(transport)
             failure = None
         except TimeoutError:
             failure = TIMEOUT
@@ -85,3 +93,32 @@ class TlsHandshake(asyncio.Protocol):
             early, self.early = b"".join(self.early), []
             # `conn` itself, or the HTTP/2 connection it handed the transport to
             cast(asyncio.Protocol, tls.get_protocol()).data_received(early)
+
+    async def _start_tls(self, transport: asyncio.Transport) -> asyncio.Transport | None:
+        """`loop.start_tls`, given the bytes read before it too.
+
+        start_tls sets its TLS protocol on the transport at once (nothing more reaches
+        this one unencrypted), then starts it and resumes reading in the loop's next
+        turn. The bytes read before must reach the TLS protocol after it started and
+        before anything read later: a callback queued behind start_tls's first step
+        queues `_replay_hello` behind those two, in the same turn."""
+        loop = self.server.loop
+        starting = loop.create_task(
+            loop.start_tls(transport, self, self.context, server_side=True)
+        )
+        loop.call_soon(loop.call_soon, self._replay_hello, transport)
+        return await starting
+
+    def _replay_hello(self, transport: asyncio.Transport) -> None:
+        hello, self.hello = b"".join(self.hello), []
+        if not hello or transport.is_closing() or transport.get_protocol() is self:
+            return
+        # the TLS protocol is a buffered one (asyncio's and uvloop's alike)
+        protocol = cast(asyncio.BufferedProtocol, transport.get_protocol())
+        view = memoryview(hello)
+        while view:
+            buffer = memoryview(protocol.get_buffer(len(view)))
+            size = min(len(buffer), len(view))
+            buffer[:size] = view[:size]
+            protocol.buffer_updated(size)
+            view = view[size:]

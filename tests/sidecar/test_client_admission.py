@@ -7,10 +7,8 @@ routes all of 127/8 to loopback). TLS certificates come from trustme.
 from __future__ import annotations
 
 import asyncio
-import resource
+import socket
 import ssl
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, replace
@@ -25,6 +23,7 @@ from sidecar.proxy.admission import Admission, client_key
 from sidecar.proxy.limits import connection_capacity
 from tests.sidecar import upstreams
 from tests.sidecar.proxy_harness import HeaderChooser, ListRecorder
+from tests.sidecar.test_connection_limits import low_fd_sidecar, until_serving
 from tests.sidecar.test_smuggling import proxied, read_all, statuses
 from tests.support.processes import free_port
 from tests.support.tls import make_pki
@@ -201,10 +200,6 @@ def test_tls_handshakes_are_bounded_on_uvloop() -> None:
     uvloop.run(asyncio.wait_for(test_idle_tls_connections_are_held_at_the_cap_then_time_out(), 30))
 
 
-def _low_fd_limit() -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (600, 600))
-
-
 def _metric(text: str, name: str) -> float:
     return next(
         (float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")),
@@ -223,13 +218,9 @@ async def test_a_tls_flood_is_held_at_the_cap_and_the_admin_endpoint_answers_thr
     upstream = upstreams.Upstream("default")
     await upstream.start()
     port, admin = free_port(), free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "controlplane.cli.main", "sidecar", "--service", "web",
-         "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}",
-         "--etcd", "memory://", "--redis", "memory://", "--default-upstream", upstream.url,
-         "--workers", "1", "--tls-cert", pki.server_cert, "--tls-key", pki.server_key,
-         "--tls-handshake-timeout", "2", "--max-connections-per-client", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_low_fd_limit,
+    proc = low_fd_sidecar(
+        port, admin, upstream.url, "--tls-cert", pki.server_cert, "--tls-key", pki.server_key,
+        "--tls-handshake-timeout", "2", "--max-connections-per-client", "0",
     )  # fmt: skip
     capacity = connection_capacity(600)  # 172 client connections
     flood: list[asyncio.StreamWriter] = []
@@ -244,14 +235,7 @@ async def test_a_tls_flood_is_held_at_the_cap_and_the_admin_endpoint_answers_thr
                 assert health.status_code == 200
                 return (await admin_client.get(f"http://127.0.0.1:{admin}/metrics")).text
 
-            async with asyncio.timeout(15):
-                while True:
-                    try:
-                        await client.get(f"https://127.0.0.1:{port}/echo")
-                        break
-                    except httpx.TransportError:
-                        assert proc.poll() is None
-                        await asyncio.sleep(0.05)
+            await until_serving(client, f"https://127.0.0.1:{port}/echo", proc)
             for _ in range(capacity + 400):
                 _, writer = await asyncio.open_connection("127.0.0.1", port)
                 flood.append(writer)
@@ -283,3 +267,52 @@ async def test_a_tls_flood_is_held_at_the_cap_and_the_admin_endpoint_answers_thr
         await upstream.stop()
     assert "refusing client connections" in output, output
     assert "Traceback" not in output, output
+
+
+async def _tls_get_with_the_hello_sent_before_accept(port: int, context: ssl.SSLContext) -> bytes:
+    """An HTTPS request whose client hello is in the socket before the proxy accepts
+    it: the connection and the hello happen without yielding to the loop."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        with suppress(ssl.SSLWantReadError):
+            tls.do_handshake()
+        sock.sendall(outgoing.read())
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+
+        async def exchange() -> None:
+            sock.sendall(outgoing.read())
+            incoming.write(await loop.sock_recv(sock, 65536))
+
+        async with asyncio.timeout(5):
+            while True:
+                try:
+                    tls.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    await exchange()
+            tls.write(REQUEST)
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                await exchange()
+                with suppress(ssl.SSLWantReadError):
+                    answer += tls.read(65536)
+        return answer
+
+
+async def _served_when_the_hello_came_first() -> None:
+    async with tls_proxy(ProxyOptions(tls_handshake_timeout=3)) as t:
+        answer = await _tls_get_with_the_hello_sent_before_accept(t.proxy.port, t.client_tls)
+        assert answer.startswith(b"HTTP/1.1 200 ")
+        assert t.proxy.metrics.tls_handshakes_failed == {}
+
+
+async def test_a_client_hello_read_before_the_handshake_starts_is_not_lost() -> None:
+    await _served_when_the_hello_came_first()
+
+
+def test_a_client_hello_read_before_the_handshake_starts_is_not_lost_on_uvloop() -> None:
+    # uvloop starts reading right after connection_made: the hello is read then
+    uvloop = pytest.importorskip("uvloop")
+    uvloop.run(asyncio.wait_for(_served_when_the_hello_came_first(), 30))

@@ -84,6 +84,28 @@ def _low_fd_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (600, 600))
 
 
+def low_fd_sidecar(port: int, admin: int, upstream: str, *flags: str) -> subprocess.Popen[bytes]:
+    """`canary sidecar`, one worker, 600 descriptors, output on its stdout."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "controlplane.cli.main", "sidecar", "--service", "web",
+         "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}",
+         "--etcd", "memory://", "--redis", "memory://", "--default-upstream", upstream,
+         "--workers", "1", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_low_fd_limit,
+    )  # fmt: skip
+
+
+async def until_serving(client: httpx.AsyncClient, url: str, proc: subprocess.Popen[bytes]) -> None:
+    async with asyncio.timeout(15):
+        while True:
+            try:
+                await client.get(url)
+                return
+            except httpx.TransportError:
+                assert proc.poll() is None
+                await asyncio.sleep(0.05)
+
+
 async def test_a_flooded_sidecar_refuses_clients_and_its_admin_still_answers() -> None:
     """The reported DoS, against the real command with 600 descriptors: far more
     connections than it can hold, and /healthz and /metrics still answer. One worker:
@@ -91,24 +113,11 @@ async def test_a_flooded_sidecar_refuses_clients_and_its_admin_still_answers() -
     upstream = upstreams.Upstream("default")
     await upstream.start()
     port, admin = free_port(), free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "controlplane.cli.main", "sidecar", "--service", "web",
-         "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}",
-         "--etcd", "memory://", "--redis", "memory://", "--default-upstream", upstream.url,
-         "--workers", "1", "--max-connections-per-client", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_low_fd_limit,
-    )
+    proc = low_fd_sidecar(port, admin, upstream.url, "--max-connections-per-client", "0")
     flood: list[asyncio.StreamWriter] = []
     try:
         async with httpx.AsyncClient(trust_env=False, timeout=3) as client:
-            async with asyncio.timeout(15):
-                while True:
-                    try:
-                        await client.get(f"http://127.0.0.1:{port}/echo")
-                        break
-                    except httpx.TransportError:
-                        assert proc.poll() is None
-                        await asyncio.sleep(0.05)
+            await until_serving(client, f"http://127.0.0.1:{port}/echo", proc)
             capacity = connection_capacity(600)  # 172 client connections
             for _ in range(capacity + 400):
                 _, writer = await asyncio.open_connection("127.0.0.1", port)
