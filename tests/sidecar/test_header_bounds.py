@@ -5,12 +5,20 @@ Raw sockets against the real proxy; the upstream (h11) records what reached it.
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
+
 import h2.errors
 import h2.events
+import httpx
 
 from sidecar.proxy import ProxyOptions
+from tests.sidecar import upstreams
+from tests.sidecar.test_connection_limits import until_serving
 from tests.sidecar.test_proxy_h2 import RawClient, assert_still_serving, rig
 from tests.sidecar.test_smuggling import proxied, send, statuses
+from tests.support.processes import free_port
 
 
 def h2_get(client: RawClient, count: int) -> int:
@@ -111,3 +119,28 @@ async def test_http2_trailers_over_the_bound_reset_the_stream_and_are_counted() 
         client.writer.close()
         assert r.proxy.metrics.rejected == {"h2_too_many_trailers": 1}
         await assert_still_serving(r)
+
+
+async def test_the_field_bound_reaches_every_worker_of_the_command() -> None:
+    upstream = upstreams.Upstream("default")
+    await upstream.start()
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controlplane.cli.main", "sidecar", "--service", "web",
+         "--listen", f"127.0.0.1:{port}", "--etcd", "memory://", "--redis", "memory://",
+         "--default-upstream", upstream.url, "--workers", "2", "--max-headers", "5"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        async with httpx.AsyncClient(trust_env=False, timeout=3) as client:
+            await until_serving(client, f"http://127.0.0.1:{port}/echo", proc)
+        head = b"GET /echo HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n"
+        for _ in range(8):  # new connections, spread over both workers
+            data, _ = await send(port, head + fields(4) + b"\r\n")
+            assert statuses(data) == [431]
+            data, _ = await send(port, head + fields(3) + b"\r\n")
+            assert statuses(data) == [200]
+    finally:
+        proc.terminate()
+        await asyncio.to_thread(proc.communicate, timeout=30)
+        await upstream.stop()
