@@ -105,6 +105,42 @@ async def test_one_address_is_refused_past_its_cap_while_another_is_served() -> 
             w.close()
 
 
+async def test_a_dual_stack_listener_counts_mapped_ipv4_clients_as_ipv4() -> None:
+    """Workers may inherit a dual-stack socket: IPv4 clients then arrive as
+    ::ffff:a.b.c.d, and are counted per IPv4 address all the same."""
+    listener = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    listener.bind(("::", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    upstream = upstreams.Upstream("baseline")
+    await upstream.start()
+    options = ProxyOptions(max_connections_per_client=2, client_ipv6_prefix=64)
+    proxy = ProxyServer(HeaderChooser({"baseline": upstream.url}), ListRecorder(), options=options)
+    await proxy.start_on(listener)
+    try:
+        held = [await open_from(port, "127.0.0.1") for _ in range(2)]
+        await until(lambda: proxy.metrics.connections == 2)
+        assert proxy.admission.held(b"::ffff:127.0.0.1") == proxy.admission.held(b"127.0.0.1") == 2
+        reader, writer = await open_from(port, "127.0.0.1")
+        writer.write(REQUEST)
+        data, _ = await read_all(reader)
+        writer.close()
+        assert statuses(data) == [503]
+        for source, host in (("127.0.0.2", "127.0.0.1"), ("::1", "::1")):
+            reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
+            writer.write(REQUEST)
+            data, _ = await read_all(reader)
+            writer.close()
+            assert statuses(data) == [200], source
+        assert proxy.metrics.connections_refused == {"per_client": 1}
+        for _, w in held:
+            w.close()
+    finally:
+        await proxy.stop(timeout=2)
+        await upstream.stop()
+
+
 @dataclass
 class TlsSetup:
     proxy: ProxyServer
