@@ -103,9 +103,7 @@ class TlsHandshake(asyncio.Protocol):
         before anything read later: a callback queued behind start_tls's first step
         queues `_replay_hello` behind those two, in the same turn."""
         loop = self.server.loop
-        starting = loop.create_task(
-            loop.start_tls(transport, self, self.context, server_side=True)
-        )
+        starting = loop.create_task(loop.start_tls(transport, self, self.context, server_side=True))
         loop.call_soon(loop.call_soon, self._replay_hello, transport)
         return await starting
 

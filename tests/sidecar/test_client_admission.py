@@ -266,6 +266,7 @@ async def test_a_tls_flood_is_held_at_the_cap_and_the_admin_endpoint_answers_thr
             httpx.AsyncClient(verify=client_tls, trust_env=False, timeout=3) as client,
             httpx.AsyncClient(trust_env=False, timeout=3) as admin_client,
         ):
+
             async def healthy() -> str:
                 health = await admin_client.get(f"http://127.0.0.1:{admin}/healthz")
                 assert health.status_code == 200
