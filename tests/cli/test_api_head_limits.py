@@ -62,7 +62,7 @@ def read_answer(sock: socket.socket) -> bytes:
     """What the server sends until it closes the connection (5 s at most)."""
     sock.settimeout(5)
     answer = b""
-    with suppress(ConnectionResetError):
+    with suppress(ConnectionResetError, TimeoutError):  # a server that waits for more
         while chunk := sock.recv(65536):
             answer += chunk
     return answer
