@@ -47,7 +47,7 @@ from sidecar.overload.metrics import OverloadMetricsCollector
 from sidecar.overload.view import disabled_view
 from sidecar.overload.watcher import OverloadWatcher
 from sidecar.proxy import ProxyMetricsCollector, ProxyOptions, ProxyServer
-from sidecar.proxy.limits import default_max_connections, raise_fd_limit
+from sidecar.proxy.limits import connection_capacity, default_max_connections, raise_fd_limit
 from sidecar.proxy.tracing import RequestTracing
 from sidecar.reporter import SampleReporter
 from sidecar.routing import RouteTable, RouteWatcher
@@ -67,6 +67,18 @@ class Timeouts:
     first_route: float = 2.0  # start-up waits this long for the first route read
     head: float = 10.0  # seconds for a client's request head to arrive (then 408)
     tunnel_idle: float = 300.0  # seconds without a byte either way before a tunnel is cut
+    tls_handshake: float = 10.0  # seconds for a TLS client's handshake, from accept
+
+
+@dataclass(frozen=True, slots=True)
+class ClientBounds:
+    """What one client may hold: connections, counted per address (see
+    sidecar.proxy.admission), and header fields per head."""
+
+    # None: a quarter of max_connections, at most 512; 0: no per-client cap
+    max_connections_per_client: int | None = None
+    ipv6_prefix: int = 128  # IPv6 clients are counted per network of this length
+    max_headers: int = 100  # header fields per head, trailer section, HTTP/2 block
 
 
 class Sidecar:
@@ -84,6 +96,7 @@ class Sidecar:
         timeouts: Timeouts | None = None,
         max_connections: int = 10_000,
         max_tunnels: int | None = None,
+        bounds: ClientBounds | None = None,
         proxy_options: ProxyOptions | None = None,
         reporter: SampleReporter | None = None,
         clock: Clock | None = None,
@@ -107,6 +120,7 @@ class Sidecar:
         self.reporter = reporter or SampleReporter(
             stream, service, clock=self.clock, signer=signer, source=reporter_source
         )
+        bounds = bounds or ClientBounds()
         options = proxy_options or ProxyOptions(
             connect_timeout=self.timeouts.connect,
             read_timeout=self.timeouts.read,
@@ -116,6 +130,10 @@ class Sidecar:
             listen_tls=listen_tls,
             tunnel_idle_timeout=self.timeouts.tunnel_idle,
             max_tunnels=max_tunnels,
+            max_connections_per_client=bounds.max_connections_per_client,
+            client_ipv6_prefix=bounds.ipv6_prefix,
+            max_header_count=bounds.max_headers,
+            tls_handshake_timeout=self.timeouts.tls_handshake,
         )
         self.proxy = ProxyServer(
             self.table, self.reporter, options=options, clock=self.clock, tracing=tracing
@@ -216,6 +234,7 @@ async def run_sidecar(
     timeouts: Timeouts | None = None,
     max_connections: int | None = None,
     max_tunnels: int | None = None,
+    bounds: ClientBounds | None = None,
     stop: asyncio.Event | None = None,
     sample_keys: SampleKeys | None = None,
     listen_tls: ssl.SSLContext | None = None,
@@ -228,6 +247,14 @@ async def run_sidecar(
     fd_limit = raise_fd_limit()
     if max_connections is None:
         max_connections = default_max_connections(fd_limit)
+    elif max_connections > connection_capacity(fd_limit):
+        log.warning(
+            "max_connections %d is more than the descriptor limit %d carries (%d): a flood "
+            "can exhaust the descriptors, the admin endpoints' included",
+            max_connections,
+            fd_limit,
+            connection_capacity(fd_limit),
+        )
     log.info("descriptor limit %d: at most %d client connections", fd_limit, max_connections)
     upstream = Upstream.parse(default_upstream) if default_upstream else None
     token = admin_token(settings.admin_token_file)
@@ -257,6 +284,7 @@ async def run_sidecar(
         timeouts=timeouts,
         max_connections=max_connections,
         max_tunnels=max_tunnels,
+        bounds=bounds,
         sample_keys=sample_keys,
         admin_token=token,
         listen_tls=listen_tls,

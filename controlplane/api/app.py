@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from controlplane.api import metrics, pages, problems, security
 from controlplane.api.deps import get_settings
 from controlplane.api.hygiene.body_limit import BodyLimitMiddleware
+from controlplane.api.hygiene.header_count import HeaderCountMiddleware
 from controlplane.api.hygiene.json_writes import JsonWritesMiddleware
 from controlplane.api.hygiene.page_headers import PageHeadersMiddleware
 from controlplane.api.hygiene.trusted_hosts import TrustedHostsMiddleware
@@ -143,8 +144,8 @@ def create_app(
         ),
         failures=exported.auth_failures,
     )
-    # added innermost first: a request meets the metrics, then Host, JSON, size, and
-    # the pages' headers on the way out
+    # added innermost first: a request meets the metrics, then the field count, Host,
+    # JSON, size, and the pages' headers on the way out
     app.add_middleware(PageHeadersMiddleware, prefixes=(pages.UI_PREFIX, pages.DOCS_PATH))
     app.add_middleware(
         BodyLimitMiddleware,
@@ -158,6 +159,7 @@ def create_app(
     app.add_middleware(
         TrustedHostsMiddleware, trusted=settings.trusted_host_list, reject=exported.reject
     )
+    app.add_middleware(HeaderCountMiddleware, reject=exported.reject)
     problems.install(app)
     metrics.install(app, exported)
     if tracer_provider is not None:  # outermost: refusals are traced too

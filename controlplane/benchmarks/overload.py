@@ -358,7 +358,9 @@ def _stack(tmp: Path) -> Iterator[Stack]:
                 [python, "-m", "controlplane.cli.main", "sidecar", "--service", SERVICE,
                  "--listen", f"{HOST}:{proxy_port}", "--admin", f"{HOST}:{admin_port}",
                  "--etcd", etcd, "--etcd-prefix", prefix, "--redis", "memory://",
-                 "--default-upstream", f"http://{HOST}:{upstream_port}", "--workers", "1"],
+                 "--default-upstream", f"http://{HOST}:{upstream_port}", "--workers", "1",
+                 # the load generator is one client of up to 4000 connections
+                 "--max-connections-per-client", "0"],
                 cpu=None, port=proxy_port, log=tmp / "sidecar.log",
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )

@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("canary")
 
+# uvicorn's default parser (httptools) reads a request head of any size before the app
+# sees it; h11 refuses one larger than its limit (400, connection closed) as it reads
+MAX_HEAD_BYTES = 16 * 1024
+HEAD_LIMITS: dict[str, Any] = {"http": "h11", "h11_max_incomplete_event_size": MAX_HEAD_BYTES}
+
 ListenOption = Annotated[
     str | None, typer.Option("--listen", help="HOST:PORT to serve on [env CANARY_LISTEN]")
 ]
@@ -152,6 +157,7 @@ def run_api(
         log_level=settings.log_level.lower(),
         lifespan="on",
         timeout_graceful_shutdown=10,
+        **HEAD_LIMITS,
         **options,
     )
     uvicorn.Server(config).run()

@@ -84,6 +84,39 @@ def register(app: typer.Typer) -> None:
                 "(default: 10000, less if the descriptor limit is lower)",
             ),
         ] = None,
+        max_connections_per_client: Annotated[
+            int | None,
+            typer.Option(
+                "--max-connections-per-client",
+                envvar="CANARY_SIDECAR_MAX_CONNECTIONS_PER_CLIENT",
+                help="client connections one address holds at once, TLS handshakes "
+                "included; more are refused (default: a quarter of --max-connections, at "
+                "most 512; 0: no cap, e.g. behind one NAT or ingress)",
+            ),
+        ] = None,
+        client_ipv6_prefix: Annotated[
+            int,
+            typer.Option(
+                "--client-ipv6-prefix",
+                help="IPv6 clients are counted per network of this prefix length, 32-128 "
+                "(default 128: per address; 64: per host's usual network)",
+            ),
+        ] = 128,
+        max_headers: Annotated[
+            int,
+            typer.Option(
+                "--max-headers",
+                help="header fields in a request head, a chunked request's trailers or "
+                "an HTTP/2 header block; more get 431 (default 100)",
+            ),
+        ] = 100,
+        tls_handshake_timeout: Annotated[
+            float | None,
+            typer.Option(
+                "--tls-handshake-timeout",
+                help="seconds for a client's TLS handshake, from accept (default 10)",
+            ),
+        ] = None,
         tunnel_idle_timeout: Annotated[
             float | None,
             typer.Option(
@@ -151,7 +184,13 @@ def register(app: typer.Typer) -> None:
         from controlplane.kernel.sample_keys import load_sample_keys
         from controlplane.kernel.settings import Settings, parse_host_port
         from sidecar.choice import Upstream
-        from sidecar.main import Timeouts, listen_tls_context, run_loop, run_sidecar
+        from sidecar.main import (
+            ClientBounds,
+            Timeouts,
+            listen_tls_context,
+            run_loop,
+            run_sidecar,
+        )
         from sidecar.proxy.limits import (
             connection_capacity,
             default_max_connections,
@@ -173,6 +212,23 @@ def register(app: typer.Typer) -> None:
         if (problem := workers_error(workers, cpus)) is not None:
             raise _fail(problem)
         _positive("--tunnel-idle-timeout", tunnel_idle_timeout)
+        _positive("--tls-handshake-timeout", tls_handshake_timeout)
+        if max_connections_per_client is not None and max_connections_per_client < 0:
+            raise _fail(
+                f"--max-connections-per-client must be 0 (no cap) or more, got "
+                f"{max_connections_per_client}"
+            )
+        if not 32 <= client_ipv6_prefix <= 128:
+            raise _fail(
+                f"--client-ipv6-prefix must be between 32 and 128, got {client_ipv6_prefix}"
+            )
+        if not 1 <= max_headers <= 10_000:
+            raise _fail(f"--max-headers must be between 1 and 10000, got {max_headers}")
+        bounds = ClientBounds(
+            max_connections_per_client=max_connections_per_client,
+            ipv6_prefix=client_ipv6_prefix,
+            max_headers=max_headers,
+        )
         if max_connections is not None:
             capacity = connection_capacity(raise_fd_limit())
             if not 1 <= max_connections <= capacity:
@@ -221,6 +277,7 @@ def register(app: typer.Typer) -> None:
             read=read_timeout or defaults.read,
             head=head_timeout or defaults.head,
             tunnel_idle=tunnel_idle_timeout or defaults.tunnel_idle,
+            tls_handshake=tls_handshake_timeout or defaults.tls_handshake,
         )
         if workers > 1:
             from sidecar.workers.listeners import platform_mode, reserve
@@ -245,6 +302,9 @@ def register(app: typer.Typer) -> None:
                 max_connections=max_connections, max_tunnels=max_tunnels,
                 tunnel_idle_timeout=timeouts.tunnel_idle, sample_keys_file=sample_keys_file,
                 tls_cert=tls_cert, tls_key=tls_key,
+                tls_handshake_timeout=timeouts.tls_handshake,
+                max_connections_per_client=max_connections_per_client,
+                client_ipv6_prefix=client_ipv6_prefix, max_headers=max_headers,
             )  # fmt: skip
             code = run_loop(
                 run_supervisor(
@@ -265,6 +325,7 @@ def register(app: typer.Typer) -> None:
                     timeouts=timeouts,
                     max_connections=max_connections,
                     max_tunnels=max_tunnels,
+                    bounds=bounds,
                     sample_keys=sample_keys,
                     listen_tls=listen_tls,
                 )

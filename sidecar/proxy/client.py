@@ -49,6 +49,7 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         "_chunked",
         "_connection_field",
         "_corked_upstreams",
+        "_fields_left",
         "_first_bytes",
         "_has_length",
         "_head_budget",
@@ -109,6 +110,7 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         self._held: bytes | None = None
         self.tunnel: Tunnel | None = None  # the connection's tunnel after a 101
         self._head_budget = server.options.max_head_bytes
+        self._fields_left = server.options.max_header_count  # and of its fields
         # Writes collected while one read is processed leave in one send: syscalls,
         # not Python, are most of a small request's cost.
         self._out: list[bytes] | None = None
@@ -189,11 +191,7 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
             status, reason = 400, conformance.parser_error_reason(exc)
             detail = f"malformed request: {exc}"
         self.server.metrics.reject(reason)
-        response = (
-            errors.head_too_large(self.server.options.max_head_bytes)
-            if status == 431
-            else errors.rejected(status, detail)
-        )
+        response = errors.rejected(status, detail)
         broken = self.parsing
         self.parsing = None
         if broken is not None:
@@ -253,7 +251,8 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
     # --- httptools callbacks ----------------------------------------------------
 
     # httptools sets no limit on a request head: without one a client could make the
-    # proxy hold any amount of memory. `_head_budget` is what is left of the limit.
+    # proxy hold any amount of memory. `_head_budget` is what is left of the limit,
+    # `_fields_left` of the field count's.
 
     def on_message_begin(self) -> None:
         if not self.head_since:  # a new connection's head is timed from its opening
@@ -275,6 +274,12 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         budget = self._head_budget = self._head_budget - len(name) - len(value) - 4
         if budget < 0:
             raise self._too_large()
+        fields_left = self._fields_left = self._fields_left - 1
+        if fields_left < 0:
+            # after the head, httptools reports a chunked body's trailers here
+            raise conformance.too_many_fields(
+                self.server.options.max_header_count, trailers=self.parsing is not None
+            )
         lower = name.lower()
         if lower == b"host":
             if self._host is not None:
@@ -356,6 +361,7 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
         self._named = None
         self._upgrade_asked = self._connection_field = False
         self._head_budget = self.server.options.max_head_bytes
+        self._fields_left = self.server.options.max_header_count
 
     def _upgrade(self) -> tuple[bytes, ...] | None:
         """The protocols to tunnel for a request whose Connection lists `upgrade`, or

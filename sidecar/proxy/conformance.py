@@ -197,6 +197,15 @@ def check_fields(fields: list[tuple[bytes, bytes]]) -> None:
         raise Rejected(400, "malformed", "a field value must not carry control characters")
 
 
+def too_many_fields(limit: int, *, trailers: bool) -> Rejected:
+    """A head (or a chunked request's trailer section) with more than `limit` fields:
+    each costs the proxy work on the way through, so their number is bounded as
+    their bytes are."""
+    if trailers:
+        return Rejected(431, "too_many_trailers", f"more than {limit} trailer fields")
+    return Rejected(431, "too_many_headers", f"more than {limit} header fields")
+
+
 def parser_error_reason(exc: httptools.HttpParserError) -> str:
     """The counter label of a request httptools refused."""
     text = str(exc).lower()

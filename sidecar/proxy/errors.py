@@ -76,16 +76,6 @@ def no_route(detail: str, *, close: bool) -> bytes:
     )
 
 
-def head_too_large(limit: int) -> bytes:
-    return problem_response(
-        431,
-        f"request line and headers exceed {limit} bytes",
-        variant=None,
-        experiment=None,
-        close=True,
-    )
-
-
 # RFC 9110 §15.5.6: a 405 names the methods that are allowed
 _ALLOW = "Allow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE"
 
@@ -104,6 +94,17 @@ def too_many_connections(limit: int, retry_after: int) -> bytes:
         experiment=None,
         close=True,
         extra=(f"Retry-After: {retry_after}",),
+    )
+
+
+def too_many_client_connections(limit: int) -> bytes:
+    return problem_response(
+        503,
+        f"this client holds the maximum of {limit} connections; close one or retry later",
+        variant=None,
+        experiment=None,
+        close=True,
+        extra=("Retry-After: 1",),
     )
 
 

@@ -54,6 +54,8 @@ class ProxyMetrics:
         "overhead_sum",
         "rejected",
         "requests",
+        "tls_handshakes_failed",
+        "tls_handshaking",
         "trailer_fields_dropped",
         "trailers_dropped",
         "tunnel_bytes_downstream",
@@ -74,7 +76,10 @@ class ProxyMetrics:
         self.overhead_sum = 0.0
         self.overhead_count = 0
         self.connections = 0  # open client connections
-        self.connections_refused = 0  # closed at once: the connection cap was reached
+        # closed at once, by the cap reached (admission.MAX_CONNECTIONS, PER_CLIENT)
+        self.connections_refused: dict[str, int] = {}
+        self.tls_handshaking = 0  # TLS connections accepted, handshake not yet done
+        self.tls_handshakes_failed: dict[str, int] = {}  # by why: timeout, error
         # requests refused before reaching an upstream, by reason (framing, version, …)
         self.rejected: dict[str, int] = {}
         self.upstream_connects = 0  # fresh upstream connections opened
@@ -185,11 +190,28 @@ class ProxyMetricsCollector(Collector):
         yield GaugeMetricFamily(
             f"{self._prefix}_client_connections", "Open client connections", value=m.connections
         )
-        yield CounterMetricFamily(
+        refused = CounterMetricFamily(
             f"{self._prefix}_connections_refused",
-            "Client connections closed at once with a 503: the connection cap was reached",
-            value=m.connections_refused,
+            "Client connections closed at once (plain HTTP: with a 503), by the cap reached "
+            "(max_connections, per_client)",
+            labels=["reason"],
         )
+        for reason, count in sorted(m.connections_refused.items()):
+            refused.add_metric([reason], count)
+        yield refused
+        yield GaugeMetricFamily(
+            f"{self._prefix}_tls_handshakes_in_progress",
+            "TLS client connections accepted, their handshake not yet done",
+            value=m.tls_handshaking,
+        )
+        failed = CounterMetricFamily(
+            f"{self._prefix}_tls_handshakes_failed",
+            "TLS client handshakes that failed, by reason (timeout, error)",
+            labels=["reason"],
+        )
+        for reason, count in sorted(m.tls_handshakes_failed.items()):
+            failed.add_metric([reason], count)
+        yield failed
         rejected = CounterMetricFamily(
             f"{self._prefix}_rejected_requests",
             "Requests refused before reaching an upstream, by reason",

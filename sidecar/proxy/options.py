@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass
+from typing import Final
+
+# the default per-client connection cap: room for an ingress's or a NAT's pool of
+# connections, far below the default max_connections
+DEFAULT_MAX_PER_CLIENT: Final = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,8 +24,20 @@ class ProxyOptions:
     ssl_context: ssl.SSLContext | None = None  # for https upstreams; default: system CAs
     backlog: int = 1024
     max_head_bytes: int = 64 * 1024  # request line + headers; larger answers 431
-    # client connections held at once; more are answered 503 and closed at once
+    # header fields in one request head, in one chunked request's trailers, in one
+    # HTTP/2 header block; more answers 431 (a trailer section: the request is cut)
+    max_header_count: int = 100
+    # client connections held at once, TLS handshakes included; more are refused at
+    # once (plain HTTP: 503)
     max_connections: int = 10_000
+    # client connections one address holds at once, within max_connections: more are
+    # refused like those beyond it. None: a quarter of max_connections, at most 512;
+    # 0: no such cap (clients behind one NAT or one ingress)
+    max_connections_per_client: int | None = None
+    # IPv6 clients are counted per network of this prefix length (128: per address)
+    client_ipv6_prefix: int = 128
+    # seconds for a TLS client to complete its handshake, counted from accept
+    tls_handshake_timeout: float = 10.0
     # seconds for a request head to arrive in full, from its first byte (from the
     # connection's opening for its first request); then 408 and close
     head_timeout: float = 10.0
@@ -45,6 +62,13 @@ class ProxyOptions:
     max_tunnels: int | None = None
     # a tunnel's write buffer, each way: past it the other side is not read
     tunnel_buffer_bytes: int = 256 * 1024
+
+    @property
+    def client_limit(self) -> int:
+        """Connections one client may hold; 0: no per-client cap."""
+        if self.max_connections_per_client is not None:
+            return min(self.max_connections_per_client, self.max_connections)
+        return max(1, min(DEFAULT_MAX_PER_CLIENT, self.max_connections // 4))
 
     @property
     def tunnel_limit(self) -> int:

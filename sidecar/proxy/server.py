@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from controlplane.kernel.clock import Clock, SystemClock
 from sidecar.choice import Choice, Chooser, Recorder, Upstream, columns_recorder
 from sidecar.proxy import errors
+from sidecar.proxy.admission import MAX_CONNECTIONS, Admission
 from sidecar.proxy.client import ClientConnection
 from sidecar.proxy.exchange import Exchange
 from sidecar.proxy.h2.connection import H2ClientConnection
@@ -30,6 +31,7 @@ from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.options import ProxyOptions
 from sidecar.proxy.pausing import STOPPED
 from sidecar.proxy.samples import PendingSamples
+from sidecar.proxy.tls_accept import TlsHandshake
 from sidecar.proxy.tracing import RequestTrace, RequestTracing
 from sidecar.proxy.tunnel import IDLE, SHUTDOWN, Tunnel
 from sidecar.proxy.upstream import UpstreamPool
@@ -97,6 +99,11 @@ class ProxyServer:
         self._pools: dict[Upstream, UpstreamPool] = {}
         self._pools_by_id: dict[int, tuple[Upstream, UpstreamPool]] = {}
         self._connections: set[ClientConnection] = set()
+        opts = self.options
+        self.admission = Admission(
+            opts.max_connections, opts.client_limit, opts.client_ipv6_prefix
+        )
+        self.handshaking = 0  # TLS connections accepted, their handshake not yet done
         self.tunnels: set[Tunnel] = set()
         self._tunnels_pending = 0  # upgrade requests forwarded, their answer not yet in
         self._all_closed: asyncio.Event | None = None
@@ -129,13 +136,12 @@ class ProxyServer:
         connections over every process listening on it (one per worker)."""
         loop = self._starting()
         self._server = await loop.create_server(
-            lambda: ClientConnection(self),
+            self._accepted,
             host,
             port,
             backlog=self.options.backlog,
             reuse_address=True,
             reuse_port=reuse_port or None,
-            ssl=self.options.listen_tls,
         )
         self._started()
 
@@ -144,12 +150,16 @@ class ProxyServer:
         supervisor, shared with the other workers)."""
         loop = self._starting()
         self._server = await loop.create_server(
-            lambda: ClientConnection(self),
-            sock=sock,
-            backlog=self.options.backlog,
-            ssl=self.options.listen_tls,
+            self._accepted, sock=sock, backlog=self.options.backlog
         )
         self._started()
+
+    def _accepted(self) -> asyncio.Protocol:
+        """The protocol of an accepted socket. TLS is started by `TlsHandshake`, not
+        by the loop, so the handshake counts against the caps and is timed."""
+        if self.options.listen_tls is not None:
+            return TlsHandshake(self, self.options.listen_tls)
+        return ClientConnection(self)
 
     @property
     def listening(self) -> bool:
@@ -344,28 +354,67 @@ class ProxyServer:
         self.metrics.tunnel_ended(tunnel.reason or "closed", self.time() - tunnel.opened)
         tunnel.client.tunnel_ended()
 
-    def connection_opened(self, conn: ClientConnection) -> None:
-        limit = self.options.max_connections
-        if len(self._connections) + len(self.h2.connections) >= limit:
-            # answered and closed at once: the descriptor is free again right away
-            conn.refused = True
-            conn.write(errors.too_many_connections(limit, retry_after=1))
-            conn.block(STOPPED)
-            conn.close()
-            self.metrics.connections_refused += 1
+    def _open_count(self) -> int:
+        return len(self._connections) + len(self.h2.connections) + self.handshaking
+
+    def _refused(self, reason: str) -> None:
+        refused = self.metrics.connections_refused
+        refused[reason] = refused.get(reason, 0) + 1
+        if reason == MAX_CONNECTIONS:
             self._refusals.warning(
                 "refusing client connections: %d open, the maximum (--max-connections)",
-                limit,
+                self.options.max_connections,
             )
+        else:
+            self._refusals.warning(
+                "refusing client connections: one client holds %d, the maximum "
+                "(--max-connections-per-client)",
+                self.admission.client_limit,
+            )
+
+    def connection_opened(self, conn: ClientConnection) -> None:
+        reason = self.admission.refusal(conn.client_ip, self._open_count())
+        if reason is not None:
+            # answered and closed at once: the descriptor is free again right away
+            conn.refused = True
+            conn.write(
+                errors.too_many_connections(self.options.max_connections, retry_after=1)
+                if reason == MAX_CONNECTIONS
+                else errors.too_many_client_connections(self.admission.client_limit)
+            )
+            conn.block(STOPPED)
+            conn.close()
+            self._refused(reason)
             return
         self._connections.add(conn)
         self.metrics.connections += 1
         if self.draining:
             conn.close()
 
+    def handshake_started(self, client_ip: bytes) -> bool:
+        """A TLS client was accepted: admitted (counted until `handshake_ended`)?"""
+        reason = self.admission.refusal(client_ip, self._open_count())
+        if reason is not None:
+            self._refused(reason)
+            return False
+        self.handshaking += 1
+        self.metrics.tls_handshaking += 1
+        return True
+
+    def handshake_ended(self, client_ip: bytes, failure: str | None) -> None:
+        """Its slot is free again; on success the connection takes one at once (see
+        `TlsHandshake`), so a slot freed here cannot go to another client meanwhile."""
+        self.handshaking -= 1
+        self.metrics.tls_handshaking -= 1
+        self.admission.release(client_ip)
+        if failure is not None:
+            failed = self.metrics.tls_handshakes_failed
+            failed[failure] = failed.get(failure, 0) + 1
+
     def connection_closed(self, conn: ClientConnection | H2ClientConnection) -> None:
         self._connections.discard(conn)
         self.metrics.connections -= 1
+        self.admission.release(conn.client_ip)
         if not self._connections and not self.h2.connections and self._all_closed is not None:
             self._all_closed.set()
 

@@ -33,6 +33,10 @@ class WorkerSpec(BaseModel):
     max_connections: int | None = Field(default=None, ge=1)
     max_tunnels: int | None = Field(default=None, ge=1)
     tunnel_idle_timeout: float = Field(gt=0)
+    tls_handshake_timeout: float = Field(default=10.0, gt=0)
+    max_connections_per_client: int | None = Field(default=None, ge=0)
+    client_ipv6_prefix: int = Field(default=128, ge=32, le=128)
+    max_headers: int = Field(default=100, ge=1, le=10_000)
     sample_keys_file: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None

@@ -25,7 +25,7 @@ from controlplane.kernel.logs import configure_logging
 from controlplane.kernel.sample_keys import SampleKeys, load_sample_keys
 from controlplane.kernel.settings import Settings
 from sidecar.choice import Upstream
-from sidecar.main import Timeouts, listen_tls_context, run_loop, run_sidecar
+from sidecar.main import ClientBounds, Timeouts, listen_tls_context, run_loop, run_sidecar
 from sidecar.reporter import instance_id
 from sidecar.workers.spec import MAX_SPEC_BYTES, WorkerSpec
 
@@ -77,9 +77,15 @@ async def serve(
                 read=spec.read_timeout,
                 head=spec.head_timeout,
                 tunnel_idle=spec.tunnel_idle_timeout,
+                tls_handshake=spec.tls_handshake_timeout,
             ),
             max_connections=spec.max_connections,
             max_tunnels=spec.max_tunnels,
+            bounds=ClientBounds(
+                max_connections_per_client=spec.max_connections_per_client,
+                ipv6_prefix=spec.client_ipv6_prefix,
+                max_headers=spec.max_headers,
+            ),
             stop=stop,
             sample_keys=sample_keys,
             listen_tls=listen_tls,

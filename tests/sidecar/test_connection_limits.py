@@ -28,7 +28,7 @@ async def until(condition: Callable[[], bool], timeout: float = 5) -> None:
 
 
 async def test_connections_beyond_the_cap_get_503_and_are_counted() -> None:
-    async with proxied(ProxyOptions(max_connections=3)) as s:
+    async with proxied(ProxyOptions(max_connections=3, max_connections_per_client=0)) as s:
         held = [await asyncio.open_connection("127.0.0.1", s.proxy.port) for _ in range(3)]
         await until(lambda: s.proxy.metrics.connections == 3)
         data, closed = await send(s.proxy.port, REQUEST)
@@ -38,7 +38,7 @@ async def test_connections_beyond_the_cap_get_503_and_are_counted() -> None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(ProxyMetricsCollector(s.proxy.metrics))
         text = generate_latest(registry).decode()
-        assert "canary_sidecar_connections_refused_total 1.0" in text
+        assert 'canary_sidecar_connections_refused_total{reason="max_connections"} 1.0' in text
         assert "canary_sidecar_client_connections 3.0" in text
         # a held connection is served, and a freed slot takes a new client
         reader, writer = held[0]
@@ -84,6 +84,28 @@ def _low_fd_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (600, 600))
 
 
+def low_fd_sidecar(port: int, admin: int, upstream: str, *flags: str) -> subprocess.Popen[bytes]:
+    """`canary sidecar`, one worker, 600 descriptors, output on its stdout."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "controlplane.cli.main", "sidecar", "--service", "web",
+         "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}",
+         "--etcd", "memory://", "--redis", "memory://", "--default-upstream", upstream,
+         "--workers", "1", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_low_fd_limit,
+    )  # fmt: skip
+
+
+async def until_serving(client: httpx.AsyncClient, url: str, proc: subprocess.Popen[bytes]) -> None:
+    async with asyncio.timeout(15):
+        while True:
+            try:
+                await client.get(url)
+                return
+            except httpx.TransportError:
+                assert proc.poll() is None
+                await asyncio.sleep(0.05)
+
+
 async def test_a_flooded_sidecar_refuses_clients_and_its_admin_still_answers() -> None:
     """The reported DoS, against the real command with 600 descriptors: far more
     connections than it can hold, and /healthz and /metrics still answer. One worker:
@@ -91,24 +113,11 @@ async def test_a_flooded_sidecar_refuses_clients_and_its_admin_still_answers() -
     upstream = upstreams.Upstream("default")
     await upstream.start()
     port, admin = free_port(), free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "controlplane.cli.main", "sidecar", "--service", "web",
-         "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}",
-         "--etcd", "memory://", "--redis", "memory://", "--default-upstream", upstream.url,
-         "--workers", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_low_fd_limit,
-    )
+    proc = low_fd_sidecar(port, admin, upstream.url, "--max-connections-per-client", "0")
     flood: list[asyncio.StreamWriter] = []
     try:
         async with httpx.AsyncClient(trust_env=False, timeout=3) as client:
-            async with asyncio.timeout(15):
-                while True:
-                    try:
-                        await client.get(f"http://127.0.0.1:{port}/echo")
-                        break
-                    except httpx.TransportError:
-                        assert proc.poll() is None
-                        await asyncio.sleep(0.05)
+            await until_serving(client, f"http://127.0.0.1:{port}/echo", proc)
             capacity = connection_capacity(600)  # 172 client connections
             for _ in range(capacity + 400):
                 _, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -118,7 +127,7 @@ async def test_a_flooded_sidecar_refuses_clients_and_its_admin_still_answers() -
         assert health.status_code == 200
         refused = next(
             float(line.split()[-1]) for line in metrics.splitlines()
-            if line.startswith("canary_sidecar_connections_refused_total ")
+            if line.startswith('canary_sidecar_connections_refused_total{reason="max_connections"}')
         )
         assert refused >= 400
         assert f"canary_sidecar_client_connections {float(capacity)}" in metrics

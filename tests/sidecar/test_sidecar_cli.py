@@ -141,3 +141,19 @@ def test_bad_tunnel_flags_are_a_one_line_error(flags: list[str], error: str) -> 
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"canary sidecar: {error}"), line
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (["--max-connections-per-client", "-1"], "--max-connections-per-client must be 0"),
+        (["--client-ipv6-prefix", "16"], "--client-ipv6-prefix must be between 32 and 128"),
+        (["--max-headers", "0"], "--max-headers must be between 1 and 10000, got 0"),
+        (["--tls-handshake-timeout", "0"], "--tls-handshake-timeout must be a positive"),
+    ],
+)
+def test_bad_client_limit_flags_are_a_one_line_error(flags: list[str], error: str) -> None:
+    result = sidecar_command("--listen", "127.0.0.1:0", *flags)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"canary sidecar: {error}"), line

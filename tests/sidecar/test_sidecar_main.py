@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 
 import httpx
+import pytest
 
 from controlplane.kernel.keys import COLLECTOR_GROUP, EtcdKeys
 from controlplane.kernel.kv_memory import MemoryKV
@@ -126,3 +128,19 @@ async def _get_when_up(client: httpx.AsyncClient, url: str) -> httpx.Response:
                 return await client.get(url)
             except httpx.ConnectError:
                 await asyncio.sleep(0.02)
+
+
+async def test_run_sidecar_warns_when_max_connections_exceeds_the_descriptor_limit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stop = asyncio.Event()
+    stop.set()  # start, then stop at once
+    with caplog.at_level(logging.WARNING, logger="canary.sidecar"):
+        await run_sidecar(
+            Settings(etcd="memory://", redis_url="memory://"),
+            service=SERVICE, listen=("127.0.0.1", _free_port()), max_connections=10**8, stop=stop,
+        )  # fmt: skip
+    assert any(
+        "max_connections 100000000 is more than the descriptor limit" in r.getMessage()
+        for r in caplog.records
+    ), caplog.text

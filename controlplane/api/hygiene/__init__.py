@@ -3,6 +3,7 @@
     trusted_hosts   a Host header naming no trusted host -> 400 (DNS rebinding)
     json_writes     a write that is not application/json -> 415, a cross-site one -> 403
     body_limit      a body over the limit -> 413, refused while it streams
+    header_count    more header fields than the limit -> 431
 
 Each refusal is problem+json and counted in `canary_api_rejected_requests{reason}`.
 """

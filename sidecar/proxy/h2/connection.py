@@ -7,7 +7,8 @@ upstream read that touched this connection, see `H2Hub.flush`).
 
 Limits, all advertised in SETTINGS and enforced by `h2` (refused and counted):
 concurrent streams, header list size (`max_head_bytes`), frame size, flow-control
-windows; beyond them the reset budget (`guard.ResetBudget`). A protocol error closes
+windows; beyond them the reset budget (`guard.ResetBudget`) and the field count of a
+header block (`max_header_count`: 431, or the stream reset for trailers). A protocol error closes
 the connection with GOAWAY, never the process. While the transport's write buffer is
 full, the connection is not read either: a client that does not read cannot make the
 proxy queue answers (PING, SETTINGS acknowledgements) without bound.
@@ -151,6 +152,9 @@ class H2ClientConnection(asyncio.Protocol):
         elif isinstance(event, h2.events.TrailersReceived):
             stream = self.streams.get(event.stream_id)
             if stream is not None:
+                if len(event.headers) > self.server.options.max_header_count:
+                    self._too_many_trailers(stream)
+                    return
                 stream.req_trailers = list(event.headers)
         elif isinstance(event, h2.events.WindowUpdated):
             if event.stream_id == 0:
@@ -174,6 +178,13 @@ class H2ClientConnection(asyncio.Protocol):
         if self.going_away:
             self.reset(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
+        limit = self.server.options.max_header_count
+        if len(headers) > limit and field_count(headers) > limit:
+            self.server.metrics.reject("h2_too_many_headers")
+            stream = H2Stream(self, stream_id, read_request_lenient(headers))
+            self.streams[stream_id] = stream
+            stream.answer_locally(431, f"more than {limit} header fields", 431)
+            return
         try:
             request = read_request(headers)
         except BadRequest as exc:
@@ -185,6 +196,14 @@ class H2ClientConnection(asyncio.Protocol):
         stream = H2Stream(self, stream_id, request)
         self.streams[stream_id] = stream
         stream.start()
+
+    def _too_many_trailers(self, stream: H2Stream) -> None:
+        """The request is cut: its body may be upstream already, so no answer is owed."""
+        self.server.metrics.reject("h2_too_many_trailers")
+        if self.streams.get(stream.stream_id) is stream:
+            del self.streams[stream.stream_id]
+        stream.client_lost()
+        self.reset(stream.stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
 
     def _client_reset(self, stream_id: int) -> None:
         stream = self.streams.pop(stream_id, None)
@@ -288,6 +307,11 @@ class H2ClientConnection(asyncio.Protocol):
     def abort(self) -> None:
         self.closed = True
         self.transport.abort()
+
+
+def field_count(headers: list[tuple[bytes, bytes]]) -> int:
+    """The fields of a request header block, its pseudo-fields left out."""
+    return sum(1 for name, _ in headers if not name.startswith(b":"))
 
 
 def read_request_lenient(headers: list[tuple[bytes, bytes]]) -> Request:

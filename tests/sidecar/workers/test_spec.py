@@ -34,6 +34,10 @@ def test_a_spec_survives_its_line() -> None:
         {"force_header_enabled": "yes"},
         {"settings": {"etcd": 5}},
         {"listen_fd": -3},
+        {"max_connections_per_client": -1},
+        {"client_ipv6_prefix": 16},
+        {"max_headers": 0},
+        {"tls_handshake_timeout": 0},
     ],
 )
 def test_a_malformed_spec_is_refused(change: dict[str, object]) -> None:
