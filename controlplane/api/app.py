@@ -16,6 +16,7 @@ from controlplane.api import metrics, pages, problems, security
 from controlplane.api.deps import get_settings
 from controlplane.api.hygiene.body_limit import BodyLimitMiddleware
 from controlplane.api.hygiene.json_writes import JsonWritesMiddleware
+from controlplane.api.hygiene.methods import MethodsMiddleware
 from controlplane.api.hygiene.page_headers import PageHeadersMiddleware
 from controlplane.api.hygiene.trusted_hosts import TrustedHostsMiddleware
 from controlplane.api.routes import (
@@ -138,8 +139,8 @@ def create_app(
         oidc=OidcVerifier.from_settings(settings),
         failures=exported.auth_failures,
     )
-    # added innermost first: a request meets the metrics, then Host, JSON, size, and
-    # the pages' headers on the way out
+    # added innermost first: a request meets the metrics, then Host, method, JSON, size,
+    # and the pages' headers on the way out
     app.add_middleware(PageHeadersMiddleware, prefixes=(pages.UI_PREFIX, pages.DOCS_PATH))
     app.add_middleware(
         BodyLimitMiddleware,
@@ -150,6 +151,7 @@ def create_app(
     app.add_middleware(
         JsonWritesMiddleware, reject=exported.reject, credentials_required=not insecure
     )
+    app.add_middleware(MethodsMiddleware, routes=app.router.routes, reject=exported.reject)
     app.add_middleware(
         TrustedHostsMiddleware, trusted=settings.trusted_host_list, reject=exported.reject
     )
