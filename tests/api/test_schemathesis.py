@@ -56,7 +56,7 @@ class Inexpressible:
 
 INEXPRESSIBLE = (
     Inexpressible(
-        r"^Value error, must not contain control or format characters",
+        r"^Value error, must not contain (control or format|spaces or control) characters",
         "printable text refuses Unicode category C (controls, format, private-use and "
         "unassigned code points); JSON Schema patterns have no Unicode property classes",
     ),
@@ -68,6 +68,10 @@ INEXPRESSIBLE = (
         r"^Value error, upstream URL ",
         "an upstream URL is checked by the parser the sidecar uses (scheme, host, port, "
         "IDNA, no userinfo, query or fragment), more than a pattern can say",
+    ),
+    Inexpressible(
+        r"^Value error, (source must be|a file source is|source port: )",
+        "an overload signal's source is checked by the parser the sidecar uses",
     ),
     Inexpressible(
         r"host is (not in the allowed hosts|a link-local or cloud metadata address)",
@@ -85,8 +89,16 @@ INEXPRESSIBLE = (
         r"^Value error, (alpha .* contradicts confidence|failures must not exceed count"
         r"|effect\.\w+ for .* must be within|effect\.percentile is only for kind"
         r"|sticky needs a header or a cookie name"
-        r"|rule\.service \(.*\) must be the experiment's service)",
+        r"|rule\.service \(.*\) must be the experiment's service"
+        r"|direction and effect need compare: baseline|thresholds must be ordered"
+        r"|levels must be ordered|min_limit must not exceed max_limit"
+        r"|timeout_ms must not exceed interval_ms|stale_after_ms must be at least interval_ms)",
         "a relation between fields of one object",
+    ),
+    Inexpressible(
+        r"^Input should be '(nonzero|5xx)'$",
+        "the literal branch of a union (a list or one keyword): the list branch's own "
+        "error is reported next to it and must be forgiven on its own",
     ),
     Inexpressible(
         r"^must be '.*', the service in the path$",
