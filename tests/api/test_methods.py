@@ -118,3 +118,18 @@ async def test_an_unknown_path_is_404_whatever_the_method(http: httpx.AsyncClien
         answer = await http.request(method, "/v1/nothing-here", headers=bearer())
         assert answer.status_code == 404
         assert "allow" not in answer.headers
+
+
+async def test_each_405_is_counted_and_an_options_answer_is_not(
+    app: FastAPI, http: httpx.AsyncClient
+) -> None:
+    def refused() -> float:
+        value = app.state.metrics.registry.get_sample_value(
+            "canary_api_rejected_requests_total", {"reason": "method_not_allowed"}
+        )
+        return float(value or 0)
+
+    before = refused()
+    await http.put("/v1/judge", content=b"{}", headers={"Content-Type": "application/json"})
+    await http.options("/v1/judge")
+    assert refused() == before + 1
