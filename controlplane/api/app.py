@@ -17,6 +17,7 @@ from controlplane.api.deps import get_settings
 from controlplane.api.hygiene.body_limit import BodyLimitMiddleware
 from controlplane.api.hygiene.header_count import HeaderCountMiddleware
 from controlplane.api.hygiene.json_writes import JsonWritesMiddleware
+from controlplane.api.hygiene.methods import MethodsMiddleware
 from controlplane.api.hygiene.page_headers import PageHeadersMiddleware
 from controlplane.api.hygiene.trusted_hosts import TrustedHostsMiddleware
 from controlplane.api.routes import (
@@ -145,7 +146,7 @@ def create_app(
         failures=exported.auth_failures,
     )
     # added innermost first: a request meets the metrics, then the field count, Host,
-    # JSON, size, and the pages' headers on the way out
+    # method, JSON, size, and the pages' headers on the way out
     app.add_middleware(PageHeadersMiddleware, prefixes=(pages.UI_PREFIX, pages.DOCS_PATH))
     app.add_middleware(
         BodyLimitMiddleware,
@@ -156,6 +157,7 @@ def create_app(
     app.add_middleware(
         JsonWritesMiddleware, reject=exported.reject, credentials_required=not insecure
     )
+    app.add_middleware(MethodsMiddleware, routes=app.router.routes, reject=exported.reject)
     app.add_middleware(
         TrustedHostsMiddleware, trusted=settings.trusted_host_list, reject=exported.reject
     )

@@ -39,7 +39,7 @@ class ApiMetrics:
 
         self.rejected = Counter(
             "canary_api_rejected_requests",
-            "Requests refused before routing (untrusted Host, not JSON, too large)",
+            "Requests refused before routing (untrusted Host, method, not JSON, too large)",
             ["reason"],
             registry=self.registry,
         )

@@ -58,7 +58,7 @@ class StepIn(BaseModel):
     weight_pct: float = Field(
         strict=True,
         allow_inf_nan=False,
-        gt=0,
+        ge=0.01,
         le=100,
         description="canary share, 0.01 % resolution (0.01 to 100)",
     )
@@ -156,17 +156,27 @@ class ExperimentCreate(BaseModel):
         }
 
 
+def _left_out() -> Any:
+    """A PATCH field that may be left out but not be null: the schema says so (no
+    default, not nullable), and pydantic refuses null as the schema does."""
+    return Field(default=None, json_schema_extra=_without_default)
+
+
+def _without_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
 class ExperimentUpdate(BaseModel):
     """A PATCH: the fields given replace the stored ones, then the whole is validated."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: DisplayName | None = None
-    service: ServiceName | None = None
-    variants: Variants | None = None
-    steps: Annotated[Steps, AfterValidator(_steps_increase)] | None = None
-    sticky: Sticky | None = None
-    rule: dict[str, Any] | None = None
+    name: DisplayName = _left_out()
+    service: ServiceName = _left_out()
+    variants: Variants = _left_out()
+    steps: Annotated[Steps, AfterValidator(_steps_increase)] = _left_out()
+    sticky: Sticky = _left_out()
+    rule: dict[str, Any] | None = Field(default=None, description="null: no inline rule")
 
     def apply(self, spec: ExperimentSpec) -> ExperimentSpec:
         merged = ExperimentCreate.from_spec(spec)

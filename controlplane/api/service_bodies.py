@@ -13,6 +13,29 @@ from controlplane.kernel.rules import pydantic_field_errors
 M = TypeVar("M", bound=BaseModel)
 
 
+def body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI `requestBody` of a route that takes `model` as a dict for the service
+    in its path: the model's schema, self-contained, with `service` optional."""
+    schema = model.model_json_schema()
+    definitions = schema.pop("$defs", {})
+    inlined: dict[str, Any] = _inline(schema, definitions)
+    inlined["required"] = [name for name in inlined.get("required", []) if name != "service"]
+    return {"required": True, "content": {"application/json": {"schema": inlined}}}
+
+
+def _inline(node: Any, definitions: dict[str, Any]) -> Any:
+    """`node` with every `#/$defs/…` reference replaced by its definition."""
+    if isinstance(node, list):
+        return [_inline(item, definitions) for item in node]
+    if not isinstance(node, dict):
+        return node
+    reference = node.get("$ref")
+    if isinstance(reference, str) and reference.startswith("#/$defs/"):
+        rest = {k: v for k, v in node.items() if k != "$ref"}
+        return {**_inline(definitions[reference.removeprefix("#/$defs/")], definitions), **rest}
+    return {key: _inline(value, definitions) for key, value in node.items()}
+
+
 def validate_for_service(model: type[M], service: str, body: dict[str, Any], what: str) -> M:
     """Validate `body` as `model` for `service`; errors name the body's fields."""
     named = body.get("service")

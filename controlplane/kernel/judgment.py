@@ -61,7 +61,9 @@ class EffectGate(BaseModel):
         default=None, description="smallest allowed effect downwards (default: the mirror)"
     )
     percentile: FiniteFloat | None = Field(
-        default=None, description="for percentile_ratio: which percentile (default P95)"
+        default=None,
+        description="for percentile_ratio: which percentile (default P95)",
+        json_schema_extra={"enum": [*EFFECT_PERCENTILES, None]},
     )
 
     @model_validator(mode="after")

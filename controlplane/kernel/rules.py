@@ -31,8 +31,20 @@ __all__ = ["SERVICE_PATTERN", "BreakerRule", "ServiceName", "parse_rule"]
 
 # gRPC status codes the breaker may count as failures: every non-zero code, or a list
 # of codes gRPC defines (0 OK .. 16 UNAUTHENTICATED, codec.GRPC_MAX_CODE)
-GrpcFailureCodes = list[Annotated[int, Field(strict=True)]] | Literal["nonzero"]
 GRPC_CODE_MAX = 16
+# the bounds the validators below check, stated in the schema too (their messages stay)
+GrpcFailureCodes = (
+    Annotated[
+        list[
+            Annotated[
+                int, Field(strict=True, json_schema_extra={"minimum": 0, "maximum": GRPC_CODE_MAX})
+            ]
+        ],
+        Field(json_schema_extra={"maxItems": GRPC_CODE_MAX + 1}),
+    ]
+    | Literal["nonzero"]
+)
+HttpStatus = Annotated[int, Field(strict=True, json_schema_extra={"minimum": 100, "maximum": 599})]
 
 
 def check_grpc_codes(value: list[int] | str) -> list[int] | str:
@@ -118,7 +130,11 @@ class BreakerRule(BaseModel):
         description="open time before a probe",
     )
     percentile: float = Field(
-        default=95, strict=True, allow_inf_nan=False, description="one of 50, 90, 95, 99, 99.9"
+        default=95,
+        strict=True,
+        allow_inf_nan=False,
+        description="one of 50, 90, 95, 99, 99.9",
+        json_schema_extra={"enum": list(PERCENTILES)},
     )
     min_samples: int = Field(
         default=100, ge=1, le=MAX_COUNT, strict=True, description="no verdict on fewer samples"
@@ -130,7 +146,7 @@ class BreakerRule(BaseModel):
         default=100, ge=1, le=10000, strict=True, description="basis points"
     )
     max_trips: int = Field(default=3, ge=1, le=1000, strict=True)
-    failure_statuses: list[Annotated[int, Field(strict=True)]] | Literal["5xx"] = Field(
+    failure_statuses: list[HttpStatus] | Literal["5xx"] = Field(
         default="5xx",
         max_length=500,
         description="statuses that count as failures besides connect errors",
@@ -198,10 +214,12 @@ class BreakerRule(BaseModel):
         if not 0.5 < confidence < 1:
             return data
         alpha = 1 - float(confidence)
-        given = data.get("alpha")
+        if "alpha" not in data:
+            return {**data, "alpha": alpha}
+        given = data["alpha"]
         if isinstance(given, int | float) and not math.isclose(given, alpha, abs_tol=1e-12):
             raise ValueError(f"alpha {given} contradicts confidence {confidence}: give one")
-        return {**data, "alpha": alpha}
+        return data  # a given alpha is validated as given, even when it agrees
 
     @model_validator(mode="after")
     def _knobs_compare_with_the_baseline(self) -> BreakerRule:

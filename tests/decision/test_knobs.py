@@ -61,6 +61,9 @@ def test_confidence_sets_alpha_and_survives_a_round_trip() -> None:
     ("fields", "message"),
     [
         ({"alpha": 0.05, "confidence": 0.99}, "contradicts"),
+        # an out-of-range alpha next to the confidence it matches is still out of range
+        ({"alpha": 0.5, "confidence": 0.5000000000000001}, "less than 0.5"),
+        ({"alpha": "0.01", "confidence": 0.99}, "valid number"),
         ({"confidence": 1.0}, "less than 1"),
         ({"confidence": "0.99"}, "valid number"),
         ({"direction": {"latency": "decrease"}}, "compare: baseline"),

@@ -32,8 +32,23 @@ Latency = Annotated[float, Field(ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False, s
 Count = Annotated[int, Field(ge=0, le=MAX_REQUESTS, strict=True)]
 
 
+def _pair_or_object(schema: dict[str, Any]) -> None:
+    """The schema says what `_pair` accepts: the named form or a [failures, count] pair."""
+    named = dict(schema)
+    schema.clear()
+    schema["anyOf"] = [
+        named,
+        {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 0, "maximum": MAX_REQUESTS},
+            "minItems": 2,
+            "maxItems": 2,
+        },
+    ]
+
+
 class FailureSide(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_pair_or_object)
 
     failures: Count
     count: Count

@@ -32,7 +32,7 @@ from controlplane.kernel.values import (
     in_sql_range,
     unprintable,
 )
-from controlplane.notify.kinds import TOPICS, expand
+from controlplane.notify.kinds import NOTIFIABLE_KINDS, TOPICS, expand
 from controlplane.notify.payloads import render
 from controlplane.notify.records import (
     DeliveryRecord,
@@ -67,7 +67,14 @@ Secret = Annotated[
     ),
     AfterValidator(_secret_shape),
 ]
-KindName = Annotated[str, Field(min_length=1, max_length=64)]
+KindName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=64,
+        json_schema_extra={"enum": sorted(TOPICS.keys() | NOTIFIABLE_KINDS)},
+    ),
+]
 Kinds = Annotated[
     list[KindName],
     Field(

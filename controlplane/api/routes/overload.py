@@ -9,7 +9,7 @@ from fastapi import APIRouter, Body, Path, status
 from controlplane.api.deps import ClockDep, KeysDep, KvDep, StoreDep
 from controlplane.api.problems import problem_responses
 from controlplane.api.security import ActorDep, require
-from controlplane.api.service_bodies import validate_for_service
+from controlplane.api.service_bodies import body_schema, validate_for_service
 from controlplane.auth.roles import Role
 from controlplane.experiments.service_overload import (
     delete_overload,
@@ -49,6 +49,7 @@ async def get_overload(service: ServicePath, kv: KvDep, keys: KeysDep) -> Servic
     response_model=ServiceOverload,
     responses=problem_responses(body=True, notes={422: "invalid config"}),
     dependencies=[require(Role.ADMIN)],
+    openapi_extra={"requestBody": body_schema(ServiceOverload)},
 )
 async def put_overload(
     service: ServicePath,

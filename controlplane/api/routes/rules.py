@@ -9,7 +9,7 @@ from fastapi import APIRouter, Body, Path, Query
 from controlplane.api.deps import BackendsDep, ClockDep, KeysDep, KvDep, StoreDep
 from controlplane.api.problems import problem_responses
 from controlplane.api.security import ActorDep, require
-from controlplane.api.service_bodies import validate_for_service
+from controlplane.api.service_bodies import body_schema, validate_for_service
 from controlplane.auth.roles import Role
 from controlplane.decision.recommend import (
     MIN_WINDOWS,
@@ -54,6 +54,7 @@ async def get_rule(service: ServicePath, kv: KvDep, keys: KeysDep) -> BreakerRul
     response_model=BreakerRule,
     responses=problem_responses(body=True, notes={422: "invalid rule"}),
     dependencies=[require(Role.ADMIN)],
+    openapi_extra={"requestBody": body_schema(BreakerRule)},
 )
 async def put_rule(
     service: ServicePath,
