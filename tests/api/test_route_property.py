@@ -24,7 +24,8 @@ sticky = st.one_of(
 upstream = st.builds(
     lambda scheme, host, port: f"{scheme}://{host}:{port}",
     st.sampled_from(["http", "https"]),
-    st.from_regex(r"[a-z][a-z0-9-]{0,20}", fullmatch=True),
+    # RFC 1123 labels: a hyphen never ends one
+    st.from_regex(r"[a-z]([a-z0-9-]{0,19}[a-z0-9])?", fullmatch=True),
     st.integers(1, 65535),
 )
 

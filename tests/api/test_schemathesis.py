@@ -65,9 +65,10 @@ INEXPRESSIBLE = (
         "JSON Schema's integer admits 5.0; the API's numbers are strict, 5.0 is a float",
     ),
     Inexpressible(
-        r"^Value error, upstream URL ",
-        "an upstream URL is checked by the parser the sidecar uses (scheme, host, port, "
-        "IDNA, no userinfo, query or fragment), more than a pattern can say",
+        r"^Value error, (upstream|webhook) URL ",
+        "an upstream or webhook URL is checked by the one host parser the sidecar and the "
+        "sender use (scheme, host spelling, port, IDNA, no userinfo, query or fragment), "
+        "more than a pattern can say",
     ),
     Inexpressible(
         r"^Value error, (source must be|a file source is|source port: )",
