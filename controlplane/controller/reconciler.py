@@ -20,7 +20,13 @@ change never lands. It runs
 
 Every pass also makes the window rules in etcd (`windows/<experiment>`, what the
 collectors need of an experiment's own rule) equal to those the experiments in SQL
-call for (window_plan), with the same fence and compare-and-swap.
+call for, and the services' breaker rules and overload protections equal to their
+desired configs (controller.configs), with the same fence and compare-and-swap
+(value_plan).
+
+Nothing etcd holds can claim to be newer than what the leader writes: sidecars hold
+the last route etcd delivered them, whatever its revision field says, so a route
+written by hand is superseded by the leader's next write of the desired one.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from controlplane.controller.configs import ConfigReconciler, apply_step, read_values
 from controlplane.controller.metrics import ControllerStats
 from controlplane.controller.route_plan import (
     Found,
@@ -43,7 +50,7 @@ from controlplane.controller.route_plan import (
     moved_services,
     plan_route,
 )
-from controlplane.controller.window_plan import StoredWindow, plan_windows
+from controlplane.controller.value_plan import plan_values
 from controlplane.db import experiments as records
 from controlplane.db import routes as desired_routes
 from controlplane.db.listen import listen_for_routes, listens
@@ -61,7 +68,7 @@ from controlplane.kernel.kv import Fence, KeyValue
 from controlplane.kernel.routes import CANARY, Route, parse_route
 from controlplane.kernel.tasks import cancel_and_wait
 from controlplane.kernel.values import ServiceName
-from controlplane.kernel.window_rules import parse_window_rule
+from controlplane.kernel.window_rules import WindowRule, parse_window_rule
 from controlplane.runtime import Backends
 
 log = logging.getLogger(__name__)
@@ -104,11 +111,8 @@ def stored_of(value: KeyValue) -> Stored:
         return Stored(None, value.mod_revision)
 
 
-def _stored_window(value: KeyValue) -> StoredWindow:
-    try:
-        return StoredWindow(parse_window_rule(value.value), value.mod_revision)
-    except ValidationFailed:
-        return StoredWindow(None, value.mod_revision)
+def _window_bytes(rule: WindowRule) -> bytes:
+    return rule.to_json().encode()
 
 
 @dataclass
@@ -123,6 +127,7 @@ class RouteReconciler:
     _last_written: dict[str, int] = field(default_factory=dict)
     # per service, the desired revision the last pass over it read (what a poll compares)
     _reconciled: dict[str, int] = field(default_factory=dict)
+    configs: ConfigReconciler = field(default_factory=ConfigReconciler)
 
     # ------------------------------------------------------------------ the loop
 
@@ -130,6 +135,7 @@ class RouteReconciler:
         """Reconcile until cancelled; raises NotLeader or BackendError to step down."""
         self._last_written.clear()  # a new term trusts nothing it remembers
         self._reconciled.clear()
+        self.configs.new_term()
         listener = (
             asyncio.create_task(self._listen(backends))
             if listens(backends.database.engine.url)
@@ -224,36 +230,32 @@ class RouteReconciler:
                 self._reconciled.pop(service, None)
                 self.stats.errors += 1
                 log.warning("route of %r not reconciled: %s", service, exc)
-        return await self.reconcile_windows(backends, fence) or again
+        again = await self.reconcile_windows(backends, fence) or again
+        self.configs.stats = self.stats  # one set of counters (the runner replaces them)
+        return await self.configs.reconcile(backends, fence) or again
 
     async def reconcile_windows(self, backends: Backends, fence: Fence | None) -> bool:
         """Make every window rule in etcd what SQL calls for; True after a lost race."""
-        prefix = backends.keys.windows_prefix
-        values, _ = await backends.kv.get_prefix(prefix)
-        stored = {
-            value.key[len(prefix):]: _stored_window(value)
-            for value in values
-            if is_experiment_id(value.key[len(prefix):])
-        }
+        stored = await read_values(
+            backends.kv, backends.keys.windows_prefix, is_experiment_id,
+            lambda _, raw: parse_window_rule(raw),
+        )
         desired = await backends.database.read(desired_window_rules)
         again = False
-        for step in plan_windows(desired, stored):
-            key = backends.keys.window(step.experiment)
+        for step in plan_values(desired, stored):
             try:
-                if step.write is None:
-                    await backends.kv.delete(key, fence=fence)
-                    self.stats.window_rules_deleted += 1
-                else:
-                    await backends.kv.compare_and_swap(
-                        key, step.write.to_json().encode(),
-                        expected_mod_revision=step.expected_mod_revision, fence=fence,
-                    )
-                    self.stats.window_rules_published += 1
+                await apply_step(backends.kv, backends.keys.window(step.name), step,
+                                 _window_bytes, fence)
             except RevisionConflict as exc:
                 self.stats.conflicts += 1
                 log.info("window rule of experiment %s changed under the reconciler: %s",
-                         step.experiment, exc)
+                         step.name, exc)
                 again = True
+                continue
+            if step.write is None:
+                self.stats.window_rules_deleted += 1
+            else:
+                self.stats.window_rules_published += 1
         return again
 
     async def _read_stored(
@@ -284,9 +286,6 @@ class RouteReconciler:
                 self._last_written[service] = desired.revision
             return
         assert plan.route is not None
-        if plan.step is Step.SUPERSEDE:
-            assert desired is not None
-            await self._supersede(backends, service, plan, desired, stored, fence)
         await backends.kv.compare_and_swap(
             backends.keys.route(service),
             plan.route.to_json().encode(),
@@ -298,22 +297,7 @@ class RouteReconciler:
         if plan.repair:
             self.stats.routes_reconciled += 1
             log.warning("service %r: %s", service, _reason(plan, stored))
-            if plan.step is not Step.SUPERSEDE:  # a supersede recorded it with the route
-                await self._record(backends, service, plan, stored, fence)
-
-    async def _supersede(
-        self, backends: Backends, service: str, plan: Plan, desired: Route,
-        stored: Stored | None, fence: Fence | None,
-    ) -> None:
-        """Commit the desired route at a revision above etcd's, with its event, first:
-        if the write then fails, the next pass publishes what the database says."""
-        assert plan.route is not None
-        route = plan.route
-        now = utc_now(backends.clock)
-        async with backends.database.transaction() as tx:
-            await tx.run(desired_routes.supersede_route, service=service, route=route,
-                         expected_revision=desired.revision, now=now)
-            await tx.run(_record_event, **self._event(service, plan, stored, fence, now))
+            await self._record(backends, service, plan, stored, fence)
 
     async def _record(
         self, backends: Backends, service: str, plan: Plan, stored: Stored | None,

@@ -22,7 +22,8 @@ TOPICS: Final[dict[str, tuple[str, ...]]] = {
     "overload": ("overload_hold", "overload_cleared"),
     "lifecycle": ("start", "pause", "resume"),
     "routes": ("route_reconciled",),
-    "rules": ("rule_changed", "rule_rejected", "no_rule", "overload_changed"),
+    "rules": ("rule_changed", "rule_rejected", "no_rule", "overload_changed",
+              "rule_reconciled", "overload_reconciled", "config_imported"),
 }
 
 NOTIFIABLE_KINDS: Final[frozenset[str]] = frozenset(k for kinds in TOPICS.values() for k in kinds)

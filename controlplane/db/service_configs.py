@@ -1,0 +1,129 @@
+"""Data access for each service's desired breaker rule and overload protection
+(models.DesiredConfig, kernel.service_configs), and the record of their one import
+from etcd (models.EtcdImport).
+
+Synchronous functions given the session of the caller's transaction; they never
+commit. A saved or removed config queues a NOTIFY on PostgreSQL, as a saved route
+does (db.routes), so the leader's reconciler on another replica wakes at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, select, text
+from sqlalchemy.orm import Session
+
+from controlplane.db.models import DesiredConfig, EtcdImport
+from controlplane.db.routes import ROUTES_CHANNEL
+from controlplane.kernel.errors import CodecError, Conflict, ValidationFailed
+from controlplane.kernel.service_configs import (
+    ConfigKind,
+    ServiceConfig,
+    config_document,
+    parse_config,
+)
+
+
+def _notify(session: Session, service: str) -> None:
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(
+            text("SELECT pg_notify(:channel, :service)"),
+            {"channel": ROUTES_CHANNEL, "service": service},
+        )
+
+
+def _config_of(row: DesiredConfig) -> ServiceConfig:
+    try:
+        return parse_config(ConfigKind(row.kind), row.service, row.document)
+    except ValidationFailed as exc:
+        # written by this code only; unreadable means a hand edit or a bug: never publish it
+        raise CodecError(
+            f"the desired {ConfigKind(row.kind).described} of {row.service!r} is unreadable: "
+            f"{exc}"
+        ) from exc
+
+
+def desired_config(*, session: Session, kind: ConfigKind, service: str) -> ServiceConfig | None:
+    row = session.get(DesiredConfig, (kind.value, service))
+    return _config_of(row) if row is not None else None
+
+
+def desired_configs(
+    *, session: Session, kind: ConfigKind
+) -> tuple[dict[str, ServiceConfig], frozenset[str]]:
+    """The desired configs of `kind` by service, and the services whose row is
+    unreadable (the reconciler leaves their key alone)."""
+    found: dict[str, ServiceConfig] = {}
+    unreadable: set[str] = set()
+    for row in session.scalars(select(DesiredConfig).where(DesiredConfig.kind == kind.value)):
+        try:
+            found[row.service] = _config_of(row)
+        except CodecError:
+            unreadable.add(row.service)
+    return found, frozenset(unreadable)
+
+
+def save_config(
+    *, session: Session, kind: ConfigKind, service: str, config: ServiceConfig, now: datetime
+) -> None:
+    """Store `config` as the service's desired one (a concurrent change of the same row
+    raises a conflict at flush: the version moved)."""
+    document = config_document(kind, service, config)
+    row = session.get(DesiredConfig, (kind.value, service))
+    if row is None:
+        session.add(DesiredConfig(kind=kind.value, service=service, document=document,
+                                  updated_at=now))
+    else:
+        row.document = document
+        row.updated_at = now
+    session.flush()
+    _notify(session, service)
+
+
+def remove_config(*, session: Session, kind: ConfigKind, service: str) -> None:
+    """Remove the service's desired config; Conflict when another request removed it
+    since it was read."""
+    removed = session.execute(
+        delete(DesiredConfig).where(
+            DesiredConfig.kind == kind.value, DesiredConfig.service == service
+        )
+    )
+    if getattr(removed, "rowcount", 1) != 1:
+        raise Conflict(f"the {kind.described} of {service!r} was removed meanwhile")
+    _notify(session, service)
+
+
+# ---------------------------------------------------------------- the one import
+
+
+def imported(*, session: Session, kind: ConfigKind) -> bool:
+    """Whether the configs of `kind` etcd held before SQL kept them were imported."""
+    return session.get(EtcdImport, kind.value) is not None
+
+
+def import_configs(
+    *,
+    session: Session,
+    kind: ConfigKind,
+    found: Mapping[str, ServiceConfig],
+    skipped: int,
+    now: datetime,
+) -> dict[str, Any] | None:
+    """Adopt the configs found in etcd that have no row yet, and record that the import
+    is done; None (and nothing written) when it was done before. Returns what was
+    adopted, for the audit event."""
+    if imported(session=session, kind=kind):
+        return None
+    adopted: list[str] = []
+    for service, config in sorted(found.items()):
+        if session.get(DesiredConfig, (kind.value, service)) is None:
+            session.add(DesiredConfig(kind=kind.value, service=service,
+                                      document=config_document(kind, service, config),
+                                      updated_at=now))
+            adopted.append(service)
+    session.add(EtcdImport(kind=kind.value, at=now, imported=len(adopted), skipped=skipped))
+    session.flush()
+    return {"kind": kind.value, "services": adopted, "skipped": skipped}
