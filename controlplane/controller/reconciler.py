@@ -20,9 +20,11 @@ change never lands. It runs
 
 Every pass also makes the window rules in etcd (`windows/<experiment>`, what the
 collectors need of an experiment's own rule) equal to those the experiments in SQL
-call for, and the services' breaker rules and overload protections equal to their
-desired configs (controller.configs), with the same fence and compare-and-swap
-(value_plan).
+call for; a full pass, and one woken by a committed config (`Wake.configs`), makes the
+services' breaker rules and overload protections equal to their desired configs
+(controller.configs): all with the same fence and compare-and-swap (value_plan). A
+pass after a route commit leaves the configs alone: a thousand rules parsed on each
+decision would cost more than the decision.
 
 Nothing etcd holds can claim to be newer than what the leader writes: sidecars hold
 the last route etcd delivered them, whatever its revision field says, so a route
@@ -54,6 +56,7 @@ from controlplane.controller.value_plan import plan_values
 from controlplane.db import experiments as records
 from controlplane.db import routes as desired_routes
 from controlplane.db.listen import listen_for_routes, listens
+from controlplane.db.service_configs import CONFIGS_NOTICE
 from controlplane.db.window_rules import desired_window_rules
 from controlplane.kernel.clock import utc_now
 from controlplane.kernel.errors import (
@@ -152,11 +155,13 @@ class RouteReconciler:
                     timeout = min(timeout, self.retry_sec)
                 wake = await backends.route_changes.wait(timeout)
                 full = wake.full or loop.time() >= next_full
-                if full or (not wake.services and (again or listener is not None)):
+                if full or (not wake.services and not wake.configs
+                            and (again or listener is not None)):
                     again = await self.reconcile(backends, fence)
                     next_full = loop.time() + self.full_pass_sec
-                elif wake.services:
-                    again = await self.reconcile(backends, fence, services=wake.services)
+                elif wake.services or wake.configs:
+                    again = await self.reconcile(backends, fence, services=wake.services,
+                                                 configs=wake.configs)
                 else:
                     again = await self._poll(backends, fence)
         finally:
@@ -170,14 +175,20 @@ class RouteReconciler:
         changes = backends.route_changes
 
         def accept(payload: str) -> bool:
-            if is_service_name(payload):
+            if is_service_name(payload) or payload == CONFIGS_NOTICE:
                 return True
             self.stats.route_notices_dropped += 1
             return False
 
+        def on_change(payload: str) -> None:
+            if payload == CONFIGS_NOTICE:
+                changes.notify_configs()
+            else:
+                changes.notify(payload)
+
         while True:
             try:
-                await listen_for_routes(backends.database.engine.url, changes.notify,
+                await listen_for_routes(backends.database.engine.url, on_change,
                                         accept=accept, on_listening=changes.notify_all)
             except BackendError as exc:
                 log.warning("%s; listening again in a second (full passes meanwhile)", exc)
@@ -188,20 +199,23 @@ class RouteReconciler:
         self.stats.revision_polls += 1
         revisions = await backends.database.read(desired_routes.desired_revisions)
         moved = moved_services(self._reconciled, revisions)
-        return await self.reconcile(backends, fence, services=moved) if moved else False
+        if not moved:
+            return False
+        return await self.reconcile(backends, fence, services=moved, configs=False)
 
     # ------------------------------------------------------------------ one pass
 
     async def reconcile(
-        self, backends: Backends, fence: Fence | None, services: Collection[str] | None = None
+        self, backends: Backends, fence: Fence | None, services: Collection[str] | None = None,
+        *, configs: bool = True,
     ) -> bool:
-        """One pass over every service (or `services`); True when one must be looked at
-        again soon (a lost race)."""
+        """One pass over every service's route (or those of `services`), the window
+        rules, and with `configs` the breaker rules and overload configs; True when one
+        must be looked at again soon (a lost race)."""
         stored = await self._read_stored(backends, services)
         desired = await backends.database.read(
             desired_routes.desired_routes, services=services
         )
-        self.stats.reconcile_passes += 1
         if services is None:
             self._reconciled = {service: route.revision for service, route in desired.items()}
         else:
@@ -231,8 +245,11 @@ class RouteReconciler:
                 self.stats.errors += 1
                 log.warning("route of %r not reconciled: %s", service, exc)
         again = await self.reconcile_windows(backends, fence) or again
-        self.configs.stats = self.stats  # one set of counters (the runner replaces them)
-        return await self.configs.reconcile(backends, fence) or again
+        if configs:
+            self.configs.stats = self.stats  # one set of counters (the runner replaces them)
+            again = await self.configs.reconcile(backends, fence) or again
+        self.stats.reconcile_passes += 1  # once the pass is over
+        return again
 
     async def reconcile_windows(self, backends: Backends, fence: Fence | None) -> bool:
         """Make every window rule in etcd what SQL calls for; True after a lost race."""

@@ -4,7 +4,8 @@ from etcd (models.EtcdImport).
 
 Synchronous functions given the session of the caller's transaction; they never
 commit. A saved or removed config queues a NOTIFY on PostgreSQL, as a saved route
-does (db.routes), so the leader's reconciler on another replica wakes at once.
+does (db.routes), so the leader's reconciler on another replica wakes at once: on the
+routes' channel, with CONFIGS_NOTICE for payload, which no service can be named.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from controlplane.kernel.service_configs import (
     parse_config,
 )
 
+CONFIGS_NOTICE = "@configs"
 
-def _notify(session: Session, service: str) -> None:
+
+def _notify(session: Session) -> None:
     if session.get_bind().dialect.name == "postgresql":
         session.execute(
-            text("SELECT pg_notify(:channel, :service)"),
-            {"channel": ROUTES_CHANNEL, "service": service},
+            text("SELECT pg_notify(:channel, :payload)"),
+            {"channel": ROUTES_CHANNEL, "payload": CONFIGS_NOTICE},
         )
 
 
@@ -80,7 +83,7 @@ def save_config(
         row.document = document
         row.updated_at = now
     session.flush()
-    _notify(session, service)
+    _notify(session)
 
 
 def remove_config(*, session: Session, kind: ConfigKind, service: str) -> None:
@@ -93,7 +96,7 @@ def remove_config(*, session: Session, kind: ConfigKind, service: str) -> None:
     )
     if getattr(removed, "rowcount", 1) != 1:
         raise Conflict(f"the {kind.described} of {service!r} was removed meanwhile")
-    _notify(session, service)
+    _notify(session)
 
 
 # ---------------------------------------------------------------- the one import

@@ -75,7 +75,7 @@ async def write_config(
             payload={field: config_document(kind, service, config),
                      "previous": _document(kind, service, previous)},
         )
-    changes.notify(service)
+    changes.notify_configs()
 
 
 async def remove_config(
@@ -104,7 +104,7 @@ async def remove_config(
             reason=f"{kind.described} removed by {actor}",
             payload={field: None, "previous": _document(kind, service, previous)},
         )
-    changes.notify(service)
+    changes.notify_configs()
 
 
 def _document(kind: ConfigKind, service: str, config: ServiceConfig | None) -> Any:

@@ -11,6 +11,7 @@ once.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -31,8 +32,10 @@ from controlplane.kernel.overload import OverloadConfig
 from controlplane.kernel.routes import Route, RouteState, parse_route
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.service_configs import ConfigKind, ServiceConfig, config_bytes
+from controlplane.kernel.settings import Settings
+from controlplane.kernel.tasks import cancel_and_wait
 from controlplane.kernel.window_rules import WindowRule, parse_window_rule
-from controlplane.runtime import Backends
+from controlplane.runtime import Backends, open_backends
 from sidecar.routing import RouteTable, RouteWatcher
 from tests.support.reconcile_rig import Rig
 from tests.support.routes import two_way_route
@@ -397,3 +400,61 @@ async def test_a_route_pinned_at_the_largest_revision_never_stops_the_reconciler
     await rig.full_pass()
     paused = await rig.stored()
     assert paused is not None and paused.state is RouteState.PAUSED
+
+
+# ------------------------------------------------------------ wake-ups
+
+
+async def test_a_route_commit_wakes_no_config_pass_and_a_config_commit_one(rig: Rig) -> None:
+    changes = rig.backends.route_changes
+    await changes.wait(0)
+    await rig.start()
+    wake = await changes.wait(0)
+    assert (wake.services, wake.configs) == (frozenset({SERVICE}), False)
+    await commit(rig, ConfigKind.RULE, RULE)
+    wake = await changes.wait(0)
+    assert (wake.services, wake.full, wake.configs) == (frozenset(), False, True)
+    changes.notify_all()
+    assert (await changes.wait(0)).configs, "a full pass covers the configs"
+
+
+async def test_a_config_commit_in_this_process_is_published_at_once(rig: Rig) -> None:
+    leader = RouteReconciler(full_pass_sec=3600, poll_sec=3600)  # no pass would find it
+    running = asyncio.create_task(leader.run(rig.backends, rig.fence))
+    try:
+        async with asyncio.timeout(10):
+            while leader.stats.reconcile_passes == 0:  # its first full pass is over
+                await asyncio.sleep(0.01)
+        await commit(rig, ConfigKind.OVERLOAD, OVERLOAD)
+        key = rig.backends.keys.overload(SERVICE)
+        async with asyncio.timeout(10):
+            while await rig.backends.kv.get(key) is None:
+                await asyncio.sleep(0.01)
+        assert leader.stats.configs_reconciled == 0, "the ordinary path"
+    finally:
+        await cancel_and_wait(running)
+
+
+async def test_a_config_commit_on_another_replica_wakes_the_leader(
+    rig: Rig, backend_settings: Settings
+) -> None:
+    if not backend_settings.database_url.startswith("postgresql"):
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's; SQLite is found by the next full pass")
+    leader = RouteReconciler(full_pass_sec=3600)  # no full pass would find it
+    running = asyncio.create_task(leader.run(rig.backends, rig.fence))
+    other = await open_backends(backend_settings, clock=rig.clock, streams=False)
+    try:
+        async with asyncio.timeout(10):
+            while leader.stats.reconcile_passes == 0:
+                await asyncio.sleep(0.01)
+        await write_config(store=other.store, changes=other.route_changes, clock=rig.clock,
+                           kind=ConfigKind.RULE, service=SERVICE, config=RULE,
+                           actor="user:test")
+        key = rig.backends.keys.rule(SERVICE)
+        async with asyncio.timeout(10):
+            while await rig.backends.kv.get(key) is None:
+                await asyncio.sleep(0.02)
+        assert leader.stats.route_notices_dropped == 0
+    finally:
+        await cancel_and_wait(running)
+        await other.close()
