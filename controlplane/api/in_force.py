@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from controlplane.kernel.errors import CanaryError, ValidationFailed
+from controlplane.kernel.errors import CanaryError, NotFound, ValidationFailed
 from controlplane.kernel.overload import ServiceOverload
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.service_configs import ConfigKind, ServiceConfig, parse_config
@@ -58,7 +58,7 @@ async def applied(
             return True, None
         return False, "not published yet: the leader publishes it within one pass"
     if desired is None:
-        return False, "etcd still holds it: the leader removes it within one pass"
+        return False, "etcd still holds one: the leader removes it within one pass"
     try:
         held = parse_config(kind, service, stored.value)
     except ValidationFailed:
@@ -66,3 +66,10 @@ async def applied(
     if held != desired:
         return False, "etcd holds another one: the leader publishes this one within one pass"
     return True, None
+
+
+async def not_found(backends: Backends, kind: ConfigKind, exc: NotFound, service: str) -> NotFound:
+    """The 404 of a service with no desired config, saying so when etcd still holds one
+    in force (removed, not yet removed from etcd; or written by hand)."""
+    is_applied, note = await applied(backends, kind, service, None)
+    return NotFound(f"{exc}; {note}") if is_applied is False and note else exc

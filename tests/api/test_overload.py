@@ -151,3 +151,17 @@ async def test_a_second_delete_answers_404_and_logs_nothing(
     assert again.status_code == 404
     _, total = await backends.database.read(records.list_events, service="payment-api")
     assert total == 2
+
+
+async def test_after_a_delete_the_404_says_etcd_holds_it_until_the_leader_removes_it(
+    client: httpx.AsyncClient, backends: Backends, publish: Publish
+) -> None:
+    assert (await client.put(URL, json=CONFIG)).status_code == 200
+    await publish()
+    assert (await client.delete(URL)).status_code == 204
+    pending = await client.get(URL)
+    assert pending.status_code == 404
+    assert "etcd still holds one" in pending.json()["detail"]
+    await publish()
+    gone = await client.get(URL)
+    assert gone.status_code == 404 and "etcd" not in gone.json()["detail"]

@@ -202,3 +202,16 @@ async def test_a_rule_chooses_first_byte_latency_and_refuses_anything_else(
     assert inline.status_code == 422, inline.text
     assert inline.headers["content-type"] == "application/problem+json"
     assert any("latency" in e["loc"] for e in inline.json()["errors"]), inline.json()
+
+
+async def test_a_rule_only_etcd_holds_is_no_rule_and_the_404_says_what_etcd_holds(
+    client: httpx.AsyncClient, backends: Backends, publish: Publish
+) -> None:
+    key = backends.keys.rule("payment-api")
+    await backends.kv.put(key, json.dumps({"service": "payment-api", **RULE}).encode())
+    response = await client.get("/v1/services/payment-api/rule")
+    assert response.status_code == 404
+    assert "etcd still holds one" in response.json()["detail"]
+    await publish()  # the import is done: a hand's key is removed, not adopted
+    assert await backends.kv.get(key) is None
+    assert "etcd" not in (await client.get("/v1/services/payment-api/rule")).json()["detail"]

@@ -8,12 +8,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Path, status
 
 from controlplane.api.deps import BackendsDep, ClockDep, StoreDep
-from controlplane.api.in_force import OverloadInForce, applied, without_read_only
+from controlplane.api.in_force import OverloadInForce, applied, not_found, without_read_only
 from controlplane.api.problems import problem_responses
 from controlplane.api.security import ActorDep, require
 from controlplane.api.service_bodies import validate_for_service
 from controlplane.auth.roles import Role
 from controlplane.experiments.service_configs import read_config, remove_config, write_config
+from controlplane.kernel.errors import NotFound
 from controlplane.kernel.overload import OverloadConfig, ServiceOverload
 from controlplane.kernel.service_configs import ConfigKind
 from controlplane.kernel.values import ServiceName
@@ -52,7 +53,12 @@ async def in_force(backends: BackendsDep, overload: ServiceOverload) -> Overload
     dependencies=[require(Role.VIEWER)],
 )
 async def get_overload(service: ServicePath, backends: BackendsDep) -> OverloadInForce:
-    config = await read_config(store=backends.store, kind=ConfigKind.OVERLOAD, service=service)
+    try:
+        config = await read_config(
+            store=backends.store, kind=ConfigKind.OVERLOAD, service=service
+        )
+    except NotFound as exc:
+        raise await not_found(backends, ConfigKind.OVERLOAD, exc, service) from exc
     assert isinstance(config, OverloadConfig)
     return await in_force(
         backends, ServiceOverload.model_validate({**config.model_dump(), "service": service})

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Path, Query
 
 from controlplane.api.deps import BackendsDep, ClockDep, StoreDep
-from controlplane.api.in_force import RuleInForce, applied, without_read_only
+from controlplane.api.in_force import RuleInForce, applied, not_found, without_read_only
 from controlplane.api.problems import problem_responses
 from controlplane.api.security import ActorDep, require
 from controlplane.api.service_bodies import validate_for_service
@@ -67,7 +67,11 @@ async def read_rule(store: ExperimentStore, service: str) -> BreakerRule:
     dependencies=[require(Role.VIEWER)],
 )
 async def get_rule(service: ServicePath, backends: BackendsDep) -> RuleInForce:
-    return await in_force(backends, await read_rule(backends.store, service))
+    try:
+        rule = await read_rule(backends.store, service)
+    except NotFound as exc:
+        raise await not_found(backends, ConfigKind.RULE, exc, service) from exc
+    return await in_force(backends, rule)
 
 
 @router.put(
