@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from controlplane.db.models import DesiredConfig, EtcdImport
 from controlplane.db.routes import ROUTES_CHANNEL
-from controlplane.kernel.errors import CodecError, Conflict, ValidationFailed
+from controlplane.kernel.errors import CodecError, Conflict, RevisionConflict, ValidationFailed
 from controlplane.kernel.service_configs import (
     ConfigKind,
     ServiceConfig,
@@ -69,13 +69,33 @@ def desired_configs(
     return found, frozenset(unreadable)
 
 
-def save_config(
-    *, session: Session, kind: ConfigKind, service: str, config: ServiceConfig, now: datetime
+def _check_expected(
+    row: DesiredConfig | None, kind: ConfigKind, service: str, expected: ServiceConfig | None
 ) -> None:
-    """Store `config` as the service's desired one (a concurrent change of the same row
-    raises a conflict at flush: the version moved)."""
+    """RevisionConflict unless the row still holds `expected` (None: no row, or an
+    unreadable one), what the caller read and logs as the previous config. The row is
+    read again here (the caller's read is gone from the session), and its version
+    then guards the write."""
+    try:
+        current = _config_of(row) if row is not None else None
+    except CodecError:
+        current = None
+    if current != expected:
+        raise RevisionConflict(
+            f"the {kind.described} of {service!r} changed since it was read; read it again"
+        )
+
+
+def save_config(
+    *, session: Session, kind: ConfigKind, service: str, config: ServiceConfig, now: datetime,
+    expected: ServiceConfig | None,
+) -> None:
+    """Store `config` as the service's desired one in place of `expected`; a change of
+    the row since (here, or concurrent at flush: the version moved) raises
+    RevisionConflict."""
     document = config_document(kind, service, config)
     row = session.get(DesiredConfig, (kind.value, service))
+    _check_expected(row, kind, service, expected)
     if row is None:
         session.add(DesiredConfig(kind=kind.value, service=service, document=document,
                                   updated_at=now))
@@ -86,9 +106,12 @@ def save_config(
     _notify(session)
 
 
-def remove_config(*, session: Session, kind: ConfigKind, service: str) -> None:
-    """Remove the service's desired config; Conflict when another request removed it
-    since it was read."""
+def remove_config(
+    *, session: Session, kind: ConfigKind, service: str, expected: ServiceConfig | None
+) -> None:
+    """Remove the service's desired config, which holds `expected`; Conflict when
+    another request removed or changed it since it was read."""
+    _check_expected(session.get(DesiredConfig, (kind.value, service)), kind, service, expected)
     removed = session.execute(
         delete(DesiredConfig).where(
             DesiredConfig.kind == kind.value, DesiredConfig.service == service

@@ -211,13 +211,17 @@ class SqlStoreTransaction:
         return await self._tx.run(desired_configs.desired_config, kind=kind, service=service)
 
     async def save_service_config(
-        self, *, kind: ConfigKind, service: str, config: ServiceConfig, now: datetime
+        self, *, kind: ConfigKind, service: str, config: ServiceConfig, now: datetime,
+        expected: ServiceConfig | None,
     ) -> None:
         await self._tx.run(desired_configs.save_config, kind=kind, service=service,
-                           config=config, now=now)
+                           config=config, now=now, expected=expected)
 
-    async def remove_service_config(self, *, kind: ConfigKind, service: str) -> None:
-        await self._tx.run(desired_configs.remove_config, kind=kind, service=service)
+    async def remove_service_config(
+        self, *, kind: ConfigKind, service: str, expected: ServiceConfig | None
+    ) -> None:
+        await self._tx.run(desired_configs.remove_config, kind=kind, service=service,
+                           expected=expected)
 
     async def append_event(
         self,

@@ -68,7 +68,8 @@ async def write_config(
             previous = None  # an unreadable row is replaced like any other
         if previous == config:
             return  # writes only on change
-        await tx.save_service_config(kind=kind, service=service, config=config, now=now)
+        await tx.save_service_config(kind=kind, service=service, config=config, now=now,
+                                     expected=previous)
         await tx.append_event(
             service=service, at=now, actor=actor, kind=event_kind,
             reason=f"{kind.described} {'replaced' if previous else 'created'} by {actor}",
@@ -98,7 +99,7 @@ async def remove_config(
             previous, found = None, True
         if not found:
             raise NotFound(f"no {kind.described} for service {service!r}")
-        await tx.remove_service_config(kind=kind, service=service)
+        await tx.remove_service_config(kind=kind, service=service, expected=previous)
         await tx.append_event(
             service=service, at=now, actor=actor, kind=event_kind,
             reason=f"{kind.described} removed by {actor}",

@@ -172,14 +172,18 @@ class StoreTransaction(Protocol):
         ...
 
     async def save_service_config(
-        self, *, kind: ConfigKind, service: str, config: ServiceConfig, now: datetime
+        self, *, kind: ConfigKind, service: str, config: ServiceConfig, now: datetime,
+        expected: ServiceConfig | None,
     ) -> None:
-        """Make `config` the service's desired one; RevisionConflict when it changed
-        since this transaction read it."""
+        """Make `config` the service's desired one in place of `expected` (what the
+        caller read; None: none, or unreadable); RevisionConflict when it changed."""
         ...
 
-    async def remove_service_config(self, *, kind: ConfigKind, service: str) -> None:
-        """Remove the service's desired config; Conflict when it is gone meanwhile."""
+    async def remove_service_config(
+        self, *, kind: ConfigKind, service: str, expected: ServiceConfig | None
+    ) -> None:
+        """Remove the service's desired config, `expected`; Conflict when it changed or
+        is gone meanwhile."""
         ...
 
     async def append_event(

@@ -12,6 +12,7 @@ once.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -27,7 +28,7 @@ from controlplane.experiments.actions import create_experiment
 from controlplane.experiments.lifecycle import Action
 from controlplane.experiments.service_configs import remove_config, write_config
 from controlplane.experiments.store import ExperimentSpec, StepSpec
-from controlplane.kernel.errors import BackendUnavailable
+from controlplane.kernel.errors import BackendUnavailable, Conflict
 from controlplane.kernel.overload import OverloadConfig
 from controlplane.kernel.routes import Route, RouteState, parse_route
 from controlplane.kernel.rules import BreakerRule
@@ -458,3 +459,30 @@ async def test_a_config_commit_on_another_replica_wakes_the_leader(
     finally:
         await cancel_and_wait(running)
         await other.close()
+
+
+# ------------------------------------------------------------ concurrent writers
+
+
+async def test_concurrent_commits_of_one_rule_leave_a_trail_without_a_gap(rig: Rig) -> None:
+    """Whatever the interleaving, each committed change names the one before it as
+    `previous`, and the desired rule is the last one logged: a writer that read a rule
+    another replaced meanwhile is refused (409), never logged against a stale one."""
+    await commit(rig, ConfigKind.RULE, RULE)
+    thresholds = [300.0, 400.0, 500.0, 600.0, 700.0]
+    outcomes = await asyncio.gather(
+        *(commit(rig, ConfigKind.RULE, RULE.model_copy(update={"threshold_ms": t}))
+          for t in thresholds),
+        return_exceptions=True,
+    )
+    refused = [o for o in outcomes if isinstance(o, BaseException)]
+    assert all(isinstance(o, Conflict) for o in refused), refused
+    trail = [e.payload for e in await all_events(rig) if e.kind == "rule_changed"]
+    assert len(trail) == 1 + len(thresholds) - len(refused)
+    for before, after in itertools.pairwise(trail):
+        assert after["previous"] == before["rule"]
+    desired = await rig.backends.database.read(
+        desired_configs.desired_config, kind=ConfigKind.RULE, service=SERVICE
+    )
+    assert isinstance(desired, BreakerRule)
+    assert desired.threshold_ms == trail[-1]["rule"]["threshold_ms"]
