@@ -76,7 +76,6 @@ class SidecarCollector(Collector):
                                        "Route values rejected, the route in force kept",
                                        labels=["reason"])
         rejected.add_metric(["malformed"], w.rejected_malformed)
-        rejected.add_metric(["stale"], w.rejected_stale)
         yield rejected
         yield CounterMetricFamily(f"{p}_routes_applied", "Route values put in force",
                                   value=w.applied)

@@ -8,9 +8,15 @@ and assigns each request to a variant.
 shared list-then-watch loop (controlplane/kernel/informer.py): it reads the key, then
 watches it from that revision, and reads it again after a watch it cannot resume. It
 is fail-static: when the store cannot be reached the route in force stays and the
-informer reads again with backoff; a malformed route, or one older than the route in
-force, is rejected and counted and the route in force stays; a deleted key (also one
-deleted while the store was away) falls back to the default upstream (or 503).
+informer reads again with backoff; a malformed route is rejected and counted and the
+route in force stays; a deleted key (also one deleted while the store was away) falls
+back to the default upstream (or 503).
+
+Which route is newer is etcd's to say: the informer delivers the key's values in the
+order etcd wrote them (its mod revisions), and the last one delivered is the one in
+force, whatever its `revision` field says. A number inside the value, which anyone
+who writes the key can set, cannot hold a route in force against the leader's next
+write (decision 0043).
 """
 
 from __future__ import annotations
@@ -163,14 +169,13 @@ class RouteTable:
 class WatcherStats:
     applied: int = 0
     rejected_malformed: int = 0
-    rejected_stale: int = 0
     deleted: int = 0
     store_errors: int = 0
     connected: bool = False
 
     @property
     def rejected(self) -> int:
-        return self.rejected_malformed + self.rejected_stale
+        return self.rejected_malformed
 
 
 class RouteWatcher:
@@ -266,22 +271,6 @@ class RouteWatcher:
             return True
         try:
             route = parse_route(value)
-            current = self._table.route
-            # Revisions are per experiment: a new experiment starts again from 1,
-            # so only a lower revision of the same experiment is stale.
-            if (
-                current is not None
-                and str(current.experiment) == str(route.experiment)
-                and route.revision < current.revision
-            ):
-                self.stats.rejected_stale += 1
-                log.warning(
-                    "route for %s rejected: revision %d is older than %d in force",
-                    self.service,
-                    route.revision,
-                    current.revision,
-                )
-                return False
             self._table.apply(route)
         except (ValidationFailed, ValueError) as exc:
             self.stats.rejected_malformed += 1

@@ -4,6 +4,8 @@
 - the decision core imports no adapter (database, etcd, Redis, API, SQLAlchemy);
 - the API imports no controller internals; the controller no API helpers and no
   helpers of the API's actions (experiments.actions);
+- the API and the experiments package import no key-value store: they commit to SQL,
+  and the leader's reconciler is etcd's one writer;
 - only controlplane/db/ (and the migrations) import SQLAlchemy. The modules still
   listed in SQLALCHEMY_PENDING take sessions from db/ and are to move behind the
   store; the list may only shrink (a listed module that no longer imports it fails).
@@ -84,6 +86,16 @@ def test_the_api_imports_no_controller_and_the_controller_no_api_or_actions() ->
     assert offending("controlplane.controller", (
         "controlplane.api", "controlplane.experiments.actions",
     )) == {}
+
+
+def test_the_api_and_its_actions_import_no_key_value_store() -> None:
+    # the leader's reconciler is etcd's one writer: what the API commits goes to SQL
+    kv_modules = (
+        "controlplane.kernel.kv", "controlplane.kernel.kv_etcd", "controlplane.kernel.kv_memory",
+        "controlplane.kernel.kv_factory", "etcd3aio",
+    )
+    assert offending("controlplane.api", kv_modules) == {}
+    assert offending("controlplane.experiments", kv_modules) == {}
 
 
 def test_only_the_database_layer_imports_sqlalchemy() -> None:

@@ -17,7 +17,6 @@ from controlplane.experiments.store import ExperimentStore
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.errors import BackendUnavailable
 from controlplane.kernel.keys import EtcdKeys
-from controlplane.kernel.kv import KeyValueStore
 from controlplane.kernel.settings import Settings
 from controlplane.kernel.values import SQL_ID_MAX, SQL_INT_MAX
 from controlplane.runtime import Backends
@@ -43,10 +42,6 @@ def get_store(backends: BackendsDep) -> ExperimentStore:
     return backends.store
 
 
-def get_kv(backends: BackendsDep) -> KeyValueStore:
-    return backends.kv
-
-
 def get_keys(backends: BackendsDep) -> EtcdKeys:
     return backends.keys
 
@@ -59,7 +54,6 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 BackendsDep = Annotated[Backends, Depends(get_backends)]
 DatabaseDep = Annotated[Database, Depends(get_database)]
 StoreDep = Annotated[ExperimentStore, Depends(get_store)]
-KvDep = Annotated[KeyValueStore, Depends(get_kv)]
 KeysDep = Annotated[EtcdKeys, Depends(get_keys)]
 ClockDep = Annotated[Clock, Depends(get_clock)]
 Limit = Annotated[int, Query(ge=1, le=500, description="page size")]

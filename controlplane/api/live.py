@@ -23,14 +23,16 @@ from controlplane.api.schemas import (
     StepLive,
 )
 from controlplane.collector.sharding import read_merged_snapshots
+from controlplane.db import routes as desired_routes
 from controlplane.decision.model import RolloutState
 from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 from controlplane.experiments.rollout_state import inline_rule, rollout_state_of, steps_of
-from controlplane.experiments.service_rules import read_rule
+from controlplane.experiments.service_configs import read_config
 from controlplane.experiments.store import ExperimentRecord
 from controlplane.kernel.errors import CanaryError, NotFound, ValidationFailed
 from controlplane.kernel.routes import TOTAL_WEIGHT, parse_route
 from controlplane.kernel.rules import BreakerRule
+from controlplane.kernel.service_configs import ConfigKind
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.runtime import Backends
 
@@ -185,11 +187,14 @@ async def _rule_in_force(
         return own, "experiment", None
     try:
         async with asyncio.timeout(READ_TIMEOUT_SEC):
-            rule = await read_rule(kv=backends.kv, keys=backends.keys, service=experiment.service)
+            rule = await read_config(
+                store=backends.store, kind=ConfigKind.RULE, service=experiment.service
+            )
     except NotFound:
         return None, None, f"no breaker rule for service {experiment.service!r}"
     except (CanaryError, TimeoutError) as exc:
         return None, None, f"the service rule could not be read: {exc or 'timed out'}"
+    assert isinstance(rule, BreakerRule)
     return rule, "service", None
 
 
@@ -229,19 +234,28 @@ async def read_live(backends: Backends, experiment: ExperimentRecord) -> Experim
 async def route_applied(
     backends: Backends, experiment: ExperimentRecord
 ) -> tuple[bool | None, str | None]:
-    """Whether etcd holds the experiment's desired route yet (its revision or a later
-    one: revisions of a service only grow), and a note when that cannot be told."""
+    """Whether etcd holds the experiment's desired route yet (or the service's later
+    desired one: revisions of a service only grow by commits), and a note when it
+    does not or that cannot be told. What etcd holds counts only when it is the
+    desired route itself: a revision field anyone can write proves nothing."""
     if experiment.route_revision <= 0:
         return None, None
     try:
         async with asyncio.timeout(READ_TIMEOUT_SEC):
+            desired = await backends.database.read(
+                desired_routes.desired_route, service=experiment.service
+            )
             stored = await backends.kv.get(backends.keys.route(experiment.service))
     except (CanaryError, TimeoutError) as exc:
-        return None, f"the route in etcd could not be read: {exc or 'timed out'}"
+        return None, f"the route could not be read: {exc or 'timed out'}"
+    if desired is None or desired.revision < experiment.route_revision:
+        return None, "the service has no desired route at this revision"
     if stored is None:
         return False, None
     try:
         route = parse_route(stored.value)
     except ValidationFailed:
         return False, "etcd holds an unreadable route for the service"
-    return route.revision >= experiment.route_revision, None
+    if route != desired:
+        return False, "etcd holds another route than the desired one (published within one pass)"
+    return True, None

@@ -32,7 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlplane.decision.recommend import NotEnoughHistory
-from controlplane.experiments.service_rules import StoredValueInvalid
+from controlplane.experiments.service_configs import StoredValueInvalid
 from controlplane.kernel.errors import (
     BackendError,
     BackendUnavailable,

@@ -73,5 +73,9 @@ def apply_service_file(
                 raise
     if as_json:
         print_json(applied)
+    elif applied.get("applied") is False:
+        # committed; the controller's leader puts it in force within one pass
+        note = applied.get("applied_note") or "not in force yet"
+        typer.echo(f"applied the {what} of {target} (committed; {note})")
     else:
         typer.echo(f"applied the {what} of {target}")

@@ -26,6 +26,10 @@ class ControllerStats:
     route_notices_dropped: int = 0
     window_rules_published: int = 0
     window_rules_deleted: int = 0
+    configs_published: int = 0
+    configs_deleted: int = 0
+    configs_reconciled: int = 0
+    config_imports_skipped: int = 0
     leader: bool = False
     terms: int = 0
     outages_ridden: int = 0
@@ -74,6 +78,15 @@ class ControllerMetricsCollector(Collector):
              s.window_rules_published),
             ("window_rules_deleted", "Window rules deleted from etcd (experiment ended, or "
              "no rule of its own)", s.window_rules_deleted),
+            ("configs_published", "Breaker rules and overload protections written to etcd",
+             s.configs_published),
+            ("configs_deleted", "Breaker rules and overload protections deleted from etcd "
+             "(removed, or never in the database)", s.configs_deleted),
+            ("configs_reconciled", "Breaker rules and overload protections repaired in etcd "
+             "(each also a rule_reconciled or overload_reconciled event)",
+             s.configs_reconciled),
+            ("config_imports_skipped", "Malformed values in etcd the one import of configs "
+             "into SQL skipped", s.config_imports_skipped),
         )  # fmt: skip
         h = self._history
         counters += (

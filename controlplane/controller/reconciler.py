@@ -20,7 +20,15 @@ change never lands. It runs
 
 Every pass also makes the window rules in etcd (`windows/<experiment>`, what the
 collectors need of an experiment's own rule) equal to those the experiments in SQL
-call for (window_plan), with the same fence and compare-and-swap.
+call for; a full pass, and one woken by a committed config (`Wake.configs`), makes the
+services' breaker rules and overload protections equal to their desired configs
+(controller.configs): all with the same fence and compare-and-swap (value_plan). A
+pass after a route commit leaves the configs alone: a thousand rules parsed on each
+decision would cost more than the decision.
+
+Nothing etcd holds can claim to be newer than what the leader writes: sidecars hold
+the last route etcd delivered them, whatever its revision field says, so a route
+written by hand is superseded by the leader's next write of the desired one.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from controlplane.controller.configs import ConfigReconciler, apply_step, read_values
 from controlplane.controller.metrics import ControllerStats
 from controlplane.controller.route_plan import (
     Found,
@@ -43,10 +52,11 @@ from controlplane.controller.route_plan import (
     moved_services,
     plan_route,
 )
-from controlplane.controller.window_plan import StoredWindow, plan_windows
+from controlplane.controller.value_plan import plan_values
 from controlplane.db import experiments as records
 from controlplane.db import routes as desired_routes
 from controlplane.db.listen import listen_for_routes, listens
+from controlplane.db.service_configs import CONFIGS_NOTICE
 from controlplane.db.window_rules import desired_window_rules
 from controlplane.experiments.events import EventKind
 from controlplane.kernel.backoff import Backoff, BackoffPolicy
@@ -63,7 +73,7 @@ from controlplane.kernel.kv import Fence, KeyValue
 from controlplane.kernel.routes import CANARY, Route, parse_route
 from controlplane.kernel.tasks import cancel_and_wait
 from controlplane.kernel.values import ServiceName
-from controlplane.kernel.window_rules import parse_window_rule
+from controlplane.kernel.window_rules import WindowRule, parse_window_rule
 from controlplane.runtime import Backends
 
 log = logging.getLogger(__name__)
@@ -107,11 +117,8 @@ def stored_of(value: KeyValue) -> Stored:
         return Stored(None, value.mod_revision)
 
 
-def _stored_window(value: KeyValue) -> StoredWindow:
-    try:
-        return StoredWindow(parse_window_rule(value.value), value.mod_revision)
-    except ValidationFailed:
-        return StoredWindow(None, value.mod_revision)
+def _window_bytes(rule: WindowRule) -> bytes:
+    return rule.to_json().encode()
 
 
 @dataclass
@@ -126,6 +133,7 @@ class RouteReconciler:
     _last_written: dict[str, int] = field(default_factory=dict)
     # per service, the desired revision the last pass over it read (what a poll compares)
     _reconciled: dict[str, int] = field(default_factory=dict)
+    configs: ConfigReconciler = field(default_factory=ConfigReconciler)
 
     # ------------------------------------------------------------------ the loop
 
@@ -133,6 +141,7 @@ class RouteReconciler:
         """Reconcile until cancelled; raises NotLeader or BackendError to step down."""
         self._last_written.clear()  # a new term trusts nothing it remembers
         self._reconciled.clear()
+        self.configs.new_term()
         listener = (
             asyncio.create_task(self._listen(backends))
             if listens(backends.database.engine.url)
@@ -149,11 +158,13 @@ class RouteReconciler:
                     timeout = min(timeout, self.retry_sec)
                 wake = await backends.route_changes.wait(timeout)
                 full = wake.full or loop.time() >= next_full
-                if full or (not wake.services and (again or listener is not None)):
+                if full or (not wake.services and not wake.configs
+                            and (again or listener is not None)):
                     again = await self.reconcile(backends, fence)
                     next_full = loop.time() + self.full_pass_sec
-                elif wake.services:
-                    again = await self.reconcile(backends, fence, services=wake.services)
+                elif wake.services or wake.configs:
+                    again = await self.reconcile(backends, fence, services=wake.services,
+                                                 configs=wake.configs)
                 else:
                     again = await self._poll(backends, fence)
         finally:
@@ -172,14 +183,20 @@ class RouteReconciler:
             changes.notify_all()
 
         def accept(payload: str) -> bool:
-            if is_service_name(payload):
+            if is_service_name(payload) or payload == CONFIGS_NOTICE:
                 return True
             self.stats.route_notices_dropped += 1
             return False
 
+        def on_change(payload: str) -> None:
+            if payload == CONFIGS_NOTICE:
+                changes.notify_configs()
+            else:
+                changes.notify(payload)
+
         while True:
             try:
-                await listen_for_routes(backends.database.engine.url, changes.notify,
+                await listen_for_routes(backends.database.engine.url, on_change,
                                         accept=accept, on_listening=listening)
             except BackendError as exc:
                 log.warning("%s; listening again shortly (full passes meanwhile)", exc)
@@ -190,20 +207,23 @@ class RouteReconciler:
         self.stats.revision_polls += 1
         revisions = await backends.database.read(desired_routes.desired_revisions)
         moved = moved_services(self._reconciled, revisions)
-        return await self.reconcile(backends, fence, services=moved) if moved else False
+        if not moved:
+            return False
+        return await self.reconcile(backends, fence, services=moved, configs=False)
 
     # ------------------------------------------------------------------ one pass
 
     async def reconcile(
-        self, backends: Backends, fence: Fence | None, services: Collection[str] | None = None
+        self, backends: Backends, fence: Fence | None, services: Collection[str] | None = None,
+        *, configs: bool = True,
     ) -> bool:
-        """One pass over every service (or `services`); True when one must be looked at
-        again soon (a lost race)."""
+        """One pass over every service's route (or those of `services`), the window
+        rules, and with `configs` the breaker rules and overload configs; True when one
+        must be looked at again soon (a lost race)."""
         stored = await self._read_stored(backends, services)
         desired = await backends.database.read(
             desired_routes.desired_routes, services=services
         )
-        self.stats.reconcile_passes += 1
         if services is None:
             self._reconciled = {service: route.revision for service, route in desired.items()}
         else:
@@ -232,36 +252,35 @@ class RouteReconciler:
                 self._reconciled.pop(service, None)
                 self.stats.errors += 1
                 log.warning("route of %r not reconciled: %s", service, exc)
-        return await self.reconcile_windows(backends, fence) or again
+        again = await self.reconcile_windows(backends, fence) or again
+        if configs:
+            self.configs.stats = self.stats  # one set of counters (the runner replaces them)
+            again = await self.configs.reconcile(backends, fence) or again
+        self.stats.reconcile_passes += 1  # once the pass is over
+        return again
 
     async def reconcile_windows(self, backends: Backends, fence: Fence | None) -> bool:
         """Make every window rule in etcd what SQL calls for; True after a lost race."""
-        prefix = backends.keys.windows_prefix
-        values, _ = await backends.kv.get_prefix(prefix)
-        stored = {
-            value.key[len(prefix):]: _stored_window(value)
-            for value in values
-            if is_experiment_id(value.key[len(prefix):])
-        }
+        stored = await read_values(
+            backends.kv, backends.keys.windows_prefix, is_experiment_id,
+            lambda _, raw: parse_window_rule(raw),
+        )
         desired = await backends.database.read(desired_window_rules)
         again = False
-        for step in plan_windows(desired, stored):
-            key = backends.keys.window(step.experiment)
+        for step in plan_values(desired, stored):
             try:
-                if step.write is None:
-                    await backends.kv.delete(key, fence=fence)
-                    self.stats.window_rules_deleted += 1
-                else:
-                    await backends.kv.compare_and_swap(
-                        key, step.write.to_json().encode(),
-                        expected_mod_revision=step.expected_mod_revision, fence=fence,
-                    )
-                    self.stats.window_rules_published += 1
+                await apply_step(backends.kv, backends.keys.window(step.name), step,
+                                 _window_bytes, fence)
             except RevisionConflict as exc:
                 self.stats.conflicts += 1
                 log.info("window rule of experiment %s changed under the reconciler: %s",
-                         step.experiment, exc)
+                         step.name, exc)
                 again = True
+                continue
+            if step.write is None:
+                self.stats.window_rules_deleted += 1
+            else:
+                self.stats.window_rules_published += 1
         return again
 
     async def _read_stored(
@@ -292,9 +311,6 @@ class RouteReconciler:
                 self._last_written[service] = desired.revision
             return
         assert plan.route is not None
-        if plan.step is Step.SUPERSEDE:
-            assert desired is not None
-            await self._supersede(backends, service, plan, desired, stored, fence)
         await backends.kv.compare_and_swap(
             backends.keys.route(service),
             plan.route.to_json().encode(),
@@ -306,22 +322,7 @@ class RouteReconciler:
         if plan.repair:
             self.stats.routes_reconciled += 1
             log.warning("service %r: %s", service, _reason(plan, stored))
-            if plan.step is not Step.SUPERSEDE:  # a supersede recorded it with the route
-                await self._record(backends, service, plan, stored, fence)
-
-    async def _supersede(
-        self, backends: Backends, service: str, plan: Plan, desired: Route,
-        stored: Stored | None, fence: Fence | None,
-    ) -> None:
-        """Commit the desired route at a revision above etcd's, with its event, first:
-        if the write then fails, the next pass publishes what the database says."""
-        assert plan.route is not None
-        route = plan.route
-        now = utc_now(backends.clock)
-        async with backends.database.transaction() as tx:
-            await tx.run(desired_routes.supersede_route, service=service, route=route,
-                         expected_revision=desired.revision, now=now)
-            await tx.run(_record_event, **self._event(service, plan, stored, fence, now))
+            await self._record(backends, service, plan, stored, fence)
 
     async def _record(
         self, backends: Backends, service: str, plan: Plan, stored: Stored | None,

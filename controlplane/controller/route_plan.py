@@ -6,16 +6,20 @@ plus the revision this leader last wrote for the service (which tells a route it
 simply has not published yet from one somebody else changed).
 
     stored ≡ desired                          → nothing
-    stored newer, or same revision, other     → supersede: desired again, one revision
-      content (a foreign write)                  above the stored one (sidecars refuse
-                                                 a lower revision of what they hold)
+    stored newer, or same revision, other     → publish the desired route (sidecars hold
+      content (a foreign write)                  the route etcd delivered last, whatever
+                                                 its revision says)
     stored unreadable                         → publish the desired route
     stored older or missing                   → publish; a repair (recorded) unless it is
                                                  the route this leader wrote last, or the
                                                  one just before the desired revision
-    no desired route, stored sends canary     → neutralise: baseline only, one revision
-      traffic                                    above (nothing watches that canary)
+    no desired route, stored sends canary     → neutralise: baseline only, at its own
+      traffic                                    revision (nothing watches that canary)
     no desired route otherwise                → leave it
+
+The desired revision only ever grows by its own commits: nothing written to etcd
+moves it (decision 0043), so a route pinned at the largest revision is superseded
+like any other.
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ from controlplane.kernel.routes import (
     RouteState,
     RouteVariant,
 )
-from controlplane.kernel.values import ROUTE_REVISION_MAX
 
 
 class Found(StrEnum):
@@ -51,7 +54,6 @@ class Found(StrEnum):
 class Step(StrEnum):
     NOTHING = "nothing"
     PUBLISH = "publish"
-    SUPERSEDE = "supersede"  # commit a higher desired revision first, then publish
     NEUTRALISE = "neutralise"
 
 
@@ -73,12 +75,6 @@ class Plan:
     def repair(self) -> bool:
         """Whether etcd held something it should not: worth a `route_reconciled` event."""
         return self.found not in (Found.IN_SYNC, Found.PENDING) and self.step is not Step.NOTHING
-
-
-def _above(revision: int) -> int:
-    if revision >= ROUTE_REVISION_MAX:
-        raise ValueError(f"route revision {revision} cannot grow any further")
-    return revision + 1
 
 
 def baseline_only(route: Route, revision: int) -> Route | None:
@@ -105,7 +101,7 @@ def plan_route(desired: Route | None, stored: Stored | None, *, last_written: in
     if desired is None:
         if current is None or current.weight_of(CANARY) == 0:
             return Plan(Step.NOTHING, Found.UNOWNED)
-        neutral = baseline_only(current, _above(current.revision))
+        neutral = baseline_only(current, current.revision)
         if neutral is None:
             return Plan(Step.NOTHING, Found.UNOWNED)
         return Plan(Step.NEUTRALISE, Found.UNOWNED, neutral)
@@ -115,8 +111,7 @@ def plan_route(desired: Route | None, stored: Stored | None, *, last_written: in
         if current == desired:
             return Plan(Step.NOTHING, Found.IN_SYNC)
         found = Found.NEWER if current.revision > desired.revision else Found.FOREIGN
-        above = desired.model_copy(update={"revision": _above(current.revision)})
-        return Plan(Step.SUPERSEDE, found, above)
+        return Plan(Step.PUBLISH, found, desired)
     held = current.revision if current is not None else 0
     # what etcd should hold while the route waits to be published
     expected = last_written if last_written is not None else desired.revision - 1

@@ -1,6 +1,6 @@
-"""Typed ORM models: experiments, their variants and steps, the desired route of each
-service, the events audit trail, the plots' history, the API tokens, and webhook
-subscriptions with the outbox of their deliveries.
+"""Typed ORM models: experiments, their variants and steps, the desired route, breaker
+rule and overload protection of each service, the events audit trail, the plots'
+history, the API tokens, and webhook subscriptions with the outbox of their deliveries.
 
 The migrations in migrations/versions must describe exactly these tables; a test
 compares them with Alembic's autogenerate.
@@ -44,6 +44,7 @@ NAMING = {
 ACTIVE_STATES = ("running", "paused")
 EXPERIMENT_STATES = ("draft", "running", "paused", "promoted", "rolled_back", "aborted")
 BREAKER_STATES = ("closed", "open", "half_open")
+CONFIG_KINDS = ("rule", "overload")  # kernel.service_configs.ConfigKind
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -204,11 +205,42 @@ class ServiceRoute(Base):
     route: Mapped[dict[str, Any]] = mapped_column(JSON)
     updated_at: Mapped[datetime]
 
-    # the application sets each new revision itself (previous + 1, or above etcd's)
+    # the application sets each new revision itself (previous + 1)
     __mapper_args__ = {  # noqa: RUF012 (SQLAlchemy declares it)
         "version_id_col": revision,
         "version_id_generator": False,
     }
+
+
+class DesiredConfig(Base):
+    """A service's desired breaker rule or overload protection (kernel.service_configs),
+    as `route` is its desired route: the API commits it with its audit event, the
+    elected leader makes etcd hold it. `document` is the JSON published; `version`
+    grows with each write, so an update based on a stale read matches no row.
+    """
+
+    __tablename__ = "service_configs"
+    __table_args__ = (CheckConstraint(_in("kind", CONFIG_KINDS), name="kind"),)
+
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    service: Mapped[str] = mapped_column(String(63), primary_key=True)
+    document: Mapped[dict[str, Any]] = mapped_column(JSON)
+    version: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime]
+
+    __mapper_args__ = {"version_id_col": version}  # noqa: RUF012 (SQLAlchemy declares it)
+
+
+class EtcdImport(Base):
+    """That the configs etcd held before SQL kept them were imported (once, by the
+    first leader of a release that keeps them): `kind` is a config kind."""
+
+    __tablename__ = "etcd_imports"
+
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    at: Mapped[datetime]
+    imported: Mapped[int] = mapped_column(Integer)
+    skipped: Mapped[int] = mapped_column(Integer)
 
 
 class HistoryPoint(Base):

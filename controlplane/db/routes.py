@@ -144,18 +144,3 @@ def commit_route_of(
     experiment.route_revision = revision
     return route
 
-
-def supersede_route(
-    *, session: Session, service: str, route: Route, expected_revision: int, now: datetime
-) -> None:
-    """Store `route` (the desired one at a higher revision) in place of the desired
-    route at `expected_revision`, and note the revision in the experiment it names."""
-    row = session.get(ServiceRoute, service)
-    if row is None:
-        raise RevisionConflict(f"the desired route of {service!r} is gone")
-    save_desired_route(session=session, service=service, experiment_id=row.experiment_id,
-                       route=route, now=now, expected_revision=expected_revision)
-    experiment = session.get(Experiment, row.experiment_id)
-    if experiment is not None and experiment.route_revision < route.revision:
-        experiment.route_revision = route.revision
-        session.flush()

@@ -1,8 +1,9 @@
 """The experiment store on SQL (experiments.store.ExperimentStore), over `Database`.
 
-Each operation runs the data-access functions of db.experiments and db.routes in the
-transaction's worker thread and hands back frozen records, never an ORM row: rows
-are read into records inside the session, where their steps and variants load. The
+Each operation runs the data-access functions of db.experiments, db.routes and
+db.service_configs in the transaction's worker thread and hands back frozen records,
+never an ORM row: rows are read into records inside the session, where their steps
+and variants load. The
 database keeps lifecycle and breaker states as strings; they become the typed enums
 here, at the edge.
 """
@@ -18,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from controlplane.db import experiments as rows
 from controlplane.db import routes as desired_routes
+from controlplane.db import service_configs as desired_configs
 from controlplane.db.models import Event, Experiment
 from controlplane.db.session import Database, Transaction
 from controlplane.experiments.events import EventKind
@@ -30,6 +32,7 @@ from controlplane.experiments.store import (
 )
 from controlplane.kernel.errors import RevisionConflict
 from controlplane.kernel.routes import BASELINE, CANARY, Route, RouteState
+from controlplane.kernel.service_configs import ConfigKind, ServiceConfig
 
 
 def experiment_record(row: Experiment) -> ExperimentRecord:
@@ -202,6 +205,24 @@ class SqlStoreTransaction:
     ) -> tuple[Route, ExperimentRecord]:
         return await self._tx.run(_save_route, experiment=experiment, canary_bp=canary_bp,
                                   state=state, now=now)
+
+    async def load_service_config(
+        self, *, kind: ConfigKind, service: str
+    ) -> ServiceConfig | None:
+        return await self._tx.run(desired_configs.desired_config, kind=kind, service=service)
+
+    async def save_service_config(
+        self, *, kind: ConfigKind, service: str, config: ServiceConfig, now: datetime,
+        expected: ServiceConfig | None,
+    ) -> None:
+        await self._tx.run(desired_configs.save_config, kind=kind, service=service,
+                           config=config, now=now, expected=expected)
+
+    async def remove_service_config(
+        self, *, kind: ConfigKind, service: str, expected: ServiceConfig | None
+    ) -> None:
+        await self._tx.run(desired_configs.remove_config, kind=kind, service=service,
+                           expected=expected)
 
     async def append_event(
         self,

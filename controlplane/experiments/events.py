@@ -40,13 +40,16 @@ class EventKind(StrEnum):
     PROMOTE = "promote"
     ROLLBACK = "rollback"
     ABORT = "abort"
-    # a service's settings (experiments/service_rules.py, service_overload.py)
+    # a service's settings (experiments/service_configs.py)
     RULE_CHANGED = "rule_changed"
     OVERLOAD_CHANGED = "overload_changed"
-    # the controller (controller/runner.py, reconciler.py)
+    # the controller (controller/runner.py, reconciler.py, configs.py)
     RULE_REJECTED = "rule_rejected"
     NO_RULE = "no_rule"
     ROUTE_RECONCILED = "route_reconciled"
+    RULE_RECONCILED = "rule_reconciled"
+    OVERLOAD_RECONCILED = "overload_reconciled"
+    CONFIG_IMPORTED = "config_imported"
 
     @property
     def topic(self) -> str | None:
@@ -88,6 +91,9 @@ _TOPIC: Final[dict[EventKind, str | None]] = {
     _K.RULE_REJECTED: "rules",
     _K.NO_RULE: "rules",
     _K.ROUTE_RECONCILED: "routes",
+    _K.RULE_RECONCILED: "rules",
+    _K.OVERLOAD_RECONCILED: "rules",
+    _K.CONFIG_IMPORTED: "rules",
 }
 if _TOPIC.keys() != set(EventKind):  # a new kind without a say about its topic
     raise RuntimeError(f"no topic decided for {sorted(set(EventKind) - _TOPIC.keys())}")

@@ -1,8 +1,9 @@
 """What the rest of the code asks of persistence: the experiment store (architecture §11).
 
 The API's actions, the controller and the reconciler read and write experiments,
-their desired routes and the events trail through `ExperimentStore` only; they never
-see a database session or an ORM row. The store owns the unit of work:
+their desired routes, the services' desired configs and the events trail through
+`ExperimentStore` only; they never see a database session or an ORM row. The store
+owns the unit of work:
 
     async with store.transaction() as tx:
         experiment = await tx.load_experiment(experiment_id=7)
@@ -27,6 +28,7 @@ from typing import Any, Protocol
 from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 from controlplane.kernel.routes import Route, RouteState
+from controlplane.kernel.service_configs import ConfigKind, ServiceConfig
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,27 @@ class StoreTransaction(Protocol):
     ) -> tuple[Route, ExperimentRecord]:
         """Make the experiment's route (`canary_bp`, `state`) its service's next desired
         route, one revision above the last; the experiment notes that revision."""
+        ...
+
+    async def load_service_config(
+        self, *, kind: ConfigKind, service: str
+    ) -> ServiceConfig | None:
+        """The service's desired breaker rule or overload protection; None without one."""
+        ...
+
+    async def save_service_config(
+        self, *, kind: ConfigKind, service: str, config: ServiceConfig, now: datetime,
+        expected: ServiceConfig | None,
+    ) -> None:
+        """Make `config` the service's desired one in place of `expected` (what the
+        caller read; None: none, or unreadable); RevisionConflict when it changed."""
+        ...
+
+    async def remove_service_config(
+        self, *, kind: ConfigKind, service: str, expected: ServiceConfig | None
+    ) -> None:
+        """Remove the service's desired config, `expected`; Conflict when it changed or
+        is gone meanwhile."""
         ...
 
     async def append_event(

@@ -1,8 +1,9 @@
 """Overload protection of a service: `<prefix>/overload/<service>` in etcd.
 
-Written by operators (or the API), read by every sidecar of the service, which keeps
-the last valid value when a new one is refused. Every field is strict and bounded;
-unknown fields are refused. Absent key, or `enabled: false`: no protection.
+Committed through the API (kept in SQL, published by the leader: kernel.service_configs),
+read by every sidecar of the service, which keeps the last valid value when a new one
+is refused. Every field is strict and bounded; unknown fields are refused. Absent key,
+or `enabled: false`: no protection.
 """
 
 from __future__ import annotations

@@ -235,7 +235,7 @@ def _open_client(
         if "credential_provider" not in options:
             options.update(username=target.username, password=target.password)
         # the sentinels are asked with the same short timeouts, never blocking
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+        sentinel = Sentinel(
             target.seeds,
             sentinel_kwargs={"socket_timeout": DEFAULT_SOCKET_TIMEOUT,
                              "socket_connect_timeout": connect_timeout},

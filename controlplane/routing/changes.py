@@ -1,7 +1,8 @@
 """The wake-up after a committed route change: which services to reconcile now.
 
 Whoever commits a desired route (the API, the controller) calls `notify(service)`
-after the commit; the leader's reconciler in the same process wakes at once. Across
+after the commit, and whoever commits a breaker rule or overload config
+`notify_configs()`; the leader's reconciler in the same process wakes at once. Across
 replicas the same calls come from PostgreSQL's NOTIFY (db.listen). A process that
 does not lead collects names no one takes, so the set is bounded: past
 MAX_PENDING names it asks for one full pass instead.
@@ -18,16 +19,19 @@ MAX_PENDING = 1_024
 
 @dataclass(frozen=True)
 class Wake:
-    """What to reconcile: these services, or every one (`full`)."""
+    """What to reconcile: these services, or every one (`full`); and the services'
+    configs (`configs`, always with `full`)."""
 
     services: frozenset[str]
     full: bool
+    configs: bool = False
 
 
 @dataclass
 class RouteChanges:
     _pending: set[str] = field(default_factory=set)
     _full: bool = False
+    _configs: bool = False
     _event: asyncio.Event = field(default_factory=asyncio.Event)
 
     def notify(self, service: str) -> None:
@@ -36,6 +40,10 @@ class RouteChanges:
             self._full = True
         elif not self._full:
             self._pending.add(service)
+        self._event.set()
+
+    def notify_configs(self) -> None:
+        self._configs = True
         self._event.set()
 
     def notify_all(self) -> None:
@@ -51,6 +59,6 @@ class RouteChanges:
                 async with asyncio.timeout(timeout):
                     await self._event.wait()
         self._event.clear()
-        wake = Wake(frozenset(self._pending), self._full)
-        self._pending, self._full = set(), False
+        wake = Wake(frozenset(self._pending), self._full, self._configs or self._full)
+        self._pending, self._full, self._configs = set(), False, False
         return wake

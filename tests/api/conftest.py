@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
 from controlplane.api.app import create_app
+from controlplane.controller.reconciler import RouteReconciler
 from controlplane.db import migrate
 from controlplane.db.session import make_engine
 from controlplane.kernel.clock import FakeClock
@@ -54,8 +55,8 @@ def pg_url(migrated_pg: str) -> Iterator[str]:
         with engine.begin() as conn:
             conn.exec_driver_sql(
                 "TRUNCATE notification_deliveries, notification_subscriptions, history_points, "
-                "events, service_routes, steps, variants, experiments, api_tokens "
-                "RESTART IDENTITY CASCADE"
+                "events, service_routes, service_configs, etcd_imports, steps, variants, "
+                "experiments, api_tokens RESTART IDENTITY CASCADE"
             )
     finally:
         engine.dispose()
@@ -83,6 +84,19 @@ async def backends(settings: Settings, clock: FakeClock) -> AsyncIterator[Backen
         yield opened
     finally:
         await opened.close()
+
+
+@pytest.fixture
+async def publish(backends: Backends) -> Callable[[], Awaitable[None]]:
+    """One pass of the leader's reconciler, as `canary serve` runs it after each commit
+    (its first pass, at hand, is the one a leader makes on taking the lead)."""
+    reconciler = RouteReconciler()
+    await reconciler.reconcile(backends, None)
+
+    async def one_pass() -> None:
+        assert not await reconciler.reconcile(backends, None)
+
+    return one_pass
 
 
 @pytest.fixture

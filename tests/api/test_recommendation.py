@@ -9,6 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
+from controlplane.controller.reconciler import RouteReconciler
 from controlplane.decision.recommend import (
     BaselineWindow,
     NotEnoughHistory,
@@ -24,10 +25,14 @@ from tests.api.traffic import collecting
 WINDOW_SEC = 5
 
 
-async def start(client: httpx.AsyncClient, service: str, **rule: Any) -> int:
+async def start(
+    client: httpx.AsyncClient, backends: Backends, service: str, **rule: Any
+) -> int:
     if rule:
         response = await client.put(f"/v1/services/{service}/rule", json=rule)
         assert response.status_code == 200, response.text
+        # the leader publishes the rule where the collectors read it
+        assert not await RouteReconciler().reconcile(backends, None)
     created = (await client.post("/v1/experiments", json=experiment_body(service=service))).json()
     assert (await client.post(f"/v1/experiments/{created['id']}/start")).status_code == 200
     experiment_id: int = created["id"]
@@ -38,8 +43,8 @@ async def test_recommendation_is_the_p95_of_the_baselines_window_p95s_times_1_25
     stream_client: httpx.AsyncClient, stream_backends: Backends, clock: FakeClock
 ) -> None:
     rule = {"threshold_ms": 900, "window_sec": WINDOW_SEC, "min_samples": 100}
-    ours = await start(stream_client, "reco-api", **rule)
-    theirs = await start(stream_client, "other-api", **rule)
+    ours = await start(stream_client, stream_backends, "reco-api", **rule)
+    theirs = await start(stream_client, stream_backends, "other-api", **rule)
     rng = np.random.default_rng(5)
     raw_ts, raw_rt, raw_failed = [], [], []
     async with collecting(stream_backends, clock) as traffic:
@@ -106,7 +111,8 @@ async def test_too_little_history_is_a_409_saying_found_and_needed(
     stream_client: httpx.AsyncClient, stream_backends: Backends, clock: FakeClock
 ) -> None:
     experiment = await start(
-        stream_client, "young-api", threshold_ms=900, window_sec=WINDOW_SEC, min_samples=100
+        stream_client, stream_backends, "young-api",
+        threshold_ms=900, window_sec=WINDOW_SEC, min_samples=100,
     )
     async with collecting(stream_backends, clock) as traffic:
         for _ in range(12):

@@ -1,37 +1,69 @@
-"""/v1/services/{service}/rule: etcd holds the rule, SQL logs each change."""
+"""/v1/services/{service}/rule: SQL holds the rule and logs each change, the leader
+publishes it to etcd, and the API says whether it has (`applied`)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import httpx
 
 from controlplane.db import experiments as records
+from controlplane.db.models import DesiredConfig
 from controlplane.kernel.rules import parse_rule
 from controlplane.runtime import Backends
 from tests.support.auth import ADMIN_ACTOR
 
+Publish = Callable[[], Awaitable[None]]
+
 RULE = {"threshold_ms": 800, "window_sec": 60, "failure_ratio": 0.3, "percentile": 95}
 
 
-async def test_put_stores_the_rule_in_etcd_and_get_reads_it_back(
-    client: httpx.AsyncClient, backends: Backends
+def rule_of(answer: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in answer.items() if k not in ("applied", "applied_note")}
+
+
+async def test_put_commits_the_rule_the_leader_publishes_and_get_says_when_it_is_in_force(
+    client: httpx.AsyncClient, backends: Backends, publish: Publish
 ) -> None:
     response = await client.put("/v1/services/payment-api/rule", json=RULE)
     assert response.status_code == 200, response.text
-    assert response.json()["service"] == "payment-api"
-    stored = await backends.kv.get(backends.keys.rule("payment-api"))
-    assert stored is not None
-    assert parse_rule(stored.value).threshold_ms == 800
+    answered = response.json()
+    assert answered["service"] == "payment-api" and answered["threshold_ms"] == 800
+    assert answered["applied"] is False and "not published yet" in answered["applied_note"]
+    key = backends.keys.rule("payment-api")
+    assert await backends.kv.get(key) is None, "the API writes SQL only"
 
+    await publish()
+    stored = await backends.kv.get(key)
+    assert stored is not None and parse_rule(stored.value).threshold_ms == 800
     fetched = await client.get("/v1/services/payment-api/rule")
     assert fetched.status_code == 200
-    assert fetched.json() == response.json()
+    assert fetched.json() == {**rule_of(answered), "applied": True, "applied_note": None}
 
-    # etcd is the source of truth: a change made there is what the API answers
+    # a change made in etcd by hand is no rule of the API's: it answers the committed
+    # rule, not in force, until the leader's next pass puts it back
     changed = parse_rule(stored.value).model_copy(update={"threshold_ms": 950.0})
-    await backends.kv.put(stored.key, changed.to_json().encode())
-    assert (await client.get("/v1/services/payment-api/rule")).json()["threshold_ms"] == 950
+    await backends.kv.put(key, changed.to_json().encode())
+    held = (await client.get("/v1/services/payment-api/rule")).json()
+    assert (held["threshold_ms"], held["applied"]) == (800, False)
+    assert "another one" in held["applied_note"]
+    await publish()
+    restored = await backends.kv.get(key)
+    assert restored is not None and parse_rule(restored.value).threshold_ms == 800
+    assert (await client.get("/v1/services/payment-api/rule")).json()["applied"] is True
+
+
+async def test_what_a_get_answered_can_be_put_back_as_it_is(
+    client: httpx.AsyncClient, publish: Publish
+) -> None:
+    await client.put("/v1/services/payment-api/rule", json=RULE)
+    await publish()
+    answered = (await client.get("/v1/services/payment-api/rule")).json()
+    again = await client.put("/v1/services/payment-api/rule", json=answered)
+    assert again.status_code == 200, again.text
+    assert again.json() == answered, "no change, and still in force"
 
 
 async def test_each_change_is_a_service_event_in_sql(
@@ -79,39 +111,55 @@ async def test_missing_rule_answers_404(client: httpx.AsyncClient) -> None:
     assert response.headers["content-type"] == "application/problem+json"
 
 
-async def test_a_malformed_stored_rule_is_reported_not_fatal(
+async def test_a_malformed_rule_in_etcd_is_reported_as_not_in_force_then_replaced(
+    client: httpx.AsyncClient, backends: Backends, publish: Publish
+) -> None:
+    assert (await client.put("/v1/services/payment-api/rule", json=RULE)).status_code == 200
+    key = backends.keys.rule("payment-api")
+    for bad in (json.dumps({"service": "payment-api", "threshold_ms": -5}).encode(),
+                b"{not json", b"\xff\xfe garbage", b"[1, 2, 3]"):
+        await backends.kv.put(key, bad)
+        answer = (await client.get("/v1/services/payment-api/rule")).json()
+        assert (answer["threshold_ms"], answer["applied"]) == (800, False), bad
+        assert "unreadable" in answer["applied_note"]
+        await publish()
+        assert (await client.get("/v1/services/payment-api/rule")).json()["applied"] is True
+    assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_an_unreadable_rule_in_sql_is_reported_not_fatal(
     client: httpx.AsyncClient, backends: Backends
 ) -> None:
-    key = backends.keys.rule("payment-api")
-    await backends.kv.put(key, json.dumps({"service": "payment-api", "threshold_ms": -5}).encode())
+    assert (await client.put("/v1/services/payment-api/rule", json=RULE)).status_code == 200
+
+    def break_row(*, session: Any) -> None:
+        row = session.get(DesiredConfig, ("rule", "payment-api"))
+        row.document = {"service": "payment-api", "threshold_ms": -5}
+
+    async with backends.database.transaction() as tx:
+        await tx.run(break_row)
     response = await client.get("/v1/services/payment-api/rule")
     assert response.status_code == 502
-    problem = response.json()
-    assert "invalid" in problem["detail"] and key in problem["detail"]
-    assert [e["loc"] for e in problem["errors"]] == [["threshold_ms"]]
-
-    await backends.kv.put(key, b"{not json")
-    response = await client.get("/v1/services/payment-api/rule")
-    assert response.status_code == 502
-    assert "not JSON" in response.json()["detail"]
-
-    # the API keeps serving, and a valid PUT repairs the key
-    assert (await client.get("/healthz")).status_code == 200
+    assert response.headers["content-type"] == "application/problem+json"
+    assert "invalid" in response.json()["detail"]
+    # a valid PUT replaces it
     assert (await client.put("/v1/services/payment-api/rule", json=RULE)).status_code == 200
     assert (await client.get("/v1/services/payment-api/rule")).status_code == 200
 
 
 async def test_a_rule_chooses_how_overload_is_judged_and_refuses_anything_else(
-    client: httpx.AsyncClient, backends: Backends
+    client: httpx.AsyncClient, backends: Backends, publish: Publish
 ) -> None:
     response = await client.put("/v1/services/batch-api/rule", json={**RULE, "overload": "judge"})
     assert response.status_code == 200, response.text
     assert response.json()["overload"] == "judge"
+    await publish()
     stored = await backends.kv.get(backends.keys.rule("batch-api"))
     assert stored is not None and json.loads(stored.value)["overload"] == "judge"
     # hold, the default, is stored as before the field existed: older readers accept it
     held = await client.put("/v1/services/batch-api/rule", json={**RULE, "overload": "hold"})
     assert held.status_code == 200 and held.json().get("overload", "hold") == "hold"
+    await publish()
     plain = await backends.kv.get(backends.keys.rule("batch-api"))
     assert plain is not None and "overload" not in json.loads(plain.value)
     for value in ("ignore", "HOLD", "", 1, None, ["hold"]):
@@ -121,16 +169,18 @@ async def test_a_rule_chooses_how_overload_is_judged_and_refuses_anything_else(
 
 
 async def test_a_rule_chooses_first_byte_latency_and_refuses_anything_else(
-    client: httpx.AsyncClient, backends: Backends
+    client: httpx.AsyncClient, backends: Backends, publish: Publish
 ) -> None:
     response = await client.put(
         "/v1/services/stream-api/rule", json={**RULE, "latency": "first_byte"}
     )
     assert response.status_code == 200, response.text
     assert response.json()["latency"] == "first_byte"
+    await publish()
     stored = await backends.kv.get(backends.keys.rule("stream-api"))
     assert stored is not None and json.loads(stored.value)["latency"] == "first_byte"
     total = await client.put("/v1/services/plain-api/rule", json=RULE)
+    await publish()
     # a total rule is stored as before the field existed: older readers accept it
     plain = await backends.kv.get(backends.keys.rule("plain-api"))
     assert plain is not None and "latency" not in json.loads(plain.value)
@@ -152,3 +202,16 @@ async def test_a_rule_chooses_first_byte_latency_and_refuses_anything_else(
     assert inline.status_code == 422, inline.text
     assert inline.headers["content-type"] == "application/problem+json"
     assert any("latency" in e["loc"] for e in inline.json()["errors"]), inline.json()
+
+
+async def test_a_rule_only_etcd_holds_is_no_rule_and_the_404_says_what_etcd_holds(
+    client: httpx.AsyncClient, backends: Backends, publish: Publish
+) -> None:
+    key = backends.keys.rule("payment-api")
+    await backends.kv.put(key, json.dumps({"service": "payment-api", **RULE}).encode())
+    response = await client.get("/v1/services/payment-api/rule")
+    assert response.status_code == 404
+    assert "etcd still holds one" in response.json()["detail"]
+    await publish()  # the import is done: a hand's key is removed, not adopted
+    assert await backends.kv.get(key) is None
+    assert "etcd" not in (await client.get("/v1/services/payment-api/rule")).json()["detail"]

@@ -196,12 +196,23 @@ def test_api_url_comes_from_canary_api(api_url: str, service: str) -> None:
     assert json.loads(ok(result))["total"] == 0
 
 
+def shown_in_force(api_url: str, kind: str, service: str, timeout: float = 10.0) -> Any:
+    """`canary <kind> show --json` once the controller's leader has published it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = as_json(canary(api_url, kind, "show", service, "--json"))
+        if shown["applied"] is True or time.monotonic() > deadline:
+            return shown
+        time.sleep(0.05)  # the leader's pass follows the commit; no event to wait on here
+
+
 def test_rules_apply_then_show(api_url: str, rule_file: Path, service: str) -> None:
     assert f"applied the breaker rule of {service}" in ok(
         canary(api_url, "rules", "apply", "-f", str(rule_file))
     )
-    rule = as_json(canary(api_url, "rules", "show", service, "--json"))
+    rule = shown_in_force(api_url, "rules", service)
     assert (rule["service"], rule["threshold_ms"], rule["max_trips"]) == (service, 800, 3)
+    assert (rule["applied"], rule["applied_note"]) == (True, None)
     table = ok(canary(api_url, "rules", "show", service))
     assert "threshold_ms" in table and "800" in table
 

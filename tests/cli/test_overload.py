@@ -9,7 +9,7 @@ import pytest
 from controlplane.auth.roles import Role
 from controlplane.client import files
 from controlplane.kernel.overload import ServiceOverload
-from tests.cli.test_commands import as_json, canary, ok, one_error_line
+from tests.cli.test_commands import as_json, canary, ok, one_error_line, shown_in_force
 from tests.support.auth import TOKENS
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "overload.yaml"
@@ -37,8 +37,9 @@ def test_apply_show_delete(api_url: str, overload_file: Path, service: str) -> N
     assert f"applied the overload protection of {service}" in ok(
         canary(api_url, "overload", "apply", "-f", str(overload_file))
     )
-    shown = as_json(canary(api_url, "overload", "show", service, "--json"))
+    shown = shown_in_force(api_url, "overload", service)
     assert (shown["service"], shown["max_limit"], shown["shed_status"]) == (service, 200, 429)
+    assert shown["applied"] is True
     table = ok(canary(api_url, "overload", "show", service))
     assert "queue_timeout_ms" in table and "/reports/export" in table
 

@@ -11,103 +11,31 @@ leader).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from controlplane.controller.apply import apply_decision
-from controlplane.controller.reconciler import ROUTE_RECONCILED, RouteReconciler
+from controlplane.controller.reconciler import RouteReconciler
 from controlplane.db import experiments as records
-from controlplane.db import routes as desired_routes
-from controlplane.db.migrate import upgrade
 from controlplane.decision.model import (
     Decision,
     EventKind,
     RecordEvent,
     SetCanaryWeight,
 )
-from controlplane.experiments.actions import apply_action, create_experiment
 from controlplane.experiments.lifecycle import Action, BreakerState
 from controlplane.experiments.rollout_state import rollout_state_of
-from controlplane.experiments.store import ExperimentSpec, StepSpec
-from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.errors import BackendUnavailable, NotLeader
-from controlplane.kernel.kv import Fence
-from controlplane.kernel.routes import Route, RouteState, parse_route
+from controlplane.kernel.routes import Route, RouteState
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.settings import Settings
-from controlplane.runtime import Backends, open_backends
+from controlplane.runtime import open_backends
+from tests.support.reconcile_rig import Rig
 from tests.support.routes import two_way_route
 
 SERVICE = "checkout"
 RULE = BreakerRule(service=SERVICE, threshold_ms=200)
-
-
-@dataclass
-class Rig:
-    backends: Backends
-    clock: FakeClock
-    fence: Fence
-    reconciler: RouteReconciler
-
-    async def start(self, service: str = SERVICE) -> int:
-        spec = ExperimentSpec(
-            name=f"{service} v2", service=service,
-            baseline_upstream="http://127.0.0.1:9001", canary_upstream="http://127.0.0.1:9002",
-            steps=(StepSpec(1000, 30), StepSpec(10000, 30)),
-            sticky_header="x-user-id", sticky_cookie=None, rule=None,
-        )
-        experiment = await create_experiment(
-            store=self.backends.store, clock=self.clock, spec=spec, actor="user:test"
-        )
-        await self.act(experiment.id, Action.START)
-        return experiment.id
-
-    async def act(self, experiment_id: int, action: Action) -> None:
-        await apply_action(
-            store=self.backends.store, changes=self.backends.route_changes,
-            clock=self.clock, experiment_id=experiment_id, action=action, actor="user:test",
-        )
-
-    async def full_pass(self) -> None:
-        assert not await self.reconciler.reconcile(self.backends, self.fence)
-
-    async def stored(self, service: str = SERVICE) -> Route | None:
-        value = await self.backends.kv.get(self.backends.keys.route(service))
-        return parse_route(value.value) if value is not None else None
-
-    async def put(self, route: Route, service: str = SERVICE) -> None:
-        await self.backends.kv.put(self.backends.keys.route(service), route.to_json().encode())
-
-    async def desired(self, service: str = SERVICE) -> Route | None:
-        return await self.backends.database.read(desired_routes.desired_route, service=service)
-
-    async def events(self, kind: str = ROUTE_RECONCILED) -> list[dict[str, Any]]:
-        def read(*, session: Any) -> list[dict[str, Any]]:
-            rows, _ = records.list_events(session=session, limit=1000)
-            return [
-                {"experiment_id": e.experiment_id, "service": e.service, "actor": e.actor,
-                 "reason": e.reason, **e.payload}
-                for e in rows if e.kind == kind
-            ]
-
-        return await self.backends.database.read(read)
-
-
-@pytest.fixture
-async def rig(backend_settings: Settings) -> AsyncIterator[Rig]:
-    upgrade(backend_settings.database_url)
-    clock = FakeClock()
-    backends = await open_backends(backend_settings, clock=clock, streams=False)
-    leadership = backends.kv.leadership(backends.keys.election, identity="leader", ttl=3600)
-    fence = await leadership.campaign()
-    try:
-        yield Rig(backends, clock, fence, RouteReconciler())
-    finally:
-        await leadership.resign()
-        await backends.close()
 
 
 def trip(rig_state: Any, now: float) -> Decision:
@@ -224,28 +152,36 @@ async def test_an_etcd_restored_from_an_old_snapshot_gets_the_desired_routes_bac
     assert event["stored"]["revision"] == snapshot.revision
 
 
-@pytest.mark.parametrize(("revision_offset", "found"), [(40, "newer"), (0, "foreign")])
-async def test_a_route_written_by_hand_is_superseded_above_it(
-    rig: Rig, revision_offset: int, found: str
+@pytest.mark.parametrize(
+    ("revision", "found"),
+    [(lambda r: r + 40, "newer"), (lambda r: r, "foreign"), (lambda r: 2**31 - 1, "newer")],
+    ids=["newer", "foreign", "pinned-at-the-largest-revision"],
+)
+async def test_a_route_written_by_hand_is_replaced_by_the_desired_one_in_one_pass(
+    rig: Rig, revision: Any, found: str
 ) -> None:
     eid = await rig.start()
     await rig.full_pass()
     desired = await rig.stored()
     assert desired is not None
-    foreign = two_way_route(desired.revision + revision_offset, experiment="by-hand",
-                            canary_bp=9000, state=RouteState.RUNNING)
+    foreign = two_way_route(revision(desired.revision), experiment="by-hand",
+                            canary_bp=10_000, state=RouteState.RUNNING)
     await rig.put(foreign)
 
     await rig.full_pass()
-    restored = await rig.stored()
-    assert restored == desired.model_copy(update={"revision": foreign.revision + 1})
-    assert await rig.desired() == restored, "the database learns the higher revision first"
+    assert await rig.stored() == desired == await rig.desired(), "etcd moves, SQL does not"
     row = await rig.backends.database.read(records.get_experiment, experiment_id=eid)
-    assert row.route_revision == restored.revision
+    assert row.route_revision == desired.revision
     [event] = await rig.events()
     assert (event["found"], event["stored"]["experiment"]) == (found, "by-hand")
     await rig.full_pass()
     assert len(await rig.events()) == 1, "in sync afterwards"
+
+    # the next commit still grows the desired revision by one, whatever etcd held
+    await rig.act(eid, Action.PAUSE)
+    await rig.full_pass()
+    paused = await rig.stored()
+    assert paused is not None and paused.revision == desired.revision + 1
 
 
 async def test_an_unreadable_route_is_replaced(rig: Rig) -> None:
@@ -268,7 +204,7 @@ async def test_canary_traffic_on_a_service_the_database_does_not_know_is_stopped
 
     await rig.full_pass()
     neutral = await rig.stored("stray")
-    assert neutral is not None and neutral.revision == 4
+    assert neutral is not None and neutral.revision == 3
     assert (neutral.weight_of("baseline"), neutral.weight_of("canary")) == (10_000, 0)
     assert await rig.stored("quiet") == quiet, "a route sending the canary nothing stays"
     [event] = await rig.events()

@@ -42,18 +42,24 @@ CASES = [
     ("older, new leader", DESIRED, stored(route(3, 100)), None,
      Step.PUBLISH, Found.OLDER, 8),
     ("newer than the database knows", DESIRED, stored(route(11, 9000)), 8,
-     Step.SUPERSEDE, Found.NEWER, 12),
+     Step.PUBLISH, Found.NEWER, 8),
+    ("pinned at the largest revision", DESIRED, stored(route(2**31 - 1, 10_000)), 8,
+     Step.PUBLISH, Found.NEWER, 8),
+    ("pinned, new leader", DESIRED, stored(route(2**31 - 1, 10_000)), None,
+     Step.PUBLISH, Found.NEWER, 8),
     ("same revision, other content", DESIRED, stored(route(8, 9000)), 8,
-     Step.SUPERSEDE, Found.FOREIGN, 9),
+     Step.PUBLISH, Found.FOREIGN, 8),
     ("same revision, other experiment", DESIRED, stored(route(8, experiment="x")), None,
-     Step.SUPERSEDE, Found.FOREIGN, 9),
+     Step.PUBLISH, Found.FOREIGN, 8),
     ("unreadable", DESIRED, stored(None), 8, Step.PUBLISH, Found.UNREADABLE, 8),
     ("nothing either side", None, None, None, Step.NOTHING, Found.UNOWNED, None),
     ("unowned, no canary traffic", None, stored(route(4, 0)), None,
      Step.NOTHING, Found.UNOWNED, None),
     ("unowned, unreadable", None, stored(None), None, Step.NOTHING, Found.UNOWNED, None),
     ("unowned canary traffic", None, stored(route(4, 2500)), None,
-     Step.NEUTRALISE, Found.UNOWNED, 5),
+     Step.NEUTRALISE, Found.UNOWNED, 4),
+    ("unowned canary traffic, pinned", None, stored(route(2**31 - 1, 2500)), None,
+     Step.NEUTRALISE, Found.UNOWNED, 2**31 - 1),
 ]
 
 
@@ -72,11 +78,10 @@ def test_plan(
     assert plan.repair == (found not in (Found.IN_SYNC, Found.PENDING) and step is not Step.NOTHING)
 
 
-def test_what_is_written_is_the_desired_route_or_it_raised_above_etcd() -> None:
-    supersede = plan_route(DESIRED, stored(route(11, 9000)), last_written=None)
-    assert supersede.route == DESIRED.model_copy(update={"revision": 12})
-    publish = plan_route(DESIRED, None, last_written=None)
-    assert publish.route == DESIRED
+def test_what_is_written_is_the_desired_route_whatever_etcd_holds() -> None:
+    for held in (stored(route(11, 9000)), stored(route(2**31 - 1, 10_000)), None,
+                 stored(None), stored(route(3))):
+        assert plan_route(DESIRED, held, last_written=None).route == DESIRED
 
 
 def test_an_unowned_canary_gets_everything_sent_to_its_baseline() -> None:
@@ -87,10 +92,11 @@ def test_an_unowned_canary_gets_everything_sent_to_its_baseline() -> None:
     assert plan.route.state is RouteState.ROLLED_BACK and plan.route.experiment == 7
 
 
-def test_a_revision_at_the_ceiling_cannot_be_superseded() -> None:
-    top = route(2**31 - 1, 9000)
-    with pytest.raises(ValueError, match="cannot grow"):
-        plan_route(DESIRED, stored(top), last_written=None)
+def test_no_route_in_etcd_makes_the_plan_raise_the_desired_revision() -> None:
+    # the desired revision grows only by commits: etcd cannot push it to its ceiling
+    for revision in (9, 1000, 2**31 - 2, 2**31 - 1):
+        plan = plan_route(DESIRED, stored(route(revision, 9000)), last_written=8)
+        assert plan.route is not None and plan.route.revision == DESIRED.revision
 
 
 @pytest.mark.parametrize(

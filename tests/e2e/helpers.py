@@ -386,8 +386,14 @@ class Stack:
         )
         return response.json() if response.content else None
 
-    async def put_rule(self, rule: dict[str, Any]) -> None:
-        await self.api("PUT", f"/v1/services/{SERVICE}/rule", rule)
+    async def put_rule(self, rule: dict[str, Any], timeout: float = 15.0) -> None:
+        """PUT the rule, then wait until the controller's leader has published it (the
+        API commits it to SQL; the collectors and the controller read it from etcd)."""
+        answer = await self.api("PUT", f"/v1/services/{SERVICE}/rule", rule)
+        async with asyncio.timeout(timeout):
+            while answer["applied"] is not True:
+                await asyncio.sleep(0.05)  # the leader's pass follows the commit
+                answer = await self.api("GET", f"/v1/services/{SERVICE}/rule")
 
     async def create_and_start(self, name: str, steps: list[tuple[float, int]]) -> int:
         created = await self.api("POST", "/v1/experiments", {

@@ -17,6 +17,7 @@ STORED_VALUES = {
     "overload_hold", "overload_cleared", "created", "updated", "deleted", "start",
     "pause", "resume", "promote", "rollback", "abort", "rule_changed",
     "overload_changed", "rule_rejected", "no_rule", "route_reconciled",
+    "rule_reconciled", "overload_reconciled", "config_imported",
 }  # fmt: skip
 
 

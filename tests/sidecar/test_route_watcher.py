@@ -109,18 +109,22 @@ async def test_a_malformed_route_is_rejected_counted_and_the_last_valid_stays(
     assert watcher.stats.applied == 2
 
 
-async def test_an_older_revision_of_the_same_experiment_is_rejected(
+async def test_the_route_etcd_wrote_last_is_in_force_whatever_its_revision_says(
     kv: KeyValueStore, watcher: RouteWatcher, etcd_prefix: str
 ) -> None:
     key = EtcdKeys(etcd_prefix).route(SERVICE)
     await kv.put(key, route_json(2500, revision=5))
     assert await watcher.wait_for(at_revision(5), APPLY_TIMEOUT)
-    await kv.put(key, route_json(0, revision=4))
-    # a new experiment starts its revisions again, so it is taken
+    # a hand writer pins the largest revision: it claims nothing over later writes
+    await kv.put(key, route_json(10_000, revision=2**31 - 1))
+    assert await watcher.wait_for(at_revision(2**31 - 1), APPLY_TIMEOUT)
+    await kv.put(key, route_json(0, revision=5))  # the leader's repair
+    assert await watcher.wait_for(at_revision(5), APPLY_TIMEOUT)
+    assert watcher.table.choose({"x-user-id": "alice"}).variant == "baseline"
     await kv.put(key, route_json(100, revision=1, experiment=8))
     assert await watcher.wait_for(at_revision(1), APPLY_TIMEOUT)
-    assert watcher.stats.rejected_stale == 1
     assert watcher.table.route is not None and watcher.table.route.experiment == 8
+    assert (watcher.stats.applied, watcher.stats.rejected) == (4, 0)
 
 
 async def test_a_deleted_route_falls_back_to_the_default_upstream(
@@ -207,24 +211,22 @@ async def test_a_route_deleted_while_the_watch_was_lost_is_dropped_after_reconne
         await route_watcher.stop()
 
 
-async def test_a_stale_route_written_while_the_watch_was_lost_is_still_rejected(
+async def test_a_lower_revision_written_while_the_watch_was_lost_is_in_force_after_it(
     outage: Outage, etcd_prefix: str
 ) -> None:
     key = EtcdKeys(etcd_prefix).route(SERVICE)
-    await outage.writer.put(key, route_json(2500, revision=5))
+    await outage.writer.put(key, route_json(2500, revision=2**31 - 1))
     route_watcher = RouteWatcher(outage.consumer_kv, RouteTable(), service=SERVICE,
                                  prefix=etcd_prefix)  # fmt: skip
     route_watcher.start()
     try:
-        assert await route_watcher.wait_for(at_revision(5), APPLY_TIMEOUT)
+        assert await route_watcher.wait_for(at_revision(2**31 - 1), APPLY_TIMEOUT)
 
-        async def write_older(kv: KeyValueStore) -> None:
+        async def write_repair(kv: KeyValueStore) -> None:
             await kv.put(key, route_json(0, revision=4))
 
-        await outage.while_away(write_older)
-        async with asyncio.timeout(15.0):
-            while route_watcher.stats.rejected_stale == 0:
-                await asyncio.sleep(0.02)  # polls a counter the informer sets on etcd I/O
-        assert route_watcher.revision == 5
+        await outage.while_away(write_repair)
+        assert await route_watcher.wait_for(at_revision(4), 15.0)
+        assert route_watcher.table.choose({"x-user-id": "alice"}).variant == "baseline"
     finally:
         await route_watcher.stop()

@@ -1,4 +1,5 @@
-"""/v1/services/{service}/overload: a service's overload protection, kept in etcd."""
+"""/v1/services/{service}/overload: a service's overload protection, kept in SQL; the
+leader's reconciler publishes it to etcd (`applied` says whether it has yet)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,16 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Path, status
 
-from controlplane.api.deps import ClockDep, KeysDep, KvDep, StoreDep
+from controlplane.api.deps import BackendsDep, ClockDep, StoreDep
+from controlplane.api.in_force import OverloadInForce, applied, not_found, without_read_only
 from controlplane.api.problems import problem_responses
 from controlplane.api.security import ActorDep, require
 from controlplane.api.service_bodies import body_schema, validate_for_service
 from controlplane.auth.roles import Role
-from controlplane.experiments.service_overload import (
-    delete_overload,
-    read_overload,
-    write_overload,
-)
-from controlplane.kernel.overload import ServiceOverload
+from controlplane.experiments.service_configs import read_config, remove_config, write_config
+from controlplane.kernel.errors import NotFound
+from controlplane.kernel.overload import OverloadConfig, ServiceOverload
+from controlplane.kernel.service_configs import ConfigKind
 from controlplane.kernel.values import ServiceName
 
 router = APIRouter(prefix="/v1/services", tags=["overload"])
@@ -25,12 +25,24 @@ ServicePath = Annotated[ServiceName, Path(description="the service whose sidecar
 
 
 def overload_for(service: str, body: dict[str, Any]) -> ServiceOverload:
-    return validate_for_service(ServiceOverload, service, body, "overload config")
+    return validate_for_service(
+        ServiceOverload, service, without_read_only(body), "overload config"
+    )
+
+
+async def in_force(backends: BackendsDep, overload: ServiceOverload) -> OverloadInForce:
+    """The config with whether etcd holds it yet."""
+    is_applied, note = await applied(
+        backends, ConfigKind.OVERLOAD, overload.service, overload.config()
+    )
+    return OverloadInForce.model_validate(
+        {**overload.model_dump(), "applied": is_applied, "applied_note": note}
+    )
 
 
 @router.get(
     "/{service}/overload",
-    response_model=ServiceOverload,
+    response_model=OverloadInForce,
     responses=problem_responses(
         502,
         notes={
@@ -40,13 +52,22 @@ def overload_for(service: str, body: dict[str, Any]) -> ServiceOverload:
     ),
     dependencies=[require(Role.VIEWER)],
 )
-async def get_overload(service: ServicePath, kv: KvDep, keys: KeysDep) -> ServiceOverload:
-    return await read_overload(kv=kv, keys=keys, service=service)
+async def get_overload(service: ServicePath, backends: BackendsDep) -> OverloadInForce:
+    try:
+        config = await read_config(
+            store=backends.store, kind=ConfigKind.OVERLOAD, service=service
+        )
+    except NotFound as exc:
+        raise await not_found(backends, ConfigKind.OVERLOAD, exc, service) from exc
+    assert isinstance(config, OverloadConfig)
+    return await in_force(
+        backends, ServiceOverload.model_validate({**config.model_dump(), "service": service})
+    )
 
 
 @router.put(
     "/{service}/overload",
-    response_model=ServiceOverload,
+    response_model=OverloadInForce,
     responses=problem_responses(body=True, notes={422: "invalid config"}),
     dependencies=[require(Role.ADMIN)],
     openapi_extra={"requestBody": body_schema(ServiceOverload)},
@@ -66,16 +87,18 @@ async def put_overload(
         ),
     ],
     store: StoreDep,
-    kv: KvDep,
-    keys: KeysDep,
+    backends: BackendsDep,
     clock: ClockDep,
     actor: ActorDep,
-) -> ServiceOverload:
-    """Replace the service's overload protection; its sidecars put it in force at once."""
+) -> OverloadInForce:
+    """Replace the service's overload protection: committed with its audit event, then
+    published by the leader, and its sidecars put it in force as it arrives (`applied`
+    says whether it has)."""
     overload = overload_for(service, body)
-    return await write_overload(
-        store=store, kv=kv, keys=keys, clock=clock, overload=overload, actor=actor
-    )
+    await write_config(store=store, changes=backends.route_changes, clock=clock,
+                       kind=ConfigKind.OVERLOAD, service=service, config=overload.config(),
+                       actor=actor)
+    return await in_force(backends, overload)
 
 
 @router.delete(
@@ -93,10 +116,11 @@ async def put_overload(
 async def remove_overload(
     service: ServicePath,
     store: StoreDep,
-    kv: KvDep,
-    keys: KeysDep,
+    backends: BackendsDep,
     clock: ClockDep,
     actor: ActorDep,
 ) -> None:
-    """Turn the service's overload protection off: what waits in a queue goes on."""
-    await delete_overload(store=store, kv=kv, keys=keys, clock=clock, service=service, actor=actor)
+    """Turn the service's overload protection off (committed; the leader removes it from
+    etcd within one pass): what waits in a queue goes on."""
+    await remove_config(store=store, changes=backends.route_changes, clock=clock,
+                        kind=ConfigKind.OVERLOAD, service=service, actor=actor)

@@ -1,4 +1,5 @@
-"""/v1/services/{service}/rule: a service's breaker rule, kept in etcd."""
+"""/v1/services/{service}/rule: a service's breaker rule, kept in SQL; the leader's
+reconciler publishes it to etcd (`applied` says whether it has yet)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Path, Query
 
-from controlplane.api.deps import BackendsDep, ClockDep, KeysDep, KvDep, StoreDep
+from controlplane.api.deps import BackendsDep, ClockDep, StoreDep
+from controlplane.api.in_force import RuleInForce, applied, not_found, without_read_only
 from controlplane.api.problems import problem_responses
 from controlplane.api.security import ActorDep, require
 from controlplane.api.service_bodies import body_schema, validate_for_service
@@ -17,10 +19,15 @@ from controlplane.decision.recommend import (
     baseline_windows,
     recommend,
 )
-from controlplane.experiments.service_rules import StoredValueInvalid, read_rule, write_rule
+from controlplane.experiments.service_configs import (
+    StoredValueInvalid,
+    read_config,
+    write_config,
+)
 from controlplane.experiments.store import ExperimentStore
 from controlplane.kernel.errors import NotFound
 from controlplane.kernel.rules import BreakerRule
+from controlplane.kernel.service_configs import ConfigKind
 from controlplane.kernel.streams import DECISIONS_MAXLEN
 from controlplane.kernel.values import ServiceName
 
@@ -30,12 +37,26 @@ ServicePath = Annotated[ServiceName, Path(description="the service the rule guar
 
 
 def rule_for(service: str, body: dict[str, Any]) -> BreakerRule:
-    return validate_for_service(BreakerRule, service, body, "breaker rule")
+    return validate_for_service(BreakerRule, service, without_read_only(body), "breaker rule")
+
+
+async def in_force(backends: BackendsDep, rule: BreakerRule) -> RuleInForce:
+    """The rule with whether etcd holds it yet."""
+    is_applied, note = await applied(backends, ConfigKind.RULE, rule.service, rule)
+    return RuleInForce.model_validate(
+        {**rule.model_dump(), "applied": is_applied, "applied_note": note}
+    )
+
+
+async def read_rule(store: ExperimentStore, service: str) -> BreakerRule:
+    rule = await read_config(store=store, kind=ConfigKind.RULE, service=service)
+    assert isinstance(rule, BreakerRule)
+    return rule
 
 
 @router.get(
     "/{service}/rule",
-    response_model=BreakerRule,
+    response_model=RuleInForce,
     responses=problem_responses(
         502,
         notes={
@@ -45,13 +66,17 @@ def rule_for(service: str, body: dict[str, Any]) -> BreakerRule:
     ),
     dependencies=[require(Role.VIEWER)],
 )
-async def get_rule(service: ServicePath, kv: KvDep, keys: KeysDep) -> BreakerRule:
-    return await read_rule(kv=kv, keys=keys, service=service)
+async def get_rule(service: ServicePath, backends: BackendsDep) -> RuleInForce:
+    try:
+        rule = await read_rule(backends.store, service)
+    except NotFound as exc:
+        raise await not_found(backends, ConfigKind.RULE, exc, service) from exc
+    return await in_force(backends, rule)
 
 
 @router.put(
     "/{service}/rule",
-    response_model=BreakerRule,
+    response_model=RuleInForce,
     responses=problem_responses(body=True, notes={422: "invalid rule"}),
     dependencies=[require(Role.ADMIN)],
     openapi_extra={"requestBody": body_schema(BreakerRule)},
@@ -66,16 +91,16 @@ async def put_rule(
         ),
     ],
     store: StoreDep,
-    kv: KvDep,
-    keys: KeysDep,
+    backends: BackendsDep,
     clock: ClockDep,
     actor: ActorDep,
-) -> BreakerRule:
-    """Replace the service's rule (etcd is its source of truth; SQL logs the change)."""
+) -> RuleInForce:
+    """Replace the service's rule: committed with its audit event, then published to
+    etcd by the leader (`applied` says whether it is yet)."""
     rule = rule_for(service, body)
-    return await write_rule(
-        store=store, kv=kv, keys=keys, clock=clock, rule=rule, actor=actor
-    )
+    await write_config(store=store, changes=backends.route_changes, clock=clock,
+                       kind=ConfigKind.RULE, service=service, config=rule, actor=actor)
+    return await in_force(backends, rule)
 
 
 # a rule's defaults when the service has none yet (or an unreadable one)
@@ -111,9 +136,7 @@ async def recommend_rule(
     the answer carries the per-window summary, the multipliers and the window count.
     """
     try:
-        current: BreakerRule | None = await read_rule(
-            kv=backends.kv, keys=backends.keys, service=service
-        )
+        current: BreakerRule | None = await read_rule(backends.store, service)
     except (NotFound, StoredValueInvalid):
         current = None
     percentile = current.percentile if current else _DEFAULT_PERCENTILE
