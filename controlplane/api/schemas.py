@@ -15,6 +15,7 @@ from pydantic import (
     model_validator,
 )
 
+from controlplane.api.service_bodies import service_optional
 from controlplane.experiments.lifecycle import ExperimentState
 from controlplane.experiments.store import (
     EventRecord,
@@ -166,6 +167,11 @@ def _without_default(schema: dict[str, Any]) -> None:
     schema.pop("default", None)
 
 
+def _inline_rule_schema(schema: dict[str, Any]) -> None:
+    schema.pop("anyOf", None)
+    schema["anyOf"] = [service_optional(BreakerRule), {"type": "null"}]
+
+
 class ExperimentUpdate(BaseModel):
     """A PATCH: the fields given replace the stored ones, then the whole is validated."""
 
@@ -176,7 +182,10 @@ class ExperimentUpdate(BaseModel):
     variants: Variants = _left_out()
     steps: Annotated[Steps, AfterValidator(_steps_increase)] = _left_out()
     sticky: Sticky = _left_out()
-    rule: dict[str, Any] | None = Field(default=None, description="null: no inline rule")
+    # taken as a dict (merged, then validated whole) but documented as the rule it must be
+    rule: dict[str, Any] | None = Field(
+        default=None, description="null: no inline rule", json_schema_extra=_inline_rule_schema
+    )
 
     def apply(self, spec: ExperimentSpec) -> ExperimentSpec:
         merged = ExperimentCreate.from_spec(spec)

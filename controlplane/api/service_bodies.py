@@ -16,11 +16,17 @@ M = TypeVar("M", bound=BaseModel)
 def body_schema(model: type[BaseModel]) -> dict[str, Any]:
     """The OpenAPI `requestBody` of a route that takes `model` as a dict for the service
     in its path: the model's schema, self-contained, with `service` optional."""
+    return {"required": True, "content": {"application/json": {"schema": service_optional(model)}}}
+
+
+def service_optional(model: type[BaseModel]) -> dict[str, Any]:
+    """`model`'s JSON schema, self-contained, with `service` optional (a body that
+    belongs to a service named elsewhere may leave it out)."""
     schema = model.model_json_schema()
     definitions = schema.pop("$defs", {})
     inlined: dict[str, Any] = _inline(schema, definitions)
     inlined["required"] = [name for name in inlined.get("required", []) if name != "service"]
-    return {"required": True, "content": {"application/json": {"schema": inlined}}}
+    return inlined
 
 
 def _inline(node: Any, definitions: dict[str, Any]) -> Any:

@@ -102,6 +102,10 @@ INEXPRESSIBLE = (
         "error is reported next to it and must be forgiven on its own",
     ),
     Inexpressible(
+        r"^(must not be before from|the range may span at most \d+ days)$",
+        "a history range relates its two ends, and a missing end is the current time",
+    ),
+    Inexpressible(
         r"^must be '.*', the service in the path$",
         "a relation between the body and the path (the body may leave the service out)",
     ),
