@@ -255,7 +255,7 @@ class Rig:
 
 async def _create(backends: Backends, n: int, progress: bool) -> list[tuple[str, str]]:
     from controlplane.experiments.actions import apply_action, create_experiment
-    from controlplane.experiments.lifecycle import Action
+    from controlplane.experiments.lifecycle import LifecycleAction
     from controlplane.experiments.store import ExperimentSpec, StepSpec
 
     rules = [
@@ -279,7 +279,7 @@ async def _create(backends: Backends, n: int, progress: bool) -> list[tuple[str,
         )
         await apply_action(
             store=backends.store, changes=backends.route_changes, clock=backends.clock,
-            experiment_id=record.id, action=Action.START, actor="bench",
+            experiment_id=record.id, action=LifecycleAction.START, actor="bench",
         )  # fmt: skip
         made.append((str(record.id), spec.service))
         if progress and (i + 1) % 250 == 0:
