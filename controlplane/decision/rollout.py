@@ -64,7 +64,13 @@ from controlplane.decision.tally import SrmTally, Tally
 from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 from controlplane.kernel.routes import BASELINE, CANARY, TOTAL_WEIGHT, RouteState
-from controlplane.kernel.rules import Action, BreakerRule, NoDataPolicy, OverloadPolicy, SrmPolicy
+from controlplane.kernel.rules import (
+    BreakerRule,
+    NoDataPolicy,
+    OverloadPolicy,
+    SrmPolicy,
+    TripAction,
+)
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.kernel.units import DISTINCT_K
 
@@ -589,7 +595,7 @@ def _trip(
 
 
 def _action_weight(state: RolloutState, rule: BreakerRule, steps: Sequence[Step]) -> int:
-    if rule.action is Action.STOP or state.step_index == 0:
+    if rule.action is TripAction.STOP or state.step_index == 0:
         return 0
     return steps[state.step_index - 1].weight_bp
 
