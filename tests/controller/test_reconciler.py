@@ -43,7 +43,7 @@ def trip(rig_state: Any, now: float) -> Decision:
                                    opened_at=now)
     return Decision(
         new_state=state,
-        actions=(
+        effects=(
             SetCanaryWeight(0, RouteState.TRIPPED),
             RecordEvent(EventKind.TRIPPED, "p99 over the threshold", {"from": "closed",
                                                                       "to": "open"}),
