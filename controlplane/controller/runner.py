@@ -105,8 +105,8 @@ class Round:
 
 
 def only_memory(state: RolloutState, decision: Decision) -> bool:
-    """Does the decision change nothing but the rollout's memory (pure)? No action,
-    route or event, and the same status, breaker, step and weight: such a write can
+    """Does the decision change nothing but the rollout's memory (pure)? No effect
+    (route or event), and the same status, breaker, step and weight: such a write can
     wait for the round's end, where one transaction commits them all."""
     new = decision.new_state
     return not decision.effects and (

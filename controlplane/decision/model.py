@@ -172,12 +172,12 @@ class SetCanaryWeight:
 
 @dataclass(frozen=True)
 class Promote:
-    """Mark the experiment promoted (the route write comes as its own action)."""
+    """Mark the experiment promoted (the route write comes as its own effect)."""
 
 
 @dataclass(frozen=True)
 class Rollback:
-    """Mark the experiment rolled back for good (the route write comes as its own action)."""
+    """Mark the experiment rolled back for good (the route write comes as its own effect)."""
 
 
 @dataclass(frozen=True)
