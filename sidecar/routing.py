@@ -62,7 +62,7 @@ def cookie_value(cookie_header: str | None, name: str) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
-class _Plan:
+class _CompiledRoute:
     """A route compiled for the request path: nothing is parsed per request."""
 
     route: Route
@@ -77,7 +77,7 @@ class _Plan:
     by_name: Mapping[str, Choice]
 
     @classmethod
-    def compile(cls, route: Route) -> _Plan:
+    def compile(cls, route: Route) -> _CompiledRoute:
         experiment = str(route.experiment)
         by_name: dict[str, Choice] = {}
         for variant in route.variants:
@@ -116,12 +116,12 @@ class RouteTable:
         self._force_enabled = force_enabled
         # random() is one C call; randrange() runs Python code per request
         self._random = (rng or random.Random()).random
-        self._plan: _Plan | None = None
+        self._compiled: _CompiledRoute | None = None
 
     @property
     def route(self) -> Route | None:
-        plan = self._plan
-        return plan.route if plan else None
+        compiled = self._compiled
+        return compiled.route if compiled else None
 
     @property
     def default_upstream(self) -> Upstream | None:
@@ -130,7 +130,7 @@ class RouteTable:
     @property
     def ready(self) -> bool:
         """A request can be routed: a route or a default upstream is in force."""
-        return self._plan is not None or self._default is not None
+        return self._compiled is not None or self._default is not None
 
     def apply(self, route: Route | None) -> None:
         """Put a route in force (None: back to the default upstream or 503).
@@ -138,30 +138,30 @@ class RouteTable:
         Raises ValueError when a variant's upstream URL does not parse; the route in
         force then stays.
         """
-        self._plan = _Plan.compile(route) if route is not None else None
+        self._compiled = _CompiledRoute.compile(route) if route is not None else None
 
     def choose(self, headers: Mapping[str, str]) -> Choice:
-        plan = self._plan
-        if plan is None:
+        compiled = self._compiled
+        if compiled is None:
             if self._default is None:
                 raise NoRoute("no route in force and no default upstream")
             return self._default
-        unit = headers.get(plan.header) if plan.header else None
-        if not unit and plan.cookie:
-            unit = cookie_value(headers.get("cookie"), plan.cookie)
+        unit = headers.get(compiled.header) if compiled.header else None
+        if not unit and compiled.cookie:
+            unit = cookie_value(headers.get("cookie"), compiled.cookie)
         if self._force_enabled:
             forced = headers.get(FORCE_HEADER)
             if forced:
-                choice = plan.by_name.get(forced)
+                choice = compiled.by_name.get(forced)
                 if choice is not None:
                     if unit:
-                        _, hashed = bucket_and_hash(plan.salt, unit)
+                        _, hashed = bucket_and_hash(compiled.salt, unit)
                         return Choice(choice.experiment, choice.variant, choice.upstream, hashed)
                     return choice
         if not unit:
-            return plan.slots[bisect_right(plan.bounds, int(self._random() * BUCKETS))]
-        bucket, hashed = bucket_and_hash(plan.salt, unit)
-        choice = plan.slots[bisect_right(plan.bounds, bucket)]
+            return compiled.slots[bisect_right(compiled.bounds, int(self._random() * BUCKETS))]
+        bucket, hashed = bucket_and_hash(compiled.salt, unit)
+        choice = compiled.slots[bisect_right(compiled.bounds, bucket)]
         return Choice(choice.experiment, choice.variant, choice.upstream, hashed)
 
 

@@ -22,13 +22,13 @@ import httpx
 
 from controlplane.auth.jwks import MAX_JWKS_BYTES, JwksFailure, SigningKey, parse_jwks
 from controlplane.auth.jwks_schedule import (
+    FetchPlan,
     FetchPolicy,
     JwksState,
-    Plan,
-    Step,
+    KeyLookup,
     failed,
     live_keys,
-    plan,
+    plan_fetch,
     started,
     succeeded,
 )
@@ -82,19 +82,20 @@ class RemoteJwks:
         """The key `kid` names. Waits at most for the one fetch in flight (itself
         bounded); Unauthenticated for a kid the issuer does not publish,
         IdentityProviderUnavailable when there are no keys to check against."""
-        step = plan(self._state, kid, self._clock.monotonic(), self.policy)
-        if step.step is Step.FETCH:
+        planned = plan_fetch(self._state, kid, self._clock.monotonic(), self.policy)
+        if planned.lookup is KeyLookup.FETCH:
             # shielded: a request that gives up must not cancel the fetch others await
             await asyncio.shield(self._fetch_in_flight())
-            step = plan(self._state, kid, self._clock.monotonic(), self.policy)
-            if step.step is Step.FETCH:  # due again at once (a zero interval): never loop
+            planned = plan_fetch(self._state, kid, self._clock.monotonic(), self.policy)
+            if planned.lookup is KeyLookup.FETCH:  # due again at once (a zero interval): never loop
                 live = live_keys(self._state, self._clock.monotonic(), self.policy)
-                step = Plan(Step.UNAVAILABLE if live is None else Step.UNKNOWN_KID)
-        if step.step is Step.USE and step.key is not None:
-            if step.refresh:
+                refused = KeyLookup.UNAVAILABLE if live is None else KeyLookup.UNKNOWN_KID
+                planned = FetchPlan(refused)
+        if planned.lookup is KeyLookup.USE and planned.key is not None:
+            if planned.refresh:
                 self._fetch_in_flight()
-            return step.key
-        if step.step is Step.UNKNOWN_KID:
+            return planned.key
+        if planned.lookup is KeyLookup.UNKNOWN_KID:
             raise Unauthenticated("no key of the issuer has the token's kid")
         retry = math.ceil(max(1.0, self._state.retry_at - self._clock.monotonic()))
         raise IdentityProviderUnavailable(

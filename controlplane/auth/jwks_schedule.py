@@ -39,7 +39,9 @@ class JwksState:
     error: str = ""  # why the last fetch failed: a JwksFailure reason
 
 
-class Step(StrEnum):
+class KeyLookup(StrEnum):
+    """What a request does with the key its token's `kid` names."""
+
     USE = "use"  # the key is cached
     FETCH = "fetch"  # fetch (or join the fetch in flight), then look again
     UNKNOWN_KID = "unknown_kid"  # keys are cached, none has this kid: 401
@@ -47,8 +49,8 @@ class Step(StrEnum):
 
 
 @dataclass(frozen=True)
-class Plan:
-    step: Step
+class FetchPlan:
+    lookup: KeyLookup
     key: SigningKey | None = None
     refresh: bool = False  # start a fetch in the background as well
 
@@ -60,19 +62,19 @@ def live_keys(state: JwksState, now: float, policy: FetchPolicy) -> KeySet | Non
     return state.keys
 
 
-def plan(state: JwksState, kid: str | None, now: float, policy: FetchPolicy) -> Plan:
+def plan_fetch(state: JwksState, kid: str | None, now: float, policy: FetchPolicy) -> FetchPlan:
     """What a request whose token names `kid` does at `now`."""
     may_fetch = now >= state.retry_at
     keys = live_keys(state, now, policy)
     if keys is None:
-        return Plan(Step.FETCH) if may_fetch else Plan(Step.UNAVAILABLE)
+        return FetchPlan(KeyLookup.FETCH) if may_fetch else FetchPlan(KeyLookup.UNAVAILABLE)
     key = keys.select(kid)
     if key is not None:
         stale = now - state.fetched_at >= policy.refresh_after_sec
-        return Plan(Step.USE, key, refresh=stale and may_fetch)
+        return FetchPlan(KeyLookup.USE, key, refresh=stale and may_fetch)
     if may_fetch and now - state.attempted_at >= policy.min_refetch_sec:
-        return Plan(Step.FETCH)
-    return Plan(Step.UNKNOWN_KID)
+        return FetchPlan(KeyLookup.FETCH)
+    return FetchPlan(KeyLookup.UNKNOWN_KID)
 
 
 def started(state: JwksState, now: float) -> JwksState:

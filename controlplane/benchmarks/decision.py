@@ -414,8 +414,8 @@ class Controller:
         self.effective_bp = state.canary_bp
         self.pending: list[tuple[float, int]] = []
 
-    def apply(self, actions: Sequence[object], now: float) -> None:
-        for a in actions:
+    def apply(self, effects: Sequence[object], now: float) -> None:
+        for a in effects:
             if isinstance(a, SetCanaryWeight):
                 self.pending.append((now + ROUTE_DELAY_SEC, a.canary_bp))
 
@@ -457,7 +457,7 @@ def _aa_schedule(mode: str, traffic: Traffic, hold_sec: float, use_fast: bool) -
     )
     first = start(steps, 0.0)
     loop = Controller(rule, steps, first.new_state)
-    loop.apply(first.actions, 0.0)
+    loop.apply(first.effects, 0.0)
     now, trips, srm_events, naive_alarm = 0.0, 0, 0, False
     first_trip: dict[str, Any] | None = None
     limit = 20 * len(steps) * max(hold_sec, rule.window_sec)
@@ -470,7 +470,7 @@ def _aa_schedule(mode: str, traffic: Traffic, hold_sec: float, use_fast: bool) -
         before = loop.state
         d = decide(loop.state, snaps, rule, steps, now, fast)
         loop.state = d.new_state
-        loop.apply(d.actions, now)
+        loop.apply(d.effects, now)
         kinds = [e.kind for e in d.events]
         tripped = kinds.count(EventKind.TRIPPED) + kinds.count(EventKind.PROBE_FAILED)
         if tripped and first_trip is None:

@@ -19,7 +19,7 @@ collector` process consumes them, the controller evaluates. Measured at each N:
 - `trip`: among N experiments fed healthy samples, one canary turns bad: time from
   its first bad batch to the trip committed in SQL, and to the route with no canary
   weight in force in a sidecar's route table (watching etcd);
-- `several`: with `Plan.collectors` collector processes sharing the streams (the
+- `several`: with `ScaleRun.collectors` collector processes sharing the streams (the
   first one and others started then), the steady feed's CPU (summed over them) and
   publishes, and a trip of another experiment, the leader running throughout.
 
@@ -87,7 +87,7 @@ SEVERAL_COLLECTORS = 2
 
 
 @dataclass(frozen=True)
-class Plan:
+class ScaleRun:
     """How much of each part a run does."""
 
     sizes: tuple[int, ...]
@@ -102,13 +102,13 @@ class Plan:
     collectors: int = 1
 
 
-FULL = Plan(SIZES, WATCHERS, 1_000_000, 20, float(WINDOW_SEC), 1, 20, SEVERAL_COLLECTORS)
-QUICK = Plan(QUICK_SIZES, QUICK_WATCHERS, 200_000, 6, 3.0, 1, 10, SEVERAL_COLLECTORS)
+FULL = ScaleRun(SIZES, WATCHERS, 1_000_000, 20, float(WINDOW_SEC), 1, 20, SEVERAL_COLLECTORS)
+QUICK = ScaleRun(QUICK_SIZES, QUICK_WATCHERS, 200_000, 6, 3.0, 1, 10, SEVERAL_COLLECTORS)
 MAX_SIZE = 10_000
 MAX_COLLECTORS = 8
 
 
-def narrowed(plan: Plan, only: str) -> Plan:
+def narrowed(plan: ScaleRun, only: str) -> ScaleRun:
     """`plan` cut to the parts `--only` names (pure): numbers are the N to run, `watch`
     the watch fan-out, `collectors=K` the collectors of the second pass. Without a
     number every N of the plan runs; without `watch` none of the fan-out."""
@@ -255,7 +255,7 @@ class Rig:
 
 async def _create(backends: Backends, n: int, progress: bool) -> list[tuple[str, str]]:
     from controlplane.experiments.actions import apply_action, create_experiment
-    from controlplane.experiments.lifecycle import Action
+    from controlplane.experiments.lifecycle import LifecycleAction
     from controlplane.experiments.store import ExperimentSpec, StepSpec
 
     rules = [
@@ -279,7 +279,7 @@ async def _create(backends: Backends, n: int, progress: bool) -> list[tuple[str,
         )
         await apply_action(
             store=backends.store, changes=backends.route_changes, clock=backends.clock,
-            experiment_id=record.id, action=Action.START, actor="bench",
+            experiment_id=record.id, action=LifecycleAction.START, actor="bench",
         )  # fmt: skip
         made.append((str(record.id), spec.service))
         if progress and (i + 1) % 250 == 0:
@@ -523,7 +523,7 @@ async def _trips(
 
 
 async def _one_size(
-    n: int, plan: Plan, redis_url: str, etcd: str, progress: bool
+    n: int, plan: ScaleRun, redis_url: str, etcd: str, progress: bool
 ) -> dict[str, Any]:
     import redis.asyncio as aioredis
 
@@ -608,7 +608,7 @@ async def _one_size(
 
 
 async def _several(
-    rig: Rig, leader: Controller, plan: Plan, redis_url: str, etcd: str, admin: int
+    rig: Rig, leader: Controller, plan: ScaleRun, redis_url: str, etcd: str, admin: int
 ) -> dict[str, Any]:
     """The steady feed and a trip again (another experiment), with `plan.collectors`
     collector processes sharing the streams' consumer group: the first one's, the
@@ -761,7 +761,7 @@ async def _fan_out(m: int, puts: int, etcd: str) -> dict[str, Any]:
 
 
 def run(
-    *, quick: bool, progress: bool, plan: Plan | None = None, only: str | None = None
+    *, quick: bool, progress: bool, plan: ScaleRun | None = None, only: str | None = None
 ) -> dict[str, Any]:
     plan = plan or (QUICK if quick else FULL)
     if only is not None:

@@ -33,9 +33,9 @@ def decided_state(
     """The experiment as the decision leaves it (pure)."""
     state = decision.new_state
     lifecycle = experiment.state
-    if any(isinstance(a, Promote) for a in decision.actions):
+    if any(isinstance(a, Promote) for a in decision.effects):
         lifecycle = ExperimentState.PROMOTED
-    elif any(isinstance(a, Rollback) for a in decision.actions):
+    elif any(isinstance(a, Rollback) for a in decision.effects):
         lifecycle = ExperimentState.ROLLED_BACK
     breaker_moved = experiment.breaker_state is not state.breaker
     step_moved = experiment.current_step != state.step_index

@@ -26,7 +26,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from controlplane.controller.metrics import ControllerStats
-from controlplane.controller.value_plan import StoredValue, ValueFound, ValueStep, plan_values
+from controlplane.controller.value_plan import StoredValue, ValueChange, ValueFound, plan_values
 from controlplane.db import experiments as records
 from controlplane.db import service_configs as desired_configs
 from controlplane.experiments.events import EventKind
@@ -73,17 +73,17 @@ async def read_values(
     return found
 
 
-async def apply_step(
-    kv: KeyValueStore, key: str, step: ValueStep[T], to_bytes: Callable[[T], bytes],
+async def apply_change(
+    kv: KeyValueStore, key: str, change: ValueChange[T], to_bytes: Callable[[T], bytes],
     fence: Fence | None,
 ) -> int:
-    """Write or delete as `step` says; the key's mod revision after it (0: deleted).
+    """Write or delete as `change` says; the key's mod revision after it (0: deleted).
     A delete takes whatever the key holds: nothing should be there."""
-    if step.write is None:
+    if change.write is None:
         await kv.delete(key, fence=fence)
         return 0
     return await kv.compare_and_swap(
-        key, to_bytes(step.write), expected_mod_revision=step.expected_mod_revision, fence=fence
+        key, to_bytes(change.write), expected_mod_revision=change.expected_mod_revision, fence=fence
     )
 
 
@@ -129,27 +129,27 @@ class ConfigReconciler:
             stored.pop(service, None)
         listed = kind in self._listed
         again = False
-        for step in plan_values(desired, stored):
-            key = kind.key(backends.keys, step.name)
-            held = stored.get(step.name)
+        for change in plan_values(desired, stored):
+            key = kind.key(backends.keys, change.name)
+            held = stored.get(change.name)
             try:
-                revision = await apply_step(
-                    backends.kv, key, step, partial(config_bytes, kind, step.name), fence
+                revision = await apply_change(
+                    backends.kv, key, change, partial(config_bytes, kind, change.name), fence
                 )
             except RevisionConflict as exc:
                 self.stats.conflicts += 1
                 self._seen.pop(key, None)
                 log.info("%s of %r changed under the reconciler: %s",
-                         kind.described, step.name, exc)
+                         kind.described, change.name, exc)
                 again = True
                 continue
-            if step.write is None:
+            if change.write is None:
                 self.stats.configs_deleted += 1
             else:
                 self.stats.configs_published += 1
             held_revision = held.mod_revision if held is not None else 0
             if not listed or self._seen.get(key, 0) != held_revision:
-                await self._record_repair(backends, fence, kind, step, held)
+                await self._record_repair(backends, fence, kind, change, held)
             self._seen[key] = revision
         for service, value in stored.items():
             if value.value is not None and desired.get(service) == value.value:
@@ -159,7 +159,7 @@ class ConfigReconciler:
 
     async def _record_repair(
         self, backends: Backends, fence: Fence | None, kind: ConfigKind,
-        step: ValueStep[ServiceConfig], held: StoredValue[ServiceConfig] | None,
+        change: ValueChange[ServiceConfig], held: StoredValue[ServiceConfig] | None,
     ) -> None:
         self.stats.configs_reconciled += 1
         what = {
@@ -167,22 +167,22 @@ class ConfigReconciler:
             ValueFound.FOREIGN: "another value than the desired one",
             ValueFound.UNREADABLE: "a value that is none",
             ValueFound.UNOWNED: "a value the database has none for",
-        }[step.found]
-        done = "removed it" if step.write is None else "published the desired one"
+        }[change.found]
+        done = "removed it" if change.write is None else "published the desired one"
         reason = f"etcd held {what} as {kind.described}: {done}"
-        log.warning("service %r: %s", step.name, reason)
+        log.warning("service %r: %s", change.name, reason)
         payload: dict[str, Any] = {
-            "found": step.found.value,
-            "stored": _document(kind, step.name, held),
+            "found": change.found.value,
+            "stored": _document(kind, change.name, held),
             "published": (
-                config_document(kind, step.name, step.write) if step.write is not None else None
+                None if change.write is None else config_document(kind, change.name, change.write)
             ),
         }
         if fence is not None:
             payload["leader_fence"] = {"key": fence.key, "revision": fence.create_revision}
         now = utc_now(backends.clock)
         async with backends.database.transaction() as tx:
-            await tx.run(records.record_event, service=step.name, at=now, actor="controller",
+            await tx.run(records.record_event, service=change.name, at=now, actor="controller",
                          kind=RECONCILED[kind], reason=reason, payload=payload)
 
     async def _import(

@@ -42,12 +42,12 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from controlplane.controller.configs import ConfigReconciler, apply_step, read_values
+from controlplane.controller.configs import ConfigReconciler, apply_change, read_values
 from controlplane.controller.metrics import ControllerStats
 from controlplane.controller.route_plan import (
     Found,
-    Plan,
-    Step,
+    RouteOp,
+    RoutePlan,
     Stored,
     moved_services,
     plan_route,
@@ -267,17 +267,17 @@ class RouteReconciler:
         )
         desired = await backends.database.read(desired_window_rules)
         again = False
-        for step in plan_values(desired, stored):
+        for change in plan_values(desired, stored):
             try:
-                await apply_step(backends.kv, backends.keys.window(step.name), step,
+                await apply_change(backends.kv, backends.keys.window(change.name), change,
                                  _window_bytes, fence)
             except RevisionConflict as exc:
                 self.stats.conflicts += 1
                 log.info("window rule of experiment %s changed under the reconciler: %s",
-                         step.name, exc)
+                         change.name, exc)
                 again = True
                 continue
-            if step.write is None:
+            if change.write is None:
                 self.stats.window_rules_deleted += 1
             else:
                 self.stats.window_rules_published += 1
@@ -306,7 +306,7 @@ class RouteReconciler:
         desired: Route | None, stored: Stored | None,
     ) -> None:
         plan = plan_route(desired, stored, last_written=self._last_written.get(service))
-        if plan.step is Step.NOTHING:
+        if plan.op is RouteOp.NOTHING:
             if plan.found is Found.IN_SYNC and desired is not None:
                 self._last_written[service] = desired.revision
             return
@@ -325,7 +325,7 @@ class RouteReconciler:
             await self._record(backends, service, plan, stored, fence)
 
     async def _record(
-        self, backends: Backends, service: str, plan: Plan, stored: Stored | None,
+        self, backends: Backends, service: str, plan: RoutePlan, stored: Stored | None,
         fence: Fence | None,
     ) -> None:
         now = utc_now(backends.clock)
@@ -333,7 +333,7 @@ class RouteReconciler:
             await tx.run(_record_event, **self._event(service, plan, stored, fence, now))
 
     def _event(
-        self, service: str, plan: Plan, stored: Stored | None, fence: Fence | None, now: Any
+        self, service: str, plan: RoutePlan, stored: Stored | None, fence: Fence | None, now: Any
     ) -> dict[str, Any]:
         assert plan.route is not None
         payload: dict[str, Any] = {
@@ -348,7 +348,7 @@ class RouteReconciler:
         }
         if fence is not None:
             payload["leader_fence"] = fence_entry(fence)
-        experiment = plan.route.experiment if plan.step is not Step.NEUTRALISE else None
+        experiment = plan.route.experiment if plan.op is not RouteOp.NEUTRALISE else None
         return {
             "service": service,
             "experiment_id": experiment if isinstance(experiment, int) else None,
@@ -367,7 +367,7 @@ def _describe(route: Route) -> str:
             f"(canary {route.weight_of(CANARY)} bp, {route.state.value})")
 
 
-def _reason(plan: Plan, stored: Stored | None) -> str:
+def _reason(plan: RoutePlan, stored: Stored | None) -> str:
     assert plan.route is not None
     held = (
         "no route" if stored is None

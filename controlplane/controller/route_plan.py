@@ -1,4 +1,4 @@
-"""What the leader does about one service's route: desired (SQL) vs stored (etcd) → step.
+"""What the leader does about one service's route: desired (SQL) vs stored (etcd) → a RouteOp.
 
 Pure: the reconciler (controller.reconciler) reads both sides, asks `plan_route`, and
 does what it says. Level-triggered: the answer depends only on what is there now,
@@ -51,7 +51,7 @@ class Found(StrEnum):
     UNOWNED = "unowned"  # a route on a service the database has none for
 
 
-class Step(StrEnum):
+class RouteOp(StrEnum):
     NOTHING = "nothing"
     PUBLISH = "publish"
     NEUTRALISE = "neutralise"
@@ -66,15 +66,17 @@ class Stored:
 
 
 @dataclass(frozen=True)
-class Plan:
-    step: Step
+class RoutePlan:
+    """The reconciler's verdict on one service: what to do, what it found, what to write."""
+
+    op: RouteOp
     found: Found
     route: Route | None = None  # what to write
 
     @property
     def repair(self) -> bool:
         """Whether etcd held something it should not: worth a `route_reconciled` event."""
-        return self.found not in (Found.IN_SYNC, Found.PENDING) and self.step is not Step.NOTHING
+        return self.found not in (Found.IN_SYNC, Found.PENDING) and self.op is not RouteOp.NOTHING
 
 
 def baseline_only(route: Route, revision: int) -> Route | None:
@@ -91,8 +93,10 @@ def baseline_only(route: Route, revision: int) -> Route | None:
     )
 
 
-def plan_route(desired: Route | None, stored: Stored | None, *, last_written: int | None) -> Plan:
-    """The step that makes the stored route equal the desired one.
+def plan_route(
+    desired: Route | None, stored: Stored | None, *, last_written: int | None
+) -> RoutePlan:
+    """The operation that makes the stored route equal the desired one.
 
     `stored`: None when the key is missing. `last_written`: the revision this leader
     last wrote (or saw in sync) for the service; None when it has not yet.
@@ -100,24 +104,24 @@ def plan_route(desired: Route | None, stored: Stored | None, *, last_written: in
     current = stored.route if stored is not None else None
     if desired is None:
         if current is None or current.weight_of(CANARY) == 0:
-            return Plan(Step.NOTHING, Found.UNOWNED)
+            return RoutePlan(RouteOp.NOTHING, Found.UNOWNED)
         neutral = baseline_only(current, current.revision)
         if neutral is None:
-            return Plan(Step.NOTHING, Found.UNOWNED)
-        return Plan(Step.NEUTRALISE, Found.UNOWNED, neutral)
+            return RoutePlan(RouteOp.NOTHING, Found.UNOWNED)
+        return RoutePlan(RouteOp.NEUTRALISE, Found.UNOWNED, neutral)
     if stored is not None and current is None:
-        return Plan(Step.PUBLISH, Found.UNREADABLE, desired)
+        return RoutePlan(RouteOp.PUBLISH, Found.UNREADABLE, desired)
     if current is not None and current.revision >= desired.revision:
         if current == desired:
-            return Plan(Step.NOTHING, Found.IN_SYNC)
+            return RoutePlan(RouteOp.NOTHING, Found.IN_SYNC)
         found = Found.NEWER if current.revision > desired.revision else Found.FOREIGN
-        return Plan(Step.PUBLISH, found, desired)
+        return RoutePlan(RouteOp.PUBLISH, found, desired)
     held = current.revision if current is not None else 0
     # what etcd should hold while the route waits to be published
     expected = last_written if last_written is not None else desired.revision - 1
     if held == expected:
-        return Plan(Step.PUBLISH, Found.PENDING, desired)
-    return Plan(Step.PUBLISH, Found.MISSING if current is None else Found.OLDER, desired)
+        return RoutePlan(RouteOp.PUBLISH, Found.PENDING, desired)
+    return RoutePlan(RouteOp.PUBLISH, Found.MISSING if current is None else Found.OLDER, desired)
 
 
 def moved_services(seen: Mapping[str, int], now: Mapping[str, int]) -> frozenset[str]:

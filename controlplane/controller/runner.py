@@ -105,11 +105,11 @@ class Round:
 
 
 def only_memory(state: RolloutState, decision: Decision) -> bool:
-    """Does the decision change nothing but the rollout's memory (pure)? No action,
-    route or event, and the same status, breaker, step and weight: such a write can
+    """Does the decision change nothing but the rollout's memory (pure)? No effect
+    (route or event), and the same status, breaker, step and weight: such a write can
     wait for the round's end, where one transaction commits them all."""
     new = decision.new_state
-    return not decision.actions and (
+    return not decision.effects and (
         new.status, new.breaker, new.step_index, new.canary_bp
     ) == (state.status, state.breaker, state.step_index, state.canary_bp)
 
@@ -369,7 +369,7 @@ class Controller:
         self.history.observe(experiment.id, snapshots, rule, experiment.canary_weight_bp, now)
         decision = decide(state, snapshots, rule, steps_of(experiment), now, fast)
         self.stats.evaluations += 1
-        changed = decision.new_state != state or bool(decision.actions)
+        changed = decision.new_state != state or bool(decision.effects)
         if span is not None:
             span.set_attributes(decision_attributes(decision, changed))
         if not changed:

@@ -1,7 +1,7 @@
 """What the leader does about keyed values without a revision of their own (window
 rules, breaker rules, overload protection): desired (SQL) vs stored (etcd) → writes
 and deletes. Pure and level-triggered, like route_plan; the reconciler reads both
-sides and applies the steps, each a compare-and-swap on the mod revision it read.
+sides and applies the changes, each a compare-and-swap on the mod revision it read.
 
     desired, stored equal          → nothing
     desired, stored other          → write (foreign: somebody else wrote it)
@@ -41,7 +41,7 @@ class StoredValue(Generic[T]):
 
 
 @dataclass(frozen=True)
-class ValueStep(Generic[T]):
+class ValueChange(Generic[T]):
     name: str  # the key's last segment: an experiment id, a service
     write: T | None  # None: delete the key
     expected_mod_revision: int  # 0: the key must not exist
@@ -50,19 +50,19 @@ class ValueStep(Generic[T]):
 
 def plan_values(
     desired: Mapping[str, T], stored: Mapping[str, StoredValue[T]]
-) -> list[ValueStep[T]]:
+) -> list[ValueChange[T]]:
     """The writes and deletes that make the stored values equal the desired ones."""
-    steps: list[ValueStep[T]] = []
+    changes: list[ValueChange[T]] = []
     for name in sorted(set(desired) | set(stored)):
         want = desired.get(name)
         held = stored.get(name)
         if want is None:
             assert held is not None
-            steps.append(ValueStep(name, None, held.mod_revision, ValueFound.UNOWNED))
+            changes.append(ValueChange(name, None, held.mod_revision, ValueFound.UNOWNED))
         elif held is None:
-            steps.append(ValueStep(name, want, 0, ValueFound.MISSING))
+            changes.append(ValueChange(name, want, 0, ValueFound.MISSING))
         elif held.value is None:
-            steps.append(ValueStep(name, want, held.mod_revision, ValueFound.UNREADABLE))
+            changes.append(ValueChange(name, want, held.mod_revision, ValueFound.UNREADABLE))
         elif held.value != want:
-            steps.append(ValueStep(name, want, held.mod_revision, ValueFound.FOREIGN))
-    return steps
+            changes.append(ValueChange(name, want, held.mod_revision, ValueFound.FOREIGN))
+    return changes

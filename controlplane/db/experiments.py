@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from controlplane.db.models import Event, Experiment, Step, Variant
+from controlplane.db.models import Event, Experiment, StepRow, Variant
 from controlplane.db.notifications import enqueue_for_event
 from controlplane.experiments.events import EventKind
 from controlplane.experiments.store import ExperimentSpec, StepSpec
@@ -34,7 +34,7 @@ def _apply_spec(experiment: Experiment, spec: ExperimentSpec) -> None:
         Variant(name=CANARY, upstream=spec.canary_upstream),
     ]
     experiment.steps = [
-        Step(position=i, weight_bp=s.weight_bp, hold_sec=s.hold_sec)
+        StepRow(position=i, weight_bp=s.weight_bp, hold_sec=s.hold_sec)
         for i, s in enumerate(spec.steps)
     ]
 

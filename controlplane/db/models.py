@@ -122,10 +122,10 @@ class Experiment(Base):
         order_by="Variant.name",
         lazy="selectin",
     )
-    steps: Mapped[list[Step]] = relationship(
+    steps: Mapped[list[StepRow]] = relationship(
         back_populates="experiment",
         cascade="all, delete-orphan",
-        order_by="Step.position",
+        order_by="StepRow.position",
         lazy="selectin",
     )
 
@@ -149,7 +149,9 @@ class Variant(Base):
     experiment: Mapped[Experiment] = relationship(back_populates="variants")
 
 
-class Step(Base):
+class StepRow(Base):
+    """One step of an experiment's schedule, as stored (decision.model.Step is the value)."""
+
     __tablename__ = "steps"
     __table_args__ = (
         UniqueConstraint("experiment_id", "position"),

@@ -1,7 +1,7 @@
-"""What the decision core reads and returns: steps, the rollout state, decisions, actions.
+"""What the decision core reads and returns: steps, the rollout state, decisions, effects.
 
 Everything here is a frozen value. The controller keeps the latest `RolloutState`,
-hands it to `decide()` with fresh snapshots, applies the returned actions and keeps
+hands it to `decide()` with fresh snapshots, applies the returned effects and keeps
 `decision.new_state` for the next call.
 """
 
@@ -172,12 +172,12 @@ class SetCanaryWeight:
 
 @dataclass(frozen=True)
 class Promote:
-    """Mark the experiment promoted (the route write comes as its own action)."""
+    """Mark the experiment promoted (the route write comes as its own effect)."""
 
 
 @dataclass(frozen=True)
 class Rollback:
-    """Mark the experiment rolled back for good (the route write comes as its own action)."""
+    """Mark the experiment rolled back for good (the route write comes as its own effect)."""
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ class RecordEvent:
     payload: dict[str, Any]
 
 
-RolloutAction = SetCanaryWeight | Promote | Rollback | RecordEvent
+RolloutEffect = SetCanaryWeight | Promote | Rollback | RecordEvent
 
 
 @dataclass(frozen=True)
@@ -197,15 +197,15 @@ class Decision:
     """What `decide` concluded. `next_check_at` is the latest time to call it again."""
 
     new_state: RolloutState
-    actions: tuple[RolloutAction, ...]
+    effects: tuple[RolloutEffect, ...]
     reason: str
     evidence: dict[str, Any]
     next_check_at: float | None
 
     @property
     def route_write(self) -> SetCanaryWeight | None:
-        return next((a for a in self.actions if isinstance(a, SetCanaryWeight)), None)
+        return next((a for a in self.effects if isinstance(a, SetCanaryWeight)), None)
 
     @property
     def events(self) -> tuple[RecordEvent, ...]:
-        return tuple(a for a in self.actions if isinstance(a, RecordEvent))
+        return tuple(a for a in self.effects if isinstance(a, RecordEvent))

@@ -2,7 +2,7 @@
 
     decide(state, snapshots, rule, steps, now, fast=None) -> Decision
 
-No I/O and no clock: `now` and the snapshots come in, the new state and the actions
+No I/O and no clock: `now` and the snapshots come in, the new state and the effects
 to apply go out. The controller calls it on every fresh snapshot and no later than
 `decision.next_check_at`.
 
@@ -52,7 +52,7 @@ from controlplane.decision.model import (
     Promote,
     RecordEvent,
     Rollback,
-    RolloutAction,
+    RolloutEffect,
     RolloutState,
     SetCanaryWeight,
     Step,
@@ -64,7 +64,13 @@ from controlplane.decision.tally import SrmTally, Tally
 from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 from controlplane.kernel.routes import BASELINE, CANARY, TOTAL_WEIGHT, RouteState
-from controlplane.kernel.rules import Action, BreakerRule, NoDataPolicy, OverloadPolicy, SrmPolicy
+from controlplane.kernel.rules import (
+    BreakerRule,
+    NoDataPolicy,
+    OverloadPolicy,
+    SrmPolicy,
+    TripAction,
+)
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.kernel.units import DISTINCT_K
 
@@ -166,11 +172,11 @@ def start(steps: Sequence[Step], now: float) -> Decision:
     )
     reason = f"started at step 1 of {len(steps)}: canary {bp} bp"
     evidence = {"at": now, "weights": {"canary_bp_before": 0, "canary_bp_after": bp}}
-    actions: tuple[RolloutAction, ...] = (
+    effects: tuple[RolloutEffect, ...] = (
         SetCanaryWeight(bp, RouteState.RUNNING),
         RecordEvent(EventKind.STARTED, reason, _payload("draft", "running", evidence)),
     )
-    return Decision(state, actions, reason, evidence, now + steps[0].hold_sec)
+    return Decision(state, effects, reason, evidence, now + steps[0].hold_sec)
 
 
 def decide(
@@ -408,11 +414,11 @@ def _while_open(state: RolloutState, rule: BreakerRule, now: float) -> Decision:
     )
     evidence = _evidence(state, new, rule, now, None)
     reason = f"cooldown of {rule.cooldown_sec:g}s over: probing at {rule.half_open_weight} bp"
-    actions: tuple[RolloutAction, ...] = (
+    effects: tuple[RolloutEffect, ...] = (
         SetCanaryWeight(rule.half_open_weight, RouteState.HALF_OPEN),
         RecordEvent(EventKind.HALF_OPEN, reason, _payload("open", "half_open", evidence)),
     )
-    return Decision(new, actions, reason, evidence, now + rule.window_sec)
+    return Decision(new, effects, reason, evidence, now + rule.window_sec)
 
 
 def _while_closed(
@@ -509,7 +515,7 @@ def _hold(
     now: float,
     gate: Evaluation | None,
     reason: str,
-    srm_events: tuple[RolloutAction, ...],
+    srm_events: tuple[RolloutEffect, ...],
     *,
     until: float,
 ) -> Decision:
@@ -544,7 +550,7 @@ def _trip(
     steps: Sequence[Step],
     now: float,
     reason: str,
-    extra: tuple[RolloutAction, ...],
+    extra: tuple[RolloutEffect, ...],
     gate: Evaluation | None = None,
 ) -> Decision:
     trips = state.trips + 1
@@ -567,29 +573,29 @@ def _trip(
         )
         evidence = _evidence(state, new, rule, now, look, gate=gate)
         why = f"trip {trips} of max_trips {rule.max_trips}: rolled back; {reason}"
-        actions: tuple[RolloutAction, ...] = (
+        effects: tuple[RolloutEffect, ...] = (
             *extra,
             SetCanaryWeight(0, RouteState.ROLLED_BACK),
             Rollback(),
             RecordEvent(kind, reason, _payload(from_state, "open", evidence)),
             RecordEvent(EventKind.ROLLED_BACK, why, _payload("running", "rolled_back", evidence)),
         )
-        return Decision(new, actions, why, evidence, None)
+        return Decision(new, effects, why, evidence, None)
 
     bp = _action_weight(state, rule, steps)
     new = state.with_changes(canary_bp=bp, **common)
     evidence = _evidence(state, new, rule, now, look, gate=gate)
     why = f"trip {trips} of {rule.max_trips} ({rule.action.value}: canary {bp} bp); {reason}"
-    actions = (
+    effects = (
         *extra,
         SetCanaryWeight(bp, RouteState.TRIPPED),
         RecordEvent(kind, why, _payload(from_state, "open", evidence)),
     )
-    return Decision(new, actions, why, evidence, now + rule.cooldown_sec)
+    return Decision(new, effects, why, evidence, now + rule.cooldown_sec)
 
 
 def _action_weight(state: RolloutState, rule: BreakerRule, steps: Sequence[Step]) -> int:
-    if rule.action is Action.STOP or state.step_index == 0:
+    if rule.action is TripAction.STOP or state.step_index == 0:
         return 0
     return steps[state.step_index - 1].weight_bp
 
@@ -601,7 +607,7 @@ def _close(
     steps: Sequence[Step],
     now: float,
     gate: Evaluation,
-    extra: tuple[RolloutAction, ...],
+    extra: tuple[RolloutEffect, ...],
 ) -> Decision:
     # resume one step below the one that tripped: its weight was last seen healthy
     index = max(state.step_index - 1, 0)
@@ -620,12 +626,12 @@ def _close(
     )
     evidence = _evidence(state, new, rule, now, look, gate=gate)
     reason = f"probe passed: closed, resuming at step {index + 1} ({bp} bp)"
-    actions: tuple[RolloutAction, ...] = (
+    effects: tuple[RolloutEffect, ...] = (
         *extra,
         SetCanaryWeight(bp, RouteState.RUNNING),
         RecordEvent(EventKind.PROBE_PASSED, reason, _payload("half_open", "closed", evidence)),
     )
-    return Decision(new, actions, reason, evidence, now + steps[index].hold_sec)
+    return Decision(new, effects, reason, evidence, now + steps[index].hold_sec)
 
 
 def _advance(
@@ -635,7 +641,7 @@ def _advance(
     steps: Sequence[Step],
     now: float,
     gate: Evaluation,
-    extra: tuple[RolloutAction, ...],
+    extra: tuple[RolloutEffect, ...],
 ) -> Decision:
     index = state.step_index + 1
     if index >= len(steps):
@@ -647,13 +653,13 @@ def _advance(
         )
         evidence = _evidence(state, new, rule, now, look, gate=gate)
         reason = f"last step ({len(steps)}) passed: promoted"
-        actions: tuple[RolloutAction, ...] = (
+        effects: tuple[RolloutEffect, ...] = (
             *extra,
             SetCanaryWeight(TOTAL_WEIGHT, RouteState.PROMOTED),
             Promote(),
             RecordEvent(EventKind.PROMOTED, reason, _payload("running", "promoted", evidence)),
         )
-        return Decision(new, actions, reason, evidence, None)
+        return Decision(new, effects, reason, evidence, None)
     bp = steps[index].weight_bp
     new = state.with_changes(
         step_index=index,
@@ -665,7 +671,7 @@ def _advance(
     )
     evidence = _evidence(state, new, rule, now, look, gate=gate)
     reason = f"step {state.step_index + 1} passed: step {index + 1} of {len(steps)} at {bp} bp"
-    actions = (
+    effects = (
         *extra,
         SetCanaryWeight(bp, RouteState.RUNNING),
         RecordEvent(
@@ -674,7 +680,7 @@ def _advance(
             _payload(f"step {state.step_index + 1}", f"step {index + 1}", evidence),
         ),
     )
-    return Decision(new, actions, reason, evidence, now + steps[index].hold_sec)
+    return Decision(new, effects, reason, evidence, now + steps[index].hold_sec)
 
 
 # ---------------------------------------------------------------- pieces
@@ -719,7 +725,7 @@ def _next_data_at(state: RolloutState, rule: BreakerRule, now: float) -> float:
 
 def _no_data_events(
     state: RolloutState, rule: BreakerRule, now: float
-) -> tuple[RolloutState, tuple[RolloutAction, ...]]:
+) -> tuple[RolloutState, tuple[RolloutEffect, ...]]:
     """A `no_data` event once the canary has had no samples for the rule's
     `no_data_timeout_sec`: once per period, whatever the policy (under `fail` the
     trip comes with it; under `hold` it is the only sign that the rollout is stuck)."""
@@ -744,7 +750,7 @@ def _no_data_events(
 
 def _srm_events(
     state: RolloutState, look: _Look, rule: BreakerRule, now: float
-) -> tuple[RolloutAction, ...]:
+) -> tuple[RolloutEffect, ...]:
     # an event when the verdict changes, not on every look
     if not look.srm_changed:
         return ()
@@ -761,7 +767,7 @@ def _srm_events(
 
 def _overload_events(
     state: RolloutState, look: _Look, rule: BreakerRule, now: float
-) -> tuple[RolloutAction, ...]:
+) -> tuple[RolloutEffect, ...]:
     """`overload_hold` when a hold begins, `overload_cleared` when it ends: edges only."""
     if not look.overload_changed:
         return ()

@@ -21,10 +21,10 @@ from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import (
     ACTIVE,
     EDITABLE,
-    Action,
     BreakerState,
     ExperimentState,
-    RoutePlan,
+    LifecycleAction,
+    RouteAfterAction,
     route_after,
     transition,
 )
@@ -127,13 +127,13 @@ async def delete_experiment(
 
 
 def begun_state(
-    experiment: ExperimentRecord, *, action: Action, others: list[ExperimentRecord],
+    experiment: ExperimentRecord, *, action: LifecycleAction, others: list[ExperimentRecord],
     now: datetime,
-) -> tuple[ExperimentRecord, RoutePlan | None]:
+) -> tuple[ExperimentRecord, RouteAfterAction | None]:
     """The experiment after `action` and the route it publishes: pure, checked against
     the lifecycle and against the service's other active experiments."""
     target = transition(experiment.state, action)
-    if action is Action.START and others:
+    if action is LifecycleAction.START and others:
         other = others[0]
         raise Conflict(
             f"service {experiment.service!r} already has experiment {other.id} "
@@ -148,8 +148,8 @@ def begun_state(
         breaker=experiment.breaker_state,
     )
     # a hold counts running time only: it starts again after a pause
-    restarts_hold = action in (Action.START, Action.RESUME)
-    starts = action is Action.START
+    restarts_hold = action in (LifecycleAction.START, LifecycleAction.RESUME)
+    starts = action is LifecycleAction.START
     after = replace(
         experiment,
         state=target,
@@ -169,7 +169,7 @@ async def apply_action(
     changes: RouteChanges,
     clock: Clock,
     experiment_id: int,
-    action: Action,
+    action: LifecycleAction,
     actor: str,
     reason: str = "",
 ) -> ExperimentRecord:
@@ -198,7 +198,7 @@ async def _apply_action_once(
     changes: RouteChanges,
     clock: Clock,
     experiment_id: int,
-    action: Action,
+    action: LifecycleAction,
     actor: str,
     reason: str,
 ) -> ExperimentRecord:
@@ -207,7 +207,7 @@ async def _apply_action_once(
         experiment = await tx.load_experiment(experiment_id=experiment_id)
         previous = experiment.state
         others: list[ExperimentRecord] = []
-        if action is Action.START:
+        if action is LifecycleAction.START:
             others, _ = await tx.list_experiments(
                 service=experiment.service, states=ACTIVE, excluding=experiment.id, limit=1
             )

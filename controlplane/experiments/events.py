@@ -12,7 +12,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Final
 
-from controlplane.experiments.lifecycle import Action
+from controlplane.experiments.lifecycle import LifecycleAction
 
 
 class EventKind(StrEnum):
@@ -30,7 +30,7 @@ class EventKind(StrEnum):
     NO_DATA = "no_data"
     OVERLOAD_HOLD = "overload_hold"
     OVERLOAD_CLEARED = "overload_cleared"
-    # a user's edits and actions (experiments/actions.py; the actions are lifecycle.Action)
+    # a user's edits and actions (experiments/actions.py; the actions are LifecycleAction)
     CREATED = "created"
     UPDATED = "updated"
     DELETED = "deleted"
@@ -57,7 +57,7 @@ class EventKind(StrEnum):
         return _TOPIC[self]
 
     @classmethod
-    def of_action(cls, action: Action) -> EventKind:
+    def of_action(cls, action: LifecycleAction) -> EventKind:
         """The event a user's action on an experiment records."""
         return cls(action.value)
 
@@ -104,4 +104,4 @@ DECIDED: Final = frozenset({
     _K.STEP_ADVANCED, _K.PROMOTED, _K.SRM_DETECTED, _K.SRM_CLEARED, _K.NO_DATA,
     _K.OVERLOAD_HOLD, _K.OVERLOAD_CLEARED,
 })  # fmt: skip
-ACTIONS: Final = frozenset(EventKind.of_action(action) for action in Action)
+ACTIONS: Final = frozenset(EventKind.of_action(action) for action in LifecycleAction)

@@ -39,7 +39,7 @@ class BreakerState(StrEnum):
     HALF_OPEN = "half_open"
 
 
-class Action(StrEnum):
+class LifecycleAction(StrEnum):
     START = "start"
     PAUSE = "pause"
     RESUME = "resume"
@@ -51,13 +51,13 @@ class Action(StrEnum):
 S = ExperimentState
 
 # action -> (states it may start from, state it leads to)
-TRANSITIONS: dict[Action, tuple[frozenset[ExperimentState], ExperimentState]] = {
-    Action.START: (frozenset({S.DRAFT}), S.RUNNING),
-    Action.PAUSE: (frozenset({S.RUNNING}), S.PAUSED),
-    Action.RESUME: (frozenset({S.PAUSED}), S.RUNNING),
-    Action.PROMOTE: (frozenset({S.RUNNING, S.PAUSED}), S.PROMOTED),
-    Action.ROLLBACK: (frozenset({S.RUNNING, S.PAUSED}), S.ROLLED_BACK),
-    Action.ABORT: (frozenset({S.DRAFT, S.RUNNING, S.PAUSED}), S.ABORTED),
+TRANSITIONS: dict[LifecycleAction, tuple[frozenset[ExperimentState], ExperimentState]] = {
+    LifecycleAction.START: (frozenset({S.DRAFT}), S.RUNNING),
+    LifecycleAction.PAUSE: (frozenset({S.RUNNING}), S.PAUSED),
+    LifecycleAction.RESUME: (frozenset({S.PAUSED}), S.RUNNING),
+    LifecycleAction.PROMOTE: (frozenset({S.RUNNING, S.PAUSED}), S.PROMOTED),
+    LifecycleAction.ROLLBACK: (frozenset({S.RUNNING, S.PAUSED}), S.ROLLED_BACK),
+    LifecycleAction.ABORT: (frozenset({S.DRAFT, S.RUNNING, S.PAUSED}), S.ABORTED),
 }
 
 ACTIVE = frozenset({S.RUNNING, S.PAUSED})
@@ -68,7 +68,9 @@ EDITABLE = frozenset({S.DRAFT})
 class IllegalAction(IllegalTransition):
     """An action the current state does not allow; names the state and what would."""
 
-    def __init__(self, action: Action, current: ExperimentState, target: ExperimentState) -> None:
+    def __init__(
+        self, action: LifecycleAction, current: ExperimentState, target: ExperimentState
+    ) -> None:
         super().__init__("experiment", current.value, target.value)
         self.action = action
         allowed = ", ".join(sorted(s.value for s in TRANSITIONS[action][0]))
@@ -78,24 +80,24 @@ class IllegalAction(IllegalTransition):
         )
 
 
-def transition(current: ExperimentState | str, action: Action | str) -> ExperimentState:
+def transition(current: ExperimentState | str, action: LifecycleAction | str) -> ExperimentState:
     """The state `action` leads to from `current`; IllegalAction names both."""
     state = ExperimentState(current)
-    act = Action(action)
+    act = LifecycleAction(action)
     sources, target = TRANSITIONS[act]
     if state not in sources:
         raise IllegalAction(act, state, target)
     return target
 
 
-def allowed_actions(current: ExperimentState | str) -> list[Action]:
+def allowed_actions(current: ExperimentState | str) -> list[LifecycleAction]:
     state = ExperimentState(current)
     return [action for action, (sources, _) in TRANSITIONS.items() if state in sources]
 
 
 @dataclass(frozen=True)
-class RoutePlan:
-    """What the route must say after an action: the canary's share and the state."""
+class RouteAfterAction:
+    """What the route must say after an action: the canary's share, the state and the step."""
 
     canary_bp: int
     state: RouteState
@@ -103,34 +105,35 @@ class RoutePlan:
 
 
 def route_after(
-    action: Action,
+    action: LifecycleAction,
     *,
     previous: ExperimentState,
     first_step_bp: int,
     canary_bp: int,
     step: int,
     breaker: BreakerState = BreakerState.CLOSED,
-) -> RoutePlan | None:
+) -> RouteAfterAction | None:
     """The route an action publishes, or None when there is none to publish.
 
     Aborting a draft publishes nothing: it never had a route. Resuming keeps what the
     breaker says (an experiment paused while tripped resumes tripped, at weight 0).
     """
     match action:
-        case Action.START:
-            return RoutePlan(first_step_bp, RouteState.RUNNING, 0)
-        case Action.PAUSE:
-            return RoutePlan(canary_bp, RouteState.PAUSED, step)
-        case Action.RESUME:
-            return RoutePlan(canary_bp, _RUNNING_ROUTE.get(breaker, RouteState.RUNNING), step)
-        case Action.PROMOTE:
-            return RoutePlan(TOTAL_WEIGHT, RouteState.PROMOTED, step)
-        case Action.ROLLBACK:
-            return RoutePlan(0, RouteState.ROLLED_BACK, step)
-        case Action.ABORT:
+        case LifecycleAction.START:
+            return RouteAfterAction(first_step_bp, RouteState.RUNNING, 0)
+        case LifecycleAction.PAUSE:
+            return RouteAfterAction(canary_bp, RouteState.PAUSED, step)
+        case LifecycleAction.RESUME:
+            running = _RUNNING_ROUTE.get(breaker, RouteState.RUNNING)
+            return RouteAfterAction(canary_bp, running, step)
+        case LifecycleAction.PROMOTE:
+            return RouteAfterAction(TOTAL_WEIGHT, RouteState.PROMOTED, step)
+        case LifecycleAction.ROLLBACK:
+            return RouteAfterAction(0, RouteState.ROLLED_BACK, step)
+        case LifecycleAction.ABORT:
             if previous is ExperimentState.DRAFT:
                 return None
-            return RoutePlan(0, RouteState.ROLLED_BACK, step)
+            return RouteAfterAction(0, RouteState.ROLLED_BACK, step)
 
 
 # the route state of a running experiment, by its breaker state

@@ -65,7 +65,7 @@ class Compare(StrEnum):
     BASELINE = "baseline"
 
 
-class Action(StrEnum):
+class TripAction(StrEnum):
     STOP = "stop"
     STEP_BACK = "step_back"
 
@@ -141,7 +141,7 @@ class BreakerRule(BaseModel):
     )
     compare: Compare = Compare.ABSOLUTE
     baseline_margin: float = Field(default=1.2, ge=1.0, le=100.0, strict=True, allow_inf_nan=False)
-    action: Action = Action.STOP
+    action: TripAction = TripAction.STOP
     half_open_weight: int = Field(
         default=100, ge=1, le=10000, strict=True, description="basis points"
     )

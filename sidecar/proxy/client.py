@@ -9,7 +9,7 @@ Flow control: a full upstream write buffer pauses reading from the client, a ful
 client write buffer pauses reading from the upstream, so a body of any size streams
 through with at most a few transport buffers in memory.
 
-Upgrades: a request that asks to upgrade (`upgrades.plan`) stops the parser after
+Upgrades: a request that asks to upgrade (`upgrades.mode`) stops the parser after
 its head; nothing more is read until the upstream answers. A 101 hands both
 connections to a `Tunnel` with the bytes read past the head; any other answer and the
 connection goes on as HTTP, from those same bytes.
@@ -365,17 +365,17 @@ class ClientConnection(CorkedWriter, asyncio.Protocol):
 
     def _upgrade(self) -> tuple[bytes, ...] | None:
         """The protocols to tunnel for a request whose Connection lists `upgrade`, or
-        None when it is forwarded as a plain request (see `upgrades.plan`)."""
+        None when it is forwarded as a plain request (see `upgrades.mode`)."""
         values = [value for lower, _, value in self._headers if lower == b"upgrade"]
         if not values:
             return None  # not an upgrade for httptools either
         asked = upgrades.protocols(values)
-        plan = upgrades.plan(
+        mode = upgrades.mode(
             http_1_0=self.parser.get_http_version() == "1.0",
             asked=asked,
             has_body=self._chunked or self._has_length,
         )
-        return asked if plan is upgrades.Plan.TUNNEL else None
+        return asked if mode is upgrades.UpgradeMode.TUNNEL else None
 
     def on_body(self, body: bytes) -> None:
         exchange = self.parsing

@@ -32,7 +32,7 @@ _TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
 _PROTOCOL: Final = re.compile(_TOKEN + rb"(?:/" + _TOKEN + rb")?")
 
 
-class Plan(enum.Enum):
+class UpgradeMode(enum.Enum):
     """What the proxy does with a request that asks to upgrade."""
 
     TUNNEL = "tunnel"  # forwarded with its Upgrade; a 101 splices both connections
@@ -60,14 +60,14 @@ def protocols(values: list[bytes]) -> tuple[bytes, ...]:
     return tuple(found)
 
 
-def plan(*, http_1_0: bool, asked: tuple[bytes, ...], has_body: bool) -> Plan:
-    """The plan for a request whose Connection lists `upgrade` and whose Upgrade
+def mode(*, http_1_0: bool, asked: tuple[bytes, ...], has_body: bool) -> UpgradeMode:
+    """The mode for a request whose Connection lists `upgrade` and whose Upgrade
     fields list `asked`; raises Rejected for one with a body."""
     if has_body:
         raise Rejected(400, "upgrade", "a request asking to upgrade must not carry a body")
     if http_1_0 or any(p == _H2C or p.startswith(_H2C + b"/") for p in asked):
-        return Plan.PLAIN
-    return Plan.TUNNEL
+        return UpgradeMode.PLAIN
+    return UpgradeMode.TUNNEL
 
 
 def connection_lists_upgrade(value: bytes) -> bool:

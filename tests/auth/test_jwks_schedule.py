@@ -14,10 +14,10 @@ from controlplane.auth.jwks import KeySet, SigningKey
 from controlplane.auth.jwks_schedule import (
     FetchPolicy,
     JwksState,
-    Step,
+    KeyLookup,
     backoff_sec,
     failed,
-    plan,
+    plan_fetch,
     started,
     succeeded,
 )
@@ -31,40 +31,40 @@ FAILED_KEPT = failed(started(FETCHED, 1400.0), "not JSON", 1400.0, POLICY, jitte
 
 
 @pytest.mark.parametrize(
-    ("label", "state", "kid", "now", "step", "refresh"),
+    ("label", "state", "kid", "now", "lookup", "refresh"),
     [
-        ("never fetched", JwksState(), "k1", 0.0, Step.FETCH, False),
-        ("known kid", FETCHED, "k1", 1000.0, Step.USE, False),
-        ("known kid, keys stale: use and refresh", FETCHED, "k1", 1300.0, Step.USE, True),
-        ("unknown kid right after a fetch", FETCHED, "zz", 1059.0, Step.UNKNOWN_KID, False),
-        ("unknown kid a minimum interval later", FETCHED, "zz", 1060.0, Step.FETCH, False),
-        ("keys expired", FETCHED, "k1", 1000.0 + 3600, Step.FETCH, False),
-        ("failed, no keys, in back-off", FAILED_EMPTY, "k1", 1000.5, Step.UNAVAILABLE, False),
-        ("failed, no keys, back-off over", FAILED_EMPTY, "k1", 1001.0, Step.FETCH, False),
-        ("refresh failed: stale keys still used", FAILED_KEPT, "k1", 1400.5, Step.USE, False),
+        ("never fetched", JwksState(), "k1", 0.0, KeyLookup.FETCH, False),
+        ("known kid", FETCHED, "k1", 1000.0, KeyLookup.USE, False),
+        ("known kid, keys stale: use and refresh", FETCHED, "k1", 1300.0, KeyLookup.USE, True),
+        ("unknown kid right after a fetch", FETCHED, "zz", 1059.0, KeyLookup.UNKNOWN_KID, False),
+        ("unknown kid a minimum interval later", FETCHED, "zz", 1060.0, KeyLookup.FETCH, False),
+        ("keys expired", FETCHED, "k1", 1000.0 + 3600, KeyLookup.FETCH, False),
+        ("failed, no keys, in back-off", FAILED_EMPTY, "k1", 1000.5, KeyLookup.UNAVAILABLE, False),
+        ("failed, no keys, back-off over", FAILED_EMPTY, "k1", 1001.0, KeyLookup.FETCH, False),
+        ("refresh failed: stale keys still used", FAILED_KEPT, "k1", 1400.5, KeyLookup.USE, False),
         (
             "refresh failed, unknown kid: no fetch",
             FAILED_KEPT,
             "zz",
             1400.5,
-            Step.UNKNOWN_KID,
+            KeyLookup.UNKNOWN_KID,
             False,
         ),
-        ("refresh failed, keys expired", FAILED_KEPT, "k1", 1000.0 + 3600, Step.FETCH, False),
-        ("no kid, one key", FETCHED, None, 1000.0, Step.USE, False),
+        ("refresh failed, keys expired", FAILED_KEPT, "k1", 1000.0 + 3600, KeyLookup.FETCH, False),
+        ("no kid, one key", FETCHED, None, 1000.0, KeyLookup.USE, False),
     ],
 )
-def test_plan(
-    label: str, state: JwksState, kid: str | None, now: float, step: Step, refresh: bool
+def test_plan_fetch(
+    label: str, state: JwksState, kid: str | None, now: float, lookup: KeyLookup, refresh: bool
 ) -> None:
-    decided = plan(state, kid, now, POLICY)
-    assert (decided.step, decided.refresh) == (step, refresh), label
-    assert (decided.key is not None) == (step is Step.USE), label
+    decided = plan_fetch(state, kid, now, POLICY)
+    assert (decided.lookup, decided.refresh) == (lookup, refresh), label
+    assert (decided.key is not None) == (lookup is KeyLookup.USE), label
 
 
 def test_expired_keys_in_back_off_are_unavailable_not_used() -> None:
     state = failed(started(FETCHED, 4600.0), "timeout", 4600.0, POLICY, jitter=0.0)
-    assert plan(state, "k1", 4600.5, POLICY).step is Step.UNAVAILABLE
+    assert plan_fetch(state, "k1", 4600.5, POLICY).lookup is KeyLookup.UNAVAILABLE
 
 
 def test_consecutive_failures_grow_the_back_off_and_a_success_clears_it() -> None:

@@ -9,13 +9,13 @@ import json
 
 import pytest
 
-from controlplane.benchmarks.scale import QUICK, Plan, growth, narrowed, run
+from controlplane.benchmarks.scale import QUICK, ScaleRun, growth, narrowed, run
 from controlplane.cli.bench import BENCHMARKS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real]
 
-SMALLEST = Plan(sizes=(3,), watchers=(4,), ingest_samples=3_000, tick_rounds=2, warm_sec=1.0,
-                trips=1, route_puts=2, collectors=2)  # fmt: skip
+SMALLEST = ScaleRun(sizes=(3,), watchers=(4,), ingest_samples=3_000, tick_rounds=2, warm_sec=1.0,
+                    trips=1, route_puts=2, collectors=2)  # fmt: skip
 
 
 def test_the_scale_benchmark_is_registered() -> None:

@@ -17,7 +17,7 @@ from controlplane.collector.sharding import read_merged_snapshots
 from controlplane.controller.reconciler import RouteReconciler
 from controlplane.db.migrate import upgrade
 from controlplane.experiments.actions import apply_action, create_experiment
-from controlplane.experiments.lifecycle import Action
+from controlplane.experiments.lifecycle import LifecycleAction
 from controlplane.experiments.store import ExperimentSpec, StepSpec
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import BatchBuilder, BatchMeta, entry_fields
@@ -58,10 +58,10 @@ class Rig:
         experiment = await create_experiment(
             store=self.backends.store, clock=self.clock, spec=spec, actor="user:test"
         )
-        await self.act(experiment.id, Action.START)
+        await self.act(experiment.id, LifecycleAction.START)
         return experiment.id
 
-    async def act(self, experiment_id: int, action: Action) -> None:
+    async def act(self, experiment_id: int, action: LifecycleAction) -> None:
         await apply_action(
             store=self.backends.store, changes=self.backends.route_changes,
             clock=self.clock, experiment_id=experiment_id, action=action, actor="user:test",
@@ -174,7 +174,7 @@ async def test_the_window_rule_goes_when_the_experiment_ends(rig: Rig) -> None:
     await rig.collector.load_config()
     await until(lambda: str(own) in rig.collector.experiment_configs, "the window rule")
 
-    await rig.act(own, Action.ROLLBACK)
+    await rig.act(own, LifecycleAction.ROLLBACK)
     await rig.full_pass()
     assert await rig.stored(own) is None
     assert rig.reconciler.stats.window_rules_deleted == 1

@@ -17,7 +17,7 @@ import pytest
 from controlplane.controller.runner import Controller
 from controlplane.db.migrate import upgrade
 from controlplane.experiments.actions import apply_action, create_experiment
-from controlplane.experiments.lifecycle import Action
+from controlplane.experiments.lifecycle import LifecycleAction
 from controlplane.experiments.store import ExperimentSpec, StepSpec
 from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.kv_etcd import EtcdKV
@@ -55,7 +55,7 @@ class Plant:
         )
         await apply_action(
             store=backends.store, changes=backends.route_changes, clock=SystemClock(),
-            experiment_id=experiment.id, action=Action.START, actor="user:test",
+            experiment_id=experiment.id, action=LifecycleAction.START, actor="user:test",
         )
 
 

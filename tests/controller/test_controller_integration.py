@@ -23,7 +23,7 @@ from controlplane.controller.runner import Controller
 from controlplane.db.experiments import list_events
 from controlplane.db.migrate import upgrade
 from controlplane.experiments.actions import apply_action, create_experiment
-from controlplane.experiments.lifecycle import Action
+from controlplane.experiments.lifecycle import LifecycleAction
 from controlplane.experiments.store import ExperimentSpec, StepSpec
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import BatchBuilder, BatchMeta, entry_fields
@@ -123,7 +123,7 @@ async def rig(backend_settings: Settings) -> AsyncIterator[Rig]:
     )
     await apply_action(
         store=backends.store, changes=backends.route_changes, clock=clock,
-        experiment_id=experiment.id, action=Action.START, actor="user:test",
+        experiment_id=experiment.id, action=LifecycleAction.START, actor="user:test",
     )
     collector = Collector(
         backends.streams, backends.board, backends.kv, backends.keys,
@@ -296,7 +296,7 @@ async def test_an_ended_experiment_keeps_at_most_the_ended_bound_of_points(rig: 
         await rig.second(canary_ms=40)
     await apply_action(
         store=rig.backends.store, changes=rig.backends.route_changes, clock=rig.clock,
-        experiment_id=rig.experiment_id, action=Action.ROLLBACK, actor="user:test",
+        experiment_id=rig.experiment_id, action=LifecycleAction.ROLLBACK, actor="user:test",
     )
     bound = 8
     rig.controller.history.ended_points = bound
@@ -323,7 +323,7 @@ async def _start_cart(rig: Rig) -> int:
     )  # fmt: skip
     await apply_action(
         store=rig.backends.store, changes=rig.backends.route_changes,
-        clock=rig.clock, experiment_id=other.id, action=Action.START, actor="user:test",
+        clock=rig.clock, experiment_id=other.id, action=LifecycleAction.START, actor="user:test",
     )  # fmt: skip
     return other.id
 

@@ -25,7 +25,7 @@ from controlplane.controller.reconciler import RouteReconciler
 from controlplane.db import experiments as records
 from controlplane.db import service_configs as desired_configs
 from controlplane.experiments.actions import create_experiment
-from controlplane.experiments.lifecycle import Action
+from controlplane.experiments.lifecycle import LifecycleAction
 from controlplane.experiments.service_configs import remove_config, write_config
 from controlplane.experiments.store import ExperimentSpec, StepSpec
 from controlplane.kernel.errors import BackendUnavailable, Conflict
@@ -64,7 +64,7 @@ async def start_with_own_rule(rig: Rig) -> int:
     )
     experiment = await create_experiment(store=rig.backends.store, clock=rig.clock, spec=spec,
                                          actor="user:test")
-    await rig.act(experiment.id, Action.START)
+    await rig.act(experiment.id, LifecycleAction.START)
     return experiment.id
 
 
@@ -367,7 +367,7 @@ async def test_a_sidecar_follows_the_repair_of_a_route_pinned_at_the_largest_rev
             False, "etcd holds another route than the desired one (published within one pass)")
 
         # the operator rolls back; the leader's next pass supersedes the pinned route
-        await rig.act(eid, Action.ROLLBACK)
+        await rig.act(eid, LifecycleAction.ROLLBACK)
         await rig.full_pass()
         rolled_back = await rig.desired()
         assert rolled_back is not None and rolled_back.revision == desired.revision + 1
@@ -397,7 +397,7 @@ async def test_a_route_pinned_at_the_largest_revision_never_stops_the_reconciler
         assert await rig.stored() == await rig.desired()
     assert rig.reconciler.stats.errors == 0
     assert not any("cannot grow" in r.getMessage() for r in caplog.records)
-    await rig.act(eid, Action.PAUSE)  # the next commit is one above the last, as ever
+    await rig.act(eid, LifecycleAction.PAUSE)  # the next commit is one above the last, as ever
     await rig.full_pass()
     paused = await rig.stored()
     assert paused is not None and paused.state is RouteState.PAUSED

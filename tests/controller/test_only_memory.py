@@ -15,8 +15,8 @@ STATE = RolloutState(
 )  # fmt: skip
 
 
-def _decision(actions: tuple[SetCanaryWeight, ...] = (), **changes: object) -> Decision:
-    return Decision(STATE.with_changes(**changes), actions, "why", {}, None)
+def _decision(effects: tuple[SetCanaryWeight, ...] = (), **changes: object) -> Decision:
+    return Decision(STATE.with_changes(**changes), effects, "why", {}, None)
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from controlplane.decision.model import (
     RecordEvent,
     SetCanaryWeight,
 )
-from controlplane.experiments.lifecycle import Action, BreakerState
+from controlplane.experiments.lifecycle import BreakerState, LifecycleAction
 from controlplane.experiments.rollout_state import rollout_state_of
 from controlplane.kernel.errors import BackendUnavailable, NotLeader
 from controlplane.kernel.routes import Route, RouteState
@@ -43,7 +43,7 @@ def trip(rig_state: Any, now: float) -> Decision:
                                    opened_at=now)
     return Decision(
         new_state=state,
-        actions=(
+        effects=(
             SetCanaryWeight(0, RouteState.TRIPPED),
             RecordEvent(EventKind.TRIPPED, "p99 over the threshold", {"from": "closed",
                                                                       "to": "open"}),
@@ -138,8 +138,8 @@ async def test_an_etcd_restored_from_an_old_snapshot_gets_the_desired_routes_bac
     await rig.full_pass()
     snapshot = await rig.stored()
     assert snapshot is not None
-    await rig.act(eid, Action.PAUSE)
-    await rig.act(eid, Action.RESUME)
+    await rig.act(eid, LifecycleAction.PAUSE)
+    await rig.act(eid, LifecycleAction.RESUME)
     await rig.full_pass()
     desired = await rig.stored()
     assert desired is not None and desired.revision == snapshot.revision + 2
@@ -178,7 +178,7 @@ async def test_a_route_written_by_hand_is_replaced_by_the_desired_one_in_one_pas
     assert len(await rig.events()) == 1, "in sync afterwards"
 
     # the next commit still grows the desired revision by one, whatever etcd held
-    await rig.act(eid, Action.PAUSE)
+    await rig.act(eid, LifecycleAction.PAUSE)
     await rig.full_pass()
     paused = await rig.stored()
     assert paused is not None and paused.revision == desired.revision + 1
@@ -217,7 +217,7 @@ async def test_the_next_leader_publishes_what_the_last_one_committed_but_never_w
     """The leader dies between the commit and the publish: the route is in SQL only."""
     eid = await rig.start()
     await rig.full_pass()
-    await rig.act(eid, Action.PROMOTE)  # committed; its leader is gone before writing
+    await rig.act(eid, LifecycleAction.PROMOTE)  # committed; its leader is gone before writing
     old_fence = rig.fence
     leadership = rig.backends.kv.leadership(rig.backends.keys.election, identity="next",
                                             ttl=3600)

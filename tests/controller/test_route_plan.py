@@ -6,8 +6,8 @@ import pytest
 
 from controlplane.controller.route_plan import (
     Found,
-    Plan,
-    Step,
+    RouteOp,
+    RoutePlan,
     Stored,
     moved_services,
     plan_route,
@@ -29,53 +29,54 @@ DESIRED = route(8)
 
 CASES = [
     # desired, stored, last written → step, found, revision written
-    ("in sync", DESIRED, stored(DESIRED), None, Step.NOTHING, Found.IN_SYNC, None),
-    ("first route of a service", route(1), None, None, Step.PUBLISH, Found.PENDING, 1),
+    ("in sync", DESIRED, stored(DESIRED), None, RouteOp.NOTHING, Found.IN_SYNC, None),
+    ("first route of a service", route(1), None, None, RouteOp.PUBLISH, Found.PENDING, 1),
     ("one commit not yet published", DESIRED, stored(route(7, 100)), None,
-     Step.PUBLISH, Found.PENDING, 8),
+     RouteOp.PUBLISH, Found.PENDING, 8),
     ("two commits since this leader wrote", DESIRED, stored(route(6, 100)), 6,
-     Step.PUBLISH, Found.PENDING, 8),
-    ("wiped key", DESIRED, None, 8, Step.PUBLISH, Found.MISSING, 8),
-    ("wiped key, new leader", DESIRED, None, None, Step.PUBLISH, Found.MISSING, 8),
+     RouteOp.PUBLISH, Found.PENDING, 8),
+    ("wiped key", DESIRED, None, 8, RouteOp.PUBLISH, Found.MISSING, 8),
+    ("wiped key, new leader", DESIRED, None, None, RouteOp.PUBLISH, Found.MISSING, 8),
     ("restored from an old snapshot", DESIRED, stored(route(5, 100)), 8,
-     Step.PUBLISH, Found.OLDER, 8),
+     RouteOp.PUBLISH, Found.OLDER, 8),
     ("older, new leader", DESIRED, stored(route(3, 100)), None,
-     Step.PUBLISH, Found.OLDER, 8),
+     RouteOp.PUBLISH, Found.OLDER, 8),
     ("newer than the database knows", DESIRED, stored(route(11, 9000)), 8,
-     Step.PUBLISH, Found.NEWER, 8),
+     RouteOp.PUBLISH, Found.NEWER, 8),
     ("pinned at the largest revision", DESIRED, stored(route(2**31 - 1, 10_000)), 8,
-     Step.PUBLISH, Found.NEWER, 8),
+     RouteOp.PUBLISH, Found.NEWER, 8),
     ("pinned, new leader", DESIRED, stored(route(2**31 - 1, 10_000)), None,
-     Step.PUBLISH, Found.NEWER, 8),
+     RouteOp.PUBLISH, Found.NEWER, 8),
     ("same revision, other content", DESIRED, stored(route(8, 9000)), 8,
-     Step.PUBLISH, Found.FOREIGN, 8),
+     RouteOp.PUBLISH, Found.FOREIGN, 8),
     ("same revision, other experiment", DESIRED, stored(route(8, experiment="x")), None,
-     Step.PUBLISH, Found.FOREIGN, 8),
-    ("unreadable", DESIRED, stored(None), 8, Step.PUBLISH, Found.UNREADABLE, 8),
-    ("nothing either side", None, None, None, Step.NOTHING, Found.UNOWNED, None),
+     RouteOp.PUBLISH, Found.FOREIGN, 8),
+    ("unreadable", DESIRED, stored(None), 8, RouteOp.PUBLISH, Found.UNREADABLE, 8),
+    ("nothing either side", None, None, None, RouteOp.NOTHING, Found.UNOWNED, None),
     ("unowned, no canary traffic", None, stored(route(4, 0)), None,
-     Step.NOTHING, Found.UNOWNED, None),
-    ("unowned, unreadable", None, stored(None), None, Step.NOTHING, Found.UNOWNED, None),
+     RouteOp.NOTHING, Found.UNOWNED, None),
+    ("unowned, unreadable", None, stored(None), None, RouteOp.NOTHING, Found.UNOWNED, None),
     ("unowned canary traffic", None, stored(route(4, 2500)), None,
-     Step.NEUTRALISE, Found.UNOWNED, 4),
+     RouteOp.NEUTRALISE, Found.UNOWNED, 4),
     ("unowned canary traffic, pinned", None, stored(route(2**31 - 1, 2500)), None,
-     Step.NEUTRALISE, Found.UNOWNED, 2**31 - 1),
+     RouteOp.NEUTRALISE, Found.UNOWNED, 2**31 - 1),
 ]
 
 
 @pytest.mark.parametrize(
-    ("desired", "actual", "last", "step", "found", "written"),
+    ("desired", "actual", "last", "op", "found", "written"),
     [case[1:] for case in CASES],
     ids=[case[0] for case in CASES],
 )
 def test_plan(
     desired: Route | None, actual: Stored | None, last: int | None,
-    step: Step, found: Found, written: int | None,
+    op: RouteOp, found: Found, written: int | None,
 ) -> None:
     plan = plan_route(desired, actual, last_written=last)
-    assert (plan.step, plan.found) == (step, found)
+    assert (plan.op, plan.found) == (op, found)
     assert (plan.route.revision if plan.route else None) == written
-    assert plan.repair == (found not in (Found.IN_SYNC, Found.PENDING) and step is not Step.NOTHING)
+    repaired = found not in (Found.IN_SYNC, Found.PENDING) and op is not RouteOp.NOTHING
+    assert plan.repair == repaired
 
 
 def test_what_is_written_is_the_desired_route_whatever_etcd_holds() -> None:
@@ -86,7 +87,7 @@ def test_what_is_written_is_the_desired_route_whatever_etcd_holds() -> None:
 
 def test_an_unowned_canary_gets_everything_sent_to_its_baseline() -> None:
     plan = plan_route(None, stored(route(4, 2500)), last_written=None)
-    assert plan == Plan(Step.NEUTRALISE, Found.UNOWNED, plan.route)
+    assert plan == RoutePlan(RouteOp.NEUTRALISE, Found.UNOWNED, plan.route)
     assert plan.route is not None
     assert (plan.route.weight_of("baseline"), plan.route.weight_of("canary")) == (10_000, 0)
     assert plan.route.state is RouteState.ROLLED_BACK and plan.route.experiment == 7

@@ -41,7 +41,7 @@ def at(s: RolloutState, snaps: dict[str, WindowSnapshot], now: float, r: Breaker
 
 
 def kinds(d: Decision) -> list[EventKind]:
-    return [a.kind for a in d.actions if isinstance(a, RecordEvent)]
+    return [a.kind for a in d.effects if isinstance(a, RecordEvent)]
 
 
 def looks(
@@ -77,7 +77,7 @@ def test_a_slow_canary_is_held_not_tripped_while_the_baseline_sheds() -> None:
     assert overload["variants"]["canary"] == {"shed": 0, "shed_share": 0.0}
     assert last.evidence["window"]["variants"]["baseline"]["shed"] == 400
     assert "shedding" in last.reason
-    hold = next(a for a in ds[0].actions if isinstance(a, RecordEvent))
+    hold = next(a for a in ds[0].effects if isinstance(a, RecordEvent))
     assert "shed 400 requests" in hold.reason
     assert hold.payload["overload"]["held"] is True
     json.dumps(last.evidence)
@@ -117,7 +117,7 @@ def test_judge_trips_a_slow_canary_while_the_baseline_sheds_and_names_the_shed()
     window = ds[-1].evidence["window"]
     assert window["verdict"] == "breach"
     assert window["variants"]["canary"]["shed"] == 3
-    trip = next(a for a in ds[-1].actions if isinstance(a, RecordEvent))
+    trip = next(a for a in ds[-1].effects if isinstance(a, RecordEvent))
     assert trip.payload["evidence"]["overload"]["variants"]["baseline"]["shed"] == 400
 
 

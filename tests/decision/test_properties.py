@@ -153,7 +153,7 @@ def test_weights_always_stay_within_basis_points(
         d = decide(s, snaps, r, STEPS, now)
         s = d.new_state
         assert 0 <= s.canary_bp <= TOTAL_WEIGHT
-        for a in d.actions:
+        for a in d.effects:
             if isinstance(a, SetCanaryWeight):
                 assert 0 <= a.canary_bp <= TOTAL_WEIGHT
                 assert a.canary_bp == s.canary_bp

@@ -39,7 +39,7 @@ def at(
 
 
 def kinds(d: Decision) -> list[EventKind]:
-    return [a.kind for a in d.actions if isinstance(a, RecordEvent)]
+    return [a.kind for a in d.effects if isinstance(a, RecordEvent)]
 
 
 def tripped(s: RolloutState | None = None, r: BreakerRule = RULE, t: float = T0 + 20) -> Decision:
@@ -70,7 +70,7 @@ def test_start_refuses_an_empty_schedule() -> None:
 
 def test_holds_a_healthy_step_until_it_is_due() -> None:
     d = at(state(), healthy(T0 + 10), T0 + 10)
-    assert d.actions == ()
+    assert d.effects == ()
     assert d.new_state.breaker is BreakerState.CLOSED
     assert d.next_check_at == T0 + 60
     assert d.evidence["window"]["verdict"] == "pass"
@@ -104,7 +104,7 @@ def test_one_breached_evaluation_does_not_trip() -> None:
     d = at(state(), slow(T0 + 20), T0 + 20)
     assert d.new_state.breaker is BreakerState.CLOSED
     assert d.new_state.consecutive_breaches == 1
-    assert d.actions == ()
+    assert d.effects == ()
 
 
 def test_a_passing_evaluation_between_breaches_resets_the_count() -> None:
@@ -157,7 +157,7 @@ def test_the_max_trips_th_trip_rolls_back_for_good() -> None:
     assert d.new_state.status is ExperimentState.ROLLED_BACK
     assert d.new_state.canary_bp == 0
     assert d.route_write == SetCanaryWeight(0, RouteState.ROLLED_BACK)
-    assert any(isinstance(a, Rollback) for a in d.actions)
+    assert any(isinstance(a, Rollback) for a in d.effects)
     assert kinds(d) == [EventKind.TRIPPED, EventKind.ROLLED_BACK]
     assert d.next_check_at is None
 
@@ -168,7 +168,7 @@ def test_the_max_trips_th_trip_rolls_back_for_good() -> None:
 def test_open_breaker_holds_until_the_cooldown_ends() -> None:
     opened = tripped().new_state
     d = at(opened, healthy(T0 + 50), T0 + 50)
-    assert d.actions == ()
+    assert d.effects == ()
     assert d.new_state == opened
     assert d.next_check_at == T0 + 20.25 + RULE.cooldown_sec
 
@@ -252,7 +252,7 @@ def test_advances_after_the_hold_with_min_samples_and_a_passing_comparison() -> 
 
 def test_does_not_advance_before_the_hold_ends() -> None:
     d = at(state(), healthy(T0 + 59.75, count=5000), T0 + 59.75)
-    assert d.new_state.step_index == 0 and d.actions == ()
+    assert d.new_state.step_index == 0 and d.effects == ()
 
 
 def test_low_traffic_windows_add_up_to_min_samples_before_advancing() -> None:
@@ -286,7 +286,7 @@ def test_promotes_after_the_last_step() -> None:
     d = at(s, healthy(T0 + 60, bp=STEPS[last].weight_bp), T0 + 60)
     assert d.new_state.status is ExperimentState.PROMOTED
     assert d.route_write == SetCanaryWeight(10_000, RouteState.PROMOTED)
-    assert any(isinstance(a, Promote) for a in d.actions)
+    assert any(isinstance(a, Promote) for a in d.effects)
     assert kinds(d) == [EventKind.PROMOTED]
     assert d.next_check_at is None
 
@@ -304,7 +304,7 @@ def test_promotes_after_the_last_step() -> None:
 def test_paused_and_finished_experiments_get_no_action(status: ExperimentState) -> None:
     s = state(status=status)
     d = at(s, slow(T0 + 100), T0 + 100)
-    assert d.actions == () and d.new_state == s and d.next_check_at is None
+    assert d.effects == () and d.new_state == s and d.next_check_at is None
 
 
 # ---------------------------------------------------------------- no data and SRM
@@ -347,7 +347,7 @@ def test_no_data_is_announced_once_per_period_when_the_rule_holds() -> None:
     d2 = at(d1.new_state, {}, T0 + 40, r)
     assert kinds(d2) == [EventKind.NO_DATA]
     assert d2.new_state.breaker is BreakerState.CLOSED and d2.new_state.no_data_reported
-    event = next(a for a in d2.actions if isinstance(a, RecordEvent))
+    event = next(a for a in d2.effects if isinstance(a, RecordEvent))
     assert event.payload["no_data_since"] == T0 + 10 and event.payload["policy"] == "hold"
     d3 = at(d2.new_state, {}, T0 + 500, r)
     assert kinds(d3) == []  # the same period: said once

@@ -297,7 +297,7 @@ async def judge_looks(
 
 def events(decisions: list[Decision]) -> Iterator[RecordEvent]:
     for d in decisions:
-        yield from (a for a in d.actions if isinstance(a, RecordEvent))
+        yield from (a for a in d.effects if isinstance(a, RecordEvent))
 
 
 async def flushed(stack: Stack, shed_answers: int) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from controlplane.db.migrate import upgrade
 from controlplane.experiments.actions import ACTION_ATTEMPTS, apply_action, create_experiment
-from controlplane.experiments.lifecycle import Action, ExperimentState
+from controlplane.experiments.lifecycle import ExperimentState, LifecycleAction
 from controlplane.experiments.store import ExperimentSpec, ExperimentStore, StepSpec
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.errors import RevisionConflict
@@ -82,7 +82,7 @@ async def started(pg_url: str, etcd_prefix: str) -> AsyncIterator[tuple[Any, int
         )
         await apply_action(
             store=backends.store, changes=backends.route_changes, clock=FakeClock(),
-            experiment_id=experiment.id, action=Action.START, actor="user:test",
+            experiment_id=experiment.id, action=LifecycleAction.START, actor="user:test",
         )  # fmt: skip
         yield backends, experiment.id
     finally:
@@ -96,7 +96,7 @@ async def test_an_action_raced_by_a_save_is_judged_again_and_lands(
     store = RacedStore(backends.store, races=2)
     after = await apply_action(
         store=store, changes=backends.route_changes, clock=FakeClock(),  # type: ignore[arg-type]
-        experiment_id=experiment_id, action=Action.ROLLBACK, actor="user:ops",
+        experiment_id=experiment_id, action=LifecycleAction.ROLLBACK, actor="user:ops",
     )  # fmt: skip
     assert store.races == 0  # both races happened, and the third attempt committed
     assert after.state is ExperimentState.ROLLED_BACK
@@ -108,7 +108,7 @@ async def test_an_action_raced_every_time_reports_the_conflict(started: tuple[An
     with pytest.raises(RevisionConflict):
         await apply_action(
             store=store, changes=backends.route_changes, clock=FakeClock(),  # type: ignore[arg-type]
-            experiment_id=experiment_id, action=Action.ROLLBACK, actor="user:ops",
+            experiment_id=experiment_id, action=LifecycleAction.ROLLBACK, actor="user:ops",
         )  # fmt: skip
     async with backends.store.transaction() as tx:
         row = await tx.load_experiment(experiment_id=experiment_id)

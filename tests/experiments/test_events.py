@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from controlplane.experiments.events import ACTIONS, DECIDED, EventKind
-from controlplane.experiments.lifecycle import Action
+from controlplane.experiments.lifecycle import LifecycleAction
 from controlplane.notify import kinds
 
 # The values as the events table holds them and webhooks send them: a changed value
@@ -37,8 +37,8 @@ def test_a_value_outside_the_enum_is_no_kind() -> None:
         EventKind("rule-changed")
 
 
-@pytest.mark.parametrize("action", list(Action))
-def test_every_user_action_records_the_kind_of_its_name(action: Action) -> None:
+@pytest.mark.parametrize("action", list(LifecycleAction))
+def test_every_user_action_records_the_kind_of_its_name(action: LifecycleAction) -> None:
     assert EventKind.of_action(action).value == action.value
     assert EventKind.of_action(action) in ACTIONS
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from controlplane.experiments.lifecycle import (
-    Action,
     ExperimentState,
+    LifecycleAction,
     route_after,
     route_state_of,
     transition,
@@ -14,7 +14,7 @@ from controlplane.experiments.lifecycle import (
 from controlplane.kernel.errors import IllegalTransition
 from controlplane.kernel.routes import RouteState
 
-S, A = ExperimentState, Action
+S, A = ExperimentState, LifecycleAction
 
 LEGAL = {
     (S.DRAFT, A.START): S.RUNNING,
@@ -33,7 +33,7 @@ LEGAL = {
 @pytest.mark.parametrize("state", list(S))
 @pytest.mark.parametrize("action", list(A))
 def test_transition_follows_the_table_and_names_the_current_state(
-    state: ExperimentState, action: Action
+    state: ExperimentState, action: LifecycleAction
 ) -> None:
     expected = LEGAL.get((state, action))
     if expected is not None:
@@ -58,7 +58,7 @@ def test_transition_follows_the_table_and_names_the_current_state(
     ],
 )
 def test_route_after_each_action(
-    action: Action, previous: ExperimentState, expected: tuple[int, RouteState, int] | None
+    action: LifecycleAction, previous: ExperimentState, expected: tuple[int, RouteState, int] | None
 ) -> None:
     plan = route_after(action, previous=previous, first_step_bp=500, canary_bp=2500, step=2)
     if expected is None:
@@ -90,7 +90,7 @@ def test_route_state_of_each_state_and_breaker(
 @pytest.mark.parametrize("breaker", ["closed", "open", "half_open"])
 @pytest.mark.parametrize(("source", "action"), sorted(LEGAL))
 def test_route_state_of_agrees_with_what_each_action_publishes(
-    source: ExperimentState, action: Action, breaker: str
+    source: ExperimentState, action: LifecycleAction, breaker: str
 ) -> None:
     plan = route_after(
         action, previous=source, first_step_bp=500, canary_bp=2500, step=2, breaker=breaker

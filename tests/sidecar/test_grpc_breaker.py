@@ -21,7 +21,7 @@ from controlplane.controller.runner import Controller
 from controlplane.db.experiments import list_events
 from controlplane.db.migrate import upgrade
 from controlplane.experiments.actions import apply_action, create_experiment
-from controlplane.experiments.lifecycle import Action
+from controlplane.experiments.lifecycle import LifecycleAction
 from controlplane.experiments.store import ExperimentSpec, StepSpec
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.kv import Fence
@@ -121,7 +121,7 @@ async def stack(backend_settings: Settings) -> AsyncIterator[Stack]:
     )
     await apply_action(
         store=backends.store, changes=backends.route_changes, clock=clock,
-        experiment_id=experiment.id, action=Action.START, actor="user:test",
+        experiment_id=experiment.id, action=LifecycleAction.START, actor="user:test",
     )  # fmt: skip
     collector = Collector(
         backends.streams, backends.board, backends.kv, backends.keys,

@@ -10,7 +10,7 @@ from controlplane.controller.reconciler import ROUTE_RECONCILED, RouteReconciler
 from controlplane.db import experiments as records
 from controlplane.db import routes as desired_routes
 from controlplane.experiments.actions import apply_action, create_experiment
-from controlplane.experiments.lifecycle import Action
+from controlplane.experiments.lifecycle import LifecycleAction
 from controlplane.experiments.store import ExperimentSpec, StepSpec
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.kv import Fence
@@ -37,10 +37,10 @@ class Rig:
         experiment = await create_experiment(
             store=self.backends.store, clock=self.clock, spec=spec, actor="user:test"
         )
-        await self.act(experiment.id, Action.START)
+        await self.act(experiment.id, LifecycleAction.START)
         return experiment.id
 
-    async def act(self, experiment_id: int, action: Action) -> None:
+    async def act(self, experiment_id: int, action: LifecycleAction) -> None:
         await apply_action(
             store=self.backends.store, changes=self.backends.route_changes,
             clock=self.clock, experiment_id=experiment_id, action=action, actor="user:test",

@@ -30,7 +30,7 @@ from controlplane.api.schemas import (
 from controlplane.api.security import ActorDep, require
 from controlplane.auth.roles import Role
 from controlplane.experiments import actions
-from controlplane.experiments.lifecycle import Action, ExperimentState
+from controlplane.experiments.lifecycle import ExperimentState, LifecycleAction
 from controlplane.experiments.store import ExperimentSpec
 from controlplane.kernel.values import ServiceName
 
@@ -57,7 +57,7 @@ CREATED_LINKS = {
     "UpdateExperiment": _link("", "patch"),
     "DeleteExperiment": _link("", "delete"),
     "ListEvents": _link("~1events", "get"),
-    **{f"{a.value.capitalize()}Experiment": _link(f"~1{a.value}", "post") for a in Action},
+    **{f"{a.value.capitalize()}Experiment": _link(f"~1{a.value}", "post") for a in LifecycleAction},
 }
 
 
@@ -196,7 +196,7 @@ async def list_events(
     return Page(items=[EventPublic.of(e) for e in rows], total=total, limit=limit, offset=offset)
 
 
-def _action_endpoint(action: Action) -> None:
+def _action_endpoint(action: LifecycleAction) -> None:
     async def act(
         experiment_id: ExperimentId,
         backends: BackendsDep,
@@ -232,5 +232,5 @@ def _action_endpoint(action: Action) -> None:
     )
 
 
-for _action in Action:
+for _action in LifecycleAction:
     _action_endpoint(_action)
