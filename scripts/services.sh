@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make sure the services the test suite talks to answer: etcd (started here if none
-# answers), Redis and PostgreSQL (started if their binaries exist). Idempotent.
+# answers), Redis and PostgreSQL (started if their binaries exist), and the Chromium
+# the browser tests drive (installed from Debian's packages when missing). Idempotent.
 set -euo pipefail
 
 ETCD_ADDR=${CANARY_TEST_ETCD:-127.0.0.1:2379}
@@ -66,6 +67,20 @@ postgres_up() {
   fi
 }
 
+browser_up() {  # the dashboard's browser tests drive Debian's Chromium, headless
+  if [ -x /usr/bin/chromium ]; then echo "services: chromium is installed"; return; fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "services: installing Debian's chromium for the browser tests"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >"$STATE_DIR/apt-chromium.log" 2>&1 \
+      || { apt-get update -q >>"$STATE_DIR/apt-chromium.log" 2>&1 \
+           && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >>"$STATE_DIR/apt-chromium.log" 2>&1; } \
+      || echo "services: chromium could not be installed (see $STATE_DIR/apt-chromium.log); the browser tests will say so" >&2
+  else
+    echo "services: no chromium and no root to install it (apt-get install chromium); the browser tests will say so" >&2
+  fi
+}
+
 etcd_up
 redis_up
 postgres_up
+browser_up
