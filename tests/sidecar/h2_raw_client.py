@@ -45,6 +45,7 @@ class RawH2Client:
         self.h2.initiate_connection()
         self.outcomes: dict[int, Outcome] = {}
         self.closed = False
+        self.pong = False
 
     @classmethod
     async def open(cls, port: int) -> RawH2Client:
@@ -85,19 +86,31 @@ class RawH2Client:
         wanted = self.outcomes[sid]
         async with asyncio.timeout(timeout):
             while not (wanted.ended or self.closed or (head and wanted.status is not None)):
-                data = await self.reader.read(65536)
-                if not data:
-                    self.closed = True
-                    break
-                try:
-                    events = self.h2.receive_data(data)
-                except h2.exceptions.ProtocolError:
-                    self.closed = True
-                    break
-                for event in events:
-                    self._handle(event)
-                self.writer.write(self.h2.data_to_send())
+                await self._read()
         return wanted
+
+    async def ping(self, timeout: float = 5) -> None:
+        """Until a PING is answered: the peer has read every frame sent before it."""
+        self.pong = False
+        self.h2.ping(b"canary!!")
+        await self.send()
+        async with asyncio.timeout(timeout):
+            while not (self.pong or self.closed):
+                await self._read()
+
+    async def _read(self) -> None:
+        data = await self.reader.read(65536)
+        if not data:
+            self.closed = True
+            return
+        try:
+            events = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError:
+            self.closed = True
+            return
+        for event in events:
+            self._handle(event)
+        self.writer.write(self.h2.data_to_send())
 
     def _handle(self, event: h2.events.Event) -> None:
         sid = getattr(event, "stream_id", 0)
@@ -114,6 +127,8 @@ class RawH2Client:
         elif isinstance(event, h2.events.StreamReset) and out is not None:
             out.reset = event.error_code
             out.ended = True
+        elif isinstance(event, h2.events.PingAckReceived):
+            self.pong = True
         elif isinstance(event, h2.events.ConnectionTerminated):
             for waiting in self.outcomes.values():
                 if not waiting.ended:

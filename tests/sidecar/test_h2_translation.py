@@ -449,3 +449,131 @@ async def test_an_http1_length_reaches_an_http2_upstream_as_the_parser_framed_it
         (seen,) = upstream.answered
         assert [value for name, value in seen.fields if name == "content-length"] == ["5"]
         assert seen.body_len == 5
+
+
+class LateUpstream:
+    """Answers each head at once and ignores bodies; on command it sends, on the
+    connection that asked for /late, a response no request asked for (what an upstream
+    that ignores bodies does when it answers a smuggled body late)."""
+
+    def __init__(self) -> None:
+        self.targets: list[bytes] = []
+        self.connections = 0
+        self.late: asyncio.StreamWriter | None = None
+        self.late_closed = asyncio.Event()
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def send_unasked(self) -> None:
+        assert self.late is not None
+        body = b"SECRET: the answer to a request someone smuggled"
+        self.late.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        await self.late.drain()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        late = False
+        buffered = b""
+        try:
+            while data := await reader.read(65536):
+                buffered += data
+                while b"\r\n\r\n" in buffered:
+                    head, _, buffered = buffered.partition(b"\r\n\r\n")
+                    target = head.split(b" ")[1]
+                    self.targets.append(target)
+                    body = b"answer to " + target
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+                    writer.write(body)
+                    if target == b"/late":
+                        self.late, late = writer, True
+        except ConnectionError:
+            pass
+        finally:
+            if late:
+                self.late_closed.set()
+            writer.close()
+
+
+@asynccontextmanager
+async def late_upstream() -> AsyncIterator[tuple[LateUpstream, ProxyServer]]:
+    upstream = LateUpstream()
+    await upstream.start()
+    try:
+        async with proxy_to(f"http://127.0.0.1:{upstream.port}") as proxy:
+            yield upstream, proxy
+    finally:
+        await upstream.stop()
+
+
+async def test_bytes_sent_before_a_stream_wrote_its_head_are_never_its_answer() -> None:
+    async with late_upstream() as (upstream, proxy):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{proxy.port}") as c:
+            assert (await c.get("/late", timeout=5)).text == "answer to /late"  # now pooled
+        victim = await RawH2Client.open(proxy.port)
+        sid = victim.request(
+            b"/victim", method=b"POST", end=False, fields=((b"authorization", b"Bearer victim"),)
+        )
+        await victim.ping()  # its HEADERS are in; its body has not come yet
+        await upstream.send_unasked()
+        # nothing was owed on that connection: the proxy closes it
+        async with asyncio.timeout(5):
+            await upstream.late_closed.wait()
+        victim.data(sid, b"victim body", end=True)
+        await victim.send()
+        outcome = await victim.outcome(sid)
+        victim.close()
+        assert (outcome.status, outcome.body) == (200, b"answer to /victim")
+        assert upstream.targets == [b"/late", b"/victim"]
+
+
+async def test_streams_that_sent_only_their_headers_hold_no_upstream_connection() -> None:
+    async with late_upstream() as (upstream, proxy):
+        client = await RawH2Client.open(proxy.port)
+        sids = [client.request(f"/s{i}".encode(), method=b"POST", end=False) for i in range(20)]
+        await client.ping()
+        # a whole request through the proxy meanwhile: connects begun before it are in
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{proxy.port}") as c:
+            assert (await c.get("/sync", timeout=5)).text == "answer to /sync"
+        assert upstream.connections == 1
+        for sid in sids:
+            client.data(sid, b"body", end=True)
+        await client.send()
+        outcomes = [await client.outcome(sid) for sid in sids]
+        client.close()
+        assert [o.body for o in outcomes] == [f"answer to /s{i}".encode() for i in range(20)]
+
+
+@pytest.mark.parametrize(
+    "trailers",
+    [
+        [(b"x-a", b"a\x0bb")],  # a control character
+        [(b"x-a", b"a\x7f")],
+        [(b'x"y', b"1")],  # not a token
+        [(b"a(b)", b"2")],
+        [(b"content-length;", b"9")],
+    ],
+)
+async def test_a_request_trailer_a_head_could_not_carry_resets_the_stream(
+    trailers: list[tuple[bytes, bytes]],
+) -> None:
+    async with early() as s:
+        client = await RawH2Client.open(s.proxy.port)
+        sid = client.request(b"/t", method=b"POST", end=False)
+        client.data(sid, b"abc")
+        client.trailers(sid, trailers)
+        await client.send()
+        outcome = await client.outcome(sid)
+        # the answer may have begun before the trailers came; no trailer went upstream
+        assert outcome.reset == h2.errors.ErrorCodes.PROTOCOL_ERROR or outcome.status == 200
+        assert all(head.trailers in (None, [], b"") for head in s.upstream.heads)
+        assert s.proxy.metrics.rejected.get("h2_bad_trailer", 0) == 1
+        await assert_the_victim_is_served_alone(s, {b"/t"})

@@ -101,6 +101,23 @@ class H1Leg:
 
     def start(self, pool: UpstreamPool) -> None:
         self.pool = pool
+        self._open_when_framed()
+
+    def _open_when_framed(self) -> None:
+        """Take a connection only once the request head can be written. A pooled one
+        taken earlier would hand this stream whatever its last exchange still sends
+        (an upstream answering a smuggled body late) as a response it never asked
+        for; and a stream that sends only its HEADERS holds no upstream connection."""
+        pool = self.pool
+        if (
+            pool is None
+            or self.conn is not None
+            or self.connect_task is not None
+            or self.cancelled
+            or self.head_sent
+            or not (self.body or self.req_end)
+        ):
+            return
         conn = pool.acquire()
         if conn is not None:
             self._attach(conn)
@@ -148,7 +165,10 @@ class H1Leg:
         """Write what is held once the connection is there and the framing is known;
         the client's window reopens for the body bytes written."""
         conn = self.conn
-        if conn is None or conn.closed:
+        if conn is None:
+            self._open_when_framed()  # attaching sends what is held
+            return
+        if conn.closed:
             return
         body = self.body
         if self.head is None:

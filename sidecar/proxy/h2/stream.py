@@ -39,6 +39,7 @@ import h2.exceptions
 from controlplane.kernel.codec import ABORTED
 from sidecar.choice import Choice, NoRoute
 from sidecar.proxy import errors
+from sidecar.proxy.conformance import Rejected, check_fields
 from sidecar.proxy.h2 import grpc
 from sidecar.proxy.h2.fields import Forwarding, Pair, Request, first, h2_response
 from sidecar.proxy.h2.sending import send_head
@@ -284,21 +285,34 @@ class H2Stream:
         if declared is not None and declared != self.received and not self.done:
             self._malformed(f"content-length {declared}, {self.received} bytes of DATA")
             return
-        self.req_ended = True
         trailers = self.req_trailers
+        if trailers:
+            # a trailer field is held to a head's rules: the HTTP/1.1 side would
+            # refuse what an HTTP/2 one could otherwise carry past it (RFC 9113 §8.2.1)
+            try:
+                check_fields(trailers)
+            except Rejected:
+                if not self.done:
+                    self._malformed("a trailer field a head could not carry", "h2_bad_trailer")
+                    return
+                trailers = None
+        self.req_ended = True
         if trailers:
             self.req_trailers, dropped = trailer_pairs(trailers, None)
             self.conn.server.metrics.trailer_fields_dropped += dropped
+        else:
+            self.req_trailers = None
         if self.leg is not None and not self.done:
             self.leg.request_end(self.req_trailers)
         elif self.done:
             self.conn.stream_finished(self)
 
-    def _malformed(self, reason: str) -> None:
-        """The request's framing disagrees with itself: nothing more of it goes on,
-        the leg is cancelled (an HTTP/1.1 upstream connection is closed, never
-        pooled) and the stream is reset with PROTOCOL_ERROR (RFC 9113 §8.1.1)."""
-        self.conn.server.metrics.reject("h2_content_length")
+    def _malformed(self, reason: str, counted_as: str = "h2_content_length") -> None:
+        """The request is malformed (its framing disagrees with itself, or a trailer
+        field breaks a field's rules): nothing more of it goes on, the leg is
+        cancelled (an HTTP/1.1 upstream connection is closed, never pooled) and the
+        stream is reset with PROTOCOL_ERROR (RFC 9113 §8.1.1)."""
+        self.conn.server.metrics.reject(counted_as)
         self.req_ended = True  # nothing more is read of it
         code = h2.errors.ErrorCodes.PROTOCOL_ERROR
         if self._leave_queue():  # never went upstream
