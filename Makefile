@@ -38,8 +38,8 @@ test: services
 	$(VENV)/bin/pytest -n $(TEST_WORKERS)
 
 lint: install
-	$(VENV)/bin/ruff check controlplane sidecar tests
-	$(VENV)/bin/mypy controlplane sidecar
+	$(VENV)/bin/ruff check controlplane sidecar routers tests
+	$(VENV)/bin/mypy controlplane sidecar routers
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build sidecar/proxy/compiled.json

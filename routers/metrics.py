@@ -1,0 +1,69 @@
+"""The router agent's metrics, read from its parts' counters at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from routers.agent import RouterAgent
+from routers.samples.lines import LineParser
+from routers.samples.receiver import LogReceiver
+
+
+class RouterCollector(Collector):
+    """Routes applied and refused, lines received and dropped, by router kind."""
+
+    def __init__(
+        self, *, agent: RouterAgent, receiver: LogReceiver, parser: LineParser,
+        prefix: str = "canary_router",
+    ) -> None:
+        self._agent = agent
+        self._receiver = receiver
+        self._parser = parser
+        self._prefix = prefix
+
+    def collect(self) -> Iterator[Metric]:
+        p = self._prefix
+        kind = self._agent.router.kind
+        a = self._agent.stats
+        f = self._agent.follower.stats
+        routes = CounterMetricFamily(
+            f"{p}_routes", "Routes by fate: applied to the proxy, refused by it (the last "
+            "stays in force), coalesced (superseded before applying), rejected as malformed",
+            labels=["router", "fate"],
+        )
+        routes.add_metric([kind, "applied"], a.applied)
+        routes.add_metric([kind, "refused"], a.apply_errors)
+        routes.add_metric([kind, "coalesced"], a.coalesced)
+        routes.add_metric([kind, "malformed"], f.rejected_malformed)
+        yield routes
+        yield GaugeMetricFamily(
+            f"{p}_in_step", "1 when the proxy holds the route etcd holds",
+            value=1 if self._agent.in_step else 0,
+        )
+        revision = a.applied_route.revision if a.applied_route is not None else -1
+        yield GaugeMetricFamily(
+            f"{p}_route_revision", "The revision of the route the proxy was last given "
+            "(-1: none)", value=revision,
+        )
+        yield CounterMetricFamily(
+            f"{p}_store_errors", "Failed reads or watches of the route key", value=f.store_errors
+        )
+        r = self._receiver.stats
+        lines = CounterMetricFamily(
+            f"{p}_log_lines", "Access-log datagrams by fate: received, dropped by the "
+            "kernel (buffer full), too long, refused by the parser (by reason)",
+            labels=["router", "fate"],
+        )
+        lines.add_metric([kind, "received"], r.datagrams)
+        lines.add_metric([kind, "dropped_kernel"], r.dropped_kernel)
+        lines.add_metric([kind, "too_long"], r.too_long)
+        lines.add_metric([kind, "handler_errors"], r.read_errors)
+        for reason, count in sorted(self._parser.rejected.items()):
+            lines.add_metric([kind, f"refused_{reason}"], count)
+        yield lines
+
+
+__all__ = ["RouterCollector"]

@@ -1,0 +1,128 @@
+"""One router agent process: follow the route, steer the proxy, turn its log into samples.
+
+    etcd ─► RouteFollower ─► RouterAgent ─► TrafficRouter (nginx, haproxy)
+    proxy access log ─UDP─► LogReceiver ─► LineParser ─► SampleReporter ─► Redis
+    AdminServer: /healthz, /readyz (the proxy holds etcd's route), /status, /metrics
+
+The reporter is the sidecar's own (`sidecar/reporter.py`): the same batches, the same
+signing, the same bounded buffer while Redis is away. Nothing here is on a
+request's path: the proxy serves whatever happens to the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prometheus_client.registry import CollectorRegistry
+
+from controlplane.kernel.clock import Clock, SystemClock
+from controlplane.kernel.kv import KeyValueStore
+from controlplane.kernel.sample_auth import SampleSigner
+from controlplane.kernel.sample_keys import SampleKeys
+from controlplane.kernel.streams import SampleStream
+from routers.agent import RouterAgent
+from routers.follow import RouteFollower
+from routers.metrics import RouterCollector
+from routers.samples.lines import LineParser
+from routers.samples.receiver import LogReceiver
+from routers.seam import TrafficRouter
+from sidecar.admin import AdminServer, View
+from sidecar.reporter import SampleReporter, instance_id
+
+log = logging.getLogger("canary.routers")
+
+# the router is built once the receiver's address is known: the proxy's config names it
+RouterFactory = Callable[[tuple[str, int]], TrafficRouter]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentOptions:
+    service: str
+    etcd_prefix: str = "/canary"
+    log_listen: tuple[str, int] = ("127.0.0.1", 0)
+    first_route: float = 5.0  # start-up waits this long for the proxy to hold the route
+    flush: float = 5.0  # the sample buffer gets this long at shutdown
+
+
+class RouterProcess:
+    """Build, start and stop the parts of one router agent."""
+
+    def __init__(
+        self,
+        *,
+        kv: KeyValueStore,
+        stream: SampleStream,
+        parser: LineParser,
+        build_router: RouterFactory,
+        options: AgentOptions,
+        clock: Clock | None = None,
+        sample_keys: SampleKeys | None = None,
+        admin_token: str | None = None,
+        source_tag: str = "router",
+    ) -> None:
+        self.options = options
+        self.clock: Clock = clock or SystemClock()
+        signer = SampleSigner(sample_keys) if sample_keys is not None else None
+        self.reporter = SampleReporter(
+            stream, options.service, clock=self.clock, signer=signer,
+            source=instance_id(source_tag),
+        )
+        self.parser = parser
+        self.receiver = LogReceiver(
+            self._line, host=options.log_listen[0], port=options.log_listen[1]
+        )
+        self._build_router = build_router
+        self._kv = kv
+        self._admin_token = admin_token
+        self.agent: RouterAgent | None = None
+        self.admin: AdminServer | None = None
+
+    def _line(self, datagram: bytes) -> None:
+        sample = self.parser.parse(datagram)
+        if sample is not None:
+            self.reporter.record(*sample)
+
+    async def start(self, admin: tuple[str, int] | None = None) -> None:
+        self.receiver.start()
+        router = self._build_router(self.receiver.address)
+        follower = RouteFollower(
+            self._kv, service=self.options.service, prefix=self.options.etcd_prefix
+        )
+        self.agent = RouterAgent(follower, router, clock=self.clock)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(
+            RouterCollector(agent=self.agent, receiver=self.receiver, parser=self.parser)
+        )
+        views: dict[str, View] = {"/status": self.agent.status}
+        self.admin = AdminServer(
+            registry=registry,
+            ready=lambda: self.agent is not None and self.agent.in_step,
+            token=self._admin_token,
+            not_ready=b"not ready: the proxy does not hold the route etcd holds yet\n",
+            views=views,
+        )
+        if admin is not None:
+            await self.admin.start(*admin)
+        self.reporter.start()
+        self.agent.start()
+        if not await self.agent.wait_in_step(self.options.first_route):
+            log.warning(
+                "%s router: the proxy does not hold the route yet (%s); retrying",
+                router.kind,
+                self.agent.stats.last_error or "etcd has not answered",
+            )
+
+    async def stop(self) -> None:
+        if self.agent is not None:
+            await self.agent.stop()
+            await self.agent.router.close()
+        self.receiver.drain()
+        self.receiver.close()
+        await self.reporter.close(self.options.flush)
+        if self.admin is not None:
+            await self.admin.stop()
+
+
+__all__ = ["AgentOptions", "RouterFactory", "RouterProcess"]
