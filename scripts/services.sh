@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make sure the services the test suite talks to answer: etcd (started here if none
 # answers), Redis and PostgreSQL (started if their binaries exist), and the Chromium
-# the browser tests drive (installed from Debian's packages when missing). Idempotent.
+# the browser tests drive and the NGINX and HAProxy the router tests steer (installed
+# from Debian's packages when missing). Idempotent.
 set -euo pipefail
 
 ETCD_ADDR=${CANARY_TEST_ETCD:-127.0.0.1:2379}
@@ -80,7 +81,28 @@ browser_up() {  # the dashboard's browser tests drive Debian's Chromium, headles
   fi
 }
 
+proxies_up() {  # the router tests start their own NGINX and HAProxy on private ports
+  local missing=()
+  [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || missing+=(nginx-light)
+  [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null || missing+=(haproxy)
+  if [ ${#missing[@]} -eq 0 ]; then echo "services: nginx and haproxy are installed"; return; fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "services: installing Debian's ${missing[*]} for the router tests"
+    # the packages' own services must not start on the machine's port 80
+    local policy=/usr/sbin/policy-rc.d added=
+    if [ ! -e "$policy" ]; then printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod +x "$policy"; added=1; fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >"$STATE_DIR/apt-proxies.log" 2>&1 \
+      || { apt-get update -q >>"$STATE_DIR/apt-proxies.log" 2>&1 \
+           && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >>"$STATE_DIR/apt-proxies.log" 2>&1; } \
+      || echo "services: ${missing[*]} could not be installed (see $STATE_DIR/apt-proxies.log); the router tests will say so" >&2
+    [ -z "$added" ] || rm -f "$policy"
+  else
+    echo "services: ${missing[*]} missing and no root to install (apt-get install ${missing[*]}); the router tests will say so" >&2
+  fi
+}
+
 etcd_up
 redis_up
 postgres_up
 browser_up
+proxies_up
