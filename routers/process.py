@@ -93,7 +93,10 @@ class RouterProcess:
         self.agent = RouterAgent(follower, router, clock=self.clock)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(
-            RouterCollector(agent=self.agent, receiver=self.receiver, parser=self.parser)
+            RouterCollector(
+                agent=self.agent, receiver=self.receiver, parser=self.parser,
+                reporter=self.reporter,
+            )
         )
         views: dict[str, View] = {"/status": self.agent.status}
         self.admin = AdminServer(
