@@ -53,6 +53,7 @@ class RouterCollector(Collector):
         yield CounterMetricFamily(
             f"{p}_store_errors", "Failed reads or watches of the route key", value=f.store_errors
         )
+        self._receiver.refresh_drops()
         r = self._receiver.stats
         lines = CounterMetricFamily(
             f"{p}_log_lines", "Access-log datagrams by fate: received, dropped by the "

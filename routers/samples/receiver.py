@@ -9,8 +9,10 @@ drops lines. A UDP socket queues up to its receive buffer (asked for 8 MiB, gran
 up to twice `net.core.rmem_max`), tens of thousands of lines.
 
 Nothing is dropped silently: the kernel's count of datagrams it dropped because the
-buffer was full (`SO_RXQ_OVFL`, carried with each datagram read) becomes
-`dropped_kernel`; a datagram longer than `MAX_LINE` is read truncated and counted
+buffer was full becomes `dropped_kernel`. It arrives with the next datagram read
+after a drop (`SO_RXQ_OVFL`), and is read again from /proc/net/udp (the socket's
+`drops` column) whenever the figures are asked for, so a drop with nothing after it
+is counted too; a datagram longer than `MAX_LINE` is read truncated and counted
 `too_long` instead of being parsed.
 
 The socket is drained in bursts from the event loop's reader callback (asyncio's
@@ -137,6 +139,14 @@ class LogReceiver:
                 # the socket's own count since it was created (it wraps at 2^32)
                 self.stats.dropped_kernel = total
 
+    def refresh_drops(self) -> None:
+        """Take the kernel's drop count from /proc (Linux); kept as is elsewhere."""
+        if self._sock is None:
+            return
+        drops = socket_drops(self._sock)
+        if drops is not None and drops > self.stats.dropped_kernel:
+            self.stats.dropped_kernel = drops
+
     def drain(self) -> None:
         """Read what the socket holds now (before a shutdown's last flush)."""
         for _ in range(64):
@@ -154,4 +164,22 @@ class LogReceiver:
         sock.close()
 
 
-__all__ = ["LogReceiver", "ReceiverStats"]
+def socket_drops(sock: socket.socket) -> int | None:
+    """The `drops` column of /proc/net/udp{,6} for this socket (matched by inode)."""
+    import os
+
+    inode = str(os.fstat(sock.fileno()).st_ino)
+    table = "/proc/net/udp6" if sock.family == socket.AF_INET6 else "/proc/net/udp"
+    try:
+        with open(table, encoding="ascii") as rows:
+            next(rows, None)
+            for row in rows:
+                fields = row.split()
+                if len(fields) >= 13 and fields[9] == inode:
+                    return int(fields[12])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+__all__ = ["LogReceiver", "ReceiverStats", "socket_drops"]
