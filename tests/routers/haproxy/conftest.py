@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ async def upstreams() -> AsyncIterator[dict[str, VariantUpstream]]:
 def start_haproxy() -> Iterator[Callable[..., HaproxyProcess]]:
     started: list[HaproxyProcess] = []
 
-    def start(**options: object) -> HaproxyProcess:
+    def start(**options: Any) -> HaproxyProcess:
         proc = HaproxyProcess(**options)
         started.append(proc)
         proc.start()
@@ -46,7 +47,7 @@ class LogSink:
 
     async def receive(self, count: int, *, timeout: float = 5.0) -> list[bytes]:
         loop = asyncio.get_running_loop()
-        got = []
+        got: list[bytes] = []
         async with asyncio.timeout(timeout):
             while len(got) < count:
                 got.append(await loop.sock_recv(self.sock, 65_536))

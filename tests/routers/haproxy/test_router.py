@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from controlplane.kernel.routes import Route, RouteVariant, two_way_variants
+from controlplane.kernel.routes import Route, RouteState, RouteVariant, Sticky, two_way_variants
 from routers.haproxy.router import HaproxyRouter
 from routers.haproxy.split import variant_of
 from routers.seam import InForce, RouterError
@@ -25,7 +25,7 @@ def two_way(ups: Upstreams, canary_bp: int, *, experiment: int | str = 42, revis
         revision=revision,
         salt=salt,
         variants=two_way_variants(ups["baseline"].url, ups["canary"].url, canary_bp),
-        state="running",
+        state=RouteState.RUNNING,
     )
 
 
@@ -64,9 +64,9 @@ async def test_the_cookie_is_the_unit_when_the_header_is_absent(
         experiment=5,
         revision=1,
         salt="c00k",
-        sticky={"header": "x-user-id", "cookie": "sid"},
+        sticky=Sticky(header="x-user-id", cookie="sid"),
         variants=two_way_variants(upstreams["baseline"].url, upstreams["canary"].url, 5000),
-        state="running",
+        state=RouteState.RUNNING,
     )
     await HaproxyRouter(proc.cfg).apply(route)
     units = [f"c{i}" for i in range(200)]
