@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Final
 
 from routers.haproxy.vars import EXPERIMENT, SALT, UNIT, VARIANT
+from routers.samples.lines import MAX_LINE
 
 TAG: Final = "cx1"
 END: Final = "."
@@ -34,9 +35,8 @@ FIELDS: Final = (
     "tag", "service", "experiment", "salt", "variant", "status", "ta", "tr_req", "tw",
     "tc", "tr", "accept", "termination", "unit", "end",
 )  # fmt: skip
-# the longest line HAProxy is told to send (`log … len`); the unit is bounded in the
-# config (render.MAX_UNIT) so that its hex fits well within it
-MAX_LINE: Final = 16_384
+# MAX_LINE is also the longest line HAProxy is told to send (`log … len`); the unit
+# is bounded in the config (render.MAX_UNIT) so that its hex fits well within it
 
 
 def log_format(service: str) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 from controlplane.kernel.routes import BASELINE, CANARY
@@ -44,6 +44,8 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$")
 _ADDR = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]*):[0-9]{1,5}$")
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_./-]{1,1024}$")
+_DURATION = re.compile(r"^[0-9]{1,9}(us|ms|s|m|h|d)?$")
+_TIMEOUTS = frozenset({"connect", "client", "server", "http-request", "http-keep-alive", "queue"})
 
 
 def backend_of(variant: str) -> str:
@@ -64,10 +66,8 @@ class BaseConfig:
     allow_force: bool = False
     log_target: str | None = None  # "host:port" of the UDP log receiver
     retries: int = 3  # connection retries to a variant's server (HAProxy's default)
-    timeouts: dict[str, str] = field(
-        default_factory=lambda: {
-            "connect": "5s", "client": "30s", "server": "30s", "http-request": "10s",
-        }
+    timeouts: tuple[tuple[str, str], ...] = (
+        ("connect", "5s"), ("client", "30s"), ("server", "30s"), ("http-request", "10s"),
     )  # fmt: skip
 
     def __post_init__(self) -> None:
@@ -81,6 +81,9 @@ class BaseConfig:
         for what, token in (("sticky header", self.sticky_header), ("cookie", self.sticky_cookie)):
             if token is not None and not _TOKEN.match(token):
                 raise ValueError(f"{what} must be an HTTP token of 1-64 characters")
+        for name, value in self.timeouts:
+            if name not in _TIMEOUTS or not _DURATION.match(value):
+                raise ValueError(f"timeout {name!r} must be one of HAProxy's, e.g. 5s or 500ms")
         if not 0 <= self.retries <= 100:
             raise ValueError("retries must be 0-100")
         if self.sticky_header is None and self.sticky_cookie is None:
@@ -107,7 +110,7 @@ def render_config(cfg: BaseConfig) -> str:
         "defaults",
         "    mode http",
         f"    retries {cfg.retries}",
-        *(f"    timeout {name} {value}" for name, value in cfg.timeouts.items()),
+        *(f"    timeout {name} {value}" for name, value in cfg.timeouts),
         "",
         f"frontend {cfg.service}",
         f"    bind {cfg.listen}",

@@ -63,7 +63,8 @@ def test_haproxy_accepts_the_rendered_config(tmp_path: Path, options: dict[str, 
     [{"service": "Shop"}, {"variants": ()}, {"variants": ("a", "a")},
      {"variants": ("a b",)}, {"sticky_header": "x user"},
      {"sticky_header": None, "sticky_cookie": None}, {"listen": "127.0.0.1"},
-     {"log_target": "host:port"}, {"map_path": "/a b/route.map"}, {"retries": -1}],
+     {"log_target": "host:port"}, {"timeouts": (("client", "30 s"),)},
+     {"timeouts": (("tarpit;", "1s"),)}, {"map_path": "/a b/route.map"}, {"retries": -1}],
 )  # fmt: skip
 def test_bad_options_are_refused(options: dict[str, object]) -> None:
     fields = {"service": "shop", "listen": "127.0.0.1:80", "stats_socket": "/s", "map_path": "/m"}

@@ -223,3 +223,43 @@ async def test_a_lost_socket_raises_after_retries_and_a_restart_recovers(
     units = [f"r{i}" for i in range(100)]
     replies = await fetch_all(proc.port, [{"x-user-id": u} for u in units])
     assert [r.served_by for r in replies] == [variant_of(route, u) for u in units]
+
+
+async def test_a_variant_moved_to_another_upstream_is_served_there(
+    start_haproxy: Start, upstreams: Upstreams
+) -> None:
+    proc = start_haproxy()
+    router = HaproxyRouter(proc.cfg)
+    base = upstreams["baseline"].url
+    await router.apply(
+        two_way(upstreams, 10_000).model_copy(
+            update={"variants": two_way_variants(base, upstreams["canary"].url, 10_000)}
+        )
+    )
+    first = await fetch_all(proc.port, [{"x-user-id": "u"}] * 20, concurrency=4)
+    assert {r.served_by for r in first} == {"canary"}
+    # the canary variant's server now points at another upstream (the one that says
+    # "green"): pooled connections to the old address must not be reused
+    moved = two_way(upstreams, 10_000, revision=2).model_copy(
+        update={"variants": two_way_variants(base, upstreams["green"].url, 10_000)}
+    )
+    await router.apply(moved)
+    then = await fetch_all(proc.port, [{"x-user-id": "u"}] * 20, concurrency=4)
+    assert {(r.served_by, r.headers["x-canary-variant"]) for r in then} == {("green", "canary")}
+
+
+async def test_an_upstream_name_that_does_not_resolve_is_refused(
+    start_haproxy: Start, upstreams: Upstreams
+) -> None:
+    proc = start_haproxy()
+    router = HaproxyRouter(proc.cfg)
+    unknown = two_way(upstreams, 10).model_copy(
+        update={
+            "variants": two_way_variants(
+                upstreams["baseline"].url, "http://no-such-host.invalid:80", 10
+            )
+        }
+    )
+    with pytest.raises(RouterError, match="variant canary's upstream host does not resolve"):
+        await router.apply(unknown)
+    assert await router.in_force() == InForce(None, None)

@@ -65,3 +65,17 @@ async def test_a_silent_socket_times_out(tmp_path: Path) -> None:
         hold.set()
     with pytest.raises(SocketLost):
         await StatsSocket(str(tmp_path / "gone.sock")).command("show", "info")
+
+
+async def test_a_version_prepared_and_abandoned_goes_with_the_next_commit(
+    start_haproxy: Callable[..., HaproxyProcess],
+) -> None:
+    proc = start_haproxy()
+    stats = StatsSocket(proc.socket_path)
+    path = proc.cfg.map_path
+    abandoned = await stats.prepare_map(path)
+    await stats.add_map(abandoned, path, "route", "half")
+    version = await stats.prepare_map(path)
+    await stats.add_map(version, path, "route", "whole")
+    await stats.commit_map(version, path)
+    assert [(e.key, e.value) for e in await stats.show_map(path)] == [("route", "whole")]
