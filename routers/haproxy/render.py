@@ -5,8 +5,9 @@ servers' addresses and states, through the stats socket, never by reload. Per
 request, everything comes from the map's one value (`route_value.py`):
 
 - the sticky unit: the route's header (its first occurrence, as the sidecar takes
-  it) if the route uses it and it is non-empty,
-  else its cookie, else none; a unit longer than MAX_UNIT bytes counts as none;
+  it) if the route uses it and it is non-empty, else its cookie (HAProxy's
+  `req.cook` takes the LAST of a name sent twice, where the sidecar takes the
+  first), else none; a unit longer than MAX_UNIT bytes counts as none;
 - bucket = xxh32("<salt>:<unit>", seed 0) mod 10000 (HAProxy's `xxh32` converter;
   `split.py` is the same in Python), or `rand(10000)` for a request without a unit;
 - the variant: `x-canary-force` when forcing is rendered in and the route has that
@@ -183,7 +184,7 @@ def _request_rules(cfg: BaseConfig) -> Sequence[str]:
     if cfg.allow_force:
         rules += [
             f"http-request set-var({VARIANT}) str({name}) "
-            f"if {{ req.fhdr({FORCE_HEADER}) -m str {name} }} "
+            f"if {{ req.fhdr({FORCE_HEADER},1) -m str {name} }} "
             f"{{ {fld(rv.force_field(j, n))} -m str 1 }}"
             for j, name in enumerate(cfg.variants)
         ]

@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -190,4 +191,39 @@ async def fetch_all(
     return [r for r in replies if r is not None]
 
 
-__all__ = ["HaproxyProcess", "Reply", "VariantUpstream", "fetch_all", "variant_upstreams"]
+class LogSink:
+    """A UDP socket the test binds, to receive HAProxy's log datagrams."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.setblocking(False)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.sock.getsockname()[1]}"
+
+    async def receive(self, count: int, *, timeout: float = 5.0) -> list[bytes]:
+        loop = asyncio.get_running_loop()
+        got: list[bytes] = []
+        async with asyncio.timeout(timeout):
+            while len(got) < count:
+                got.append(await loop.sock_recv(self.sock, 65_536))
+        return got
+
+    def drain(self) -> None:
+        while True:
+            try:
+                self.sock.recv(65_536)
+            except BlockingIOError:
+                return
+
+
+__all__ = [
+    "HaproxyProcess",
+    "LogSink",
+    "Reply",
+    "VariantUpstream",
+    "fetch_all",
+    "variant_upstreams",
+]

@@ -14,8 +14,7 @@ from routers.haproxy.router import HaproxyRouter
 from routers.haproxy.split import variant_of
 from sidecar.assignment import unit_hash
 from sidecar.choice import Sample
-from tests.routers.haproxy.conftest import LogSink
-from tests.support.haproxy_proc import HaproxyProcess, VariantUpstream, fetch_all
+from tests.support.haproxy_proc import HaproxyProcess, LogSink, VariantUpstream, fetch_all
 from tests.support.processes import free_port
 
 
