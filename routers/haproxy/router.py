@@ -121,8 +121,7 @@ class HaproxyRouter:
             except RuntimeApiError as exc:
                 if backoff.failures + 1 >= self._attempts:
                     raise RouterError(
-                        f"haproxy ({self.stats.path}) could not {what} after "
-                        f"{self._attempts} attempts: {exc}"
+                        f"haproxy could not {what} after {self._attempts} attempts: {exc}"
                     ) from exc
                 await self._sleep(backoff.next_delay())
 

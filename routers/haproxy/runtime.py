@@ -86,7 +86,7 @@ class StatsSocket:
     async def expect_empty(self, *words: str) -> None:
         reply = await self.command(*words)
         if reply.strip():
-            raise CommandRefused(f"{words[0]} {words[1]}: {_first_line(reply)}")
+            raise CommandRefused(f"{' '.join(words[:3])}: {_first_line(reply)}")
 
     async def prepare_map(self, map_path: str) -> int:
         reply = await self.command("prepare", "map", map_path)
