@@ -1,0 +1,127 @@
+"""HAProxy's access-log datagrams (`log_format.py`) → samples (routers/samples/lines.py).
+
+Strict and bounded: a line is exactly the format's fields, each checked against its
+charset and range, or it is refused and counted under a reason:
+
+    too_long        over MAX_LINE bytes, refused unread
+    malformed       not our format (tag, field count, charset, a number out of range)
+    truncated       no end mark: HAProxy cut the line
+    other_service   a line of another service's frontend
+    bad_outcome     a status no sample can carry and no termination state explains
+    unattributed    no experiment: the request met no route (HAProxy's own 503)
+
+Lines of any experiment are kept, each sample under its own experiment: a request
+that began under the previous route is that route's sample.
+
+Times: HAProxy's timers are milliseconds; a sample's are microseconds, so both are
+multiples of 1000. `rt_us` is `%Ta` (the request's active time); `first_byte_us` is
+`%TR + %Tw + %Tc + %Tr`, the time to the server's response head, never above rt_us.
+`%Tr` -1 (no response head) makes the outcome the codec's CONNECT_ERROR, TIMEOUT or
+ABORTED by the termination state, and first byte = rt_us. The sticky unit arrives
+hex-encoded; it is decoded (latin-1, as the sidecar reads header bytes) and hashed
+with `sidecar.assignment.unit_hash` at once, so a unit has the sidecar's id, and the
+raw value goes no further.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Final
+
+from controlplane.kernel.codec import ABORTED, CONNECT_ERROR, TIMEOUT
+from routers.haproxy.log_format import END, FIELDS, MAX_LINE, TAG
+from routers.haproxy.render import MAX_UNIT
+from sidecar.assignment import unit_hash
+from sidecar.choice import Sample
+
+_NONE = "-"
+_U32_MAX = 0xFFFF_FFFF
+_EXPERIMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_SALT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_VARIANT = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+_TIMER = re.compile(r"^(-1|[0-9]{1,10})$")
+_STATUS = re.compile(r"^(-1|[0-9]{1,3})$")
+_ACCEPT = re.compile(r"^([0-9]{1,12})\.([0-9]{3})$")
+_TERMINATION = re.compile(r"^[A-Za-z-]{2}$")
+_HEX = re.compile(rf"^([0-9A-F]{{2}}){{1,{MAX_UNIT}}}$")
+# who ended an exchange that got no response head (first character of %ts)
+_NO_HEAD: Final = {"C": ABORTED, "c": ABORTED, "s": TIMEOUT, "S": CONNECT_ERROR}
+
+
+class HaproxyLineParser:
+    """Parses the datagrams of one service's HAProxy frontend."""
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+        self._rejected: Counter[str] = Counter()
+
+    @property
+    def rejected(self) -> Counter[str]:
+        return self._rejected
+
+    def parse(self, datagram: bytes) -> Sample | None:
+        if len(datagram) > MAX_LINE:
+            return self._refuse("too_long")
+        try:
+            line = datagram.decode("ascii")
+        except UnicodeDecodeError:
+            return self._refuse("malformed")
+        fields = line.rstrip("\n").split(" ")
+        if fields[0] != TAG:
+            return self._refuse("malformed")
+        if fields[-1] != END:
+            return self._refuse("truncated")
+        if len(fields) != len(FIELDS):
+            return self._refuse("malformed")
+        (_, service, experiment, salt, variant, status_s, ta, tr_req, tw, tc, tr, accept,
+         termination, unit_hex, _) = fields  # fmt: skip
+        if service != self.service:
+            return self._refuse("other_service" if _VARIANT.match(service) else "malformed")
+        if experiment == _NONE:
+            return self._refuse("unattributed")
+        timers = (ta, tr_req, tw, tc, tr)
+        when = _ACCEPT.match(accept)
+        if (
+            not _EXPERIMENT.match(experiment)
+            or not _SALT.match(salt)
+            or not _VARIANT.match(variant)
+            or not _STATUS.match(status_s)
+            or not all(_TIMER.match(t) for t in timers)
+            or when is None
+            or not _TERMINATION.match(termination)
+            or (unit_hex != _NONE and not _HEX.match(unit_hex))
+        ):
+            return self._refuse("malformed")
+        total, request, queue, connect, response = (int(t) for t in timers)
+        if total < 0:
+            return self._refuse("malformed")
+        rt_us = min(total * 1000, _U32_MAX)
+        status = int(status_s)
+        if response >= 0:
+            if not 100 <= status <= 599:
+                return self._refuse("bad_outcome")
+            outcome = status
+            head = sum(max(t, 0) for t in (request, queue, connect, response))
+            first_byte_us = min(head * 1000, rt_us)
+        else:
+            no_head = _NO_HEAD.get(termination[0])
+            if no_head is not None:
+                outcome = no_head
+            elif 100 <= status <= 599:
+                outcome = status  # HAProxy answered for the server (e.g. a 503)
+            else:
+                return self._refuse("bad_outcome")
+            first_byte_us = rt_us
+        ts = int(when.group(1)) + int(when.group(2)) / 1000
+        unit = (
+            0 if unit_hex == _NONE else unit_hash(salt, bytes.fromhex(unit_hex).decode("latin-1"))
+        )
+        return (ts, experiment, variant, rt_us, outcome, unit, first_byte_us)
+
+    def _refuse(self, reason: str) -> Sample | None:
+        self._rejected[reason] += 1
+        return None
+
+
+__all__ = ["HaproxyLineParser"]

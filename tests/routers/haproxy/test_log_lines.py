@@ -1,0 +1,108 @@
+"""HaproxyLineParser on lines captured from a real HAProxy 2.6 with the base config's
+log format, and on what HAProxy (or anyone who can send a datagram) must not slip
+through."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.kernel.codec import ABORTED, CONNECT_ERROR, TIMEOUT
+from routers.haproxy.log_lines import HaproxyLineParser
+from sidecar.assignment import unit_hash
+
+# captured from haproxy 2.6.12 (log … format raw): no route; a header unit; a unit
+# of any bytes ("café \x01;|"); no unit; a refused connection after 3 retries
+NO_ROUTE = b"cx1 shop - - - 503 0 0 -1 -1 -1 1796565699.578 LR - .\n"
+HEADER_UNIT = b"cx1 shop 42 s1 baseline 200 0 0 0 0 0 1796565699.583 -- 757365722D37 .\n"
+ODD_UNIT = b"cx1 shop 42 s1 canary 200 0 0 0 0 0 1796565699.584 -- 636166E920013B7C .\n"
+NO_UNIT = b"cx1 shop 42 s1 baseline 200 0 0 0 0 0 1796565699.584 -- - .\n"
+REFUSED = b"cx1 shop exp-b s2 canary 503 3004 0 0 -1 -1 1796565699.588 SC 616263 .\n"
+
+
+def test_captured_lines_become_samples() -> None:
+    parser = HaproxyLineParser("shop")
+    assert parser.parse(HEADER_UNIT) == (
+        1796565699.583, "42", "baseline", 0, 200, unit_hash("s1", "user-7"), 0,
+    )  # fmt: skip
+    assert parser.parse(ODD_UNIT) == (
+        1796565699.584, "42", "canary", 0, 200, unit_hash("s1", "caf\xe9 \x01;|"), 0,
+    )  # fmt: skip
+    assert parser.parse(NO_UNIT) == (1796565699.584, "42", "baseline", 0, 200, 0, 0)
+    assert parser.parse(REFUSED) == (
+        1796565699.588, "exp-b", "canary", 3_004_000, CONNECT_ERROR, unit_hash("s2", "abc"),
+        3_004_000,
+    )  # fmt: skip
+    assert parser.parse(NO_ROUTE) is None
+    assert parser.rejected == {"unattributed": 1}
+
+
+def line(**fields: str) -> bytes:
+    values = {
+        "experiment": "42", "salt": "s1", "variant": "canary", "status": "200",
+        "ta": "12", "tr_req": "1", "tw": "0", "tc": "2", "tr": "7",
+        "accept": "1796565699.583", "termination": "--", "unit": "6162", "service": "shop",
+    }  # fmt: skip
+    values.update(fields)
+    v = values
+    return (
+        f"cx1 {v['service']} {v['experiment']} {v['salt']} {v['variant']} {v['status']} "
+        f"{v['ta']} {v['tr_req']} {v['tw']} {v['tc']} {v['tr']} {v['accept']} "
+        f"{v['termination']} {v['unit']} .\n"
+    ).encode("latin-1")
+
+
+def test_times_are_microseconds_and_the_first_byte_is_the_response_head() -> None:
+    sample = HaproxyLineParser("shop").parse(line())
+    assert sample is not None
+    _, _, _, rt_us, outcome, _, first_byte_us = sample
+    assert (rt_us, outcome, first_byte_us) == (12_000, 200, 10_000)
+    # HAProxy's ms timers can sum past the total: the first byte never does
+    clipped = HaproxyLineParser("shop").parse(line(ta="3", tr="7"))
+    assert clipped is not None and clipped[6] == clipped[3] == 3_000
+
+
+@pytest.mark.parametrize(
+    ("termination", "status", "outcome"),
+    [("CH", "-1", ABORTED), ("cR", "408", ABORTED), ("sH", "504", TIMEOUT),
+     ("sC", "503", TIMEOUT), ("SC", "503", CONNECT_ERROR), ("SH", "502", CONNECT_ERROR),
+     ("PR", "403", 403)],
+)  # fmt: skip
+def test_no_response_head_is_an_outcome_of_who_ended_it(
+    termination: str, status: str, outcome: int
+) -> None:
+    sample = HaproxyLineParser("shop").parse(
+        line(tr="-1", tc="-1", termination=termination, status=status)
+    )
+    assert sample is not None
+    assert (sample[4], sample[6]) == (outcome, sample[3])
+
+
+@pytest.mark.parametrize(
+    ("datagram", "reason"),
+    [
+        (line(service="cart"), "other_service"),
+        (line(experiment="-"), "unattributed"),
+        (b"cx1 shop 42 s1 canary 200 12 1 0 2 7 1796565699.583 -- 61", "truncated"),
+        (b"x" * 20_000, "too_long"),
+        (b"<134>Dec  6 14:00:00 haproxy[1]: 127.0.0.1 GET /", "malformed"),
+        (line(unit="616"), "malformed"),
+        (line(unit="6g"), "malformed"),
+        (line(unit="61 62"), "malformed"),
+        (line(experiment="../x"), "malformed"),
+        (line(variant="Canary"), "malformed"),
+        (line(status="2000"), "malformed"),
+        (line(status="-1"), "bad_outcome"),
+        (line(tr="-1", status="-1", termination="--"), "bad_outcome"),
+        (line(ta="-1"), "malformed"),
+        (line(ta="99999999999"), "malformed"),
+        (line(accept="1796565699"), "malformed"),
+        (line(termination="-"), "malformed"),
+        (line(salt="s\xe91"), "malformed"),
+        (b"", "malformed"),
+        (b"\xff\xfe", "malformed"),
+    ],
+)
+def test_what_is_refused_is_counted(datagram: bytes, reason: str) -> None:
+    parser = HaproxyLineParser("shop")
+    assert parser.parse(datagram) is None
+    assert parser.rejected == {reason: 1}
