@@ -3,8 +3,11 @@
     etcd routes/<service> ─► RouteFollower ─► RouterAgent ─► TrafficRouter.apply
                                                  │ coalesce: at most one apply per
                                                  │ router.min_interval, the latest route
-                                                 └ refused: the last route stays in force,
-                                                   retried with the shared backoff
+                                                 ├ refused: the last route stays in force,
+                                                 │ retried with the shared backoff
+                                                 └ every `verify_every` s: what the proxy
+                                                   holds is read back, and a proxy that
+                                                   lost it (restarted) is given it again
 
 The agent never decides and never writes a store: it applies what etcd holds. What
 it reports (`status()`) is what the router says is in force, beside the route it is
@@ -41,6 +44,7 @@ class AgentStats:
     applied: int = 0
     apply_errors: int = 0
     coalesced: int = 0  # desired routes superseded before they were applied
+    drift_repaired: int = 0  # the proxy held another route than the one applied
     last_error: str | None = None
     applied_route: Route | None = None
     applied_at: float | None = None  # wall clock
@@ -63,8 +67,10 @@ class RouterAgent:
         clock: Clock | None = None,
         policy: BackoffPolicy | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        verify_every: float = 5.0,
     ) -> None:
         self.follower = follower
+        self._verify_every = verify_every
         self.router = router
         self.stats = AgentStats()
         self._clock: Clock = clock or SystemClock()
@@ -105,7 +111,15 @@ class RouterAgent:
         attempted = 0  # the last generation an apply was tried for
         while True:
             if self.in_step or self.follower.generation == 0:
-                await self.follower.changed(self.follower.generation)
+                current = self.follower.generation
+                try:
+                    async with asyncio.timeout(self._verify_every):
+                        await self.follower.changed(current)
+                except TimeoutError:
+                    if self.in_step and not await self._still_held():
+                        self._has_applied = False  # apply again below
+                    else:
+                        continue
             delay = apply_delay(self._last_apply, self.router.min_interval, self._clock.monotonic())
             if delay > 0:
                 await self._sleep(delay)  # changes meanwhile are applied together below
@@ -115,6 +129,27 @@ class RouterAgent:
             attempted = generation
             if not await self._apply(self.follower.desired, generation):
                 await self._sleep(self._backoff.next_delay())
+
+    async def _still_held(self) -> bool:
+        """Whether the proxy still holds the route last applied (a restarted proxy
+        comes back with its base config: no route, or an older one)."""
+        wanted = InForce.of(self.stats.applied_route)
+        try:
+            held = await self.router.in_force()
+        except RouterError as exc:
+            self.stats.last_error = str(exc)
+            return True  # cannot tell: applying blindly would not tell either
+        except Exception:
+            log.exception("%s router: reading what is in force failed", self.router.kind)
+            return True
+        if held == wanted:
+            return True
+        self.stats.drift_repaired += 1
+        log.warning(
+            "%s router: the proxy holds experiment %s revision %s, not %s: applying again",
+            self.router.kind, held.experiment, held.revision, _describe(self.stats.applied_route),
+        )  # fmt: skip
+        return False
 
     async def _apply(self, route: Route | None, generation: int) -> bool:
         started = self._clock.monotonic()
@@ -167,6 +202,7 @@ class RouterAgent:
             "applied": self.stats.applied,
             "apply_errors": self.stats.apply_errors,
             "coalesced": self.stats.coalesced,
+            "drift_repaired": self.stats.drift_repaired,
             "etcd_connected": self.follower.stats.connected,
         }
 

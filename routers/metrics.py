@@ -40,6 +40,7 @@ class RouterCollector(Collector):
         routes.add_metric([kind, "refused"], a.apply_errors)
         routes.add_metric([kind, "coalesced"], a.coalesced)
         routes.add_metric([kind, "malformed"], f.rejected_malformed)
+        routes.add_metric([kind, "reapplied_after_drift"], a.drift_repaired)
         yield routes
         yield GaugeMetricFamily(
             f"{p}_in_step", "1 when the proxy holds the route etcd holds",

@@ -166,3 +166,18 @@ async def _until(predicate: object) -> None:
     assert callable(predicate)
     while not predicate():
         await asyncio.sleep(0.005)
+
+
+async def test_a_proxy_that_lost_its_route_is_given_it_again() -> None:
+    kv, clock, router = MemoryKV(), FakeClock(), RecordingRouter()
+    await kv.put(KEY, _value(1, 100))
+    follower = RouteFollower(kv, service=SERVICE)
+    agent = RouterAgent(follower, router, clock=clock, verify_every=0.05)
+    agent.start()
+    try:
+        assert await agent.wait_in_step(5)
+        router.applied.clear()  # the proxy restarted with its base config: no route
+        await asyncio.wait_for(_until(lambda: _revisions(router) == [1]), 5)
+        assert agent.stats.drift_repaired == 1 and agent.in_step
+    finally:
+        await agent.stop()
