@@ -5,7 +5,7 @@
                                                  │ router.min_interval, the latest route
                                                  ├ refused: the last route stays in force,
                                                  │ retried with the shared backoff
-                                                 └ every `verify_every` s: what the proxy
+                                                 └ every `verify_every` s (1): what the proxy
                                                    holds is read back, and a proxy that
                                                    lost it (restarted) is given it again
 
@@ -67,7 +67,7 @@ class RouterAgent:
         clock: Clock | None = None,
         policy: BackoffPolicy | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        verify_every: float = 5.0,
+        verify_every: float = 1.0,
     ) -> None:
         self.follower = follower
         self._verify_every = verify_every

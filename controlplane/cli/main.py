@@ -21,6 +21,7 @@ from controlplane.cli import (
     notify,
     overload,
     remote,
+    router,
     rules,
     server,
     sidecar,
@@ -59,8 +60,8 @@ def root(
     remote.ca_file = ca_file
 
 
-for module in (bench, collector, demo, experiments, judge, notify, overload, rules, server,
-               sidecar, tokens):
+for module in (bench, collector, demo, experiments, judge, notify, overload, router, rules,
+               server, sidecar, tokens):
     module.register(app)
 
 
