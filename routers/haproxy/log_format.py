@@ -4,9 +4,10 @@
 produces; both read the field order from here. One line is space-separated fields,
 every one of a fixed character set, so no quoting is needed:
 
-    cx1 <service> <experiment> <salt> <variant> %ST %Ta %TR %Tw %Tc %Tr %Ts.%ms %ts <unit hex> .
+    cx2 <service> <experiment> <salt> <variant> %ST %Ta %TR %Tw %Tc %Tr %Tt %Ts.%ms %ts <unit hex> .
 
-- `cx1`: the format's name and version; a line without it is not ours.
+- `cx2`: the format's name and version; a line without it is not ours (`cx1`, without
+  `%Tt`, was never released).
 - service, experiment, salt, variant: the frontend's service (rendered in) and what
   the request's route and assignment said; `-` when unset (no route in force).
 - `%ST` the status sent to the client; `%Ta` the active time of the request, from
@@ -14,6 +15,11 @@ every one of a fixed character set, so no quoting is needed:
   `%Tc`, `%Tr` the request, queue, connect and server-response times, so the time
   to the server's response headers is `TR + Tw + Tc + Tr`. HAProxy gives every timer
   in milliseconds; -1 where the phase never ended (`%Tr` -1: no response head).
+- `%Tt` the time from the accept date to the end of the request, so the sample's
+  time is `accept + Tt`: the request's end, as a sidecar stamps it. `%Ts.%ms` alone
+  would not do: on a kept-alive connection the accept date is the end of the
+  previous request, and a connection idle longer than a window made its next
+  sample late (dropped by the collector as older than the window).
 - `%Ts.%ms` the accept date, seconds since the epoch and milliseconds.
 - `%ts` the termination state (two characters, `--` for a normal end): who ended
   an exchange that got no response head, and in which phase.
@@ -29,11 +35,11 @@ from typing import Final
 from routers.haproxy.vars import EXPERIMENT, SALT, UNIT, VARIANT
 from routers.samples.lines import MAX_LINE
 
-TAG: Final = "cx1"
+TAG: Final = "cx2"
 END: Final = "."
 FIELDS: Final = (
     "tag", "service", "experiment", "salt", "variant", "status", "ta", "tr_req", "tw",
-    "tc", "tr", "accept", "termination", "unit", "end",
+    "tc", "tr", "tt", "accept", "termination", "unit", "end",
 )  # fmt: skip
 # MAX_LINE is also the longest line HAProxy is told to send (`log … len`); the unit
 # is bounded in the config (render.MAX_UNIT) so that its hex fits well within it
@@ -48,7 +54,7 @@ def log_format(service: str) -> str:
             f"%[var({EXPERIMENT})]",
             f"%[var({SALT})]",
             f"%[var({VARIANT})]",
-            "%ST %Ta %TR %Tw %Tc %Tr %Ts.%ms %ts",
+            "%ST %Ta %TR %Tw %Tc %Tr %Tt %Ts.%ms %ts",
             f"%[var({UNIT}),hex]",
             END,
         )

@@ -74,13 +74,13 @@ class HaproxyLineParser:
             return self._refuse("truncated")
         if len(fields) != len(FIELDS):
             return self._refuse("malformed")
-        (_, service, experiment, salt, variant, status_s, ta, tr_req, tw, tc, tr, accept,
-         termination, unit_hex, _) = fields  # fmt: skip
+        (_, service, experiment, salt, variant, status_s, ta, tr_req, tw, tc, tr, tt,
+         accept, termination, unit_hex, _) = fields  # fmt: skip
         if service != self.service:
             return self._refuse("other_service" if _VARIANT.match(service) else "malformed")
         if experiment == _NONE:
             return self._refuse("unattributed")
-        timers = (ta, tr_req, tw, tc, tr)
+        timers = (ta, tr_req, tw, tc, tr, tt)
         when = _ACCEPT.match(accept)
         if (
             not _EXPERIMENT.match(experiment)
@@ -93,8 +93,8 @@ class HaproxyLineParser:
             or (unit_hex != _NONE and not _HEX.match(unit_hex))
         ):
             return self._refuse("malformed")
-        total, request, queue, connect, response = (int(t) for t in timers)
-        if total < 0:
+        total, request, queue, connect, response, since_accept = (int(t) for t in timers)
+        if total < 0 or since_accept < 0:
             return self._refuse("malformed")
         rt_us = min(total * 1000, _U32_MAX)
         status = int(status_s)
@@ -113,7 +113,7 @@ class HaproxyLineParser:
             else:
                 return self._refuse("bad_outcome")
             first_byte_us = rt_us
-        ts = int(when.group(1)) + int(when.group(2)) / 1000
+        ts = int(when.group(1)) + (int(when.group(2)) + since_accept) / 1000
         unit = (
             0 if unit_hex == _NONE else unit_hash(salt, bytes.fromhex(unit_hex).decode("latin-1"))
         )

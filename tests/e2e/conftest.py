@@ -75,7 +75,9 @@ async def launch(
     request.node.stash[PROCESSES] = procs
     stacks: list[Stack] = []
 
-    async def start(*, serves: int = 1, collectors: int = 2, etcd: str = ETCD) -> Stack:
+    async def start(
+        *, serves: int = 1, collectors: int = 2, etcd: str = ETCD, front: str = "sidecar"
+    ) -> Stack:
         env = environ_with(
             CANARY_DATABASE_URL=pg_url,
             CANARY_ETCD=etcd,
@@ -108,14 +110,14 @@ async def launch(
         http = httpx.AsyncClient(timeout=5.0, trust_env=False, headers=bearer())
         stack = Stack(
             procs=procs, env=env, etcd_endpoint=etcd, keys=EtcdKeys(etcd_prefix), kv=kv,
-            http=http, baseline=upstreams[0], canary=upstreams[1],
+            http=http, baseline=upstreams[0], canary=upstreams[1], front=front,
         )  # fmt: skip
         stacks.append(stack)
         for index in range(serves):
             stack.start_serve(index)
         for index in range(collectors):
             stack.start_collector(index)
-        stack.start_sidecar()
+        stack.start_front(tmp_path)
         for upstream in upstreams:
             await asyncio.to_thread(wait_port, upstream.port, timeout=30)
             await poll(

@@ -317,8 +317,14 @@ class Stack:
     sidecar: Proc | None = None
     sidecar_port: int = 0
     sidecar_admin: int = 0
+    log_port: int = 0
     load: LoadGenerator | None = None
     routes: RouteLog | None = None
+    # what users' requests go through: our sidecar, or NGINX / HAProxy steered by an
+    # agent (`canary router …`); `sidecar` is then the agent, whose /metrics carry the
+    # same sample figures under canary_router_*
+    front: str = "sidecar"
+    proxy: Proc | None = None
 
     # ----------------------------------------------------------------- starting
 
@@ -355,6 +361,71 @@ class Stack:
              "--default-upstream", self.baseline.url],
             self.env,
         )  # fmt: skip
+
+    def start_front(self, workdir: Path) -> None:
+        if self.front == "sidecar":
+            self.start_sidecar()
+        elif self.front in ("nginx", "haproxy"):
+            self.start_router(self.front, workdir)
+        else:
+            raise AssertionError(f"unknown front {self.front!r}")
+
+    def router_args(self, kind: str, workdir: Path) -> list[str]:
+        common = ["--service", SERVICE, "--listen", f"127.0.0.1:{self.sidecar_port}",
+                  "--admin", f"127.0.0.1:{self.sidecar_admin}",
+                  "--log-listen", f"127.0.0.1:{self.log_port}", "--allow-force"]  # fmt: skip
+        if kind == "haproxy":
+            return [*canary_command(), "router", "haproxy", *common,
+                    "--socket", str(workdir / "haproxy.sock"),
+                    "--map", str(workdir / "route.map")]  # fmt: skip
+        return [*canary_command(), "router", "nginx", *common,
+                "--conf-dir", str(workdir / "conf.d"),
+                "--nginx-conf", str(workdir / "nginx.conf"),
+                "--status-listen", f"127.0.0.1:{new_port()}"]  # fmt: skip
+
+    def start_router(self, kind: str, workdir: Path) -> None:
+        """The proxy from the config the agent prints (as an operator starts it), then
+        the agent beside it."""
+        self.sidecar_port, self.sidecar_admin, self.log_port = new_port(), new_port(), new_port()
+        root = workdir / kind
+        root.mkdir(parents=True, exist_ok=True)
+        args = self.router_args(kind, root)
+        printed = subprocess.run(
+            [*args, "--print-config"], env=self.env, cwd=REPO, capture_output=True, timeout=60
+        )
+        assert printed.returncode == 0, printed.stderr.decode(errors="replace")
+        if kind == "haproxy":
+            (root / "haproxy.cfg").write_bytes(printed.stdout)
+            (root / "route.map").write_text("")
+            argv = ["/usr/sbin/haproxy", "-f", str(root / "haproxy.cfg"), "-db"]
+        else:
+            (root / "conf.d").mkdir(exist_ok=True)
+            (root / "nginx.conf").write_bytes(printed.stdout)
+            argv = ["/usr/sbin/nginx", "-p", str(root), "-c", str(root / "nginx.conf"),
+                    "-g", "daemon off;"]  # fmt: skip
+        self.proxy = self.procs.start(kind, argv, self.env)
+        self.sidecar = self.procs.start(f"router-{kind}", args, self.env)
+
+    def sample_metric(self, name: str) -> str:
+        prefix = "canary_sidecar" if self.front == "sidecar" else "canary_router"
+        return f"{prefix}_{name}"
+
+    async def router_status(self) -> dict[str, Any]:
+        response = await self.http.get(f"http://127.0.0.1:{self.sidecar_admin}/status")
+        assert response.status_code == 200, response.text
+        status: dict[str, Any] = response.json()
+        return status
+
+    async def wait_in_force(self, experiment_id: int, timeout: float = 15.0) -> None:
+        """Until the proxy itself holds a route of the experiment (a router front)."""
+
+        async def held() -> bool:
+            status = await self.router_status()
+            in_force = status.get("in_force") or {}
+            return bool(status["in_step"]) and in_force.get("experiment") == str(experiment_id)
+
+        await poll(held, timeout=timeout, what=f"experiment {experiment_id}'s route in force",
+                   procs=[p for p in (self.proxy, self.sidecar) if p is not None])
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
         urls = [(s.proc, f"{s.url}/readyz") for s in self.serves]
@@ -481,10 +552,10 @@ class Stack:
         text = (await self.http.get(f"http://127.0.0.1:{self.sidecar_admin}/metrics")).text
         values = metric_values(text)
         return {
-            "sent": metric(values, "canary_sidecar_samples_total", fate="sent"),
-            "dropped": metric(values, "canary_sidecar_samples_total", fate="dropped"),
-            "buffered": metric(values, "canary_sidecar_samples_buffered"),
-            "batches_buffered": metric(values, "canary_sidecar_sample_batches_buffered"),
+            "sent": metric(values, self.sample_metric("samples_total"), fate="sent"),
+            "dropped": metric(values, self.sample_metric("samples_total"), fate="dropped"),
+            "buffered": metric(values, self.sample_metric("samples_buffered")),
+            "batches_buffered": metric(values, self.sample_metric("sample_batches_buffered")),
         }
 
     async def collector_samples(self) -> dict[str, float]:

@@ -10,13 +10,13 @@ from controlplane.kernel.codec import ABORTED, CONNECT_ERROR, TIMEOUT
 from routers.haproxy.log_lines import HaproxyLineParser
 from sidecar.assignment import unit_hash
 
-# captured from haproxy 2.6.12 (log … format raw): no route; a header unit; a unit
+# captured from haproxy 2.6.12 (log … format raw; %Tt 0 added by hand): no route; a header unit; a unit
 # of any bytes ("café \x01;|"); no unit; a refused connection after 3 retries
-NO_ROUTE = b"cx1 shop - - - 503 0 0 -1 -1 -1 1796565699.578 LR - .\n"
-HEADER_UNIT = b"cx1 shop 42 s1 baseline 200 0 0 0 0 0 1796565699.583 -- 757365722D37 .\n"
-ODD_UNIT = b"cx1 shop 42 s1 canary 200 0 0 0 0 0 1796565699.584 -- 636166E920013B7C .\n"
-NO_UNIT = b"cx1 shop 42 s1 baseline 200 0 0 0 0 0 1796565699.584 -- - .\n"
-REFUSED = b"cx1 shop exp-b s2 canary 503 3004 0 0 -1 -1 1796565699.588 SC 616263 .\n"
+NO_ROUTE = b"cx2 shop - - - 503 0 0 -1 -1 -1 0 1796565699.578 LR - .\n"
+HEADER_UNIT = b"cx2 shop 42 s1 baseline 200 0 0 0 0 0 0 1796565699.583 -- 757365722D37 .\n"
+ODD_UNIT = b"cx2 shop 42 s1 canary 200 0 0 0 0 0 0 1796565699.584 -- 636166E920013B7C .\n"
+NO_UNIT = b"cx2 shop 42 s1 baseline 200 0 0 0 0 0 0 1796565699.584 -- - .\n"
+REFUSED = b"cx2 shop exp-b s2 canary 503 3004 0 0 -1 -1 0 1796565699.588 SC 616263 .\n"
 
 
 def test_captured_lines_become_samples() -> None:
@@ -39,14 +39,14 @@ def test_captured_lines_become_samples() -> None:
 def line(**fields: str) -> bytes:
     values = {
         "experiment": "42", "salt": "s1", "variant": "canary", "status": "200",
-        "ta": "12", "tr_req": "1", "tw": "0", "tc": "2", "tr": "7",
+        "ta": "12", "tr_req": "1", "tw": "0", "tc": "2", "tr": "7", "tt": "12",
         "accept": "1796565699.583", "termination": "--", "unit": "6162", "service": "shop",
     }  # fmt: skip
     values.update(fields)
     v = values
     return (
-        f"cx1 {v['service']} {v['experiment']} {v['salt']} {v['variant']} {v['status']} "
-        f"{v['ta']} {v['tr_req']} {v['tw']} {v['tc']} {v['tr']} {v['accept']} "
+        f"cx2 {v['service']} {v['experiment']} {v['salt']} {v['variant']} {v['status']} "
+        f"{v['ta']} {v['tr_req']} {v['tw']} {v['tc']} {v['tr']} {v['tt']} {v['accept']} "
         f"{v['termination']} {v['unit']} .\n"
     ).encode("latin-1")
 
@@ -82,7 +82,7 @@ def test_no_response_head_is_an_outcome_of_who_ended_it(
     [
         (line(service="cart"), "other_service"),
         (line(experiment="-"), "unattributed"),
-        (b"cx1 shop 42 s1 canary 200 12 1 0 2 7 1796565699.583 -- 61", "truncated"),
+        (b"cx2 shop 42 s1 canary 200 12 1 0 2 7 0 1796565699.583 -- 61", "truncated"),
         (b"x" * 20_000, "too_long"),
         (b"<134>Dec  6 14:00:00 haproxy[1]: 127.0.0.1 GET /", "malformed"),
         (line(unit="616"), "malformed"),
@@ -106,3 +106,12 @@ def test_what_is_refused_is_counted(datagram: bytes, reason: str) -> None:
     parser = HaproxyLineParser("shop")
     assert parser.parse(datagram) is None
     assert parser.rejected == {reason: 1}
+
+
+def test_a_sample_is_stamped_at_the_end_of_its_request() -> None:
+    # a kept-alive connection idle for 9 s: the accept date is the previous request's
+    # end, and %Tt counts from it, so the sample lands when this request ended
+    sample = HaproxyLineParser("shop").parse(line(accept="1796565690.500", tt="9012"))
+    assert sample is not None
+    assert sample[0] == pytest.approx(1796565699.512)
+    assert HaproxyLineParser("shop").parse(line(tt="-1")) is None
