@@ -95,11 +95,12 @@ def _us(seconds: float) -> int:
 
 
 def last_upstream_time(text: str) -> float | None:
-    """The last value of `$upstream_header_time` in seconds; None for `-`."""
+    """The last value of `$upstream_header_time` in seconds; None for `-`, or for ""
+    (nginx answered without trying an upstream)."""
     if len(text) > _UPSTREAM_TIMES_MAX:
         raise _Refused("bad_time")
     last = re.split(r"[,:]", text)[-1].strip()
-    if last == "-":
+    if last in ("-", ""):
         return None
     if not _SECONDS.fullmatch(last):
         raise _Refused("bad_time")
@@ -160,7 +161,9 @@ class NginxLineParser:
         salt = _text(record, "salt")
         variant = _text(record, "variant")
         if not (
-            _EXPERIMENT.fullmatch(experiment) and _SALT.fullmatch(salt) and _VARIANT.fullmatch(variant)
+            _EXPERIMENT.fullmatch(experiment)
+            and _SALT.fullmatch(salt)
+            and _VARIANT.fullmatch(variant)
         ):
             raise _Refused("bad_field")
         status = record["status"]

@@ -161,7 +161,9 @@ def _target(url: str) -> _Target:
     host = f"[{parts.host.name}]" if ":" in parts.host.name else parts.host.name
     port = parts.port if parts.port is not None else _PORTS[parts.scheme]
     authority = host if port == _PORTS[parts.scheme] else f"{host}:{port}"
-    return _Target(parts.scheme, f"{host}:{port}", authority, parts.host.bare, parts.path.rstrip("/"))
+    return _Target(
+        parts.scheme, f"{host}:{port}", authority, parts.host.bare, parts.path.rstrip("/")
+    )
 
 
 def _loopback(text: str) -> str:
@@ -281,9 +283,7 @@ def _route_maps(
     sticky = route.sticky
     if sticky.header is not None:
         if not _HEADER.fullmatch(sticky.header):
-            raise ValueError(
-                "nginx reads only sticky header names of letters, digits and '-'"
-            )
+            raise ValueError("nginx reads only sticky header names of letters, digits and '-'")
         header_var = "http_" + sticky.header.lower().replace("-", "_")
     if sticky.cookie is not None:
         if not _COOKIE.fullmatch(sticky.cookie):
@@ -292,9 +292,7 @@ def _route_maps(
         # the first pair of that name, as sidecar/routing.py's cookie_value reads it:
         # spaces around the name and the value dropped, one pair of quotes removed
         pattern = (
-            "~(?:^|;)\\s*"
-            + _regex_escape(sticky.cookie)
-            + '\\s*=\\s*("?)([^;]*?)\\1\\s*(?:;|$)'
+            "~(?:^|;)\\s*" + _regex_escape(sticky.cookie) + '\\s*=\\s*("?)([^;]*?)\\1\\s*(?:;|$)'
         )
         out.line(f"map $http_cookie ${cookie_var} {{")
         out.line(f"{quote(pattern)} $2;", 1)
@@ -334,14 +332,20 @@ def _route_maps(
     out.line(f'"" ${var}split;', 1)
     out.line(f"default ${var}forced;", 1)
     out.line("}")
-    for suffix, value_of in (
-        ("target", lambda n: f"{targets[n].scheme}://canary_{svc}__{ident(n)}{targets[n].prefix}"),
-        ("host", lambda n: targets[n].authority),
-        ("sni", lambda n: targets[n].sni),
-    ):
+    # per variant: where to proxy (the upstream block by name, then the path
+    # prefix), the Host header (the upstream's authority, as the sidecar sends)
+    # and the TLS server name
+    per_variant = {
+        "target": {
+            n: f"{t.scheme}://canary_{svc}__{ident(n)}{t.prefix}" for n, t in targets.items()
+        },
+        "host": {n: t.authority for n, t in targets.items()},
+        "sni": {n: t.sni for n, t in targets.items()},
+    }
+    for suffix, values in per_variant.items():
         out.line(f"map ${variant_var} ${var}{suffix} {{")
-        for variant in route.variants:
-            out.line(f"{map_key(variant.name)} {literal(value_of(variant.name))};", 1)
+        for name, value in values.items():
+            out.line(f"{map_key(name)} {literal(value)};", 1)
         out.line("}")
     return header_var, cookie_var, variant_var
 

@@ -100,9 +100,7 @@ class _Files:
 def check_config(files: _Files) -> str:
     """A main config that includes only the candidate, with every path nginx writes
     during `-t` inside the check directory."""
-    temps = "\n".join(
-        f"    {name}_temp_path {files.check_dir / name};" for name in _TEMP_DIRS
-    )
+    temps = "\n".join(f"    {name}_temp_path {files.check_dir / name};" for name in _TEMP_DIRS)
     return (
         f"pid {files.check_dir / 'nginx.pid'};\n"
         f"error_log {files.check_dir / 'error.log'};\n"
@@ -266,7 +264,9 @@ class NginxRouter:
             (files.check_dir / name).mkdir(exist_ok=True)
         files.check_conf.write_text(check_config(files))
         _write_atomically(files.candidate, files.scratch, text)
-        code, stderr = await self._nginx("-t", "-q", "-p", str(files.check_dir), "-c", str(files.check_conf))
+        code, stderr = await self._nginx(
+            "-t", "-q", "-p", str(files.check_dir), "-c", str(files.check_conf)
+        )
         if code != 0:
             files.candidate.unlink(missing_ok=True)
             raise RouterError(f"nginx refused the route: {nginx_message(stderr)}")
@@ -355,4 +355,11 @@ class NginxRouter:
         return proc.returncode, stderr[:_STDERR_MAX].decode("utf-8", errors="replace")
 
 
-__all__ = ["NginxRouter", "NginxSettings", "NginxStats", "check_config", "nginx_message", "parse_status"]
+__all__ = [
+    "NginxRouter",
+    "NginxSettings",
+    "NginxStats",
+    "check_config",
+    "nginx_message",
+    "parse_status",
+]

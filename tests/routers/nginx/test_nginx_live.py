@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -51,7 +52,7 @@ async def test_split_matches_the_documented_hash_and_is_monotonic(rig: Rig) -> N
         # the weight shows in the split (a hash or layout error would be far off)
         assert abs(len(canary) - canary_bp * len(UNITS) / 10_000) < 100
         canary_sets.append(canary)
-    for smaller, larger in zip(canary_sets, canary_sets[1:], strict=False):
+    for smaller, larger in itertools.pairwise(canary_sets):
         assert smaller <= larger
 
 
@@ -87,7 +88,9 @@ async def test_the_cookie_is_the_unit_when_the_header_is_absent(rig: Rig) -> Non
 
 async def test_variant_headers_go_both_ways(rig: Rig) -> None:
     await rig.router.apply(rig.two_way(3, 10_000, experiment="exp-7"))
-    response = await fetch(rig.port, {"X-User-Id": "alice", "X-Canary-Variant": "forged"}, "/a/b?c=1")
+    response = await fetch(
+        rig.port, {"X-User-Id": "alice", "X-Canary-Variant": "forged"}, "/a/b?c=1"
+    )
     assert response.status == 200
     assert response.headers["x-canary-variant"] == ["canary"]  # the upstream's own is hidden
     assert response.headers["x-canary-experiment"] == ["exp-7"]
@@ -120,7 +123,13 @@ async def test_no_route_answers_503(rig: Rig) -> None:
 async def test_forced_variant_only_when_allowed_and_only_route_variants(force_rig: Rig) -> None:
     rig = force_rig
     await rig.router.apply(rig.two_way(1, 0))  # the canary is reachable only when forced
-    cases = {"canary": "canary", "baseline": "baseline", "CANARY": "baseline", "canary-b": "baseline", "default": "baseline"}
+    cases = {
+        "canary": "canary",
+        "baseline": "baseline",
+        "CANARY": "baseline",
+        "canary-b": "baseline",
+        "default": "baseline",
+    }
     for forced, expected in cases.items():
         response = await fetch(rig.port, {"X-User-Id": "alice", "X-Canary-Force": forced})
         assert response.header("x-canary-variant") == expected, forced
@@ -190,7 +199,11 @@ async def test_log_lines_reach_the_receiver_and_parse(rig: Rig) -> None:
         unit = headers.get("X-User-Id") or ("bob" if "Cookie" in headers else None)
         hashed = unit_hash(SALT, unit) if unit else 0
         ts, experiment, variant, rt_us, outcome, _, first_byte_us = by_unit[hashed]
-        assert (experiment, variant, outcome) == ("exp-log", response.header("x-canary-variant"), 200)
+        assert (experiment, variant, outcome) == (
+            "exp-log",
+            response.header("x-canary-variant"),
+            200,
+        )
         assert 0 <= first_byte_us <= rt_us < 5_000_000
         assert rt_us % 1_000 == 0 and first_byte_us % 1_000 == 0  # nginx's ms resolution
         assert ts > 1.6e9
@@ -198,7 +211,9 @@ async def test_log_lines_reach_the_receiver_and_parse(rig: Rig) -> None:
 
 async def test_a_dead_upstream_is_logged_as_a_connect_error(rig: Rig) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    await rig.router.apply(route(1, [("baseline", dead, 10_000)], sticky=Sticky(header="X-User-Id")))
+    await rig.router.apply(
+        route(1, [("baseline", dead, 10_000)], sticky=Sticky(header="X-User-Id"))
+    )
     response = await fetch(rig.port, {"X-User-Id": "alice"})
     assert response.status == 502
     assert response.header("x-canary-variant") == "baseline"  # `always`: on errors too
@@ -206,3 +221,28 @@ async def test_a_dead_upstream_is_logged_as_a_connect_error(rig: Rig) -> None:
     sample = NginxLineParser(SERVICE).parse(datagram)
     assert sample is not None
     assert sample[4] == CONNECT_ERROR and sample[5] == unit_hash(SALT, "alice")
+
+
+async def test_hostile_but_valid_names_are_served_as_written(force_rig: Rig) -> None:
+    rig = force_rig
+    ups = rig.upstreams
+    cookie = "`$b|~!#%&'*+.^_"
+    live = route(
+        1,
+        [("default", ups["baseline"].url, 6_000), ("include", ups["canary"].url + "/x", 4_000)],
+        experiment="x.-_",
+        salt="-._",
+        sticky=Sticky(cookie=cookie, header=None),
+    )
+    await rig.router.apply(live)
+    parts = SplitParts.from_parts(split_parts(live))
+    units = UNITS[:200]
+    responses = await fetch_many(rig.port, [{"Cookie": f"{cookie}={unit}"} for unit in units])
+    assert [r.header("x-canary-variant") for r in responses] == [
+        parts.value_for(split_key("-._", unit)) for unit in units
+    ]
+    assert {r.json()["variant"] for r in responses} == {"default", "include"}
+    assert all(r.header("x-canary-experiment") == "x.-_" for r in responses)
+    for forced in ("default", "include"):
+        response = await fetch(rig.port, {"X-Canary-Force": forced})
+        assert response.json()["variant"] == forced

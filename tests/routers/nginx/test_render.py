@@ -1,0 +1,157 @@
+"""Rendering a route as an nginx include: layout, names, quoting, refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from controlplane.kernel.routes import Sticky
+from routers.nginx.render import RenderOptions, ident, quote, render, split_parts
+from routers.nginx.split import SplitParts, murmur_hash2
+from tests.routers.nginx.rig import route
+from tests.support.nginx_proc import NGINX, main_config
+
+OPTIONS = RenderOptions(
+    service="pay-api",
+    listen="127.0.0.1:8080",
+    status_listen="127.0.0.1:8081",
+    log_target="127.0.0.1:5140",
+    allow_force=True,
+)
+UP = "http://127.0.0.1:9000"
+
+
+def nginx_accepts(text: str, tmp: Path) -> subprocess.CompletedProcess[str]:
+    (tmp / "temp").mkdir()
+    include = tmp / "canary.conf"
+    include.write_text(text)
+    conf = tmp / "nginx.conf"
+    conf.write_text(main_config(tmp, include))
+    return subprocess.run(
+        [NGINX, "-t", "-q", "-p", str(tmp), "-c", str(conf)],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+
+
+def test_identifiers_are_one_to_one() -> None:
+    names = [
+        "".join(p) for n in range(1, 5) for p in itertools.product("a._-", repeat=n) if p[0] == "a"
+    ]
+    idents = [ident(n) for n in names]
+    assert len(set(idents)) == len(names)
+    assert all("__" not in i for i in idents)
+    assert ident("pay-api.v2_x") == "pay_hapi_dv2_ux"
+
+
+def test_split_layout_matches_the_bucket_layout() -> None:
+    live = route(1, [("canary", UP, 2_500), ("baseline", UP, 7_499), ("zero", UP, 0), ("b", UP, 1)])
+    assert split_parts(live) == [("canary", 2_500), ("b", 1), ("baseline", 7_499)]
+    text = render(live, OPTIONS)
+    assert '    25.00% "canary";\n    0.01% "b";\n    * "baseline";\n' in text
+    # without a variant named baseline the first variant goes last
+    no_base = route(1, [("blue", UP, 9_000), ("green", UP, 1_000)])
+    assert split_parts(no_base) == [("green", 1_000), ("blue", 9_000)]
+    assert '    10.00% "green";\n    * "blue";\n' in render(no_base, OPTIONS)
+    whole = route(1, [("baseline", UP, 0), ("canary", UP, 10_000)])
+    assert '{\n    * "canary";\n}' in render(whole, OPTIONS)
+
+
+def test_split_thresholds_are_cumulative_floors() -> None:
+    parts = SplitParts.from_parts([("a", 1), ("b", 3_333), ("c", 6_666)])
+    assert parts.thresholds == (429_496, 429_496 + 3_333 * 0xFFFFFFFF // 10_000, None)
+    assert parts.value_for_hash(0xFFFFFFFF) == "c"
+    assert parts.value_for_hash(429_495) == "a"
+    assert parts.value_for_hash(429_496) == "b"
+    with pytest.raises(ValueError):
+        SplitParts.from_parts([("a", 5_000), ("b", 0), ("c", 5_000)])
+
+
+def test_murmur_hash2_vectors() -> None:
+    # pinned from this implementation; test_nginx_live checks it against nginx's split
+    assert murmur_hash2(b"") == 0
+    vectors = {b"a": murmur_hash2(b"a"), b"abcd": murmur_hash2(b"abcd")}
+    assert len(set(vectors.values())) == 2
+    assert all(0 <= v <= 0xFFFFFFFF for v in vectors.values())
+
+
+def test_force_only_when_allowed() -> None:
+    live = route(1, [("baseline", UP, 10_000), ("canary", UP, 0)])
+    assert '"~^canary$" "canary";' in render(live, OPTIONS)
+    closed = render(live, dataclasses.replace(OPTIONS, allow_force=False))
+    assert "~^canary$" not in closed
+
+
+@pytest.mark.parametrize(
+    ("upstream", "message"),
+    [
+        ("h2c://127.0.0.1:9000", "HTTP/2"),
+        ("h2://example.com", "HTTP/2"),
+        ("http://127.0.0.1:9000/a$b", "'\\$'"),
+    ],
+)
+def test_routes_nginx_cannot_serve_are_refused(upstream: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        render(route(1, [("baseline", upstream, 10_000)]), OPTIONS)
+
+
+def test_a_sticky_header_nginx_cannot_read_is_refused() -> None:
+    with pytest.raises(ValueError, match="sticky header"):
+        render(route(1, [("baseline", UP, 10_000)], sticky=Sticky(header="x_user")), OPTIONS)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        RenderOptions(service="Pay", listen="127.0.0.1:1", status_listen="127.0.0.1:2"),
+        RenderOptions(service="pay", listen="127.0.0.1:0", status_listen="127.0.0.1:2"),
+        RenderOptions(service="pay", listen="127.0.0.1:1", status_listen="10.0.0.1:2"),
+        RenderOptions(
+            service="pay", listen="127.0.0.1:1", status_listen="127.0.0.1:2", log_target="x y:1"
+        ),
+    ],
+)
+def test_bad_options_are_refused(options: RenderOptions) -> None:
+    with pytest.raises(ValueError):
+        render(None, options)
+
+
+def test_quote_escapes_and_refuses_control_characters() -> None:
+    assert quote('a"b\\c\n') == '"a\\"b\\\\c\\n"'
+    with pytest.raises(ValueError):
+        quote("a\rb")
+
+
+def test_hostile_but_valid_values_render_to_a_config_nginx_accepts(tmp_path: Path) -> None:
+    live = route(
+        2**31 - 1,
+        [
+            ("default", 'http://127.0.0.1:9000/p"a}t;h{', 3_000),
+            ("include", "http://[::1]:9001/", 3_000),
+            ("hostnames", "https://localhost/x", 2_000),
+            ("volatile", "http://example.invalid.:9003", 0),
+            ("baseline", "http://127.0.0.1:9004", 2_000),
+        ],
+        experiment="x.-_",
+        salt="-._",
+        sticky=Sticky(header="X-1-Unit", cookie="`$b|~!#%&'*+.^_{"[:-1]),
+    )
+    text = render(live, OPTIONS)
+    assert '"\\\\default"' in text  # a map key read as text, not the keyword
+    assert '/p\\"a}t;h{' in text
+    result = nginx_accepts(text, tmp_path)
+    # the zero-weight variant's unresolvable host is what nginx refuses, nothing else
+    assert 'host not found in upstream "example.invalid.:9003"' in result.stderr
+    resolvable = live.model_copy(
+        update={"variants": tuple(v for v in live.variants if v.name != "volatile")}
+    )
+    text = render(resolvable, OPTIONS)
+    again = tmp_path / "again"
+    again.mkdir()
+    result = nginx_accepts(text, again)
+    assert result.returncode == 0, result.stderr
