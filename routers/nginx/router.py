@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -44,6 +45,10 @@ _STDERR_MAX: Final = 65_536
 _MESSAGE_MAX: Final = 400
 _PID_MAX: Final = 32
 _TEMP_DIRS: Final = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+# `nginx: [emerg] …` before the error log is open, `2026/12/06 14:03:50 [emerg] 1#1: …` after
+_SEVERE: Final = re.compile(
+    r"(?:nginx: )?(?:[0-9/]{10} [0-9:]{8} )?\[(?:emerg|alert|crit|error)\] (?:[0-9]+#[0-9]+: )?"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,14 +118,13 @@ def check_config(files: _Files) -> str:
 
 
 def nginx_message(stderr: str) -> str:
-    """nginx's one line that says what is wrong (`[emerg] …`), without its prefix."""
+    """nginx's one line that says what is wrong, without its time, level and pid:
+    `host not found in upstream "x:80" in /etc/nginx/conf.d/x.conf:5`."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    chosen = next(
-        (line for line in lines if any(f"[{lv}]" in line for lv in ("emerg", "alert", "crit"))),
-        next((line for line in lines if "failed" in line), lines[-1] if lines else ""),
-    )
-    if "] " in chosen and chosen.startswith(("nginx: [", "20")):
-        chosen = chosen.split("] ", 1)[1]
+    found = [m for m in map(_SEVERE.match, lines) if m is not None]
+    chosen = lines[-1] if lines else ""
+    if found:
+        chosen = found[0].string[found[0].end() :]
     chosen = "".join(char if char.isprintable() else "?" for char in chosen)
     return chosen[:_MESSAGE_MAX] or "no message from nginx"
 
@@ -187,7 +191,10 @@ class NginxRouter:
     async def apply(self, route: Route | None) -> None:
         async with self._lock:
             try:
-                await self._apply(route)
+                try:
+                    await self._apply(route)
+                except OSError as exc:  # the include's directory: permissions, disk
+                    raise RouterError(f"cannot write the nginx include: {exc}") from None
             except RouterError as exc:
                 self.stats.failures += 1
                 self.stats.last_error = str(exc)

@@ -17,7 +17,7 @@ NGINX = "/usr/sbin/nginx"
 _TEMP_DIRS = ("body", "proxy", "fastcgi", "uwsgi", "scgi")
 
 
-def main_config(root: Path, include: Path) -> str:
+def main_config(root: Path, include: Path, extra_http: str = "") -> str:
     temp = "\n".join(f"    {name}_temp_path {root / 'temp' / name};" for name in _TEMP_DIRS)
     temp = temp.replace("body_temp_path", "client_body_temp_path")
     return f"""worker_processes 1;
@@ -27,6 +27,7 @@ events {{ worker_connections 512; }}
 http {{
 {temp}
     access_log off;
+{extra_http}
     include {include};
 }}
 """
@@ -35,7 +36,7 @@ http {{
 class NginxProcess:
     """nginx in the foreground (`daemon off`) with a master, so SIGHUP reloads it."""
 
-    def __init__(self, root: Path, *, service: str) -> None:
+    def __init__(self, root: Path, *, service: str, extra_http: str = "") -> None:
         self.root = root
         (root / "conf.d").mkdir(parents=True, exist_ok=True)
         (root / "temp").mkdir(exist_ok=True)
@@ -43,7 +44,7 @@ class NginxProcess:
         self.conf = root / "nginx.conf"
         self.pid_file = root / "nginx.pid"
         self.error_log = root / "error.log"
-        self.conf.write_text(main_config(root, self.include))
+        self.conf.write_text(main_config(root, self.include, extra_http))
         self.proc: subprocess.Popen[bytes] | None = None
 
     def args(self) -> list[str]:

@@ -8,12 +8,13 @@ import asyncio
 import contextlib
 import json
 import socket
+import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from controlplane.kernel.routes import Route, RouteState, RouteVariant, Sticky
-from routers.nginx.render import RenderOptions, render
+from routers.nginx.render import DEFAULT_CA, RenderOptions, render
 from routers.nginx.router import NginxRouter, NginxSettings
 from tests.support.nginx_proc import NGINX, NginxProcess
 from tests.support.processes import free_port
@@ -37,8 +38,8 @@ class VariantUpstream:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+    async def start(self, tls: ssl.SSLContext | None = None) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=tls)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def close(self) -> None:
@@ -183,7 +184,15 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def nginx_rig(tmp: Path, *, allow_force: bool = False) -> AsyncIterator[Rig]:
+async def nginx_rig(
+    tmp: Path,
+    *,
+    allow_force: bool = False,
+    extra_http: str = "",
+    pid_file: Path | None = None,
+    confirm_timeout: float = 5.0,
+    trusted_ca: str | None = None,
+) -> AsyncIterator[Rig]:
     upstreams = {name: VariantUpstream(name) for name in ("baseline", "canary", "canary-b")}
     for upstream in upstreams.values():
         await upstream.start()
@@ -196,8 +205,9 @@ async def nginx_rig(tmp: Path, *, allow_force: bool = False) -> AsyncIterator[Ri
         status_listen=f"127.0.0.1:{status_port}",
         log_target=f"127.0.0.1:{log.getsockname()[1]}",
         allow_force=allow_force,
+        trusted_ca=trusted_ca or DEFAULT_CA,
     )
-    proc = NginxProcess(tmp / "nginx", service=SERVICE)
+    proc = NginxProcess(tmp / "nginx", service=SERVICE, extra_http=extra_http)
     proc.include.write_text(render(None, options))
     proc.start(status_port)
     router = NginxRouter(
@@ -207,7 +217,8 @@ async def nginx_rig(tmp: Path, *, allow_force: bool = False) -> AsyncIterator[Ri
             main_conf=proc.conf,
             nginx=NGINX,
             prefix=proc.root,
-            pid_file=proc.pid_file,
+            pid_file=pid_file or proc.pid_file,
+            confirm_timeout=confirm_timeout,
         )
     )
     try:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import ssl
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,8 +18,18 @@ from routers.nginx.render import split_parts
 from routers.nginx.split import SplitParts, split_key
 from routers.seam import InForce, RouterError
 from sidecar.assignment import unit_hash
-from tests.routers.nginx.rig import SALT, SERVICE, Rig, fetch, fetch_many, nginx_rig, route
+from tests.routers.nginx.rig import (
+    SALT,
+    SERVICE,
+    Rig,
+    VariantUpstream,
+    fetch,
+    fetch_many,
+    nginx_rig,
+    route,
+)
 from tests.support.processes import free_port
+from tests.support.tls import make_pki
 
 UNITS = [f"user-{i}" for i in range(2_000)]
 
@@ -246,3 +259,79 @@ async def test_hostile_but_valid_names_are_served_as_written(force_rig: Rig) -> 
     for forced in ("default", "include"):
         response = await fetch(rig.port, {"X-Canary-Force": forced})
         assert response.json()["variant"] == forced
+
+
+async def test_a_route_that_clashes_with_the_main_config_is_put_back(tmp_path: Path) -> None:
+    # the check config holds the candidate alone; only the main config shows the clash
+    clash = "    upstream canary_pay_hapi__canary { server 127.0.0.1:9; }"
+    async with nginx_rig(tmp_path, extra_http=clash) as rig:
+        await rig.router.apply(route(1, [("baseline", rig.upstreams["baseline"].url, 10_000)]))
+        before = rig.nginx.include.read_bytes()
+        with pytest.raises(RouterError, match="duplicate upstream"):
+            await rig.router.apply(rig.two_way(2, 5_000))
+        assert rig.nginx.include.read_bytes() == before
+        assert sorted(p.name for p in rig.nginx.include.parent.iterdir() if p.is_file()) == [
+            rig.nginx.include.name
+        ]
+        assert await rig.router.in_force() == InForce("42", 1)
+        assert (await fetch(rig.port, {"X-User-Id": "a"})).header("x-canary-variant") == "baseline"
+        stats = rig.router.stats
+        assert (stats.restores, stats.reloads, stats.failures) == (1, 1, 1)
+
+
+async def test_a_reload_nginx_does_not_confirm_is_put_back(tmp_path: Path) -> None:
+    # the pid file names a process that ignores SIGHUP: nginx never reloads
+    deaf = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time\n"
+            "signal.signal(signal.SIGHUP, signal.SIG_IGN)\nprint(flush=True)\ntime.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert deaf.stdout is not None
+        deaf.stdout.readline()  # its handler is in place
+        pid_file = tmp_path / "deaf.pid"
+        pid_file.write_text(f"{deaf.pid}\n")
+        async with nginx_rig(tmp_path, pid_file=pid_file, confirm_timeout=0.5) as rig:
+            before = rig.nginx.include.read_bytes()
+            with pytest.raises(RouterError, match="did not put revision 1 in force"):
+                await rig.router.apply(rig.two_way(1, 5_000))
+            assert rig.nginx.include.read_bytes() == before
+            assert await rig.router.in_force() == InForce(None, None)
+            assert (await fetch(rig.port)).status == 503
+            assert rig.router.stats.restores == 1
+    finally:
+        deaf.kill()
+        deaf.wait()
+
+
+async def test_in_force_fails_cleanly_when_nginx_is_down(rig: Rig) -> None:
+    rig.nginx.stop()
+    with pytest.raises(RouterError, match="unreachable"):
+        await rig.router.in_force()
+    with pytest.raises(RouterError):
+        await rig.router.apply(rig.two_way(1, 5_000))
+    assert rig.router.stats.failures == 1
+
+
+async def test_an_https_upstream_is_verified(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki")
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(pki.server_cert, pki.server_key)
+    secure = VariantUpstream("secure")
+    await secure.start(tls)
+    try:
+        for trusted, status in ((pki.ca_file, 200), (pki.other_ca_file, 502)):
+            async with nginx_rig(tmp_path / f"rig-{status}", trusted_ca=trusted) as rig:
+                upstream = f"https://localhost:{secure.port}/tls"
+                await rig.router.apply(route(1, [("baseline", upstream, 10_000)]))
+                response = await fetch(rig.port, {"X-User-Id": "alice"}, "/p")
+                assert response.status == status
+                if status == 200:
+                    assert response.json()["host"] == f"localhost:{secure.port}"
+                    assert response.json()["target"] == "/tls/p"
+    finally:
+        await secure.close()
