@@ -52,6 +52,7 @@ _HEADER = re.compile(r"[A-Za-z0-9-]{1,64}")
 # cookie names are RFC 9110 tokens; every character but letters and digits is
 # escaped in the regex
 _COOKIE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
+_PORT = re.compile(r"[0-9]{1,5}")
 _IDENT_CHARS: Final = {".": "_d", "-": "_h", "_": "_u"}
 _PORTS: Final = {"http": 80, "https": 443}
 
@@ -131,7 +132,7 @@ def _token(text: str, what: str) -> str:
 def address(text: str, *, what: str) -> tuple[str, int]:
     """`host:port` or `[v6]:port` → (host for nginx, port); a name or an address."""
     host, sep, port_text = text.rpartition(":")
-    if not sep or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+    if not sep or not _PORT.fullmatch(port_text) or not 1 <= int(port_text) <= 65535:
         raise ValueError(f"{what} must be HOST:PORT with a port 1-65535")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]

@@ -16,6 +16,7 @@ from pathlib import Path
 from controlplane.kernel.routes import Route, RouteState, RouteVariant, Sticky
 from routers.nginx.render import DEFAULT_CA, RenderOptions, render
 from routers.nginx.router import NginxRouter, NginxSettings
+from routers.seam import TrafficRouter
 from tests.support.nginx_proc import NGINX, NginxProcess
 from tests.support.processes import free_port
 
@@ -221,6 +222,7 @@ async def nginx_rig(
             confirm_timeout=confirm_timeout,
         )
     )
+    _: TrafficRouter = router  # the seam, checked by mypy
     try:
         yield Rig(proc, router, options, port, log, upstreams)
     finally:
