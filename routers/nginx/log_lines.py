@@ -22,7 +22,10 @@ duplicate keys, no NaN, every field of its type and within its bounds.
   504 or 502 without an upstream response head → TIMEOUT or CONNECT_ERROR.
 
 A line of another service is counted `other_service`; a line with no experiment (no
-route was in force) `unattributed`. Nothing in a datagram raises out of `parse`.
+route was in force) `unattributed`; a request nginx answered without trying an
+upstream (an empty `$upstream_header_time`: a malformed request, a 400 or 414 of its
+own) `not_proxied`, since it says nothing of the variant it was assigned. Nothing
+in a datagram raises out of `parse`.
 """
 
 from __future__ import annotations
@@ -174,7 +177,10 @@ class NginxLineParser:
                 raise _Refused("bad_field")
         ts = _number(record, "msec")
         rt_us = _us(_number(record, "request_time"))
-        header_time = last_upstream_time(_text(record, "upstream_header_time", _UPSTREAM_TIMES_MAX))
+        upstream_times = _text(record, "upstream_header_time", _UPSTREAM_TIMES_MAX)
+        if not upstream_times:
+            raise _Refused("not_proxied")
+        header_time = last_upstream_time(upstream_times)
         first_byte_us = rt_us if header_time is None else min(_us(header_time), rt_us)
         unit = _text(record, "unit_header", _UNIT_MAX) or _text(record, "unit_cookie", _UNIT_MAX)
         hashed = unit_hash(salt, unit) if unit else 0

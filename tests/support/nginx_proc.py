@@ -51,11 +51,10 @@ class NginxProcess:
         return [NGINX, "-p", str(self.root), "-c", str(self.conf)]
 
     def start(self, wait_for_port: int) -> None:
-        self.proc = subprocess.Popen(
-            [*self.args(), "-g", "daemon off;"],
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.root / "stderr.log", "ab"),  # noqa: SIM115
-        )
+        with open(self.root / "stderr.log", "ab") as stderr:
+            self.proc = subprocess.Popen(
+                [*self.args(), "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=stderr
+            )
         try:
             wait_port(wait_for_port, timeout=10)
         except TimeoutError:

@@ -100,6 +100,10 @@ def test_no_route_is_unattributed_and_another_service_counted() -> None:
         (HEADER.replace(b'"msec":1796565781.649', b'"msec":NaN'), "malformed"),
         (HEADER.replace(b',"unit_cookie":""', b""), "malformed"),
         (HEADER.replace(b'"v":1', b'"v":2'), "bad_version"),
+        (
+            HEADER.replace(b'"upstream_header_time":"0.000"', b'"upstream_header_time":""'),
+            "not_proxied",
+        ),
         (HEADER.replace(b'"status":200', b'"status":true'), "bad_status"),
         (HEADER.replace(b'"status":200', b'"status":0'), "bad_status"),
         (HEADER.replace(b'"status":200', b'"status":"200"'), "bad_status"),
