@@ -29,6 +29,7 @@ raises ValueError naming the problem.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
 from dataclasses import dataclass
@@ -52,6 +53,8 @@ _HEADER = re.compile(r"[A-Za-z0-9-]{1,64}")
 # cookie names are RFC 9110 tokens; every character but letters and digits is
 # escaped in the regex
 _COOKIE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
+_VARIABLE_MAX: Final = 46
+_LONGEST_SUFFIX: Final = "unit_cookie"
 _PORT = re.compile(r"[0-9]{1,5}")
 _IDENT_CHARS: Final = {".": "_d", "-": "_h", "_": "_u"}
 _PORTS: Final = {"http": 80, "https": 443}
@@ -90,6 +93,21 @@ def ident(name: str) -> str:
     if not _NAME.fullmatch(name):
         raise ValueError("a service or variant name must match [a-z0-9][a-z0-9._-]{0,63}")
     return "".join(_IDENT_CHARS.get(char, char) for char in name)
+
+
+def variable_prefix(service: str) -> str:
+    """The prefix of the service's nginx variables, one per service.
+
+    nginx hashes variable names into buckets of 64 bytes (variables_hash_bucket_size,
+    an http-wide setting this file must not own), which holds names of at most 46
+    characters. A short service keeps its readable ident (`canary_pay_hapi__`); a
+    long one is named by a 64-bit digest after a second `_` (`canary__3f…__`), which
+    no ident starts with, so the two forms never meet.
+    """
+    readable = f"canary_{ident(service)}__"
+    if len(readable) + len(_LONGEST_SUFFIX) <= _VARIABLE_MAX:
+        return readable
+    return f"canary__{hashlib.blake2b(service.encode(), digest_size=8).hexdigest()}__"
 
 
 def quote(text: str) -> str:
@@ -206,7 +224,7 @@ class _Writer:
 def render(route: Route | None, options: RenderOptions) -> str:
     """The include file for one service; raises ValueError if nginx cannot serve it."""
     svc = ident(options.service)
-    var = f"canary_{svc}__"
+    var = variable_prefix(options.service)
     listen_host, listen_port = address(options.listen, what="the listen address")
     status = _loopback(options.status_listen)
     if not 0 <= options.keepalive <= 10_000:
@@ -314,29 +332,34 @@ def _route_maps(
         out.line(f"default ${header_var};", 1)
         out.line("}")
     salt = _token(route.salt, "the salt")
+    # Maps and the split choose a slot, the variant's index in the route: short
+    # keys, since nginx hashes a map's plain keys into buckets of 64 bytes by
+    # default (map_hash_bucket_size, an http-wide setting this file must not own)
+    # and a variant name may be 64 characters long.
+    slot = {v.name: str(i) for i, v in enumerate(route.variants)}
     parts = split_parts(route)
     # "<salt>:${unit}": the salt is a checked token, the unit a variable
     key = literal(f"{salt}:")[:-1] + f'${{{unit_var}}}"'
     out.line(f"split_clients {key} ${var}split {{")
     for index, (name, bp) in enumerate(parts):
         share = "*" if index == len(parts) - 1 else _pct(bp)
-        out.line(f"{share} {quote(name)};", 1)
+        out.line(f"{share} {quote(slot[name])};  # {name}", 1)
     out.line("}")
     out.line(f"map $http_{FORCE_HEADER.replace('-', '_')} ${var}forced {{")
     out.line('default "";', 1)
     if options.allow_force:
         for variant in route.variants:
-            out.line(f"{exact_regex(variant.name)} {quote(variant.name)};", 1)
+            out.line(f"{exact_regex(variant.name)} {quote(slot[variant.name])};", 1)
     out.line("}")
-    variant_var = f"{var}variant"
-    out.line(f"map ${var}forced ${variant_var} {{")
+    out.line(f"map ${var}forced ${var}slot {{")
     out.line(f'"" ${var}split;', 1)
     out.line(f"default ${var}forced;", 1)
     out.line("}")
-    # per variant: where to proxy (the upstream block by name, then the path
-    # prefix), the Host header (the upstream's authority, as the sidecar sends)
-    # and the TLS server name
+    # per variant: its name, where to proxy (the upstream block by name, then the
+    # path prefix), the Host header (the upstream's authority, as the sidecar
+    # sends it) and the TLS server name
     per_variant = {
+        "variant": {n: n for n in targets},
         "target": {
             n: f"{t.scheme}://canary_{svc}__{ident(n)}{t.prefix}" for n, t in targets.items()
         },
@@ -344,10 +367,11 @@ def _route_maps(
         "sni": {n: t.sni for n, t in targets.items()},
     }
     for suffix, values in per_variant.items():
-        out.line(f"map ${variant_var} ${var}{suffix} {{")
+        out.line(f"map ${var}slot ${var}{suffix} {{")
         for name, value in values.items():
-            out.line(f"{map_key(name)} {literal(value)};", 1)
+            out.line(f"{map_key(slot[name])} {literal(value)};", 1)
         out.line("}")
+    variant_var = f"{var}variant"
     return header_var, cookie_var, variant_var
 
 

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from controlplane.kernel.routes import Sticky
-from routers.nginx.render import RenderOptions, ident, quote, render, split_parts
+from routers.nginx.render import (
+    RenderOptions,
+    ident,
+    quote,
+    render,
+    split_parts,
+    variable_prefix,
+)
 from routers.nginx.split import SplitParts, murmur_hash2
 from tests.routers.nginx.rig import route
 from tests.support.nginx_proc import NGINX, main_config
@@ -53,13 +60,14 @@ def test_split_layout_matches_the_bucket_layout() -> None:
     live = route(1, [("canary", UP, 2_500), ("baseline", UP, 7_499), ("zero", UP, 0), ("b", UP, 1)])
     assert split_parts(live) == [("canary", 2_500), ("b", 1), ("baseline", 7_499)]
     text = render(live, OPTIONS)
-    assert '    25.00% "canary";\n    0.01% "b";\n    * "baseline";\n' in text
+    # the split names each variant by its index in the route
+    assert '    25.00% "0";  # canary\n    0.01% "3";  # b\n    * "1";  # baseline\n' in text
     # without a variant named baseline the first variant goes last
     no_base = route(1, [("blue", UP, 9_000), ("green", UP, 1_000)])
     assert split_parts(no_base) == [("green", 1_000), ("blue", 9_000)]
-    assert '    10.00% "green";\n    * "blue";\n' in render(no_base, OPTIONS)
+    assert '    10.00% "1";  # green\n    * "0";  # blue\n' in render(no_base, OPTIONS)
     whole = route(1, [("baseline", UP, 0), ("canary", UP, 10_000)])
-    assert '{\n    * "canary";\n}' in render(whole, OPTIONS)
+    assert '{\n    * "1";  # canary\n}' in render(whole, OPTIONS)
 
 
 def test_split_thresholds_are_cumulative_floors() -> None:
@@ -88,7 +96,7 @@ def test_murmur_hash2_vectors() -> None:
 
 def test_force_only_when_allowed() -> None:
     live = route(1, [("baseline", UP, 10_000), ("canary", UP, 0)])
-    assert '"~^canary$" "canary";' in render(live, OPTIONS)
+    assert '"~^canary$" "1";' in render(live, OPTIONS)
     closed = render(live, dataclasses.replace(OPTIONS, allow_force=False))
     assert "~^canary$" not in closed
 
@@ -145,10 +153,10 @@ def test_hostile_but_valid_values_render_to_a_config_nginx_accepts(tmp_path: Pat
         ],
         experiment="x.-_",
         salt="-._",
-        sticky=Sticky(header="X-1-Unit", cookie="`$b|~!#%&'*+.^_{"[:-1]),
+        sticky=Sticky(header="X-1-Unit", cookie="`$b|~!#%&'*+.^_"),
     )
     text = render(live, OPTIONS)
-    assert '"\\\\default"' in text  # a map key read as text, not the keyword
+    assert '"\\\\0" "default";' in text  # keys are slots; names only values
     assert '/p\\"a}t;h{' in text
     result = nginx_accepts(text, tmp_path)
     # the zero-weight variant's unresolvable host is what nginx refuses, nothing else
@@ -160,4 +168,23 @@ def test_hostile_but_valid_values_render_to_a_config_nginx_accepts(tmp_path: Pat
     again = tmp_path / "again"
     again.mkdir()
     result = nginx_accepts(text, again)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_longest_names_fit_nginx_default_hash_buckets(tmp_path: Path) -> None:
+    service = "a" + "-" * 62
+    options = dataclasses.replace(OPTIONS, service=service)
+    live = route(
+        1,
+        [
+            ("baseline", "http://127.0.0.1:9000", 5_000),
+            ("b" + "." * 63, "http://127.0.0.1:9001", 2_500),
+            ("c" + "_" * 63, "http://127.0.0.1:9002", 2_500),
+        ],
+        sticky=Sticky(header="X-" + "u" * 62, cookie="c" * 64),
+    )
+    text = render(live, options)
+    assert variable_prefix(service).startswith("canary__")
+    assert variable_prefix("pay-api") == "canary_pay_hapi__"
+    result = nginx_accepts(text, tmp_path)
     assert result.returncode == 0, result.stderr
