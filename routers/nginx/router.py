@@ -82,7 +82,9 @@ class NginxStats:
 
 
 @dataclass(frozen=True, slots=True)
-class _Files:
+class IncludeFiles:
+    """The live include and the router's files beside it."""
+
     live: Path
     candidate: Path
     scratch: Path  # for atomic writes of a restore
@@ -90,7 +92,7 @@ class _Files:
     check_conf: Path
 
     @classmethod
-    def of(cls, include: Path) -> _Files:
+    def of(cls, include: Path) -> IncludeFiles:
         # dot-names: a main config's `include conf.d/*.conf` never picks them up
         check_dir = include.parent / f".{include.name}.check"
         return cls(
@@ -102,7 +104,7 @@ class _Files:
         )
 
 
-def check_config(files: _Files) -> str:
+def check_config(files: IncludeFiles) -> str:
     """A main config that includes only the candidate, with every path nginx writes
     during `-t` inside the check directory."""
     temps = "\n".join(f"    {name}_temp_path {files.check_dir / name};" for name in _TEMP_DIRS)
@@ -174,7 +176,7 @@ class NginxRouter:
     ) -> None:
         self.settings = settings
         self.stats = NginxStats()
-        self._files = _Files.of(settings.include)
+        self._files = IncludeFiles.of(settings.include)
         self._status = address(settings.render.status_listen, what="the status address")
         self._sleep = sleep
         self._monotonic = monotonic
@@ -363,6 +365,7 @@ class NginxRouter:
 
 
 __all__ = [
+    "IncludeFiles",
     "NginxRouter",
     "NginxSettings",
     "NginxStats",
