@@ -54,6 +54,7 @@ _HEADER = re.compile(r"[A-Za-z0-9-]{1,64}")
 # escaped in the regex
 _COOKIE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
 _VARIABLE_MAX: Final = 46
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,250}")
 _LONGEST_SUFFIX: Final = "unit_cookie"
 _PORT = re.compile(r"[0-9]{1,5}")
 _IDENT_CHARS: Final = {".": "_d", "-": "_h", "_": "_u"}
@@ -124,6 +125,27 @@ def literal(text: str) -> str:
     if "$" in text:
         raise ValueError("a value written where nginx expands variables must not contain '$'")
     return quote(text)
+
+
+@dataclass(frozen=True, slots=True)
+class Var:
+    """An nginx variable placed in a `script` string."""
+
+    name: str
+
+
+def script(*pieces: str | Var) -> str:
+    """A quoted string nginx expands: text pieces as `literal` (no `$`), variables as
+    `${name}`."""
+    out: list[str] = []
+    for piece in pieces:
+        if isinstance(piece, Var):
+            if not _VARIABLE_NAME.fullmatch(piece.name):
+                raise ValueError("an nginx variable name must be letters, digits and '_'")
+            out.append("${" + piece.name + "}")
+        else:
+            out.append(literal(piece)[1:-1])
+    return '"' + "".join(out) + '"'
 
 
 def map_key(text: str) -> str:
@@ -264,17 +286,19 @@ def render(route: Route | None, options: RenderOptions) -> str:
     out.line("}", 1)
     out.line("}")
     out.line()
+    # the worker's pid tells the router which master answered (workers.py)
     answer = (
         f'{{"service":"{options.service}",'
         + ('"experiment":null' if route is None else f'"experiment":"{experiment}"')
-        + f',"revision":{revision}}}\n'
+        + f',"revision":{revision},"worker":'
     )
     out.line("server {")
     out.line(f"listen {status};", 1)
     out.line("access_log off;", 1)
     out.line(f"location = {STATUS_PATH} {{", 1)
     out.line("default_type application/json;", 2)
-    out.line(f"return 200 {literal(answer)};", 2)
+    body = script(answer, Var("pid"), "}\n")
+    out.line(f"return 200 {body};", 2)
     out.line("}", 1)
     out.line("location / {", 1)
     out.line("return 404;", 2)
@@ -338,8 +362,7 @@ def _route_maps(
     # and a variant name may be 64 characters long.
     slot = {v.name: str(i) for i, v in enumerate(route.variants)}
     parts = split_parts(route)
-    # "<salt>:${unit}": the salt is a checked token, the unit a variable
-    key = literal(f"{salt}:")[:-1] + f'${{{unit_var}}}"'
+    key = script(f"{salt}:", Var(unit_var))
     out.line(f"split_clients {key} ${var}split {{")
     for index, (name, bp) in enumerate(parts):
         share = "*" if index == len(parts) - 1 else _pct(bp)

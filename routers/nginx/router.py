@@ -12,8 +12,9 @@ owns that file. `apply(route)`:
 4. reloads nginx (SIGHUP to the master named by the pid file, else `nginx -s
    reload`);
 5. polls the include's status server until nginx itself answers the new
-   experiment and revision, and (with a pid file, on Linux) until the workers that
-   served before the reload have stopped accepting connections (workers.py);
+   experiment and revision, and (on Linux) until the workers that served before
+   the reload have stopped accepting connections (workers.py: nginx keeps both
+   generations accepting for about 100 ms after a reload);
    bounded by `confirm_timeout`.
 
 Any failure after step 3 puts the previous include back (and reloads again if the
@@ -37,7 +38,7 @@ from typing import Any, Final
 
 from controlplane.kernel.routes import Route
 from routers.nginx.render import STATUS_PATH, RenderOptions, address, render
-from routers.nginx.workers import serving_workers
+from routers.nginx.workers import master_of, serving_workers
 from routers.seam import InForce, RouterError
 
 _STATUS_MAX: Final = 4_096
@@ -131,22 +132,36 @@ def nginx_message(stderr: str) -> str:
     return chosen[:_MESSAGE_MAX] or "no message from nginx"
 
 
-def parse_status(raw: bytes, service: str) -> InForce:
-    """The status server's answer (an HTTP/1.0 response) → InForce; ValueError else."""
+@dataclass(frozen=True, slots=True)
+class StatusAnswer:
+    """What the status endpoint says: the route in force, and the worker that said it."""
+
+    in_force: InForce
+    worker: int
+
+
+def parse_status(raw: bytes, service: str) -> StatusAnswer:
+    """The status server's answer (an HTTP/1.0 response); ValueError when not ours."""
     head, sep, body = raw.partition(b"\r\n\r\n")
     if not sep or not head.startswith((b"HTTP/1.1 200 ", b"HTTP/1.0 200 ")):
         raise ValueError("the nginx status endpoint did not answer 200")
     data: Any = json.loads(body.decode("ascii"))
-    if not isinstance(data, dict) or set(data) != {"service", "experiment", "revision"}:
+    if not isinstance(data, dict) or set(data) != {"service", "experiment", "revision", "worker"}:
         raise ValueError("the nginx status endpoint answered an unexpected object")
     if data["service"] != service:
         raise ValueError("the nginx status endpoint belongs to another service")
-    experiment, revision = data["experiment"], data["revision"]
+    experiment, revision, worker = data["experiment"], data["revision"], data["worker"]
     if not (experiment is None or isinstance(experiment, str)):
         raise ValueError("the nginx status endpoint's experiment is not a string")
-    if not (revision is None or (isinstance(revision, int) and not isinstance(revision, bool))):
+    if not (revision is None or _is_int(revision)):
         raise ValueError("the nginx status endpoint's revision is not an integer")
-    return InForce(experiment, revision)
+    if not _is_int(worker) or worker <= 1:
+        raise ValueError("the nginx status endpoint's worker is not a pid")
+    return StatusAnswer(InForce(experiment, revision), worker)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _write_atomically(path: Path, scratch: Path, text: bytes) -> None:
@@ -204,6 +219,9 @@ class NginxRouter:
             self.stats.applies += 1
 
     async def in_force(self) -> InForce:
+        return (await self._status_answer()).in_force
+
+    async def _status_answer(self) -> StatusAnswer:
         host, port = self._status
         timeout = self.settings.command_timeout
         try:
@@ -293,24 +311,39 @@ class NginxRouter:
         """Sends the reload; returns the master's pid (when known) and the workers
         that served before it, which must stop accepting before the route holds."""
         self.stats.reloads += 1
-        pid_file = self.settings.pid_file
-        if pid_file is None:
+        if self.settings.pid_file is None:
+            master = await self._master_from_status()
+            old = serving_workers(master) if master is not None else set()
             code, stderr = await self._nginx(*self._main_args(), "-s", "reload")
             if code != 0:
                 raise RouterError(f"nginx reload failed: {nginx_message(stderr)}")
-            return None, set()
+            return master, old
+        master = self._master_from_pid_file(self.settings.pid_file)
+        old = serving_workers(master)
+        try:
+            os.kill(master, signal.SIGHUP)
+        except OSError as exc:
+            raise RouterError(f"cannot signal nginx to reload: {exc}") from None
+        return master, old
+
+    @staticmethod
+    def _master_from_pid_file(pid_file: Path) -> int:
         try:
             with open(pid_file, "rb") as handle:
                 raw = handle.read(_PID_MAX + 1)
-            text = raw.decode("ascii").strip()
-            if len(raw) > _PID_MAX or not text.isdigit() or int(text) <= 1:
-                raise RouterError(f"nginx pid file {pid_file} does not hold a pid")
-            master = int(text)
-            old = serving_workers(master)
-            os.kill(master, signal.SIGHUP)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise RouterError(f"cannot signal nginx to reload: {exc}") from None
-        return master, old
+        except OSError as exc:
+            raise RouterError(f"cannot read the nginx pid file: {exc}") from None
+        text = raw.decode("ascii", errors="replace").strip()
+        if len(raw) > _PID_MAX or not text.isascii() or not text.isdigit() or int(text) <= 1:
+            raise RouterError(f"nginx pid file {pid_file} does not hold a pid")
+        return int(text)
+
+    async def _master_from_status(self) -> int | None:
+        try:
+            answer = await self._status_answer()
+        except RouterError:
+            return None  # nginx down: the reload says so
+        return master_of(answer.worker)
 
     async def _confirm(self, wanted: InForce, master: int | None, old: set[int]) -> None:
         deadline = self._monotonic() + self.settings.confirm_timeout
@@ -369,6 +402,7 @@ __all__ = [
     "NginxRouter",
     "NginxSettings",
     "NginxStats",
+    "StatusAnswer",
     "check_config",
     "nginx_message",
     "parse_status",

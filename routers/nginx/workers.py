@@ -8,8 +8,10 @@ answer the status endpoint. So a reload is in force once the status endpoint
 answers the new revision *and* none of the workers that served before the reload
 still calls itself plain "worker process".
 
-Without /proc (not Linux) nothing is known: an empty set, and the router relies on
-the status endpoint alone.
+The master is the one named by the pid file, or else the parent of the worker
+that answered the status endpoint (its `$pid`). Without /proc (not Linux), or
+across PID namespaces, nothing is known: an empty set, and the router relies on the
+status endpoint alone.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Final
 
 PROC: Final = Path("/proc")
 _SERVING: Final = b"nginx: worker process"
+_MASTER: Final = b"nginx: master process"
 _READ_MAX: Final = 4_096
 
 
@@ -47,6 +50,19 @@ def children(master: int, proc: Path = PROC) -> set[int]:
     return found
 
 
+def master_of(worker: int, proc: Path = PROC) -> int | None:
+    """The nginx master of a worker pid (its parent, if that calls itself one)."""
+    stat = _read(proc / str(worker) / "stat")
+    fields = stat.rpartition(b")")[2].split() if stat else []
+    if len(fields) < 2 or not fields[1].isdigit():
+        return None
+    parent = int(fields[1])
+    title = _read(proc / str(parent) / "cmdline")
+    if parent <= 1 or title is None or not title.startswith(_MASTER):
+        return None
+    return parent
+
+
 def serving_workers(master: int, proc: Path = PROC) -> set[int]:
     """The master's workers that have not been told to shut down."""
     serving: set[int] = set()
@@ -57,4 +73,4 @@ def serving_workers(master: int, proc: Path = PROC) -> set[int]:
     return serving
 
 
-__all__ = ["children", "serving_workers"]
+__all__ = ["children", "master_of", "serving_workers"]

@@ -191,6 +191,7 @@ async def nginx_rig(
     allow_force: bool = False,
     extra_http: str = "",
     pid_file: Path | None = None,
+    reload_by_command: bool = False,
     confirm_timeout: float = 5.0,
     trusted_ca: str | None = None,
 ) -> AsyncIterator[Rig]:
@@ -218,7 +219,7 @@ async def nginx_rig(
             main_conf=proc.conf,
             nginx=NGINX,
             prefix=proc.root,
-            pid_file=pid_file or proc.pid_file,
+            pid_file=None if reload_by_command else pid_file or proc.pid_file,
             confirm_timeout=confirm_timeout,
         )
     )

@@ -335,3 +335,14 @@ async def test_an_https_upstream_is_verified(tmp_path: Path) -> None:
                     assert response.json()["target"] == "/tls/p"
     finally:
         await secure.close()
+
+
+async def test_a_reload_by_command_waits_for_the_old_workers_too(tmp_path: Path) -> None:
+    # nginx keeps its previous workers accepting for ~100 ms after a reload; requests
+    # sent the moment apply returns must all see the new route
+    async with nginx_rig(tmp_path, reload_by_command=True) as rig:
+        for revision, canary_bp in enumerate((0, 10_000, 0), start=1):
+            await rig.router.apply(rig.two_way(revision, canary_bp))
+            expected = "canary" if canary_bp else "baseline"
+            assert set(await variants_of(rig, UNITS[:400])) == {expected}
+        assert rig.router.stats.reloads == 3

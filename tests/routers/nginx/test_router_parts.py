@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from routers.nginx.router import IncludeFiles, check_config, nginx_message, parse_status
+from routers.nginx.router import (
+    IncludeFiles,
+    StatusAnswer,
+    check_config,
+    nginx_message,
+    parse_status,
+)
 from routers.seam import InForce
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n"
@@ -27,20 +33,22 @@ def test_nginx_message_keeps_the_line_that_says_what_is_wrong() -> None:
 
 
 def test_status_answers() -> None:
-    body = b'{"service":"pay-api","experiment":"42","revision":7}\n'
-    assert parse_status(OK + body, "pay-api") == InForce("42", 7)
-    none = b'{"service":"pay-api","experiment":null,"revision":null}'
-    assert parse_status(OK + none, "pay-api") == InForce(None, None)
+    body = b'{"service":"pay-api","experiment":"42","revision":7,"worker":812}\n'
+    assert parse_status(OK + body, "pay-api") == StatusAnswer(InForce("42", 7), 812)
+    none = b'{"service":"pay-api","experiment":null,"revision":null,"worker":812}'
+    assert parse_status(OK + none, "pay-api").in_force == InForce(None, None)
 
 
 @pytest.mark.parametrize(
     "raw",
     [
         b"HTTP/1.1 404 Not Found\r\n\r\n{}",
-        OK + b'{"service":"orders","experiment":"42","revision":7}',
-        OK + b'{"service":"pay-api","experiment":42,"revision":7}',
-        OK + b'{"service":"pay-api","experiment":"42","revision":true}',
-        OK + b'{"service":"pay-api","experiment":"42"}',
+        OK + b'{"service":"orders","experiment":"42","revision":7,"worker":812}',
+        OK + b'{"service":"pay-api","experiment":42,"revision":7,"worker":812}',
+        OK + b'{"service":"pay-api","experiment":"42","revision":true,"worker":812}',
+        OK + b'{"service":"pay-api","experiment":"42","revision":7,"worker":1}',
+        OK + b'{"service":"pay-api","experiment":"42","revision":7}',
+        OK + b'{"service":"pay-api","experiment":"42","revision":7,"worker":"\xff"}',
         OK + b"[]",
         OK + b"not json",
         b"garbage",
