@@ -254,7 +254,6 @@ def render(route: Route | None, options: RenderOptions) -> str:
     out = _Writer()
     out.line(f"# canary route for service {options.service}: generated, do not edit")
     experiment = "" if route is None else _token(str(route.experiment), "the experiment")
-    revision = "null" if route is None else str(route.revision)
     header_var = cookie_var = variant_var = None
     if route is not None:
         header_var, cookie_var, variant_var = _route_maps(out, route, options, var, svc)
@@ -286,14 +285,18 @@ def render(route: Route | None, options: RenderOptions) -> str:
     out.line("}", 1)
     out.line("}")
     out.line()
-    # the worker's pid tells the router which master answered (workers.py)
-    answer = (
-        f'{{"service":"{options.service}",'
-        + ('"experiment":null' if route is None else f'"experiment":"{experiment}"')
-        + f',"revision":{revision},"worker":'
-    )
+    _status_server(out, options.service, status, route)
+    return out.text()
+
+
+def _status_server(out: _Writer, service: str, listen: str, route: Route | None) -> None:
+    """`GET /.canary/in-force` on a loopback port: the route nginx has loaded, and
+    the worker's pid, which tells the router which master answered (workers.py)."""
+    experiment = "null" if route is None else f'"{_token(str(route.experiment), "experiment")}"'
+    revision = "null" if route is None else str(route.revision)
+    answer = f'{{"service":"{service}","experiment":{experiment},"revision":{revision},"worker":'
     out.line("server {")
-    out.line(f"listen {status};", 1)
+    out.line(f"listen {listen};", 1)
     out.line("access_log off;", 1)
     out.line(f"location = {STATUS_PATH} {{", 1)
     out.line("default_type application/json;", 2)
@@ -304,7 +307,6 @@ def render(route: Route | None, options: RenderOptions) -> str:
     out.line("return 404;", 2)
     out.line("}", 1)
     out.line("}")
-    return out.text()
 
 
 def _route_maps(
