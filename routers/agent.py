@@ -45,6 +45,7 @@ class AgentStats:
     apply_errors: int = 0
     coalesced: int = 0  # desired routes superseded before they were applied
     drift_repaired: int = 0  # the proxy held another route than the one applied
+    verified: int = 0  # read-backs of what the proxy holds
     last_error: str | None = None
     applied_route: Route | None = None
     applied_at: float | None = None  # wall clock
@@ -134,6 +135,7 @@ class RouterAgent:
         """Whether the proxy still holds the route last applied (a restarted proxy
         comes back with its base config: no route, or an older one)."""
         wanted = InForce.of(self.stats.applied_route)
+        self.stats.verified += 1
         try:
             held = await self.router.in_force()
         except RouterError as exc:
@@ -203,6 +205,7 @@ class RouterAgent:
             "apply_errors": self.stats.apply_errors,
             "coalesced": self.stats.coalesced,
             "drift_repaired": self.stats.drift_repaired,
+            "verified": self.stats.verified,
             "etcd_connected": self.follower.stats.connected,
         }
 

@@ -207,5 +207,116 @@ def haproxy_command(
     ))  # fmt: skip
 
 
+@router_app.command("nginx")
+def nginx_command(
+    service: ServiceOption,
+    listen: ListenOption,
+    conf_dir: Annotated[
+        str, typer.Option("--conf-dir", help="directory nginx includes canary-*.conf from; "
+                          "the agent owns canary-<service>.conf there")
+    ],
+    nginx_conf: Annotated[
+        str, typer.Option("--nginx-conf", help="nginx's main config (checked with nginx -t "
+                          "after each change)")
+    ],
+    status_listen: Annotated[
+        str, typer.Option("--status-listen", help="loopback HOST:PORT where nginx answers "
+                          "what it holds (port 0: any free one)")
+    ] = "127.0.0.1:0",
+    nginx: Annotated[str, typer.Option("--nginx", help="the nginx binary")] = "/usr/sbin/nginx",
+    pid_file: Annotated[
+        str | None, typer.Option("--pid-file", help="nginx's pid file (else `nginx -s reload`)")
+    ] = None,
+    min_interval: Annotated[
+        float, typer.Option("--min-interval", help="seconds between two reloads; route "
+                            "changes in between are applied together")
+    ] = 0.25,
+    print_config: Annotated[
+        bool,
+        typer.Option("--print-config", help="print a main nginx.conf that includes --conf-dir, "
+                     "write the service's first include there (no route: 503), and exit"),
+    ] = False,
+    admin: AdminOption = None,
+    log_listen: LogListenOption = "127.0.0.1:5514",
+    allow_force: AllowForceOption = False,
+    etcd: EtcdOption = None,
+    etcd_prefix: EtcdPrefixOption = None,
+    redis: RedisOption = None,
+    sample_keys_file: SampleKeysOption = None,
+    admin_token_file: AdminTokenOption = None,
+    log_format: LogFormatOption = None,
+) -> None:
+    """Steer NGINX by rendering, checking (nginx -t) and reloading; samples from its log."""
+    from pathlib import Path
+
+    from routers.main import run_router_agent
+    from routers.nginx.log_lines import NginxLineParser
+    from routers.nginx.main_conf import include_path, main_config, temp_dirs
+    from routers.nginx.render import RenderOptions, render
+    from routers.nginx.router import NginxRouter, NginxSettings
+    from routers.process import AgentOptions
+    from routers.seam import RouterError
+
+    name = "nginx"
+    _service(name, service)
+    log_host, log_port = _address(name, "--log-listen", log_listen)
+    status_host, status_port = _address(name, "--status-listen", status_listen)
+    if not min_interval >= 0:
+        raise _fail(name, f"--min-interval must be 0 or more seconds, got {min_interval}")
+    conf = Path(nginx_conf).absolute()
+    directory = Path(conf_dir).absolute()
+    include = include_path(directory, service)
+
+    def options(log_target: tuple[str, int] | None, status: int) -> RenderOptions:
+        return RenderOptions(
+            service=service, listen=listen, status_listen=f"{status_host}:{status}",
+            log_target=f"{log_target[0]}:{log_target[1]}" if log_target else None,
+            allow_force=allow_force,
+        )  # fmt: skip
+
+    try:
+        first = render(None, options((log_host, log_port), status_port or _free_port()))
+    except (ValueError, RouterError) as exc:
+        raise _fail(name, str(exc)) from None
+    if print_config:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            for path in temp_dirs(conf.parent):
+                path.mkdir(parents=True, exist_ok=True)
+            if not include.exists():
+                include.write_text(first)
+        except OSError as exc:
+            raise _fail(name, f"cannot write into {directory}: {exc.strerror or exc}") from None
+        typer.echo(main_config(conf.parent, directory), nl=False)
+        return
+    admin_address = _address(name, "--admin", admin) if admin else None
+    settings = _settings(name, etcd=etcd, etcd_prefix=etcd_prefix, redis=redis,
+                         admin_token_file=admin_token_file, log_format=log_format)
+    keys = _sample_keys(name, sample_keys_file)
+
+    def build(log_target: tuple[str, int]) -> NginxRouter:
+        return NginxRouter(NginxSettings(
+            render=options(log_target, status_port or _free_port()), include=include,
+            main_conf=conf, nginx=nginx, pid_file=Path(pid_file) if pid_file else None,
+            min_interval=min_interval,
+        ))  # fmt: skip
+
+    agent_options = AgentOptions(service=service, etcd_prefix=settings.etcd_prefix,
+                                 log_listen=(log_host, log_port))  # fmt: skip
+    _run(name, run_router_agent(
+        settings, parser=NginxLineParser(service), build_router=build, options=agent_options,
+        admin=admin_address, sample_keys=keys, source_tag="nginx",
+    ))  # fmt: skip
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(router_app)
