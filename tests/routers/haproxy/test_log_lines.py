@@ -10,8 +10,9 @@ from controlplane.kernel.codec import ABORTED, CONNECT_ERROR, TIMEOUT
 from routers.haproxy.log_lines import HaproxyLineParser
 from sidecar.assignment import unit_hash
 
-# captured from haproxy 2.6.12 (log … format raw; %Tt 0 added by hand): no route; a header unit; a unit
-# of any bytes ("café \x01;|"); no unit; a refused connection after 3 retries
+# captured from haproxy 2.6.12 (log … format raw; the %Tt field, 0, added by hand): no
+# route; a header unit; a unit of any bytes ("café \x01;|"); no unit; a refused
+# connection after 3 retries
 NO_ROUTE = b"cx2 shop - - - 503 0 0 -1 -1 -1 0 1796565699.578 LR - .\n"
 HEADER_UNIT = b"cx2 shop 42 s1 baseline 200 0 0 0 0 0 0 1796565699.583 -- 757365722D37 .\n"
 ODD_UNIT = b"cx2 shop 42 s1 canary 200 0 0 0 0 0 0 1796565699.584 -- 636166E920013B7C .\n"
