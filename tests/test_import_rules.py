@@ -1,6 +1,7 @@
 """The layering, enforced: every module's imports, read from its syntax tree.
 
-- the sidecar imports nothing of the API, the database or the controller;
+- the sidecar imports nothing of the API, the database or the controller, and
+  neither do the traffic routers (routers/): a router never writes SQL or decides;
 - the decision core imports no adapter (database, etcd, Redis, API, SQLAlchemy);
 - the API imports no controller internals; the controller no API helpers and no
   helpers of the API's actions (experiments.actions);
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("controlplane", "sidecar")
+PACKAGES = ("controlplane", "sidecar", "routers")
 
 SQLALCHEMY_PENDING: frozenset[str] = frozenset()
 
@@ -70,6 +71,15 @@ def test_the_sidecar_imports_no_api_database_or_controller() -> None:
     assert offending("sidecar", (
         "controlplane.api", "controlplane.db", "controlplane.controller",
         "controlplane.experiments", "sqlalchemy", "fastapi",
+    )) == {}
+
+
+def test_the_routers_import_no_api_database_controller_or_decision() -> None:
+    assert "routers.agent" in MODULES
+    assert offending("routers", (
+        "controlplane.api", "controlplane.db", "controlplane.controller",
+        "controlplane.experiments", "controlplane.decision", "controlplane.collector",
+        "sqlalchemy", "fastapi",
     )) == {}
 
 
