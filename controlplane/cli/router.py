@@ -231,6 +231,11 @@ def nginx_command(
         float, typer.Option("--min-interval", help="seconds between two reloads; route "
                             "changes in between are applied together")
     ] = 0.25,
+    default_upstream: Annotated[
+        str | None,
+        typer.Option("--default-upstream", help="http:// URL served while no route is in "
+                     "force (else 503)"),
+    ] = None,
     print_config: Annotated[
         bool,
         typer.Option("--print-config", help="print a main nginx.conf that includes --conf-dir, "
@@ -271,9 +276,16 @@ def nginx_command(
         return RenderOptions(
             service=service, listen=listen, status_listen=f"{status_host}:{status}",
             log_target=f"{log_target[0]}:{log_target[1]}" if log_target else None,
-            allow_force=allow_force,
+            allow_force=allow_force, default_upstream=default_upstream,
         )  # fmt: skip
 
+    if default_upstream is not None:
+        from controlplane.kernel.values import split_upstream
+
+        try:
+            split_upstream(default_upstream)
+        except ValueError as exc:
+            raise _fail(name, f"--default-upstream: {exc}") from None
     try:
         first = render(None, options((log_host, log_port), status_port or _free_port()))
     except (ValueError, RouterError) as exc:

@@ -86,6 +86,8 @@ class RenderOptions:
     allow_force: bool = False
     keepalive: int = 16
     trusted_ca: str = DEFAULT_CA
+    # served while no route is in force, as a sidecar's --default-upstream (http only)
+    default_upstream: str | None = None
 
 
 def ident(name: str) -> str:
@@ -276,7 +278,9 @@ def render(route: Route | None, options: RenderOptions) -> str:
     else:
         out.line("access_log off;", 1)
     out.line("location / {", 1)
-    if route is None:
+    if route is None and options.default_upstream is not None:
+        _proxy_default(out, options.default_upstream)
+    elif route is None:
         out.line("default_type text/plain;", 2)
         body = f"no canary route for service {options.service}\n"
         out.line(f"return 503 {literal(body)};", 2)
@@ -398,6 +402,21 @@ def _route_maps(
         out.line("}")
     variant_var = f"{var}variant"
     return header_var, cookie_var, variant_var
+
+
+def _proxy_default(out: _Writer, upstream: str) -> None:
+    """No route: every request to the default upstream, tagged `default` as a
+    sidecar tags it; its log lines carry no experiment (unattributed)."""
+    target = _target(upstream)
+    if target.scheme != "http" or "$" in target.prefix:
+        raise ValueError("the default upstream must be an http:// URL without '$'")
+    out.line(f"proxy_pass http://{target.server}{target.prefix}$request_uri;", 2)
+    out.line("proxy_http_version 1.1;", 2)
+    out.line(f"proxy_set_header Host {literal(target.authority)};", 2)
+    out.line('proxy_set_header Connection "";', 2)
+    out.line(f"proxy_set_header {_VARIANT_HEADER} default;", 2)
+    out.line(f"proxy_hide_header {_VARIANT_HEADER};", 2)
+    out.line(f"add_header {_VARIANT_HEADER} default always;", 2)
 
 
 def _proxy(out: _Writer, route: Route, options: RenderOptions, var: str) -> None:

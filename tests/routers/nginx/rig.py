@@ -194,10 +194,12 @@ async def nginx_rig(
     reload_by_command: bool = False,
     confirm_timeout: float = 5.0,
     trusted_ca: str | None = None,
+    default_upstream: bool = False,
 ) -> AsyncIterator[Rig]:
     upstreams = {name: VariantUpstream(name) for name in ("baseline", "canary", "canary-b")}
     for upstream in upstreams.values():
         await upstream.start()
+    default = upstreams["baseline"].url + "/home" if default_upstream else None
     log = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     log.bind(("127.0.0.1", 0))
     port, status_port = free_port(), free_port()
@@ -208,6 +210,7 @@ async def nginx_rig(
         log_target=f"127.0.0.1:{log.getsockname()[1]}",
         allow_force=allow_force,
         trusted_ca=trusted_ca or DEFAULT_CA,
+        default_upstream=default,
     )
     proc = NginxProcess(tmp / "nginx", service=SERVICE, extra_http=extra_http)
     proc.include.write_text(render(None, options))

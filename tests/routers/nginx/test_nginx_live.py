@@ -133,6 +133,20 @@ async def test_no_route_answers_503(rig: Rig) -> None:
     assert await rig.router.in_force() == InForce(None, None)
 
 
+async def test_with_a_default_upstream_no_route_is_served_there_untagged(
+    tmp_path: Path,
+) -> None:
+    async with nginx_rig(tmp_path, default_upstream=True) as rig:
+        await rig.router.apply(rig.two_way(1, 5_000))
+        await rig.router.apply(None)
+        response = await fetch(rig.port, {"X-User-Id": "alice"}, "/x")
+        assert response.status == 200
+        assert response.headers["x-canary-variant"] == ["default"]
+        assert response.json()["target"] == "/home/x"
+        assert "x-canary-experiment" not in response.headers
+        assert await rig.router.in_force() == InForce(None, None)
+
+
 async def test_forced_variant_only_when_allowed_and_only_route_variants(force_rig: Rig) -> None:
     rig = force_rig
     await rig.router.apply(rig.two_way(1, 0))  # the canary is reachable only when forced
