@@ -27,6 +27,14 @@ def register(app: typer.Typer) -> None:
         listen: Annotated[
             str, typer.Option("--listen", help="HOST:PORT for the API (another port if taken)")
         ] = "127.0.0.1:8080",
+        router: Annotated[
+            str,
+            typer.Option(
+                "--router",
+                help="what users' requests go through: sidecar (ours) or nginx (a real "
+                "nginx steered by `canary router nginx`'s agent; needs nginx installed)",
+            ),
+        ] = "sidecar",
     ) -> None:
         """Roll a healthy canary out (promoted) and a degraded one (rolled back), live.
 
@@ -41,5 +49,18 @@ def register(app: typer.Typer) -> None:
         # the demo's own view says what matters; the parts speak up only on trouble
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
         logging.getLogger("alembic").setLevel(logging.WARNING)
-        options = DemoOptions(real=real, quick=quick, live=not no_live, api_listen=listen)
+        if router not in ("sidecar", "nginx"):
+            typer.echo(f"canary demo: --router must be sidecar or nginx, got {router!r}",
+                       err=True)
+            raise typer.Exit(2)
+        if router == "nginx":
+            from controlplane.demo.nginx_front import find_nginx
+
+            if find_nginx() is None:
+                typer.echo("canary demo: --router nginx needs nginx (apt-get install "
+                           "nginx-light)", err=True)
+                raise typer.Exit(2)
+        options = DemoOptions(
+            real=real, quick=quick, live=not no_live, api_listen=listen, router=router
+        )
         raise typer.Exit(main(options))

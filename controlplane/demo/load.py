@@ -55,11 +55,15 @@ class LoadStats:
     skipped: int = 0  # not sent: too many requests already in flight
     by_variant: Counter[str] = field(default_factory=Counter)
     sidecar_reasons: Counter[str] = field(default_factory=Counter)
+    # sent again on a new connection: a kept-alive one was closed by the proxy before
+    # any byte of the answer (RFC 9112 §9.3.1; what browsers and HTTP libraries do)
+    stale_retries: int = 0
 
     def copy(self) -> LoadStats:
         return LoadStats(
             self.sent, self.completed, self.ok, self.upstream_failed, self.sidecar_failed,
             self.skipped, Counter(self.by_variant), Counter(self.sidecar_reasons),
+            self.stale_retries,
         )  # fmt: skip
 
     def minus(self, before: LoadStats) -> LoadStats:
@@ -72,6 +76,7 @@ class LoadStats:
             self.skipped - before.skipped,
             self.by_variant - before.by_variant,
             self.sidecar_reasons - before.sidecar_reasons,
+            self.stale_retries - before.stale_retries,
         )
 
 
@@ -88,15 +93,23 @@ class _Response:
 
 
 class _Connection:
-    __slots__ = ("idle_since", "reader", "writer")
+    __slots__ = ("idle_since", "reader", "reused", "writer")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
         self.idle_since = time.monotonic()
+        self.reused = False
 
     def close(self) -> None:
         self.writer.close()
+
+
+def _nothing_received(exc: BaseException) -> bool:
+    """No byte of a response arrived before the connection failed."""
+    if isinstance(exc, asyncio.IncompleteReadError):
+        return not exc.partial
+    return True
 
 
 class LoadGenerator:
@@ -205,8 +218,12 @@ class LoadGenerator:
         while self._idle:
             conn = self._idle.pop()  # most recently used first: the rest age out
             if not conn.reader.at_eof() and not conn.writer.is_closing():
+                conn.reused = True
                 return conn
             conn.close()
+        return await self._connection_new()
+
+    async def _connection_new(self) -> _Connection:
         reader, writer = await asyncio.open_connection(self.host, self.port)
         return _Connection(reader, writer)
 
@@ -219,7 +236,17 @@ class LoadGenerator:
         try:
             async with asyncio.timeout(self.timeout):
                 conn = await self._connection()
-                response = await self._exchange(conn, user)
+                try:
+                    response = await self._exchange(conn, user)
+                except (ConnectionError, asyncio.IncompleteReadError) as exc:
+                    if not conn.reused or not _nothing_received(exc):
+                        raise
+                    # the proxy closed the idle connection as the request went out
+                    # (a reload, an idle timeout): once more, on a new one
+                    conn.close()
+                    self.stats.stale_retries += 1
+                    conn = await self._connection_new()
+                    response = await self._exchange(conn, user)
         except TimeoutError:
             reason = "timeout"
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:

@@ -55,6 +55,7 @@ class DemoOptions:
     live: bool = True
     api_listen: str = "127.0.0.1:8080"
     rate: float = LOAD_RATE
+    router: str = "sidecar"  # or "nginx": users go through a real nginx steered by its agent
 
 
 class CountingStream:
@@ -178,7 +179,12 @@ class Demo:
             for upstream in (v1, v2, v3):
                 await upstream.start()
                 stack.push_async_callback(upstream.close)
-            sidecar, samples = await self._sidecar(backends, v1.url, stack)
+            if self.options.router == "nginx":
+                front_port, reporter, samples = await self._nginx(backends, v1.url, stack)
+                front_name = "nginx"
+            else:
+                sidecar, samples = await self._sidecar(backends, v1.url, stack)
+                front_port, reporter, front_name = sidecar.proxy.port, sidecar.reporter, "sidecar"
             collector = await self._collector(backends, stack)
             api_url = await self._api(settings, backends, stack)
             if self.options.real:
@@ -187,7 +193,7 @@ class Demo:
             await routes.start()
             stack.push_async_callback(routes.stop)
             self.load = load = LoadGenerator(
-                "127.0.0.1", sidecar.proxy.port, rate=self.options.rate, users=USERS
+                "127.0.0.1", front_port, rate=self.options.rate, users=USERS
             )
             load.start()
             stack.push_async_callback(load.stop)
@@ -197,8 +203,8 @@ class Demo:
             )
             stack.push_async_callback(http.aclose)
             self.say(
-                f"control plane on {api_url}, sidecar for {self.service} on "
-                f"127.0.0.1:{sidecar.proxy.port}, {self.options.rate:g} requests/s"
+                f"control plane on {api_url}, {front_name} for {self.service} on "
+                f"127.0.0.1:{front_port}, {self.options.rate:g} requests/s"
             )
             from controlplane.api.pages import dashboard_url
 
@@ -227,7 +233,7 @@ class Demo:
             marks = await self._run_scenarios()
             # quiesce: no new samples, the reporter's buffer sent, the collector caught up
             await load.stop()
-            await sidecar.reporter.flush()
+            await reporter.flush()
             counted = await self._counted(collector, samples)
             self.results = [
                 ScenarioResult(
@@ -239,7 +245,7 @@ class Demo:
                 for runner, (before, after) in zip(self.runners, marks, strict=True)
             ]
             self.console.print()
-            self.console.print(summary_table(self.results))
+            self.console.print(summary_table(self.results, front_name))
             total_sidecar = load.stats.sidecar_failed
             ok = all_ok(self.results) and total_sidecar == 0
             if total_sidecar and all_ok(self.results):
@@ -323,6 +329,26 @@ class Demo:
             raise
         stack.push_async_callback(sidecar.stop)
         return sidecar, samples
+
+    async def _nginx(
+        self, backends: Backends, default_upstream: str, stack: contextlib.AsyncExitStack
+    ) -> tuple[int, Any, CountingStream]:
+        from controlplane.demo.nginx_front import NginxFront
+
+        assert backends.streams is not None
+        samples = CountingStream(backends.streams)
+        front = NginxFront(
+            service=self.service, kv=backends.kv, stream=samples,
+            etcd_prefix=backends.settings.etcd_prefix, default_upstream=default_upstream,
+            clock=backends.clock, sample_keys=self.sample_keys,
+        )  # fmt: skip
+        try:
+            await front.start()
+        except BaseException:
+            await front.stop()
+            raise
+        stack.push_async_callback(front.stop)
+        return front.port, front.process.reporter, samples
 
     async def _collector(self, backends: Backends, stack: contextlib.AsyncExitStack) -> Any:
         from controlplane.collector.service import Collector

@@ -38,13 +38,13 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
 
-def summary_table(results: Sequence[ScenarioResult]) -> Table:
+def summary_table(results: Sequence[ScenarioResult], front: str = "sidecar") -> Table:
     table = Table(
         title="canary demo: summary",
         title_justify="left",
         header_style="bold",
-        caption="times count from the canary's degradation; requests failed by the sidecar "
-        "must be 0; samples: sent by the sidecar / counted by the collector",
+        caption=f"times count from the canary's degradation; requests failed by the {front} "
+        f"must be 0; samples: sent by the {front} / counted by the collector",
         caption_justify="left",
     )
     table.add_column("", justify="left")
@@ -74,7 +74,8 @@ def summary_table(results: Sequence[ScenarioResult]) -> Table:
         for r in results
     ])  # fmt: skip
     row("  upstream errors (5xx)", [f"{r.load.upstream_failed:,}" for r in results])
-    row("  failed by the sidecar", [
+    row("  sent again (closed kept-alive)", [f"{r.load.stale_retries:,}" for r in results])
+    row(f"  failed by the {front}", [
         f"{r.load.sidecar_failed:,}" + (
             f" ({', '.join(f'{k} x{v}' for k, v in r.load.sidecar_reasons.items())})"
             if r.load.sidecar_failed else ""

@@ -1,4 +1,5 @@
-"""`canary demo --quick --no-live`, end to end, in this process."""
+"""`canary demo --quick --no-live [--router nginx]`, end to end, in this process: our
+sidecar, or a real nginx steered by its router agent, in front of the upstreams."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from controlplane.demo.run import EXIT_OK, Demo, DemoOptions
 
 
 @pytest.mark.timeout(150)
-async def test_quick_demo_promotes_the_healthy_canary_and_rolls_back_the_degraded() -> None:
+@pytest.mark.parametrize("router", ["sidecar", "nginx"])
+async def test_quick_demo_promotes_the_healthy_canary_and_rolls_back_the_degraded(
+    router: str,
+) -> None:
     out = io.StringIO()
     demo = Demo(
-        DemoOptions(quick=True, live=False, api_listen="127.0.0.1:0"),
+        DemoOptions(quick=True, live=False, api_listen="127.0.0.1:0", router=router),
         Console(file=out, width=120),
     )
     code = await demo.run()

@@ -33,8 +33,8 @@ BEHAVIOURS = ("ok", "upstream", "proxy", "reset")
 
 
 class FakeSidecar:
-    """Answers in turn: 200, an upstream's 500, the proxy's own 502, and a dropped
-    connection; tags the 200s as the canary's."""
+    """Answers in turn: 200, an upstream's 500, the proxy's own 502, and a connection
+    dropped mid-answer; tags the 200s as the canary's."""
 
     def __init__(self) -> None:
         self.served: Counter[str] = Counter()
@@ -62,6 +62,10 @@ class FakeSidecar:
                 self._n += 1
                 self.served[behaviour] += 1
                 if behaviour == "reset":
+                    # a dropped connection mid-answer: a byte came, so no client
+                    # may send the request again
+                    writer.write(b"HTTP/1.1 2")
+                    await writer.drain()
                     return
                 if behaviour == "ok":
                     head = b"HTTP/1.1 200 OK\r\nX-Canary-Variant: canary\r\nContent-Length: 2\r\n"
@@ -103,6 +107,37 @@ async def test_failures_are_attributed_to_who_caused_them() -> None:
     assert stats.sidecar_reasons["HTTP 502"] == fake.served["proxy"]
     assert stats.by_variant == Counter({"canary": fake.served["ok"]})
     assert "canary" in load.last_sent_to
+
+
+async def test_a_kept_alive_connection_closed_before_any_answer_is_retried_once() -> None:
+    # a proxy that closes idle connections (a reload, an idle timeout) as a request
+    # goes out: the request is sent again on a new connection, as browsers do
+    served: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                served.append(1)
+                if len(served) % 2 == 0:
+                    break  # every second request: the connection closes unanswered
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    load = LoadGenerator("127.0.0.1", port, rate=40, users=5, seed=3)
+    try:
+        load.start()
+        await asyncio.sleep(0.5)
+    finally:
+        await load.stop()
+        server.close()
+        await server.wait_closed()
+    stats = load.stats
+    assert stats.sent > 5 and stats.stale_retries > 0
+    assert stats.ok == stats.sent and stats.sidecar_failed == 0, stats
 
 
 async def test_a_sidecar_that_does_not_answer_fails_every_request() -> None:
