@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -19,7 +19,9 @@ class RouterCollector(Collector):
     def __init__(
         self, *, agent: RouterAgent, receiver: LogReceiver, parser: LineParser,
         reporter: SampleReporter, prefix: str = "canary_router",
+        proxy_figures: Callable[[], Mapping[str, float]] = dict,
     ) -> None:
+        self._proxy_figures = proxy_figures
         self._reporter = reporter
         self._agent = agent
         self._receiver = receiver
@@ -65,6 +67,9 @@ class RouterCollector(Collector):
         lines.add_metric([kind, "dropped_kernel"], r.dropped_kernel)
         lines.add_metric([kind, "too_long"], r.too_long)
         lines.add_metric([kind, "handler_errors"], r.read_errors)
+        dropped_by_proxy = self._proxy_figures().get("dropped_log_lines")
+        if dropped_by_proxy is not None:  # HAProxy counts the lines it could not send
+            lines.add_metric([kind, "dropped_by_proxy"], dropped_by_proxy)
         for reason, count in sorted(self._parser.rejected.items()):
             lines.add_metric([kind, f"refused_{reason}"], count)
         yield lines

@@ -78,6 +78,7 @@ class RouterProcess:
         self._admin_token = admin_token
         self.agent: RouterAgent | None = None
         self.admin: AdminServer | None = None
+        self.proxy_figures: dict[str, float] = {}
 
     def _line(self, datagram: bytes) -> None:
         sample = self.parser.parse(datagram)
@@ -95,12 +96,13 @@ class RouterProcess:
         registry.register(
             RouterCollector(
                 agent=self.agent, receiver=self.receiver, parser=self.parser,
-                reporter=self.reporter,
+                reporter=self.reporter, proxy_figures=lambda: self.proxy_figures,
             )
         )
         views: dict[str, View] = {"/status": self.agent.status}
         self.admin = AdminServer(
             registry=registry,
+            refresh=self._refresh_proxy_figures,
             ready=lambda: self.agent is not None and self.agent.in_step,
             token=self._admin_token,
             not_ready=b"not ready: the proxy does not hold the route etcd holds yet\n",
@@ -116,6 +118,14 @@ class RouterProcess:
                 router.kind,
                 self.agent.stats.last_error or "etcd has not answered",
             )
+
+    async def _refresh_proxy_figures(self) -> None:
+        """What the proxy itself counts, for the next /metrics (routers that can say)."""
+        if self.agent is None:
+            return
+        read = getattr(self.agent.router, "proxy_figures", None)
+        if read is not None:
+            self.proxy_figures = await read()
 
     async def stop(self) -> None:
         if self.agent is not None:

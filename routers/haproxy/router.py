@@ -82,6 +82,20 @@ class HaproxyRouter:
     async def close(self) -> None:
         """Nothing held: every command has its own connection."""
 
+    async def proxy_figures(self) -> dict[str, float]:
+        """HAProxy's own count of log lines it could not send (`show info`
+        DroppedLogs): with the agent's count of what the kernel dropped, every lost
+        line is accounted for."""
+        try:
+            info = await self.stats.command("show", "info")
+        except RuntimeApiError:
+            return {}
+        for line in info.splitlines():
+            name, sep, value = line.partition(":")
+            if sep and name.strip() == "DroppedLogs" and value.strip().isdigit():
+                return {"dropped_log_lines": float(value.strip())}
+        return {}
+
     async def _put(self, steps: Plan) -> None:
         for step in steps.ready:
             if step.address is not None:

@@ -85,3 +85,15 @@ async def test_a_router_keeps_the_contract(kind: str, tmp_path: Path) -> None:
         await router.apply(second)
         assert await router.in_force() == InForce("exp-2", 2)
         await router.close()
+
+
+async def test_haproxy_says_how_many_log_lines_it_could_not_send() -> None:
+    proc = HaproxyProcess()
+    proc.start()
+    try:
+        figures = await HaproxyRouter(proc.cfg).proxy_figures()
+    finally:
+        proc.close()
+    assert figures == {"dropped_log_lines": 0.0}
+    # a lost socket: nothing to say, and nothing raised
+    assert await HaproxyRouter(proc.cfg).proxy_figures() == {}
