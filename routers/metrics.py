@@ -10,6 +10,7 @@ from prometheus_client.registry import Collector
 from routers.agent import RouterAgent
 from routers.samples.lines import LineParser
 from routers.samples.receiver import LogReceiver
+from sidecar.admin import reporter_metrics
 from sidecar.reporter import SampleReporter
 
 
@@ -73,23 +74,8 @@ class RouterCollector(Collector):
         for reason, count in sorted(self._parser.rejected.items()):
             lines.add_metric([kind, f"refused_{reason}"], count)
         yield lines
-        # the reporter's figures under the sidecar's names, so one dashboard and one
-        # loss check serve both kinds of data plane
-        s = self._reporter.snapshot()
-        samples = CounterMetricFamily(
-            f"{p}_samples", "Samples by fate: sent, dropped, or not sent for want of an "
-            "experiment (unattributed)", labels=["fate"],
-        )
-        samples.add_metric(["sent"], s.samples_sent)
-        samples.add_metric(["dropped"], s.samples_dropped)
-        samples.add_metric(["unattributed"], s.samples_unattributed)
-        yield samples
-        yield GaugeMetricFamily(f"{p}_samples_buffered", "Samples waiting to be sent",
-                                value=s.buffered_samples)
-        yield GaugeMetricFamily(f"{p}_sample_batches_buffered",
-                                "Sealed batches waiting to be sent", value=s.buffered_batches)
-        yield CounterMetricFamily(f"{p}_sample_send_errors",
-                                  "Failed appends to the samples stream", value=s.send_errors)
+        # the reporter's figures under the sidecar's names
+        yield from reporter_metrics(p, self._reporter)
 
 
 __all__ = ["RouterCollector"]

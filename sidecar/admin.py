@@ -38,6 +38,31 @@ _REASONS = {200: "OK", 401: "Unauthorized", 404: "Not Found", 405: "Method Not A
             503: "Service Unavailable"}
 
 
+def reporter_metrics(prefix: str, reporter: SampleReporter) -> Iterator[Metric]:
+    """A sample reporter's figures under `prefix` (a sidecar's, a router agent's): one
+    set of names, so one dashboard and one loss check serve every data plane."""
+    s = reporter.snapshot()
+    samples = CounterMetricFamily(
+        f"{prefix}_samples", "Samples by fate: sent, dropped, or not sent for want of an "
+        "experiment (unattributed)", labels=["fate"]
+    )
+    samples.add_metric(["sent"], s.samples_sent)
+    samples.add_metric(["dropped"], s.samples_dropped)
+    samples.add_metric(["unattributed"], s.samples_unattributed)
+    yield samples
+    batches = CounterMetricFamily(f"{prefix}_sample_batches", "Sample batches by fate",
+                                  labels=["fate"])
+    batches.add_metric(["sent"], s.batches_sent)
+    batches.add_metric(["dropped"], s.batches_dropped)
+    yield batches
+    yield GaugeMetricFamily(f"{prefix}_samples_buffered", "Samples waiting to be sent",
+                            value=s.buffered_samples)
+    yield GaugeMetricFamily(f"{prefix}_sample_batches_buffered",
+                            "Sealed batches waiting to be sent", value=s.buffered_batches)
+    yield CounterMetricFamily(f"{prefix}_sample_send_errors",
+                              "Failed appends to the samples stream", value=s.send_errors)
+
+
 class SidecarCollector(Collector):
     """Samples sent/dropped/buffered, routes applied/rejected, the revision in force."""
 
@@ -50,26 +75,7 @@ class SidecarCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         p = self._prefix
-        s = self._reporter.snapshot()
-        samples = CounterMetricFamily(
-            f"{p}_samples", "Samples by fate: sent, dropped, or not sent for want of an "
-            "experiment (unattributed)", labels=["fate"]
-        )
-        samples.add_metric(["sent"], s.samples_sent)
-        samples.add_metric(["dropped"], s.samples_dropped)
-        samples.add_metric(["unattributed"], s.samples_unattributed)
-        yield samples
-        batches = CounterMetricFamily(f"{p}_sample_batches", "Sample batches by fate",
-                                      labels=["fate"])
-        batches.add_metric(["sent"], s.batches_sent)
-        batches.add_metric(["dropped"], s.batches_dropped)
-        yield batches
-        yield GaugeMetricFamily(f"{p}_samples_buffered", "Samples waiting to be sent",
-                                value=s.buffered_samples)
-        yield GaugeMetricFamily(f"{p}_sample_batches_buffered",
-                                "Sealed batches waiting to be sent", value=s.buffered_batches)
-        yield CounterMetricFamily(f"{p}_sample_send_errors",
-                                  "Failed appends to the samples stream", value=s.send_errors)
+        yield from reporter_metrics(p, self._reporter)
 
         w = self._watcher.stats
         rejected = CounterMetricFamily(f"{p}_routes_rejected",
