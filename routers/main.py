@@ -16,8 +16,7 @@ from controlplane.kernel.sample_keys import SampleKeys
 from controlplane.kernel.settings import Settings
 from controlplane.kernel.signals import on_stop_signals
 from controlplane.kernel.streams_factory import open_streams
-from routers.process import AgentOptions, RouterFactory, RouterProcess
-from routers.samples.lines import LineParser
+from routers.process import AgentOptions, ParserFactory, RouterFactory, RouterProcess
 
 log = logging.getLogger("canary.routers")
 
@@ -25,7 +24,7 @@ log = logging.getLogger("canary.routers")
 async def run_router_agent(
     settings: Settings,
     *,
-    parser: LineParser,
+    build_parser: ParserFactory,
     build_router: RouterFactory,
     options: AgentOptions,
     admin: tuple[str, int] | None,
@@ -43,7 +42,7 @@ async def run_router_agent(
         await kv.close()
         raise
     process = RouterProcess(
-        kv=kv, stream=stream, parser=parser, build_router=build_router, options=options,
+        kv=kv, stream=stream, build_parser=build_parser, build_router=build_router, options=options,
         sample_keys=sample_keys, admin_token=token, source_tag=source_tag,
     )  # fmt: skip
     if sample_keys is None:

@@ -4,6 +4,11 @@
     proxy access log ─UDP─► LogReceiver ─► LineParser ─► SampleReporter ─► Redis
     AdminServer: /healthz, /readyz (the proxy holds etcd's route), /status, /metrics
 
+The process draws one log token at start (routers/samples/token.py) and hands it to
+the router, which makes the proxy write it into every line, and to the parser,
+which refuses a line without it as `forged`: the log port is open to any local
+process, the token is not. The token is never logged nor shown in /status.
+
 The reporter is the sidecar's own (`sidecar/reporter.py`): the same batches, the same
 signing, the same bounded buffer while Redis is away. Nothing here is on a
 request's path: the proxy serves whatever happens to the agent.
@@ -27,14 +32,17 @@ from routers.follow import RouteFollower
 from routers.metrics import RouterCollector
 from routers.samples.lines import LineParser
 from routers.samples.receiver import LogReceiver
+from routers.samples.token import LogToken
 from routers.seam import TrafficRouter
 from sidecar.admin import AdminServer, View
 from sidecar.reporter import SampleReporter, instance_id
 
 log = logging.getLogger("canary.routers")
 
-# the router is built once the receiver's address is known: the proxy's config names it
-RouterFactory = Callable[[tuple[str, int]], TrafficRouter]
+# the router is built once the receiver's address is known: the proxy's config names
+# it; router and parser are given the process's one log token
+RouterFactory = Callable[[tuple[str, int], LogToken], TrafficRouter]
+ParserFactory = Callable[[LogToken], LineParser]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +62,7 @@ class RouterProcess:
         *,
         kv: KeyValueStore,
         stream: SampleStream,
-        parser: LineParser,
+        build_parser: ParserFactory,
         build_router: RouterFactory,
         options: AgentOptions,
         clock: Clock | None = None,
@@ -69,7 +77,8 @@ class RouterProcess:
             stream, options.service, clock=self.clock, signer=signer,
             source=instance_id(source_tag),
         )
-        self.parser = parser
+        self._log_token = LogToken.generate()
+        self.parser = build_parser(self._log_token)
         self.receiver = LogReceiver(
             self._line, host=options.log_listen[0], port=options.log_listen[1]
         )
@@ -87,7 +96,7 @@ class RouterProcess:
 
     async def start(self, admin: tuple[str, int] | None = None) -> None:
         self.receiver.start()
-        router = self._build_router(self.receiver.address)
+        router = self._build_router(self.receiver.address, self._log_token)
         follower = RouteFollower(
             self._kv, service=self.options.service, prefix=self.options.etcd_prefix
         )
@@ -138,4 +147,4 @@ class RouterProcess:
             await self.admin.stop()
 
 
-__all__ = ["AgentOptions", "RouterFactory", "RouterProcess"]
+__all__ = ["AgentOptions", "ParserFactory", "RouterFactory", "RouterProcess"]

@@ -201,9 +201,9 @@ def haproxy_command(
     options = AgentOptions(service=service, etcd_prefix=settings.etcd_prefix,
                            log_listen=(log_host, log_port))  # fmt: skip
     _run(name, run_router_agent(
-        settings, parser=HaproxyLineParser(service), build_router=lambda _: HaproxyRouter(cfg),
-        options=options, admin=admin_address, sample_keys=keys,
-        source_tag="haproxy",
+        settings, build_parser=lambda token: HaproxyLineParser(service, token=token),
+        build_router=lambda _, token: HaproxyRouter(cfg, log_token=token), options=options,
+        admin=admin_address, sample_keys=keys, source_tag="haproxy",
     ))  # fmt: skip
 
 
@@ -260,6 +260,7 @@ def nginx_command(
     from routers.nginx.render import RenderOptions, render
     from routers.nginx.router import NginxRouter, NginxSettings
     from routers.process import AgentOptions
+    from routers.samples.token import LogToken
     from routers.seam import RouterError
 
     name = "nginx"
@@ -272,11 +273,13 @@ def nginx_command(
     directory = Path(conf_dir).absolute()
     include = include_path(directory, service)
 
-    def options(log_target: tuple[str, int] | None, status: int) -> RenderOptions:
+    def options(
+        log_target: tuple[str, int] | None, status: int, token: LogToken | None = None
+    ) -> RenderOptions:
         return RenderOptions(
             service=service, listen=listen, status_listen=f"{status_host}:{status}",
             log_target=f"{log_target[0]}:{log_target[1]}" if log_target else None,
-            allow_force=allow_force, default_upstream=default_upstream,
+            allow_force=allow_force, default_upstream=default_upstream, log_token=token,
         )  # fmt: skip
 
     if default_upstream is not None:
@@ -306,9 +309,9 @@ def nginx_command(
                          admin_token_file=admin_token_file, log_format=log_format)
     keys = _sample_keys(name, sample_keys_file)
 
-    def build(log_target: tuple[str, int]) -> NginxRouter:
+    def build(log_target: tuple[str, int], token: LogToken) -> NginxRouter:
         return NginxRouter(NginxSettings(
-            render=options(log_target, status_port or _free_port()), include=include,
+            render=options(log_target, status_port or _free_port(), token), include=include,
             main_conf=conf, nginx=nginx, pid_file=Path(pid_file) if pid_file else None,
             min_interval=min_interval,
         ))  # fmt: skip
@@ -316,7 +319,8 @@ def nginx_command(
     agent_options = AgentOptions(service=service, etcd_prefix=settings.etcd_prefix,
                                  log_listen=(log_host, log_port))  # fmt: skip
     _run(name, run_router_agent(
-        settings, parser=NginxLineParser(service), build_router=build, options=agent_options,
+        settings, build_parser=lambda token: NginxLineParser(service, token=token),
+        build_router=build, options=agent_options,
         admin=admin_address, sample_keys=keys, source_tag="nginx",
     ))  # fmt: skip
 

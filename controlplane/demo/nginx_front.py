@@ -25,6 +25,7 @@ from routers.nginx.main_conf import include_path, main_config, temp_dirs
 from routers.nginx.render import RenderOptions, render
 from routers.nginx.router import NginxRouter, NginxSettings
 from routers.process import AgentOptions, RouterProcess
+from routers.samples.token import LogToken
 
 NGINX_CANDIDATES = ("nginx", "/usr/sbin/nginx")
 
@@ -66,23 +67,26 @@ class NginxFront:
         self.include = include_path(conf_dir, service)
         self.conf = self.root / "nginx.conf"
         self.process = RouterProcess(
-            kv=kv, stream=stream, parser=NginxLineParser(service), build_router=self._router,
+            kv=kv, stream=stream, build_parser=lambda token: NginxLineParser(service, token=token),
+            build_router=self._router,
             options=AgentOptions(service=service, etcd_prefix=etcd_prefix), clock=clock,
             sample_keys=sample_keys, source_tag="nginx",
         )  # fmt: skip
         self._conf_dir = conf_dir
 
-    def _options(self, log_target: tuple[str, int] | None) -> RenderOptions:
+    def _options(
+        self, log_target: tuple[str, int] | None, token: LogToken | None = None
+    ) -> RenderOptions:
         return RenderOptions(
             service=self.service, listen=f"127.0.0.1:{self.port}",
             status_listen=f"127.0.0.1:{self._status}",
             log_target=f"{log_target[0]}:{log_target[1]}" if log_target else None,
-            default_upstream=self._default_upstream,
+            default_upstream=self._default_upstream, log_token=token,
         )  # fmt: skip
 
-    def _router(self, log_target: tuple[str, int]) -> NginxRouter:
+    def _router(self, log_target: tuple[str, int], token: LogToken) -> NginxRouter:
         return NginxRouter(NginxSettings(
-            render=self._options(log_target), include=self.include, main_conf=self.conf,
+            render=self._options(log_target, token), include=self.include, main_conf=self.conf,
             nginx=self.nginx, pid_file=self.root / "nginx.pid",
         ))  # fmt: skip
 

@@ -4,10 +4,15 @@
 produces; both read the field order from here. One line is space-separated fields,
 every one of a fixed character set, so no quoting is needed:
 
-    cx2 <service> <experiment> <salt> <variant> %ST %Ta %TR %Tw %Tc %Tr %Tt %Ts.%ms %ts <unit hex> .
+    cx3 <token> <service> <experiment> <salt> <variant>
+        %ST %Ta %TR %Tw %Tc %Tr %Tt %Ts.%ms %ts <unit hex> .
 
-- `cx2`: the format's name and version; a line without it is not ours (`cx1`, without
-  `%Tt`, was never released).
+(one line, space-separated, wrapped here).
+
+- `cx3`: the format's name and version; a line without it is not ours (`cx1`, without
+  `%Tt`, was never released; `cx2` had no token).
+- token: the agent's log token (routers/samples/token.py), from the route value in
+  the map (route_value.py); `-` when no route is in force (the map holds none).
 - service, experiment, salt, variant: the frontend's service (rendered in) and what
   the request's route and assignment said; `-` when unset (no route in force).
 - `%ST` the status sent to the client; `%Ta` the active time of the request, from
@@ -32,13 +37,13 @@ from __future__ import annotations
 
 from typing import Final
 
-from routers.haproxy.vars import EXPERIMENT, SALT, UNIT, VARIANT
+from routers.haproxy.vars import EXPERIMENT, SALT, TOKEN, UNIT, VARIANT
 from routers.samples.lines import MAX_LINE
 
-TAG: Final = "cx2"
+TAG: Final = "cx3"
 END: Final = "."
 FIELDS: Final = (
-    "tag", "service", "experiment", "salt", "variant", "status", "ta", "tr_req", "tw",
+    "tag", "token", "service", "experiment", "salt", "variant", "status", "ta", "tr_req", "tw",
     "tc", "tr", "tt", "accept", "termination", "unit", "end",
 )  # fmt: skip
 # MAX_LINE is also the longest line HAProxy is told to send (`log … len`); the unit
@@ -50,6 +55,7 @@ def log_format(service: str) -> str:
     return " ".join(
         (
             TAG,
+            f"%[var({TOKEN})]",
             service,
             f"%[var({EXPERIMENT})]",
             f"%[var({SALT})]",

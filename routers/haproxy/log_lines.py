@@ -6,9 +6,18 @@ charset and range, or it is refused and counted under a reason:
     too_long        over MAX_LINE bytes, refused unread
     malformed       not our format (tag, field count, charset, a number out of range)
     truncated       no end mark: HAProxy cut the line
+    forged          the token is not this agent's (routers/samples/token.py): any
+                    local process can send to the log port; only HAProxy, from the
+                    map value this agent wrote, logs the token
     other_service   a line of another service's frontend
     bad_outcome     a status no sample can carry and no termination state explains
     unattributed    no experiment: the request met no route (HAProxy's own 503)
+
+HAProxy logs no token for a request that met no route (the map holds none, so
+there is no token to copy): a line with neither token nor experiment is
+`unattributed`, as it would be anyway, and is never a sample. After a new agent
+starts, lines carry the previous agent's token until its first apply (every agent
+applies at start) and are refused as `forged`, counted.
 
 Lines of any experiment are kept, each sample under its own experiment: a request
 that began under the previous route is that route's sample.
@@ -32,6 +41,7 @@ from typing import Final
 from controlplane.kernel.codec import ABORTED, CONNECT_ERROR, TIMEOUT
 from routers.haproxy.log_format import END, FIELDS, MAX_LINE, TAG
 from routers.haproxy.render import MAX_UNIT
+from routers.samples.token import LogToken
 from sidecar.assignment import unit_hash
 from sidecar.choice import Sample
 
@@ -52,8 +62,9 @@ _NO_HEAD: Final = {"C": ABORTED, "c": ABORTED, "s": TIMEOUT, "S": CONNECT_ERROR}
 class HaproxyLineParser:
     """Parses the datagrams of one service's HAProxy frontend."""
 
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, *, token: LogToken) -> None:
         self.service = service
+        self._token = token
         self._rejected: Counter[str] = Counter()
 
     @property
@@ -74,8 +85,12 @@ class HaproxyLineParser:
             return self._refuse("truncated")
         if len(fields) != len(FIELDS):
             return self._refuse("malformed")
-        (_, service, experiment, salt, variant, status_s, ta, tr_req, tw, tc, tr, tt,
+        (_, token, service, experiment, salt, variant, status_s, ta, tr_req, tw, tc, tr, tt,
          accept, termination, unit_hex, _) = fields  # fmt: skip
+        if token == _NONE and experiment == _NONE:
+            return self._refuse("unattributed")
+        if not self._token.matches(token):
+            return self._refuse("forged")
         if service != self.service:
             return self._refuse("other_service" if _VARIANT.match(service) else "malformed")
         if experiment == _NONE:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from controlplane.kernel.routes import Route
 from routers.haproxy import route_value
 from routers.haproxy.render import SERVER, BaseConfig, backend_of
+from routers.samples.token import LogToken
 from sidecar.choice import Upstream
 
 
@@ -96,8 +97,14 @@ def targets(route: Route | None, cfg: BaseConfig) -> tuple[Target, ...]:
     return tuple(found)
 
 
-def plan(route: Route | None, cfg: BaseConfig, addresses: Mapping[str, tuple[str, int]]) -> Plan:
-    """The steps for `route`, given each target variant's resolved (ip, port)."""
+def plan(
+    route: Route | None,
+    cfg: BaseConfig,
+    addresses: Mapping[str, tuple[str, int]],
+    token: LogToken,
+) -> Plan:
+    """The steps for `route`, given each target variant's resolved (ip, port); the
+    map value carries the agent's log `token`."""
     in_route = {v.name for v in route.variants} if route is not None else set()
     ready = tuple(
         ServerStep(backend_of(name), SERVER, addresses[name], "ready")
@@ -117,6 +124,7 @@ def plan(route: Route | None, cfg: BaseConfig, addresses: Mapping[str, tuple[str
             cfg.variants,
             header=route.sticky.header is not None,
             cookie=route.sticky.cookie is not None,
+            token=token,
         )
     )
     return Plan(ready, value, maint)

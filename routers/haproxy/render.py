@@ -13,7 +13,10 @@ request, everything comes from the map's one value (`route_value.py`):
 - the variant: `x-canary-force` when forcing is rendered in and the route has that
   variant, else the first layout slot whose upper bound exceeds the bucket;
 - `use_backend v_<variant>`; the variant and experiment headers both ways; no route
-  in the map → 503 answered by HAProxy itself.
+  in the map → 503 answered by HAProxy itself;
+- the agent's log token, copied from the route value into a variable the log
+  format writes (log_format.py). The config itself holds no token: it is printed
+  once and outlives the agent that printed it.
 
 Header and cookie NAMES cannot come from a map, so they are rendered in: a route may
 use the base config's names or leave one out (a flag in the map), and a route naming
@@ -33,7 +36,7 @@ from typing import Final
 from controlplane.kernel.routes import BASELINE, CANARY
 from routers.haproxy import route_value as rv
 from routers.haproxy.log_format import MAX_LINE, log_format
-from routers.haproxy.vars import BUCKET, EXPERIMENT, ROUTE, SALT, UNIT, VARIANT
+from routers.haproxy.vars import BUCKET, EXPERIMENT, ROUTE, SALT, TOKEN, UNIT, VARIANT
 from routers.seam import EXPERIMENT_HEADER, FORCE_HEADER, VARIANT_HEADER
 
 SERVER: Final = "up"  # the one server of each variant's backend
@@ -163,6 +166,7 @@ def _request_rules(cfg: BaseConfig) -> Sequence[str]:
         f"if !{{ var({ROUTE}) -m found }}",
         f"http-request set-var({EXPERIMENT}) {fld(1)}",
         f"http-request set-var({SALT}) {fld(3)}",
+        f"http-request set-var({TOKEN}) {fld(rv.TOKEN_FIELD)}",
     ]
     if cfg.header is not None:
         h = cfg.header

@@ -7,13 +7,18 @@ thread and mix two routes. Fields (1-based, as HAProxy's `field()` counts):
 
     1 experiment   2 revision   3 salt
     4 sticky header in use (1/0)   5 sticky cookie in use (1/0)
+    6 the agent's log token (routers/samples/token.py), logged with every line
     then for each of the n declared variants' slots i = 0..n-1, in BucketLayout order:
-    6+2i  the slot's exclusive upper bucket (0: an unused slot, never matches)
-    7+2i  the slot's variant (`-` when unused)
-    then for each declared variant j: 6+2n+j  may it be forced (1: it is in the route)
+    7+2i  the slot's exclusive upper bucket (0: an unused slot, never matches)
+    8+2i  the slot's variant (`-` when unused)
+    then for each declared variant j: 7+2n+j  may it be forced (1: it is in the route)
 
-Every value is of a charset without `|`, spaces or `;` (salts, experiment ids and
-variant names are validated by the route model), so the value is one CLI word.
+The token lives here, not in the base config: that is printed once
+(`--print-config`) and outlives agents, while every agent applies at start, so a
+new agent's token is in force from its first apply (lines before it carry the
+previous one and are refused as forged). Every value is of a charset without `|`,
+spaces or `;` (salts, experiment ids, variant names are validated by the route
+model, the token by LogToken), so the value is one CLI word.
 """
 
 from __future__ import annotations
@@ -23,12 +28,14 @@ from dataclasses import dataclass
 from typing import Final
 
 from controlplane.kernel.routes import BASELINE, Route
+from routers.samples.token import LogToken
 from sidecar.assignment import BucketLayout
 
 KEY: Final = "route"
 SEP: Final = "|"
 UNUSED: Final = "-"
-_FIXED = 5
+TOKEN_FIELD: Final = 6
+_FIXED = 6
 # a value longer than this did not come from encode(): 16 variants of 64 characters
 MAX_VALUE: Final = 4096
 
@@ -54,12 +61,17 @@ class DecodedRoute:
     value: str
 
 
-def encode(route: Route, declared: Sequence[str], *, header: bool, cookie: bool) -> str:
+def encode(
+    route: Route, declared: Sequence[str], *, header: bool, cookie: bool, token: LogToken
+) -> str:
     """The map value of a route whose variants are all among `declared`."""
     layout = BucketLayout.from_weights(
         [(v.name, v.weight) for v in route.variants], baseline=BASELINE
     )
-    fields = [str(route.experiment), str(route.revision), route.salt, _flag(header), _flag(cookie)]
+    fields = [
+        str(route.experiment), str(route.revision), route.salt, _flag(header), _flag(cookie),
+        token.value,
+    ]  # fmt: skip
     for i in range(len(declared)):
         if i < len(layout.names):
             fields += [str(layout.bounds[i]), layout.names[i]]
@@ -91,6 +103,7 @@ __all__ = [
     "KEY",
     "MAX_VALUE",
     "SEP",
+    "TOKEN_FIELD",
     "DecodedRoute",
     "decode",
     "encode",

@@ -5,9 +5,11 @@
 upstream hosts (HAProxy's `set server … addr` takes an IP), then runs the plan:
 servers ready, the map committed as one version (`prepare map` / `add map @v` /
 `commit map @v`, so no request sees half a route), the map read back with `show
-map` to confirm, unused servers to maintenance. Each step is idempotent, so a lost
-socket or a refused command retries the whole sequence with the project's backoff,
-then raises RouterError; HAProxy keeps the last state it committed.
+map` to confirm, unused servers to maintenance. The map value carries the agent's
+log token (`log_token`), which HAProxy logs with every line of the route. Each step
+is idempotent, so a lost socket or a refused command retries the whole sequence
+with the project's backoff, then raises RouterError; HAProxy keeps the last state
+it committed.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from routers.haproxy import route_value
 from routers.haproxy.plan import Plan, PlanError, Target, plan, targets
 from routers.haproxy.render import BaseConfig
 from routers.haproxy.runtime import CommandRefused, RuntimeApiError, StatsSocket
+from routers.samples.token import LogToken
 from routers.seam import InForce, RouterError
 
 DEFAULT_ATTEMPTS = 4
@@ -40,6 +43,7 @@ class HaproxyRouter:
         self,
         cfg: BaseConfig,
         *,
+        log_token: LogToken,
         stats: StatsSocket | None = None,
         attempts: int = DEFAULT_ATTEMPTS,
         backoff: BackoffPolicy = DEFAULT_BACKOFF,
@@ -51,6 +55,7 @@ class HaproxyRouter:
         if attempts < 1:
             raise ValueError("attempts must be at least 1")
         self.cfg = cfg
+        self._log_token = log_token
         self.stats = stats or StatsSocket(cfg.stats_socket)
         self._attempts = attempts
         self._backoff = backoff
@@ -73,7 +78,7 @@ class HaproxyRouter:
         except PlanError as exc:
             raise RouterError(str(exc)) from None
         addresses = {t.variant: await self._resolve(t) for t in wanted}
-        steps = plan(route, self.cfg, addresses)
+        steps = plan(route, self.cfg, addresses, self._log_token)
         await self._retrying("apply the route", lambda: self._put(steps))
 
     async def in_force(self) -> InForce:

@@ -10,3 +10,4 @@ SALT: Final = "txn.cx_salt"
 UNIT: Final = "txn.cx_unit"
 BUCKET: Final = "txn.cx_bucket"
 VARIANT: Final = "txn.cx_variant"
+TOKEN: Final = "txn.cx_token"  # the agent's log token, from the route value

@@ -2,7 +2,7 @@
 
 nginx sends one syslog datagram per request (render.py: `nohostname`, tag `canary`):
 
-    <190>Dec  6 13:59:51 canary: {"v":1,"service":"pay-api",…}
+    <190>Dec  6 13:59:51 canary: {"v":2,"token":"…","service":"pay-api",…}
 
 and the JSON object is the one log_format.py defines. Parsing is strict: the prefix
 must be exactly that shape, the JSON an object with exactly the format's keys, no
@@ -21,6 +21,11 @@ duplicate keys, no NaN, every field of its type and within its bounds.
 - outcome: the status, except 499 (the client went away) → ABORTED, and nginx's own
   504 or 502 without an upstream response head → TIMEOUT or CONNECT_ERROR.
 
+A line whose `token` is missing or is not this agent's (routers/samples/token.py)
+is counted `forged`, whatever else it says: any local process can send to the log
+port, and only nginx, from the include this agent rendered, writes the token. Lines
+nginx sends before the agent's first apply carry the previous include's token and
+are `forged` too (counted, never samples): a new agent's first apply ends that.
 A line of another service is counted `other_service`; a line with no experiment (no
 route was in force) `unattributed`; a request nginx answered without trying an
 upstream (an empty `$upstream_header_time`: a malformed request, a 400 or 414 of its
@@ -40,6 +45,7 @@ from controlplane.kernel.codec import ABORTED, CONNECT_ERROR, TIMEOUT
 from routers.nginx import log_format
 from routers.nginx.render import SYSLOG_TAG
 from routers.samples.lines import MAX_LINE
+from routers.samples.token import LogToken
 from sidecar.assignment import unit_hash
 from sidecar.choice import Sample
 
@@ -124,8 +130,9 @@ def outcome_of(status: int, upstream_answered: bool) -> int:
 class NginxLineParser:
     """Parses the access-log datagrams of one service's nginx."""
 
-    def __init__(self, service: str, *, tag: str = SYSLOG_TAG) -> None:
+    def __init__(self, service: str, *, token: LogToken, tag: str = SYSLOG_TAG) -> None:
         self.service = service
+        self._token = token
         self._tag = tag.encode()
         self.rejected: Counter[str] = Counter()
         self.parsed = 0
@@ -152,7 +159,12 @@ class NginxLineParser:
             raise _Refused("bad_prefix")
         body = datagram[prefix.end() :].rstrip(b"\n").decode("latin-1")
         record = json.loads(body, object_pairs_hook=_pairs, parse_constant=_no_constant)
-        if not isinstance(record, dict) or record.keys() != log_format.KEYS:
+        if not isinstance(record, dict):
+            raise _Refused("malformed")
+        token = record.get("token")
+        if not isinstance(token, str) or not self._token.matches(token):
+            raise _Refused("forged")
+        if record.keys() != log_format.KEYS:
             raise _Refused("malformed")
         if record["v"] != log_format.VERSION or isinstance(record["v"], bool):
             raise _Refused("bad_version")

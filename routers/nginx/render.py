@@ -39,6 +39,7 @@ from controlplane.kernel.hosts import parse_host
 from controlplane.kernel.routes import BASELINE, Route
 from controlplane.kernel.values import split_upstream
 from routers.nginx.log_format import log_format
+from routers.samples.token import LogToken
 from routers.seam import EXPERIMENT_HEADER, FORCE_HEADER, VARIANT_HEADER
 
 STATUS_PATH: Final = "/.canary/in-force"
@@ -75,8 +76,9 @@ class RenderOptions:
 
     `listen` and `status_listen` are `host:port` (`[v6]:port`); the status server must
     be on a loopback address. `log_target` is the UDP `host:port` of the log
-    receiver (None: no access log). `keepalive` is the idle connections each worker
-    keeps per variant (0: none).
+    receiver (None: no access log); `log_token` the agent's secret every line carries
+    (None: the lines carry none, and its parser refuses them as forged).
+    `keepalive` is the idle connections each worker keeps per variant (0: none).
     """
 
     service: str
@@ -88,6 +90,7 @@ class RenderOptions:
     trusted_ca: str = DEFAULT_CA
     # served while no route is in force, as a sidecar's --default-upstream (http only)
     default_upstream: str | None = None
+    log_token: LogToken | None = None
 
 
 def ident(name: str) -> str:
@@ -260,6 +263,7 @@ def render(route: Route | None, options: RenderOptions) -> str:
     if route is not None:
         header_var, cookie_var, variant_var = _route_maps(out, route, options, var, svc)
     fmt = log_format(
+        token="" if options.log_token is None else options.log_token.value,
         service=options.service,
         experiment=experiment,
         salt="" if route is None else _token(route.salt, "the salt"),

@@ -30,7 +30,7 @@ class LineParser(Protocol):
 
     @property
     def rejected(self) -> Counter[str]:
-        """Lines refused, by reason (`malformed`, `too_long`, `other_service`, …)."""
+        """Lines refused, by reason (`malformed`, `too_long`, `forged`, `other_service`, …)."""
         ...
 
     def parse(self, datagram: bytes) -> Sample | None:

@@ -19,11 +19,14 @@ import pytest
 
 from controlplane.kernel.routes import Route, RouteState, Sticky, two_way_variants
 from routers.haproxy.router import HaproxyRouter
+from routers.samples.token import LogToken
 from routers.seam import InForce, RouterError, TrafficRouter
 from routers.sidecar_table import TableRouter
 from sidecar.routing import RouteTable
 from tests.routers.nginx.rig import nginx_rig
 from tests.support.haproxy_proc import HaproxyProcess, variant_upstreams
+
+TOKEN = LogToken.generate()
 
 
 @dataclass
@@ -50,8 +53,8 @@ async def plane(kind: str, tmp: Path) -> AsyncIterator[Plane]:
         proc.start()
         try:
             yield Plane(
-                HaproxyRouter(proc.cfg), ups["baseline"].url, ups["canary"].url,
-                "https://127.0.0.1:1",
+                HaproxyRouter(proc.cfg, log_token=TOKEN), ups["baseline"].url,
+                ups["canary"].url, "https://127.0.0.1:1",
             )  # fmt: skip
         finally:
             proc.close()
@@ -91,9 +94,9 @@ async def test_haproxy_says_how_many_log_lines_it_could_not_send() -> None:
     proc = HaproxyProcess()
     proc.start()
     try:
-        figures = await HaproxyRouter(proc.cfg).proxy_figures()
+        figures = await HaproxyRouter(proc.cfg, log_token=TOKEN).proxy_figures()
     finally:
         proc.close()
     assert figures == {"dropped_log_lines": 0.0}
     # a lost socket: nothing to say, and nothing raised
-    assert await HaproxyRouter(proc.cfg).proxy_figures() == {}
+    assert await HaproxyRouter(proc.cfg, log_token=TOKEN).proxy_figures() == {}

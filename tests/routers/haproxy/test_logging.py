@@ -12,6 +12,7 @@ from controlplane.kernel.routes import Route, RouteState, two_way_variants
 from routers.haproxy.log_lines import HaproxyLineParser
 from routers.haproxy.router import HaproxyRouter
 from routers.haproxy.split import variant_of
+from routers.samples.token import LogToken
 from sidecar.assignment import unit_hash
 from sidecar.choice import Sample
 from tests.support.haproxy_proc import HaproxyProcess, LogSink, VariantUpstream, fetch_all
@@ -35,8 +36,9 @@ async def test_log_lines_reach_the_receiver_and_parse_to_samples(
     log_sink: LogSink,
 ) -> None:
     proc = start_haproxy(log_target=log_sink.target, retries=0)
-    parser = HaproxyLineParser("shop")
-    router = HaproxyRouter(proc.cfg)
+    token = LogToken.generate()
+    parser = HaproxyLineParser("shop", token=token)
+    router = HaproxyRouter(proc.cfg, log_token=token)
     (no_route,) = await fetch_all(proc.port, [{"x-user-id": "before"}])
     assert no_route.status == 503
 
@@ -78,3 +80,10 @@ async def test_log_lines_reach_the_receiver_and_parse_to_samples(
     assert sample[2:5:2] == ("canary", CONNECT_ERROR)
     assert sample[6] == sample[3]
     assert set(parser.rejected) == {"unattributed"}
+
+    # the token is HAProxy's to log, from the map value; another agent's is forged
+    await fetch_all(proc.port, [{"x-user-id": "u2"}])
+    (datagram,) = await log_sink.receive(1)
+    assert datagram.split(b" ")[:3] == [b"cx3", token.value.encode(), b"shop"]
+    other = HaproxyLineParser("shop", token=LogToken.generate())
+    assert other.parse(datagram) is None and other.rejected == {"forged": 1}

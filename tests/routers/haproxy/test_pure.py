@@ -14,11 +14,13 @@ from routers.haproxy import route_value
 from routers.haproxy.plan import PlanError, ServerStep, Target, plan, targets
 from routers.haproxy.render import BaseConfig, render_config
 from routers.haproxy.split import bucket, variant_of
+from routers.samples.token import LogToken
 from tests.support.haproxy_proc import HAPROXY
 from tests.support.processes import free_port
 
 BASE = BaseConfig(service="shop", listen="127.0.0.1:8080", stats_socket="/run/a.sock",
                   map_path="/etc/route.map")  # fmt: skip
+TOKEN = LogToken("fixture-token_0123456789")
 
 
 def route(canary_bp: int = 500, **fields: object) -> Route:
@@ -81,21 +83,28 @@ def test_the_map_value_carries_the_layout_baseline_last() -> None:
         ]
     )
     declared = ("baseline", "canary", "green", "spare")
-    value = route_value.encode(three, declared, header=True, cookie=False)
-    assert value == "42|7|Ab3xY9|1|0|1000|canary|3000|green|10000|baseline|0|-|1|1|1|0"
+    value = route_value.encode(three, declared, header=True, cookie=False, token=TOKEN)
+    assert value == (
+        "42|7|Ab3xY9|1|0|fixture-token_0123456789|"
+        "1000|canary|3000|green|10000|baseline|0|-|1|1|1|0"
+    )
     assert route_value.decode(value, len(declared)) == route_value.DecodedRoute("42", 7, value)
     fields = value.split("|")
     assert fields[route_value.slot_bound_field(1) - 1] == "3000"
     assert fields[route_value.slot_variant_field(1) - 1] == "green"
     assert fields[route_value.force_field(3, len(declared)) - 1] == "0"
-    for bad in ("42|x|s|1|0|0|-|0|-|0|0|0|0|0|0|0|0", "42|7", "|" * 5000):
+    assert fields[route_value.force_field(2, len(declared)) - 1] == "1"
+    assert fields[route_value.TOKEN_FIELD - 1] == TOKEN.value
+    for bad in ("42|x|s|1|0|t|0|-|0|-|0|0|0|0|0|0|0|0", "42|7", "|" * 5000, value[:-2]):
         with pytest.raises(ValueError):
             route_value.decode(bad, len(declared))
 
 
 def test_zero_weight_variants_take_no_slot_but_may_be_forced() -> None:
-    value = route_value.encode(route(0), ("baseline", "canary"), header=True, cookie=True)
-    assert value == "42|7|Ab3xY9|1|1|10000|baseline|0|-|1|1"
+    value = route_value.encode(
+        route(0), ("baseline", "canary"), header=True, cookie=True, token=TOKEN
+    )
+    assert value == "42|7|Ab3xY9|1|1|fixture-token_0123456789|10000|baseline|0|-|1|1"
 
 
 def test_the_plan_readies_route_servers_before_the_map_and_parks_the_rest() -> None:
@@ -106,14 +115,15 @@ def test_the_plan_readies_route_servers_before_the_map_and_parks_the_rest() -> N
         Target("baseline", "shop-v1", 8080),
         Target("canary", "10.0.0.2", 81),
     )
-    steps = plan(r, cfg, {"baseline": ("10.0.0.1", 8080), "canary": ("10.0.0.2", 81)})
+    steps = plan(r, cfg, {"baseline": ("10.0.0.1", 8080), "canary": ("10.0.0.2", 81)}, TOKEN)
     assert steps.ready == (
         ServerStep("v_baseline", "up", ("10.0.0.1", 8080), "ready"),
         ServerStep("v_canary", "up", ("10.0.0.2", 81), "ready"),
     )
     assert steps.maint == (ServerStep("v_green", "up", None, "maint"),)
-    assert steps.value is not None and steps.value.startswith("42|7|Ab3xY9|1|0|500|canary|")
-    nothing = plan(None, cfg, {})
+    assert steps.value is not None
+    assert steps.value.startswith("42|7|Ab3xY9|1|0|fixture-token_0123456789|500|canary|")
+    nothing = plan(None, cfg, {}, TOKEN)
     assert (nothing.ready, nothing.value, len(nothing.maint)) == ((), None, 3)
     assert targets(None, cfg) == ()
 

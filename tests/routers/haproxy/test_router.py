@@ -11,11 +11,13 @@ import pytest
 from controlplane.kernel.routes import Route, RouteState, RouteVariant, Sticky, two_way_variants
 from routers.haproxy.router import HaproxyRouter
 from routers.haproxy.split import variant_of
+from routers.samples.token import LogToken
 from routers.seam import InForce, RouterError
 from tests.support.haproxy_proc import HaproxyProcess, VariantUpstream, fetch_all
 
 Start = Callable[..., HaproxyProcess]
 Upstreams = dict[str, VariantUpstream]
+TOKEN = LogToken.generate()
 
 
 def two_way(ups: Upstreams, canary_bp: int, *, experiment: int | str = 42, revision: int = 1,
@@ -37,7 +39,7 @@ async def test_assignment_matches_split_and_the_ramp_is_monotonic(
     start_haproxy: Start, upstreams: Upstreams
 ) -> None:
     proc = start_haproxy()
-    router = HaproxyRouter(proc.cfg)
+    router = HaproxyRouter(proc.cfg, log_token=TOKEN)
     units = [f"user-{i}" for i in range(2000)]
     in_canary: list[set[str]] = []
     for revision, weight in enumerate((500, 3000, 7000), start=1):
@@ -68,7 +70,7 @@ async def test_the_cookie_is_the_unit_when_the_header_is_absent(
         variants=two_way_variants(upstreams["baseline"].url, upstreams["canary"].url, 5000),
         state=RouteState.RUNNING,
     )
-    await HaproxyRouter(proc.cfg).apply(route)
+    await HaproxyRouter(proc.cfg, log_token=TOKEN).apply(route)
     units = [f"c{i}" for i in range(200)]
     replies = await fetch_all(proc.port, [{"cookie": f"a=1; sid={u}"} for u in units])
     assert [r.served_by for r in replies] == [variant_of(route, u) for u in units]
@@ -84,7 +86,7 @@ async def test_forced_variant_only_when_enabled_and_in_the_route(
     plain = start_haproxy()
     route = two_way(upstreams, 0)  # every unit in the baseline
     for proc in (forcing, plain):
-        await HaproxyRouter(proc.cfg).apply(route)
+        await HaproxyRouter(proc.cfg, log_token=TOKEN).apply(route)
     asks = [{"x-user-id": "u1", "x-canary-force": name} for name in ("canary", "green", "nope")]
     forced = await fetch_all(forcing.port, asks)
     # canary has weight 0 but is in the route; green is declared nowhere in it
@@ -97,7 +99,7 @@ async def test_variant_headers_towards_the_upstream_and_on_the_response(
 ) -> None:
     proc = start_haproxy()
     route = two_way(upstreams, 10_000, experiment="exp-7")
-    await HaproxyRouter(proc.cfg).apply(route)
+    await HaproxyRouter(proc.cfg, log_token=TOKEN).apply(route)
     spoofed = {"x-user-id": "u", "x-canary-variant": "baseline", "x-canary-experiment": "x"}
     (reply,) = await fetch_all(proc.port, [spoofed])
     assert reply.served_by == "canary"
@@ -111,7 +113,7 @@ async def test_variant_headers_towards_the_upstream_and_on_the_response(
 
 async def test_no_route_is_503(start_haproxy: Start, upstreams: Upstreams) -> None:
     proc = start_haproxy()
-    router = HaproxyRouter(proc.cfg)
+    router = HaproxyRouter(proc.cfg, log_token=TOKEN)
     assert await router.in_force() == InForce(None, None)
     (reply,) = await fetch_all(proc.port, [{"x-user-id": "u"}])
     assert (reply.status, reply.served_by) == (503, None)
@@ -129,7 +131,7 @@ async def test_changes_are_in_force_without_reload_and_never_half_applied(
 ) -> None:
     proc = start_haproxy()
     pid = proc.pid
-    router = HaproxyRouter(proc.cfg)
+    router = HaproxyRouter(proc.cfg, log_token=TOKEN)
     # two routes that differ in experiment, salt and weights: a request that mixed
     # them would land where neither route sends its unit
     routes = {
@@ -168,7 +170,7 @@ async def test_refused_routes_leave_the_route_in_force(
     start_haproxy: Start, upstreams: Upstreams
 ) -> None:
     proc = start_haproxy()
-    router = HaproxyRouter(proc.cfg)
+    router = HaproxyRouter(proc.cfg, log_token=TOKEN)
     good = two_way(upstreams, 1000, revision=3)
     await router.apply(good)
     base = upstreams["baseline"].url
@@ -207,7 +209,9 @@ async def test_a_lost_socket_raises_after_retries_and_a_restart_recovers(
     async def sleep(delay: float) -> None:
         waits.append(delay)
 
-    router = HaproxyRouter(proc.cfg, attempts=3, sleep=sleep, draw=lambda: 0.0)
+    router = HaproxyRouter(
+        proc.cfg, log_token=TOKEN, attempts=3, sleep=sleep, draw=lambda: 0.0
+    )
     await router.apply(two_way(upstreams, 1000))
     proc.stop()
     with pytest.raises(RouterError, match="after 3 attempts"):
@@ -229,7 +233,7 @@ async def test_a_variant_moved_to_another_upstream_is_served_there(
     start_haproxy: Start, upstreams: Upstreams
 ) -> None:
     proc = start_haproxy()
-    router = HaproxyRouter(proc.cfg)
+    router = HaproxyRouter(proc.cfg, log_token=TOKEN)
     base = upstreams["baseline"].url
     await router.apply(
         two_way(upstreams, 10_000).model_copy(
@@ -252,7 +256,7 @@ async def test_an_upstream_name_that_does_not_resolve_is_refused(
     start_haproxy: Start, upstreams: Upstreams
 ) -> None:
     proc = start_haproxy()
-    router = HaproxyRouter(proc.cfg)
+    router = HaproxyRouter(proc.cfg, log_token=TOKEN)
     unknown = two_way(upstreams, 10).model_copy(
         update={
             "variants": two_way_variants(

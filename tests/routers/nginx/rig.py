@@ -16,6 +16,7 @@ from pathlib import Path
 from controlplane.kernel.routes import Route, RouteState, RouteVariant, Sticky
 from routers.nginx.render import DEFAULT_CA, RenderOptions, render
 from routers.nginx.router import NginxRouter, NginxSettings
+from routers.samples.token import LogToken
 from routers.seam import TrafficRouter
 from tests.support.nginx_proc import NGINX, NginxProcess
 from tests.support.processes import free_port
@@ -168,6 +169,7 @@ class Rig:
     port: int
     log: socket.socket
     upstreams: dict[str, VariantUpstream] = field(default_factory=dict)
+    token: LogToken = field(default_factory=LogToken.generate)
 
     def two_way(self, revision: int, canary_bp: int, **kwargs: object) -> Route:
         return route(
@@ -203,6 +205,7 @@ async def nginx_rig(
     log = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     log.bind(("127.0.0.1", 0))
     port, status_port = free_port(), free_port()
+    token = LogToken.generate()
     options = RenderOptions(
         service=SERVICE,
         listen=f"127.0.0.1:{port}",
@@ -211,6 +214,7 @@ async def nginx_rig(
         allow_force=allow_force,
         trusted_ca=trusted_ca or DEFAULT_CA,
         default_upstream=default,
+        log_token=token,
     )
     proc = NginxProcess(tmp / "nginx", service=SERVICE, extra_http=extra_http)
     proc.include.write_text(render(None, options))
@@ -228,7 +232,7 @@ async def nginx_rig(
     )
     _: TrafficRouter = router  # the seam, checked by mypy
     try:
-        yield Rig(proc, router, options, port, log, upstreams)
+        yield Rig(proc, router, options, port, log, upstreams, token)
     finally:
         await router.close()
         proc.close()

@@ -10,12 +10,15 @@ import pytest
 from controlplane.kernel.codec import ABORTED, CONNECT_ERROR, TIMEOUT
 from routers.nginx.log_lines import NginxLineParser, last_upstream_time
 from routers.samples.lines import MAX_LINE, LineParser
+from routers.samples.token import LogToken
 from sidecar.assignment import unit_hash
 from sidecar.choice import Sample
 
 # one datagram a line, after its name: as nginx 1.22 sent them (the no-route 503, a
 # header unit, a cookie unit, no unit, a unit sent as the bytes q"u\o<TAB>t\xe9\xff,
-# a client that went away, an upstream that refused the connection)
+# a client that went away, an upstream that refused the connection); format v2's
+# token field, a constant of the rendered log_format, set to TOKEN's by hand
+TOKEN = LogToken("fixture-token_0123456789")
 _CAPTURED = (Path(__file__).parent / "nginx-1.22-access.log").read_bytes().splitlines()
 LINES = {name: line for name, _, line in (entry.partition(b" ") for entry in _CAPTURED)}
 NO_ROUTE = LINES[b"NO_ROUTE"]
@@ -27,8 +30,10 @@ CLIENT_GONE = LINES[b"CLIENT_GONE"]
 REFUSED = LINES[b"REFUSED"]
 
 
-def parse(line: bytes, service: str = "pay-api") -> tuple[Sample | None, LineParser]:
-    parser: LineParser = NginxLineParser(service)  # the seam, checked by mypy
+def parse(
+    line: bytes, service: str = "pay-api", token: LogToken = TOKEN
+) -> tuple[Sample | None, LineParser]:
+    parser: LineParser = NginxLineParser(service, token=token)  # the seam, checked by mypy
     return parser.parse(line), parser
 
 
@@ -99,7 +104,8 @@ def test_no_route_is_unattributed_and_another_service_counted() -> None:
         (HEADER.replace(b'"connection":9', b'"connection":9,"status":200'), "malformed"),
         (HEADER.replace(b'"msec":1796565781.649', b'"msec":NaN'), "malformed"),
         (HEADER.replace(b',"unit_cookie":""', b""), "malformed"),
-        (HEADER.replace(b'"v":1', b'"v":2'), "bad_version"),
+        (HEADER.replace(b'"v":2', b'"v":1'), "bad_version"),
+        (HEADER.replace(b'"v":2', b'"v":true'), "bad_version"),
         (
             HEADER.replace(b'"upstream_header_time":"0.000"', b'"upstream_header_time":""'),
             "not_proxied",
@@ -124,7 +130,7 @@ def test_no_route_is_unattributed_and_another_service_counted() -> None:
         ),
         (b"\xff\xfe" * 10, "bad_prefix"),
         (b"", "bad_prefix"),
-        (HEADER.replace(b'"v":1', b'"v":[' * 50_000), "too_long"),
+        (HEADER.replace(b'"v":2', b'"v":[' * 50_000), "too_long"),
         (HEADER.split(b": ", 1)[0] + b": " + b"[" * 10_000, "malformed"),
     ],
 )
@@ -132,3 +138,29 @@ def test_lines_nginx_never_writes_are_counted_not_raised(line: bytes, reason: st
     sample, parser = parse(line)
     assert sample is None
     assert parser.rejected == {reason: 1}
+
+
+FORGED = [
+    HEADER.replace(TOKEN.value.encode(), b"fixture-token_0123456788"),  # one character off
+    HEADER.replace(TOKEN.value.encode(), b""),
+    HEADER.replace(b'"token":"' + TOKEN.value.encode() + b'",', b""),  # no token field
+    HEADER.replace(b'"token":"' + TOKEN.value.encode() + b'"', b'"token":null'),
+    HEADER.replace(TOKEN.value.encode(), TOKEN.value.encode() + b"x"),
+    HEADER.replace(TOKEN.value.encode(), "fixture-token_012345678\u00e9".encode()),
+    # a forger who knows the format, and nothing else, on any route or none
+    NO_ROUTE.replace(TOKEN.value.encode(), b"guess"),
+    REFUSED.replace(TOKEN.value.encode(), b"A" * 24),
+]
+
+
+@pytest.mark.parametrize("line", FORGED)
+def test_a_line_without_the_agents_token_is_forged(line: bytes) -> None:
+    sample, parser = parse(line)
+    assert sample is None
+    assert parser.rejected == {"forged": 1}
+
+
+def test_another_agents_token_is_forged_too() -> None:
+    # a line nginx wrote from the previous agent's include, before this one's apply
+    sample, parser = parse(HEADER, token=LogToken("another-agents-token-xyz"))
+    assert sample is None and parser.rejected == {"forged": 1}

@@ -214,7 +214,7 @@ async def test_a_route_nginx_refuses_keeps_the_last_good_one(rig: Rig) -> None:
 async def test_log_lines_reach_the_receiver_and_parse(rig: Rig) -> None:
     live = rig.two_way(5, 5_000, experiment="exp-log")
     await rig.router.apply(live)
-    parser = NginxLineParser(SERVICE)
+    parser = NginxLineParser(SERVICE, token=rig.token)
     asked = [{"X-User-Id": f"user-{i}"} for i in range(20)]
     asked += [{"Cookie": "uid=bob"}, {}]
     responses = await fetch_many(rig.port, asked, per_connection=1)
@@ -245,7 +245,7 @@ async def test_a_dead_upstream_is_logged_as_a_connect_error(rig: Rig) -> None:
     assert response.status == 502
     assert response.header("x-canary-variant") == "baseline"  # `always`: on errors too
     (datagram,) = rig.datagrams(1)
-    sample = NginxLineParser(SERVICE).parse(datagram)
+    sample = NginxLineParser(SERVICE, token=rig.token).parse(datagram)
     assert sample is not None
     assert sample[4] == CONNECT_ERROR and sample[5] == unit_hash(SALT, "alice")
 

@@ -19,6 +19,7 @@ from routers.nginx.render import (
     variable_prefix,
 )
 from routers.nginx.split import SplitParts, murmur_hash2
+from routers.samples.token import LogToken
 from tests.routers.nginx.rig import route
 from tests.support.nginx_proc import NGINX, main_config
 
@@ -188,3 +189,15 @@ def test_the_longest_names_fit_nginx_default_hash_buckets(tmp_path: Path) -> Non
     assert variable_prefix("pay-api") == "canary_pay_hapi__"
     result = nginx_accepts(text, tmp_path)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_log_format_carries_the_agents_token_with_or_without_a_route() -> None:
+    token = LogToken.generate()
+    options = dataclasses.replace(OPTIONS, log_token=token)
+    for live in (None, route(1, [("baseline", UP, 10_000)])):
+        (line,) = [x for x in render(live, options).splitlines() if x.startswith("log_format ")]
+        assert f'\\"v\\":2,\\"token\\":\\"{token.value}\\",' in line
+        assert token.value not in render(live, OPTIONS)  # the first include has none
+    assert '\\"token\\":\\"\\"' in render(None, OPTIONS)
+    another = dataclasses.replace(OPTIONS, log_token=LogToken.generate())
+    assert render(None, options) != render(None, another)
