@@ -42,8 +42,10 @@ class Plane:
 async def plane(kind: str, tmp: Path) -> AsyncIterator[Plane]:
     if kind == "nginx":
         async with nginx_rig(tmp) as rig:
-            ups = rig.upstreams
-            yield Plane(rig.router, ups["baseline"].url, ups["canary"].url, "h2c://127.0.0.1:1")
+            served = rig.upstreams
+            yield Plane(
+                rig.router, served["baseline"].url, served["canary"].url, "h2c://127.0.0.1:1"
+            )
         return
     async with variant_upstreams("baseline", "canary") as ups:
         if kind == "sidecar":
