@@ -67,6 +67,11 @@ def test_the_rate_limiter_has_the_asked_ceiling() -> None:
     assert p["changes"] == 3 and p["p50_ms"] == 2.0
 
 
+def test_the_stub_status_count_is_its_requests_figure() -> None:
+    page = "Active connections: 1 \nserver accepts handled requests\n 10 10 25 \n"
+    assert router.stub_count(page + "Reading: 0 Writing: 1 Waiting: 0 \n") == 25
+
+
 @pytest.fixture
 def upstream(tmp_path: Path) -> Iterator[tuple[int, int]]:
     port = _free_port()
