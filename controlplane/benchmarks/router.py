@@ -36,6 +36,7 @@ import io
 import json
 import math
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -45,6 +46,7 @@ import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +105,20 @@ def rate_connections(rate: float, delay_ms: int) -> int:
     """wrk connections for a rate when each waits `delay_ms` before each request: the
     ceiling is connections x 1000 / delay; 5 % more make up for the response time."""
     return max(1, math.ceil(rate * delay_ms / 1000 * 1.05))
+
+
+# wrk prints the run's length in the largest unit that fits: "1.00m", "5.00s"
+WRK_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def wrk_counts(out: str) -> tuple[int, float, int]:
+    """(requests, seconds, non-2xx responses) from wrk's report."""
+    served = re.search(r"(\d+) requests in ([\d.]+)(us|ms|s|m|h)\b", out)
+    if served is None:
+        raise RuntimeError(f"unexpected wrk output:\n{out}")
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    seconds = float(served.group(2)) * WRK_UNITS[served.group(3)]
+    return int(served.group(1)), seconds, int(non2xx.group(1)) if non2xx else 0
 
 
 def delay_script(delay_ms: int) -> str:
@@ -640,19 +656,13 @@ def _wrk_rate(
          f"http://{HOST}:{port}/"],
         capture_output=True, text=True, check=True, preexec_fn=_pin(cpu),
     ).stdout  # fmt: skip
-    import re
-
-    served = re.search(r"(\d+) requests in ([\d.]+)(m?s)", out)
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    if served is None:
-        raise RuntimeError(f"unexpected wrk output:\n{out}")
-    wall = float(served.group(2)) * (1e-3 if served.group(3) == "ms" else 1.0)
+    requests, wall, non2xx = wrk_counts(out)
     return {
         "wrk": f"wrk -t1 -c{connections} -s delay {delay_ms} ms",
         "asked_rps": rate,
-        "wrk_requests": int(served.group(1)),
-        "reached_rps": round(int(served.group(1)) / wall),
-        "non_2xx": int(non2xx.group(1)) if non2xx else 0,
+        "wrk_requests": requests,
+        "reached_rps": round(requests / wall),
+        "non_2xx": non2xx,
     }
 
 
@@ -873,6 +883,32 @@ async def _clean(svc: Services) -> None:
     await client.aclose()
 
 
+def _section(notes: list[str], name: str, measure: Callable[[], dict[str, Any]]) -> Any:
+    try:
+        return measure()
+    except Exception as exc:  # a section's failure is a figure missing, not the run lost
+        notes.append(f"{name} failed: {type(exc).__name__}: {exc}"[:2000])
+        return None
+
+
+def targets(result: dict[str, Any]) -> dict[str, Any]:
+    """Each target with its figure and pass/fail (None: the section did not run)."""
+    out: dict[str, Any] = {}
+    for kind in ("nginx", "haproxy"):
+        part = result.get(kind) or {}
+        throughput = part.get("throughput") or {}
+        for layout, name in (("steered", "rps_ratio_agent_on_proxy_cpu"),
+                             ("steered_agent_apart", "rps_ratio_agent_apart")):
+            figures = throughput.get(layout) or {}
+            out[f"{kind}_{name}"] = {"value": figures.get("rps_ratio"),
+                                     "target": f">= {TARGET_RPS_RATIO}", "ok": figures.get("ok")}
+        changes = part.get("route_changes") or {}
+        limit = TARGET_NGINX_P99_MS if kind == "nginx" else TARGET_HAPROXY_P99_MS
+        out[f"{kind}_route_change_p99_ms"] = {"value": changes.get("p99_ms"),
+                                              "target": f"<= {limit}", "ok": changes.get("ok")}
+    return out
+
+
 def _start_collector(stack: contextlib.ExitStack, tmp: Path, svc: Services) -> int:
     admin = _free_port()
     args = [svc.canary, "collector", "--admin", f"{HOST}:{admin}", "--name", "bench-collector"]
@@ -948,41 +984,32 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
                 _start_haproxy(stack, tmp, svc, haproxy, up_port, server_cpu),
             ]
             for front in fronts:
-                part: dict[str, Any] = {}
-                part["throughput"] = _throughput(front, wrk, upstream.pid, durations,
-                                                 (server_cpu, load_cpu), progress)
-                part["samples"] = _samples(front, wrk, collector_admin, durations, script,
-                                           upstream.pid, progress)
-                part["route_changes"] = _route_changes(front, svc, durations, progress)
-                part["notes"] = front.notes
+                part: dict[str, Any] = {"notes": front.notes}
+                # a section that fails is reported as null with its error; the rest runs
+                part["throughput"] = _section(front.notes, "throughput", partial(
+                    _throughput, front, wrk, upstream.pid, durations, (server_cpu, load_cpu),
+                    progress))
+                part["samples"] = _section(front.notes, "samples", partial(
+                    _samples, front, wrk, collector_admin, durations, script, upstream.pid,
+                    progress))
+                part["route_changes"] = _section(front.notes, "route_changes", partial(
+                    _route_changes, front, svc, durations, progress))
                 result[front.kind] = part
-            sidecar = _start_sidecar(stack, tmp, svc, up_port, server_cpu)
-            result["sidecar"] = _sidecar_load(sidecar, wrk, durations, upstream.pid, script,
-                                              progress)
+            result["sidecar"] = _section(notes, "sidecar", lambda: _sidecar_load(
+                _start_sidecar(stack, tmp, svc, up_port, server_cpu), wrk, durations,
+                upstream.pid, script, progress))
     finally:
         os.sched_setaffinity(0, own_affinity)
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, 0, own_priority)
     result["environment"]["loadavg_at_end"] = round(os.getloadavg()[0], 2)
-    sidecar_cpu = result["sidecar"]["cpu_us_per_request"]
+    sidecar_cpu = (result["sidecar"] or {}).get("cpu_us_per_request")
     for kind in ("nginx", "haproxy"):
         samples = result[kind]["samples"]
-        samples["sidecar_cpu_us_per_request"] = sidecar_cpu
-        # above 1: the proxy and its agent spend less CPU per request than the sidecar
-        ours = samples["proxy_and_agent_cpu_us_per_request"]
-        samples["cpu_vs_sidecar"] = ratio(sidecar_cpu, ours)
-    result["targets"] = {
-        f"{kind}_{name}": {"value": value, "target": target, "ok": ok}
-        for kind in ("nginx", "haproxy")
-        for name, value, target, ok in (
-            ("rps_ratio_agent_on_proxy_cpu", result[kind]["throughput"]["steered"]["rps_ratio"],
-             f">= {TARGET_RPS_RATIO}", result[kind]["throughput"]["steered"]["ok"]),
-            ("rps_ratio_agent_apart",
-             result[kind]["throughput"]["steered_agent_apart"]["rps_ratio"],
-             f">= {TARGET_RPS_RATIO}", result[kind]["throughput"]["steered_agent_apart"]["ok"]),
-            ("route_change_p99_ms", result[kind]["route_changes"]["p99_ms"],
-             f"<= {result[kind]['route_changes']['target_p99_ms_max']}",
-             result[kind]["route_changes"]["ok"]),
-        )
-    }  # fmt: skip
+        if samples is not None:
+            samples["sidecar_cpu_us_per_request"] = sidecar_cpu
+            # above 1: the proxy and its agent spend less CPU per request than the sidecar
+            ours = samples["proxy_and_agent_cpu_us_per_request"]
+            samples["cpu_vs_sidecar"] = ratio(sidecar_cpu, ours)
+    result["targets"] = targets(result)
     return result

@@ -67,6 +67,13 @@ def test_the_rate_limiter_has_the_asked_ceiling() -> None:
     assert p["changes"] == 3 and p["p50_ms"] == 2.0
 
 
+def test_wrk_reports_are_read_in_any_unit() -> None:
+    minute = "  427933 requests in 1.00m, 83.91MB read\nRequests/sec:   7119.72\n"
+    assert router.wrk_counts(minute) == (427933, 60.0, 0)
+    short = "  4227 requests in 1.00s, 1MB read\n  Non-2xx or 3xx responses: 3\n"
+    assert router.wrk_counts(short) == (4227, 1.0, 3)
+
+
 def test_the_stub_status_count_is_its_requests_figure() -> None:
     page = "Active connections: 1 \nserver accepts handled requests\n 10 10 25 \n"
     assert router.stub_count(page + "Reading: 0 Writing: 1 Waiting: 0 \n") == 25
