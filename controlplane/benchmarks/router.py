@@ -798,15 +798,28 @@ async def _until_in_force(front: Front, revision: int, since: float) -> None:
         await asyncio.sleep(0.002)
 
 
+async def _agent_at_rest(front: Front) -> dict[str, Any]:
+    """The agent's /status once it holds etcd's route (its last apply confirmed and
+    counted) and its minimum interval has passed."""
+    deadline = time.monotonic() + 10
+    while not _status(front.admin)["in_step"]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{front.kind} agent not in step after 10 s")
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.5)  # past the 0.25 s minimum interval
+    return _status(front.admin)
+
+
 async def _burst(front: Front, etcd: str, key: str) -> dict[str, Any]:
     """BURST changes BURST_GAP_S apart: applies (reloads for NGINX), and the time from
     the first write to the last revision in force."""
     from controlplane.kernel.kv_etcd import EtcdKV
 
     kv = EtcdKV(etcd)
-    before = _status(front.admin)
     try:
-        await asyncio.sleep(1.0)  # past any min interval
+        # the proxy answers with a revision before the agent has confirmed and counted
+        # its apply: count from an agent at rest, past any min interval
+        before = await _agent_at_rest(front)
         first = time.perf_counter()
         for index in range(BURST):
             front.revision += 1
@@ -819,9 +832,7 @@ async def _burst(front: Front, etcd: str, key: str) -> dict[str, Any]:
         last = time.perf_counter() - first
     finally:
         await kv.close()
-    # the agent may still be confirming the apply it just made
-    await asyncio.sleep(0.5)
-    after = _status(front.admin)
+    after = await _agent_at_rest(front)
     return {
         "changes": BURST,
         "written_in_ms": round(written_in * 1e3, 1),
