@@ -26,6 +26,7 @@ BENCHMARKS: dict[str, str] = {
     "overload-tuning": "controlplane.benchmarks.overload_tuning:run",
     "redis-cluster": "controlplane.benchmarks.redis_cluster:run",
     "scale": "controlplane.benchmarks.scale:run",
+    "router": "controlplane.benchmarks.router:run",
 }
 
 
