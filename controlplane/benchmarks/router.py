@@ -303,7 +303,7 @@ def _agent_common(service: str, port: int, admin: int, log_port: int) -> list[st
 
 _PLAIN_NGINX = """upstream plain_up {{
     server {host}:{upstream_port};
-    keepalive 16;
+    keepalive 128;
 }}
 server {{
     listen {host}:{port};

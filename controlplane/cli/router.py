@@ -236,6 +236,11 @@ def nginx_command(
         typer.Option("--default-upstream", help="http:// URL served while no route is in "
                      "force (else 503)"),
     ] = None,
+    upstream_keepalive: Annotated[
+        int, typer.Option("--upstream-keepalive", help="idle connections each nginx worker "
+                          "keeps per variant's upstream, 0-10000 (more requests in flight "
+                          "than this open a connection each)")
+    ] = 128,
     print_config: Annotated[
         bool,
         typer.Option("--print-config", help="print a main nginx.conf that includes --conf-dir, "
@@ -267,6 +272,8 @@ def nginx_command(
     _service(name, service)
     log_host, log_port = _address(name, "--log-listen", log_listen)
     status_host, status_port = _address(name, "--status-listen", status_listen)
+    if not 0 <= upstream_keepalive <= 10_000:
+        raise _fail(name, f"--upstream-keepalive must be 0-10000, got {upstream_keepalive}")
     if not min_interval >= 0:
         raise _fail(name, f"--min-interval must be 0 or more seconds, got {min_interval}")
     conf = Path(nginx_conf).absolute()
@@ -280,6 +287,7 @@ def nginx_command(
             service=service, listen=listen, status_listen=f"{status_host}:{status}",
             log_target=f"{log_target[0]}:{log_target[1]}" if log_target else None,
             allow_force=allow_force, default_upstream=default_upstream, log_token=token,
+            keepalive=upstream_keepalive,
         )  # fmt: skip
 
     if default_upstream is not None:

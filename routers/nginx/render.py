@@ -86,7 +86,10 @@ class RenderOptions:
     status_listen: str
     log_target: str | None = None
     allow_force: bool = False
-    keepalive: int = 16
+    # idle upstream connections each worker keeps per variant: above this many
+    # requests in flight nginx opens and closes one per request (at 16 and 50 in
+    # flight: 29,300 requests/s against 50,500 at 128, a TIME-WAIT socket each)
+    keepalive: int = 128
     trusted_ca: str = DEFAULT_CA
     # served while no route is in force, as a sidecar's --default-upstream (http only)
     default_upstream: str | None = None
