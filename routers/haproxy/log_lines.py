@@ -50,13 +50,23 @@ _U32_MAX = 0xFFFF_FFFF
 _EXPERIMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _SALT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _VARIANT = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
-_TIMER = re.compile(r"^(-1|[0-9]{1,10})$")
-_STATUS = re.compile(r"^(-1|[0-9]{1,3})$")
 _ACCEPT = re.compile(r"^([0-9]{1,12})\.([0-9]{3})$")
 _TERMINATION = re.compile(r"^[A-Za-z-]{2}$")
 _HEX = re.compile(rf"^([0-9A-F]{{2}}){{1,{MAX_UNIT}}}$")
 # who ended an exchange that got no response head (first character of %ts)
 _NO_HEAD: Final = {"C": ABORTED, "c": ABORTED, "s": TIMEOUT, "S": CONNECT_ERROR}
+# A route's identity fields repeat on every line it serves: checked once, then looked
+# up (at most this many kept; a flood of forged identities only refills the cache)
+_KNOWN_MAX: Final = 4096
+# units hashed once per (salt, unit): users repeat, blake2b per line is the next cost
+_UNITS_MAX: Final = 65_536
+
+
+def _timer(text: str) -> int | None:
+    """A timer field: -1 or 0..9999999999 ms; None when it is neither."""
+    if text.isdigit() and len(text) <= 10 and text.isascii():
+        return int(text)
+    return -1 if text == "-1" else None
 
 
 class HaproxyLineParser:
@@ -66,6 +76,9 @@ class HaproxyLineParser:
         self.service = service
         self._token = token
         self._rejected: Counter[str] = Counter()
+        # (token, service, experiment, salt, variant) found valid, and hashed units
+        self._known: set[tuple[str, str, str, str, str]] = set()
+        self._units: dict[tuple[str, str], int] = {}
 
     @property
     def rejected(self) -> Counter[str]:
@@ -87,37 +100,32 @@ class HaproxyLineParser:
             return self._refuse("malformed")
         (_, token, service, experiment, salt, variant, status_s, ta, tr_req, tw, tc, tr, tt,
          accept, termination, unit_hex, _) = fields  # fmt: skip
-        if token == _NONE and experiment == _NONE:
-            return self._refuse("unattributed")
-        if not self._token.matches(token):
-            return self._refuse("forged")
-        if service != self.service:
-            return self._refuse("other_service" if _VARIANT.match(service) else "malformed")
-        if experiment == _NONE:
-            return self._refuse("unattributed")
-        timers = (ta, tr_req, tw, tc, tr, tt)
+        identity = (token, service, experiment, salt, variant)
+        if identity not in self._known:
+            refused = self._identity_problem(identity)
+            if refused is not None:
+                return self._refuse(refused)
+            if len(self._known) >= _KNOWN_MAX:
+                self._known.clear()
+            self._known.add(identity)
+        total, request, queue, connect, response, since_accept = (
+            _timer(ta), _timer(tr_req), _timer(tw), _timer(tc), _timer(tr), _timer(tt)
+        )
         when = _ACCEPT.match(accept)
+        status = _timer(status_s)
         if (
-            not _EXPERIMENT.match(experiment)
-            or not _SALT.match(salt)
-            or not _VARIANT.match(variant)
-            or not _STATUS.match(status_s)
-            or not all(_TIMER.match(t) for t in timers)
-            or when is None
+            total is None or request is None or queue is None or connect is None
+            or response is None or since_accept is None or status is None or when is None
+            or len(status_s) > 3 or total < 0 or since_accept < 0
             or not _TERMINATION.match(termination)
-            or (unit_hex != _NONE and not _HEX.match(unit_hex))
-        ):
-            return self._refuse("malformed")
-        total, request, queue, connect, response, since_accept = (int(t) for t in timers)
-        if total < 0 or since_accept < 0:
+        ):  # fmt: skip
             return self._refuse("malformed")
         rt_us = min(total * 1000, _U32_MAX)
-        status = int(status_s)
         if response >= 0:
             if not 100 <= status <= 599:
                 return self._refuse("bad_outcome")
             outcome = status
-            head = sum(max(t, 0) for t in (request, queue, connect, response))
+            head = max(request, 0) + max(queue, 0) + max(connect, 0) + response
             first_byte_us = min(head * 1000, rt_us)
         else:
             no_head = _NO_HEAD.get(termination[0])
@@ -129,10 +137,35 @@ class HaproxyLineParser:
                 return self._refuse("bad_outcome")
             first_byte_us = rt_us
         ts = int(when.group(1)) + (int(when.group(2)) + since_accept) / 1000
-        unit = (
-            0 if unit_hex == _NONE else unit_hash(salt, bytes.fromhex(unit_hex).decode("latin-1"))
-        )
+        if unit_hex == _NONE:
+            unit = 0
+        else:
+            key = (salt, unit_hex)
+            cached = self._units.get(key)
+            if cached is None:
+                if not _HEX.match(unit_hex):
+                    return self._refuse("malformed")
+                cached = unit_hash(salt, bytes.fromhex(unit_hex).decode("latin-1"))
+                if len(self._units) >= _UNITS_MAX:
+                    self._units.clear()
+                self._units[key] = cached
+            unit = cached
         return (ts, experiment, variant, rt_us, outcome, unit, first_byte_us)
+
+    def _identity_problem(self, identity: tuple[str, str, str, str, str]) -> str | None:
+        """Why a line's route fields are refused (checked once per route), or None."""
+        token, service, experiment, salt, variant = identity
+        if token == _NONE and experiment == _NONE:
+            return "unattributed"
+        if not self._token.matches(token):
+            return "forged"
+        if service != self.service:
+            return "other_service" if _VARIANT.match(service) else "malformed"
+        if experiment == _NONE:
+            return "unattributed"
+        if not (_EXPERIMENT.match(experiment) and _SALT.match(salt) and _VARIANT.match(variant)):
+            return "malformed"
+        return None
 
     def _refuse(self, reason: str) -> Sample | None:
         self._rejected[reason] += 1

@@ -62,6 +62,22 @@ _UNIT_MAX: Final = 8_192
 _U32: Final = 0xFFFF_FFFF
 # beyond a day a request time is not one nginx measured
 _SECONDS_MAX: Final = 86_400.0
+# The line exactly as log_format.py has nginx write it, every string free of escapes:
+# read by one regex instead of the JSON decoder (a fifth of the cost per line). A
+# line it does not match — an escaped byte in a unit, a key out of order, anything
+# odd — takes the strict JSON path, which decides as this one would.
+_FAST: Final = re.compile(
+    rb'\{"v":' + str(log_format.VERSION).encode() + rb',"token":"([A-Za-z0-9_-]{0,64})",'
+    rb'"service":"([a-z0-9._-]{1,64})","experiment":"([A-Za-z0-9._-]{0,64})",'
+    rb'"salt":"([A-Za-z0-9._-]{0,64})","variant":"([a-z0-9._-]{0,64})",'
+    rb'"status":([1-9][0-9]{2}),"request_time":([0-9]{1,9}\.[0-9]{3}),'
+    rb'"upstream_header_time":"([0-9.,: -]{0,512})","msec":([0-9]{1,12}\.[0-9]{3}),'
+    rb'"unit_header":"([^"\\\x00-\x1f]{0,8192})","unit_cookie":"([^"\\\x00-\x1f]{0,8192})",'
+    rb'"connection":[0-9]{1,20},"connection_requests":[0-9]{1,20}\}\n?'
+)
+# a route's identity fields checked once, then looked up; units hashed once
+_KNOWN_MAX: Final = 4096
+_UNITS_MAX: Final = 65_536
 
 
 class _Refused(Exception):
@@ -136,6 +152,8 @@ class NginxLineParser:
         self._tag = tag.encode()
         self.rejected: Counter[str] = Counter()
         self.parsed = 0
+        self._known: set[tuple[bytes, ...]] = set()
+        self._units: dict[tuple[str, str], int] = {}
 
     def parse(self, datagram: bytes) -> Sample | None:
         if len(datagram) > MAX_LINE:
@@ -157,6 +175,9 @@ class NginxLineParser:
         prefix = _PREFIX.match(datagram)
         if prefix is None or prefix.group(2) != self._tag:
             raise _Refused("bad_prefix")
+        fast = _FAST.fullmatch(datagram, prefix.end())
+        if fast is not None:
+            return self._fast(fast)
         body = datagram[prefix.end() :].rstrip(b"\n").decode("latin-1")
         record = json.loads(body, object_pairs_hook=_pairs, parse_constant=_no_constant)
         if not isinstance(record, dict):
@@ -198,6 +219,50 @@ class NginxLineParser:
         hashed = unit_hash(salt, unit) if unit else 0
         outcome = outcome_of(status, header_time is not None)
         return (ts, experiment, variant, rt_us, outcome, hashed, first_byte_us)
+
+    def _fast(self, m: re.Match[bytes]) -> Sample:
+        """The JSON path's decisions, on a line the fast regex matched."""
+        identity = m.group(1, 2, 3, 4, 5)
+        token, service, experiment_b, salt_b, variant_b = identity
+        if identity not in self._known:
+            if not self._token.matches(token.decode("ascii")):
+                raise _Refused("forged")
+            if service.decode("ascii") != self.service:
+                raise _Refused("other_service")
+            if not experiment_b:
+                raise _Refused("unattributed")
+            if not (
+                _EXPERIMENT.fullmatch(experiment_b.decode("ascii"))
+                and _SALT.fullmatch(salt_b.decode("ascii"))
+                and _VARIANT.fullmatch(variant_b.decode("ascii"))
+            ):
+                raise _Refused("bad_field")
+            if len(self._known) >= _KNOWN_MAX:
+                self._known.clear()
+            self._known.add(identity)
+        experiment = experiment_b.decode("ascii")
+        salt = salt_b.decode("ascii")
+        status = int(m.group(6))
+        ts = float(m.group(9))
+        rt_us = _us(float(m.group(7)))
+        upstream_times = m.group(8).decode("ascii")
+        if not upstream_times:
+            raise _Refused("not_proxied")
+        header_time = last_upstream_time(upstream_times)
+        first_byte_us = rt_us if header_time is None else min(_us(header_time), rt_us)
+        unit = (m.group(10) or m.group(11)).decode("latin-1")
+        hashed = 0
+        if unit:
+            key = (salt, unit)
+            cached = self._units.get(key)
+            if cached is None:
+                cached = unit_hash(salt, unit)
+                if len(self._units) >= _UNITS_MAX:
+                    self._units.clear()
+                self._units[key] = cached
+            hashed = cached
+        outcome = outcome_of(status, header_time is not None)
+        return (ts, experiment, variant_b.decode("ascii"), rt_us, outcome, hashed, first_byte_us)
 
 
 __all__ = ["NginxLineParser", "last_upstream_time", "outcome_of"]

@@ -164,3 +164,19 @@ def test_another_agents_token_is_forged_too() -> None:
     # a line nginx wrote from the previous agent's include, before this one's apply
     sample, parser = parse(HEADER, token=LogToken("another-agents-token-xyz"))
     assert sample is None and parser.rejected == {"forged": 1}
+
+
+def test_the_fast_path_decides_as_the_json_path_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    from routers.nginx import log_lines
+
+    lines = [*LINES.values(), *FORGED, HEADER.replace(b'"status":200', b'"status":499')]
+    fast = NginxLineParser("pay-api", token=TOKEN)
+    taken = [log_lines._FAST.fullmatch(line, line.index(b": ") + 2) is not None for line in lines]
+    assert sum(taken) >= len(LINES) - 1, "ordinary lines must take the fast path"
+    fast_results = [fast.parse(line) for line in lines]
+    monkeypatch.setattr(log_lines, "_FAST", re.compile(rb"(?!)"))  # never matches
+    slow = NginxLineParser("pay-api", token=TOKEN)
+    assert [slow.parse(line) for line in lines] == fast_results
+    assert slow.rejected == fast.rejected
