@@ -124,7 +124,10 @@ def last_upstream_time(text: str) -> float | None:
     (nginx answered without trying an upstream)."""
     if len(text) > _UPSTREAM_TIMES_MAX:
         raise _Refused("bad_time")
-    last = re.split(r"[,:]", text)[-1].strip()
+    if "," in text or ":" in text:  # several tries: the last one's
+        last = re.split(r"[,:]", text)[-1].strip()
+    else:
+        last = text.strip()
     if last in ("-", ""):
         return None
     if not _SECONDS.fullmatch(last):
