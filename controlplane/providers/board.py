@@ -166,16 +166,17 @@ class MetricBoard:
         sleep: Sleep = asyncio.sleep, concurrency: int = DEFAULT_CONCURRENCY,
     ) -> MetricBoard:  # fmt: skip
         """A board on this Prometheus (None: no provider), each query holding one of
-        `concurrency` slots while it runs."""
+        `concurrency` slots while it runs. `clock` schedules the reads; the queries
+        are evaluated at the system's time, which is Prometheus's data's time."""
         from controlplane.providers.prometheus import PrometheusClient
 
         clock = clock or SystemClock()
         if access is None:
-            return cls(_NoProvider(clock), clock=clock, sleep=sleep)
+            return cls(_NoProvider(SystemClock()), clock=clock, sleep=sleep)
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         stats = BoardStats()
-        client = PrometheusClient(access, clock=clock, on_outcome=stats.count,
+        client = PrometheusClient(access, on_outcome=stats.count,
                                   slots=asyncio.Semaphore(concurrency))  # fmt: skip
         return cls(client, clock=clock, sleep=sleep, stats=stats)
 
