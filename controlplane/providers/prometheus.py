@@ -149,12 +149,16 @@ class PrometheusClient:
             answers = await asyncio.gather(
                 self.value(bad_query, at), self.value(total_query, at), return_exceptions=True
             )
-            for answer, which in zip(answers, ("bad events", "total"), strict=True):
+            bad, total = answers
+            if isinstance(bad, NoData) and bad.outcome == "empty":
+                # a counter labelled by error code has no series before its first
+                # error: no series of bad events beside a total is zero of them
+                bad = 0.0
+            for answer, which in ((bad, "bad events"), (total, "total")):
                 if isinstance(answer, NoData):
                     return Reading.missing(f"{which}: {answer.reason}")
                 if isinstance(answer, BaseException):
                     raise answer
-            bad, total = answers
             assert isinstance(bad, float) and isinstance(total, float)
             return ratio_reading(bad, total)
         try:

@@ -16,13 +16,14 @@ from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.metric_specs import MetricSpec
 from controlplane.kernel.settings import Settings
 from controlplane.providers.board import NO_PROVIDER, MetricBoard
-from tests.support.jwks_server import Issuer, serving
+from tests.support.jwks_server import Issuer, http_answer, serving
 from tests.support.metrics_exporter import MetricsExporter
 from tests.support.metrics_exporter import serving as exporting
 from tests.support.prometheus import PrometheusProcess
 
 VARIANTS = ("baseline", "canary")
 QUERIES = {"handler": "/api/v1/query"}
+ONE = b'{"status":"success","data":{"resultType":"scalar","result":[1,"42"]}}'
 
 
 def gauge(name: str, service: str, interval: float = 15.0) -> MetricSpec:
@@ -218,3 +219,27 @@ async def test_without_a_provider_every_metric_says_so() -> None:
     finally:
         await metrics.stop()
 
+
+
+async def test_at_most_so_many_queries_at_once() -> None:
+    held = Issuer(hold=True, answer=http_answer(ONE))
+    async with serving(held):
+        url = held.url.removesuffix("/jwks.json")
+        metrics = MetricBoard.for_access(PrometheusAccess(url=url, timeout_sec=30),
+                                         clock=FakeClock(), concurrency=2)  # fmt: skip
+        try:
+            specs = [gauge(f"m{n}", "shop") for n in range(3)]  # six queries
+            metrics.track("14", "shop", specs, 60, VARIANTS)
+            reading = asyncio.create_task(metrics.refresh())
+            async with asyncio.timeout(10):
+                while held.open_now < 2:
+                    await asyncio.sleep(0.01)
+            # a third query would arrive now if nothing held it back: give it the time
+            await asyncio.sleep(0.3)
+            assert held.connections == 2
+            held.release.set()
+            assert await asyncio.wait_for(reading, 10) == 3
+            assert held.answered == 6
+            assert all(e.canary.value == 42 for e in metrics.latest("14").values())
+        finally:
+            await metrics.stop()

@@ -72,6 +72,21 @@ async def test_ratio_is_bad_over_total_with_its_counts(
     assert len(evidence.queries) == 4 and all("[30s]" in q for q in evidence.queries)
 
 
+async def test_a_ratio_without_bad_series_is_zero_and_without_total_no_data(
+    exporter: MetricsExporter, prometheus: PrometheusProcess, client: PrometheusClient
+) -> None:
+    exporter.counter("calls_total", {"service": "shop-q", "variant": "baseline", "code": "200"}, 80)
+    prometheus.wait_value('sum(calls_total{service="shop-q"})', 80)
+    errors = spec(name="errors", kind="ratio",
+                  query='sum(calls_total{service="shop-q",variant="$variant",code="500"})',
+                  total_query='sum(calls_total{service="shop-q",variant="$variant"})')  # fmt: skip
+
+    evidence = await client.read(errors, VARIANTS, 30)
+
+    assert (evidence.baseline.value, evidence.baseline.bad, evidence.baseline.total) == (0, 0, 80)
+    assert evidence.canary.reason == "total: no series matched (an empty answer)"
+
+
 async def test_ratio_without_events_is_no_data(
     exporter: MetricsExporter, prometheus: PrometheusProcess, client: PrometheusClient
 ) -> None:
