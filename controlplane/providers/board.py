@@ -244,8 +244,7 @@ class MetricBoard:
                 if watch.in_flight or watch.due_at > now:
                     continue
                 watch.in_flight = True
-                # the cadence follows the schedule, not the reads' durations
-                watch.due_at = max(watch.due_at + watch.spec.interval_sec, now)
+                watch.due_at = next_due(watch.due_at, watch.spec.interval_sec, now)
                 task = asyncio.create_task(
                     self._read(watch), name=f"metric-{watch.experiment_id}-{watch.spec.name}"
                 )
@@ -334,6 +333,14 @@ class MetricBoard:
                 for pending in (sleeper, waker):
                     pending.cancel()
                 await asyncio.gather(sleeper, waker, return_exceptions=True)
+
+
+def next_due(due_at: float, interval: float, now: float) -> float:
+    """The read after one due at `due_at` and started at `now`: on the schedule (not
+    drifting by the reads' durations), and a whole interval away when the schedule
+    was missed (a stalled loop catches up with one read, not a burst)."""
+    following = due_at + interval
+    return following if following > now else now + interval
 
 
 def _state(evidence: MetricEvidence) -> str:

@@ -103,7 +103,8 @@ class PrometheusClient:
                 auth = (self.access.user, self.access.password() or "")
         except ConfigError as exc:  # names the file, never the secret
             raise NoData("credentials", one_line(str(exc))) from None
-        form = {"query": query, "time": f"{at:.3f}", "timeout": f"{timeout:g}s"}
+        # seconds as a plain number: Prometheus refuses a fractional "0.5s"
+        form = {"query": query, "time": f"{at:.3f}", "timeout": f"{timeout:.3f}"}
         try:
             async with asyncio.timeout(timeout):
                 async with self._http.stream(

@@ -15,7 +15,7 @@ from controlplane.kernel.backend_access import PrometheusAccess
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.metric_specs import MetricSpec
 from controlplane.kernel.settings import Settings
-from controlplane.providers.board import NO_PROVIDER, MetricBoard
+from controlplane.providers.board import NO_PROVIDER, MetricBoard, next_due
 from tests.support.jwks_server import Issuer, http_answer, serving
 from tests.support.metrics_exporter import MetricsExporter
 from tests.support.metrics_exporter import serving as exporting
@@ -243,3 +243,8 @@ async def test_at_most_so_many_queries_at_once() -> None:
             assert all(e.canary.value == 42 for e in metrics.latest("14").values())
         finally:
             await metrics.stop()
+
+
+def test_the_schedule_keeps_its_cadence_and_skips_what_was_missed() -> None:
+    assert next_due(100.0, 15.0, 100.4) == 115.0  # a late start does not drift
+    assert next_due(100.0, 15.0, 140.0) == 155.0  # missed slots: one read, then on

@@ -177,3 +177,20 @@ async def test_a_query_past_its_timeout_is_no_data(prometheus: PrometheusProcess
         await client.aclose()
 
     assert value.canary.reason == value.baseline.reason == "timed out after 0.001 s"
+
+
+async def test_a_fractional_timeout_is_one_prometheus_takes(
+    exporter: MetricsExporter, prometheus: PrometheusProcess
+) -> None:
+    exporter.gauge("frac_g", {"service": "shop-f", "variant": "canary"}, 4)
+    prometheus.wait_value('frac_g{service="shop-f"}', 4)
+    client = PrometheusClient(PrometheusAccess(url=prometheus.url, timeout_sec=1.5))
+    try:
+        evidence = await client.read(
+            spec(name="f", kind="gauge", query='sum(frac_g{service="shop-f",variant="$variant"})'),
+            VARIANTS, 60,
+        )  # fmt: skip
+    finally:
+        await client.aclose()
+
+    assert evidence.canary.value == 4
