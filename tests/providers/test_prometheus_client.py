@@ -95,6 +95,22 @@ async def test_the_bearer_token_is_read_at_each_query_and_never_logged(
     assert "secret" not in caplog.text.replace("CANARY_PROMETHEUS", "")
 
 
+async def test_a_token_that_would_break_the_header_is_not_sent(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("tök\x7fen\n")
+    async with endpoint() as server:
+        access = prometheus_access(Settings(prometheus_url=server.url,
+                                            prometheus_bearer_token_file=str(token)))  # fmt: skip
+        assert access is not None
+        with pytest.raises(NoData) as refused:
+            await value_of(access)
+
+    assert server.heads == []
+    assert refused.value.reason == (
+        "CANARY_PROMETHEUS_BEARER_TOKEN_FILE: the token is not printable ASCII"
+    )
+
+
 async def test_basic_auth_from_the_password_file(tmp_path: Path) -> None:
     password = tmp_path / "password"
     password.write_text("pa:ss\n")
