@@ -2,7 +2,8 @@
 # Make sure the services the test suite talks to answer: etcd (started here if none
 # answers), Redis and PostgreSQL (started if their binaries exist), and the Chromium
 # the browser tests drive and the NGINX and HAProxy the router tests steer (installed
-# from Debian's packages when missing). Idempotent.
+# from Debian's packages when missing), and the Prometheus the provider tests query
+# (likewise). Idempotent.
 set -euo pipefail
 
 ETCD_ADDR=${CANARY_TEST_ETCD:-127.0.0.1:2379}
@@ -101,8 +102,28 @@ proxies_up() {  # the router tests start their own NGINX and HAProxy on private 
   fi
 }
 
+prometheus_up() {  # the provider tests start their own Prometheus on private ports
+  if [ -x /usr/bin/prometheus ] || command -v prometheus >/dev/null; then
+    echo "services: prometheus is installed"; return
+  fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "services: installing Debian's prometheus for the provider tests"
+    # the package's own service must not start on the machine's port 9090
+    local policy=/usr/sbin/policy-rc.d added=
+    if [ ! -e "$policy" ]; then printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod +x "$policy"; added=1; fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus >"$STATE_DIR/apt-prometheus.log" 2>&1 \
+      || { apt-get update -q >>"$STATE_DIR/apt-prometheus.log" 2>&1 \
+           && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus >>"$STATE_DIR/apt-prometheus.log" 2>&1; } \
+      || echo "services: prometheus could not be installed (see $STATE_DIR/apt-prometheus.log); the provider tests will say so" >&2
+    [ -z "$added" ] || rm -f "$policy"
+  else
+    echo "services: prometheus missing and no root to install it (apt-get install prometheus); the provider tests will say so" >&2
+  fi
+}
+
 etcd_up
 redis_up
 postgres_up
 browser_up
 proxies_up
+prometheus_up

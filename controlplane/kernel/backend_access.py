@@ -1,4 +1,4 @@
-"""How to reach etcd and Redis securely: TLS files and credentials, from Settings.
+"""How to reach etcd, Redis and Prometheus securely: TLS files and credentials, from Settings.
 
 Kept apart from the adapters so that choosing a store (`open_kv`, `open_streams`)
 never imports grpc or redis-py, and so that every process builds its access the
@@ -98,4 +98,74 @@ def redis_access(settings: Settings) -> RedisAccess:
         cert_file=settings.redis_cert_file,
         key_file=settings.redis_key_file,
         password=password,
+    )
+
+
+@dataclass(frozen=True)
+class PrometheusAccess:
+    """Where Prometheus answers and how to authenticate: TLS files, and a bearer token
+    or a basic-auth password read from their files at each query (rotation needs no
+    restart); neither is ever kept here or logged."""
+
+    url: str
+    timeout_sec: float = 2.0
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    user: str | None = None
+    password: Callable[[], str | None] = field(default=_no_secret, repr=False)
+    bearer_token: Callable[[], str | None] = field(default=_no_secret, repr=False)
+
+
+def prometheus_access(settings: Settings) -> PrometheusAccess | None:
+    """None without CANARY_PROMETHEUS_URL; files checked now, so a bad path fails at
+    start-up rather than as every query's no-data reason."""
+    if not settings.prometheus_url:
+        return None
+    if bool(settings.prometheus_cert_file) != bool(settings.prometheus_key_file):
+        raise ConfigError(
+            "CANARY_PROMETHEUS_CERT_FILE and CANARY_PROMETHEUS_KEY_FILE go together"
+        )
+    for what, path in (
+        ("CANARY_PROMETHEUS_CA_FILE", settings.prometheus_ca_file),
+        ("CANARY_PROMETHEUS_CERT_FILE", settings.prometheus_cert_file),
+        ("CANARY_PROMETHEUS_KEY_FILE", settings.prometheus_key_file),
+    ):
+        if path:
+            read_pem(path, what=what)
+    user = settings.prometheus_user or None
+    password_file = settings.prometheus_password_file or None
+    token_file = settings.prometheus_bearer_token_file or None
+    if user is None and password_file:
+        raise ConfigError(
+            "CANARY_PROMETHEUS_PASSWORD_FILE is set but CANARY_PROMETHEUS_USER is not"
+        )
+    if user is not None and not password_file:
+        raise ConfigError("CANARY_PROMETHEUS_USER is set without CANARY_PROMETHEUS_PASSWORD_FILE")
+    if user is not None and token_file:
+        raise ConfigError(
+            "CANARY_PROMETHEUS_BEARER_TOKEN_FILE or CANARY_PROMETHEUS_USER, not both"
+        )
+    if user is not None and ":" in user:
+        raise ConfigError("CANARY_PROMETHEUS_USER must not contain ':'")
+    if password_file:
+        secret_from(value=None, file=password_file, what="CANARY_PROMETHEUS_PASSWORD_FILE")
+    if token_file:
+        secret_from(value=None, file=token_file, what="CANARY_PROMETHEUS_BEARER_TOKEN_FILE")
+
+    def password() -> str | None:
+        return secret_from(value=None, file=password_file, what="CANARY_PROMETHEUS_PASSWORD_FILE")
+
+    def bearer_token() -> str | None:
+        return secret_from(value=None, file=token_file, what="CANARY_PROMETHEUS_BEARER_TOKEN_FILE")
+
+    return PrometheusAccess(
+        url=settings.prometheus_url,
+        timeout_sec=settings.prometheus_timeout_sec,
+        ca_file=settings.prometheus_ca_file,
+        cert_file=settings.prometheus_cert_file,
+        key_file=settings.prometheus_key_file,
+        user=user,
+        password=password,
+        bearer_token=bearer_token,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -25,6 +26,32 @@ def parse_host_port(value: str, *, default_host: str = "127.0.0.1") -> tuple[str
         raise ConfigError(f"port out of range in {value!r}")
     host = host.strip("[]") or default_host
     return host, port
+
+
+def prometheus_url_problem(value: str) -> str | None:
+    """Why a Prometheus base URL is refused, or None (empty: no provider)."""
+    text = value.strip()
+    if not text:
+        return None
+    if any(ord(c) < 33 or ord(c) == 127 for c in text) or len(text) > 2048:
+        return "the Prometheus URL has spaces or control characters, or is too long"
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        return f"the Prometheus URL does not parse: {exc}"
+    if parts.scheme not in ("http", "https"):
+        return "the Prometheus URL must start with http:// or https://"
+    if not parts.hostname:
+        return "the Prometheus URL names no host"
+    if parts.username is not None or parts.password is not None:
+        return ("no credentials in the Prometheus URL: CANARY_PROMETHEUS_BEARER_TOKEN_FILE "
+                "or CANARY_PROMETHEUS_USER and CANARY_PROMETHEUS_PASSWORD_FILE")
+    if parts.query or parts.fragment:
+        return "the Prometheus URL takes no query or fragment"
+    if port == 0:
+        return "the Prometheus URL's port is 0"
+    return None
 
 
 class Settings(BaseSettings):
@@ -192,6 +219,37 @@ class Settings(BaseSettings):
     admin_token_file: str | None = Field(
         default=None, description="bearer token required by admin endpoints (except probes)"
     )
+    # the metric provider (decision 0048): where rules' `metrics:` are read
+    prometheus_url: str = Field(
+        default="",
+        description="Prometheus base URL, http:// or https:// (a path prefix allowed, no "
+        "credentials); empty: no provider, rules' metrics read as no data",
+    )
+    prometheus_ca_file: str | None = Field(
+        default=None, description="CA of Prometheus's certificate"
+    )
+    prometheus_cert_file: str | None = Field(
+        default=None, description="client certificate for Prometheus"
+    )
+    prometheus_key_file: str | None = Field(default=None, description="client key for Prometheus")
+    prometheus_bearer_token_file: str | None = Field(
+        default=None, description="file holding a bearer token for Prometheus (re-read per query)"
+    )
+    prometheus_user: str | None = Field(default=None, description="Prometheus basic-auth user")
+    prometheus_password_file: str | None = Field(
+        default=None, description="file holding the basic-auth password (re-read per query)"
+    )
+    prometheus_timeout_sec: float = Field(
+        default=2.0, gt=0, le=60, description="longest one Prometheus query may take, in all"
+    )
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _prometheus_url_shape(cls, value: str) -> str:
+        problem = prometheus_url_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value.strip().rstrip("/")
 
     # authentication
     trusted_hosts: str = Field(
