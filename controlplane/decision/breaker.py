@@ -427,7 +427,9 @@ def _apply_tests(guardrails: list[Guardrail], alpha: float) -> tuple[Guardrail, 
     return tuple(out)
 
 
-def _describe(g: Guardrail) -> str:
+def describe(g: Guardrail) -> str:
+    """One guardrail in words, with its test and (a provider metric's) action."""
+
     def fmt(v: float | None) -> str:
         return "n/a" if v is None else f"{v:.4g}"
 
@@ -467,6 +469,7 @@ def evaluate(
     metrics: Mapping[str, MetricEvidence] | None = None,
     metrics_expired: Collection[str] = (),
     provider: bool = True,
+    with_metrics: bool = True,
 ) -> Evaluation:
     """Judge one pair of windows, and the rule's provider metrics, against the rule.
 
@@ -474,7 +477,9 @@ def evaluate(
     rollout passes a smaller, per-look share of the rule's alpha (see rollout.py).
     `metrics` is each provider metric's latest evidence by name; `metrics_expired`
     names those whose no-data hold has timed out; `provider` is False when no
-    metrics provider is configured (every metric then has no data).
+    metrics provider is configured (every metric then has no data). `with_metrics`
+    False judges latency and failures alone (the fast window: a provider metric is
+    judged once per look).
 
     Tests run only when a guardrail is over its bound (or `always_test`, at step
     gates): a test cannot turn a window within bounds into a breach, and skipping it
@@ -486,15 +491,14 @@ def evaluate(
         "baseline": variant_evidence(baseline, rule),
     }
     early, build = _samples(canary, baseline, rule)
-    if early is not None and not rule.metrics:
+    specs = rule.metrics if with_metrics else []
+    if early is not None and not specs:
         return Evaluation(early[0], early[1], variants=variants)
     found: Mapping[str, MetricEvidence] = metrics if metrics is not None else {}
 
     def build_all(test: bool) -> list[Guardrail]:
         samples = build(test) if build is not None else []
-        judged = judge_metrics(
-            rule.metrics, found, test=test, expired=metrics_expired, provider=provider
-        )
+        judged = judge_metrics(specs, found, test=test, expired=metrics_expired, provider=provider)
         return [*samples, *(_from_metric(m) for m in judged)]
 
     guardrails = build_all(always_test)
@@ -504,22 +508,22 @@ def evaluate(
     breached = [g for g in judged if g.breached]
     if breached:
         chosen = _most_severe(breached)
-        reason = "breach: " + "; ".join(_describe(g) for g in breached)
+        reason = "breach: " + "; ".join(describe(g) for g in breached)
         if chosen.action is not None:
             reason += f" -> {chosen.action.value} ({chosen.name})"
         return Evaluation(Verdict.BREACH, reason, judged, variants, chosen.action, chosen.name)
-    metric_text = [_describe(g) for g in judged if g.metric is not None]
+    metric_text = [describe(g) for g in judged if g.metric is not None]
     if early is not None:
         return Evaluation(early[0], "; ".join([early[1], *metric_text]), judged, variants)
     held = [g for g in judged if g.status == Status.HELD]
     if held:
         names = ", ".join(g.name for g in held)
         reason = f"held: no data for {names} (no_data: hold); " + "; ".join(
-            _describe(g) for g in judged
+            describe(g) for g in judged
         )
         return Evaluation(Verdict.HELD, reason, judged, variants)
     return Evaluation(
-        Verdict.PASS, "pass: " + "; ".join(_describe(g) for g in judged), judged, variants
+        Verdict.PASS, "pass: " + "; ".join(describe(g) for g in judged), judged, variants
     )
 
 
