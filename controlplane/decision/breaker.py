@@ -612,13 +612,17 @@ def _describe_metric(g: Guardrail) -> str:
             return "n/a"
         return f"{v:.2%}" if ratio else f"{v:.4g}"
 
-    side = "<" if g.bound is not None and g.observed is not None and g.observed < g.bound else ">"
-    if not g.exceeded:
-        side = "within"
+    below = g.bound is not None and g.observed is not None and g.observed < g.bound
+    side = ("<" if below else ">") if g.exceeded else "within"
     if compare == "baseline":
-        base = g.metric["baseline"]["value"] if g.metric.get("baseline") else None
-        what = f"baseline {fmt(base)} with margin"
-        text = f"{g.name} {fmt(g.observed)} {side} {what} ({fmt(g.bound)})"
+        base = (g.metric.get("baseline") or {}).get("value")
+        margin = g.metric.get("margin", 0.0)
+        sign = "-" if below else "+"
+        if ratio:
+            what = f"baseline {fmt(base)} {sign} {fmt(margin)}"
+        else:
+            what = f"baseline {fmt(base)} {sign} {margin:.4g} share ({fmt(g.bound)})"
+        text = f"{g.name} {fmt(g.observed)} {side} {what}"
     else:
         text = f"{g.name} {fmt(g.observed)} {side} bound {fmt(g.bound)}"
     if g.test is not None:

@@ -81,6 +81,8 @@ def judge_metric(
         "kind": spec.kind.value,
         "compare": spec.compare.value,
         "direction": spec.direction.value,
+        "margin": spec.margin,
+        "bound": spec.bound,
         "action": spec.action.value,
         "queries": list(found.queries) if found is not None else [],
         "canary": found.canary.to_dict() if found is not None else None,
@@ -241,7 +243,7 @@ def _value(spec: MetricSpec, found: MetricEvidence, evidence: dict[str, Any]) ->
         basis = f"{spec.kind.value}_vs_bound"
     over, under = up and value > hi, down and value < lo
     bound = lo if under or not up else hi
-    note = "no sample size: compared without a significance test"
+    note = "no sample size: no significance test, a breach needs consecutive_breaches readings"
     return MetricJudgment(
         spec, Status.JUDGED, value, bound, over or under, basis, None, note, evidence
     )
