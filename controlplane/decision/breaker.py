@@ -114,7 +114,7 @@ class Evaluation:
         return self.verdict is Verdict.BREACH
 
     @property
-    def held_by(self) -> tuple[str, ...]:
+    def no_data_held(self) -> tuple[str, ...]:
         """The provider metrics holding this look for want of data (no_data: hold)."""
         return tuple(g.name for g in self.guardrails if g.status == Status.HELD)
 

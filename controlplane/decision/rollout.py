@@ -931,6 +931,12 @@ def _holds_gate(g: Guardrail) -> bool:
     """
     if not g.exceeded:
         return False
+    if g.metric is not None and g.test is not None:
+        # a provider ratio against the baseline: two healthy arms are over each other
+        # half the time, and more events do not change that; only a significant
+        # exceedance holds, as on units
+        p = g.p_adjusted if g.p_adjusted is not None else g.test.p_value
+        return p < GATE_CLUSTERED_P
     if g.test is None or not g.test.method.startswith("cluster_robust"):
         return True
     p = g.p_adjusted if g.p_adjusted is not None else g.test.p_value

@@ -196,3 +196,24 @@ def test_the_state_keeps_the_graded_bookkeeping_across_a_restart() -> None:
     d = look(d.new_state, r, T0 + 20, 500.0)
     again = RolloutState.from_dict(d.new_state.to_dict())
     assert again == d.new_state
+
+
+def test_an_insignificant_ratio_over_the_baseline_does_not_hold_the_step() -> None:
+    # two healthy arms: the canary's share is over the baseline's half the time
+    ratio = MetricSpec(
+        name="error_ratio", kind="ratio", compare="baseline",
+        query='sum(increase(bad{variant="$variant"}[$window]))',
+        total_query='sum(increase(all{variant="$variant"}[$window]))',
+    )  # fmt: skip
+    r = rule(metrics=[ratio])
+    s = state()
+    for t in range(10, 70, 10):
+        found = {
+            "error_ratio": MetricEvidence(
+                "error_ratio", Reading(0.0101, 101.0, 10_000.0),
+                Reading(0.0100, 100.0, 10_000.0), T0 + t,
+            )
+        }  # fmt: skip
+        d = decide(s, healthy(T0 + t, bp=s.canary_bp), r, STEPS, T0 + t, metrics=found)
+        s = d.new_state
+    assert s.step_index == 1 and s.trips == 0

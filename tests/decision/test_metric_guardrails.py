@@ -212,7 +212,7 @@ def test_the_most_severe_action_among_breached_guardrails_wins() -> None:
 def test_a_held_metric_holds_the_look_but_never_hides_a_breach() -> None:
     r = rule(metrics=[spec(name="memory")])
     e = evaluate(*_pair(healthy(T0)), r, metrics={}, provider=False)
-    assert e.verdict is Verdict.HELD and e.held_by == ("memory",)
+    assert e.verdict is Verdict.HELD and e.no_data_held == ("memory",)
     assert "no data for memory" in e.reason and NO_PROVIDER in e.reason
     e = evaluate(*_pair(slow(T0)), r, metrics={}, provider=False)
     assert e.verdict is Verdict.BREACH and e.action_by == "latency"
