@@ -225,7 +225,7 @@ def held_text(state: RolloutState) -> str:
     return f"held by {names} (action: pause): {state.held_reason or 'breached'}"
 
 
-def cleared(state: RolloutState) -> dict[str, Any]:
+def cleared() -> dict[str, Any]:
     """The changes a cut of the weight makes to the graded bookkeeping: the new
     weight starts its own streaks, and no pause outlives a trip."""
     return {

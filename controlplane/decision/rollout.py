@@ -729,7 +729,7 @@ def _roll_back_now(
         consecutive_breaches=0,
         no_data_since=None,
         tally=Tally.starting(now),
-        **cleared(state),
+        **cleared(),
     )
     evidence = _evidence(state, new, rule, now, look, gate=gate)
     evidence["action"] = {"action": call.action.value, "by": call.by}
@@ -769,7 +769,7 @@ def _trip(
         "tally": Tally.starting(now),
     }
     if rule.metrics or rule.action is GuardrailAction.PAUSE:
-        common |= cleared(state)
+        common |= cleared()
     kind = EventKind.PROBE_FAILED if from_state == "half_open" else EventKind.TRIPPED
     if trips >= rule.max_trips:
         new = state.with_changes(
