@@ -167,6 +167,9 @@ def live_view(
         controller_next_check_at=_at(controller_at),
         last_reason=reason if isinstance(reason, str) else None,
         overload_held=state is not None and state.overload_held,
+        held_by=list(state.held_by) if state is not None else [],
+        held_since=_at(state.held_since) if state is not None else None,
+        held_reason=state.held_reason if state is not None else None,
         rule_source=rule_source,
         rule_note=rule_note,
         snapshots=(

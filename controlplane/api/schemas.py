@@ -367,6 +367,16 @@ class ExperimentLive(BaseModel):
         description="the controller's last look was held: the baseline's sidecars shed "
         "requests and the rule says overload: hold",
     )
+    held_by: list[str] = Field(
+        default_factory=list,
+        description="guardrails whose action is pause holding the weight now (the step "
+        "does not advance until each is clean for consecutive_breaches looks, or a "
+        "user resumes)",
+    )
+    held_since: datetime | None = Field(default=None, description="when the hold began")
+    held_reason: str | None = Field(
+        default=None, description="why, in words: the guardrail, its values and its bound"
+    )
     rule_source: Literal["experiment", "service"] | None
     rule_note: str | None = None
     snapshots: dict[str, SnapshotLive] | None = Field(

@@ -122,6 +122,7 @@ def _experiment_view(experiment: dict[str, Any]) -> RenderableType:
         ("rule", "inline" if experiment.get("rule") else "the service's rule"),
         ("latency judged", _inline_latency(experiment)),
         ("overload", _overload_text(experiment)),
+        ("paused by", _held_text(experiment)),
         ("created", time_text(experiment.get("created_at"))),
         ("updated", time_text(experiment.get("updated_at"))),
     ]
@@ -156,6 +157,17 @@ def _overload_text(experiment: dict[str, Any]) -> str | None:
     if isinstance(rule, dict) and rule.get("overload") == "judge":
         return "judged while shedding (overload: judge)"
     return None
+
+
+def _held_text(experiment: dict[str, Any]) -> str | None:
+    """Which guardrail's pause holds the weight, and why (decision 0049)."""
+    live = experiment.get("live") or {}
+    held = live.get("held_by")
+    if not isinstance(held, list) or not held:
+        return None
+    names = ", ".join(str(n) for n in held)
+    reason = live.get("held_reason")
+    return f"{names}: {reason}" if isinstance(reason, str) and reason else names
 
 
 def _inline_latency(experiment: dict[str, Any]) -> str | None:

@@ -19,9 +19,9 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.registry import Collector
 
@@ -47,9 +47,12 @@ from controlplane.kernel.errors import (
     RevisionConflict,
 )
 from controlplane.kernel.kv import Fence, Leadership
+from controlplane.kernel.metric_specs import MetricSpec
+from controlplane.kernel.routes import BASELINE, CANARY
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.kernel.tasks import cancel_and_wait
+from controlplane.providers.evidence import MetricEvidence
 from controlplane.runtime import Backends
 
 if TYPE_CHECKING:
@@ -65,6 +68,25 @@ RULE_REJECTED = EventKind.RULE_REJECTED
 # (decision 0033)
 READ_AHEAD = 64
 STEP_DOWN_BACKOFF = BackoffPolicy(initial=1.0, maximum=10.0)  # before campaigning again
+
+
+class MetricBoardLike(Protocol):
+    """What the controller needs of a metric board (providers/board.py `MetricBoard`):
+    which experiments' metrics to read, and their latest evidence, never awaited."""
+
+    def track(
+        self,
+        experiment_id: str,
+        service: str,
+        specs: Sequence[MetricSpec],
+        window_sec: int,
+        variants: tuple[str, str],
+    ) -> None: ...
+
+    def forget(self, experiment_id: str) -> None: ...
+
+    def latest(self, experiment_id: str) -> Mapping[str, MetricEvidence]: ...
+
 
 SnapshotReader = Callable[[Backends, str, int], Awaitable[Mapping[str, WindowSnapshot]]]
 
@@ -140,6 +162,11 @@ class Controller:
     history: HistoryRecorder = field(default_factory=HistoryRecorder)
     # a span per evaluation when tracing is on (controlplane.tracer)
     tracer: Tracer | None = None
+    # provider metrics read in the background (providers/board.py); None: no provider
+    # is configured, and a rule's metrics are judged under their no-data policy
+    metric_board: MetricBoardLike | None = None
+    # per experiment the board reads for: what it was told to read
+    _tracked: dict[str, tuple[tuple[MetricSpec, ...], int]] = field(default_factory=dict)
     _task: asyncio.Task[None] | None = None
     _rulebook: RuleBook | None = None
     _no_rule_reported: set[int] = field(default_factory=set)
@@ -195,6 +222,7 @@ class Controller:
                 await asyncio.sleep(backoff.next_delay())
             finally:
                 self.stats.leader = False
+                self._forget_untracked(set())  # only the leader reads provider metrics
                 with contextlib.suppress(Exception):
                     await asyncio.shield(leadership.resign())
 
@@ -296,6 +324,8 @@ class Controller:
             # lease's keep-alive, the reconciler and the watches run (decision 0031)
             await asyncio.sleep(0)
         await self._commit_memory(backends, memory)
+        running = {str(e.id) for e in experiments if e.state is ExperimentState.RUNNING}
+        self._forget_untracked(running)
         await self.history.flush(backends.history)
         await self.history.keep(
             backends.history, [e.id for e in experiments], backends.clock.now()
@@ -367,7 +397,8 @@ class Controller:
             ) from exc
         snapshots, fast = await self._read_windows(backends, str(experiment.id), rule, reads)
         self.history.observe(experiment.id, snapshots, rule, experiment.canary_weight_bp, now)
-        decision = decide(state, snapshots, rule, steps_of(experiment), now, fast)
+        metrics = self._metric_evidence(experiment, rule)
+        decision = decide(state, snapshots, rule, steps_of(experiment), now, fast, metrics)
         self.stats.evaluations += 1
         changed = decision.new_state != state or bool(decision.effects)
         if span is not None:
@@ -387,6 +418,35 @@ class Controller:
         )
         self.stats.decisions_applied += 1
         return decision.next_check_at
+
+    def _metric_evidence(
+        self, experiment: ExperimentRecord, rule: BreakerRule
+    ) -> Mapping[str, MetricEvidence] | None:
+        """The latest evidence of the rule's provider metrics, never awaited; None
+        without a board (no provider configured). Tells the board what to read when
+        the rule's metrics change."""
+        key = str(experiment.id)
+        if not rule.metrics:
+            if key in self._tracked and self.metric_board is not None:
+                self.metric_board.forget(key)
+            self._tracked.pop(key, None)
+            return {}
+        if self.metric_board is None:
+            return None
+        wanted = (tuple(rule.metrics), rule.window_sec)
+        if self._tracked.get(key) != wanted:
+            self.metric_board.track(
+                key, experiment.service, rule.metrics, rule.window_sec, (BASELINE, CANARY)
+            )
+            self._tracked[key] = wanted
+        return self.metric_board.latest(key)
+
+    def _forget_untracked(self, running: set[str]) -> None:
+        """Stop reading the metrics of experiments no longer running."""
+        for key in [k for k in self._tracked if k not in running]:
+            if self.metric_board is not None:
+                self.metric_board.forget(key)
+            del self._tracked[key]
 
     async def _read_windows(
         self, backends: Backends, experiment: str, rule: BreakerRule, reads: Round

@@ -1,21 +1,31 @@
 """One breaker evaluation: does this window show the canary breaking the rule?
 
-Two guardrails, latency and failures, each first checked against its bound and then,
-where a test exists, required to be significant after a Holm correction across both.
+A list of guardrails: latency and failures from the samples, then one per provider
+metric of the rule (metric_guardrails.py), each first checked against its bound and
+then, where a test exists, required to be significant after a Holm correction across
+every tested guardrail together.
 The bound alone is what the rule states (architecture §6); the test is the guard against calling a
 breach on noise (a window of 100 samples from a healthy canary shows P95 above the
 threshold now and then). "Too few samples" and "no data" are verdicts of their own,
-never a pass.
+never a pass. A provider metric with no data is never a breach: under `no_data: hold`
+it holds the look (verdict `held`, the metric named) until its timeout.
+
+Each guardrail carries the action its breach calls for (the rule's `action` for
+latency and failures, the metric's own for a provider metric); a breached
+evaluation names the most severe of its breached guardrails' actions and which
+guardrail chose it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 from controlplane.decision import directional
+from controlplane.decision.metric_guardrails import MetricJudgment, Status, judge_metrics
 from controlplane.decision.stats import (
     TestResult,
     cluster_log_mean,
@@ -28,9 +38,11 @@ from controlplane.decision.stats import (
     latency_shift_test,
     quantile_exceedance_test,
 )
+from controlplane.kernel.metric_specs import GuardrailAction
 from controlplane.kernel.rules import BreakerRule, Compare
 from controlplane.kernel.snapshots import FIRST_BYTE, PERCENTILE_FIELDS, TOTAL, WindowSnapshot
 from controlplane.kernel.units import UnitSummary, concentration
+from controlplane.providers.evidence import MetricEvidence
 
 # Units are judged as independent (the exact per-request tests) while at least this
 # share of the samples with a unit come from distinct units: at most one in ten
@@ -47,6 +59,8 @@ class Verdict(StrEnum):
     NO_DATA = "no_data"
     # the baseline's sidecars shed requests and the rule holds (decision 0025)
     OVERLOADED = "overloaded"
+    # a provider metric has no data and its policy holds (no_data: hold)
+    HELD = "held"
 
 
 @dataclass(frozen=True)
@@ -62,9 +76,14 @@ class Guardrail:
     test: TestResult | None = None
     p_adjusted: float | None = None
     note: str | None = None
+    action: GuardrailAction | None = None
+    # a provider metric's: judged, too_few, held or skipped (metric_guardrails.Status)
+    status: str = Status.JUDGED
+    # a provider metric's queries as sent, readings and counts
+    metric: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "basis": self.basis,
             "observed": self.observed,
             "bound": self.bound,
@@ -73,7 +92,11 @@ class Guardrail:
             "test": self.test.to_dict() if self.test else None,
             "p_adjusted": self.p_adjusted,
             "note": self.note,
+            "action": self.action.value if self.action is not None else None,
         }
+        if self.metric is not None:
+            out |= {"status": self.status, "metric": self.metric}
+        return out
 
 
 @dataclass(frozen=True)
@@ -82,18 +105,29 @@ class Evaluation:
     reason: str
     guardrails: tuple[Guardrail, ...] = ()
     variants: dict[str, Any] = field(default_factory=dict)
+    # a breach: the most severe action among the breached guardrails, and whose
+    action: GuardrailAction | None = None
+    action_by: str | None = None
 
     @property
     def breached(self) -> bool:
         return self.verdict is Verdict.BREACH
 
+    @property
+    def no_data_held(self) -> tuple[str, ...]:
+        """The provider metrics holding this look for want of data (no_data: hold)."""
+        return tuple(g.name for g in self.guardrails if g.status == Status.HELD)
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "verdict": self.verdict.value,
             "reason": self.reason,
             "variants": self.variants,
             "guardrails": {g.name: g.to_dict() for g in self.guardrails},
         }
+        if self.action is not None:
+            out |= {"action": self.action.value, "action_by": self.action_by}
+        return out
 
 
 def tail_per_mille(percentile: float) -> int:
@@ -385,15 +419,22 @@ def _apply_tests(guardrails: list[Guardrail], alpha: float) -> tuple[Guardrail, 
                 test=g.test,
                 p_adjusted=p_adj,
                 note=g.note,
+                action=g.action,
+                status=g.status,
+                metric=g.metric,
             )
         )
     return tuple(out)
 
 
-def _describe(g: Guardrail) -> str:
+def describe(g: Guardrail) -> str:
+    """One guardrail in words, with its test and (a provider metric's) action."""
+
     def fmt(v: float | None) -> str:
         return "n/a" if v is None else f"{v:.4g}"
 
+    if g.metric is not None:
+        return _describe_metric(g)
     text = f"{g.name} {fmt(g.observed)} vs bound {fmt(g.bound)} ({g.basis})"
     if g.test is not None:
         text += f", {g.test.method} p={g.test.p_value:.3g}, Holm p={fmt(g.p_adjusted)}"
@@ -425,21 +466,72 @@ def evaluate(
     *,
     always_test: bool = False,
     alpha: float | None = None,
+    metrics: Mapping[str, MetricEvidence] | None = None,
+    metrics_expired: Collection[str] = (),
+    provider: bool = True,
+    with_metrics: bool = True,
 ) -> Evaluation:
-    """Judge one pair of windows against the rule.
+    """Judge one pair of windows, and the rule's provider metrics, against the rule.
 
     `alpha` is the significance this look is held to (the rule's by default); the
     rollout passes a smaller, per-look share of the rule's alpha (see rollout.py).
+    `metrics` is each provider metric's latest evidence by name; `metrics_expired`
+    names those whose no-data hold has timed out; `provider` is False when no
+    metrics provider is configured (every metric then has no data). `with_metrics`
+    False judges latency and failures alone (the fast window: a provider metric is
+    judged once per look).
 
     Tests run only when a guardrail is over its bound (or `always_test`, at step
     gates): a test cannot turn a window within bounds into a breach, and skipping it
     keeps the every-250-ms evaluation cheap. When one runs, all run, so the Holm
-    family is always both guardrails.
+    family is always every guardrail that can be tested.
     """
     variants = {
         "canary": variant_evidence(canary, rule),
         "baseline": variant_evidence(baseline, rule),
     }
+    early, build = _samples(canary, baseline, rule)
+    specs = rule.metrics if with_metrics else []
+    if early is not None and not specs:
+        return Evaluation(early[0], early[1], variants=variants)
+    found: Mapping[str, MetricEvidence] = metrics if metrics is not None else {}
+
+    def build_all(test: bool) -> list[Guardrail]:
+        samples = build(test) if build is not None else []
+        judged = judge_metrics(specs, found, test=test, expired=metrics_expired, provider=provider)
+        return [*samples, *(_from_metric(m) for m in judged)]
+
+    guardrails = build_all(always_test)
+    if not always_test and any(g.exceeded for g in guardrails):
+        guardrails = build_all(True)
+    judged = _apply_tests(guardrails, rule.alpha if alpha is None else alpha)
+    breached = [g for g in judged if g.breached]
+    if breached:
+        chosen = _most_severe(breached)
+        reason = "breach: " + "; ".join(describe(g) for g in breached)
+        if chosen.action is not None:
+            reason += f" -> {chosen.action.value} ({chosen.name})"
+        return Evaluation(Verdict.BREACH, reason, judged, variants, chosen.action, chosen.name)
+    metric_text = [describe(g) for g in judged if g.metric is not None]
+    if early is not None:
+        return Evaluation(early[0], "; ".join([early[1], *metric_text]), judged, variants)
+    held = [g for g in judged if g.status == Status.HELD]
+    if held:
+        names = ", ".join(g.name for g in held)
+        reason = f"held: no data for {names} (no_data: hold); " + "; ".join(
+            describe(g) for g in judged
+        )
+        return Evaluation(Verdict.HELD, reason, judged, variants)
+    return Evaluation(
+        Verdict.PASS, "pass: " + "; ".join(describe(g) for g in judged), judged, variants
+    )
+
+
+def _samples(
+    canary: WindowSnapshot | None, baseline: WindowSnapshot | None, rule: BreakerRule
+) -> tuple[tuple[Verdict, str] | None, Callable[[bool], list[Guardrail]] | None]:
+    """The samples' verdict when they cannot be judged, else how to build their two
+    guardrails (latency, failures) with or without their tests."""
     # the rule's latency: a first_byte rule judges the samples that carry a first byte
     whole = canary
     latency = rule.latency.value
@@ -452,38 +544,92 @@ def evaluate(
                 f"no canary samples with a first byte in the window ({whole.count} without "
                 "one, from sidecars sending sample batches older than version 2)"
             )
-        return Evaluation(Verdict.NO_DATA, reason, variants=variants)
+        return (Verdict.NO_DATA, reason), None
     if canary.count < rule.min_samples:
-        return Evaluation(
+        return (
             Verdict.TOO_FEW_SAMPLES,
             f"{canary.count} canary samples, fewer than min_samples {rule.min_samples}",
-            variants=variants,
-        )
+        ), None
     baseline_mode = rule.compare is Compare.BASELINE
     if baseline_mode and (baseline is None or baseline.count < rule.min_samples):
         n = 0 if baseline is None else baseline.count
-        return Evaluation(
+        return (
             Verdict.TOO_FEW_SAMPLES,
             f"{n} baseline samples, fewer than min_samples {rule.min_samples}",
-            variants=variants,
-        )
+        ), None
+    judged_canary = canary
 
     def build(test: bool) -> list[Guardrail]:
         if baseline_mode:
             assert baseline is not None
-            latency = _baseline_latency(canary, baseline, rule, test)
+            latency = _baseline_latency(judged_canary, baseline, rule, test)
         else:
-            latency = _absolute_latency(canary, rule, test)
-        return [latency, _failures(canary, baseline, rule, test)]
+            latency = _absolute_latency(judged_canary, rule, test)
+        failures = _failures(judged_canary, baseline, rule, test)
+        return [replace(latency, action=rule.action), replace(failures, action=rule.action)]
 
-    guardrails = build(always_test)
-    if not always_test and any(g.exceeded for g in guardrails):
-        guardrails = build(True)
-    judged = _apply_tests(guardrails, rule.alpha if alpha is None else alpha)
-    breached = [g for g in judged if g.breached]
-    if breached:
-        reason = "breach: " + "; ".join(_describe(g) for g in breached)
-        return Evaluation(Verdict.BREACH, reason, judged, variants)
-    return Evaluation(
-        Verdict.PASS, "pass: " + "; ".join(_describe(g) for g in judged), judged, variants
+    return None, build
+
+
+def _from_metric(m: MetricJudgment) -> Guardrail:
+    return Guardrail(
+        name=m.spec.name,
+        basis=m.basis,
+        observed=m.observed,
+        bound=m.bound,
+        exceeded=m.exceeded,
+        breached=m.exceeded,
+        test=m.test,
+        note=m.note,
+        action=m.spec.action,
+        status=m.status,
+        metric=m.evidence,
     )
+
+
+def _most_severe(breached: Sequence[Guardrail]) -> Guardrail:
+    """The breached guardrail whose action is the most severe; the first on a tie."""
+    best = breached[0]
+    for g in breached[1:]:
+        if g.action is not None and (
+            best.action is None or g.action.severity > best.action.severity
+        ):
+            best = g
+    return best
+
+
+def _describe_metric(g: Guardrail) -> str:
+    """A provider guardrail in words: "error_ratio 4.1% > baseline 0.9% + 1% (ratio,
+    fisher_exact_greater p=2e-09): stop"."""
+    assert g.metric is not None
+    if g.status != Status.JUDGED:
+        return f"{g.name}: {g.note}"
+    kind, compare = g.metric["kind"], g.metric["compare"]
+    ratio = kind == "ratio"
+
+    def fmt(v: float | None) -> str:
+        if v is None:
+            return "n/a"
+        return f"{v:.2%}" if ratio else f"{v:.4g}"
+
+    below = g.bound is not None and g.observed is not None and g.observed < g.bound
+    side = ("<" if below else ">") if g.exceeded else "within"
+    if compare == "baseline":
+        base = (g.metric.get("baseline") or {}).get("value")
+        margin = g.metric.get("margin", 0.0)
+        sign = "-" if below else "+"
+        if ratio:
+            what = f"baseline {fmt(base)} {sign} {fmt(margin)}"
+        else:
+            what = f"baseline {fmt(base)} {sign} {margin:.4g} share ({fmt(g.bound)})"
+        text = f"{g.name} {fmt(g.observed)} {side} {what}"
+    else:
+        text = f"{g.name} {fmt(g.observed)} {side} bound {fmt(g.bound)}"
+    if g.test is not None:
+        detail = f"{g.test.method} p={g.test.p_value:.2g}"
+        if g.p_adjusted is not None:
+            detail += f", Holm p={g.p_adjusted:.2g}"
+    else:
+        detail = "no significance test"
+    action = g.action.value if g.action is not None else "-"
+    return f"{text} ({kind}, {detail}): {action}"

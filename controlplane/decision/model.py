@@ -7,6 +7,7 @@ hands it to `decide()` with fresh snapshots, applies the returned effects and ke
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -73,6 +74,42 @@ class Step:
 
 
 @dataclass(frozen=True)
+class MetricStreak:
+    """One provider metric's looks: the reading last counted, breaches and clean looks
+    in a row (a reading is counted once, however many looks see it)."""
+
+    read_at: float
+    breaches: int = 0
+    clean: int = 0
+
+    def to_list(self) -> list[float | int]:
+        return [self.read_at, self.breaches, self.clean]
+
+    @classmethod
+    def from_list(cls, data: Any) -> MetricStreak:
+        read_at, breaches, clean = data
+        return cls(float(read_at), int(breaches), int(clean))
+
+
+@dataclass(frozen=True)
+class MetricNoDataPeriod:
+    """A provider metric without data: since when, why, and whether the end of its
+    hold (no_data_timeout_sec) has been announced."""
+
+    since: float
+    reason: str
+    expired_reported: bool = False
+
+    def to_list(self) -> list[Any]:
+        return [self.since, self.reason, self.expired_reported]
+
+    @classmethod
+    def from_list(cls, data: Any) -> MetricNoDataPeriod:
+        since, reason, reported = data
+        return cls(float(since), str(reason)[:500], bool(reported))
+
+
+@dataclass(frozen=True)
 class RolloutState:
     """One experiment's rollout as the controller last left it.
 
@@ -103,6 +140,17 @@ class RolloutState:
     srm_tally: SrmTally | None = None
     # every unit's bucket interval across the whole rollout (decision/ramp_split.py)
     ramp_split: RampSplit | None = None
+    # provider metrics (decision 0049): per metric, the last reading judged (its
+    # read_at), the breaches and clean looks in a row since; a reading counts once
+    metric_streaks: Mapping[str, MetricStreak] = field(default_factory=dict)
+    # per metric with no data now: since when, and whether its timeout was announced
+    metric_no_data: Mapping[str, MetricNoDataPeriod] = field(default_factory=dict)
+    # fresh looks in a row whose latency and failures did not breach (a pause's release)
+    samples_clean: int = 0
+    # guardrails whose `pause` holds the weight now, since when, and why
+    held_by: tuple[str, ...] = ()
+    held_since: float | None = None
+    held_reason: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.canary_bp <= TOTAL_WEIGHT:
@@ -132,6 +180,12 @@ class RolloutState:
             "tally": self.tally.to_dict(),
             "srm_tally": self.srm_tally.to_dict() if self.srm_tally is not None else None,
             "ramp_split": self.ramp_split.to_dict() if self.ramp_split is not None else None,
+            "metric_streaks": {k: v.to_list() for k, v in self.metric_streaks.items()},
+            "metric_no_data": {k: v.to_list() for k, v in self.metric_no_data.items()},
+            "samples_clean": self.samples_clean,
+            "held_by": list(self.held_by),
+            "held_since": self.held_since,
+            "held_reason": self.held_reason,
         }
 
     @classmethod
@@ -155,6 +209,18 @@ class RolloutState:
             tally=Tally.from_dict(data["tally"]) if data.get("tally") else Tally(),
             srm_tally=SrmTally.from_dict(data["srm_tally"]) if data.get("srm_tally") else None,
             ramp_split=RampSplit.from_dict(data["ramp_split"]) if data.get("ramp_split") else None,
+            metric_streaks={
+                str(k): MetricStreak.from_list(v)
+                for k, v in (data.get("metric_streaks") or {}).items()
+            },
+            metric_no_data={
+                str(k): MetricNoDataPeriod.from_list(v)
+                for k, v in (data.get("metric_no_data") or {}).items()
+            },
+            samples_clean=int(data.get("samples_clean", 0)),
+            held_by=tuple(str(n) for n in data.get("held_by") or ()),
+            held_since=data.get("held_since"),
+            held_reason=data.get("held_reason"),
         )
 
 

@@ -47,8 +47,18 @@ from controlplane.decision.breaker import (
     overloaded,
     unit_evidence,
 )
+from controlplane.decision.graded import (
+    MetricLook,
+    TripCall,
+    cleared,
+    held_text,
+    observe_metrics,
+    trip_candidate,
+)
+from controlplane.decision.metric_guardrails import no_data_names
 from controlplane.decision.model import (
     Decision,
+    MetricNoDataPeriod,
     Promote,
     RecordEvent,
     Rollback,
@@ -63,16 +73,17 @@ from controlplane.decision.stats import SrmResult, UnitSrm, sample_ratio_mismatc
 from controlplane.decision.tally import SrmTally, Tally
 from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import BreakerState, ExperimentState
+from controlplane.kernel.metric_specs import GuardrailAction, MetricNoData
 from controlplane.kernel.routes import BASELINE, CANARY, TOTAL_WEIGHT, RouteState
 from controlplane.kernel.rules import (
     BreakerRule,
     NoDataPolicy,
     OverloadPolicy,
     SrmPolicy,
-    TripAction,
 )
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.kernel.units import DISTINCT_K
+from controlplane.providers.evidence import MetricEvidence
 
 # sidecars apply a new route as soon as their watch delivers it (architecture §4), well
 # within a second; the split is judged after that
@@ -139,6 +150,7 @@ class _Look:
     ramp: RampSplit | None = None  # the split across the whole ramp, on units
     overloaded: bool = False  # this look was held: the baseline shed (overload: hold)
     overload_changed: bool = False  # ... and the last fresh look was not, or the reverse
+    metrics: MetricLook | None = None  # the provider metrics' bookkeeping (graded.py)
 
     @property
     def breached(self) -> bool:
@@ -186,12 +198,17 @@ def decide(
     steps: Sequence[Step],
     now: float,
     fast: Mapping[str, WindowSnapshot] | None = None,
+    metrics: Mapping[str, MetricEvidence] | None = None,
 ) -> Decision:
     """The next step of one experiment's rollout, from its state and latest snapshots.
 
     `fast`, when given, is the same data over the last `fast_window_sec(window_sec)`
     seconds: judged alongside the rule's window so that a fresh breach is not diluted
     by the older samples of a long window.
+
+    `metrics` is the latest evidence of the rule's provider metrics by name (empty:
+    nothing read yet); None when no metrics provider is configured, so a rule with
+    metrics is judged under each metric's no-data policy.
     """
     _check_steps(steps)
     if state.status is not ExperimentState.RUNNING:
@@ -200,7 +217,7 @@ def decide(
         return Decision(state, (), reason, {"at": now, "status": state.status.value}, None)
     if state.breaker is BreakerState.OPEN:
         return _while_open(state, rule, now)
-    state, look = _observe(state, snapshots, fast, rule, steps, now)
+    state, look = _observe(state, snapshots, fast, rule, steps, now, metrics)
     if state.breaker is BreakerState.HALF_OPEN:
         return _while_half_open(state, look, rule, steps, now)
     return _while_closed(state, look, rule, steps, now)
@@ -216,8 +233,13 @@ def _observe(
     rule: BreakerRule,
     steps: Sequence[Step],
     now: float,
+    metrics: Mapping[str, MetricEvidence] | None = None,
 ) -> tuple[RolloutState, _Look]:
     canary, baseline = snapshots.get(CANARY), snapshots.get(BASELINE)
+    metric_look = MetricLook(metrics or {}, frozenset(), metrics is not None)
+    if rule.metrics:
+        state, metric_look = _metric_clock(state, rule, metrics, now)
+    expired = metric_look.expired
     stale_note = None
     if canary is not None and now - canary.ts > rule.window_sec:
         # a snapshot older than its window says nothing about the present
@@ -265,15 +287,32 @@ def _observe(
         if fast_canary is not None and now - fast_canary.ts > rule.window_sec:
             fast_canary = None
         alphas = look_alphas(state, rule, steps, fast=fast_canary is not None)
-        evaluation = evaluate(canary, baseline, rule, alpha=alphas[0])
-        counts = evaluation.breached and _judges_current_weight(state, canary)
+        evaluation = evaluate(
+            canary,
+            baseline,
+            rule,
+            alpha=alphas[0],
+            metrics=metrics if metrics is not None else {},
+            metrics_expired=expired,
+            provider=metrics is not None,
+        )
+        counts = _samples_breached(evaluation) and _judges_current_weight(state, canary)
+        judged_samples = _samples_judged(evaluation)
         if fast_canary is not None and alphas[1] is not None:
             assert fast is not None
-            fast_evaluation = evaluate(fast_canary, fast.get(BASELINE), rule, alpha=alphas[1])
+            # the provider metrics are judged once per look, with the rule's window
+            fast_evaluation = evaluate(
+                fast_canary, fast.get(BASELINE), rule, alpha=alphas[1], with_metrics=False
+            )
             counts = counts or (
                 fast_evaluation.breached and _judges_current_weight(state, fast_canary)
             )
+            judged_samples = judged_samples or _samples_judged(fast_evaluation)
         changes["consecutive_breaches"] = state.consecutive_breaches + 1 if counts else 0
+        if rule.metrics or rule.action is GuardrailAction.PAUSE:
+            changes["samples_clean"] = (
+                0 if counts else state.samples_clean + 1 if judged_samples else state.samples_clean
+            )
         if judged is not None and judged.count > 0:
             latency = rule.latency.value
             judged_baseline = baseline.for_latency(latency) if baseline is not None else None
@@ -289,6 +328,12 @@ def _observe(
         if verdict_now is not None:
             changes["srm_flagged"] = verdict_now
         srm_changed = verdict_now is not None and verdict_now != state.srm_flagged
+    overload_changed = fresh and canary is not None and held != state.overload_held
+    state = state.with_changes(**changes)
+    if rule.metrics or rule.action is GuardrailAction.PAUSE:
+        state, metric_look = observe_metrics(
+            state, evaluation if not held else None, rule, now, metric_look
+        )
     look = _Look(
         canary,
         baseline,
@@ -302,9 +347,89 @@ def _observe(
         srm_units,
         ramp,
         held,
-        fresh and canary is not None and held != state.overload_held,
+        overload_changed,
+        metric_look,
     )
-    return state.with_changes(**changes), look
+    return state, look
+
+
+def _samples_breached(evaluation: Evaluation) -> bool:
+    """Whether latency or failures breached: the breaker's streak (the provider
+    metrics keep streaks of their own, one count per reading)."""
+    if not any(g.metric is not None for g in evaluation.guardrails):
+        return evaluation.breached
+    return any(g.breached for g in evaluation.guardrails if g.metric is None)
+
+
+def _samples_judged(evaluation: Evaluation) -> bool:
+    return any(g.metric is None for g in evaluation.guardrails)
+
+
+def _metric_clock(
+    state: RolloutState,
+    rule: BreakerRule,
+    metrics: Mapping[str, MetricEvidence] | None,
+    now: float,
+) -> tuple[RolloutState, MetricLook]:
+    """Each provider metric's no-data period: begun, going on or over; the metrics
+    whose hold has outlasted its no_data_timeout_sec (judged without them); a
+    `no_data` event when a period begins and when its hold times out."""
+    provider = metrics is not None
+    missing = no_data_names(rule.metrics, metrics or {}, provider=provider)
+    periods = {}
+    events: list[RecordEvent] = []
+    for spec in rule.metrics:
+        why = missing.get(spec.name)
+        if why is None:
+            continue
+        before = state.metric_no_data.get(spec.name)
+        period = (
+            MetricNoDataPeriod(now, why)
+            if before is None
+            else MetricNoDataPeriod(before.since, why, before.expired_reported)
+        )
+        data = {
+            "at": now,
+            "metric": spec.name,
+            "reason": why,
+            "policy": spec.no_data.value,
+            "no_data_since": period.since,
+            "no_data_timeout_sec": spec.no_data_timeout_sec,
+            "queries": list(metrics[spec.name].queries)
+            if metrics is not None and spec.name in metrics
+            else [],
+            "canary_bp": state.canary_bp,
+        }
+        timed_out = now - period.since >= spec.no_data_timeout_sec
+        if before is None:
+            then = (
+                "the step waits for it (no_data: hold) until "
+                f"no_data_timeout_sec {spec.no_data_timeout_sec:g}"
+                if spec.no_data is MetricNoData.HOLD and not timed_out
+                else "judged without it (no_data: ignore)"
+                if spec.no_data is MetricNoData.IGNORE
+                else "judged without it"
+            )
+            reason = f"{spec.name}: no data ({why}); never a breach: {then}"
+            events.append(RecordEvent(EventKind.NO_DATA, reason, data))
+        if (
+            timed_out
+            and spec.no_data is MetricNoData.HOLD
+            and not period.expired_reported
+            and (before is not None)
+        ):
+            reason = (
+                f"{spec.name}: no data for {now - period.since:.1f}s ({why}): "
+                f"no_data_timeout_sec {spec.no_data_timeout_sec:g} over, judged without it"
+            )
+            events.append(RecordEvent(EventKind.NO_DATA, reason, data))
+            period = MetricNoDataPeriod(period.since, why, True)
+        periods[spec.name] = period
+    timeouts = {m.name: m.no_data_timeout_sec for m in rule.metrics}
+    expired = frozenset(n for n, p in periods.items() if now - p.since >= timeouts[n])
+    if periods != dict(state.metric_no_data):
+        state = state.with_changes(metric_no_data=periods)
+    return state, MetricLook(metrics or {}, expired, provider, tuple(events))
 
 
 def _step_due(state: RolloutState, steps: Sequence[Step], now: float) -> bool:
@@ -429,10 +554,11 @@ def _while_closed(
         *_srm_events(state, look, rule, now),
         *no_data,
         *_overload_events(state, look, rule, now),
+        *(look.metrics.events if look.metrics is not None else ()),
     )
     tripped = _trip_reason(state, look, rule, now)
     if tripped is not None:
-        return _trip(state, look, rule, steps, now, tripped, srm_events)
+        return _act(state, look, rule, steps, now, tripped, srm_events)
 
     step = steps[state.step_index]
     due = state.step_started_at + step.hold_sec
@@ -442,6 +568,8 @@ def _while_closed(
             f"holding step {state.step_index + 1} (due at {due:.3f}): the baseline is "
             "shedding requests (overload: hold)"
         )
+    elif state.held_by:
+        reason = f"holding step {state.step_index + 1} at {state.canary_bp} bp: " + held_text(state)
     elif now < due:
         reason = f"holding step {state.step_index + 1}: due at {due:.3f}"
     elif state.consecutive_breaches:
@@ -456,7 +584,7 @@ def _while_closed(
     elif rule.srm is SrmPolicy.HOLD and state.srm_flagged:
         reason = "step due, but held: sample ratio mismatch and the rule says hold"
     else:
-        gate = _gate(state, rule)
+        gate = _gate(state, rule, look)
         if _gate_passes(gate):
             return _advance(state, look, rule, steps, now, gate, srm_events)
         reason = f"step due, but the step's evidence does not pass: {gate.reason}"
@@ -472,10 +600,12 @@ def _while_half_open(
         *_srm_events(state, look, rule, now),
         *no_data,
         *_overload_events(state, look, rule, now),
+        *(look.metrics.events if look.metrics is not None else ()),
     )
     tripped = _trip_reason(state, look, rule, now)
     if tripped is not None:
-        return _trip(state, look, rule, steps, now, "probe failed: " + tripped, srm_events)
+        call = TripCall(tripped.action, tripped.by, "probe failed: " + tripped.reason)
+        return _act(state, look, rule, steps, now, call, srm_events)
 
     assert state.probe_started_at is not None
     probe_end = state.probe_started_at + rule.window_sec
@@ -485,6 +615,8 @@ def _while_half_open(
             f"probing at {state.canary_bp} bp (until {probe_end:.3f}), held: the baseline "
             "is shedding requests (overload: hold)"
         )
+    elif state.held_by:
+        reason = f"probing at {state.canary_bp} bp, " + held_text(state)
     elif now < probe_end:
         reason = f"probing at {state.canary_bp} bp until {probe_end:.3f}"
     elif state.tally.canary.count < rule.min_samples:
@@ -493,11 +625,12 @@ def _while_half_open(
             f"of min_samples {rule.min_samples}"
         )
     else:
-        gate = _gate(state, rule)
-        if gate.breached:
-            return _trip(
-                state, look, rule, steps, now, "probe failed: " + gate.reason, srm_events, gate
+        gate = _gate(state, rule, look)
+        if gate.breached and gate.action is not GuardrailAction.PAUSE:
+            call = TripCall(
+                gate.action or rule.action, gate.action_by or "", "probe failed: " + gate.reason
             )
+            return _act(state, look, rule, steps, now, call, srm_events, gate)
         if _gate_passes(gate):
             return _close(state, look, rule, steps, now, gate, srm_events)
         reason = f"probe inconclusive, gathering more samples: {gate.reason}"
@@ -528,19 +661,86 @@ def _hold(
     ):
         # a trip (no_data: fail), or the no_data event, falls due then
         candidates.append(state.no_data_since + rule.no_data_timeout_sec)
+    timeouts = {m.name: m.no_data_timeout_sec for m in rule.metrics}
+    for name, period in state.metric_no_data.items():
+        if name in timeouts and not period.expired_reported and period.since + timeouts[name] > now:
+            # a provider metric's hold ends then: the step is judged without it
+            candidates.append(period.since + timeouts[name])
     return Decision(state, srm_events, reason, evidence, min(candidates))
 
 
-def _trip_reason(state: RolloutState, look: _Look, rule: BreakerRule, now: float) -> str | None:
+def _trip_reason(
+    state: RolloutState, look: _Look, rule: BreakerRule, now: float
+) -> TripCall | None:
+    """What calls for a trip (or a rollback) now, and which guardrail chose it."""
     if (
         rule.no_data is NoDataPolicy.FAIL
         and state.no_data_since is not None
         and now - state.no_data_since >= rule.no_data_timeout_sec
     ):
-        return f"no canary samples for {now - state.no_data_since:.1f}s (no_data: fail)"
-    if state.consecutive_breaches >= rule.consecutive_breaches:
-        return f"{state.consecutive_breaches} breached evaluations in a row; {look.breach_reason()}"
-    return None
+        reason = f"no canary samples for {now - state.no_data_since:.1f}s (no_data: fail)"
+        action = GuardrailAction.STOP if rule.action is GuardrailAction.PAUSE else rule.action
+        return TripCall(action, "no_data", reason)
+    if not rule.metrics and rule.action is not GuardrailAction.PAUSE:
+        if state.consecutive_breaches >= rule.consecutive_breaches:
+            reason = (
+                f"{state.consecutive_breaches} breached evaluations in a row; "
+                f"{look.breach_reason()}"
+            )
+            return TripCall(rule.action, "", reason)
+        return None
+    return trip_candidate(state, look.evaluation, rule, look.breach_reason())
+
+
+def _act(
+    state: RolloutState,
+    look: _Look,
+    rule: BreakerRule,
+    steps: Sequence[Step],
+    now: float,
+    call: TripCall,
+    extra: tuple[RolloutEffect, ...],
+    gate: Evaluation | None = None,
+) -> Decision:
+    """A breach's action: rolled back at once, or the breaker's trip (stop, step_back)."""
+    if call.action is GuardrailAction.ROLLBACK:
+        return _roll_back_now(state, look, rule, now, call, extra, gate)
+    return _trip(state, look, rule, steps, now, call.reason, extra, gate, call)
+
+
+def _roll_back_now(
+    state: RolloutState,
+    look: _Look,
+    rule: BreakerRule,
+    now: float,
+    call: TripCall,
+    extra: tuple[RolloutEffect, ...],
+    gate: Evaluation | None,
+) -> Decision:
+    """A guardrail whose action is rollback: the canary is rolled back for good, no
+    cooldown and no probe (the breaker opens, as after the last trip)."""
+    new = state.with_changes(
+        status=transition(state.status, ExperimentState.ROLLED_BACK),
+        breaker=transition(state.breaker, BreakerState.OPEN),
+        canary_bp=0,
+        opened_at=now,
+        probe_started_at=None,
+        weight_since=now,
+        consecutive_breaches=0,
+        no_data_since=None,
+        tally=Tally.starting(now),
+        **cleared(),
+    )
+    evidence = _evidence(state, new, rule, now, look, gate=gate)
+    evidence["action"] = {"action": call.action.value, "by": call.by}
+    why = f"rolled back at once ({call.by}: action rollback); {call.reason}"
+    effects: tuple[RolloutEffect, ...] = (
+        *extra,
+        SetCanaryWeight(0, RouteState.ROLLED_BACK),
+        Rollback(),
+        RecordEvent(EventKind.ROLLED_BACK, why, _payload("running", "rolled_back", evidence)),
+    )
+    return Decision(new, effects, why, evidence, None)
 
 
 def _trip(
@@ -552,7 +752,9 @@ def _trip(
     reason: str,
     extra: tuple[RolloutEffect, ...],
     gate: Evaluation | None = None,
+    call: TripCall | None = None,
 ) -> Decision:
+    action = call.action if call is not None else rule.action
     trips = state.trips + 1
     from_state = state.breaker.value
     breaker = transition(state.breaker, BreakerState.OPEN)
@@ -566,12 +768,16 @@ def _trip(
         "no_data_since": None,
         "tally": Tally.starting(now),
     }
+    if rule.metrics or rule.action is GuardrailAction.PAUSE:
+        common |= cleared()
     kind = EventKind.PROBE_FAILED if from_state == "half_open" else EventKind.TRIPPED
     if trips >= rule.max_trips:
         new = state.with_changes(
             status=transition(state.status, ExperimentState.ROLLED_BACK), canary_bp=0, **common
         )
         evidence = _evidence(state, new, rule, now, look, gate=gate)
+        if call is not None and call.by:
+            evidence["action"] = {"action": action.value, "by": call.by}
         why = f"trip {trips} of max_trips {rule.max_trips}: rolled back; {reason}"
         effects: tuple[RolloutEffect, ...] = (
             *extra,
@@ -582,10 +788,12 @@ def _trip(
         )
         return Decision(new, effects, why, evidence, None)
 
-    bp = _action_weight(state, rule, steps)
+    bp = _action_weight(state, action, steps)
     new = state.with_changes(canary_bp=bp, **common)
     evidence = _evidence(state, new, rule, now, look, gate=gate)
-    why = f"trip {trips} of {rule.max_trips} ({rule.action.value}: canary {bp} bp); {reason}"
+    if call is not None and call.by:
+        evidence["action"] = {"action": action.value, "by": call.by}
+    why = f"trip {trips} of {rule.max_trips} ({action.value}: canary {bp} bp); {reason}"
     effects = (
         *extra,
         SetCanaryWeight(bp, RouteState.TRIPPED),
@@ -594,8 +802,8 @@ def _trip(
     return Decision(new, effects, why, evidence, now + rule.cooldown_sec)
 
 
-def _action_weight(state: RolloutState, rule: BreakerRule, steps: Sequence[Step]) -> int:
-    if rule.action is TripAction.STOP or state.step_index == 0:
+def _action_weight(state: RolloutState, action: GuardrailAction, steps: Sequence[Step]) -> int:
+    if action is not GuardrailAction.STEP_BACK or state.step_index == 0:
         return 0
     return steps[state.step_index - 1].weight_bp
 
@@ -686,9 +894,20 @@ def _advance(
 # ---------------------------------------------------------------- pieces
 
 
-def _gate(state: RolloutState, rule: BreakerRule) -> Evaluation:
+def _gate(state: RolloutState, rule: BreakerRule, look: _Look) -> Evaluation:
     merged = state.tally.snapshots(experiment="")
-    return evaluate(merged[CANARY], merged.get(BASELINE), rule, always_test=True)
+    if not rule.metrics or look.metrics is None:
+        return evaluate(merged[CANARY], merged.get(BASELINE), rule, always_test=True)
+    # the step's samples, and each provider metric's latest reading over its window
+    return evaluate(
+        merged[CANARY],
+        merged.get(BASELINE),
+        rule,
+        always_test=True,
+        metrics=look.metrics.evidence,
+        metrics_expired=look.metrics.expired,
+        provider=look.metrics.provider,
+    )
 
 
 def _gate_passes(gate: Evaluation) -> bool:
@@ -712,6 +931,12 @@ def _holds_gate(g: Guardrail) -> bool:
     """
     if not g.exceeded:
         return False
+    if g.metric is not None and g.test is not None:
+        # a provider ratio against the baseline: two healthy arms are over each other
+        # half the time, and more events do not change that; only a significant
+        # exceedance holds, as on units
+        p = g.p_adjusted if g.p_adjusted is not None else g.test.p_value
+        return p < GATE_CLUSTERED_P
     if g.test is None or not g.test.method.startswith("cluster_robust"):
         return True
     p = g.p_adjusted if g.p_adjusted is not None else g.test.p_value
@@ -887,6 +1112,16 @@ def _evidence(
         },
         "rule": rule.model_dump(mode="json"),
     }
+    if after.held_by or before.held_by:
+        evidence["held_by"] = {
+            "guardrails": list(after.held_by),
+            "since": after.held_since,
+            "reason": after.held_reason,
+        }
+    if after.metric_no_data:
+        evidence["metrics_no_data"] = {
+            name: {"since": p.since, "reason": p.reason} for name, p in after.metric_no_data.items()
+        }
     if look is not None:
         if look.alphas is not None:
             evidence["look_alpha"] = {"window": look.alphas[0], "fast_window": look.alphas[1]}

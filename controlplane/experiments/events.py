@@ -30,6 +30,9 @@ class EventKind(StrEnum):
     NO_DATA = "no_data"
     OVERLOAD_HOLD = "overload_hold"
     OVERLOAD_CLEARED = "overload_cleared"
+    # a guardrail whose action is `pause` holds the weight, and lets it go again
+    GUARDRAIL_HOLD = "guardrail_hold"
+    GUARDRAIL_RELEASED = "guardrail_released"
     # a user's edits and actions (experiments/actions.py; the actions are LifecycleAction)
     CREATED = "created"
     UPDATED = "updated"
@@ -77,6 +80,8 @@ _TOPIC: Final[dict[EventKind, str | None]] = {
     _K.NO_DATA: "no_data",
     _K.OVERLOAD_HOLD: "overload",
     _K.OVERLOAD_CLEARED: "overload",
+    _K.GUARDRAIL_HOLD: "guardrail",
+    _K.GUARDRAIL_RELEASED: "guardrail",
     _K.CREATED: None,
     _K.UPDATED: None,
     _K.DELETED: None,
@@ -102,6 +107,6 @@ if _TOPIC.keys() != set(EventKind):  # a new kind without a say about its topic
 DECIDED: Final = frozenset({
     _K.STARTED, _K.TRIPPED, _K.HALF_OPEN, _K.PROBE_PASSED, _K.PROBE_FAILED, _K.ROLLED_BACK,
     _K.STEP_ADVANCED, _K.PROMOTED, _K.SRM_DETECTED, _K.SRM_CLEARED, _K.NO_DATA,
-    _K.OVERLOAD_HOLD, _K.OVERLOAD_CLEARED,
+    _K.OVERLOAD_HOLD, _K.OVERLOAD_CLEARED, _K.GUARDRAIL_HOLD, _K.GUARDRAIL_RELEASED,
 })  # fmt: skip
 ACTIONS: Final = frozenset(EventKind.of_action(action) for action in LifecycleAction)

@@ -67,5 +67,11 @@ def rollout_state_of(experiment: ExperimentRecord, now: float) -> RolloutState:
             "weight_since": row_step_started,
             "tally": Tally.starting(row_step_started),
             "consecutive_breaches": 0,
+            # a user's resume also lets go of a guardrail's pause (decision 0049)
+            "held_by": (),
+            "held_since": None,
+            "held_reason": None,
+            "samples_clean": 0,
+            "metric_streaks": {},
         }
     return state.with_changes(**changes) if changes else state

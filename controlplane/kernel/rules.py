@@ -19,6 +19,7 @@ from pydantic import (
 
 from controlplane.kernel.errors import FieldError, ValidationFailed
 from controlplane.kernel.judgment import EffectGate, GuardrailDirections
+from controlplane.kernel.metric_specs import GuardrailAction, MetricSpec, check_unique
 from controlplane.kernel.values import (
     MAX_COUNT,
     MAX_DURATION_SEC,
@@ -65,9 +66,9 @@ class Compare(StrEnum):
     BASELINE = "baseline"
 
 
-class TripAction(StrEnum):
-    STOP = "stop"
-    STEP_BACK = "step_back"
+# what a breach of latency or failures does: the graded actions every guardrail
+# takes (decision 0049); `TripAction` is the name the rule used before provider metrics
+TripAction = GuardrailAction
 
 
 class NoDataPolicy(StrEnum):
@@ -141,7 +142,11 @@ class BreakerRule(BaseModel):
     )
     compare: Compare = Compare.ABSOLUTE
     baseline_margin: float = Field(default=1.2, ge=1.0, le=100.0, strict=True, allow_inf_nan=False)
-    action: TripAction = TripAction.STOP
+    action: GuardrailAction = Field(
+        default=GuardrailAction.STOP,
+        description="what a breach of latency or failures does: pause (hold the weight), "
+        "step_back, stop (cut to 0, cooldown, probe) or rollback (at once, no probe)",
+    )
     half_open_weight: int = Field(
         default=100, ge=1, le=10000, strict=True, description="basis points"
     )
@@ -203,6 +208,12 @@ class BreakerRule(BaseModel):
         description="1 - alpha: the chance a healthy canary passes a step; sets alpha",
     )
 
+    metrics: list[MetricSpec] = Field(
+        default_factory=list,
+        description="provider metrics judged as guardrails beside latency and failures, "
+        "each with its own action and no-data policy (at most 16, names unique)",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _confidence_sets_alpha(cls, data: Any) -> Any:
@@ -228,6 +239,11 @@ class BreakerRule(BaseModel):
         ):
             raise ValueError("direction and effect need compare: baseline")
         return self
+
+    @field_validator("metrics")
+    @classmethod
+    def _unique_metrics(cls, value: list[MetricSpec]) -> list[MetricSpec]:
+        return check_unique(value)
 
     @field_validator("percentile")
     @classmethod
@@ -259,6 +275,8 @@ class BreakerRule(BaseModel):
             data.pop("latency", None)
         if isinstance(data, dict) and self.overload is OverloadPolicy.HOLD:
             data.pop("overload", None)  # likewise for rules written before the option
+        if isinstance(data, dict) and not self.metrics:
+            data.pop("metrics", None)  # and for rules without provider metrics
         return data
 
     def is_failure_status(self, status: int) -> bool:

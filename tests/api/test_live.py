@@ -207,3 +207,36 @@ async def test_an_unreachable_board_omits_the_snapshots_but_answers(
     assert live["snapshots"] is None
     assert "could not be read" in live["snapshots_error"]
     assert live["step"]["weight_bp"] == 100, "the rest of the live view is still there"
+
+
+async def test_a_guardrails_pause_is_shown_with_its_reason(
+    client: httpx.AsyncClient,
+    create: Callable[..., Any],
+    clock: FakeClock,
+    backends: Backends,
+) -> None:
+    """The controller's row while a pause holds the weight (decision 0049)."""
+    created = await create()
+    await client.post(f"/v1/experiments/{created['id']}/start")
+    started = clock.now()
+    reason = "held at 1000 bp by memory: memory 6e+08 > bound 5.12e+08 (gauge): pause"
+
+    def hold(*, session: Session) -> None:
+        row = records.get_experiment(session=session, experiment_id=created["id"])
+        state = RolloutState(
+            status=ExperimentState.RUNNING, breaker=BreakerState.CLOSED, step_index=0,
+            step_started_at=started, canary_bp=1000, weight_since=started,
+            held_by=("memory",), held_since=started + 5, held_reason=reason,
+        )  # fmt: skip
+        row.rollout_state = state.to_dict()
+
+    async with backends.database.transaction() as tx:
+        await tx.run(hold)
+    live = (await client.get(f"/v1/experiments/{created['id']}")).json()["live"]
+    assert live["held_by"] == ["memory"] and live["held_reason"] == reason
+    assert parsed(live["held_since"]) == iso(started + 5)
+    # a rollout nothing holds says so
+    other = await create()
+    await client.post(f"/v1/experiments/{other['id']}/start")
+    live = (await client.get(f"/v1/experiments/{other['id']}")).json()["live"]
+    assert live["held_by"] == [] and live["held_reason"] is None

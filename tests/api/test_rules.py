@@ -215,3 +215,87 @@ async def test_a_rule_only_etcd_holds_is_no_rule_and_the_404_says_what_etcd_hold
     await publish()  # the import is done: a hand's key is removed, not adopted
     assert await backends.kv.get(key) is None
     assert "etcd" not in (await client.get("/v1/services/payment-api/rule")).json()["detail"]
+
+
+ERRORS_Q = 'sum(increase(http_requests_total{app="shop",variant="$variant",code=~"5.."}[$window]))'
+TOTAL_Q = 'sum(increase(http_requests_total{app="shop",variant="$variant"}[$window]))'
+ERROR_RATIO = {
+    "name": "error_ratio",
+    "kind": "ratio",
+    "query": ERRORS_Q,
+    "total_query": TOTAL_Q,
+    "compare": "baseline",
+    "margin": 0.01,
+    "action": "stop",
+}
+MEMORY = {
+    "name": "memory",
+    "kind": "gauge",
+    "query": 'max(process_resident_memory_bytes{app="shop",variant="$variant"})',
+    "bound": 512_000_000,
+    "action": "pause",
+    "no_data": "ignore",
+}
+
+
+async def test_a_rule_carries_provider_metrics_with_their_actions(
+    client: httpx.AsyncClient, backends: Backends, publish: Publish
+) -> None:
+    body = {**RULE, "action": "rollback", "metrics": [ERROR_RATIO, MEMORY]}
+    response = await client.put("/v1/services/shop/rule", json=body)
+    assert response.status_code == 200, response.text
+    answered = response.json()
+    assert [m["name"] for m in answered["metrics"]] == ["error_ratio", "memory"]
+    assert answered["action"] == "rollback" and answered["metrics"][1]["action"] == "pause"
+    await publish()
+    stored = await backends.kv.get(backends.keys.rule("shop"))
+    assert stored is not None and parse_rule(stored.value).metrics[0].margin == 0.01
+    # a rule without metrics is stored as before the field existed
+    await client.put("/v1/services/plain-api/rule", json=RULE)
+    await publish()
+    plain = await backends.kv.get(backends.keys.rule("plain-api"))
+    assert plain is not None and "metrics" not in json.loads(plain.value)
+
+
+async def test_a_rule_with_bad_metrics_is_refused_naming_the_field_and_why(
+    client: httpx.AsyncClient,
+) -> None:
+    cases: list[tuple[Any, str]] = [
+        ({**MEMORY, "query": 'max(mem{variant=$variant})'}, "whole label value"),
+        ({**MEMORY, "query": 'max(mem{variant="$variant"}[$range])'}, "unknown placeholder"),
+        ({**MEMORY, "query": 'max(mem{variant="x"}) # $windowed'}, "unknown placeholder"),
+        ({**MEMORY, "query": "max(mem)"}, "must select the variant"),
+        ({**MEMORY, "query": 'max(mem{variant="$variant"}[5m:$window])'}, "as a range"),
+        ({**MEMORY, "name": "latency"}, "not latency or failures"),
+        ({**MEMORY, "name": "Memory"}, "metric name"),
+        ({**MEMORY, "action": "explode"}, "pause"),
+        ({**MEMORY, "bound": None}, "needs a bound"),
+        ({**ERROR_RATIO, "total_query": None}, "total_query"),
+        ({**MEMORY, "kind": "ratio", "total_query": TOTAL_Q, "bound": 2}, "between 0 and 1"),
+        ({**MEMORY, "shape": "round"}, "Extra inputs"),
+    ]
+    for metric, why in cases:
+        body = {**RULE, "metrics": [metric]}
+        response = await client.put("/v1/services/shop/rule", json=body)
+        assert response.status_code == 422, metric
+        assert response.headers["content-type"] == "application/problem+json"
+        errors = response.json()["errors"]
+        assert any(e["loc"][:3] == ["body", "metrics", 0] for e in errors), errors
+        assert any(why in e["msg"] for e in errors), (why, errors)
+    twice = await client.put("/v1/services/shop/rule", json={**RULE, "metrics": [MEMORY, MEMORY]})
+    assert twice.status_code == 422
+    assert any(
+        e["loc"][:2] == ["body", "metrics"] and "repeat: memory" in e["msg"]
+        for e in twice.json()["errors"]
+    ), twice.json()
+    inline = await client.post(
+        "/v1/experiments",
+        json={
+            "service": "shop",
+            "baseline": "http://shop-v1:8080",
+            "canary": "http://shop-v2:8080",
+            "rule": {**RULE, "metrics": [{**MEMORY, "query": "up"}]},
+        },
+    )
+    assert inline.status_code == 422, inline.text
+    assert any("metrics" in e["loc"] for e in inline.json()["errors"]), inline.json()

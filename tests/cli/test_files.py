@@ -189,3 +189,51 @@ def test_union_members_in_a_location_are_skipped() -> None:
     source = parse_text("service: a\nfailure_statuses:\n  - 500\n  - 42\n", "rule.yaml")
     line, path = source.line_of(("failure_statuses", "list[int]", 1))
     assert (line, path) == (4, "failure_statuses[1]")
+
+
+RULE_WITH_METRICS = """\
+service: shop
+threshold_ms: 250
+action: step_back
+metrics:
+  - name: error_ratio
+    kind: ratio
+    query: sum(increase(http_requests_total{app="shop",variant="$variant",code=~"5.."}[$window]))
+    total_query: sum(increase(http_requests_total{app="shop",variant="$variant"}[$window]))
+    compare: baseline
+    margin: 0.01
+    action: rollback
+  - name: memory
+    kind: gauge
+    query: max(process_resident_memory_bytes{app="shop",variant="$variant"})
+    bound: 512000000
+    action: pause
+"""
+
+
+def test_a_rule_file_with_provider_metrics_loads(tmp_path: Path) -> None:
+    _, body = load_rule(write(tmp_path, RULE_WITH_METRICS, "rule.yaml"))
+    assert [m["name"] for m in body["metrics"]] == ["error_ratio", "memory"]
+    assert body["action"] == "step_back"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ('variant="$variant"})', "variant=$variant})", "write $variant as a whole label value"),
+        ("[$window]))\n    compare", "[$w]))\n    compare", "unknown placeholder $w"),
+        ("name: memory", "name: failures", "not latency or failures"),
+        ("action: pause", "action: halt", ":16: metrics[1].action: Input should be 'pause'"),
+        ("name: memory", "name: error_ratio", "metric names repeat: error_ratio"),
+    ],
+)
+def test_a_bad_metric_is_one_line_naming_the_metric(
+    tmp_path: Path, old: str, new: str, expected: str
+) -> None:
+    text = RULE_WITH_METRICS.replace(old, new, 1)
+    assert text != RULE_WITH_METRICS
+    with pytest.raises(BadFile) as caught:
+        load_rule(write(tmp_path, text, "rule.yaml"))
+    message = one_line(caught.value)
+    assert expected in message, message
+    assert "metrics" in message

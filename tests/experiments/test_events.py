@@ -14,7 +14,8 @@ from controlplane.notify import kinds
 STORED_VALUES = {
     "started", "tripped", "half_open", "probe_passed", "probe_failed", "rolled_back",
     "step_advanced", "promoted", "srm_detected", "srm_cleared", "no_data",
-    "overload_hold", "overload_cleared", "created", "updated", "deleted", "start",
+    "overload_hold", "overload_cleared", "guardrail_hold", "guardrail_released",
+    "created", "updated", "deleted", "start",
     "pause", "resume", "promote", "rollback", "abort", "rule_changed",
     "overload_changed", "rule_rejected", "no_rule", "route_reconciled",
     "rule_reconciled", "overload_reconciled", "config_imported",

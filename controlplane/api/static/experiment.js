@@ -61,6 +61,11 @@
       ...(live.overload_held
         ? [fact("Overload", "held: the baseline's sidecars are shedding requests", { class: "fact wide", "data-overload": "held" })]
         : []),
+      // a guardrail whose action is pause holds the weight until it is clean again
+      ...(live.held_by && live.held_by.length
+        ? [fact("Paused by guardrail", `held by ${live.held_by.join(", ")}${live.held_since ? ` since ${new Date(live.held_since).toLocaleTimeString()}` : ""}: ${live.held_reason || "breached"}`,
+                { class: "fact wide", "data-held-by": live.held_by.join(",") })]
+        : []),
     );
     const notes = [live.rule_note, live.snapshots_note, live.snapshots_error].filter(Boolean);
     byId("page-error").textContent = notes.join(" · ");
@@ -178,7 +183,8 @@
   }
 
   // a trip and an overload hold are different events, and look it
-  const BADGES = { tripped: "open", overload_hold: "paused", overload_cleared: "closed" };
+  const BADGES = { tripped: "open", overload_hold: "paused", overload_cleared: "closed",
+                   guardrail_hold: "paused", guardrail_released: "closed" };
 
   function renderEvents() {
     const rows = [...events.items].reverse().map((e) => el("tr", { "data-kind": e.kind },

@@ -9,6 +9,7 @@ const Plots = (() => {
     abort: "#c62828", half_open: "#b35900", srm_detected: "#b35900", probe_passed: "#1a7f37",
     step_advanced: "#1a7f37", promoted: "#1a7f37", promote: "#1a7f37",
     overload_hold: "#b35900", overload_cleared: "#8a94a6",
+    guardrail_hold: "#b35900", guardrail_released: "#8a94a6",
   };
   const HEIGHT = 260;
 
