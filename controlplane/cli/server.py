@@ -63,7 +63,8 @@ def background_services(
 ) -> Sequence[Background]:
     """The parts that run inside the API's lifespan, sharing its Backends.
 
-    The controller runs in both commands (several `serve` replicas elect one leader);
+    The controller runs in both commands (several `serve` replicas elect one leader),
+    with the board that reads its rules' provider metrics (decision 0048);
     the collector only in `dev`: in production it is its own process (`canary collector`).
     Every process also runs a notification dispatcher (their leases share the outbox).
     """
@@ -77,8 +78,14 @@ def background_services(
 
         # in-process only: whatever signs samples here shares this process's key
         services.append(EmbeddedCollector(sample_keys=generate_sample_keys()))
+    from controlplane.providers.board import MetricBoard
+    from controlplane.providers.service import MetricBoardService
+
     tracer = None if tracer_provider is None else tracer_provider.get_tracer("canary.controller")
-    services.append(Controller(tracer=tracer))
+    # provider metrics (CANARY_PROMETHEUS_URL); without one a rule's metrics read as no data
+    board = MetricBoard.from_settings(settings)
+    services.append(MetricBoardService(board))
+    services.append(Controller(tracer=tracer, metric_board=board))
     services.append(dispatcher_for(settings))
     return services
 
@@ -176,7 +183,11 @@ def _serve_traced(settings: Settings, *, embedded: bool, insecure: bool = False)
     if provider is not None:
         log.info("tracing to %s", settings.otel_endpoint or "the OTEL_EXPORTER_OTLP_* endpoint")
     try:
-        services = background_services(settings, embedded=embedded, tracer_provider=provider)
+        try:  # a Prometheus TLS or credential file that cannot be read: one line
+            services = background_services(settings, embedded=embedded, tracer_provider=provider)
+        except ConfigError as exc:
+            typer.echo(f"canary: prometheus: {exc}", err=True)
+            raise typer.Exit(2) from exc
         run_api(settings, services=services, insecure=insecure, tracer_provider=provider)
     finally:
         if provider is not None:
@@ -187,8 +198,6 @@ def _setup_logging(settings: Settings) -> None:
     from controlplane.kernel.logs import configure_logging
 
     configure_logging(settings.log_level, settings.log_format)
-    # Alembic announces every plugin it loads; only the migrations themselves matter.
-    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     # Alembic announces every plugin it loads; only the migrations themselves matter.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
 

@@ -36,7 +36,7 @@ from controlplane.kernel.judgment import Direction
 from controlplane.kernel.metric_specs import MetricCompare, MetricKind, MetricNoData, MetricSpec
 from controlplane.providers.evidence import MetricEvidence, Reading
 
-NO_PROVIDER = "no metrics provider configured"
+NO_PROVIDER = "no metric provider configured (CANARY_PROMETHEUS_URL)"
 NOT_READ = "not read yet"
 
 

@@ -121,7 +121,7 @@ async def test_without_a_board_a_metric_has_no_data_and_the_event_says_why(rig: 
     events = await rig.events()
     no_data = [p for k, p in events if k == "no_data"]
     assert no_data and no_data[0]["metric"] == "memory"
-    assert no_data[0]["reason"] == "no metrics provider configured"
+    assert no_data[0]["reason"] == "no metric provider configured (CANARY_PROMETHEUS_URL)"
     assert await rig.route() == (1000, "running")
 
 

@@ -154,7 +154,7 @@ def test_without_a_provider_a_held_metric_holds_the_step_until_its_timeout() -> 
     r = rule(metrics=[memory("stop", no_data_timeout_sec=100)])
     d = look(state(), r, T0 + 10, None, provider=False)
     [no_data] = events(d, EventKind.NO_DATA)
-    assert "no metrics provider configured" in no_data.reason and "hold" in no_data.reason
+    assert "no metric provider configured" in no_data.reason and "hold" in no_data.reason
     s = d.new_state
     for t in range(20, 110, 10):
         d = look(s, r, T0 + t, None, provider=False)
