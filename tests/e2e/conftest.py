@@ -76,7 +76,8 @@ async def launch(
     stacks: list[Stack] = []
 
     async def start(
-        *, serves: int = 1, collectors: int = 2, etcd: str = ETCD, front: str = "sidecar"
+        *, serves: int = 1, collectors: int = 2, etcd: str = ETCD, front: str = "sidecar",
+        env: dict[str, str] | None = None,
     ) -> Stack:
         env = environ_with(
             CANARY_DATABASE_URL=pg_url,
@@ -86,6 +87,7 @@ async def launch(
             CANARY_REDIS_NAMESPACE=redis_namespace,
             CANARY_LOG_LEVEL="info",
             PYTHONUNBUFFERED="1",
+            **(env or {}),
         )
         upgrade = procs.start("db-upgrade", [*canary_command(), "db", "upgrade"], env)
         code = await asyncio.to_thread(upgrade.wait_exit, 120)
