@@ -13,6 +13,7 @@ import typer
 # name -> "module:function"; the function takes keyword options and returns a dict
 BENCHMARKS: dict[str, str] = {
     "decision": "controlplane.benchmarks.decision:run",
+    "decision-metrics": "controlplane.benchmarks.decision_metrics:run",
     "collector": "controlplane.benchmarks.collector:run",
     "sidecar": "controlplane.benchmarks.sidecar:run",
     "sidecar-grpc": "controlplane.benchmarks.sidecar_grpc:run",
