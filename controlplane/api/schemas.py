@@ -450,6 +450,23 @@ class HistoryMark(BaseModel):
     reason: str
 
 
+class MetricSeries(BaseModel):
+    """One provider metric's readings over time (decision 0048), one value per point;
+    null where a variant (or, against the baseline, the bound) had no data. Merged
+    points keep each value's peak and the lowest bound."""
+
+    at: list[int] = Field(description="epoch second each point begins (the reading's)")
+    span_sec: list[int] = Field(description="seconds each point covers")
+    baseline: list[float | None]
+    canary: list[float | None]
+    bound: list[float | None] = Field(
+        description="what the canary was compared with: the rule's bound, or the "
+        "baseline's value with the margin applied"
+    )
+    kind: str = Field(description="ratio, gauge or histogram")
+    compare: str = Field(description="absolute or baseline")
+
+
 class ExperimentHistory(BaseModel):
     """An experiment's judged windows over time, as columns (one entry per point).
 
@@ -468,6 +485,11 @@ class ExperimentHistory(BaseModel):
     threshold_ms: list[float | None]
     failure_bound: list[float | None]
     variants: dict[str, VariantSeries]
+    metrics: dict[str, MetricSeries] = Field(
+        default_factory=dict,
+        description="the rules' provider metrics by name, each at its own readings' "
+        "seconds, in buckets of `bucket_sec` from `start`",
+    )
     marks: list[HistoryMark] = Field(
         description="trips, probes, step changes and actions in the range, oldest first "
         "(the newest ones when there are more than fit)"

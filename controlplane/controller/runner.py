@@ -398,6 +398,7 @@ class Controller:
         snapshots, fast = await self._read_windows(backends, str(experiment.id), rule, reads)
         self.history.observe(experiment.id, snapshots, rule, experiment.canary_weight_bp, now)
         metrics = self._metric_evidence(experiment, rule)
+        self.history.observe_metrics(experiment.id, rule.metrics, metrics or {})
         decision = decide(state, snapshots, rule, steps_of(experiment), now, fast, metrics)
         self.stats.evaluations += 1
         changed = decision.new_state != state or bool(decision.effects)

@@ -1,4 +1,5 @@
-"""The plots' history on SQL (history.store.HistoryStore), over `Database`.
+"""The plots' history on SQL (history.store.HistoryStore), over `Database`: the
+windows' points and the provider metrics' readings, side by side.
 
 Buckets are formed in the database (GROUP BY on integer division of the second), so
 a day of per-second points reaches the API as at most a thousand rows; the
@@ -17,8 +18,10 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from controlplane.db.models import Event, Experiment
+from controlplane.db.models import HistoryMetricPoint as MetricRow
 from controlplane.db.models import HistoryPoint as Row
 from controlplane.db.session import Database
+from controlplane.history.metric_points import MetricPoint
 from controlplane.history.points import HistoryPoint, VariantPoint
 from controlplane.history.store import HistorySpan, Mark
 
@@ -44,17 +47,38 @@ def _values(point: HistoryPoint) -> dict[str, Any]:
     return values
 
 
-def _append(*, session: Session, points: Sequence[HistoryPoint]) -> None:
-    if not points:
+def _metric_values(point: MetricPoint) -> dict[str, Any]:
+    return {
+        "experiment_id": point.experiment_id,
+        "name": point.name,
+        "at": point.at,
+        "span_sec": point.span_sec,
+        "kind": point.kind,
+        "compare": point.compare,
+        "b_value": point.baseline,
+        "c_value": point.canary,
+        "bound": point.bound,
+    }
+
+
+def _insert_new(session: Session, table: type[Row] | type[MetricRow], rows: list[Any]) -> None:
+    """Insert rows; a key already stored keeps what it holds."""
+    if not rows:
         return
-    rows = [_values(p) for p in points]
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
-        session.execute(pg_insert(Row).on_conflict_do_nothing(), rows)
+        session.execute(pg_insert(table).on_conflict_do_nothing(), rows)
     elif dialect == "sqlite":
-        session.execute(sqlite_insert(Row).on_conflict_do_nothing(), rows)
+        session.execute(sqlite_insert(table).on_conflict_do_nothing(), rows)
     else:  # pragma: no cover - database_url() admits these two only
-        session.execute(insert(Row), rows)
+        session.execute(insert(table), rows)
+
+
+def _append(
+    *, session: Session, points: Sequence[HistoryPoint], metrics: Sequence[MetricPoint]
+) -> None:
+    _insert_new(session, Row, [_values(p) for p in points])
+    _insert_new(session, MetricRow, [_metric_values(p) for p in metrics])
 
 
 def _aggregates() -> list[ColumnElement[Any]]:
@@ -139,6 +163,54 @@ def _read(
     return _bucketed(session, experiment_id, (Row.at >= start, Row.at <= end), start, width)
 
 
+def _metric_bucketed(
+    session: Session,
+    experiment_id: int,
+    where: Sequence[ColumnElement[bool]],
+    origin: int,
+    width: int,
+) -> list[MetricPoint]:
+    """metric_points.downsample_metric in SQL, per metric; by name, then oldest first."""
+    bucket = (MetricRow.at - literal(origin)) // literal(width)
+    query = (
+        select(
+            MetricRow.name,
+            func.min(MetricRow.at),
+            func.count(),
+            func.max(MetricRow.span_sec),
+            func.max(MetricRow.kind),
+            func.max(MetricRow.compare),
+            func.max(MetricRow.b_value),
+            func.max(MetricRow.c_value),
+            func.min(MetricRow.bound),
+        )
+        .where(MetricRow.experiment_id == experiment_id, *where)
+        .group_by(MetricRow.name, bucket)
+        .order_by(MetricRow.name, bucket)
+    )
+    return [
+        MetricPoint(
+            experiment_id=experiment_id,
+            name=str(name),
+            at=int(at),
+            span_sec=int(span) if n == 1 else max(width, int(span)),
+            kind=str(kind),
+            compare=str(compare),
+            baseline=_float(b),
+            canary=_float(c),
+            bound=_float(bound),
+        )
+        for name, at, n, span, kind, compare, b, c, bound in session.execute(query)
+    ]
+
+
+def _read_metrics(
+    *, session: Session, experiment_id: int, start: int, end: int, width: int
+) -> list[MetricPoint]:
+    where = (MetricRow.at >= start, MetricRow.at <= end)
+    return _metric_bucketed(session, experiment_id, where, start, width)
+
+
 def _marks(
     *,
     session: Session,
@@ -170,6 +242,14 @@ def _compact(
 ) -> int:
     """Replace the points before `before` that are narrower than `width` by their
     buckets, in the caller's transaction; points merged before stay as they are."""
+    return _compact_windows(session, experiment_id, before, origin, width) + _compact_metrics(
+        session, experiment_id, before, origin, width
+    )
+
+
+def _compact_windows(
+    session: Session, experiment_id: int, before: int | None, origin: int, width: int
+) -> int:
     where: list[ColumnElement[bool]] = [Row.span_sec < width]
     if before is not None:
         where.append(Row.at < before)
@@ -184,6 +264,26 @@ def _compact(
     return replaced
 
 
+def _compact_metrics(
+    session: Session, experiment_id: int, before: int | None, origin: int, width: int
+) -> int:
+    where: list[ColumnElement[bool]] = [MetricRow.span_sec < width]
+    if before is not None:
+        where.append(MetricRow.at < before)
+    replaced = (
+        session.scalar(
+            select(func.count()).where(MetricRow.experiment_id == experiment_id, *where)
+        )
+        or 0
+    )
+    if replaced == 0:
+        return 0
+    merged = _metric_bucketed(session, experiment_id, where, origin, width)
+    session.execute(delete(MetricRow).where(MetricRow.experiment_id == experiment_id, *where))
+    session.execute(insert(MetricRow), [_metric_values(p) for p in merged])
+    return replaced
+
+
 def _spans(*, session: Session, experiment_ids: Collection[int] | None) -> dict[int, HistorySpan]:
     query = select(Row.experiment_id, func.count(), func.min(Row.at), func.max(Row.at))
     if experiment_ids is None:
@@ -194,6 +294,30 @@ def _spans(*, session: Session, experiment_ids: Collection[int] | None) -> dict[
             return {}
         query = query.where(Row.experiment_id.in_(sorted(experiment_ids)))
     query = query.group_by(Row.experiment_id)
+    return {int(e): (int(n), int(a), int(b)) for e, n, a, b in session.execute(query)}
+
+
+def _metric_spans(
+    *, session: Session, experiment_ids: Collection[int] | None
+) -> dict[int, HistorySpan]:
+    """Per experiment: (the most points any one metric has, first second, last second)."""
+    per_metric = select(
+        MetricRow.experiment_id.label("e"),
+        func.count().label("n"),
+        func.min(MetricRow.at).label("a"),
+        func.max(MetricRow.at).label("b"),
+    )
+    if experiment_ids is None:
+        ended = select(Experiment.id).where(Experiment.state.in_(ENDED_STATES))
+        per_metric = per_metric.where(MetricRow.experiment_id.in_(ended))
+    else:
+        if not experiment_ids:
+            return {}
+        per_metric = per_metric.where(MetricRow.experiment_id.in_(sorted(experiment_ids)))
+    sub = per_metric.group_by(MetricRow.experiment_id, MetricRow.name).subquery()
+    query = select(sub.c.e, func.max(sub.c.n), func.min(sub.c.a), func.max(sub.c.b)).group_by(
+        sub.c.e
+    )
     return {int(e): (int(n), int(a), int(b)) for e, n, a, b in session.execute(query)}
 
 
@@ -212,9 +336,23 @@ class SqlHistoryStore:
     def __init__(self, database: Database) -> None:
         self.database = database
 
-    async def append(self, points: Sequence[HistoryPoint]) -> None:
+    async def append(
+        self, points: Sequence[HistoryPoint], metrics: Sequence[MetricPoint] = ()
+    ) -> None:
         async with self.database.transaction() as tx:
-            await tx.run(_append, points=points)
+            await tx.run(_append, points=points, metrics=metrics)
+
+    async def read_metrics(
+        self, *, experiment_id: int, start: int, end: int, width: int
+    ) -> list[MetricPoint]:
+        return await self.database.read(
+            _read_metrics, experiment_id=experiment_id, start=start, end=end, width=width
+        )
+
+    async def metric_spans(
+        self, *, experiment_ids: Collection[int] | None
+    ) -> dict[int, HistorySpan]:
+        return await self.database.read(_metric_spans, experiment_ids=experiment_ids)
 
     async def read(
         self, *, experiment_id: int, start: int, end: int, width: int

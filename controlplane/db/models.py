@@ -1,6 +1,7 @@
 """Typed ORM models: experiments, their variants and steps, the desired route, breaker
 rule and overload protection of each service, the events audit trail, the plots'
-history, the API tokens, and webhook subscriptions with the outbox of their deliveries.
+history (windows and provider metrics), the API tokens, and webhook subscriptions
+with the outbox of their deliveries.
 
 The migrations in migrations/versions must describe exactly these tables; a test
 compares them with Alembic's autogenerate.
@@ -280,6 +281,27 @@ class HistoryPoint(Base):
     c_p99_ms: Mapped[float | None] = mapped_column(REAL)
     c_shed: Mapped[int] = mapped_column(BigInteger, server_default="0")
     c_shed_rps: Mapped[float] = mapped_column(REAL, server_default="0")
+
+
+class HistoryMetricPoint(Base):
+    """One reading (or, merged, `span_sec` seconds of readings) of a rule's provider
+    metric, for the dashboard's plots (controlplane.history.metric_points): each
+    variant's value and the bound the canary was held to; NULL where there was no data.
+    """
+
+    __tablename__ = "history_metric_points"
+
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    at: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # epoch second read
+    span_sec: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))
+    compare: Mapped[str] = mapped_column(String(16))
+    b_value: Mapped[float | None] = mapped_column(REAL)
+    c_value: Mapped[float | None] = mapped_column(REAL)
+    bound: Mapped[float | None] = mapped_column(REAL)
 
 
 TOKEN_ROLES = ("viewer", "operator", "admin")

@@ -1,7 +1,8 @@
 """The history's one writer: the controller's leader records what it judged.
 
-    observe (per evaluation: is a point due?) → flush (once a round, one transaction)
-    → keep (per round: merge what is old, and what ended)
+    observe (per evaluation: is a point due?) and observe_metrics (a new reading of
+    a provider metric?) → flush (once a round, one transaction) → keep (per round:
+    merge what is old, and what ended)
 
 The controller reads every running experiment's windows several times a second
 anyway; recording them there costs one insert of a few rows per second. Writing
@@ -13,9 +14,10 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from controlplane.history.metric_points import MetricPoint, new_readings
 from controlplane.history.points import (
     ENDED_POINTS,
     RAW_RETENTION_SEC,
@@ -26,8 +28,10 @@ from controlplane.history.points import (
 )
 from controlplane.history.store import HistoryStore, ended_width
 from controlplane.kernel.errors import CanaryError
+from controlplane.kernel.metric_specs import MetricSpec
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.snapshots import WindowSnapshot
+from controlplane.providers.evidence import MetricEvidence
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +77,9 @@ class HistoryRecorder:
     stats: HistoryStats = field(default_factory=HistoryStats)
     _last: dict[int, int] = field(default_factory=dict)
     _pending: deque[HistoryPoint] = field(default_factory=deque)
+    # per experiment and metric, the `read_at` of the reading last queued
+    _last_read: dict[int, dict[str, float]] = field(default_factory=dict)
+    _pending_metrics: deque[MetricPoint] = field(default_factory=deque)
     _retained_at: dict[int, float] = field(default_factory=dict)
     # experiments seen running this term; ended ones are merged when they leave
     _seen: set[int] = field(default_factory=set)
@@ -101,24 +108,49 @@ class HistoryRecorder:
             self.stats.dropped += 1
         self._pending.append(point_of(experiment_id, snapshots, rule, canary_bp, now))
 
+    def observe_metrics(
+        self,
+        experiment_id: int,
+        specs: Sequence[MetricSpec],
+        evidence: Mapping[str, MetricEvidence],
+    ) -> None:
+        """Queue a point per metric read anew since the last call (one per reading)."""
+        last = self._last_read.setdefault(experiment_id, {})
+        for point in new_readings(experiment_id, specs, evidence, last):
+            reading = evidence[point.name]
+            last[point.name] = reading.read_at
+            if len(self._pending_metrics) >= self.max_pending:
+                self._pending_metrics.popleft()
+                self.stats.dropped += 1
+            self._pending_metrics.append(point)
+        # a metric taken out of the rule leaves its last reading behind
+        for name in [n for n in last if n not in {s.name for s in specs}]:
+            del last[name]
+
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + len(self._pending_metrics)
 
     async def flush(self, store: HistoryStore) -> None:
         """Write what is queued, in one transaction; kept for the next round on failure."""
-        if not self._pending:
+        if not self._pending and not self._pending_metrics:
             return
         batch = list(self._pending)
+        metrics = list(self._pending_metrics)
         try:
-            await store.append(batch)
+            await store.append(batch, metrics)
         except CanaryError as exc:
             self.stats.write_failures += 1
-            log.warning("history: %d points not written yet: %s", len(batch), exc)
+            log.warning(
+                "history: %d points and %d metric readings not written yet: %s",
+                len(batch), len(metrics), exc,
+            )  # fmt: skip
             return
         for _ in batch:
             self._pending.popleft()
-        self.stats.written += len(batch)
+        for _ in metrics:
+            self._pending_metrics.popleft()
+        self.stats.written += len(batch) + len(metrics)
 
     async def keep(self, store: HistoryStore, active: Collection[int], now: float) -> None:
         """Bound what is stored: per-second points older than a day merge by minute;
@@ -131,14 +163,23 @@ class HistoryRecorder:
 
     async def _merge_ended(self, store: HistoryStore, active: Collection[int]) -> None:
         left = self._seen - set(active)
+        ids: Collection[int] | None
         if not self._caught_up:
-            spans = await store.spans(experiment_ids=None)
-            self._caught_up = True
+            ids = None
         elif left:
-            spans = await store.spans(experiment_ids=left)
+            ids = left
         else:
             return
-        for experiment_id, (points, first, last) in spans.items():
+        spans = await store.spans(experiment_ids=ids)
+        metric_spans = await store.metric_spans(experiment_ids=ids)
+        self._caught_up = True
+        for experiment_id in sorted(set(spans) | set(metric_spans)):
+            # one width over both spans: the windows and each metric keep at most
+            # `ended_points` points
+            found = [f[experiment_id] for f in (spans, metric_spans) if experiment_id in f]
+            points = max(n for n, _, _ in found)
+            first = min(a for _, a, _ in found)
+            last = max(b for _, _, b in found)
             width = ended_width(points, first, last, self.ended_points)
             if width is not None:
                 await store.compact(
@@ -148,6 +189,7 @@ class HistoryRecorder:
         for experiment_id in left:
             self._seen.discard(experiment_id)
             self._last.pop(experiment_id, None)
+            self._last_read.pop(experiment_id, None)
             self._retained_at.pop(experiment_id, None)
 
     async def _merge_old(self, store: HistoryStore, active: Collection[int], now: float) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from controlplane.history.metric_points import MetricPoint
 from controlplane.history.points import HistoryPoint
 
 HistorySpan = tuple[int, int, int]  # points, first second, last second
@@ -27,8 +28,19 @@ class Mark:
 
 
 class HistoryStore(Protocol):
-    async def append(self, points: Sequence[HistoryPoint]) -> None:
-        """Store points; a second already stored for an experiment is kept as it was."""
+    async def append(
+        self, points: Sequence[HistoryPoint], metrics: Sequence[MetricPoint] = ()
+    ) -> None:
+        """Store the windows' points and the metrics' readings, in one transaction; a
+        second already stored for an experiment (and metric) is kept as it was."""
+        ...
+
+    async def read_metrics(
+        self, *, experiment_id: int, start: int, end: int, width: int
+    ) -> list[MetricPoint]:
+        """The metrics' points in [start, end], each metric's merged into buckets of
+        `width` seconds from `start` (metric_points.downsample_metric), by name, then
+        oldest first."""
         ...
 
     async def read(
@@ -54,14 +66,20 @@ class HistoryStore(Protocol):
     async def compact(
         self, *, experiment_id: int, before: int | None, origin: int, width: int
     ) -> int:
-        """Merge the points before second `before` (all when None) into buckets of
-        `width` seconds counted from `origin` (points as wide already stay); how many
-        points were merged."""
+        """Merge the points (windows and metrics, in one transaction) before second
+        `before` (all when None) into buckets of `width` seconds counted from `origin`
+        (points as wide already stay); how many points were merged."""
         ...
 
     async def spans(self, *, experiment_ids: Collection[int] | None) -> dict[int, HistorySpan]:
         """Per experiment with points (of those given, or of every ended one):
         (points, first second, last second)."""
+        ...
+
+    async def metric_spans(
+        self, *, experiment_ids: Collection[int] | None
+    ) -> dict[int, HistorySpan]:
+        """As `spans`, for the metrics' readings: the points of the metric with the most."""
         ...
 
 

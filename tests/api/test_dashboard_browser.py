@@ -14,8 +14,10 @@ import asyncio
 import concurrent.futures
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +261,70 @@ def test_a_running_experiments_plot_grows_as_samples_arrive(tab: Tab, plane: Pla
 
     attribute_until(tab, "#plot-latency", "data-last-t", lambda v: int(v or 0) > last)
     assert int(plot.get_attribute("data-points") or 0) >= before
+
+
+def record_metric_readings(plane: Plane, experiment: int, start: int) -> None:
+    """Readings of an error ratio every 2 s from `start`, as the controller's recorder
+    writes them (its store), the tenth of them without the canary's data."""
+    from controlplane.db.history import SqlHistoryStore
+    from controlplane.db.session import Database, make_engine
+    from controlplane.history.metric_points import MetricPoint
+
+    readings = [
+        MetricPoint(
+            experiment_id=experiment,
+            name="error_ratio",
+            at=start + 2 * i,
+            span_sec=1,
+            kind="ratio",
+            compare="baseline",
+            baseline=0.010,
+            canary=None if i == 9 else 0.012 + 0.001 * i,
+            bound=0.020,
+        )
+        for i in range(10)
+    ]
+
+    async def write() -> None:
+        database = Database(make_engine(plane.settings.database_url))
+        try:
+            await SqlHistoryStore(database).append([], readings)
+        finally:
+            database.dispose()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, write()).result(timeout=30)
+
+
+def test_a_provider_metric_is_plotted_per_variant_with_its_bound(
+    tab: Tab, plane: Plane, tmp_path: Path
+) -> None:
+    experiment = plane.experiments["checkout"]
+    with plane.http() as http:
+        created = http.get(f"/v1/experiments/{experiment}").json()["created_at"]
+    # inside the page's default range: from the experiment's creation to now
+    since = datetime.fromisoformat(created).timestamp()
+    record_metric_readings(plane, experiment, int(max(since + 1, time.time() - 20)))
+    sign_in(tab, plane, f"/ui/experiments/{experiment}", Role.VIEWER)
+
+    plot = tab.page.locator("#plot-metric-error_ratio")
+    playwright_sync.expect(plot.locator("canvas")).to_have_count(1, timeout=WAIT_MS)
+    assert attribute_until(tab, "#plot-metric-error_ratio", "data-points", lambda v: v == "10")
+    assert plot.get_attribute("data-series") == "baseline,canary,bound"
+    assert plot.get_attribute("data-gaps") == "baseline:0,canary:1,bound:0", "no data is a gap"
+    assert plot.get_attribute("data-kind") == "ratio"
+    playwright_sync.expect(tab.page.locator("#metrics")).to_contain_text("error_ratio")
+    marks = attribute_until(tab, "#plot-metric-error_ratio", "data-marks", lambda v: v != "")
+    assert "start" in marks.split(",")
+    # the same marks as the samples' plots, and the plot sits under them
+    latency = tab.page.locator("#plot-latency")
+    assert latency.get_attribute("data-marks") == plot.get_attribute("data-marks")
+    failures_box = tab.page.locator("#plot-failures").bounding_box()
+    assert plot.bounding_box()["y"] > failures_box["y"] + failures_box["height"]
+    legend = plot.locator(".u-legend")
+    for label in ("baseline", "canary", "bound"):
+        playwright_sync.expect(legend).to_contain_text(label)
+    plot.screenshot(path=str(screenshot_dir(tmp_path) / "dashboard-metric.png"))
 
 
 def test_a_trip_shows_on_the_plot_and_in_the_events(tab: Tab, plane: Plane, tmp_path: Path) -> None:

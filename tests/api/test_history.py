@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from controlplane.auth.roles import Role
+from controlplane.history.metric_points import MetricPoint
 from controlplane.history.points import HistoryPoint, VariantPoint
 from controlplane.kernel.clock import FakeClock
 from controlplane.runtime import Backends
@@ -170,3 +171,93 @@ async def test_a_viewer_may_read_the_history_and_nobody_without_a_token(
     anonymous = await client.get(path, headers={"Authorization": ""})
     assert anonymous.status_code == 401
     assert anonymous.headers["content-type"].startswith(PROBLEM)
+
+
+def readings(experiment_id: int, start: int, seconds: int, every: int) -> list[MetricPoint]:
+    """A gauge read every `every` seconds, against the baseline + 10 %; the canary
+    without data at every tenth reading."""
+    return [
+        MetricPoint(
+            experiment_id=experiment_id,
+            name="memory",
+            at=start + i,
+            span_sec=1,
+            kind="gauge",
+            compare="baseline",
+            baseline=100.0,
+            canary=None if (i // every) % 10 == 9 else float(i % 97),
+            bound=110.0,
+        )
+        for i in range(0, seconds, every)
+    ]
+
+
+async def test_the_metrics_come_per_name_downsampled_like_the_windows(
+    client: httpx.AsyncClient,
+    create: Callable[..., Any],
+    backends: Backends,
+    clock: FakeClock,
+) -> None:
+    created = await create()
+    start = int(clock.now())
+    errors = [
+        MetricPoint(created["id"], "errors", start + i, 1, "ratio", "absolute", 0.01, 0.02, 0.05)
+        for i in range(0, 86_400, 60)
+    ]
+    await backends.history.append(
+        points(created["id"], start, 600), readings(created["id"], start, 86_400, 15) + errors
+    )
+    clock.advance(86_400)
+
+    body = (
+        await client.get(f"/v1/experiments/{created['id']}/history", params={"points": 200})
+    ).json()
+
+    assert set(body["metrics"]) == {"memory", "errors"}
+    memory = body["metrics"]["memory"]
+    assert (memory["kind"], memory["compare"]) == ("gauge", "baseline")
+    width = body["bucket_sec"]
+    assert width == 433 and len(memory["at"]) <= 200
+    assert all(b - a >= width - 15 for a, b in zip(memory["at"], memory["at"][1:], strict=False))
+    for key in ("span_sec", "baseline", "canary", "bound"):
+        assert len(memory[key]) == len(memory["at"])
+    assert max(memory["canary"]) == 96.0, "a bucket keeps its peak"
+    assert set(memory["bound"]) == {110.0}
+    assert body["metrics"]["errors"]["bound"][0] == 0.05
+
+
+async def test_a_short_range_serves_each_reading_with_its_gaps(
+    client: httpx.AsyncClient,
+    create: Callable[..., Any],
+    backends: Backends,
+    clock: FakeClock,
+) -> None:
+    created = await create()
+    start = int(clock.now())
+    await backends.history.append([], readings(created["id"], start, 300, 15))
+    clock.advance(300)
+
+    body = (
+        await client.get(
+            f"/v1/experiments/{created['id']}/history",
+            params={"from": start, "to": start + 299, "points": 300},
+        )
+    ).json()
+
+    memory = body["metrics"]["memory"]
+    assert body["bucket_sec"] == 1 and body["t"] == []
+    assert memory["at"] == list(range(start, start + 300, 15))
+    assert memory["canary"][9] is None and memory["canary"][19] is None, "no data is a gap"
+    assert memory["baseline"] == [100.0] * 20
+    tail = (
+        await client.get(f"/v1/experiments/{created['id']}/history", params={"from": start + 280})
+    ).json()
+    assert tail["metrics"]["memory"]["at"] == [start + 285]
+
+
+async def test_an_experiment_without_provider_metrics_has_none(
+    client: httpx.AsyncClient, create: Callable[..., Any]
+) -> None:
+    created = await create()
+    body = (await client.get(f"/v1/experiments/{created['id']}/history")).json()
+    assert body["metrics"] == {}

@@ -17,11 +17,18 @@ from controlplane.db.store import SqlExperimentStore
 from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import ExperimentState
 from controlplane.experiments.store import ExperimentSpec, StepSpec
+from controlplane.history.metric_points import MetricPoint, downsample_metric
 from controlplane.history.points import HistoryPoint, VariantPoint, downsample
+from controlplane.history.recorder import HistoryRecorder
 from controlplane.history.store import HistoryStore
+from controlplane.kernel.metric_specs import MetricSpec
+from controlplane.kernel.rules import BreakerRule
+from controlplane.kernel.snapshots import WindowSnapshot
+from controlplane.providers.evidence import MetricEvidence, Reading
 
 T0 = 1_800_000_000
 NOW = datetime.fromtimestamp(T0, UTC)
+RULE = BreakerRule(service="checkout", threshold_ms=250, window_sec=30, failure_ratio=0.2)
 
 
 @dataclass
@@ -205,3 +212,143 @@ async def test_marks_are_the_newest_events_of_the_kinds_in_the_range(stores: Sto
         ("half_open", "r3"),
         ("probe_failed", "r4"),
     ]
+
+
+def random_metric_points(
+    experiment_id: int, seconds: list[int], seed: int, name: str = "memory"
+) -> list[MetricPoint]:
+    rng = np.random.default_rng(seed)
+
+    def value() -> float | None:
+        return None if rng.random() < 0.2 else f32(rng.uniform(0, 1000))
+
+    return [
+        MetricPoint(experiment_id, name, at, 1, "gauge", "baseline", value(), value(), value())
+        for at in seconds
+    ]
+
+
+def assert_same_metrics(got: list[MetricPoint], want: list[MetricPoint]) -> None:
+    assert [(p.name, p.at, p.span_sec) for p in got] == [(p.name, p.at, p.span_sec) for p in want]
+    for a, b in zip(got, want, strict=True):
+        assert (a.kind, a.compare) == (b.kind, b.compare)
+        for field in ("baseline", "canary", "bound"):
+            va, vb = getattr(a, field), getattr(b, field)
+            assert (va is None) == (vb is None), field
+            if va is not None:
+                assert va == pytest.approx(vb, rel=1e-6), field
+
+
+@pytest.mark.parametrize("width", [1, 7, 60])
+async def test_the_database_buckets_metric_readings_as_the_pure_downsample_does(
+    stores: Stores, width: int
+) -> None:
+    rng = np.random.default_rng(width)
+    seconds = sorted({T0 + int(s) for s in rng.integers(0, 600, 60)})
+    memory = random_metric_points(stores.experiment_id, seconds, 1)
+    errors = random_metric_points(stores.experiment_id, seconds[::2], 2, name="errors")
+    await stores.history.append([], memory + errors)
+
+    start, end = T0 + 13, T0 + 500
+    got = await stores.history.read_metrics(
+        experiment_id=stores.experiment_id, start=start, end=end, width=width
+    )
+
+    want = [
+        point
+        for series in (errors, memory)  # by name, then oldest first
+        for point in downsample_metric([p for p in series if start <= p.at <= end], start, width)
+    ]
+    assert_same_metrics(got, want)
+
+
+async def test_a_reading_written_twice_keeps_the_first(stores: Stores) -> None:
+    first = random_metric_points(stores.experiment_id, [T0], 1)
+    await stores.history.append(random_points(stores.experiment_id, [T0], 1), first)
+    await stores.history.append([], random_metric_points(stores.experiment_id, [T0], 2))
+
+    got = await stores.history.read_metrics(
+        experiment_id=stores.experiment_id, start=T0, end=T0, width=1
+    )
+    assert_same_metrics(got, first)
+
+
+async def test_merging_merges_the_metric_readings_with_the_windows(stores: Stores) -> None:
+    windows = random_points(stores.experiment_id, list(range(T0, T0 + 600)), 4)
+    readings = random_metric_points(stores.experiment_id, list(range(T0, T0 + 600, 15)), 4)
+    await stores.history.append(windows, readings)
+    before = T0 + 300
+
+    merged = await stores.history.compact(
+        experiment_id=stores.experiment_id, before=before, origin=0, width=60
+    )
+
+    assert merged == 300 + 20
+    old = [p for p in readings if p.at < before]
+    got = await stores.history.read_metrics(
+        experiment_id=stores.experiment_id, start=T0, end=T0 + 599, width=1
+    )
+    assert_same_metrics(got[:-20], downsample_metric(old, 0, 60))
+    assert_same_metrics(got[-20:], readings[-20:])
+    spans = await stores.history.metric_spans(experiment_ids=[stores.experiment_id])
+    assert spans == {stores.experiment_id: (len(got), T0, T0 + 585)}
+
+
+MEMORY = MetricSpec.model_validate(
+    {"name": "memory", "kind": "gauge", "query": 'max(rss{variant="$variant"})',
+     "compare": "baseline", "margin": 0.5}
+)  # fmt: skip
+
+
+def reading(canary: float, baseline: float | None, read_at: float) -> dict[str, MetricEvidence]:
+    base = Reading(baseline) if baseline is not None else Reading.missing("empty answer")
+    return {"memory": MetricEvidence("memory", Reading(canary), base, read_at)}
+
+
+async def test_the_recorder_writes_each_reading_once_with_the_windows(stores: Stores) -> None:
+    recorder = HistoryRecorder()
+    snapshots: dict[str, WindowSnapshot] = {}
+    for second in range(30):  # evaluated four times a second; read every 15 s
+        for quarter in range(4):
+            now = T0 + second + quarter / 4
+            read_at = T0 + 0.5 + 15 * (second // 15)
+            recorder.observe(stores.experiment_id, snapshots, RULE, 500, now)
+            recorder.observe_metrics(
+                stores.experiment_id, [MEMORY], reading(100.0 + second // 15, 80.0, read_at)
+            )
+        if second == 3:
+            await recorder.flush(stores.history)
+    recorder.observe_metrics(stores.experiment_id, [MEMORY], reading(1.0, None, T0 + 30.5))
+    await recorder.flush(stores.history)
+
+    got = await stores.history.read_metrics(
+        experiment_id=stores.experiment_id, start=T0, end=T0 + 60, width=1
+    )
+    assert [(p.at, p.canary, p.baseline, p.bound) for p in got] == [
+        (T0, 100.0, 80.0, 120.0), (T0 + 15, 101.0, 80.0, 120.0), (T0 + 30, 1.0, None, None)
+    ]  # fmt: skip
+    windows = await stores.history.read(
+        experiment_id=stores.experiment_id, start=T0, end=T0 + 60, width=1
+    )
+    assert len(windows) == 30 and recorder.stats.written == 33 and recorder.pending == 0
+
+
+async def test_an_ended_experiment_keeps_at_most_the_bound_per_metric(stores: Stores) -> None:
+    recorder = HistoryRecorder(ended_points=50)
+    for second in range(400):
+        recorder.observe_metrics(
+            stores.experiment_id, [MEMORY], reading(float(second), 1.0, T0 + second + 0.1)
+        )
+    await recorder.flush(stores.history)
+    async with stores.experiments.transaction() as tx:
+        loaded = await tx.load_experiment(experiment_id=stores.experiment_id)
+        await tx.save_state(experiment=replace(loaded, state=ExperimentState.ABORTED))
+
+    await recorder.keep(stores.history, active=[], now=T0 + 500)
+
+    got = await stores.history.read_metrics(
+        experiment_id=stores.experiment_id, start=T0, end=T0 + 500, width=1
+    )
+    assert 40 <= len(got) <= 50 and recorder.stats.compactions == 1
+    assert got[-1].canary == 399.0, "a bucket keeps its peak"
+    assert sum(p.span_sec for p in got) >= 400 - got[-1].span_sec

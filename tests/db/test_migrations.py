@@ -14,6 +14,7 @@ from controlplane.db.session import make_engine
 TABLES = {
     "experiments", "variants", "steps", "events", "api_tokens", "service_routes",
     "notification_subscriptions", "notification_deliveries", "history_points",
+    "history_metric_points",
 }
 
 

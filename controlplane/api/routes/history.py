@@ -9,10 +9,11 @@ from fastapi import APIRouter, Query
 
 from controlplane.api.deps import BackendsDep, ExperimentId
 from controlplane.api.problems import problem_responses
-from controlplane.api.schemas import ExperimentHistory, HistoryMark, VariantSeries
+from controlplane.api.schemas import ExperimentHistory, HistoryMark, MetricSeries, VariantSeries
 from controlplane.api.security import require
 from controlplane.auth.roles import Role
 from controlplane.experiments.events import ACTIONS, DECIDED
+from controlplane.history.metric_points import MetricPoint
 from controlplane.history.points import MAX_POINTS, VARIANTS, HistoryPoint, bucket_width
 from controlplane.kernel.errors import FieldError, ValidationFailed
 
@@ -80,6 +81,25 @@ def series_of(points: list[HistoryPoint]) -> dict[str, VariantSeries]:
     }
 
 
+def metric_series_of(points: list[MetricPoint]) -> dict[str, MetricSeries]:
+    """Points sorted by name, then `at`, as one series per metric."""
+    by_name: dict[str, list[MetricPoint]] = {}
+    for point in points:
+        by_name.setdefault(point.name, []).append(point)
+    return {
+        name: MetricSeries(
+            at=[p.at for p in found],
+            span_sec=[p.span_sec for p in found],
+            baseline=[p.baseline for p in found],
+            canary=[p.canary for p in found],
+            bound=[p.bound for p in found],
+            kind=found[-1].kind,
+            compare=found[-1].compare,
+        )
+        for name, found in by_name.items()
+    }
+
+
 @router.get(
     "/{experiment_id}/history",
     response_model=ExperimentHistory,
@@ -106,14 +126,18 @@ async def get_history(
     ] = DEFAULT_POINTS,
 ) -> ExperimentHistory:
     """Each variant's judged windows over time (P50/P95/P99, failure ratio, request
-    rate), the bounds in force, the canary weight and the events to mark, merged
-    server-side into at most `points` buckets."""
+    rate), the bounds in force, the canary weight, the rules' provider metrics with
+    the bound each was held to, and the events to mark, merged server-side into at
+    most `points` buckets (per metric too)."""
     async with backends.store.transaction() as tx:
         experiment = await tx.load_experiment(experiment_id=experiment_id)  # NotFound: 404
     first, last, width = history_range(
         start, end, created=experiment.created_at, now=backends.clock.now(), points=points
     )
     found = await backends.history.read(
+        experiment_id=experiment_id, start=first, end=last, width=width
+    )
+    readings = await backends.history.read_metrics(
         experiment_id=experiment_id, start=first, end=last, width=width
     )
     marks, total = await backends.history.marks(
@@ -135,6 +159,7 @@ async def get_history(
         threshold_ms=[p.threshold_ms for p in found],
         failure_bound=[p.failure_bound for p in found],
         variants=series_of(found),
+        metrics=metric_series_of(readings),
         marks=[HistoryMark(at=m.at, kind=m.kind, actor=m.actor, reason=m.reason) for m in marks],
         marks_total=total,
     )

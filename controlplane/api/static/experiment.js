@@ -248,6 +248,7 @@
   // The whole range merged server-side now and then; in between, each poll asks only
   // for the seconds from the newest point on and appends them (a few rows, not a day).
   const FULL_EVERY_MS = 60000;
+  const METRIC_LAG_SEC = 30;
   let history = null;
   let historyAt = 0;
 
@@ -262,6 +263,16 @@
         into.variants[name][key].push(...values.slice(skip));
       }
     }
+    // a metric's readings have seconds of their own: only the newer ones are taken
+    for (const [name, series] of Object.entries(tail.metrics || {})) {
+      const have = into.metrics[name];
+      if (!have) { into.metrics[name] = series; continue; }
+      const last = have.at.length ? have.at[have.at.length - 1] : -Infinity;
+      const from = series.at.filter((t) => t <= last).length;
+      for (const key of ["at", "span_sec", "baseline", "canary", "bound"]) {
+        have[key].push(...series[key].slice(from));
+      }
+    }
     const seen = new Set(into.marks.map((m) => `${m.at}/${m.kind}`));
     into.marks.push(...tail.marks.filter((m) => !seen.has(`${m.at}/${m.kind}`)));
   }
@@ -272,7 +283,10 @@
       history = await api(`/v1/experiments/${id}/history?points=${points()}`);
       historyAt = Date.now();
     } else {
-      appendTail(history, await api(`/v1/experiments/${id}/history?from=${newest}`), newest);
+      // a metric's reading is stamped when it was read and may land a little after
+      // newer windows: the tail reaches back a little; what is shown is not taken twice
+      const from = newest - METRIC_LAG_SEC;
+      appendTail(history, await api(`/v1/experiments/${id}/history?from=${from}`), newest);
     }
     if (plots === null) {
       plots = { latency: Plots.latency(byId("plot-latency")),
@@ -282,7 +296,38 @@
     }
     const data = Plots.columns(history);
     for (const [name, plot] of Object.entries(plots)) plot.update(data[name], history.marks);
+    renderMetricPlots();
   }
+
+  // one plot per provider metric, under the samples' plots, with the same marks
+  const metricPlots = new Map();
+
+  function renderMetricPlots() {
+    const metrics = history.metrics || {};
+    const names = Object.keys(metrics).sort();
+    byId("metrics").hidden = names.length === 0;
+    // one time axis for all: the windows' and every metric's seconds
+    const ends = [history.t, ...names.map((n) => metrics[n].at)].filter((t) => t.length);
+    const xrange = ends.length
+      ? [Math.min(...ends.map((t) => t[0])), Math.max(...ends.map((t) => t[t.length - 1]))]
+      : null;
+    for (const name of names) {
+      const series = metrics[name];
+      if (!metricPlots.has(name)) {
+        const box = el("div", { class: "plot", id: `plot-metric-${name}`, "data-metric": name,
+                                "data-kind": series.kind, "data-points": "0" });
+        const what = series.compare === "baseline" ? "bound: the baseline's value with the margin"
+          : "bound: the rule's";
+        byId("metric-plots").append(el("div", { class: "half" },
+          el("h3", {}, el("span", { text: `${name} ` }),
+             el("span", { class: "muted", text: `· ${series.kind} · ${what}` })), box));
+        metricPlots.set(name, Plots.metric(box, series.kind));
+      }
+      metricPlots.get(name).update(Plots.metricColumns(series), history.marks, xrange);
+    }
+  }
+
+  window.addEventListener("resize", () => metricPlots.forEach((p) => p.resize()));
 
   async function loadSlow(e) {
     let rule = e.rule;

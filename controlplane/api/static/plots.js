@@ -58,13 +58,15 @@ const Plots = (() => {
       this.uplot = null;
       this.series = series;
       this.axes = axes;
+      this.xrange = null;
     }
 
     options() {
       return {
         width: Math.max(this.container.clientWidth - 12, 300),
         height: HEIGHT,
-        scales: { x: { time: true } },
+        // a plot may share another's time axis (a metric's beside the windows')
+        scales: { x: { time: true, range: (u, min, max) => this.xrange || [min, max] } },
         series: [{}, ...this.series],
         axes: [{}, ...this.axes],
         legend: { live: true },
@@ -73,8 +75,9 @@ const Plots = (() => {
       };
     }
 
-    update(data, marks) {
+    update(data, marks, xrange = null) {
       this.marks = marks;
+      this.xrange = xrange;
       if (this.uplot === null) {
         this.uplot = new uPlot(this.options(), data, this.container);
       } else {
@@ -83,6 +86,14 @@ const Plots = (() => {
       this.container.dataset.points = String(data[0].length);
       this.container.dataset.marks = marks.map((m) => m.kind).join(",");
       this.container.dataset.lastT = data[0].length ? String(data[0][data[0].length - 1]) : "";
+      // the series that hold a value somewhere, and how many points each lacks (gaps)
+      const shown = this.series.map((s, i) => [s.key || s.label, data[i + 1] || []]);
+      this.container.dataset.series = shown
+        .filter(([, values]) => values.some((v) => v !== null && v !== undefined))
+        .map(([key]) => key).join(",");
+      this.container.dataset.gaps = shown
+        .map(([key, values]) => `${key}:${values.filter((v) => v === null || v === undefined).length}`)
+        .join(",");
     }
 
     resize() {
@@ -130,6 +141,25 @@ const Plots = (() => {
     ], [{ label: "ms" }]);
   }
 
+  // A provider metric (decision 0048): each variant's readings and the bound the canary
+  // was held to; a ratio in percent. A reading without data is a gap.
+  function metric(container, kind) {
+    const unit = kind === "ratio" ? " %" : "";
+    const value = (u, v) => (v === null || v === undefined ? "–"
+                             : `${Number(v.toPrecision(4))}${unit}`);
+    return new Plot(container, [
+      line("baseline", COLORS.baseline, { key: "baseline", value }),
+      line("canary", COLORS.canary, { key: "canary", width: 2, value }),
+      line("bound", COLORS.bound, { key: "bound", width: 2, dash: [10, 5], value }),
+    ], [{ label: kind === "ratio" ? "%" : kind }]);
+  }
+
+  function metricColumns(series) {
+    const scale = series.kind === "ratio"
+      ? (values) => values.map((x) => (x === null ? null : x * 100)) : (values) => values;
+    return [series.at, scale(series.baseline), scale(series.canary), scale(series.bound)];
+  }
+
   // The API's columns (GET /v1/experiments/{id}/history) as each plot's data.
   function columns(history) {
     const v = history.variants;
@@ -144,5 +174,5 @@ const Plots = (() => {
     };
   }
 
-  return { latency, failures, rate, recommendation, columns };
+  return { latency, failures, rate, recommendation, metric, columns, metricColumns };
 })();
