@@ -117,6 +117,8 @@ CLUSTER_USER_SIGMA = 0.3
 # still lognormal(MEDIAN_MS, SIGMA): 0.3^2 + 0.4^2 = 0.5^2 (the rule's threshold keeps
 # its meaning, 1.25 x the healthy P95)
 CLUSTER_REQUEST_SIGMA = math.sqrt(SIGMA**2 - CLUSTER_USER_SIGMA**2)
+# the heavy-user sweep's users never spread their own requests less than this
+HEAVY_MIN_REQUEST_SIGMA = 0.2
 # a small fraction of users have a broken client or account that fails half of its
 # requests: 0.2%, about 10 of 5,000, so one of the 10 heaviest users is broken in about
 # 2 runs in 100
@@ -328,6 +330,22 @@ class Traffic:
         return self.snapshots(now, rule, reservoir=reservoir, window_sec=fast)
 
 
+def request_sigma(user_sigma: float) -> float:
+    """The per-request spread within a user, for a per-user spread `user_sigma`.
+
+    The population keeps the independent traffic's lognormal(MEDIAN_MS, SIGMA) while
+    the users' spread leaves room for it; past that, each user's own requests keep
+    at least HEAVY_MIN_REQUEST_SIGMA and the population spreads wider (the rule's
+    threshold follows it: `population_sigma`).
+    """
+    return math.sqrt(population_sigma(user_sigma) ** 2 - user_sigma**2)
+
+
+def population_sigma(user_sigma: float) -> float:
+    """The per-request log-latency spread of the whole population."""
+    return max(SIGMA, math.hypot(user_sigma, HEAVY_MIN_REQUEST_SIGMA))
+
+
 def zipf_shares(users: int = CLUSTER_USERS, exponent: float = CLUSTER_ZIPF_EXPONENT) -> F64:
     """Each user's share of the requests, heaviest first (they sum to 1)."""
     weights = 1.0 / np.arange(1, users + 1, dtype=np.float64) ** exponent
@@ -354,15 +372,18 @@ class ClusteredTraffic(Traffic):
         exponent: float = CLUSTER_ZIPF_EXPONENT,
         degrade: Degradation = Degradation(),
         lost_share: float = 0.0,
+        users: int = CLUSTER_USERS,
+        user_sigma: float = CLUSTER_USER_SIGMA,
     ) -> None:
         super().__init__(rng, threshold_ms, degrade)
-        shares = zipf_shares(exponent=exponent)
+        shares = zipf_shares(users, exponent)
+        self.request_sigma = request_sigma(user_sigma)
         self.shares = shares
         self._cdf = np.cumsum(shares)
         self._cdf[-1] = 1.0
         n = shares.size
         self.bucket = rng.integers(0, TOTAL_WEIGHT, n)
-        self.latency_factor: F64 = rng.lognormal(0.0, CLUSTER_USER_SIGMA, n)
+        self.latency_factor: F64 = rng.lognormal(0.0, user_sigma, n)
         broken = rng.random(n) < CLUSTER_BROKEN_SHARE
         self.error_rate: F64 = np.where(
             broken, CLUSTER_BROKEN_ERROR_RATE, CLUSTER_USER_ERROR_RATE
@@ -383,7 +404,7 @@ class ClusteredTraffic(Traffic):
         n = int(self.rng.poisson(TOTAL_RPS * (t1 - t0)))
         ts = np.sort(self.rng.uniform(t0, t1, n))
         user = np.searchsorted(self._cdf, self.rng.random(n), side="right")
-        rt = self.rng.lognormal(math.log(MEDIAN_MS), CLUSTER_REQUEST_SIGMA, n)
+        rt = self.rng.lognormal(math.log(MEDIAN_MS), self.request_sigma, n)
         rt *= self.latency_factor[user]
         failed = self.rng.random(n) < self.error_rate[user]
         return ts, user, rt, failed
@@ -449,8 +470,45 @@ def aa_clustered_run(args: tuple[str, int, float, bool, float, float]) -> dict[s
     return _aa_schedule(mode, traffic, hold_sec, use_fast)
 
 
-def _aa_schedule(mode: str, traffic: Traffic, hold_sec: float, use_fast: bool) -> dict[str, Any]:
+def heavy_rule(mode: str, user_sigma: float) -> BreakerRule:
+    """The benchmark's rule for a heavy-user cell: the threshold stays 1.25 x the
+    population's healthy P95 when the users spread it wider than SIGMA."""
     rule = BASELINE_RULE if mode == "baseline" else RULE
+    spread = population_sigma(user_sigma)
+    if spread == SIGMA:
+        return rule
+    threshold = round(1.25 * MEDIAN_MS * math.exp(1.6449 * spread))
+    return rule.model_copy(update={"threshold_ms": threshold})
+
+
+def aa_heavy_run(args: tuple[str, int, float, int, float, float]) -> dict[str, Any]:
+    """One full A/A schedule on the heavy-user sweep's traffic (e).
+
+    args: mode, seed, hold, users, Zipf exponent, per-user latency sigma (the broken
+    users of (d) are kept).
+    """
+    mode, seed, hold_sec, users, exponent, user_sigma = args
+    rule = heavy_rule(mode, user_sigma)
+    rng = np.random.default_rng(seed)
+    traffic = ClusteredTraffic(
+        rng, rule.threshold_ms, exponent=exponent, users=users, user_sigma=user_sigma
+    )
+    out = _aa_schedule(mode, traffic, hold_sec, True, rule)
+    in_canary = traffic.canary_users(TOTAL_WEIGHT // 2)
+    out["top_user_in_canary_at_50"] = bool(in_canary[0])
+    out["top_user_factor"] = float(traffic.latency_factor[0])
+    return out
+
+
+def _aa_schedule(
+    mode: str,
+    traffic: Traffic,
+    hold_sec: float,
+    use_fast: bool,
+    rule: BreakerRule | None = None,
+) -> dict[str, Any]:
+    if rule is None:
+        rule = BASELINE_RULE if mode == "baseline" else RULE
     steps = tuple(
         replace(s, hold_sec=hold_sec)
         for s in (BASELINE_STEPS if mode == "baseline" else ABSOLUTE_STEPS)
@@ -460,6 +518,7 @@ def _aa_schedule(mode: str, traffic: Traffic, hold_sec: float, use_fast: bool) -
     loop.apply(first.effects, 0.0)
     now, trips, srm_events, naive_alarm = 0.0, 0, 0, False
     first_trip: dict[str, Any] | None = None
+    last_reason = ""
     limit = 20 * len(steps) * max(hold_sec, rule.window_sec)
     while loop.state.status is ExperimentState.RUNNING and now < limit:
         traffic.generate(now, now + EVAL_INTERVAL_SEC, loop.weight_at(now))
@@ -471,6 +530,7 @@ def _aa_schedule(mode: str, traffic: Traffic, hold_sec: float, use_fast: bool) -
         d = decide(loop.state, snaps, rule, steps, now, fast)
         loop.state = d.new_state
         loop.apply(d.effects, now)
+        last_reason = d.reason
         kinds = [e.kind for e in d.events]
         tripped = kinds.count(EventKind.TRIPPED) + kinds.count(EventKind.PROBE_FAILED)
         if tripped and first_trip is None:
@@ -490,6 +550,8 @@ def _aa_schedule(mode: str, traffic: Traffic, hold_sec: float, use_fast: bool) -
         "naive_alarm": naive_alarm,
         "first_trip": first_trip,
         "status": loop.state.status.value,
+        "step_index": loop.state.step_index,
+        "last_reason": last_reason,
     }
 
 

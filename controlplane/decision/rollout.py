@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from controlplane.decision import gate_deadline
 from controlplane.decision.breaker import (
     Evaluation,
     Guardrail,
@@ -457,9 +458,16 @@ def _while_closed(
         reason = "step due, but held: sample ratio mismatch and the rule says hold"
     else:
         gate = _gate(state, rule)
-        if _gate_passes(gate):
+        # a gate held on units is judged on what it has after a bounded wait (0050)
+        holding = tuple(g for g in gate.guardrails if _holds_gate(g))
+        alpha = look_alphas(state, rule, steps, fast=True)[0]
+        late = gate_deadline.resolve(gate, holding, now - due, step.hold_sec, alpha)
+        if _gate_passes(gate) or late.advance or late.trip:
+            gate = replace(gate, reason=late.note) if late.note else gate
+            if late.trip:
+                return _trip(state, look, rule, steps, now, late.note, srm_events, gate)
             return _advance(state, look, rule, steps, now, gate, srm_events)
-        reason = f"step due, but the step's evidence does not pass: {gate.reason}"
+        reason = f"step due, but the step's evidence does not pass: {gate.reason}{late.note}"
 
     return _hold(state, look, rule, now, gate, reason, srm_events, until=due)
 

@@ -1,0 +1,83 @@
+"""How long a step gate may wait for units that cannot come clean, and what then.
+
+A step gate wants every guardrail within its bound (docs/decisions/0003). Judged per
+request, waiting resolves an exceedance: more requests shrink the noise. Judged on
+units it need not: the step's estimate is made by the same sticky units all step
+long, and when a few heavy users carry a window (one making a fifth of all
+requests, each with a latency level of its own) the arms differ by which of them
+landed where for as long as the step lasts. Before this module such a gate held
+silently until the end of the benchmark's run (docs/decisions/0050-heavy-users.md).
+
+So a gate held only by guardrails judged on units (cluster-robust) holds for at most
+`GATE_EXTENSION_HOLDS` times the step's hold past its due time, saying so; then it is
+judged on what it has, as one more look of the step: a guardrail breached at the
+look's share of the rule's alpha trips the breaker (the rule's action), else the step
+advances and the next step's, larger set of units judges again. A gate held by a
+guardrail judged per request keeps waiting as before (new requests do resolve it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controlplane.decision.breaker import Evaluation, Guardrail, Verdict
+
+# a gate held on units waits at most this many holds of its step past the due time
+GATE_EXTENSION_HOLDS = 1.0
+
+
+@dataclass(frozen=True)
+class GateDeadline:
+    """What a held gate does now: keep holding (with `note`), advance, or trip."""
+
+    advance: bool = False
+    trip: bool = False
+    note: str = ""
+
+
+def _on_units(g: Guardrail) -> bool:
+    return g.test is not None and g.test.method.startswith("cluster_robust")
+
+
+def resolve(
+    gate: Evaluation,
+    holding: tuple[Guardrail, ...],
+    late_sec: float,
+    hold_sec: float,
+    look_alpha: float,
+) -> GateDeadline:
+    """The held gate `gate`, `late_sec` past its step's due time.
+
+    `holding`: the guardrails that keep it from advancing. `look_alpha`: what one look
+    of the step is held to (rollout.look_alphas). Nothing changes unless every
+    holding guardrail is judged on units and the gate's evidence was judged at all.
+    """
+    if gate.verdict not in (Verdict.PASS, Verdict.BREACH) or not holding:
+        return GateDeadline()
+    if not all(_on_units(g) for g in holding):
+        return GateDeadline()
+    limit = GATE_EXTENSION_HOLDS * hold_sec
+    names = ", ".join(g.name for g in holding)
+    if late_sec < limit:
+        return GateDeadline(
+            note=(
+                f"; held on units ({names}): the same users make the step's evidence, "
+                f"so it is judged on what it has in {limit - late_sec:.0f}s"
+            )
+        )
+    worst = min((g.p_adjusted if g.p_adjusted is not None else 1.0) for g in holding if g.exceeded)
+    if worst < look_alpha:
+        return GateDeadline(
+            trip=True,
+            note=(
+                f"step gate held {late_sec:.0f}s on units ({names}) and breached at the "
+                f"look's alpha {look_alpha:.2g} (Holm p={worst:.3g})"
+            ),
+        )
+    return GateDeadline(
+        advance=True,
+        note=(
+            f"step gate held {late_sec:.0f}s on units ({names}); judged on what it has: "
+            f"Holm p={worst:.3g} is not below the look's alpha {look_alpha:.2g}, advanced"
+        ),
+    )
