@@ -16,7 +16,11 @@ core alone: route propagation to the sidecars comes on top.
 (d) Clustered A/A: the same schedules and looks as (a), but the requests come from a
     population of users with heavy-tailed request shares, sticky assignment and
     per-user latency and failure effects (identical in both arms), as real traffic
-    does; the decision core still treats every request as an independent sample.
+    does; the decision core judges it on units (decision 0012).
+(e) Heavy users: (d)'s A/A over a sweep of the skew - users, Zipf exponent, per-user
+    latency spread - where a few users carry most of the requests (decision 0050):
+    false trips, and the share promoted within the schedule's time plus a bounded
+    margin.
 """
 
 from __future__ import annotations
@@ -136,6 +140,25 @@ SRM_LOST_SHARE = 0.10
 SRM_SEED = 20_000
 # on clustered traffic, the canary degrades at half of the users
 CLUSTERED_SCENARIOS = ("latency_x2", "failures_5pct")
+
+# (e) heavy users: A/A over a sweep of the skew, (users, Zipf exponent, per-user
+# latency sigma). The headline cell is the shape that false-tripped and stalled: a few
+# thousand users, the heaviest making about a fifth of all requests (22%), each user
+# with a latency level of its own; the other cells span the sweep's corners.
+HEAVY_HEADLINE = (3_000, 1.2, 0.45)
+HEAVY_SWEEP = (
+    (500, 0.8, 0.2),
+    (500, 1.4, 0.6),
+    (20_000, 0.8, 0.6),
+    (20_000, 1.4, 0.2),
+    (3_000, 1.0, 0.6),
+    (3_000, 1.4, 0.45),
+)
+HEAVY_SEED = 40_000
+# promoted "in time": within the schedule's time plus this many times it (a step gate
+# held on units waits at most one more hold: decision/gate_deadline.py), plus one
+# rule window per step (a gate looks when the next disjoint window is in)
+HEAVY_IN_TIME_MARGIN = 1.0
 
 
 # ---------------------------------------------------------------- simulated traffic
@@ -742,8 +765,87 @@ def _times(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _heavy_cell(
+    mode: str,
+    cell: tuple[int, float, float],
+    runs: int,
+    hold: float,
+    workers: int,
+) -> dict[str, Any]:
+    users, exponent, sigma = cell
+    seeds = range(HEAVY_SEED, HEAVY_SEED + runs)
+    results = _map(aa_heavy_run, [(mode, s, hold, users, exponent, sigma) for s in seeds], workers)
+    steps = BASELINE_STEPS if mode == "baseline" else ABSOLUTE_STEPS
+    schedule = len(steps) * hold
+    limit = schedule * (1 + HEAVY_IN_TIME_MARGIN) + len(steps) * RULE.window_sec
+    in_time = sum(r["promoted"] and r["duration_s"] <= limit for r in results)
+    durations = [r["duration_s"] for r in results if r["promoted"]]
+    return {
+        **_aa_summary(results),
+        **_trip_breakdown(results),
+        "promoted_in_time": in_time,
+        "promoted_in_time_rate": _rate_with_ci(in_time, len(results)),
+        "in_time_limit_s": limit,
+        "max_time_to_promote_s": max(durations) if durations else None,
+        "tripped_seeds": [s for s, r in zip(seeds, results, strict=True) if r["tripped"]],
+    }
+
+
+def _heavy_users(
+    quick: bool, hold: float, workers: int, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """(e): the headline cell in both modes, the sweep's cells with baseline compare."""
+    headline_runs = 3 if quick else 120
+    absolute_runs = 3 if quick else 40
+    sweep_runs = 2 if quick else 40
+    cells: list[tuple[str, tuple[int, float, float], int]] = [
+        ("baseline", HEAVY_HEADLINE, headline_runs),
+        ("absolute", HEAVY_HEADLINE, absolute_runs),
+    ]
+    cells += [
+        ("baseline", cell, sweep_runs) for cell in (HEAVY_SWEEP[:1] if quick else HEAVY_SWEEP)
+    ]
+    out: dict[str, Any] = {}
+    for mode, cell, runs in cells:
+        users, exponent, sigma = cell
+        key = f"users_{users}_zipf_{exponent:g}_sigma_{sigma:g}"
+        say(f"heavy users {key} {mode}: {runs} runs")
+        shares = zipf_shares(users, exponent)
+        entry = out.setdefault(
+            key,
+            {
+                "users": users,
+                "zipf_exponent": exponent,
+                "user_latency_sigma": sigma,
+                "request_latency_sigma": request_sigma(sigma),
+                "threshold_ms": heavy_rule("absolute", sigma).threshold_ms,
+                "top_user_share": float(shares[0]),
+                "top_10_users_share": float(np.sum(shares[:10])),
+                "effective_users": float(1.0 / np.sum(shares**2)),
+                "headline": cell == HEAVY_HEADLINE,
+            },
+        )
+        entry[mode] = _heavy_cell(mode, cell, runs, hold, workers)
+    return {
+        "cells": out,
+        "seeds_from": HEAVY_SEED,
+        "in_time": (
+            f"promoted within the schedule's time x {1 + HEAVY_IN_TIME_MARGIN:g} "
+            "+ one rule window per step"
+        ),
+        "targets": {"false_trip_rate": 0.01, "promoted_in_time_share": 0.97},
+    }
+
+
 # the benchmark's sections, in the order they run (`--only` picks some of them)
-SECTIONS = ("aa", "aa_clustered", "srm_clustered", "detection_clustered", "detection")
+SECTIONS = (
+    "aa",
+    "aa_clustered",
+    "srm_clustered",
+    "detection_clustered",
+    "detection",
+    "heavy_users",
+)
 
 
 def parse_sections(only: str | None) -> frozenset[str]:
@@ -869,6 +971,10 @@ def run(
             _map(flagger_run, [(name, 70_000 + i) for i in range(flagger_runs)], workers)
         )
 
+    heavy: dict[str, Any] = {}
+    if "heavy_users" in sections:
+        heavy = _heavy_users(quick, hold, workers, say)
+
     say("done")
     if aa:
         total_runs = sum(m["runs"] for m in aa.values())
@@ -884,6 +990,8 @@ def run(
         result["aa_clustered_zipf_0.8"] = by_exponent[CLUSTER_EXPONENTS[1]]
     if srm_clustered:
         result["srm_clustered"] = srm_clustered
+    if heavy:
+        result["heavy_users"] = heavy
     if detection_clustered:
         result["detection_clustered"] = detection_clustered
     if detection:

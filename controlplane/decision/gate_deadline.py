@@ -14,13 +14,24 @@ judged on what it has, as one more look of the step: a guardrail breached at the
 look's share of the rule's alpha trips the breaker (the rule's action), else the step
 advances and the next step's, larger set of units judges again. A gate held by a
 guardrail judged per request keeps waiting as before (new requests do resolve it).
+
+The same bound holds for a step short of the rule's `min_samples` whose canary
+samples are judged on units: at a 1% step the canary holds 1% of the users, and when
+none of them is heavy they make far less than 1% of the requests (a few tenths of a
+request a second on the benchmark's traffic), so `min_samples` can take many holds to
+arrive. Past the bound the gate judges the samples it has, saying so; the next step's
+larger share of the users judges again. A step short of samples judged per request
+keeps waiting, as before.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controlplane.decision.breaker import Evaluation, Guardrail, Verdict
+from controlplane.decision.breaker import Evaluation, Guardrail, Verdict, clustered_units
+from controlplane.decision.tally import Tally
+from controlplane.kernel.routes import CANARY
+from controlplane.kernel.rules import BreakerRule
 
 # a gate held on units waits at most this many holds of its step past the due time
 GATE_EXTENSION_HOLDS = 1.0
@@ -81,3 +92,35 @@ def resolve(
             f"Holm p={worst:.3g} is not below the look's alpha {look_alpha:.2g}, advanced"
         ),
     )
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Whether a step short of `min_samples` keeps waiting (`wait`, with `note`), and
+    the rule its gate is judged by otherwise (min_samples lowered to what it has)."""
+
+    wait: bool
+    rule: BreakerRule
+    note: str = ""
+
+
+def short_of_samples(rule: BreakerRule, tally: Tally, late_sec: float, hold_sec: float) -> Samples:
+    """A step due `late_sec` ago whose merged evidence is `tally`."""
+    count = tally.canary.count
+    if count >= rule.min_samples:
+        return Samples(False, rule)
+    merged = tally.snapshots(experiment="")[CANARY]
+    if count == 0 or clustered_units(merged) is None:
+        return Samples(True, rule)
+    limit = GATE_EXTENSION_HOLDS * hold_sec
+    if late_sec < limit:
+        note = (
+            f"; its canary users make few requests: judged on the samples it has "
+            f"in {limit - late_sec:.0f}s"
+        )
+        return Samples(True, rule, note)
+    note = (
+        f"judged on the {count} canary samples it has after waiting {late_sec:.0f}s "
+        f"for min_samples {rule.min_samples} (its canary users make few requests); "
+    )
+    return Samples(False, rule.model_copy(update={"min_samples": count}), note)

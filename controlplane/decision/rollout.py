@@ -449,21 +449,24 @@ def _while_closed(
         reason = (
             f"step due, but the last evaluation breached ({state.consecutive_breaches} in a row)"
         )
-    elif state.tally.canary.count < rule.min_samples:
+    elif (
+        short := gate_deadline.short_of_samples(rule, state.tally, now - due, step.hold_sec)
+    ).wait:
         reason = (
             f"step due, but it has seen {state.tally.canary.count} canary samples "
-            f"of min_samples {rule.min_samples}"
+            f"of min_samples {rule.min_samples}{short.note}"
         )
     elif rule.srm is SrmPolicy.HOLD and state.srm_flagged:
         reason = "step due, but held: sample ratio mismatch and the rule says hold"
     else:
-        gate = _gate(state, rule)
+        gate = _gate(state, short.rule)
         # a gate held on units is judged on what it has after a bounded wait (0050)
         holding = tuple(g for g in gate.guardrails if _holds_gate(g))
         alpha = look_alphas(state, rule, steps, fast=True)[0]
         late = gate_deadline.resolve(gate, holding, now - due, step.hold_sec, alpha)
         if _gate_passes(gate) or late.advance or late.trip:
-            gate = replace(gate, reason=late.note) if late.note else gate
+            note = short.note + (late.note or gate.reason)
+            gate = replace(gate, reason=note) if short.note or late.note else gate
             if late.trip:
                 return _trip(state, look, rule, steps, now, late.note, srm_events, gate)
             return _advance(state, look, rule, steps, now, gate, srm_events)
