@@ -165,3 +165,34 @@ def test_a_step_held_on_units_advances_after_a_bounded_wait(late: float, advance
         assert "judged on what it has" in gate["reason"]
     else:
         assert "held on units (latency)" in d.reason
+
+
+def _light_tally(units: bool) -> Tally:
+    """A 1% step's evidence from light users: 40 samples of 8 users, all healthy."""
+    rng = np.random.default_rng(5)
+    unit = population(rng, 40, 8, 0.0)
+    window = with_units(snap("canary", T0 + 50), unit, np.zeros(40, bool), np.zeros(40, bool))
+    if not units:
+        window = replace(window, units=None, reservoir_units=())
+    return Tally.starting(T0).add(window, None)
+
+
+@pytest.mark.parametrize(
+    ("units", "late", "advances"), [(True, 5.0, False), (True, 61.0, True), (False, 61.0, False)]
+)
+def test_a_step_short_of_samples_from_light_users_is_judged_after_a_bounded_wait(
+    units: bool, late: float, advances: bool
+) -> None:
+    s = state(tally=_light_tally(units))
+    now = T0 + STEPS[0].hold_sec + late
+    looks = {
+        "canary": snap("canary", now - 1, count=4, window_sec=120),
+        "baseline": snap("baseline", now - 1, window_sec=120),
+    }
+    d = decide(s, looks, rule(), STEPS, now)
+    assert (d.new_state.step_index == 1) is advances
+    if advances:
+        assert "judged on the 40 canary samples it has" in d.evidence["step_gate"]["reason"]
+    else:
+        assert "it has seen 40 canary samples of min_samples 100" in d.reason
+        assert ("judged on the samples it has in 55s" in d.reason) is units
