@@ -10,9 +10,12 @@ silently until the end of the benchmark's run (docs/decisions/0050-heavy-users.m
 
 So a gate held only by guardrails judged on units (cluster-robust) holds for at most
 `GATE_EXTENSION_HOLDS` times the step's hold past its due time, saying so; then it is
-judged on what it has, as one more look of the step: a guardrail breached at the
-look's share of the rule's alpha trips the breaker (the rule's action), else the step
-advances and the next step's, larger set of units judges again. A gate held by a
+judged on what it has: a guardrail breached at the rule's alpha (the step's whole
+false-alarm budget, Holm over the guardrails) trips the breaker with the rule's
+action, else the step advances and the next step's, larger set of units judges again.
+The rule's alpha and not a look's share: a canary twice as slow whose heaviest user
+is in it can stay below a look's share all step long while the step's evidence is
+far below the rule's alpha, and advancing it at the bound would promote it. A gate held by a
 guardrail judged per request keeps waiting as before (new requests do resolve it).
 
 The same bound holds for a step short of the rule's `min_samples` whose canary
@@ -55,13 +58,13 @@ def resolve(
     holding: tuple[Guardrail, ...],
     late_sec: float,
     hold_sec: float,
-    look_alpha: float,
+    alpha: float,
 ) -> GateDeadline:
     """The held gate `gate`, `late_sec` past its step's due time.
 
-    `holding`: the guardrails that keep it from advancing. `look_alpha`: what one look
-    of the step is held to (rollout.look_alphas). Nothing changes unless every
-    holding guardrail is judged on units and the gate's evidence was judged at all.
+    `holding`: the guardrails that keep it from advancing; `alpha`: the rule's.
+    Nothing changes unless every holding guardrail is judged on units and the gate's
+    evidence was judged at all.
     """
     if gate.verdict not in (Verdict.PASS, Verdict.BREACH) or not holding:
         return GateDeadline()
@@ -77,19 +80,19 @@ def resolve(
             )
         )
     worst = min((g.p_adjusted if g.p_adjusted is not None else 1.0) for g in holding if g.exceeded)
-    if worst < look_alpha:
+    if worst < alpha:
         return GateDeadline(
             trip=True,
             note=(
                 f"step gate held {late_sec:.0f}s on units ({names}) and breached at the "
-                f"look's alpha {look_alpha:.2g} (Holm p={worst:.3g})"
+                f"rule's alpha {alpha:.2g} (Holm p={worst:.3g})"
             ),
         )
     return GateDeadline(
         advance=True,
         note=(
             f"step gate held {late_sec:.0f}s on units ({names}); judged on what it has: "
-            f"Holm p={worst:.3g} is not below the look's alpha {look_alpha:.2g}, advanced"
+            f"Holm p={worst:.3g} is not below the rule's alpha {alpha:.2g}, advanced"
         ),
     )
 

@@ -462,8 +462,7 @@ def _while_closed(
         gate = _gate(state, short.rule)
         # a gate held on units is judged on what it has after a bounded wait (0050)
         holding = tuple(g for g in gate.guardrails if _holds_gate(g))
-        alpha = look_alphas(state, rule, steps, fast=True)[0]
-        late = gate_deadline.resolve(gate, holding, now - due, step.hold_sec, alpha)
+        late = gate_deadline.resolve(gate, holding, now - due, step.hold_sec, rule.alpha)
         if _gate_passes(gate) or late.advance or late.trip:
             note = short.note + (late.note or gate.reason)
             gate = replace(gate, reason=note) if short.note or late.note else gate

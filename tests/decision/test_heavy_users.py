@@ -115,16 +115,18 @@ def _gate(g: Guardrail) -> Evaluation:
 
 
 def test_a_gate_held_on_units_says_why_then_decides() -> None:
-    g = _guardrail(0.007)
-    waiting = resolve(_gate(g), (g,), 10.0, 60.0, LOOK_ALPHA)
+    g = _guardrail(0.02)
+    waiting = resolve(_gate(g), (g,), 10.0, 60.0, 0.01)
     assert not waiting.advance and not waiting.trip
     assert "held on units (latency)" in waiting.note and "in 50s" in waiting.note
     late = GATE_EXTENSION_HOLDS * 60.0
-    advanced = resolve(_gate(g), (g,), late, 60.0, LOOK_ALPHA)
+    advanced = resolve(_gate(g), (g,), late, 60.0, 0.01)
     assert advanced.advance and not advanced.trip
     assert "judged on what it has" in advanced.note
-    worse = _guardrail(1e-7)
-    tripped = resolve(_gate(worse), (worse,), late, 60.0, LOOK_ALPHA)
+    # the rule's alpha, not a look's share: a real slowdown a heavy user hides from
+    # the looks is not promoted at the bound
+    worse = _guardrail(0.004)
+    tripped = resolve(_gate(worse), (worse,), late, 60.0, 0.01)
     assert tripped.trip and not tripped.advance
 
 
@@ -137,14 +139,14 @@ def test_a_gate_held_per_request_keeps_waiting() -> None:
     assert not resolve(_gate(g), (g,), 1e6, 60.0, LOOK_ALPHA).advance
 
 
-def _held_tally() -> Tally:
+def _held_tally(share_above: float = 0.068) -> Tally:
     """A step's evidence from 61 units, one of them 30% of it, 7% above the threshold
-    against a 5% tail: significant at 5% (Holm p 0.009), not at a look's alpha, so
-    a gate on units holds it."""
+    against a 5% tail: significant at 5% (Holm p 0.015), not at the rule's alpha
+    (0.01), so a gate on units holds it."""
     rng = np.random.default_rng(9)
     n = 2000
     unit = population(rng, n, 60, 0.3)
-    above = rng.random(n) < 0.07
+    above = rng.random(n) < share_above
     window = with_units(snap("canary", T0 + 50), unit, np.zeros(n, bool), above)
     return Tally.starting(T0).add(window, None)
 
@@ -159,7 +161,7 @@ def test_a_step_held_on_units_advances_after_a_bounded_wait(late: float, advance
     d = decide(s, looks, rule(), STEPS, now)
     gate = d.evidence["step_gate"]
     latency = gate["guardrails"]["latency"]
-    assert latency["exceeded"] and LOOK_ALPHA < latency["p_adjusted"] < 0.05
+    assert latency["exceeded"] and 0.01 < latency["p_adjusted"] < 0.05
     assert (d.new_state.step_index == 1) is advances
     if advances:
         assert "judged on what it has" in gate["reason"]
@@ -196,3 +198,20 @@ def test_a_step_short_of_samples_from_light_users_is_judged_after_a_bounded_wait
     else:
         assert "it has seen 40 canary samples of min_samples 100" in d.reason
         assert ("judged on the samples it has in 55s" in d.reason) is units
+
+
+def test_a_step_held_on_units_and_breached_at_the_rules_alpha_trips_at_the_bound() -> None:
+    # 7.75% above against 5%: Holm p 0.003, below the rule's 0.01 but far above a
+    # look's share - before the bound it holds, at the bound it trips
+    s = state(tally=_held_tally(0.075))
+    for late, tripped in ((5.0, False), (61.0, True)):
+        now = T0 + STEPS[0].hold_sec + late
+        looks = {
+            "canary": snap("canary", now - 1, above=10, window_sec=120),
+            "baseline": snap("baseline", now - 1, window_sec=120),
+        }
+        d = decide(s, looks, rule(), STEPS, now)
+        assert (d.new_state.breaker.value == "open") is tripped
+        assert d.new_state.step_index == 0
+        if tripped:
+            assert "breached at the rule's alpha" in d.reason
