@@ -16,7 +16,11 @@ core alone: route propagation to the sidecars comes on top.
 (d) Clustered A/A: the same schedules and looks as (a), but the requests come from a
     population of users with heavy-tailed request shares, sticky assignment and
     per-user latency and failure effects (identical in both arms), as real traffic
-    does; the decision core still treats every request as an independent sample.
+    does; the decision core judges it on units (decision 0012).
+(e) Heavy users: (d)'s A/A over a sweep of the skew - users, Zipf exponent, per-user
+    latency spread - where a few users carry most of the requests (decision 0050):
+    false trips, and the share promoted within the schedule's time plus a bounded
+    margin.
 """
 
 from __future__ import annotations
@@ -117,6 +121,8 @@ CLUSTER_USER_SIGMA = 0.3
 # still lognormal(MEDIAN_MS, SIGMA): 0.3^2 + 0.4^2 = 0.5^2 (the rule's threshold keeps
 # its meaning, 1.25 x the healthy P95)
 CLUSTER_REQUEST_SIGMA = math.sqrt(SIGMA**2 - CLUSTER_USER_SIGMA**2)
+# the heavy-user sweep's users never spread their own requests less than this
+HEAVY_MIN_REQUEST_SIGMA = 0.2
 # a small fraction of users have a broken client or account that fails half of its
 # requests: 0.2%, about 10 of 5,000, so one of the 10 heaviest users is broken in about
 # 2 runs in 100
@@ -134,6 +140,25 @@ SRM_LOST_SHARE = 0.10
 SRM_SEED = 20_000
 # on clustered traffic, the canary degrades at half of the users
 CLUSTERED_SCENARIOS = ("latency_x2", "failures_5pct")
+
+# (e) heavy users: A/A over a sweep of the skew, (users, Zipf exponent, per-user
+# latency sigma). The headline cell is the shape that false-tripped and stalled: a few
+# thousand users, the heaviest making about a fifth of all requests (22%), each user
+# with a latency level of its own; the other cells span the sweep's corners.
+HEAVY_HEADLINE = (3_000, 1.2, 0.45)
+HEAVY_SWEEP = (
+    (500, 0.8, 0.2),
+    (500, 1.4, 0.6),
+    (20_000, 0.8, 0.6),
+    (20_000, 1.4, 0.2),
+    (3_000, 1.0, 0.6),
+    (3_000, 1.4, 0.45),
+)
+HEAVY_SEED = 40_000
+# promoted "in time": within the schedule's time plus this many times it (a step gate
+# held on units waits at most one more hold: decision/gate_deadline.py), plus one
+# rule window per step (a gate looks when the next disjoint window is in)
+HEAVY_IN_TIME_MARGIN = 1.0
 
 
 # ---------------------------------------------------------------- simulated traffic
@@ -328,6 +353,22 @@ class Traffic:
         return self.snapshots(now, rule, reservoir=reservoir, window_sec=fast)
 
 
+def request_sigma(user_sigma: float) -> float:
+    """The per-request spread within a user, for a per-user spread `user_sigma`.
+
+    The population keeps the independent traffic's lognormal(MEDIAN_MS, SIGMA) while
+    the users' spread leaves room for it; past that, each user's own requests keep
+    at least HEAVY_MIN_REQUEST_SIGMA and the population spreads wider (the rule's
+    threshold follows it: `population_sigma`).
+    """
+    return math.sqrt(population_sigma(user_sigma) ** 2 - user_sigma**2)
+
+
+def population_sigma(user_sigma: float) -> float:
+    """The per-request log-latency spread of the whole population."""
+    return max(SIGMA, math.hypot(user_sigma, HEAVY_MIN_REQUEST_SIGMA))
+
+
 def zipf_shares(users: int = CLUSTER_USERS, exponent: float = CLUSTER_ZIPF_EXPONENT) -> F64:
     """Each user's share of the requests, heaviest first (they sum to 1)."""
     weights = 1.0 / np.arange(1, users + 1, dtype=np.float64) ** exponent
@@ -354,15 +395,18 @@ class ClusteredTraffic(Traffic):
         exponent: float = CLUSTER_ZIPF_EXPONENT,
         degrade: Degradation = Degradation(),
         lost_share: float = 0.0,
+        users: int = CLUSTER_USERS,
+        user_sigma: float = CLUSTER_USER_SIGMA,
     ) -> None:
         super().__init__(rng, threshold_ms, degrade)
-        shares = zipf_shares(exponent=exponent)
+        shares = zipf_shares(users, exponent)
+        self.request_sigma = request_sigma(user_sigma)
         self.shares = shares
         self._cdf = np.cumsum(shares)
         self._cdf[-1] = 1.0
         n = shares.size
         self.bucket = rng.integers(0, TOTAL_WEIGHT, n)
-        self.latency_factor: F64 = rng.lognormal(0.0, CLUSTER_USER_SIGMA, n)
+        self.latency_factor: F64 = rng.lognormal(0.0, user_sigma, n)
         broken = rng.random(n) < CLUSTER_BROKEN_SHARE
         self.error_rate: F64 = np.where(
             broken, CLUSTER_BROKEN_ERROR_RATE, CLUSTER_USER_ERROR_RATE
@@ -383,7 +427,7 @@ class ClusteredTraffic(Traffic):
         n = int(self.rng.poisson(TOTAL_RPS * (t1 - t0)))
         ts = np.sort(self.rng.uniform(t0, t1, n))
         user = np.searchsorted(self._cdf, self.rng.random(n), side="right")
-        rt = self.rng.lognormal(math.log(MEDIAN_MS), CLUSTER_REQUEST_SIGMA, n)
+        rt = self.rng.lognormal(math.log(MEDIAN_MS), self.request_sigma, n)
         rt *= self.latency_factor[user]
         failed = self.rng.random(n) < self.error_rate[user]
         return ts, user, rt, failed
@@ -449,8 +493,45 @@ def aa_clustered_run(args: tuple[str, int, float, bool, float, float]) -> dict[s
     return _aa_schedule(mode, traffic, hold_sec, use_fast)
 
 
-def _aa_schedule(mode: str, traffic: Traffic, hold_sec: float, use_fast: bool) -> dict[str, Any]:
+def heavy_rule(mode: str, user_sigma: float) -> BreakerRule:
+    """The benchmark's rule for a heavy-user cell: the threshold stays 1.25 x the
+    population's healthy P95 when the users spread it wider than SIGMA."""
     rule = BASELINE_RULE if mode == "baseline" else RULE
+    spread = population_sigma(user_sigma)
+    if spread == SIGMA:
+        return rule
+    threshold = round(1.25 * MEDIAN_MS * math.exp(1.6449 * spread))
+    return rule.model_copy(update={"threshold_ms": threshold})
+
+
+def aa_heavy_run(args: tuple[str, int, float, int, float, float]) -> dict[str, Any]:
+    """One full A/A schedule on the heavy-user sweep's traffic (e).
+
+    args: mode, seed, hold, users, Zipf exponent, per-user latency sigma (the broken
+    users of (d) are kept).
+    """
+    mode, seed, hold_sec, users, exponent, user_sigma = args
+    rule = heavy_rule(mode, user_sigma)
+    rng = np.random.default_rng(seed)
+    traffic = ClusteredTraffic(
+        rng, rule.threshold_ms, exponent=exponent, users=users, user_sigma=user_sigma
+    )
+    out = _aa_schedule(mode, traffic, hold_sec, True, rule)
+    in_canary = traffic.canary_users(TOTAL_WEIGHT // 2)
+    out["top_user_in_canary_at_50"] = bool(in_canary[0])
+    out["top_user_factor"] = float(traffic.latency_factor[0])
+    return out
+
+
+def _aa_schedule(
+    mode: str,
+    traffic: Traffic,
+    hold_sec: float,
+    use_fast: bool,
+    rule: BreakerRule | None = None,
+) -> dict[str, Any]:
+    if rule is None:
+        rule = BASELINE_RULE if mode == "baseline" else RULE
     steps = tuple(
         replace(s, hold_sec=hold_sec)
         for s in (BASELINE_STEPS if mode == "baseline" else ABSOLUTE_STEPS)
@@ -460,6 +541,7 @@ def _aa_schedule(mode: str, traffic: Traffic, hold_sec: float, use_fast: bool) -
     loop.apply(first.effects, 0.0)
     now, trips, srm_events, naive_alarm = 0.0, 0, 0, False
     first_trip: dict[str, Any] | None = None
+    last_reason = ""
     limit = 20 * len(steps) * max(hold_sec, rule.window_sec)
     while loop.state.status is ExperimentState.RUNNING and now < limit:
         traffic.generate(now, now + EVAL_INTERVAL_SEC, loop.weight_at(now))
@@ -471,6 +553,7 @@ def _aa_schedule(mode: str, traffic: Traffic, hold_sec: float, use_fast: bool) -
         d = decide(loop.state, snaps, rule, steps, now, fast)
         loop.state = d.new_state
         loop.apply(d.effects, now)
+        last_reason = d.reason
         kinds = [e.kind for e in d.events]
         tripped = kinds.count(EventKind.TRIPPED) + kinds.count(EventKind.PROBE_FAILED)
         if tripped and first_trip is None:
@@ -490,6 +573,8 @@ def _aa_schedule(mode: str, traffic: Traffic, hold_sec: float, use_fast: bool) -
         "naive_alarm": naive_alarm,
         "first_trip": first_trip,
         "status": loop.state.status.value,
+        "step_index": loop.state.step_index,
+        "last_reason": last_reason,
     }
 
 
@@ -680,8 +765,89 @@ def _times(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _heavy_cell(
+    mode: str,
+    cell: tuple[int, float, float],
+    runs: int,
+    hold: float,
+    workers: int,
+) -> dict[str, Any]:
+    users, exponent, sigma = cell
+    seeds = range(HEAVY_SEED, HEAVY_SEED + runs)
+    results = _map(aa_heavy_run, [(mode, s, hold, users, exponent, sigma) for s in seeds], workers)
+    steps = BASELINE_STEPS if mode == "baseline" else ABSOLUTE_STEPS
+    schedule = len(steps) * hold
+    limit = schedule * (1 + HEAVY_IN_TIME_MARGIN) + len(steps) * RULE.window_sec
+    in_time = sum(r["promoted"] and r["duration_s"] <= limit for r in results)
+    durations = [r["duration_s"] for r in results if r["promoted"]]
+    return {
+        **_aa_summary(results),
+        **_trip_breakdown(results),
+        "promoted_in_time": in_time,
+        "promoted_in_time_rate": _rate_with_ci(in_time, len(results)),
+        "in_time_limit_s": limit,
+        "max_time_to_promote_s": max(durations) if durations else None,
+        "tripped_seeds": [s for s, r in zip(seeds, results, strict=True) if r["tripped"]],
+    }
+
+
+def _heavy_users(
+    quick: bool, hold: float, workers: int, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """(e): the headline cell in both modes, the sweep's cells with baseline compare."""
+    # 400 at the headline cell (no trip: the 95% upper bound is below 1%), 120 for
+    # the rest (no trip: below 3.1%)
+    headline_runs = 3 if quick else 400
+    absolute_runs = 3 if quick else 120
+    sweep_runs = 2 if quick else 120
+    cells: list[tuple[str, tuple[int, float, float], int]] = [
+        ("baseline", HEAVY_HEADLINE, headline_runs),
+        ("absolute", HEAVY_HEADLINE, absolute_runs),
+    ]
+    cells += [
+        ("baseline", cell, sweep_runs) for cell in (HEAVY_SWEEP[:1] if quick else HEAVY_SWEEP)
+    ]
+    out: dict[str, Any] = {}
+    for mode, cell, runs in cells:
+        users, exponent, sigma = cell
+        key = f"users_{users}_zipf_{exponent:g}_sigma_{sigma:g}"
+        say(f"heavy users {key} {mode}: {runs} runs")
+        shares = zipf_shares(users, exponent)
+        entry = out.setdefault(
+            key,
+            {
+                "users": users,
+                "zipf_exponent": exponent,
+                "user_latency_sigma": sigma,
+                "request_latency_sigma": request_sigma(sigma),
+                "threshold_ms": heavy_rule("absolute", sigma).threshold_ms,
+                "top_user_share": float(shares[0]),
+                "top_10_users_share": float(np.sum(shares[:10])),
+                "effective_users": float(1.0 / np.sum(shares**2)),
+                "headline": cell == HEAVY_HEADLINE,
+            },
+        )
+        entry[mode] = _heavy_cell(mode, cell, runs, hold, workers)
+    return {
+        "cells": out,
+        "seeds_from": HEAVY_SEED,
+        "in_time": (
+            f"promoted within the schedule's time x {1 + HEAVY_IN_TIME_MARGIN:g} "
+            "+ one rule window per step"
+        ),
+        "targets": {"false_trip_rate": 0.01, "promoted_in_time_share": 0.97},
+    }
+
+
 # the benchmark's sections, in the order they run (`--only` picks some of them)
-SECTIONS = ("aa", "aa_clustered", "srm_clustered", "detection_clustered", "detection")
+SECTIONS = (
+    "aa",
+    "aa_clustered",
+    "srm_clustered",
+    "detection_clustered",
+    "detection",
+    "heavy_users",
+)
 
 
 def parse_sections(only: str | None) -> frozenset[str]:
@@ -807,6 +973,10 @@ def run(
             _map(flagger_run, [(name, 70_000 + i) for i in range(flagger_runs)], workers)
         )
 
+    heavy: dict[str, Any] = {}
+    if "heavy_users" in sections:
+        heavy = _heavy_users(quick, hold, workers, say)
+
     say("done")
     if aa:
         total_runs = sum(m["runs"] for m in aa.values())
@@ -822,6 +992,8 @@ def run(
         result["aa_clustered_zipf_0.8"] = by_exponent[CLUSTER_EXPONENTS[1]]
     if srm_clustered:
         result["srm_clustered"] = srm_clustered
+    if heavy:
+        result["heavy_users"] = heavy
     if detection_clustered:
         result["detection_clustered"] = detection_clustered
     if detection:

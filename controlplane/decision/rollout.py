@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from controlplane.decision import gate_deadline
 from controlplane.decision.breaker import (
     Evaluation,
     Guardrail,
@@ -576,18 +577,31 @@ def _while_closed(
         reason = (
             f"step due, but the last evaluation breached ({state.consecutive_breaches} in a row)"
         )
-    elif state.tally.canary.count < rule.min_samples:
+    elif (
+        short := gate_deadline.short_of_samples(rule, state.tally, now - due, step.hold_sec)
+    ).wait:
         reason = (
             f"step due, but it has seen {state.tally.canary.count} canary samples "
-            f"of min_samples {rule.min_samples}"
+            f"of min_samples {rule.min_samples}{short.note}"
         )
     elif rule.srm is SrmPolicy.HOLD and state.srm_flagged:
         reason = "step due, but held: sample ratio mismatch and the rule says hold"
     else:
-        gate = _gate(state, rule, look)
-        if _gate_passes(gate):
+        gate = _gate(state, short.rule, look)
+        # a gate held on units is judged on what it has after a bounded wait (0050)
+        holding = tuple(g for g in gate.guardrails if _holds_gate(g))
+        late = gate_deadline.resolve(gate, holding, now - due, step.hold_sec, rule.alpha)
+        # a rule whose action is pause keeps holding at the deadline: a breach there
+        # is what its pause is for, and a person resumes or acts
+        trip_late = late.trip and rule.action is not GuardrailAction.PAUSE
+        if _gate_passes(gate) or late.advance or trip_late:
+            note = short.note + (late.note or gate.reason)
+            gate = replace(gate, reason=note) if short.note or late.note else gate
+            if trip_late:
+                call = TripCall(rule.action, "step gate", late.note)
+                return _act(state, look, rule, steps, now, call, srm_events, gate)
             return _advance(state, look, rule, steps, now, gate, srm_events)
-        reason = f"step due, but the step's evidence does not pass: {gate.reason}"
+        reason = f"step due, but the step's evidence does not pass: {gate.reason}{late.note}"
 
     return _hold(state, look, rule, now, gate, reason, srm_events, until=due)
 

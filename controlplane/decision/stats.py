@@ -226,6 +226,11 @@ class ClusterEstimate:
     df: float
     clusters: int
     count: int
+    # for comparing two arms (`clustered_comparison_test`): the leave-one-block-out
+    # (CR3) variance and the degrees of freedom of the blocks' effective number
+    # (Kish, 1 / Σ h_b²), both from the design's leverages (decision 0050)
+    compare_variance: float = math.nan
+    compare_df: float = math.nan
 
 
 def _cluster_estimate(
@@ -273,10 +278,56 @@ def _cluster_estimate(
     scale = clusters / (clusters - 1)
     variance = scale * (float(r2.sum()) + single_r2) / (total * total)
     heaviest = float(leverage.max()) if leverage.shape[0] else 0.0
+    compare_variance, compare_df = _compare_variance(
+        r2, leverage, single_r2, single_n, clusters, total
+    )
     if heaviest > DOMINANT_BLOCK_SHARE:
         spread = max(sum_yy / total - est * est, 0.0)
         variance = max(variance, heaviest * heaviest * spread)
-    return ClusterEstimate(est, variance, clusters - 1.0, clusters, int(total))
+        compare_variance = max(compare_variance, heaviest * heaviest * spread)
+    return ClusterEstimate(
+        est, variance, clusters - 1.0, clusters, int(total), compare_variance, compare_df
+    )
+
+
+def _compare_variance(
+    r2: npt.NDArray[np.float64],
+    leverage: npt.NDArray[np.float64],
+    single_r2: float,
+    single_n: int,
+    clusters: int,
+    total: float,
+) -> tuple[float, float]:
+    """The variance and degrees of freedom an arm brings to a two-arm comparison.
+
+    Each arm holds different units, so under "no difference" the arms still differ by
+    which units landed where, and the heaviest ones decide by how much. CR1 divides
+    that spread down exactly where it matters: a block holding a share h of its arm
+    pulls the arm's estimate towards itself, its residual shrinks by (1 - h), its
+    square by (1 - h)²; with a heavy user making 40% of an arm, CR1 sees a third of
+    that user's share of the variance. The jackknife (CR3) restores it: each residual
+    divided by 1 - h_b, the leave-one-block-out change. And a t over G - 1 degrees of
+    freedom treats the 64 blocks as 64 equal witnesses when one or two of them carry
+    the variance: the degrees of freedom are the arm's effective number of blocks
+    (Kish, 1 / Σ h_b², samples without a unit each a block of one) less one, which
+    depends on the leverages only, not on the residuals - a regression carried by
+    every unit does not lower them (Satterthwaite's over the residuals does; decision
+    0012). Measured on the heavy-user A/A windows of decision 0050 (3,000 users,
+    Zipf 1.2, per-user sigma 0.45, 800 windows at 50%): CR1 over G - 1 rejected at
+    p < 0.01 in 5.1% of 10-s windows and at p < 2e-5 in 0.25%; this rejects in
+    1.3% and none.
+    """
+    if clusters < 2:
+        return math.inf, 1.0
+    kept = np.minimum(leverage, 1.0 - 1e-9)
+    single_h = 1.0 / total
+    jack = float(np.sum(r2 / (1.0 - kept) ** 2))
+    if single_n:
+        # samples without a unit: leverage 1/N each, their Σ r² from their sums
+        jack += single_r2 / (1.0 - single_h) ** 2
+    variance = (clusters - 1) / clusters * jack / (total * total)
+    effective = 1.0 / (float(np.sum(leverage * leverage)) + single_n * single_h * single_h)
+    return variance, max(effective - 1.0, 1.0)
 
 
 def cluster_ratio(summary: UnitSummary, column: int) -> ClusterEstimate:
@@ -323,11 +374,14 @@ def clustered_comparison_test(
 ) -> TestResult:
     """H0: the canary's rate (or mean log latency) is no higher than the baseline's.
 
-    Welch's two-sample t with each arm's cluster-robust variance and the
-    Welch-Satterthwaite degrees of freedom. For rates, each arm's variance is at least
+    Welch's two-sample t with each arm's leverage-corrected cluster-robust variance
+    and effective degrees of freedom (`_compare_variance`), combined by
+    Welch-Satterthwaite. For rates, each arm's variance is at least
     the binomial one at the pooled rate (as in `clustered_bound_test`).
     """
-    vc, vb = canary.variance, baseline.variance
+    vc, vb = canary.compare_variance, baseline.compare_variance
+    if math.isnan(vc) or math.isnan(vb):  # estimates built by hand: the sandwich
+        vc, vb = canary.variance, baseline.variance
     if binary and canary.count and baseline.count:
         pooled = (canary.estimate * canary.count + baseline.estimate * baseline.count) / (
             canary.count + baseline.count
@@ -339,7 +393,9 @@ def clustered_comparison_test(
     if not 0 < total < math.inf:  # no variance, or an arm with a single cluster
         return TestResult(name, method, 0.0, 1.0)
     t = (canary.estimate - baseline.estimate) / math.sqrt(total)
-    df = total * total / (vc * vc / canary.df + vb * vb / baseline.df)
+    df_c = canary.df if math.isnan(canary.compare_df) else canary.compare_df
+    df_b = baseline.df if math.isnan(baseline.compare_df) else baseline.compare_df
+    df = total * total / (vc * vc / df_c + vb * vb / df_b)
     return TestResult(name, method, t, _t_sf(t, max(df, 1.0)))
 
 
