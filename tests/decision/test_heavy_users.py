@@ -24,6 +24,7 @@ from controlplane.decision.stats import (
     clustered_comparison_test,
 )
 from controlplane.decision.tally import Tally
+from controlplane.kernel.metric_specs import GuardrailAction
 from controlplane.kernel.routes import BASELINE, CANARY
 
 from .factory import STEPS, T0, rule, snap, state
@@ -215,3 +216,20 @@ def test_a_step_held_on_units_and_breached_at_the_rules_alpha_trips_at_the_bound
         assert d.new_state.step_index == 0
         if tripped:
             assert "breached at the rule's alpha" in d.reason
+
+
+def test_a_rule_whose_action_is_pause_keeps_holding_at_the_bound() -> None:
+    # the same breach at the bound: a pausing rule holds the weight (its pause is for
+    # that), it neither trips nor advances
+    s = state(tally=_held_tally(0.075))
+    now = T0 + STEPS[0].hold_sec + 61.0
+    looks = {
+        "canary": snap("canary", now - 1, above=10, window_sec=120),
+        "baseline": snap("baseline", now - 1, window_sec=120),
+    }
+    pausing = rule(action="pause")
+    assert pausing.action is GuardrailAction.PAUSE
+    d = decide(s, looks, pausing, STEPS, now)
+    assert d.new_state.breaker.value == "closed" and d.new_state.step_index == 0
+    assert d.new_state.canary_bp == s.canary_bp
+    assert "breached at the rule's alpha" in d.reason
