@@ -847,6 +847,7 @@ SECTIONS = (
     "detection_clustered",
     "detection",
     "heavy_users",
+    "provider_metric",
 )
 
 
@@ -977,6 +978,14 @@ def run(
     if "heavy_users" in sections:
         heavy = _heavy_users(quick, hold, workers, say)
 
+    provider_metric: dict[str, Any] = {}
+    if "provider_metric" in sections:
+        # a Prometheus-style ratio judged every look beside latency and failures
+        # (decision_metrics.py; also `canary bench decision-metrics` on its own)
+        from controlplane.benchmarks import decision_metrics
+
+        provider_metric = decision_metrics.run(quick=quick, progress=progress, workers=workers)
+
     say("done")
     if aa:
         total_runs = sum(m["runs"] for m in aa.values())
@@ -994,6 +1003,8 @@ def run(
         result["srm_clustered"] = srm_clustered
     if heavy:
         result["heavy_users"] = heavy
+    if provider_metric:
+        result["provider_metric"] = provider_metric
     if detection_clustered:
         result["detection_clustered"] = detection_clustered
     if detection:
