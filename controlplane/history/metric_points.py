@@ -20,6 +20,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from controlplane.history.points import bucketed
 from controlplane.kernel.judgment import Direction
 from controlplane.kernel.metric_specs import MetricCompare, MetricKind, MetricSpec
 from controlplane.providers.evidence import MetricEvidence, Reading
@@ -125,21 +126,7 @@ def merge_metric(points: Sequence[MetricPoint], at: int, span_sec: int) -> Metri
 def downsample_metric(points: Sequence[MetricPoint], origin: int, width: int) -> list[MetricPoint]:
     """One metric's points (sorted by `at`) in buckets of `width` seconds from
     `origin`, as points.downsample does for the windows."""
-    if width < 1:
-        raise ValueError("a bucket is at least one second wide")
-    merged: list[MetricPoint] = []
-    bucket: list[MetricPoint] = []
-    index: int | None = None
-    for point in points:
-        i = (point.at - origin) // width
-        if bucket and i != index:
-            merged.append(_close(bucket, width))
-            bucket = []
-        bucket.append(point)
-        index = i
-    if bucket:
-        merged.append(_close(bucket, width))
-    return merged
+    return [_close(bucket, width) for bucket in bucketed(points, origin, width)]
 
 
 def _close(bucket: list[MetricPoint], width: int) -> MetricPoint:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from controlplane.kernel.routes import BASELINE, CANARY
 from controlplane.kernel.rules import BreakerRule
@@ -162,25 +163,35 @@ def merge(points: Sequence[HistoryPoint], at: int, span_sec: int) -> HistoryPoin
     )
 
 
+class _Timed(Protocol):
+    @property
+    def at(self) -> int: ...
+
+
+_P = TypeVar("_P", bound=_Timed)
+
+
+def bucketed(points: Sequence[_P], origin: int, width: int) -> list[list[_P]]:
+    """Points (sorted by `at`) grouped into buckets of `width` seconds counted from
+    `origin`, in order; empty buckets are left out."""
+    if width < 1:
+        raise ValueError("a bucket is at least one second wide")
+    buckets: list[list[_P]] = []
+    index: int | None = None
+    for point in points:
+        i = (point.at - origin) // width
+        if not buckets or i != index:
+            buckets.append([])
+        buckets[-1].append(point)
+        index = i
+    return buckets
+
+
 def downsample(points: Sequence[HistoryPoint], origin: int, width: int) -> list[HistoryPoint]:
     """Points (sorted by `at`) merged into buckets of `width` seconds counted from
     `origin`; each bucket starts at its first point. A bucket of one point is that
     point unchanged."""
-    if width < 1:
-        raise ValueError("a bucket is at least one second wide")
-    merged: list[HistoryPoint] = []
-    bucket: list[HistoryPoint] = []
-    index: int | None = None
-    for point in points:
-        i = (point.at - origin) // width
-        if bucket and i != index:
-            merged.append(_close(bucket, width))
-            bucket = []
-        bucket.append(point)
-        index = i
-    if bucket:
-        merged.append(_close(bucket, width))
-    return merged
+    return [_close(bucket, width) for bucket in bucketed(points, origin, width)]
 
 
 def _close(bucket: list[HistoryPoint], width: int) -> HistoryPoint:
