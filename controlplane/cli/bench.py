@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "sidecar-grpc": "controlplane.benchmarks.sidecar_grpc:run",
     "sidecar-tracing": "controlplane.benchmarks.sidecar_tracing:run",
     "sidecar-python": "controlplane.benchmarks.sidecar_python:run",
+    "sidecar-resources": "controlplane.benchmarks.sidecar_resources:run",
     "sample-path": "controlplane.benchmarks.sample_path:run",
     "control": "controlplane.benchmarks.control:run",
     "notify": "controlplane.benchmarks.notify:run",

@@ -17,6 +17,7 @@ from controlplane.cli import (
     collector,
     demo,
     experiments,
+    inject,
     judge,
     notify,
     overload,
@@ -60,7 +61,7 @@ def root(
     remote.ca_file = ca_file
 
 
-for module in (bench, collector, demo, experiments, judge, notify, overload, router, rules,
+for module in (bench, collector, demo, experiments, inject, judge, notify, overload, router, rules,
                server, sidecar, tokens):
     module.register(app)
 
