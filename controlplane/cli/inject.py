@@ -26,7 +26,9 @@ def register(app: typer.Typer) -> None:
     def inject_command(
         filename: Annotated[
             str,
-            typer.Option("--filename", "-f", help="the manifest (multi-document YAML); - for stdin"),
+            typer.Option(
+                "--filename", "-f", help="the manifest (multi-document YAML); - for stdin"
+            ),
         ],
         service: Annotated[
             str | None,
@@ -49,7 +51,9 @@ def register(app: typer.Typer) -> None:
         ] = "canary-sidecar:0.1.0",
         config_map: Annotated[
             str,
-            typer.Option("--config-map", help="the chart's ConfigMap (release canary: the default)"),
+            typer.Option(
+                "--config-map", help="the chart's ConfigMap (release canary: the default)"
+            ),
         ] = "canary-config",
         proxy_port: Annotated[
             int, typer.Option("--proxy-port", help="the sidecar's proxy port (named canary-http)")

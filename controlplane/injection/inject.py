@@ -5,7 +5,8 @@ workload (Deployment, StatefulSet, DaemonSet) gets the container, its volumes, t
 label the chart's PodMonitor selects and two annotations recording the service and
 the application port chosen; a Service of the same input selecting that workload's
 Pods has each port that reached the application sent to the sidecar's port instead.
-Everything else passes through unchanged, `List` items included.
+Everything else passes through unchanged, `List` items included; an input without a
+workload is refused.
 
 Injecting an injected workload gives the same document: the sidecar is rebuilt from
 the annotations, never added twice (`inject(inject(x)) == inject(x)`).
@@ -63,11 +64,11 @@ def inject(documents: Iterable[Any], request: Request) -> Injected:
     services = [obj for obj in objects if obj.get("kind") == "Service"]
     notes: list[str] = []
     workloads = [obj for obj in objects if obj.get("kind") in WORKLOADS]
+    if not workloads:  # most likely the wrong file: say so rather than echo it
+        raise InjectionError("no Deployment, StatefulSet or DaemonSet in the input")
     repointed: list[dict[str, Any]] = []
     for workload in workloads:
         notes += _inject_workload(workload, services, request, repointed)
-    if not workloads:
-        notes.append("no Deployment, StatefulSet or DaemonSet in the input: nothing injected")
     changed = workloads + [s for s in services if any(s is r for r in repointed)]
     return Injected(out, changed, notes)
 

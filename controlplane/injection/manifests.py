@@ -5,8 +5,9 @@ printed."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -14,22 +15,23 @@ from controlplane.injection.inject import InjectionError
 
 MAX_BYTES = 8 * 1024 * 1024
 MAX_DOCUMENTS = 1_000
+_VERSION = re.compile(r"[0-9]{1,3}\.[0-9]{1,3}(\.[0-9]{1,3})?")
+
+
+def _numeric(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
 
 
 def parse(text: str, *, source: str) -> list[Any]:
     """The documents of `text`; refuses an oversized, malformed or aliased stream."""
     if len(text.encode()) > MAX_BYTES:
         raise InjectionError(f"{source}: larger than {MAX_BYTES // (1024 * 1024)} MiB")
+    documents: list[Any] = []
     try:
-        loader = _NoAliasLoader(text)
-        try:
-            documents: list[Any] = []
-            while loader.check_data():
-                documents.append(loader.get_data())
-                if len(documents) > MAX_DOCUMENTS:
-                    raise InjectionError(f"{source}: more than {MAX_DOCUMENTS} documents")
-        finally:
-            loader.dispose()
+        for document in yaml.load_all(text, Loader=_NoAliasLoader):
+            documents.append(document)
+            if len(documents) > MAX_DOCUMENTS:
+                raise InjectionError(f"{source}: more than {MAX_DOCUMENTS} documents")
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""
@@ -44,7 +46,7 @@ class _NoAliasLoader(yaml.SafeLoader):
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
+            event = cast(Any, self).peek_event()
             raise yaml.composer.ComposerError(
                 None, None, "aliases are not accepted", event.start_mark
             )
@@ -65,7 +67,15 @@ def validate(objects: Iterable[dict[str, Any]], kubernetes_version: str) -> None
     """Each object valid for that Kubernetes version, or one error naming the first
     that is not."""
     import kubernetes_validate
+    from kubernetes_validate.utils import all_versions, major_minor
 
+    # the library compares versions as text and fails on one older than its schemas
+    known = {major_minor(version) for version in all_versions()}
+    if _VERSION.fullmatch(kubernetes_version) is None or (
+        major_minor(kubernetes_version) not in known
+    ):
+        raise InjectionError(f"Kubernetes {kubernetes_version} is not one the schemas cover "
+                             f"({min(known, key=_numeric)} to {max(known, key=_numeric)})")
     for obj in objects:
         name = f"{obj.get('kind', '?').lower()}/{(obj.get('metadata') or {}).get('name', '?')}"
         try:
@@ -76,9 +86,6 @@ def validate(objects: Iterable[dict[str, Any]], kubernetes_version: str) -> None
         except kubernetes_validate.SchemaNotFoundError as exc:
             raise InjectionError(f"{name}: no schema for it in Kubernetes "
                                  f"{kubernetes_version}") from exc  # fmt: skip
-        except kubernetes_validate.utils.VersionNotSupportedError as exc:
-            raise InjectionError(f"Kubernetes {kubernetes_version} is not one the schemas "
-                                 "cover") from exc  # fmt: skip
 
 
 def latest_kubernetes_version() -> str:

@@ -1,5 +1,6 @@
 """What deploy/ becomes once its tools have run: the chart rendered by `helm template`
-with each values file, the sidecar patch applied by `kubectl patch --local`. The tools
+with each values file, the sidecar and Service patches applied by `kubectl patch
+--local`, the example injected by `canary inject`. The tools
 come from the virtualenv (scripts/install-k8s-tools.sh) or PATH; without them the tests
 skip, except in CI, where a missing tool is a failure."""
 
@@ -21,11 +22,14 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 CHART = DEPLOY / "helm" / "canary"
 KUBERNETES = DEPLOY / "kubernetes"
 RELEASE, NAMESPACE = "canary", "canary"
-# the defaults, then each file of the chart's ci/ folder
+# the defaults, the trial profile, then each file of the chart's ci/ folder
 VALUES: dict[str, list[str]] = {
     "default": [],
+    "trial": [str(CHART / "values-trial.yaml")],
     **{path.stem: [str(path)] for path in sorted((CHART / "ci").glob("*-values.yaml"))},
 }
+# the example's own application container: not ours to harden or probe
+EXAMPLE_APP = "payment-api"
 
 
 def tool(name: str) -> str:
@@ -63,21 +67,30 @@ def chart(values: str = "default", *extra: str) -> list[dict[str, Any]]:
 
 
 @cache
-def _patched() -> str:
+def _patched(kind: str, patch: str) -> str:
     example = documents((KUBERNETES / "sidecar-example.yaml").read_text())
-    deployment = next(doc for doc in example if doc["kind"] == "Deployment")
+    document = next(doc for doc in example if doc["kind"] == kind)
     return run(
         tool("kubectl"), "patch", "--local", "--output=yaml", "--filename=-",
-        f"--patch-file={KUBERNETES / 'sidecar-patch.yaml'}",
-        stdin=yaml.safe_dump(deployment),
+        f"--patch-file={KUBERNETES / patch}", stdin=yaml.safe_dump(document),
     )  # fmt: skip
 
 
 def patched_example() -> list[dict[str, Any]]:
-    """sidecar-example.yaml with its Deployment patched by sidecar-patch.yaml."""
-    example = documents((KUBERNETES / "sidecar-example.yaml").read_text())
-    patched = documents(_patched())
-    return [*patched, *(doc for doc in example if doc["kind"] != "Deployment")]
+    """sidecar-example.yaml patched by sidecar-patch.yaml and service-patch.yaml."""
+    return [
+        *documents(_patched("Deployment", "sidecar-patch.yaml")),
+        *documents(_patched("Service", "service-patch.yaml")),
+    ]
+
+
+def injected_example() -> list[dict[str, Any]]:
+    """sidecar-example.yaml through `canary inject` with its defaults."""
+    from controlplane.injection import manifests
+    from controlplane.injection.inject import Request, inject
+
+    example = manifests.parse((KUBERNETES / "sidecar-example.yaml").read_text(), source="example")
+    return [doc for doc in inject(example, Request()).documents if doc]
 
 
 def pod_spec(document: dict[str, Any]) -> dict[str, Any] | None:

@@ -15,10 +15,12 @@ from cloudcoil.models.prometheus_operator import v1 as monitoring
 
 from tests.deploy.render import (
     CHART,
+    EXAMPLE_APP,
     NAMESPACE,
     VALUES,
     chart,
     containers,
+    injected_example,
     patched_example,
     pod_spec,
     run,
@@ -31,13 +33,16 @@ CRD_MODELS = {"ServiceMonitor": monitoring.ServiceMonitor, "PodMonitor": monitor
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet"}
 
 
+EXAMPLES = {"sidecar-patch": patched_example, "sidecar-inject": injected_example}
+
+
 def every_rendering() -> list[Any]:
-    cases = [pytest.param(name, id=name) for name in VALUES]
-    return [*cases, pytest.param("sidecar-patch", id="sidecar-patch")]
+    return [pytest.param(name, id=name) for name in (*VALUES, *EXAMPLES)]
 
 
 def objects(rendering: str) -> list[dict[str, Any]]:
-    return patched_example() if rendering == "sidecar-patch" else chart(rendering)
+    example = EXAMPLES.get(rendering)
+    return example() if example is not None else chart(rendering)
 
 
 @pytest.mark.parametrize("values", list(VALUES))
@@ -102,7 +107,7 @@ def test_every_container_runs_as_non_root_on_a_read_only_root(rendering: str) ->
     for workload in workloads(rendering):
         pod = pod_spec(workload) or {}
         for container in containers(workload):
-            if container["name"] == "log-shipper":
+            if container["name"] == EXAMPLE_APP:
                 continue  # the example's own container, not ours
             where = f"{workload['metadata']['name']}/{container['name']}"
             merged = {**pod.get("securityContext", {}), **container.get("securityContext", {})}
@@ -130,13 +135,17 @@ def test_every_container_has_requests_and_limits(rendering: str) -> None:
 def test_every_long_running_container_is_probed_on_a_port_it_declares(rendering: str) -> None:
     for workload in workloads(rendering):
         for container in (pod_spec(workload) or {})["containers"]:
-            if container["name"] == "log-shipper":
+            if container["name"] == EXAMPLE_APP:
                 continue
             ports = {port["name"] for port in container.get("ports", [])}
             for kind in ("livenessProbe", "readinessProbe"):
                 probe = container.get(kind)
                 assert probe, f"{container['name']}: no {kind}"
-                assert probe["httpGet"]["port"] in ports, f"{container['name']}: {kind}"
+                if "exec" in probe:  # the trial's Redis and PostgreSQL ask their CLI
+                    assert probe["exec"]["command"], f"{container['name']}: {kind}"
+                    continue
+                (action,) = [probe[a] for a in ("httpGet", "tcpSocket") if a in probe]
+                assert action["port"] in ports, f"{container['name']}: {kind}"
 
 
 def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
@@ -182,14 +191,25 @@ def test_services_and_monitors_reach_declared_ports(values: str) -> None:
             assert endpoint["authorization"]["type"] == "Bearer"
 
 
-def test_the_sidecar_patch_adds_one_container_and_keeps_the_pods_own() -> None:
-    (deployment,) = workloads("sidecar-patch")
+@pytest.mark.parametrize("rendering", list(EXAMPLES))
+def test_the_sidecar_joins_the_applications_pod_and_its_service(rendering: str) -> None:
+    (deployment,) = workloads(rendering)
     names = [c["name"] for c in deployment["spec"]["template"]["spec"]["containers"]]
-    assert sorted(names) == ["canary-sidecar", "log-shipper"]
+    assert sorted(names) == ["canary-sidecar", EXAMPLE_APP]
     labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert labels == {"app": "payment-api-edge", "canary.dev/sidecar": "true"}
-    service = next(doc for doc in patched_example() if doc["kind"] == "Service")
+    assert labels == {"app": "payment-api", "canary.dev/sidecar": "true"}
+    service = next(doc for doc in objects(rendering) if doc["kind"] == "Service")
     assert service["spec"]["ports"][0]["targetPort"] == "canary-http"
+
+
+def test_the_patch_and_canary_inject_add_the_same_sidecar() -> None:
+    """The patch is kubectl's way to what `canary inject` does: one container, one set
+    of volumes, the same pod metadata."""
+    (patched,) = workloads("sidecar-patch")
+    (injected,) = workloads("sidecar-inject")
+    for template in (patched["spec"]["template"], injected["spec"]["template"]):
+        template["spec"]["containers"].sort(key=lambda c: c["name"])  # kubectl prepends
+    assert patched["spec"]["template"] == injected["spec"]["template"]
 
 
 def test_values_outside_the_schema_are_refused() -> None:
@@ -204,9 +224,11 @@ def test_values_outside_the_schema_are_refused() -> None:
 
 
 def test_the_chart_holds_no_secret_value() -> None:
+    """Outside the trial profile, which generates its Secrets (below)."""
     for values in VALUES:
         found = chart(values)
-        assert "Secret" not in {doc["kind"] for doc in found}
+        if values != "trial":
+            assert "Secret" not in {doc["kind"] for doc in found}
         for config in (doc for doc in found if doc["kind"] == "ConfigMap"):
             for name in config["data"]:
                 assert not name.endswith(("_PASSWORD", "_TOKEN", "_URL")) or name in {
@@ -234,8 +256,8 @@ def test_every_file_a_variable_names_is_mounted_in_the_container(values: str) ->
     """Also for the sidecar patch, which reads the ConfigMap of a release named canary."""
     found = chart(values)
     maps = {doc["metadata"]["name"]: doc["data"] for doc in found if doc["kind"] == "ConfigMap"}
-    if values == "default":
-        found = [*found, *patched_example()]
+    if values in {"default", "trial"}:
+        found = [*found, *patched_example(), *injected_example()]
     checked = 0
     for workload in workloads_of(found):
         for container in containers(workload):
@@ -252,3 +274,79 @@ def test_the_install_notes_name_what_was_installed() -> None:
     notes = out.split("NOTES:", 1)[1]
     assert "kubectl -n shop exec deploy/canary-control-plane" in notes
     assert "canary-sidecar:0.1.0" in notes
+
+
+def secrets_of(found: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    return {d["metadata"]["name"]: d["stringData"] for d in found if d["kind"] == "Secret"}
+
+
+def test_the_trial_generates_every_secret_it_mounts_and_none_twice_alike() -> None:
+    """No Secret to create before `helm install` with values-trial.yaml: each one a
+    workload names is rendered, with fresh random values at each rendering (an upgrade
+    keeps the cluster's through `lookup`, which `helm template` cannot show)."""
+    first, second = chart("trial"), chart("trial", "--set=config.logFormat=json")
+    generated = secrets_of(first)
+    named = {
+        name
+        for workload in workloads_of(first)
+        for name in secret_names(pod_spec(workload) or {})
+    }
+    assert named and named <= set(generated), named - set(generated)
+    again = secrets_of(second)
+    for name, data in generated.items():
+        assert data.keys() == again[name].keys()
+        for key, value in data.items():
+            assert len(value) >= 32 and value != again[name][key], f"{name}/{key}"
+
+
+def secret_names(pod: dict[str, Any]) -> set[str]:
+    names = {v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
+    for container in [*pod.get("initContainers", []), *pod["containers"]]:
+        for item in container.get("env", []):
+            ref = item.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                names.add(ref["name"])
+    return names
+
+
+def test_the_trial_secrets_are_what_the_product_loads() -> None:
+    from controlplane.kernel import sample_keys
+
+    found = chart("trial")
+    generated = secrets_of(found)
+    keys = sample_keys.parse_sample_keys(generated["canary-sample-keys"]["keys"], origin="trial")
+    assert len(keys.current.secret) >= 32
+    password = generated["canary-trial-postgres"]["password"]
+    url = generated["canary-db"]["url"]
+    assert url == f"postgresql+psycopg://canary:{password}@canary-postgres.{NAMESPACE}.svc:5432/canary"
+    (config,) = [d["data"] for d in found if d["kind"] == "ConfigMap"]
+    assert config["CANARY_ETCD"] == f"http://canary-etcd.{NAMESPACE}.svc:2379"
+    assert config["CANARY_REDIS_URL"] == f"redis://canary-redis.{NAMESPACE}.svc:6379/0"
+    services = {d["metadata"]["name"] for d in found if d["kind"] == "Service"}
+    assert {"canary-etcd", "canary-redis", "canary-postgres"} <= services
+
+
+@pytest.mark.parametrize("values", list(VALUES))
+def test_the_bootstrap_admin_token_is_mounted_only_when_named(values: str) -> None:
+    (serve,) = [c for d in chart(values) if d["kind"] == "Deployment"
+                for c in (pod_spec(d) or {})["containers"] if c["name"] == "serve"]  # fmt: skip
+    env = {e["name"]: e.get("value") for e in serve["env"]}
+    mounts = {m["mountPath"] for m in serve["volumeMounts"]}
+    if values == "trial":
+        path = env["CANARY_BOOTSTRAP_ADMIN_TOKEN_FILE"]
+        assert path.rsplit("/", 1)[0] in mounts
+    else:
+        assert "CANARY_BOOTSTRAP_ADMIN_TOKEN_FILE" not in env
+
+
+def test_the_trial_profile_says_it_is_not_for_production() -> None:
+    text = (CHART / "values-trial.yaml").read_text()
+    assert "NOT FOR PRODUCTION" in text.splitlines()[0]
+    out = run(tool("helm"), "install", "canary", str(CHART), "--namespace", "shop",
+              "--dry-run=client", f"--values={CHART / 'values-trial.yaml'}")  # fmt: skip
+    notes = out.split("NOTES:", 1)[1]
+    assert "NOT FOR PRODUCTION" in notes
+    assert "get secret canary-bootstrap-admin-token" in notes
+    for deployment in (d for d in chart("trial") if d["kind"] == "Deployment"):
+        if deployment["metadata"]["name"].endswith(("-etcd", "-redis", "-postgres")):
+            assert "not for production" in deployment["metadata"]["annotations"]["canary.dev/trial"]

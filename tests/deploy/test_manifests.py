@@ -22,7 +22,7 @@ from controlplane.kernel import sample_keys
 from controlplane.kernel.secrets import read_secret_file
 from controlplane.kernel.settings import Settings
 from controlplane.kernel.tls import client_context, server_context
-from tests.deploy.render import DEPLOY, VALUES, chart, containers, patched_example
+from tests.deploy.render import DEPLOY, VALUES, chart, containers, injected_example, patched_example
 
 # variables read outside Settings: the sample keys and the CLI's own
 OTHER_VARIABLES = {
@@ -33,6 +33,8 @@ OTHER_VARIABLES = {
     "CANARY_SIDECAR_MAX_CONNECTIONS",
     "CANARY_SIDECAR_TLS_CERT",
     "CANARY_SIDECAR_TLS_KEY",
+    # `canary serve`'s first admin API token, from a file (the chart mounts a Secret there)
+    "CANARY_BOOTSTRAP_ADMIN_TOKEN_FILE",
 }
 
 
@@ -40,6 +42,7 @@ def command_lines() -> Iterator[tuple[str, list[str]]]:
     """(where, argv) of every canary invocation deploy/ writes down."""
     renderings = {f"chart {name}": chart(name) for name in VALUES}
     renderings["sidecar-patch.yaml"] = patched_example()
+    renderings["canary inject"] = injected_example()
     for where, found in renderings.items():
         for document in found:
             for container in containers(document):

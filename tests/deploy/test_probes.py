@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.deploy.render import VALUES, chart, patched_example, pod_spec
+from tests.deploy.render import VALUES, chart, injected_example, patched_example, pod_spec
 from tests.deploy.servers import api_server, collector_server, sidecar_server
 
 POD_IP = "10.42.7.19"
@@ -23,6 +23,7 @@ VARIABLE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 def probed_containers() -> Iterator[Any]:
     renderings = {name: chart(name) for name in VALUES}
     renderings["sidecar-patch"] = patched_example()
+    renderings["sidecar-inject"] = injected_example()
     for rendering, found in renderings.items():
         for document in found:
             for container in (pod_spec(document) or {}).get("containers", []):

@@ -115,3 +115,32 @@ topologySpreadConstraints:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/* The backends' addresses: the trial's own in-cluster ones, else config's. */}}
+{{- define "canary.etcdEndpoints" -}}
+{{- if .Values.trial.enabled -}}
+{{- printf "http://%s-etcd.%s.svc:2379" (include "canary.fullname" .) .Release.Namespace -}}
+{{- else -}}
+{{- .Values.config.etcd -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "canary.redisUrl" -}}
+{{- if .Values.trial.enabled -}}
+{{- printf "redis://%s-redis.%s.svc:6379/0" (include "canary.fullname" .) .Release.Namespace -}}
+{{- else -}}
+{{- .Values.config.redisUrl -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A trial Secret's value: what the cluster already holds (an upgrade keeps it), else
+     the one generated now. (dict "ctx" $ "name" NAME "key" KEY "generated" VALUE) */}}
+{{- define "canary.trialValue" -}}
+{{- $secret := lookup "v1" "Secret" .ctx.Release.Namespace .name -}}
+{{- $data := ($secret | default dict).data | default dict -}}
+{{- if hasKey $data .key -}}
+{{- index $data .key | b64dec -}}
+{{- else -}}
+{{- .generated -}}
+{{- end -}}
+{{- end -}}
