@@ -218,6 +218,9 @@ def _forget(command: _Command, redis_url: str, service: str) -> None:
 
 
 def run(*, quick: bool, progress: bool) -> dict[str, Any]:
+    from sidecar.proxy.limits import raise_fd_limit
+
+    raise_fd_limit()  # the open loop opens connections as a stalled server needs them
     seconds, warmup = (3.0, 0.5) if quick else (20.0, 2.0)
     server_cpu, load_cpu = _cpus()
     nginx = shutil.which("nginx") or next(

@@ -42,7 +42,8 @@ def parse(text: str, *, source: str) -> list[Any]:
 
 class _NoAliasLoader(yaml.SafeLoader):
     """Anchors and aliases refused: a few aliases can expand to gigabytes (billion
-    laughs), and no manifest needs them."""
+    laughs), and no manifest needs them. Timestamps stay strings, as the API sends
+    them (`kubectl get -o yaml` carries creationTimestamp)."""
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
@@ -51,6 +52,12 @@ class _NoAliasLoader(yaml.SafeLoader):
                 None, None, "aliases are not accepted", event.start_mark
             )
         return super().compose_node(parent, index)
+
+
+_NoAliasLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 
 
 def dump(documents: Iterable[Any]) -> str:

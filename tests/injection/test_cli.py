@@ -144,3 +144,25 @@ def test_the_output_keeps_the_order_of_keys_and_documents() -> None:
     out = manifests.dump(parsed)
     assert out.index("kind: ConfigMap") < out.index("apiVersion: v1") < out.index("kind: Secret")
     assert out.count("---") == 2  # the empty document is dropped
+
+
+def test_what_kubectl_get_prints_goes_through(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Server fields (timestamps, status, a List around the items) are kept as sent."""
+    (deployment, service) = documents(APP)
+    deployment["metadata"].update(
+        {"creationTimestamp": "2026-01-02T03:04:05Z", "resourceVersion": "4711", "generation": 2}
+    )
+    deployment["status"] = {"replicas": 3, "readyReplicas": 3, "observedGeneration": 2}
+    listed = {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""},
+              "items": [deployment, service]}  # fmt: skip
+    text = yaml.safe_dump(listed).replace("'2026-01-02T03:04:05Z'", "2026-01-02T03:04:05Z")
+    assert "creationTimestamp: 2026-01-02T03:04:05Z" in text  # unquoted: a YAML timestamp
+    code, out, err = run(["inject", "-f", "-"], capsys, stdin=text, monkeypatch=monkeypatch)
+    assert code == 0, err
+    (result,) = yaml.safe_load_all(out)
+    injected = result["items"][0]
+    assert injected["metadata"]["creationTimestamp"] == "2026-01-02T03:04:05Z"
+    assert injected["status"] == deployment["status"]
+    assert "deployment/payment-api: injected" in err
