@@ -10,6 +10,7 @@ valid for the Kubernetes version asked (strict: an unknown field fails).
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -19,6 +20,8 @@ import typer
 from controlplane.cli.remote import fail
 
 COMMAND = "canary inject"
+# a DNS subdomain, as Kubernetes names a ConfigMap
+_OBJECT_NAME = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
 def register(app: typer.Typer) -> None:
@@ -79,6 +82,10 @@ def register(app: typer.Typer) -> None:
                 raise fail(COMMAND, f"{name} must be a port number (1-65535), got {port}")
         if proxy_port == admin_port:
             raise fail(COMMAND, "--proxy-port and --admin-port must differ")
+        if _OBJECT_NAME.fullmatch(config_map) is None:
+            raise fail(COMMAND, f"--config-map {config_map!r} is not a Kubernetes object name")
+        if not image or any(char.isspace() for char in image):
+            raise fail(COMMAND, f"--image {image!r} is not an image reference")
         try:
             text = _read(filename)
             documents = manifests.parse(text, source=filename)

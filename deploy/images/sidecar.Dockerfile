@@ -30,7 +30,7 @@ RUN groupadd --system --gid 10001 canary \
 COPY --from=build /opt/canary /opt/canary
 ENV PATH=/opt/canary/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 USER 10001:10001
-# 8000: the proxy; 9000: /healthz, /readyz, /metrics
-EXPOSE 8000 9000
+# 15080: the proxy; 15081: /healthz, /readyz, /metrics (the ports `canary inject` uses)
+EXPOSE 15080 15081
 ENTRYPOINT ["canary", "sidecar"]
 CMD ["--help"]

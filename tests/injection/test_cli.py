@@ -116,6 +116,10 @@ def test_bad_input_is_one_line_and_exit_code_1(
     [
         (["--proxy-port", "0"], "--proxy-port must be a port number"),
         (["--proxy-port", "9000", "--admin-port", "9000"], "must differ"),
+        (["--config-map", "Canary_Config"], "is not a Kubernetes object name"),
+        (["--config-map", "a" * 254], "is not a Kubernetes object name"),
+        (["--image", "canary sidecar"], "is not an image reference"),
+        (["--image", ""], "is not an image reference"),
     ],
 )
 def test_bad_options_are_usage_errors(
