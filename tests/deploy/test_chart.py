@@ -310,10 +310,14 @@ def secret_names(pod: dict[str, Any]) -> set[str]:
 
 
 def test_the_trial_secrets_are_what_the_product_loads() -> None:
+    from controlplane.auth.tokens import looks_like_token
     from controlplane.kernel import sample_keys
 
     found = chart("trial")
     generated = secrets_of(found)
+    # `canary serve` installs only a token of the API's shape (cnry_…)
+    assert looks_like_token(generated["canary-bootstrap-admin-token"]["token"])
+    assert generated["canary-admin-token"]["token"]
     keys = sample_keys.parse_sample_keys(generated["canary-sample-keys"]["keys"], origin="trial")
     assert len(keys.current.secret) >= 32
     password = generated["canary-trial-postgres"]["password"]
