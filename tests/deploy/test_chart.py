@@ -343,6 +343,15 @@ def test_the_bootstrap_admin_token_is_mounted_only_when_named(values: str) -> No
         assert "CANARY_BOOTSTRAP_ADMIN_TOKEN_FILE" not in env
 
 
+def test_the_trial_refuses_backend_credentials_its_backends_do_not_have() -> None:
+    done = subprocess.run(
+        [tool("helm"), "template", "t", str(CHART), "--set=trial.enabled=true"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "the trial's etcd and Redis have no TLS" in done.stderr
+
+
 def test_the_trial_profile_says_it_is_not_for_production() -> None:
     text = (CHART / "values-trial.yaml").read_text()
     assert "NOT FOR PRODUCTION" in text.splitlines()[0]
