@@ -439,7 +439,7 @@ def test_the_events_table_fits_a_420px_screen(tab: Tab, plane: Plane, tmp_path: 
 
 @pytest.mark.parametrize("action", ["rollback", "promote"])
 def test_the_end_of_an_experiment_is_marked_on_every_plot(
-    tab: Tab, plane: Plane, action: str
+    tab: Tab, plane: Plane, action: str, tmp_path: Path
 ) -> None:
     service = f"orders-{action}"
     with plane.http() as http:
@@ -464,6 +464,9 @@ def test_the_end_of_an_experiment_is_marked_on_every_plot(
     for plot in ("#plot-latency", "#plot-failures", "#plot-rate"):
         drawn = attribute_until(tab, plot, "data-drawn", lambda v: action in v.split(","))
         assert "start" in drawn.split(","), drawn
+    tab.page.locator("#plot-latency").screenshot(
+        path=str(screenshot_dir(tmp_path) / f"dashboard-{action}-mark.png")
+    )
 
 
 def test_a_viewer_sees_no_action_buttons(tab: Tab, plane: Plane) -> None:
