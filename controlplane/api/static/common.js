@@ -109,8 +109,8 @@ const Canary = (() => {
           const out = byId("sign-out");
           out.hidden = false;
           out.onclick = () => { clearToken(); location.reload(); };
-          resolve(me);
           byId("token").value = "";
+          resolve(me);
         } catch (error) {
           // a 401 has already said why (api() above): saying it again would blank it
           if (error.status !== 401) {
