@@ -5,14 +5,17 @@ PYTHON ?= python3
 # the suite waits on networks and subprocesses much of the time: one worker per core
 TEST_WORKERS ?= 2
 
-.PHONY: install demo dev test lint services clean compile
+# every install takes its versions from the pins (decision 0054); `make lock` moves them
+CONSTRAINTS := constraints.txt
+
+.PHONY: install demo dev test lint lock upgrade services clean compile
 
 # the proxy's per-request modules are compiled by `compile` below, once the venv holds
 # every dependency (their types are the compiler's), not by pip's bare build env
-$(VENV)/.installed: pyproject.toml setup.py
+$(VENV)/.installed: pyproject.toml setup.py $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip 'setuptools>=68'
-	CANARY_PURE_PYTHON=1 $(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --constraint $(CONSTRAINTS) pip setuptools
+	CANARY_PURE_PYTHON=1 $(PY) -m pip install --quiet --constraint $(CONSTRAINTS) -e '.[dev]'
 	VENV_BIN=$(VENV)/bin scripts/install-k8s-tools.sh
 	touch $@
 
@@ -38,8 +41,19 @@ test: services
 	$(VENV)/bin/pytest -n $(TEST_WORKERS)
 
 lint: install
-	$(VENV)/bin/ruff check controlplane sidecar routers tests
-	$(VENV)/bin/mypy controlplane sidecar routers
+	$(VENV)/bin/ruff check controlplane sidecar routers tests scripts
+	$(VENV)/bin/mypy --strict controlplane sidecar routers scripts/lock.py
+	$(PY) scripts/lock.py --check
+
+# Rewrite the pins from the virtualenv as it is: after `make upgrade` (or a new
+# dependency in pyproject.toml) and a passing `make lint test`.
+lock:
+	$(PY) scripts/lock.py
+
+# Move every dependency to the newest release its bounds allow, ignoring the pins;
+# then `make lock` and `make lint test`, and commit constraints.txt on its own.
+upgrade: $(VENV)/.installed
+	CANARY_PURE_PYTHON=1 $(PY) -m pip install --quiet --upgrade --upgrade-strategy eager pip setuptools -e '.[dev]'
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build sidecar/proxy/compiled.json

@@ -147,7 +147,9 @@ def create_app(
     )
     # added innermost first: a request meets the metrics, then the field count, Host,
     # method, JSON, size, and the pages' headers on the way out
-    app.add_middleware(PageHeadersMiddleware, prefixes=(pages.UI_PREFIX, pages.DOCS_PATH))
+    app.add_middleware(
+        PageHeadersMiddleware, prefixes=(pages.UI_PREFIX, pages.DOCS_PATH, pages.FAVICON_PATH)
+    )
     app.add_middleware(
         BodyLimitMiddleware,
         limit=settings.max_body_bytes,

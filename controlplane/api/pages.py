@@ -4,6 +4,7 @@
     /ui/experiments/{id}          one experiment (static/experiment.html)
     /ui/static/...                their scripts, styles and vendored libraries
     /docs                         Swagger UI on the package's own copy
+    /favicon.ico                  the pages' icon (static/favicon.svg), where browsers look
 
 The pages hold no data: their scripts call the API with the bearer token the user
 signed in with (kept in sessionStorage, sent in the Authorization header), so no
@@ -27,6 +28,7 @@ UI_PREFIX = "/ui"
 STATIC_PATH = f"{UI_PREFIX}/static"
 SWAGGER_PATH = f"{UI_PREFIX}/swagger-ui"
 DOCS_PATH = "/docs"
+FAVICON_PATH = "/favicon.ico"
 
 
 def dashboard_url(base: str) -> str:
@@ -48,6 +50,11 @@ async def _to_list(request: Request) -> Response:
     return RedirectResponse(f"{UI_PREFIX}/", status_code=308)
 
 
+async def _favicon(request: Request) -> Response:
+    # the pages name the SVG in <link rel=icon>; a browser opening an API URL asks here
+    return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
+
+
 def install(app: FastAPI) -> list[str]:
     """Add the pages to `app` (built with docs_url=None); the paths, all public."""
     routes = [
@@ -59,6 +66,7 @@ def install(app: FastAPI) -> list[str]:
             methods=["GET", "HEAD"],
         ),
         Route(DOCS_PATH, _page("docs.html"), methods=["GET", "HEAD"]),  # type: ignore[arg-type]
+        Route(FAVICON_PATH, _favicon, methods=["GET", "HEAD"]),
     ]
     app.router.routes.extend(routes)
     # Swagger UI's files come from an installed package (fastapi-offline ships them),

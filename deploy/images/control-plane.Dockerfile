@@ -8,11 +8,12 @@ FROM python:3.11-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/canary
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# the project's pins (constraints.txt, decision 0054): the image holds the versions CI tested
+COPY constraints.txt pyproject.toml README.md ./
 COPY controlplane controlplane
 COPY sidecar sidecar
 COPY migrations migrations
-RUN /opt/canary/bin/pip install . \
+RUN /opt/canary/bin/pip install --constraint constraints.txt . \
  && /opt/canary/bin/python -m pip uninstall --yes --quiet pip setuptools
 
 # Run stage: the slim Python and the virtualenv, nothing else (no compiler, no pip cache).

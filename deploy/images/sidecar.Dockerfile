@@ -11,8 +11,9 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/canary
 WORKDIR /src
-COPY deploy/images/sidecar-requirements.txt ./
-RUN /opt/canary/bin/pip install -r sidecar-requirements.txt
+# at the project's pins (constraints.txt, decision 0054): the versions CI tested
+COPY constraints.txt deploy/images/sidecar-requirements.txt ./
+RUN /opt/canary/bin/pip install --constraint constraints.txt -r sidecar-requirements.txt
 COPY pyproject.toml setup.py README.md ./
 COPY controlplane controlplane
 COPY sidecar sidecar

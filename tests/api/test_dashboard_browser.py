@@ -178,32 +178,57 @@ def browser() -> Iterator[Any]:
 class Tab:
     page: Any
     offsite: list[str]
-    errors: list[str]
+    errors: list[str]  # the console's errors and the page's uncaught exceptions
+    failed: list[str]  # "<status> <method> <url>" of every answer >= 400, or the failure
+    answered: list[str] = field(default_factory=list)  # "<status> <url>" of every answer
+    expected_status: frozenset[int] = frozenset()  # a test that provokes one says so
+
+    def unexpected(self) -> tuple[list[str], list[str]]:
+        """(console errors, failed requests) a normal page would not have."""
+        codes = tuple(f"{status}" for status in self.expected_status)
+        errors = [e for e in self.errors if not any(code in e for code in codes)]
+        failed = [f for f in self.failed if not (codes and f.startswith(codes))]
+        return errors, failed
 
 
 @pytest.fixture
 def tab(browser: Any, plane: Plane) -> Iterator[Tab]:
-    """A fresh browser context (own sessionStorage) that may reach the API only."""
+    """A fresh browser context (own sessionStorage) that may reach the API only, and
+    must neither log an error nor see a request fail unless the test expects it."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    offsite: list[str] = []
-    errors: list[str] = []
+    tab = Tab(page=None, offsite=[], errors=[], failed=[])
 
     def only_the_api(route: Any) -> None:
         if route.request.url.startswith(plane.api.base + "/"):
             route.continue_()
         else:
-            offsite.append(route.request.url)
+            tab.offsite.append(route.request.url)
             route.abort()
 
+    def answered(response: Any) -> None:
+        tab.answered.append(f"{response.status} {response.url}")
+        if response.status >= 400:
+            tab.failed.append(f"{response.status} {response.request.method} {response.url}")
+
+    def did_not_answer(request: Any) -> None:
+        # a poll cut short by the test's own navigation is no failure of the page
+        if request.url.startswith(plane.api.base + "/") and "ERR_ABORTED" not in (
+            request.failure or ""
+        ):
+            tab.failed.append(f"{request.failure} {request.method} {request.url}")
+
     context.route("**/*", only_the_api)
-    page = context.new_page()
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    tab.page = context.new_page()
+    tab.page.on("console", lambda m: tab.errors.append(m.text) if m.type == "error" else None)
+    tab.page.on("pageerror", lambda e: tab.errors.append(str(e)))
+    tab.page.on("response", answered)
+    tab.page.on("requestfailed", did_not_answer)
     try:
-        yield Tab(page, offsite, errors)
-        assert offsite == [], "the page reached outside its own origin"
-        unexpected = [e for e in errors if "401" not in e and "409" not in e]
-        assert unexpected == [], f"the page logged errors (CSP?): {unexpected}"
+        yield tab
+        assert tab.offsite == [], "the page reached outside its own origin"
+        errors, failed = tab.unexpected()
+        assert errors == [], f"the page logged errors (CSP?): {errors}"
+        assert failed == [], f"requests failed: {failed}"
     finally:
         context.close()
 
@@ -343,6 +368,105 @@ def test_a_trip_shows_on_the_plot_and_in_the_events(tab: Tab, plane: Plane, tmp_
     tab.page.wait_for_timeout(2500)  # a few more points after the trip, for the picture
     tab.page.screenshot(
         path=str(screenshot_dir(tmp_path) / "dashboard-experiment.png"), full_page=True
+    )
+
+
+def test_a_wrong_token_is_refused_with_a_message_that_stays(tab: Tab, plane: Plane) -> None:
+    tab.expected_status = frozenset({401})  # the refusal itself, and only it
+    tab.page.goto(plane.api.base + "/ui/")
+    tab.page.fill("#token", "cnry_not-a-token-this-api-issued")
+    tab.page.click("#sign-in-form button[type=submit]")
+
+    message = tab.page.locator("#sign-in-error")
+    playwright_sync.expect(message).to_contain_text("refused this token")
+    playwright_sync.expect(message).to_contain_text("canary token create")
+    tab.page.wait_for_timeout(1500)  # longer than a poll: nothing comes to blank it
+    playwright_sync.expect(message).to_contain_text("refused this token")
+    playwright_sync.expect(tab.page.locator("#sign-in")).to_be_visible()
+    playwright_sync.expect(tab.page.locator("#token")).to_have_value(
+        "cnry_not-a-token-this-api-issued"
+    )  # kept, to be corrected
+    playwright_sync.expect(tab.page.locator("#who")).to_have_text("")
+    assert [f.split(" ")[:2] for f in tab.failed] == [["401", "GET"]]
+
+    # corrected, it signs in and the message goes
+    tab.page.fill("#token", TOKENS[Role.VIEWER])
+    tab.page.click("#sign-in-form button[type=submit]")
+    playwright_sync.expect(tab.page.locator("#who")).to_contain_text("viewer")
+    playwright_sync.expect(tab.page.locator("#sign-in")).to_be_hidden()
+    playwright_sync.expect(tab.page.locator("#token")).to_have_value("")
+
+
+def test_a_normal_page_load_logs_no_error_and_fails_no_request(tab: Tab, plane: Plane) -> None:
+    """The list, then a running experiment whose service is too young for a rule
+    recommendation: every answer is a success (the fixture checks the console and every
+    request after the test; here, that the pages did what they load for)."""
+    sign_in(tab, plane, "/ui/", Role.VIEWER)
+    checkout = tab.page.locator(f"tr[data-id='{plane.experiments['checkout']}']")
+    playwright_sync.expect(checkout).to_contain_text("checkout v2")
+    tab.page.goto(f"{plane.api.base}/ui/experiments/{plane.experiments['checkout']}")
+    playwright_sync.expect(tab.page.locator("#plot-latency canvas")).to_have_count(1)
+    playwright_sync.expect(tab.page.locator("#event-rows tr").first).to_be_visible()
+    playwright_sync.expect(tab.page.locator("#recommendation")).to_contain_text(
+        "Not enough baseline history yet"
+    )
+    playwright_sync.expect(tab.page.locator("#latency-note")).to_contain_text("P95 over 5 s")
+    tab.page.wait_for_timeout(2500)  # a few polls
+    icon = tab.page.locator("link[rel=icon]").get_attribute("href")
+    with httpx.Client(base_url=plane.api.base) as http:
+        assert http.get(icon or "/none").status_code == 200
+    answered = [a for a in tab.answered if "/v1/" in a]
+    assert any("/rule/recommendation" in a for a in answered)
+    assert any("/history" in a for a in answered) and any("/events" in a for a in answered)
+    assert tab.unexpected() == ([], [])
+    assert tab.errors == [] and tab.failed == []
+
+
+def test_the_events_table_fits_a_420px_screen(tab: Tab, plane: Plane, tmp_path: Path) -> None:
+    tab.page.set_viewport_size({"width": 420, "height": 900})
+    sign_in(tab, plane, f"/ui/experiments/{plane.experiments['checkout']}", Role.VIEWER)
+    started = tab.page.locator("#event-rows tr[data-kind=start]")
+    playwright_sync.expect(started).to_have_count(1)
+    table = tab.page.locator("#events").bounding_box()
+    assert table["x"] >= 0 and table["x"] + table["width"] <= 420, table
+    for cell in started.locator("td").all():  # stacked, each within the screen
+        box = cell.bounding_box()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= 420, box
+    playwright_sync.expect(started.locator("td[data-label=Event]")).to_be_visible()
+    # nothing on the page is wider than the screen: no sideways scrolling
+    assert tab.page.evaluate("document.documentElement.scrollWidth") <= 420
+    tab.page.screenshot(path=str(screenshot_dir(tmp_path) / "dashboard-narrow.png"), full_page=True)
+
+
+@pytest.mark.parametrize("action", ["rollback", "promote"])
+def test_the_end_of_an_experiment_is_marked_on_every_plot(
+    tab: Tab, plane: Plane, action: str, tmp_path: Path
+) -> None:
+    service = f"orders-{action}"
+    with plane.http() as http:
+        assert http.put(f"/v1/services/{service}/rule", json=RULE).status_code == 200
+        experiment = _experiment(http, service, f"{service} v2", start=True)
+        plane.feeder.traffic[service] = Traffic(experiment, {"baseline": 60.0, "canary": 70.0})
+        try:
+            for _ in range(WAIT_MS // 250):  # a few seconds of windows recorded
+                history = http.get(f"/v1/experiments/{experiment}/history").json()
+                if len(history["t"]) >= 3:
+                    break
+                time.sleep(0.25)
+            assert len(history["t"]) >= 3, history["t"]
+            done = http.post(
+                f"/v1/experiments/{experiment}/{action}", json={"reason": f"{action} to mark"}
+            )
+            assert done.status_code == 200, done.text
+        finally:
+            del plane.feeder.traffic[service]
+    sign_in(tab, plane, f"/ui/experiments/{experiment}", Role.VIEWER)
+
+    for plot in ("#plot-latency", "#plot-failures", "#plot-rate"):
+        drawn = attribute_until(tab, plot, "data-drawn", lambda v: action in v.split(","))
+        assert "start" in drawn.split(","), drawn
+    tab.page.locator("#plot-latency").screenshot(
+        path=str(screenshot_dir(tmp_path) / f"dashboard-{action}-mark.png")
     )
 
 

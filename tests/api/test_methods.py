@@ -30,6 +30,7 @@ METHODS: dict[str, set[str]] = {
     "/ui/": {"GET", "HEAD"},
     "/ui/experiments/{experiment_id:int}": {"GET", "HEAD"},
     "/docs": {"GET", "HEAD"},
+    "/favicon.ico": {"GET", "HEAD"},
     "/v1/experiments": {"GET", "POST"},
     "/v1/experiments/{experiment_id}": {"GET", "PATCH", "DELETE"},
     "/v1/experiments/{experiment_id}/events": {"GET"},

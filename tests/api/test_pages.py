@@ -47,6 +47,18 @@ async def test_the_pages_carry_the_policy_and_refuse_framing(client: httpx.Async
     assert "content-security-policy" not in (await client.get("/v1/experiments")).headers
 
 
+@pytest.mark.parametrize("path", ["/ui/", "/ui/experiments/7", "/docs"])
+async def test_every_page_names_the_icon_it_is_served(client: httpx.AsyncClient, path: str) -> None:
+    page = (await client.get(path)).text
+    assert '<link rel="icon" href="/ui/static/favicon.svg" type="image/svg+xml">' in page
+    for where in ("/ui/static/favicon.svg", "/favicon.ico"):  # the latter: where browsers look
+        icon = await client.get(where, headers={"Authorization": ""})
+        assert icon.status_code == 200, where
+        assert icon.headers["content-type"].startswith("image/svg+xml")
+        assert icon.content.startswith(b"<svg") and b"<script" not in icon.content
+        assert "default-src 'none'" in icon.headers["content-security-policy"]
+
+
 async def test_ui_without_a_slash_goes_to_the_list(client: httpx.AsyncClient) -> None:
     response = await client.get("/ui")
     assert (response.status_code, response.headers["location"]) == (308, "/ui/")

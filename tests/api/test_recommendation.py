@@ -99,6 +99,7 @@ async def test_recommendation_is_the_p95_of_the_baselines_window_p95s_times_1_25
     assert summary["max"] == pytest.approx(p95s.max())
     assert body["latency"]["multiplier"] == 1.25 and body["failures"]["multiplier"] == 2.0
     assert body["current"] == {"threshold_ms": 900, "failure_ratio": 0.3}
+    assert body["ready"] is True
 
     # the other service's proposal comes from its own (much slower) baseline
     other = (await stream_client.get("/v1/services/other-api/rule/recommendation")).json()
@@ -129,6 +130,16 @@ async def test_too_little_history_is_a_409_saying_found_and_needed(
 
     unknown = await stream_client.get("/v1/services/never-ran/rule/recommendation")
     assert unknown.status_code == 409 and unknown.json()["windows_found"] == 0
+
+    # a page that polls asks for the same answer as a 200: not ready, what is missing
+    polled = await stream_client.get(
+        "/v1/services/young-api/rule/recommendation", params={"partial": True, "windows": True}
+    )
+    assert polled.status_code == 200, polled.text
+    assert polled.json() == {
+        "ready": False, "service": "young-api", "windows_found": 3, "windows_needed": 10,
+        "detail": problem["detail"],
+    }  # fmt: skip
 
 
 def entry(experiment: str, ts: float, count: int, p95: float | None) -> dict[str, str]:

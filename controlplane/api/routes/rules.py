@@ -118,7 +118,8 @@ async def experiment_ids(store: ExperimentStore, service: str) -> set[str]:
 @router.get(
     "/{service}/rule/recommendation",
     responses=problem_responses(
-        409, notes={409: "not enough baseline history (windows found and needed)"}
+        409,
+        notes={409: "not enough baseline history (windows found and needed), unless partial"},
     ),
     dependencies=[require(Role.VIEWER)],
 )
@@ -127,6 +128,13 @@ async def recommend_rule(
     backends: BackendsDep,
     windows: Annotated[
         bool, Query(description="also list every window the numbers came from")
+    ] = False,
+    partial: Annotated[
+        bool,
+        Query(
+            description="when the history is still too short, answer 200 with ready=false, "
+            "windows_found and windows_needed instead of the 409 (for pages that poll)"
+        ),
     ] = False,
 ) -> dict[str, Any]:
     """Propose threshold_ms and failure_ratio from the baseline's recent windows.
@@ -141,14 +149,22 @@ async def recommend_rule(
         current = None
     percentile = current.percentile if current else _DEFAULT_PERCENTILE
     min_samples = current.min_samples if current else _DEFAULT_MIN_SAMPLES
-    if backends.board is None:
-        raise NotEnoughHistory(service, 0, MIN_WINDOWS, "this API process reads no snapshot board")
-    ids = await experiment_ids(backends.store, service)
-    # the whole retained stream: it is bounded by DECISIONS_MAXLEN (architecture §5)
-    entries = await backends.board.recent_decisions(DECISIONS_MAXLEN) if ids else []
-    found = baseline_windows(entries, ids, percentile=percentile, min_samples=min_samples)
-    proposal = recommend(service, found, percentile=percentile, min_samples=min_samples)
-    body = proposal.to_dict(with_windows=windows)
+    try:
+        if backends.board is None:
+            raise NotEnoughHistory(
+                service, 0, MIN_WINDOWS, "this API process reads no snapshot board"
+            )
+        ids = await experiment_ids(backends.store, service)
+        # the whole retained stream: it is bounded by DECISIONS_MAXLEN (architecture §5)
+        entries = await backends.board.recent_decisions(DECISIONS_MAXLEN) if ids else []
+        found = baseline_windows(entries, ids, percentile=percentile, min_samples=min_samples)
+        proposal = recommend(service, found, percentile=percentile, min_samples=min_samples)
+    except NotEnoughHistory as short:
+        if not partial:
+            raise
+        # a young service is not an error to a page polling for its proposal
+        return {"ready": False, "detail": str(short), **short.problem_extensions}
+    body = {"ready": True, **proposal.to_dict(with_windows=windows)}
     if current is not None:
         body["current"] = {
             "threshold_ms": current.threshold_ms,

@@ -34,8 +34,12 @@ const Canary = (() => {
     let body = null;
     try { body = text ? JSON.parse(text) : null; } catch (_) { body = null; }
     if (!response.ok) {
-      if (response.status === 401) showSignIn("The token was refused: sign in again.");
-      throw new ApiError(response.status, body);
+      const error = new ApiError(response.status, body);
+      if (response.status === 401) {
+        showSignIn(`The API refused this token (${error.message}). Check it, or create one `
+                   + "with `canary token create`, and sign in again.");
+      }
+      throw error;
     }
     return body;
   }
@@ -105,9 +109,13 @@ const Canary = (() => {
           const out = byId("sign-out");
           out.hidden = false;
           out.onclick = () => { clearToken(); location.reload(); };
+          byId("token").value = "";
           resolve(me);
         } catch (error) {
-          showSignIn(token() ? error.message : "");
+          // a 401 has already said why (api() above): saying it again would blank it
+          if (error.status !== 401) {
+            showSignIn(error.status ? error.message : `The API could not be reached: ${error.message}`);
+          }
         }
       };
       form.addEventListener("submit", (event) => {
@@ -115,8 +123,7 @@ const Canary = (() => {
         const value = byId("token").value.trim();
         if (!value) return;
         setToken(value);
-        byId("token").value = "";
-        attempt();
+        attempt();  // the field keeps what was typed until it is accepted, to correct it
       });
       if (token()) attempt(); else showSignIn("");
     });

@@ -187,13 +187,16 @@
                    guardrail_hold: "paused", guardrail_released: "closed" };
 
   function renderEvents() {
+    // data-label: on a narrow screen each row stacks, its cells named (dashboard.css)
     const rows = [...events.items].reverse().map((e) => el("tr", { "data-kind": e.kind },
-      el("td", { class: "muted", text: when(e.at) }),
-      el("td", {}, el("span", { class: `badge ${BADGES[e.kind] || ""}`, text: words(e.kind) })),
-      el("td", { text: e.actor }),
-      el("td", { text: e.from_state || e.to_state ? `${words(e.from_state || "")} → ${words(e.to_state || "")}` : "" }),
-      el("td", { text: e.reason }),
-      el("td", {}, evidence(e.payload)),
+      el("td", { class: "muted", text: when(e.at), "data-label": "When" }),
+      el("td", { "data-label": "Event" },
+         el("span", { class: `badge ${BADGES[e.kind] || ""}`, text: words(e.kind) })),
+      el("td", { text: e.actor, "data-label": "By" }),
+      el("td", { text: e.from_state || e.to_state ? `${words(e.from_state || "")} → ${words(e.to_state || "")}` : "",
+                 "data-label": "State" }),
+      el("td", { text: e.reason, "data-label": "Reason" }),
+      el("td", { "data-label": "Evidence" }, evidence(e.payload)),
     ));
     byId("event-rows").replaceChildren(...rows);
   }
@@ -330,9 +333,12 @@
   window.addEventListener("resize", () => metricPlots.forEach((p) => p.resize()));
 
   async function loadSlow(e) {
+    const service = encodeURIComponent(e.service);
     let rule = e.rule;
-    if (!rule) {
-      try { rule = await api(`/v1/services/${encodeURIComponent(e.service)}/rule`); } catch (_) { rule = null; }
+    // the service's rule only when the live view says one is in force: asking for a
+    // rule that does not exist would be a 404 in the console on every slow poll
+    if (!rule && e.live.rule_source === "service") {
+      try { rule = await api(`/v1/services/${service}/rule`); } catch (_) { rule = null; }
     }
     byId("latency-note").textContent = rule
       ? `· the threshold applies to P${rule.percentile} over ${rule.window_sec} s windows`
@@ -340,13 +346,14 @@
     byId("rec-service").textContent = e.service;
     const box = byId("recommendation");
     try {
-      const rec = await api(`/v1/services/${encodeURIComponent(e.service)}/rule/recommendation?windows=true`);
-      box.replaceChildren(renderRecommendation(rec));
+      // partial: a young service answers "not ready" as a 200, not a 409 each time
+      const rec = await api(`/v1/services/${service}/rule/recommendation?windows=true&partial=true`);
+      box.replaceChildren(rec.ready === false
+        ? el("p", { class: "muted", "data-ready": "false",
+                    text: `Not enough baseline history yet: ${rec.windows_found} of ${rec.windows_needed} non-overlapping windows.` })
+        : renderRecommendation(rec));
     } catch (error) {
-      const p = error.problem || {};
-      box.replaceChildren(el("p", { class: "muted", text: p.windows_needed
-        ? `Not enough baseline history yet: ${p.windows_found} of ${p.windows_needed} non-overlapping windows.`
-        : error.message }));
+      box.replaceChildren(el("p", { class: "muted", text: error.message }));
     }
   }
 

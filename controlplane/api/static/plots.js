@@ -13,34 +13,66 @@ const Plots = (() => {
   };
   const HEIGHT = 260;
 
+  // the ends of an experiment stand out: a solid, wider line
+  const FINAL_MARKS = new Set(["rolled_back", "rollback", "abort", "promoted", "promote"]);
+  const LABEL_ROWS = 3;
+
+  // The x range that shows the data and every mark: the events that end an experiment
+  // come after its last window (nothing is recorded once it ends), and a mark outside
+  // the scale would not be drawn at all.
+  function withMarks(range, marks) {
+    const times = marks.map((m) => new Date(m.at).getTime() / 1000).filter(Number.isFinite);
+    let [lo, hi] = range;
+    if (!times.length) return [lo, hi];
+    const first = Math.min(...times), last = Math.max(...times);
+    const extended = lo === null || hi === null || first < lo || last > hi;
+    lo = lo === null ? first : Math.min(lo, first);
+    hi = hi === null ? last : Math.max(hi, last);
+    if (!extended) return [lo, hi];
+    const pad = Math.max(1, (hi - lo) * 0.03);  // room for the last mark's label
+    return [lo - (first <= range[0] ? pad : 0), hi + pad];
+  }
+
   function marksPlugin(plot) {
     return {
       hooks: {
         draw: [(u) => {
           const { ctx } = u;
           const { top, height } = u.bbox;
+          const px = devicePixelRatio;
           ctx.save();
-          ctx.font = `${11 * devicePixelRatio}px system-ui, sans-serif`;
-          let lastLabelX = -Infinity;
+          ctx.font = `${11 * px}px system-ui, sans-serif`;
+          // a label goes on the first row where it clears the one before it, so a
+          // rollback right after a trip is still named; past the last row, the line only
+          const rowEnds = new Array(LABEL_ROWS).fill(-Infinity);
+          const drawn = [];
           for (const mark of plot.marks) {
             const t = new Date(mark.at).getTime() / 1000;
-            if (t < u.scales.x.min || t > u.scales.x.max) continue;
+            if (!(t >= u.scales.x.min && t <= u.scales.x.max)) continue;
+            drawn.push(mark.kind);
             const x = Math.round(u.valToPos(t, "x", true));
+            const final = FINAL_MARKS.has(mark.kind);
             ctx.strokeStyle = MARK_COLORS[mark.kind] || "#8a94a6";
-            ctx.setLineDash([4 * devicePixelRatio, 3 * devicePixelRatio]);
-            ctx.lineWidth = devicePixelRatio;
+            ctx.setLineDash(final ? [] : [4 * px, 3 * px]);
+            ctx.lineWidth = (final ? 2 : 1) * px;
             ctx.beginPath();
             ctx.moveTo(x, top);
             ctx.lineTo(x, top + height);
             ctx.stroke();
-            if (x - lastLabelX > 60 * devicePixelRatio) {
+            const label = mark.kind.replace(/_/g, " ");
+            const width = ctx.measureText(label).width + 6 * px;
+            const right = x + 3 * px + width > u.bbox.left + u.bbox.width;
+            const start = right ? x - 3 * px - width : x + 3 * px;
+            const row = rowEnds.findIndex((end) => start > end);
+            if (row >= 0) {
               ctx.fillStyle = ctx.strokeStyle;
-              ctx.fillText(mark.kind.replace(/_/g, " "), x + 3 * devicePixelRatio,
-                           top + 12 * devicePixelRatio);
-              lastLabelX = x;
+              ctx.fillText(label, start, top + (12 + 13 * row) * px);
+              rowEnds[row] = start + width;
             }
           }
           ctx.restore();
+          // what the canvas shows, for tests and scripts (data-marks is what was given)
+          plot.container.dataset.drawn = drawn.join(",");
         }],
       },
     };
@@ -66,7 +98,8 @@ const Plots = (() => {
         width: Math.max(this.container.clientWidth - 12, 300),
         height: HEIGHT,
         // a plot may share another's time axis (a metric's beside the windows')
-        scales: { x: { time: true, range: (u, min, max) => this.xrange || [min, max] } },
+        scales: { x: { time: true,
+                       range: (u, min, max) => withMarks(this.xrange || [min, max], this.marks) } },
         series: [{}, ...this.series],
         axes: [{}, ...this.axes],
         legend: { live: true },
