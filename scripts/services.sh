@@ -86,7 +86,9 @@ proxies_up() {  # the router tests start their own NGINX and HAProxy on private 
   local missing=()
   [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || missing+=(nginx-light)
   [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null || missing+=(haproxy)
-  if [ ${#missing[@]} -eq 0 ]; then echo "services: nginx and haproxy are installed"; return; fi
+  # the router benchmark's smoke test drives the proxies with wrk, as its full run does
+  command -v wrk >/dev/null || missing+=(wrk)
+  if [ ${#missing[@]} -eq 0 ]; then echo "services: nginx, haproxy and wrk are installed"; return; fi
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "services: installing Debian's ${missing[*]} for the router tests"
     # the packages' own services must not start on the machine's port 80
