@@ -129,7 +129,9 @@ class LoadGenerator:
         users: int = 5_000,
         path: str = "/shop/items",
         timeout: float = 10.0,
-        max_in_flight: int = 1_000,
+        # one address's connections: below the sidecar's default per-client cap (512),
+        # so a slow machine makes the generator skip sends, never the sidecar refuse them
+        max_in_flight: int = 400,
         idle_timeout: float = 20.0,
         seed: int | None = None,
     ) -> None:

@@ -75,6 +75,8 @@ def summary_table(results: Sequence[ScenarioResult], front: str = "sidecar") -> 
     ])  # fmt: skip
     row("  upstream errors (5xx)", [f"{r.load.upstream_failed:,}" for r in results])
     row("  sent again (closed kept-alive)", [f"{r.load.stale_retries:,}" for r in results])
+    if any(r.load.skipped for r in results):
+        row("  not sent (too many in flight)", [f"{r.load.skipped:,}" for r in results])
     row(f"  failed by the {front}", [
         f"{r.load.sidecar_failed:,}" + (
             f" ({', '.join(f'{k} x{v}' for k, v in r.load.sidecar_reasons.items())})"
