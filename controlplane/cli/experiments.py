@@ -76,7 +76,8 @@ def event_text(event: dict[str, Any] | None) -> str:
         return "-"
     source, target = event.get("from_state"), event.get("to_state")
     moved = f" {source} → {target}" if source and target else f" → {target}" if target else ""
-    reason = f": {event['reason']}" if event.get("reason") else ""
+    told = event.get("summary") or event.get("reason")
+    reason = f": {told}" if told else ""
     return f"{event.get('kind', 'event')}{moved}{reason}"
 
 
@@ -114,6 +115,7 @@ def _experiment_view(experiment: dict[str, Any]) -> RenderableType:
         ("name", experiment.get("name")),
         ("service", experiment.get("service")),
         ("state", experiment.get("state")),
+        ("now", (experiment.get("live") or {}).get("summary") or experiment.get("summary")),
         ("step", step_text(experiment)),
         ("canary weight", weight_text(experiment)),
         ("breaker", experiment.get("breaker_state")),
@@ -223,22 +225,28 @@ def _variants(experiment: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return [(str(v.get("name")), v) for v in variants]
 
 
-def _events_table(events: list[dict[str, Any]]) -> RenderableType:
-    from rich.table import Table
+def _events_view(events: list[dict[str, Any]]) -> RenderableType:
+    """One head line per event (when, who, what, from → to), then its sentence and its
+    reason on lines of their own, wrapped: a table column for the reason left it a
+    few characters wide on an 80-column terminal."""
+    from rich.console import Group
+    from rich.padding import Padding
+    from rich.text import Text
 
-    table = Table()
-    for column in ("at", "actor", "kind", "from", "to", "reason"):
-        table.add_column(column, no_wrap=column != "reason")
+    parts: list[RenderableType] = []
     for event in events:
-        table.add_row(
-            time_text(event.get("at")),
-            dash(event.get("actor")),
-            dash(event.get("kind")),
-            dash(event.get("from_state")),
-            dash(event.get("to_state")),
-            dash(event.get("reason")),
+        source, target = event.get("from_state"), event.get("to_state")
+        moved = f"  {dash(source)} → {dash(target)}" if source or target else ""
+        head = f"{time_text(event.get('at'))}  {dash(event.get('actor'))}  " + dash(
+            event.get("kind")
         )
-    return table
+        parts.append(Text(head + moved, style="bold"))
+        summary, reason = event.get("summary"), event.get("reason")
+        if isinstance(summary, str) and summary:
+            parts.append(Padding(Text(summary), (0, 0, 0, 2)))
+        if isinstance(reason, str) and reason and reason != summary:
+            parts.append(Padding(Text(f"reason: {reason}", style="dim"), (0, 0, 0, 2)))
+    return Group(*parts)
 
 
 def _print(renderable: RenderableType) -> None:
@@ -454,7 +462,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(events)
         else:
-            _print(_events_table(events))
+            _print(_events_view(events))
 
     for action, help_text in ACTION_HELP.items():
         _register_action(exp, action, help_text)
