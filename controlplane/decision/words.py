@@ -323,7 +323,9 @@ def _cooldown_end(evidence: Mapping[str, Any]) -> float | None:
 def _trip_sentence(kind: str, evidence: Mapping[str, Any], now: float | None) -> str | None:
     rule = _mapping(evidence.get("rule"))
     trips, max_trips = _count(evidence.get("trips")), _count(rule.get("max_trips"))
-    count = f"trip {trips} of {max_trips}" if trips is not None and max_trips else "trip"
+    count = (
+        "trip" if trips is None else f"trip {trips} of {max_trips}" if max_trips else f"trip {trips}"
+    )
     why = breach_sentence(evidence)
     action = _mapping(evidence.get("action"))
     if action.get("by") == "no_data":

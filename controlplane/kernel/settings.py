@@ -129,7 +129,8 @@ class Settings(BaseSettings):
     public_url: str = Field(
         default="",
         description="the control plane's address as people open it (links in "
-        "notifications: <public_url>/ui/experiments/<id>); empty: the `api` setting",
+        "notifications: <public_url>/ui/experiments/<id>); empty: notifications carry "
+        "no link (the CLI's `api` setting is where the CLI looks, not where people do)",
     )
     notify_allow: str = Field(
         default="",
@@ -160,8 +161,9 @@ class Settings(BaseSettings):
                                     setting="CANARY_NOTIFY_ALLOW")
 
     @property
-    def dashboard_base_url(self) -> str:
-        return self.public_url or self.api
+    def dashboard_base_url(self) -> str | None:
+        """Where links to the dashboard point; None without a public_url."""
+        return self.public_url or None
 
     @field_validator("etcd_prefix")
     @classmethod
