@@ -92,6 +92,12 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field(
         default="text", description="text lines, or one JSON object per line"
     )
+    access_log: bool = Field(
+        default=False,
+        description="log every HTTP request the API answers (uvicorn's access lines); off: "
+        "the dashboard's polls would bury the decision log (`canary_api_requests` counts "
+        "them anyway)",
+    )
     # tracing (OpenTelemetry over OTLP/HTTP); off unless an endpoint is configured here
     # or in the standard OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT
     otel_endpoint: str | None = Field(
