@@ -394,7 +394,9 @@ def event_sentence(
         return f"promoted: every step passed, all traffic to the canary{tail}"
     if kind in _ACTION_VERBS:
         verb = _ACTION_VERBS[kind]
-        because = f": {reason}" if reason else ""
+        # the API's reason when the user gave none says no more than the verb
+        given = reason and reason != f"{kind} by {actor}"
+        because = f": {reason}" if given else ""
         return f"{verb} by {actor}{because}"
     return reason or kind.replace("_", " ")
 

@@ -135,10 +135,11 @@ def text_line(fields: Mapping[str, Any]) -> str:
         f"{key}={_text(fields.get(key))}"
         for key in ("event", "experiment", "service", "actor", "from", "to")
     ]
-    if fields.get("canary_bp_from") is not None or fields.get("canary_bp_to") is not None:
-        parts.append(
-            f"canary_bp={_text(fields.get('canary_bp_from'))}->{_text(fields.get('canary_bp_to'))}"
-        )
+    before, after = fields.get("canary_bp_from"), fields.get("canary_bp_to")
+    if before is not None:
+        parts.append(f"canary_bp={_text(before)}->{_text(after)}")
+    elif after is not None:
+        parts.append(f"canary_bp={_text(after)}")
     if fields.get("guardrail") is not None:
         parts.append(f"guardrail={_text(fields['guardrail'])}")
     for name, value in _mapping(fields.get("values")).items():
