@@ -149,7 +149,8 @@ def text_line(fields: Mapping[str, Any]) -> str:
         parts.append(f"{name}.observed={_text(value.get('observed'))}")
         parts.append(f"{name}.bound={_text(value.get('bound'))}")
     parts.append(f"trace_id={_text(fields.get('trace_id'))}")
-    return " ".join(parts) + f" | {fields.get('summary', '')}"
+    summary = " ".join(str(fields.get("summary", "")).splitlines())  # a user's reason
+    return " ".join(parts) + f" | {summary}"
 
 
 def current_trace_id() -> str | None:

@@ -159,3 +159,17 @@ def test_every_long_running_command_offers_the_flag(command: str) -> None:
         env={"COLUMNS": "200", "PATH": "/usr/bin"},
     )
     assert "--log-format" in result.stdout
+
+
+def test_a_structured_record_spreads_its_fields_and_says_its_sentence() -> None:
+    record = logging.LogRecord("canary.decisions", logging.INFO, __file__, 1,
+                               "event=tripped experiment=7 | tripped …", None, None)
+    record.structured = {  # type: ignore[attr-defined]
+        "event": "tripped", "experiment": 7, "summary": "tripped (trip 1 of 3): …",
+        "level": "not a level", "values": {"latency": {"observed": 0.4}},
+    }  # fmt: skip
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["message"] == "tripped (trip 1 of 3): …"
+    assert (entry["event"], entry["experiment"]) == ("tripped", 7)
+    assert entry["values"] == {"latency": {"observed": 0.4}}
+    assert entry["level"] == "INFO"  # a field never hides the line's own keys
