@@ -528,7 +528,8 @@ def _while_open(state: RolloutState, rule: BreakerRule, now: float) -> Decision:
     probe_at = state.opened_at + rule.cooldown_sec
     evidence = _evidence(state, state, rule, now, None)
     if now < probe_at:
-        reason = f"open: cooling down until {iso_time(probe_at)} ({duration_text(probe_at - now)} left)"
+        left = duration_text(probe_at - now)
+        reason = f"open: cooling down until {iso_time(probe_at)} ({left} left)"
         return Decision(state, (), reason, evidence, probe_at)
     new = state.with_changes(
         breaker=transition(state.breaker, BreakerState.HALF_OPEN),

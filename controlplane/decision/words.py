@@ -171,7 +171,7 @@ def _latency_sentence(
     margin = _number(guardrail.get("bound"))
     if basis.startswith("percentile_ratio") and base is not None and margin is not None:
         text = (
-            f"{mine} {_sign(guardrail)} {margin:g} × baseline {label} {ms_text(base)}"
+            f"{mine} {_sign(guardrail)} {margin:g} × baseline {label} {ms_text(base)}"  # noqa: RUF001
             f"{_span_text(canary, span)}{n_text}"
         )
         return text + _significance_note(guardrail)
@@ -323,9 +323,9 @@ def _cooldown_end(evidence: Mapping[str, Any]) -> float | None:
 def _trip_sentence(kind: str, evidence: Mapping[str, Any], now: float | None) -> str | None:
     rule = _mapping(evidence.get("rule"))
     trips, max_trips = _count(evidence.get("trips")), _count(rule.get("max_trips"))
-    count = (
-        "trip" if trips is None else f"trip {trips} of {max_trips}" if max_trips else f"trip {trips}"
-    )
+    count = "trip" if trips is None else f"trip {trips}"
+    if trips is not None and max_trips:
+        count += f" of {max_trips}"
     why = breach_sentence(evidence)
     action = _mapping(evidence.get("action"))
     if action.get("by") == "no_data":

@@ -21,13 +21,16 @@ from controlplane.kernel.logs import JsonFormatter
 from controlplane.kernel.settings import Settings
 from tests.api.conftest import API_BASE
 from tests.controller.test_controller_integration import RULE, SERVICE, Rig
-from tests.controller.test_controller_integration import rig as rig  # noqa: F401 (fixture)
+from tests.controller.test_controller_integration import rig as rig
 from tests.support.auth import bearer, install_test_tokens
 
 DECISIONS = "canary.decisions"
 
 
-async def scrape(rig: Rig, settings: Settings) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+async def scrape(rig: Rig, settings: Settings) -> Samples:
     """/metrics as Prometheus reads it, with a viewer's token: (name, labels) → value."""
     install_test_tokens(settings.database_url)
     app = create_app(settings, backends=rig.backends)

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from controlplane.decision import start
 from controlplane.decision.words import (
     duration_text,
-    event_sentence,
     evaluation_sentence,
+    event_sentence,
     ms_text,
     ratio_text,
     status_sentence,
@@ -109,7 +109,7 @@ def evaluation(canary: dict[str, Any], baseline: dict[str, Any], **guardrails: A
                 latency={"basis": "percentile_ratio_and_rank_test", "observed": 3.0,
                          "bound": 1.2, "exceeded": True, "breached": True},
             ),
-            "canary P95 300 ms > 1.2 × baseline P95 100 ms over the last 10 s, n=400",
+            "canary P95 300 ms > 1.2 × baseline P95 100 ms over the last 10 s, n=400",  # noqa: RUF001
             id="against the baseline",
         ),
         pytest.param(

@@ -74,7 +74,7 @@ def test_log_event_never_raises(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="canary.decisions")
 
     class Odd(dict[str, Any]):
-        def get(self, *_: Any) -> Any:  # type: ignore[override]
+        def get(self, *_: Any) -> Any:
             raise RuntimeError("a payload of a shape never foreseen")
 
     log_event(kind="tripped", experiment_id=1, service="shop", actor="controller",

@@ -164,7 +164,7 @@ def test_every_long_running_command_offers_the_flag(command: str) -> None:
 def test_a_structured_record_spreads_its_fields_and_says_its_sentence() -> None:
     record = logging.LogRecord("canary.decisions", logging.INFO, __file__, 1,
                                "event=tripped experiment=7 | tripped …", None, None)
-    record.structured = {  # type: ignore[attr-defined]
+    record.structured = {
         "event": "tripped", "experiment": 7, "summary": "tripped (trip 1 of 3): …",
         "level": "not a level", "values": {"latency": {"observed": 0.4}},
     }  # fmt: skip

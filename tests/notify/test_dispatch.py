@@ -357,7 +357,10 @@ async def test_a_round_ends_only_after_every_delivery_even_when_one_failed(
 @pytest.mark.parametrize(
     ("public_url", "link"),
     [
-        ("https://canary.example.com/", "<https://canary.example.com/ui/experiments/{id}|Open in canary>"),
+        (
+            "https://canary.example.com/",
+            "<https://canary.example.com/ui/experiments/{id}|Open in canary>",
+        ),
         ("", None),
     ],
 )
