@@ -115,7 +115,7 @@ def _experiment_view(experiment: dict[str, Any]) -> RenderableType:
         ("name", experiment.get("name")),
         ("service", experiment.get("service")),
         ("state", experiment.get("state")),
-        ("now", (experiment.get("live") or {}).get("summary") or experiment.get("summary")),
+        ("now", standing_text(experiment)),
         ("step", step_text(experiment)),
         ("canary weight", weight_text(experiment)),
         ("breaker", experiment.get("breaker_state")),
@@ -249,6 +249,36 @@ def _events_view(events: list[dict[str, Any]]) -> RenderableType:
     return Group(*parts)
 
 
+def standing_text(experiment: dict[str, Any]) -> str:
+    """The API's sentence for where the rollout stands (relative times when live)."""
+    live = experiment.get("live") or {}
+    told = live.get("summary") or experiment.get("summary")
+    return told if isinstance(told, str) and told else dash(experiment.get("state"))
+
+
+def _status_view(experiment: dict[str, Any], latest: dict[str, Any] | None) -> RenderableType:
+    """`exp status`: the standing and the latest event as sentences, each wrapped on
+    its own lines, then the numbers they stand on."""
+    from rich.console import Group
+    from rich.padding import Padding
+    from rich.text import Text
+
+    head = (
+        f"experiment {dash(experiment.get('id'))} ({dash(experiment.get('service'))}): "
+        f"{dash(experiment.get('state'))}, step {step_text(experiment)}, canary "
+        f"{weight_text(experiment)}, breaker {dash(experiment.get('breaker_state'))}, "
+        f"trips {dash(experiment.get('trips'))}, route {route_text(experiment)}"
+    )
+    parts: list[RenderableType] = [Text(head, style="bold"), Padding(
+        Text(standing_text(experiment)), (0, 0, 0, 2)
+    )]
+    if latest:
+        parts.append(Text(f"latest: {time_text(latest.get('at'))}  {dash(latest.get('kind'))}"))
+        parts.append(Padding(Text(str(latest.get("summary") or latest.get("reason") or "")),
+                             (0, 0, 0, 2)))
+    return Group(*parts)
+
+
 def _print(renderable: RenderableType) -> None:
     from rich.console import Console
 
@@ -268,6 +298,7 @@ class Progress:
     breaker: str
     event: str
     route: str
+    standing: str = "-"
 
     @classmethod
     def of(cls, experiment: dict[str, Any], latest: dict[str, Any] | None) -> Progress:
@@ -278,12 +309,15 @@ class Progress:
             breaker=dash(experiment.get("breaker_state")),
             event=event_text(latest),
             route=route_text(experiment),
+            # absolute times: a relative one would change, and print a line, every look
+            standing=dash(experiment.get("summary")),
         )
 
     def line(self) -> str:
         return (
             f"state {self.state}  step {self.step}  canary {self.weight}  "
-            f"breaker {self.breaker}  route {self.route}  latest {self.event}"
+            f"breaker {self.breaker}  route {self.route}  now {self.standing}  "
+            f"latest {self.event}"
         )
 
     def panel(self, experiment_id: str, elapsed: float) -> RenderableType:
@@ -299,6 +333,7 @@ class Progress:
             ("canary weight", self.weight),
             ("breaker", self.breaker),
             ("route in etcd", self.route),
+            ("now", self.standing),
             ("latest event", self.event),
             ("waiting", f"{elapsed:.0f} s"),
         ):
@@ -451,6 +486,19 @@ def register(app: typer.Typer) -> None:
             print_json(experiment)
         else:
             _print(_experiment_view(experiment))
+
+    @exp.command("status")
+    def status_command(
+        experiment_id: IdArgument, api: ApiOption = DEFAULT_API, as_json: JsonOption = False
+    ) -> None:
+        """Where the rollout stands and its latest event, in words, with the numbers."""
+        with reporting("canary exp status"), open_client(api) as client:
+            experiment = client.get_experiment(experiment_id)
+            latest = client.latest_event(experiment_id)
+        if as_json:
+            print_json({"experiment": experiment, "latest_event": latest})
+            return
+        _print(_status_view(experiment, latest))
 
     @exp.command("events")
     def events_command(

@@ -53,3 +53,22 @@ def test_show_and_wait_say_where_the_rollout_stands_in_words() -> None:
         _experiment_view(experiment), width=120
     )
     assert event_text(EVENT) == f"tripped closed → open: {SENTENCE}"
+
+
+def test_status_says_the_standing_and_the_latest_event_whole() -> None:
+    from controlplane.cli.experiments import _status_view
+
+    experiment = {
+        "id": 7, "service": "shop", "state": "running", "current_step": 0, "trips": 1,
+        "steps": [{"weight_pct": 1, "hold_sec": 60}], "canary_weight_bp": 0,
+        "breaker_state": "open", "route_applied": True,
+        "live": {"summary": "tripped (trip 1 of 3): canary at 0%, cooling down until "
+                            "08:01:20Z (in 55 s)"},
+    }  # fmt: skip
+    text = rendered(_status_view(experiment, EVENT))
+    joined = " ".join(line.strip() for line in text.splitlines())
+    assert joined.startswith(
+        "experiment 7 (shop): running, step 1/1, canary 0%, breaker open, trips 1, route applied"
+    )
+    assert "cooling down until 08:01:20Z (in 55 s)" in joined
+    assert f"latest: 2027-01-15 08:00:20  tripped {SENTENCE}" in joined
