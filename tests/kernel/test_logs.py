@@ -134,6 +134,8 @@ async def test_the_dev_control_plane_logs_json_lines_uvicorns_included(tmp_path:
     )
     entries = parse_lines(logged)
     assert any(str(entry["logger"]).startswith("uvicorn") for entry in entries)
+    # the polls of /healthz above left no access line: those are opt-in (CANARY_ACCESS_LOG)
+    assert not [e for e in entries if e["logger"] == "uvicorn.access"]
     # the dashboard's address is announced as a log entry too, not as a bare line
     assert any(f"dashboard: http://127.0.0.1:{port}/ui/" in str(e["message"]) for e in entries)
 
