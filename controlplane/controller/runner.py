@@ -229,6 +229,9 @@ class Controller:
             finally:
                 self.stats.leader = False
                 self._forget_untracked(set())  # only the leader reads provider metrics
+                # a replica that does not lead exports no experiment series: its last
+                # look would go stale while another leads
+                self.experiment_board.experiments.clear()
                 with contextlib.suppress(Exception):
                     await asyncio.shield(leadership.resign())
 
