@@ -206,6 +206,10 @@ def test_slack_escape() -> None:
 def test_the_sample_is_marked_and_names_no_real_event() -> None:
     body = json.loads(render(sample_event(AT), Format.JSON, base_url=None))
     assert body["event_id"] == 0 and body["evidence"]["sample"] is True
+    # shaped like a real trip, so a test send shows the sentence a real one would
+    assert body["summary"].startswith(
+        "tripped (trip 1 of 3): canary P95 412 ms > bound 250 ms over the last 60 s, n=240"
+    )
 
 
 def test_topics_expand_to_kinds_and_unknown_names_are_refused() -> None:
