@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
@@ -61,14 +61,16 @@ def step_text(experiment: dict[str, Any]) -> str:
 
 
 def time_text(value: Any) -> str:
-    """An API timestamp (ISO 8601, UTC) to the second: enough to read a trail."""
+    """An API timestamp to the second, ISO 8601 in UTC: enough to read a trail."""
     if not isinstance(value, str):
         return dash(value)
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
         return value
-    return moment.strftime("%Y-%m-%d %H:%M:%S")
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def event_text(event: dict[str, Any] | None) -> str:

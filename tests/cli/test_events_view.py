@@ -35,7 +35,7 @@ def test_each_event_has_its_sentence_and_reason_whole_at_80_columns() -> None:
                                           "reason": "paused by x"}]))
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 80
-    assert lines[0] == "2027-01-15 08:00:20  controller  tripped  closed → open"
+    assert lines[0] == "2027-01-15T08:00:20Z  controller  tripped  closed → open"
     joined = " ".join(line.strip() for line in lines)
     assert SENTENCE in joined and f"reason: {REASON}" in joined
     # a reason that says no more than the sentence is not repeated
@@ -71,4 +71,4 @@ def test_status_says_the_standing_and_the_latest_event_whole() -> None:
         "experiment 7 (shop): running, step 1/1, canary 0%, breaker open, trips 1, route applied"
     )
     assert "cooling down until 08:01:20Z (in 55 s)" in joined
-    assert f"latest: 2027-01-15 08:00:20  tripped {SENTENCE}" in joined
+    assert f"latest: 2027-01-15T08:00:20Z  tripped {SENTENCE}" in joined
