@@ -42,6 +42,7 @@ from controlplane.kernel.routes import TOTAL_WEIGHT
 MAX_EXPERIMENTS: Final = 1000
 MAX_SERVICES: Final = 1000
 FINISHED_TTL_SEC: Final = 900.0
+REFUSED_KEPT: Final = 100_000  # ids remembered so that a refusal counts once
 VARIANTS: Final = ("baseline", "canary")
 _E: Final = ("experiment", "service")
 GUARDRAIL_WITHIN, GUARDRAIL_OVER, GUARDRAIL_BREACHED = 0, 1, 2
@@ -126,6 +127,8 @@ class ExperimentBoard:
     experiments: dict[str, ExperimentSeries] = field(default_factory=dict)
     services: dict[str, ServiceTally] = field(default_factory=dict)
     dropped: int = 0
+    # experiments refused a series, each counted once (not once per look)
+    _refused: set[str] = field(default_factory=set)
 
     def observe(
         self,
@@ -139,7 +142,10 @@ class ExperimentBoard:
         series = self.experiments.get(key)
         if series is None:
             if not self._room(now):
-                self.dropped += 1
+                if key not in self._refused:
+                    if len(self._refused) < REFUSED_KEPT:
+                        self._refused.add(key)
+                    self.dropped += 1
                 return
             series = ExperimentSeries(
                 key, experiment.service, "", "", 0, 0, experiment.trips

@@ -93,6 +93,7 @@ def test_finished_experiments_expire_and_a_full_board_drops_and_counts() -> None
     assert set(board.experiments) == {"1", "3"} and board.dropped == 1
     # full of running ones: a fourth has no series, and that is counted
     board.observe(record(4), None, 10.0)
+    board.observe(record(4), None, 10.25)  # its next look: counted once
     assert "4" not in board.experiments and board.dropped == 2
     # another service finds no room for its counters
     board.finish(record(3, service="cart", state=ExperimentState.PROMOTED), 20.0)
