@@ -3,10 +3,12 @@ numbers: `summary` on experiments (relative times in the live view) and on event
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 
 from controlplane.decision.words import iso_time
 from controlplane.kernel.clock import FakeClock
@@ -38,4 +40,17 @@ async def test_experiments_and_events_carry_their_sentences(
     assert said["pause"] == f"paused by {ADMIN_ACTOR}: change freeze"
     assert (await client.get(url)).json()["summary"] == (
         "paused at step 1 of 4, canary at 1%, until someone resumes it"
+    )
+
+
+async def test_a_rule_change_is_a_decision_log_line(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="canary.decisions")
+    rule = {"threshold_ms": 800, "window_sec": 60, "failure_ratio": 0.3, "percentile": 95}
+    assert (await client.put("/v1/services/payment-api/rule", json=rule)).status_code == 200
+    [line] = [r.getMessage() for r in caplog.records if r.name == "canary.decisions"]
+    assert line == (
+        f"event=rule_changed experiment=- service=payment-api actor={ADMIN_ACTOR} from=- to=- "
+        f"trace_id=- | breaker rule created by {ADMIN_ACTOR}"
     )
