@@ -140,7 +140,9 @@ class Sidecar:
         )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(
-            ProxyMetricsCollector(self.proxy.metrics, before_collect=self.proxy.flush_samples)
+            ProxyMetricsCollector(
+                self.proxy.metrics, before_collect=self.proxy.flush_samples, service=service
+            )
         )
         self.registry.register(SidecarCollector(reporter=self.reporter, watcher=self.watcher))
         self.overload = OverloadWatcher(kv, self.proxy, service=service, prefix=etcd_prefix)

@@ -29,6 +29,7 @@ from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 from controlplane.experiments.rollout_state import inline_rule, rollout_state_of, steps_of
 from controlplane.experiments.service_configs import read_config
 from controlplane.experiments.store import ExperimentRecord
+from controlplane.experiments.summary import experiment_summary
 from controlplane.kernel.errors import CanaryError, NotFound, ValidationFailed
 from controlplane.kernel.routes import TOTAL_WEIGHT, parse_route
 from controlplane.kernel.rules import BreakerRule
@@ -166,6 +167,7 @@ def live_view(
         next_check_for=why,
         controller_next_check_at=_at(controller_at),
         last_reason=reason if isinstance(reason, str) else None,
+        summary=experiment_summary(experiment, rule=rule, now=now),
         overload_held=state is not None and state.overload_held,
         held_by=list(state.held_by) if state is not None else [],
         held_since=_at(state.held_since) if state is not None else None,

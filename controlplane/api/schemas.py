@@ -16,13 +16,16 @@ from pydantic import (
 )
 
 from controlplane.api.service_bodies import service_optional
+from controlplane.decision.words import event_sentence
 from controlplane.experiments.lifecycle import ExperimentState
+from controlplane.experiments.rollout_state import inline_rule
 from controlplane.experiments.store import (
     EventRecord,
     ExperimentRecord,
     ExperimentSpec,
     StepSpec,
 )
+from controlplane.experiments.summary import experiment_summary
 from controlplane.kernel.errors import FieldError, ValidationFailed
 from controlplane.kernel.routes import BASELINE, CANARY, TOTAL_WEIGHT, Sticky
 from controlplane.kernel.rules import BreakerRule, pydantic_field_errors
@@ -248,6 +251,11 @@ class ExperimentPublic(BaseModel):
     last_reason: str | None = Field(
         default=None, description="the controller's reason at its last decision"
     )
+    summary: str = Field(
+        default="",
+        description="where the rollout stands, in words (\"holding step 2 of 4 (25%) until "
+        "2026-12-06T14:03:10Z\"); times ISO 8601",
+    )
 
     @classmethod
     def of(cls, experiment: ExperimentRecord) -> ExperimentPublic:
@@ -278,6 +286,7 @@ class ExperimentPublic(BaseModel):
             created_at=experiment.created_at,
             updated_at=experiment.updated_at,
             last_reason=reason if isinstance(reason, str) else None,
+            summary=experiment_summary(experiment, rule=inline_rule(experiment)),
         )
 
 
@@ -362,6 +371,11 @@ class ExperimentLive(BaseModel):
         description="the latest time the controller asked to look again, at its last round"
     )
     last_reason: str | None = Field(description="the controller's reason at its last round")
+    summary: str = Field(
+        default="",
+        description="where the rollout stands, in words, with relative times (\"probing the "
+        "canary at 1% (trip 1 of 3) until 14:05:00Z (in 40 s)\")",
+    )
     overload_held: bool = Field(
         default=False,
         description="the controller's last look was held: the baseline's sidecars shed "
@@ -410,11 +424,17 @@ class EventPublic(BaseModel):
     from_state: str | None
     to_state: str | None
     reason: str
+    summary: str = Field(
+        default="",
+        description="the event in one sentence, its numbers in words (\"canary P95 407 ms > "
+        "bound 200 ms over the last 10 s, n=68; baseline P95 88 ms\")",
+    )
     payload: dict[str, Any]
 
     @classmethod
     def of(cls, event: EventRecord) -> EventPublic:
-        return cls.model_validate(event)
+        summary = event_sentence(event.kind, event.reason, event.payload, actor=event.actor)
+        return cls.model_validate(event).model_copy(update={"summary": summary})
 
 
 T = TypeVar("T")

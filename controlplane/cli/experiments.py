@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
@@ -61,14 +61,16 @@ def step_text(experiment: dict[str, Any]) -> str:
 
 
 def time_text(value: Any) -> str:
-    """An API timestamp (ISO 8601, UTC) to the second: enough to read a trail."""
+    """An API timestamp to the second, ISO 8601 in UTC: enough to read a trail."""
     if not isinstance(value, str):
         return dash(value)
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
         return value
-    return moment.strftime("%Y-%m-%d %H:%M:%S")
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def event_text(event: dict[str, Any] | None) -> str:
@@ -76,7 +78,8 @@ def event_text(event: dict[str, Any] | None) -> str:
         return "-"
     source, target = event.get("from_state"), event.get("to_state")
     moved = f" {source} → {target}" if source and target else f" → {target}" if target else ""
-    reason = f": {event['reason']}" if event.get("reason") else ""
+    told = event.get("summary") or event.get("reason")
+    reason = f": {told}" if told else ""
     return f"{event.get('kind', 'event')}{moved}{reason}"
 
 
@@ -114,6 +117,7 @@ def _experiment_view(experiment: dict[str, Any]) -> RenderableType:
         ("name", experiment.get("name")),
         ("service", experiment.get("service")),
         ("state", experiment.get("state")),
+        ("now", standing_text(experiment)),
         ("step", step_text(experiment)),
         ("canary weight", weight_text(experiment)),
         ("breaker", experiment.get("breaker_state")),
@@ -223,22 +227,58 @@ def _variants(experiment: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return [(str(v.get("name")), v) for v in variants]
 
 
-def _events_table(events: list[dict[str, Any]]) -> RenderableType:
-    from rich.table import Table
+def _events_view(events: list[dict[str, Any]]) -> RenderableType:
+    """One head line per event (when, who, what, from → to), then its sentence and its
+    reason on lines of their own, wrapped: a table column for the reason left it a
+    few characters wide on an 80-column terminal."""
+    from rich.console import Group
+    from rich.padding import Padding
+    from rich.text import Text
 
-    table = Table()
-    for column in ("at", "actor", "kind", "from", "to", "reason"):
-        table.add_column(column, no_wrap=column != "reason")
+    parts: list[RenderableType] = []
     for event in events:
-        table.add_row(
-            time_text(event.get("at")),
-            dash(event.get("actor")),
-            dash(event.get("kind")),
-            dash(event.get("from_state")),
-            dash(event.get("to_state")),
-            dash(event.get("reason")),
+        source, target = event.get("from_state"), event.get("to_state")
+        moved = f"  {dash(source)} → {dash(target)}" if source or target else ""
+        head = f"{time_text(event.get('at'))}  {dash(event.get('actor'))}  " + dash(
+            event.get("kind")
         )
-    return table
+        parts.append(Text(head + moved, style="bold"))
+        summary, reason = event.get("summary"), event.get("reason")
+        if isinstance(summary, str) and summary:
+            parts.append(Padding(Text(summary), (0, 0, 0, 2)))
+        if isinstance(reason, str) and reason and reason != summary:
+            parts.append(Padding(Text(f"reason: {reason}", style="dim"), (0, 0, 0, 2)))
+    return Group(*parts)
+
+
+def standing_text(experiment: dict[str, Any]) -> str:
+    """The API's sentence for where the rollout stands (relative times when live)."""
+    live = experiment.get("live") or {}
+    told = live.get("summary") or experiment.get("summary")
+    return told if isinstance(told, str) and told else dash(experiment.get("state"))
+
+
+def _status_view(experiment: dict[str, Any], latest: dict[str, Any] | None) -> RenderableType:
+    """`exp status`: the standing and the latest event as sentences, each wrapped on
+    its own lines, then the numbers they stand on."""
+    from rich.console import Group
+    from rich.padding import Padding
+    from rich.text import Text
+
+    head = (
+        f"experiment {dash(experiment.get('id'))} ({dash(experiment.get('service'))}): "
+        f"{dash(experiment.get('state'))}, step {step_text(experiment)}, canary "
+        f"{weight_text(experiment)}, breaker {dash(experiment.get('breaker_state'))}, "
+        f"trips {dash(experiment.get('trips'))}, route {route_text(experiment)}"
+    )
+    parts: list[RenderableType] = [Text(head, style="bold"), Padding(
+        Text(standing_text(experiment)), (0, 0, 0, 2)
+    )]
+    if latest:
+        parts.append(Text(f"latest: {time_text(latest.get('at'))}  {dash(latest.get('kind'))}"))
+        parts.append(Padding(Text(str(latest.get("summary") or latest.get("reason") or "")),
+                             (0, 0, 0, 2)))
+    return Group(*parts)
 
 
 def _print(renderable: RenderableType) -> None:
@@ -260,6 +300,7 @@ class Progress:
     breaker: str
     event: str
     route: str
+    standing: str = "-"
 
     @classmethod
     def of(cls, experiment: dict[str, Any], latest: dict[str, Any] | None) -> Progress:
@@ -270,12 +311,15 @@ class Progress:
             breaker=dash(experiment.get("breaker_state")),
             event=event_text(latest),
             route=route_text(experiment),
+            # absolute times: a relative one would change, and print a line, every look
+            standing=dash(experiment.get("summary")),
         )
 
     def line(self) -> str:
         return (
             f"state {self.state}  step {self.step}  canary {self.weight}  "
-            f"breaker {self.breaker}  route {self.route}  latest {self.event}"
+            f"breaker {self.breaker}  route {self.route}  now {self.standing}  "
+            f"latest {self.event}"
         )
 
     def panel(self, experiment_id: str, elapsed: float) -> RenderableType:
@@ -291,6 +335,7 @@ class Progress:
             ("canary weight", self.weight),
             ("breaker", self.breaker),
             ("route in etcd", self.route),
+            ("now", self.standing),
             ("latest event", self.event),
             ("waiting", f"{elapsed:.0f} s"),
         ):
@@ -444,6 +489,19 @@ def register(app: typer.Typer) -> None:
         else:
             _print(_experiment_view(experiment))
 
+    @exp.command("status")
+    def status_command(
+        experiment_id: IdArgument, api: ApiOption = DEFAULT_API, as_json: JsonOption = False
+    ) -> None:
+        """Where the rollout stands and its latest event, in words, with the numbers."""
+        with reporting("canary exp status"), open_client(api) as client:
+            experiment = client.get_experiment(experiment_id)
+            latest = client.latest_event(experiment_id)
+        if as_json:
+            print_json({"experiment": experiment, "latest_event": latest})
+            return
+        _print(_status_view(experiment, latest))
+
     @exp.command("events")
     def events_command(
         experiment_id: IdArgument, api: ApiOption = DEFAULT_API, as_json: JsonOption = False
@@ -454,7 +512,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(events)
         else:
-            _print(_events_table(events))
+            _print(_events_view(events))
 
     for action, help_text in ACTION_HELP.items():
         _register_action(exp, action, help_text)

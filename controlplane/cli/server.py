@@ -162,6 +162,7 @@ def run_api(
         host=host,
         port=port,
         log_level=settings.log_level.lower(),
+        access_log=settings.access_log,
         lifespan="on",
         timeout_graceful_shutdown=10,
         **HEAD_LIMITS,
@@ -200,6 +201,9 @@ def _setup_logging(settings: Settings) -> None:
     configure_logging(settings.log_level, settings.log_format)
     # Alembic announces every plugin it loads; only the migrations themselves matter.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+    # httpx logs every request it sends at INFO (webhooks, Prometheus, JWKS): their
+    # outcomes are counted and their failures logged by the callers
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def _migrate_or_exit(url: str) -> None:

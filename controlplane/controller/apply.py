@@ -2,7 +2,7 @@
 one unit of work of the store (experiments.store), and nothing else.
 
     load (version check) → write the state → the desired route → events
-    → commit → wake the reconciler
+    → commit → wake the reconciler → one decision log line per event
 
 The row's version check makes a concurrent API action (pause, promote…) win: the
 commit fails and the next round decides again from fresh state. No route reaches
@@ -18,6 +18,7 @@ from typing import Any
 
 from controlplane.controller.reconciler import fence_entry
 from controlplane.decision.model import Decision, Promote, Rollback
+from controlplane.experiments.decision_log import log_event
 from controlplane.experiments.lifecycle import ExperimentState
 from controlplane.experiments.store import ExperimentRecord
 from controlplane.kernel.clock import utc_now
@@ -102,20 +103,29 @@ async def apply_decision(
                 experiment=experiment, canary_bp=write.canary_bp, state=write.route_state,
                 now=at,
             )
+        recorded = []
         for event, payload in zip(
             decision.events, event_payloads(decision, rule, route, fence), strict=True
         ):
-            await tx.append_event(
-                experiment_id=experiment.id,
-                service=experiment.service,
-                at=at,
-                actor="controller",
-                kind=event.kind,
-                from_state=str(payload.get("from", "")) or None,
-                to_state=str(payload.get("to", "")) or None,
-                reason=event.reason,
-                payload=payload,
+            recorded.append(
+                await tx.append_event(
+                    experiment_id=experiment.id,
+                    service=experiment.service,
+                    at=at,
+                    actor="controller",
+                    kind=event.kind,
+                    from_state=str(payload.get("from", "")) or None,
+                    to_state=str(payload.get("to", "")) or None,
+                    reason=event.reason,
+                    payload=payload,
+                )
             )
     if route is not None:
         backends.route_changes.notify(experiment.service)
+    for done in recorded:  # committed: now they are decisions
+        log_event(
+            kind=done.kind, experiment_id=done.experiment_id, service=done.service,
+            actor=done.actor, from_state=done.from_state, to_state=done.to_state,
+            reason=done.reason, payload=done.payload,
+        )  # fmt: skip
     return route

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from controlplane.controller.experiment_metrics import ExperimentBoard, board_families
 from controlplane.history.recorder import HistoryStats
 
 
@@ -41,10 +42,12 @@ class ControllerMetricsCollector(Collector):
         stats: ControllerStats,
         prefix: str = "canary_controller",
         history: HistoryStats | None = None,
+        board: ExperimentBoard | None = None,
     ) -> None:
         self._stats = stats
         self._prefix = prefix
         self._history = history or HistoryStats()
+        self._board = board
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         s = self._stats
@@ -100,3 +103,5 @@ class ControllerMetricsCollector(Collector):
         )  # fmt: skip
         for name, help_text, value in counters:
             yield CounterMetricFamily(f"{p}_{name}", help_text, value=value)
+        if self._board is not None:
+            yield from board_families(self._board)

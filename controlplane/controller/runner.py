@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 from prometheus_client.registry import Collector
 
 from controlplane.controller.apply import apply_decision, decided_state
+from controlplane.controller.experiment_metrics import ExperimentBoard
 from controlplane.controller.metrics import ControllerMetricsCollector, ControllerStats
 from controlplane.controller.reconciler import RouteReconciler
 from controlplane.controller.rulebook import RuleBook, RuleRejection
@@ -43,6 +44,7 @@ from controlplane.kernel.errors import (
     BackendUnavailable,
     CanaryError,
     CodecError,
+    NotFound,
     NotLeader,
     RevisionConflict,
 )
@@ -160,6 +162,8 @@ class Controller:
     reconciler: RouteReconciler = field(default_factory=RouteReconciler)
     # records what each round judged, for the dashboard's plots
     history: HistoryRecorder = field(default_factory=HistoryRecorder)
+    # each experiment's standing and last look, for /metrics (experiment_metrics.py)
+    experiment_board: ExperimentBoard = field(default_factory=ExperimentBoard)
     # a span per evaluation when tracing is on (controlplane.tracer)
     tracer: Tracer | None = None
     # provider metrics read in the background (providers/board.py); None: no provider
@@ -178,7 +182,9 @@ class Controller:
 
     def metrics_collector(self) -> Collector:
         """Its counters for the API's /metrics (the app registers it)."""
-        return ControllerMetricsCollector(self.stats, history=self.history.stats)
+        return ControllerMetricsCollector(
+            self.stats, history=self.history.stats, board=self.experiment_board
+        )
 
     async def start(self, backends: Backends) -> None:
         await self.open(backends)
@@ -223,6 +229,9 @@ class Controller:
             finally:
                 self.stats.leader = False
                 self._forget_untracked(set())  # only the leader reads provider metrics
+                # a replica that does not lead exports no experiment series: its last
+                # look would go stale while another leads
+                self.experiment_board.experiments.clear()
                 with contextlib.suppress(Exception):
                     await asyncio.shield(leadership.resign())
 
@@ -324,6 +333,7 @@ class Controller:
             # lease's keep-alive, the reconciler and the watches run (decision 0031)
             await asyncio.sleep(0)
         await self._commit_memory(backends, memory)
+        await self._board_finished(backends, {str(e.id) for e in experiments})
         running = {str(e.id) for e in experiments if e.state is ExperimentState.RUNNING}
         self._forget_untracked(running)
         await self.history.flush(backends.history)
@@ -331,6 +341,24 @@ class Controller:
             backends.history, [e.id for e in experiments], backends.clock.now()
         )
         return earliest
+
+    async def _board_finished(self, backends: Backends, active: set[str]) -> None:
+        """Experiments on the metrics board that are no longer active: ended by a
+        decision or a user. Their final rows are read once, so that a promotion or
+        rollback by either is counted (experiment_metrics.py)."""
+        board = self.experiment_board
+        now = backends.clock.now()
+        gone = board.active_keys() - active
+        if gone:
+            async with backends.store.transaction() as tx:
+                for key in sorted(gone):
+                    try:
+                        record = await tx.load_experiment(experiment_id=int(key))
+                    except NotFound:
+                        board.experiments.pop(key, None)  # deleted: nothing to show
+                        continue
+                    board.finish(record, now)
+        board.expire(now)
 
     async def _read_round(
         self,
@@ -359,6 +387,7 @@ class Controller:
         reads: Round | None = None,
     ) -> float | None:
         if experiment.state is not ExperimentState.RUNNING:
+            self.experiment_board.observe(experiment, None, backends.clock.now())
             return None
         reads = reads if reads is not None else Round()
         if self.tracer is None:
@@ -405,9 +434,11 @@ class Controller:
         if span is not None:
             span.set_attributes(decision_attributes(decision, changed))
         if not changed:
+            self.experiment_board.observe(experiment, decision.evidence, now)
             return decision.next_check_at
         if self.batched_round and only_memory(state, decision):
             reads.memory.append((experiment, decision))
+            self.experiment_board.observe(experiment, decision.evidence, now)
             return decision.next_check_at
         await apply_decision(
             backends,
@@ -418,6 +449,9 @@ class Controller:
             fence=fence,
         )
         self.stats.decisions_applied += 1
+        self.experiment_board.observe(
+            decided_state(experiment, decision, utc_now(backends.clock)), decision.evidence, now
+        )
         return decision.next_check_at
 
     def _metric_evidence(

@@ -72,6 +72,7 @@ from controlplane.decision.model import (
 from controlplane.decision.ramp_split import RampSplit
 from controlplane.decision.stats import SrmResult, UnitSrm, sample_ratio_mismatch, unit_split
 from controlplane.decision.tally import SrmTally, Tally
+from controlplane.decision.words import duration_text, iso_time
 from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 from controlplane.kernel.metric_specs import GuardrailAction, MetricNoData
@@ -527,7 +528,8 @@ def _while_open(state: RolloutState, rule: BreakerRule, now: float) -> Decision:
     probe_at = state.opened_at + rule.cooldown_sec
     evidence = _evidence(state, state, rule, now, None)
     if now < probe_at:
-        reason = f"open: cooling down until {probe_at:.3f} ({probe_at - now:.1f}s left)"
+        left = duration_text(probe_at - now)
+        reason = f"open: cooling down until {iso_time(probe_at)} ({left} left)"
         return Decision(state, (), reason, evidence, probe_at)
     new = state.with_changes(
         breaker=transition(state.breaker, BreakerState.HALF_OPEN),
@@ -566,13 +568,13 @@ def _while_closed(
     gate: Evaluation | None = None
     if state.overload_held:
         reason = (
-            f"holding step {state.step_index + 1} (due at {due:.3f}): the baseline is "
+            f"holding step {state.step_index + 1} (due at {iso_time(due)}): the baseline is "
             "shedding requests (overload: hold)"
         )
     elif state.held_by:
         reason = f"holding step {state.step_index + 1} at {state.canary_bp} bp: " + held_text(state)
     elif now < due:
-        reason = f"holding step {state.step_index + 1}: due at {due:.3f}"
+        reason = f"holding step {state.step_index + 1}: due at {iso_time(due)}"
     elif state.consecutive_breaches:
         reason = (
             f"step due, but the last evaluation breached ({state.consecutive_breaches} in a row)"
@@ -626,13 +628,13 @@ def _while_half_open(
     gate: Evaluation | None = None
     if state.overload_held:
         reason = (
-            f"probing at {state.canary_bp} bp (until {probe_end:.3f}), held: the baseline "
+            f"probing at {state.canary_bp} bp (until {iso_time(probe_end)}), held: the baseline "
             "is shedding requests (overload: hold)"
         )
     elif state.held_by:
         reason = f"probing at {state.canary_bp} bp, " + held_text(state)
     elif now < probe_end:
-        reason = f"probing at {state.canary_bp} bp until {probe_end:.3f}"
+        reason = f"probing at {state.canary_bp} bp until {iso_time(probe_end)}"
     elif state.tally.canary.count < rule.min_samples:
         reason = (
             f"probe window over, but it has seen {state.tally.canary.count} canary samples "

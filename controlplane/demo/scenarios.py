@@ -343,7 +343,9 @@ class ScenarioRunner:
                 f"{progress.canary_weight_bp / 100:g}%, breaker {progress.breaker_state}"
             )
         for item in await self.api.events(experiment_id, len(progress.events)):
-            line = EventLine(_epoch(item["at"]), item["kind"], item["reason"])
+            # the event in words, when the API says it (decision 0052)
+            told = item.get("summary") or item["reason"]
+            line = EventLine(_epoch(item["at"]), item["kind"], told)
             progress.events.append(line)
             if line.kind == "tripped" and progress.tripped_at is None:
                 progress.tripped_at = line.at

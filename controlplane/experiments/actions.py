@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 
+from controlplane.experiments.decision_log import log_event
 from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import (
     ACTIVE,
@@ -225,7 +226,7 @@ async def _apply_action_once(
         }
         if route is not None:
             payload |= {"route_revision": route.revision, "route_state": route.state.value}
-        await tx.append_event(
+        event = await tx.append_event(
             experiment_id=experiment.id,
             service=experiment.service,
             at=now,
@@ -238,4 +239,9 @@ async def _apply_action_once(
         )
     if plan is not None:
         changes.notify(experiment.service)
+    log_event(
+        kind=event.kind, experiment_id=event.experiment_id, service=event.service,
+        actor=event.actor, from_state=event.from_state, to_state=event.to_state,
+        reason=event.reason, payload=event.payload,
+    )  # fmt: skip
     return experiment

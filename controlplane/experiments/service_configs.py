@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from controlplane.experiments.decision_log import log_event
 from controlplane.experiments.events import EventKind
-from controlplane.experiments.store import ExperimentStore
+from controlplane.experiments.store import EventRecord, ExperimentStore
 from controlplane.kernel.clock import Clock, utc_now
 from controlplane.kernel.errors import BackendError, CodecError, FieldError, NotFound
 from controlplane.kernel.service_configs import ConfigKind, ServiceConfig, config_document
@@ -71,13 +72,14 @@ async def write_config(
             return  # writes only on change
         await tx.save_service_config(kind=kind, service=service, config=config, now=now,
                                      expected=previous)
-        await tx.append_event(
+        event = await tx.append_event(
             service=service, at=now, actor=actor, kind=event_kind,
             reason=f"{kind.described} {'replaced' if previous else 'created'} by {actor}",
             payload={field: config_document(kind, service, config),
                      "previous": _document(kind, service, previous)},
         )
     changes.notify_configs()
+    logged(event)
 
 
 async def remove_config(
@@ -101,12 +103,21 @@ async def remove_config(
         if not found:
             raise NotFound(f"no {kind.described} for service {service!r}")
         await tx.remove_service_config(kind=kind, service=service, expected=previous)
-        await tx.append_event(
+        event = await tx.append_event(
             service=service, at=now, actor=actor, kind=event_kind,
             reason=f"{kind.described} removed by {actor}",
             payload={field: None, "previous": _document(kind, service, previous)},
         )
     changes.notify_configs()
+    logged(event)
+
+
+def logged(event: EventRecord) -> None:
+    """A committed change of a service's settings, on the decision log."""
+    log_event(
+        kind=event.kind, experiment_id=None, service=event.service, actor=event.actor,
+        from_state=None, to_state=None, reason=event.reason, payload=event.payload,
+    )  # fmt: skip
 
 
 def _document(kind: ConfigKind, service: str, config: ServiceConfig | None) -> Any:

@@ -3,6 +3,10 @@
 `configure_logging(level, "json")` makes every record one line holding `time` (UTC,
 ISO 8601 with milliseconds), `level`, `logger`, `message`, `exception` (the formatted
 traceback, when there is one) and the static `fields` given (a worker's index).
+
+A record logged with `extra={"structured": {...}}` (the decision log,
+experiments/decision_log.py) has those fields as keys of its object too, and its
+`summary` as the message: the text format's `key=value` line is for people.
 """
 
 from __future__ import annotations
@@ -34,6 +38,13 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         entry.update(self._fields)
+        structured = getattr(record, "structured", None)
+        if isinstance(structured, Mapping):
+            for key, value in structured.items():
+                if key == "summary":
+                    entry["message"] = value
+                elif key not in entry:
+                    entry[key] = value
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         elif record.exc_text:

@@ -92,6 +92,12 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field(
         default="text", description="text lines, or one JSON object per line"
     )
+    access_log: bool = Field(
+        default=False,
+        description="log every HTTP request the API answers (uvicorn's access lines); off: "
+        "the dashboard's polls would bury the decision log (`canary_api_requests` counts "
+        "them anyway)",
+    )
     # tracing (OpenTelemetry over OTLP/HTTP); off unless an endpoint is configured here
     # or in the standard OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT
     otel_endpoint: str | None = Field(
@@ -129,7 +135,8 @@ class Settings(BaseSettings):
     public_url: str = Field(
         default="",
         description="the control plane's address as people open it (links in "
-        "notifications: <public_url>/ui/experiments/<id>); empty: the `api` setting",
+        "notifications: <public_url>/ui/experiments/<id>); empty: notifications carry "
+        "no link (the CLI's `api` setting is where the CLI looks, not where people do)",
     )
     notify_allow: str = Field(
         default="",
@@ -160,8 +167,9 @@ class Settings(BaseSettings):
                                     setting="CANARY_NOTIFY_ALLOW")
 
     @property
-    def dashboard_base_url(self) -> str:
-        return self.public_url or self.api
+    def dashboard_base_url(self) -> str | None:
+        """Where links to the dashboard point; None without a public_url."""
+        return self.public_url or None
 
     @field_validator("etcd_prefix")
     @classmethod

@@ -275,6 +275,8 @@ class Dispatcher:
 
 def dispatcher_for(settings: Settings) -> Dispatcher:
     """The dispatcher `canary serve` and `canary dev` run, configured by CANARY_NOTIFY_*."""
+    if settings.dashboard_base_url is None:
+        log.info("notifications carry no link to the dashboard: CANARY_PUBLIC_URL is not set")
     return Dispatcher(
         policy=RetryPolicy(
             max_attempts=settings.notify_max_attempts,

@@ -6,11 +6,16 @@
      "service": "checkout", "experiment": {"id": 7, "name": "checkout v2"},
      "at": "2026-12-02T10:00:00+00:00", "actor": "controller",
      "from_state": "closed", "to_state": "open", "reason": "…",
+     "summary": "tripped (trip 1 of 3): canary P95 407 ms > bound 200 ms …",
      "evidence": {…the event's payload…},
      "link": "https://canary.example.com/ui/experiments/7"}
 
 `slack`: an incoming-webhook message (`text` for the notification, `blocks` for the
-channel). A body is at most MAX_BODY_BYTES: larger evidence is left out and says so.
+channel), the event's sentence first and its reason (the numbers) beside. A body is
+at most MAX_BODY_BYTES: larger evidence is left out and says so.
+
+Links point at the `public_url` setting (CANARY_PUBLIC_URL); without it a message
+has no link, and a Slack message says why.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import json
 from datetime import datetime
 from typing import Any, Final
 
+from controlplane.decision.words import event_sentence
 from controlplane.notify.kinds import topic_of
 from controlplane.notify.records import AnnouncedEvent, Format
 
@@ -26,6 +32,7 @@ VERSION: Final = 1
 MAX_BODY_BYTES: Final = 256 * 1024
 SLACK_TEXT_MAX: Final = 3000  # Slack's limit on a section's text
 SLACK_HEADER_MAX: Final = 150  # ... and on a header's
+NO_LINK_NOTE: Final = "no dashboard link: CANARY_PUBLIC_URL is not set"
 
 
 def dashboard_link(base_url: str | None, experiment_id: int | None) -> str | None:
@@ -59,6 +66,7 @@ def json_document(event: AnnouncedEvent, link: str | None) -> dict[str, Any]:
         "from_state": event.from_state,
         "to_state": event.to_state,
         "reason": event.reason,
+        "summary": summary_of(event),
         "evidence": event.payload,
         "link": link,
     }
@@ -71,7 +79,14 @@ def json_body(event: AnnouncedEvent, link: str | None) -> bytes:
         return body
     document["evidence"] = {"truncated": True, "bytes": len(body)}
     document["reason"] = event.reason[:SLACK_TEXT_MAX]
+    document["summary"] = str(document["summary"])[:SLACK_TEXT_MAX]
     return _encode(document)
+
+
+def summary_of(event: AnnouncedEvent) -> str:
+    """The event in one sentence (decision/words.py); absolute times, since a
+    delivery may be retried long after the event."""
+    return event_sentence(event.kind, event.reason, event.payload, actor=event.actor)
 
 
 def _encode(document: dict[str, Any]) -> bytes:
@@ -129,6 +144,7 @@ def _facts(event: AnnouncedEvent) -> list[tuple[str, str]]:
 
 def slack_message(event: AnnouncedEvent, link: str | None) -> dict[str, Any]:
     subject = _subject(event)
+    summary = summary_of(event)
     fields = [
         {"type": "mrkdwn", "text": f"*{name}*\n{slack_escape(_clip(value, 200))}"}
         for name, value in _facts(event)
@@ -136,23 +152,28 @@ def slack_message(event: AnnouncedEvent, link: str | None) -> dict[str, Any]:
     context = f"event {event.event_id} · {slack_escape(_iso(event.at))}"
     if link is not None:
         context = f"<{slack_escape(link)}|Open in canary> · {context}"
+    else:
+        context = f"{NO_LINK_NOTE} · {context}"
     blocks: list[dict[str, Any]] = [
         {
             "type": "header",
             "text": {"type": "plain_text", "text": _clip(subject, SLACK_HEADER_MAX)},
         },
+        {
+            "type": "section",
+            "text": {"type": "mrkdwn", "text": slack_escape(_clip(summary, SLACK_TEXT_MAX))},
+        },
         {"type": "section", "fields": fields},
-        {"type": "context", "elements": [{"type": "mrkdwn", "text": context}]},
     ]
-    if event.reason:
-        blocks.insert(
-            1,
+    if event.reason and event.reason != summary:
+        blocks.append(
             {
-                "type": "section",
-                "text": {
-                    "type": "mrkdwn",
-                    "text": slack_escape(_clip(event.reason, SLACK_TEXT_MAX)),
-                },
-            },
+                "type": "context",
+                "elements": [
+                    {"type": "mrkdwn", "text": slack_escape(_clip(event.reason, SLACK_TEXT_MAX))}
+                ],
+            }
         )
-    return {"text": slack_escape(_clip(subject, SLACK_TEXT_MAX)), "blocks": blocks}
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": context}]})
+    text = f"{subject}: {summary}"
+    return {"text": slack_escape(_clip(text, SLACK_TEXT_MAX)), "blocks": blocks}

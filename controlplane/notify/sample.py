@@ -12,6 +12,8 @@ SAMPLE_EXPERIMENT_ID = 0
 
 
 def sample_event(at: datetime, *, service: str = "example-service") -> AnnouncedEvent:
+    now = at.timestamp()
+    window = {"window_start": now - 60, "window_end": now}
     return AnnouncedEvent(
         event_id=0,
         kind=EventKind.TRIPPED,
@@ -32,7 +34,23 @@ def sample_event(at: datetime, *, service: str = "example-service") -> Announced
                 "breaker": {"before": "closed", "after": "open"},
                 "weights": {"canary_bp_before": 500, "canary_bp_after": 0},
                 "trips": 1,
-                "window": {"verdict": "breached", "p95_ms": 412.0, "threshold_ms": 250.0},
+                "at": now,
+                "rule": {"percentile": 95, "threshold_ms": 250.0, "max_trips": 3,
+                         "cooldown_sec": 300, "half_open_weight": 100},
+                "window": {
+                    "verdict": "breach",
+                    "variants": {
+                        "canary": {"percentile_ms": 412.0, "p95_ms": 412.0, "count": 240,
+                                   "above_threshold_fraction": 0.21, **window},
+                        "baseline": {"percentile_ms": 96.0, "p95_ms": 96.0, "count": 4560},
+                    },
+                    "guardrails": {
+                        "latency": {"basis": "exact_above_threshold_count", "observed": 0.21,
+                                    "bound": 0.05, "exceeded": True, "breached": True},
+                    },
+                    "action": "stop",
+                    "action_by": "latency",
+                },
             },
         },
     )

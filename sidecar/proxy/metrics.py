@@ -162,9 +162,13 @@ class ProxyMetricsCollector(Collector):
         prefix: str = "canary_sidecar",
         *,
         before_collect: Callable[[], None] | None = None,
+        service: str | None = None,
     ) -> None:
         self._metrics = metrics
         self._prefix = prefix
+        # the one service this sidecar fronts (a validated name): the only value its
+        # label takes, so the series stay bounded by the variants and statuses
+        self._service = service
         # e.g. ProxyServer.flush_samples, so a scrape counts every finished request
         self._before_collect = before_collect
 
@@ -172,13 +176,15 @@ class ProxyMetricsCollector(Collector):
         if self._before_collect is not None:
             self._before_collect()
         m = self._metrics
+        service = [] if self._service is None else [self._service]
         requests = CounterMetricFamily(
             f"{self._prefix}_requests",
-            "Requests answered, by variant and status (or connect_error/timeout/aborted)",
-            labels=["variant", "status"],
+            "Requests answered, by service, variant and status (or "
+            "connect_error/timeout/aborted)",
+            labels=[*(["service"] if service else []), "variant", "status"],
         )
         for (variant, outcome), count in sorted(m.requests.items()):
-            requests.add_metric([variant, outcome_label(outcome)], count)
+            requests.add_metric([*service, variant, outcome_label(outcome)], count)
         yield requests
         overhead = HistogramMetricFamily(
             f"{self._prefix}_proxy_overhead_seconds",

@@ -363,8 +363,13 @@ def test_a_trip_shows_on_the_plot_and_in_the_events(tab: Tab, plane: Plane, tmp_
         1, timeout=WAIT_MS
     )
     tripped = tab.page.locator("#event-rows tr[data-kind=tripped]")
-    playwright_sync.expect(tripped).to_contain_text("canary")
+    # the API's sentence, its numbers in words (the reason, with its test, on hover)
+    playwright_sync.expect(tripped).to_contain_text("tripped (trip 1 of ")
+    playwright_sync.expect(tripped).to_contain_text("canary P95 ")
     playwright_sync.expect(tab.page.locator("#breaker")).to_contain_text("open")
+    playwright_sync.expect(tab.page.locator("#facts [data-summary]")).to_contain_text(
+        "tripped (trip 1 of ", timeout=WAIT_MS
+    )
     tab.page.wait_for_timeout(2500)  # a few more points after the trip, for the picture
     tab.page.screenshot(
         path=str(screenshot_dir(tmp_path) / "dashboard-experiment.png"), full_page=True

@@ -64,6 +64,10 @@ def test_create_from_the_example_then_list_show_and_events(
     assert len(events) >= 1 and events[0]["experiment_id"] == int(experiment_id)
     assert "at" in ok(canary(api_url, "exp", "events", experiment_id))
 
+    status = ok(canary(api_url, "exp", "status", experiment_id))
+    assert status.splitlines()[1].strip() == "draft: not started"
+    assert "latest: " in status and "created" in status
+
 
 def test_start_pause_resume_promote_move_the_experiment_and_log_who(
     api_url: str, experiment_file: Path

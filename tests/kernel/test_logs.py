@@ -134,6 +134,8 @@ async def test_the_dev_control_plane_logs_json_lines_uvicorns_included(tmp_path:
     )
     entries = parse_lines(logged)
     assert any(str(entry["logger"]).startswith("uvicorn") for entry in entries)
+    # the polls of /healthz above left no access line: those are opt-in (CANARY_ACCESS_LOG)
+    assert not [e for e in entries if e["logger"] == "uvicorn.access"]
     # the dashboard's address is announced as a log entry too, not as a bare line
     assert any(f"dashboard: http://127.0.0.1:{port}/ui/" in str(e["message"]) for e in entries)
 
@@ -159,3 +161,17 @@ def test_every_long_running_command_offers_the_flag(command: str) -> None:
         env={"COLUMNS": "200", "PATH": "/usr/bin"},
     )
     assert "--log-format" in result.stdout
+
+
+def test_a_structured_record_spreads_its_fields_and_says_its_sentence() -> None:
+    record = logging.LogRecord("canary.decisions", logging.INFO, __file__, 1,
+                               "event=tripped experiment=7 | tripped …", None, None)
+    record.structured = {
+        "event": "tripped", "experiment": 7, "summary": "tripped (trip 1 of 3): …",
+        "level": "not a level", "values": {"latency": {"observed": 0.4}},
+    }  # fmt: skip
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["message"] == "tripped (trip 1 of 3): …"
+    assert (entry["event"], entry["experiment"]) == ("tripped", 7)
+    assert entry["values"] == {"latency": {"observed": 0.4}}
+    assert entry["level"] == "INFO"  # a field never hides the line's own keys

@@ -352,3 +352,66 @@ async def test_a_round_ends_only_after_every_delivery_even_when_one_failed(
     with pytest.raises(BackendUnavailable):
         await round_
     assert len(sender.finished) == 1  # the other delivery ran to its end, not orphaned
+
+
+@pytest.mark.parametrize(
+    ("public_url", "link"),
+    [
+        (
+            "https://canary.example.com/",
+            "<https://canary.example.com/ui/experiments/{id}|Open in canary>",
+        ),
+        ("", None),
+    ],
+)
+async def test_a_slack_delivery_says_the_trip_in_words_and_links_only_to_the_public_url(
+    backends: Backends, receiver: Receiver, hook_url: str, public_url: str, link: str | None
+) -> None:
+    """The link is CANARY_PUBLIC_URL's; without it there is none, whatever the CLI's
+    `api` setting says (it named 127.0.0.1 while the API was elsewhere)."""
+    from controlplane.notify.dispatcher import dispatcher_for
+
+    await subscribe(backends, hook_url, fmt=Format.SLACK)
+    experiment = await new_experiment(backends)
+    evidence = {
+        "at": 1_800_000_000.0, "trips": 2,
+        "weights": {"canary_bp_before": 2500, "canary_bp_after": 0},
+        "rule": {"percentile": 95, "threshold_ms": 200, "max_trips": 3, "cooldown_sec": 30,
+                 "half_open_weight": 100, "failure_ratio": 0.05},
+        "window": {
+            "variants": {
+                "canary": {"count": 75, "failures": 9, "failure_ratio": 0.12,
+                           "percentile_ms": 150.0, "window_start": 1_799_999_990.0,
+                           "window_end": 1_800_000_000.0},
+                "baseline": {"count": 270, "failures": 3, "failure_ratio": 3 / 270},
+            },
+            "guardrails": {
+                "failures": {"basis": "ratio_and_binomial_vs_bound", "observed": 0.12,
+                             "bound": 0.05, "exceeded": True, "breached": True},
+            },
+        },
+    }
+    await announce(backends, experiment, evidence=evidence)
+    settings = Settings(api="http://127.0.0.1:8080", public_url=public_url, etcd="memory://")
+    sender = dispatcher_for(settings)
+    sender.rand = lambda: 0.0
+    try:
+        assert await sender.run_once(backends) == 1
+    finally:
+        await sender.sender.close()
+
+    [request] = receiver.received()
+    message = json.loads(request.body)
+    said = (
+        "tripped (trip 2 of 3): canary failures 12.0% (9/75) &gt; bound 5.0% over the last "
+        "10 s; baseline 1.1% (3/270); canary cut to 0%, probed again at 1% from "
+        "2027-01-15T08:00:30Z"
+    )
+    assert message["blocks"][1]["text"]["text"] == said
+    assert message["text"].endswith(said)
+    context = message["blocks"][-1]["elements"][0]["text"]
+    assert "127.0.0.1" not in request.body.decode()
+    if link is None:
+        assert context.startswith("no dashboard link: CANARY_PUBLIC_URL is not set")
+    else:
+        assert context.startswith(link.format(id=experiment.id))

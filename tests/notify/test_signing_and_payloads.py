@@ -94,6 +94,7 @@ def test_the_json_body_has_the_event_its_evidence_and_link() -> None:
         "from_state": "closed",
         "to_state": "open",
         "reason": "p95 above 250 ms",
+        "summary": "tripped (trip 2); canary cut to 0%",
         "evidence": {"evidence": {"weights": {"canary_bp_after": 0}, "trips": 2}},
         "link": "https://canary.example.com/ui/experiments/7",
     }
@@ -128,11 +129,17 @@ def test_the_slack_message_is_an_incoming_webhook_with_blocks() -> None:
         )
     )
     assert set(message) == {"text", "blocks"}
-    assert message["text"] == "checkout: experiment 7 “checkout v2” tripped"
-    header, reason, facts, context = message["blocks"]
-    assert header == {"type": "header", "text": {"type": "plain_text", "text": message["text"]}}
+    assert message["text"] == (
+        "checkout: experiment 7 “checkout v2” tripped: tripped (trip 2); canary cut to 0%"
+    )
+    header, sentence, facts, reason, context = message["blocks"]
+    assert header == {
+        "type": "header",
+        "text": {"type": "plain_text", "text": "checkout: experiment 7 “checkout v2” tripped"},
+    }
+    assert sentence["text"]["text"] == "tripped (trip 2); canary cut to 0%"
     # the reason cannot mention a channel or forge a link
-    assert reason["text"]["text"] == "&lt;!channel&gt; &amp; &lt;https://evil|click&gt;"
+    assert reason["elements"][0]["text"] == "&lt;!channel&gt; &amp; &lt;https://evil|click&gt;"
     assert [f["text"] for f in facts["fields"]] == [
         "*State*\nclosed → open",
         "*Canary weight*\n0.00 %",
@@ -142,6 +149,48 @@ def test_the_slack_message_is_an_incoming_webhook_with_blocks() -> None:
     assert context["elements"][0]["text"].startswith(
         "<https://canary.example.com/ui/experiments/7|Open in canary> · event 41"
     )
+
+
+def test_without_a_public_url_the_slack_message_says_there_is_no_link() -> None:
+    message = json.loads(render(event(), Format.SLACK, base_url=None))
+    context = message["blocks"][-1]["elements"][0]["text"]
+    assert context.startswith("no dashboard link: CANARY_PUBLIC_URL is not set · event 41")
+    assert "127.0.0.1" not in json.dumps(message) and "Open in canary" not in context
+
+
+def test_the_slack_message_tells_a_trip_in_words_beside_its_numbers() -> None:
+    evidence = {
+        "at": AT.timestamp(),
+        "trips": 1,
+        "weights": {"canary_bp_before": 500, "canary_bp_after": 0},
+        "rule": {"percentile": 95, "threshold_ms": 200, "max_trips": 3, "cooldown_sec": 60,
+                 "half_open_weight": 100},
+        "window": {
+            "variants": {
+                "canary": {"percentile_ms": 407.2, "count": 68, "failures": 0,
+                           "failure_ratio": 0.0, "above_threshold_fraction": 0.4,
+                           "window_start": AT.timestamp() - 10, "window_end": AT.timestamp()},
+                "baseline": {"percentile_ms": 88.0, "count": 1290},
+            },
+            "guardrails": {
+                "latency": {"basis": "exact_above_threshold_count", "observed": 0.4,
+                            "bound": 0.05, "exceeded": True, "breached": True},
+                "failures": {"basis": "ratio_and_binomial_vs_bound", "observed": 0.0,
+                             "bound": 0.05, "exceeded": False, "breached": False},
+            },
+        },
+    }
+    trip = event(reason="trip 1 of 3 (stop: canary 0 bp); latency 0.4 vs bound 0.05",
+                 payload={"evidence": evidence})
+    message = json.loads(render(trip, Format.SLACK, base_url="https://canary.example.com"))
+    sentence = message["blocks"][1]["text"]["text"]
+    assert sentence == (
+        "tripped (trip 1 of 3): canary P95 407 ms &gt; bound 200 ms over the last 10 s, n=68 "
+        "(40.0% above it, 5.0% allowed); baseline P95 88 ms; canary cut to 0%, probed again "
+        "at 1% from 2027-01-15T08:01:00Z"
+    )
+    assert "canary P95 407 ms" in message["text"]
+    assert message["blocks"][3]["elements"][0]["text"].startswith("trip 1 of 3 (stop")
 
 
 def test_an_api_action_shows_its_canary_weight_in_slack() -> None:
@@ -157,6 +206,10 @@ def test_slack_escape() -> None:
 def test_the_sample_is_marked_and_names_no_real_event() -> None:
     body = json.loads(render(sample_event(AT), Format.JSON, base_url=None))
     assert body["event_id"] == 0 and body["evidence"]["sample"] is True
+    # shaped like a real trip, so a test send shows the sentence a real one would
+    assert body["summary"].startswith(
+        "tripped (trip 1 of 3): canary P95 412 ms > bound 250 ms over the last 60 s, n=240"
+    )
 
 
 def test_topics_expand_to_kinds_and_unknown_names_are_refused() -> None:

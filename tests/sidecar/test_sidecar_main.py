@@ -63,7 +63,9 @@ async def test_admin_endpoints_routing_and_a_flush_at_stop() -> None:
         assert 'canary_sidecar_routes_rejected_total{reason="malformed"} 1.0' in metrics
         # the last route etcd delivered is in force, whatever its revision says
         assert 'canary_sidecar_route_revision{experiment="3"} 0.0' in metrics
-        assert 'canary_sidecar_requests_total{status="200",variant="canary"} 1.0' in metrics
+        # labelled by the one service the sidecar fronts (its label set stays bounded)
+        labels = f'service="{SERVICE}",status="200",variant="canary"'
+        assert f"canary_sidecar_requests_total{{{labels}}} 1.0" in metrics
         assert "canary_sidecar_proxy_overhead_seconds_bucket" in metrics
         assert 'canary_sidecar_samples_total{fate="sent"}' in metrics
     finally:

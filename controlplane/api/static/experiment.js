@@ -57,6 +57,7 @@
       fact("Baseline now", baseline ? `P95 ${ms(baseline.p95_ms)} · failed ${ratio(baseline.failure_ratio)} · n=${baseline.count}${shed(baseline)}` : "no window"),
       fact("Route", e.route_applied === null ? (e.route_note || "none yet")
            : e.route_applied ? `revision ${e.route_revision} in etcd` : `revision ${e.route_revision} pending`),
+      fact("Standing", live.summary || "–", { class: "fact wide", "data-summary": "" }),
       fact("Last decision", live.last_reason || "–", { class: "fact wide" }),
       ...(live.overload_held
         ? [fact("Overload", "held: the baseline's sidecars are shedding requests", { class: "fact wide", "data-overload": "held" })]
@@ -195,7 +196,7 @@
       el("td", { text: e.actor, "data-label": "By" }),
       el("td", { text: e.from_state || e.to_state ? `${words(e.from_state || "")} → ${words(e.to_state || "")}` : "",
                  "data-label": "State" }),
-      el("td", { text: e.reason, "data-label": "Reason" }),
+      el("td", { text: e.summary || e.reason, title: e.reason, "data-label": "Reason" }),
       el("td", { "data-label": "Evidence" }, evidence(e.payload)),
     ));
     byId("event-rows").replaceChildren(...rows);

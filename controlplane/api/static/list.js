@@ -19,7 +19,7 @@
       el("td", { text: `${pct(10000 - canary)} / ${pct(canary)}` }),
       el("td", {}, el("span", { class: `badge ${e.breaker_state}`,
                                 text: `${words(e.breaker_state)}${e.trips ? ` · ${e.trips} trip(s)` : ""}` })),
-      el("td", { class: "muted", text: e.last_reason || "–" }),
+      el("td", { class: "muted", text: e.summary || e.last_reason || "–", title: e.last_reason || "" }),
       el("td", { class: "muted", text: when(e.updated_at) }),
     );
   }

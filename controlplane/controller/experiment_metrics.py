@@ -1,0 +1,316 @@
+"""Each experiment's rollout as Prometheus series: what ops dashboards and alerts read.
+
+The leader's controller `observe`s every experiment it judges (its row and the
+evidence of the decision) and `finish`es those that left the active states (by its
+own decision or a user's); the collector renders the board at scrape time. Series per
+experiment (labels `experiment`, `service`):
+
+    canary_experiment_status{state}           1 for the state it is in
+    canary_experiment_breaker{state}          1 for the breaker's state
+    canary_experiment_canary_weight_percent   the canary's share of traffic
+    canary_experiment_step                    the current step, 1-based (0: none)
+    canary_experiment_trips_total             trips so far
+    canary_experiment_verdict{verdict}        1 for the last look's verdict
+    canary_experiment_guardrail_verdict{guardrail}   0 within, 1 over the bound but
+                                              not significant, 2 breached
+    canary_experiment_p95_seconds{variant}    P95 of the latency judged, last look
+    canary_experiment_failure_ratio{variant}  failed / total, last look
+    canary_experiment_window_requests{variant}
+
+and per service `canary_service_{trips,promotions,rollbacks}_total`. Bounded: at most
+`max_experiments` experiments and `max_services` services have series; a finished
+experiment keeps its series `finished_ttl_sec` (so a scrape sees how it ended), the
+oldest finished go first when the board is full, and what could not be kept is
+counted in `canary_experiment_series_dropped_total`. Label values are service names
+and experiment ids (both patterned, kernel/values.py), states, and guardrail names of
+the rule (at most 2 + 16).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from controlplane.experiments.lifecycle import ExperimentState
+from controlplane.experiments.store import ExperimentRecord
+from controlplane.kernel.routes import TOTAL_WEIGHT
+
+MAX_EXPERIMENTS: Final = 1000
+MAX_SERVICES: Final = 1000
+FINISHED_TTL_SEC: Final = 900.0
+REFUSED_KEPT: Final = 100_000  # ids remembered so that a refusal counts once
+VARIANTS: Final = ("baseline", "canary")
+_E: Final = ("experiment", "service")
+GUARDRAIL_WITHIN, GUARDRAIL_OVER, GUARDRAIL_BREACHED = 0, 1, 2
+
+
+@dataclass
+class ExperimentSeries:
+    """What the board keeps of one experiment: its row's standing and its last look."""
+
+    experiment: str
+    service: str
+    state: str
+    breaker: str
+    canary_bp: int
+    step: int
+    trips: int
+    verdict: str | None = None
+    guardrails: dict[str, int] = field(default_factory=dict)
+    variants: dict[str, tuple[float | None, float | None, int | None]] = field(
+        default_factory=dict
+    )
+    finished_at: float | None = None
+
+
+@dataclass
+class ServiceTally:
+    trips: int = 0
+    promotions: int = 0
+    rollbacks: int = 0
+
+
+def look_of(evidence: Mapping[str, Any]) -> tuple[
+    str | None, dict[str, int], dict[str, tuple[float | None, float | None, int | None]]
+]:
+    """The verdict, each guardrail's and each variant's numbers of a decision's
+    evidence (pure); None when the look judged nothing new (no fresh window)."""
+    window = evidence.get("window")
+    if not isinstance(window, Mapping):
+        return None, {}, {}
+    verdict = window.get("verdict")
+    if not isinstance(verdict, str) or verdict == "not_evaluated":
+        return None, {}, {}
+    guardrails: dict[str, int] = {}
+    raw = window.get("guardrails")
+    for name, g in (raw.items() if isinstance(raw, Mapping) else ()):
+        if not isinstance(g, Mapping) or g.get("status", "judged") != "judged":
+            continue
+        guardrails[str(name)] = (
+            GUARDRAIL_BREACHED
+            if g.get("breached") is True
+            else GUARDRAIL_OVER
+            if g.get("exceeded") is True
+            else GUARDRAIL_WITHIN
+        )
+    variants: dict[str, tuple[float | None, float | None, int | None]] = {}
+    found = window.get("variants")
+    for arm in VARIANTS:
+        snap = found.get(arm) if isinstance(found, Mapping) else None
+        if not isinstance(snap, Mapping):
+            continue
+        p95, ratio, count = snap.get("p95_ms"), snap.get("failure_ratio"), snap.get("count")
+        p95_sec = _number(p95)
+        variants[arm] = (
+            p95_sec / 1000 if p95_sec is not None else None,
+            _number(ratio),
+            count if isinstance(count, int) and not isinstance(count, bool) else None,
+        )
+    return verdict, guardrails, variants
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+@dataclass
+class ExperimentBoard:
+    max_experiments: int = MAX_EXPERIMENTS
+    max_services: int = MAX_SERVICES
+    finished_ttl_sec: float = FINISHED_TTL_SEC
+    experiments: dict[str, ExperimentSeries] = field(default_factory=dict)
+    services: dict[str, ServiceTally] = field(default_factory=dict)
+    dropped: int = 0
+    # experiments refused a series, each counted once (not once per look)
+    _refused: set[str] = field(default_factory=set)
+
+    def observe(
+        self,
+        experiment: ExperimentRecord,
+        evidence: Mapping[str, Any] | None,
+        now: float,
+    ) -> None:
+        """An experiment as a round left it (its row after the decision) and what the
+        decision saw."""
+        key = str(experiment.id)
+        series = self.experiments.get(key)
+        if series is None:
+            if not self._room(now):
+                if key not in self._refused:
+                    if len(self._refused) < REFUSED_KEPT:
+                        self._refused.add(key)
+                    self.dropped += 1
+                return
+            series = ExperimentSeries(
+                key, experiment.service, "", "", 0, 0, experiment.trips
+            )
+            self.experiments[key] = series
+        if experiment.trips > series.trips:
+            tally = self._tally(experiment.service)
+            if tally is not None:
+                tally.trips += experiment.trips - series.trips
+        series.state = experiment.state.value
+        series.breaker = experiment.breaker_state.value
+        series.canary_bp = experiment.canary_weight_bp
+        series.step = experiment.current_step + 1 if experiment.current_step >= 0 else 0
+        series.trips = experiment.trips
+        if evidence is not None:
+            verdict, guardrails, variants = look_of(evidence)
+            if verdict is not None:
+                series.verdict, series.guardrails, series.variants = (
+                    verdict, guardrails, variants
+                )
+        if experiment.state not in (ExperimentState.RUNNING, ExperimentState.PAUSED):
+            self.finish(experiment, now)
+
+    def finish(self, experiment: ExperimentRecord, now: float) -> None:
+        """An experiment seen before has ended: its final state, counted once."""
+        series = self.experiments.get(str(experiment.id))
+        if series is None or series.finished_at is not None:
+            return
+        series.state = experiment.state.value
+        series.canary_bp = experiment.canary_weight_bp
+        series.breaker = experiment.breaker_state.value
+        series.finished_at = now
+        tally = self._tally(experiment.service)
+        if tally is None:
+            return
+        if experiment.state is ExperimentState.PROMOTED:
+            tally.promotions += 1
+        elif experiment.state in (ExperimentState.ROLLED_BACK, ExperimentState.ABORTED):
+            tally.rollbacks += 1
+
+    def active_keys(self) -> set[str]:
+        return {k for k, s in self.experiments.items() if s.finished_at is None}
+
+    def expire(self, now: float) -> None:
+        """Drop the finished experiments whose time on the board is over."""
+        for key in [
+            k
+            for k, s in self.experiments.items()
+            if s.finished_at is not None and now - s.finished_at >= self.finished_ttl_sec
+        ]:
+            del self.experiments[key]
+
+    def _room(self, now: float) -> bool:
+        self.expire(now)
+        if len(self.experiments) < self.max_experiments:
+            return True
+        finished = [
+            (s.finished_at, k) for k, s in self.experiments.items() if s.finished_at is not None
+        ]
+        if not finished:
+            return False
+        _, oldest = min(finished)
+        del self.experiments[oldest]
+        self.dropped += 1
+        return True
+
+    def _tally(self, service: str) -> ServiceTally | None:
+        tally = self.services.get(service)
+        if tally is None:
+            if len(self.services) >= self.max_services:
+                self.dropped += 1
+                return None
+            tally = self.services[service] = ServiceTally()
+        return tally
+
+
+def board_families(
+    board: ExperimentBoard,
+) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """The board as metric families (read at scrape time)."""
+    rows = sorted(board.experiments.values(), key=lambda s: (s.service, s.experiment))
+    yield _info(
+        "canary_experiment_status",
+        "1 for the experiment's state (running, paused, promoted, rolled_back, aborted)",
+        ((s, s.state) for s in rows),
+        "state",
+    )
+    yield _info(
+        "canary_experiment_breaker",
+        "1 for the breaker's state (closed, open, half_open)",
+        ((s, s.breaker) for s in rows),
+        "state",
+    )
+    yield _info(
+        "canary_experiment_verdict",
+        "1 for the verdict of the last look at a fresh window (pass, breach, "
+        "too_few_samples, no_data, overloaded, held)",
+        ((s, s.verdict) for s in rows if s.verdict is not None),
+        "verdict",
+    )
+    weight = GaugeMetricFamily(
+        "canary_experiment_canary_weight_percent", "The canary's share of traffic", labels=_E
+    )
+    step = GaugeMetricFamily(
+        "canary_experiment_step", "The current step of the schedule, 1-based", labels=_E
+    )
+    trips = CounterMetricFamily("canary_experiment_trips", "Trips of the breaker", labels=_E)
+    for s in rows:
+        weight.add_metric([s.experiment, s.service], s.canary_bp * 100 / TOTAL_WEIGHT)
+        step.add_metric([s.experiment, s.service], s.step)
+        trips.add_metric([s.experiment, s.service], s.trips)
+    yield from (weight, step, trips)
+    guardrail = GaugeMetricFamily(
+        "canary_experiment_guardrail_verdict",
+        "Each guardrail at the last look: 0 within its bound, 1 over it but not "
+        "significant, 2 breached",
+        labels=(*_E, "guardrail"),
+    )
+    p95 = GaugeMetricFamily(
+        "canary_experiment_p95_seconds",
+        "P95 of the latency the rule judges, per variant, at the last look",
+        labels=(*_E, "variant"),
+    )
+    failures = GaugeMetricFamily(
+        "canary_experiment_failure_ratio",
+        "Failed / total requests per variant at the last look",
+        labels=(*_E, "variant"),
+    )
+    requests = GaugeMetricFamily(
+        "canary_experiment_window_requests",
+        "Requests in the window judged, per variant, at the last look",
+        labels=(*_E, "variant"),
+    )
+    for s in rows:
+        for name, value in sorted(s.guardrails.items()):
+            guardrail.add_metric([s.experiment, s.service, name], value)
+        for arm, (p, ratio, count) in sorted(s.variants.items()):
+            if p is not None:
+                p95.add_metric([s.experiment, s.service, arm], p)
+            if ratio is not None:
+                failures.add_metric([s.experiment, s.service, arm], ratio)
+            if count is not None:
+                requests.add_metric([s.experiment, s.service, arm], count)
+    yield from (guardrail, p95, failures, requests)
+    per_service = (
+        ("trips", "Trips of the breaker, per service, seen by this leader"),
+        ("promotions", "Experiments promoted, per service, seen by this leader"),
+        ("rollbacks", "Experiments rolled back or aborted, per service, seen by this leader"),
+    )
+    for name, help_text in per_service:
+        family = CounterMetricFamily(f"canary_service_{name}", help_text, labels=("service",))
+        for service, tally in sorted(board.services.items()):
+            family.add_metric([service], getattr(tally, name))
+        yield family
+    yield CounterMetricFamily(
+        "canary_experiment_series_dropped",
+        "Experiments or services left without series: the board was full",
+        value=board.dropped,
+    )
+
+
+def _info(
+    name: str, help_text: str, rows: Iterable[tuple[ExperimentSeries, str]], label: str
+) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, help_text, labels=(*_E, label))
+    for s, value in rows:
+        family.add_metric([s.experiment, s.service, value], 1)
+    return family
