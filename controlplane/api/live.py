@@ -19,6 +19,7 @@ from controlplane.api.schemas import (
     ExperimentLive,
     LatencyLive,
     NextCheckFor,
+    RouteConfirmationPublic,
     SnapshotLive,
     StepLive,
 )
@@ -30,6 +31,7 @@ from controlplane.experiments.rollout_state import inline_rule, rollout_state_of
 from controlplane.experiments.service_configs import read_config
 from controlplane.experiments.store import ExperimentRecord
 from controlplane.kernel.errors import CanaryError, NotFound, ValidationFailed
+from controlplane.kernel.route_reports import RouteReports, confirm
 from controlplane.kernel.routes import TOTAL_WEIGHT, parse_route
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.service_configs import ConfigKind
@@ -262,3 +264,27 @@ async def route_applied(
     if route != desired:
         return False, "etcd holds another route than the desired one (published within one pass)"
     return True, None
+
+
+async def route_confirmation(
+    backends: Backends, experiment: ExperimentRecord
+) -> RouteConfirmationPublic | None:
+    """What the data planes of the experiment's service report holding (decision 0053):
+    None before the experiment's first route, or when this process reads no reports."""
+    board = backends.board
+    if experiment.route_revision <= 0 or not isinstance(board, RouteReports):
+        return None
+    try:
+        async with asyncio.timeout(READ_TIMEOUT_SEC):
+            reports = await board.route_reports(experiment.service)
+    except (CanaryError, TimeoutError) as exc:
+        return RouteConfirmationPublic(
+            confirmed=None, data_planes=None, confirmed_by=None,
+            sentence=f"published; the data planes' reports could not be read: "
+                     f"{exc or 'timed out'}",
+        )  # fmt: skip
+    found = confirm(reports, revision=experiment.route_revision, now=backends.clock.now())
+    return RouteConfirmationPublic(
+        confirmed=found.confirmed > 0, data_planes=found.data_planes,
+        confirmed_by=found.confirmed, sentence=found.sentence,
+    )  # fmt: skip

@@ -386,6 +386,20 @@ class ExperimentLive(BaseModel):
     snapshots_error: str | None = None
 
 
+class RouteConfirmationPublic(BaseModel):
+    """Whether a data plane (a sidecar, a router agent) serves the experiment's route:
+    each reports the route revision it holds every few seconds (decision 0053)."""
+
+    confirmed: bool | None = Field(
+        description="a data plane reported holding `route_revision` or a later one within "
+        "the last 30 s; null when the reports could not be read"
+    )
+    data_planes: int | None = Field(description="data planes of the service that reported "
+                                    "within the last 30 s")
+    confirmed_by: int | None = Field(description="of which hold this revision or a later one")
+    sentence: str = Field(description="the same in words, e.g. 'published, not yet confirmed'")
+
+
 class ExperimentDetail(ExperimentPublic):
     """One experiment with its live rollout (GET /v1/experiments/{id})."""
 
@@ -395,6 +409,11 @@ class ExperimentDetail(ExperimentPublic):
         "not be read (see route_note)"
     )
     route_note: str | None = None
+    route_confirmation: RouteConfirmationPublic | None = Field(
+        default=None,
+        description="whether a data plane serves the route yet; null before the first route "
+        "or when this API reads no reports",
+    )
     live: ExperimentLive
 
 

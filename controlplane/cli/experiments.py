@@ -316,6 +316,32 @@ def route_text(experiment: dict[str, Any]) -> str:
     return f"unknown ({note})" if isinstance(note, str) and note else "unknown"
 
 
+def confirmation_text(experiment: dict[str, Any]) -> str | None:
+    """The route's confirmation in words (decision 0053); None from an API without it."""
+    confirmation = experiment.get("route_confirmation")
+    if not isinstance(confirmation, dict):
+        return None
+    sentence = confirmation.get("sentence")
+    return sentence if isinstance(sentence, str) else None
+
+
+def await_confirmation(
+    client: Watched, experiment_id: str, *, timeout: float, interval: float = 0.2
+) -> dict[str, Any]:
+    """The experiment's detail once a data plane confirmed its route, or as it is when
+    `timeout` runs out, or at once when no data plane of the service reports at all
+    (waiting would change nothing)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        detail = client.get_experiment(experiment_id)
+        confirmation = detail.get("route_confirmation")
+        if not isinstance(confirmation, dict) or confirmation.get("confirmed") is not False:
+            return detail
+        if not confirmation.get("data_planes") or time.monotonic() + interval > deadline:
+            return detail
+        time.sleep(interval)
+
+
 def verdict_landed(experiment: dict[str, Any]) -> bool:
     """A verdict counts once the sidecars can act on it: a pipeline that goes on to
     delete the old version must not do so while etcd still routes to it. Unknown
@@ -499,13 +525,23 @@ def _register_action(exp: typer.Typer, action: str, help_text: str) -> None:
         reason: Annotated[
             str | None, typer.Option(help="why, recorded in the experiment's events")
         ] = None,
+        confirm_wait: Annotated[
+            float,
+            typer.Option("--confirm-wait", min=0, help="seconds to wait for a data plane "
+                         "(sidecar, router) to confirm the new route (0: do not wait)"),
+        ] = 2.0,
         api: ApiOption = DEFAULT_API,
     ) -> None:
         with reporting(f"canary exp {action}"), open_client(api) as client:
             experiment = client.act(experiment_id, action, reason=reason)
-        typer.echo(
-            f"experiment {experiment.get('id', experiment_id)} {dash(experiment.get('state'))}"
-            f" (canary {weight_text(experiment)})"
-        )
+            typer.echo(
+                f"experiment {experiment.get('id', experiment_id)} "
+                f"{dash(experiment.get('state'))} (canary {weight_text(experiment)})"
+            )
+            if confirm_wait > 0:
+                detail = await_confirmation(client, experiment_id, timeout=confirm_wait)
+                sentence = confirmation_text(detail)
+                if sentence is not None:
+                    typer.echo(f"route: {sentence}")
 
     exp.command(action, help=help_text)(action_command)

@@ -15,7 +15,7 @@ from controlplane.api.deps import (
     SettingsDep,
     StoreDep,
 )
-from controlplane.api.live import read_live, route_applied
+from controlplane.api.live import read_live, route_applied, route_confirmation
 from controlplane.api.problems import problem_responses
 from controlplane.api.schemas import (
     ActionRequest,
@@ -120,14 +120,15 @@ async def list_experiments(
 async def get_experiment(experiment_id: ExperimentId, backends: BackendsDep) -> ExperimentDetail:
     """The experiment and its live rollout: breaker, step, weights, what is due next and
     the latest snapshot per variant (left out, with a note, when Redis cannot be read),
-    and whether etcd holds its desired route yet (`route_applied`)."""
+    whether etcd holds its desired route yet (`route_applied`) and whether a data plane
+    reported holding it (`route_confirmation`)."""
     async with backends.store.transaction() as tx:
         experiment = await tx.load_experiment(experiment_id=experiment_id)
     live = await read_live(backends, experiment)
     applied, note = await route_applied(backends, experiment)
     return ExperimentDetail(
         **dict(ExperimentPublic.of(experiment)), route_applied=applied, route_note=note,
-        live=live,
+        route_confirmation=await route_confirmation(backends, experiment), live=live,
     )
 
 
