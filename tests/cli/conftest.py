@@ -70,7 +70,8 @@ def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # as `canary serve` runs it: the controller's leader publishes each verdict's route,
     # which `exp wait` waits for
     with serving(
-        create_app(settings, services=background_services(settings, embedded=False))
+        create_app(settings, services=background_services(settings, embedded=False),
+                   streams=True)
     ) as url:
         yield url
 
