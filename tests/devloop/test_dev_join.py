@@ -30,7 +30,9 @@ CANARY = [sys.executable, "-m", "controlplane.cli.main"]
 DEADLINE_SEC = 30.0
 
 
-def _spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def _spawn(
+    args: list[str], log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen([*CANARY, *args], stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, **(env or {})})
