@@ -228,6 +228,61 @@ def _migrate_or_exit(url: str) -> None:
         raise typer.Exit(1) from exc
 
 
+def _migrated_or_exit(url: str) -> None:
+    """Serve only a database at the migrations' head: name what is missing and the
+    command that applies it (an unmigrated database is reachable, not unavailable)."""
+    from controlplane.db import migrate
+    from controlplane.kernel.errors import CanaryError
+
+    try:
+        missing = migrate.pending(url)
+    except CanaryError as exc:
+        typer.echo(f"canary serve: cannot read the database's migrations: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    if missing:
+        names = ", ".join(f"{rev} ({doc})" if doc else rev for rev, doc in missing[:3])
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        typer.echo(
+            f"canary serve: the database lacks {len(missing)} migration(s): {names}{more}; "
+            "run `canary db upgrade` (same --database-url / CANARY_DATABASE_URL) first",
+            err=True,
+        )
+        raise typer.Exit(1)
+
+
+def _bootstrap_token_or_exit(settings: Settings) -> None:
+    """Install the admin token CANARY_BOOTSTRAP_ADMIN_TOKEN_FILE names, if any: on
+    Kubernetes, the first admin comes from a Secret, not from `kubectl exec`."""
+    from controlplane.auth.tokens import looks_like_token
+    from controlplane.db.session import db_errors, make_engine, make_sessionmaker
+    from controlplane.db.tokens import ensure_bootstrap_token
+    from controlplane.kernel.clock import SystemClock, utc_now
+    from controlplane.kernel.errors import CanaryError, ConfigError
+    from controlplane.kernel.secrets import read_secret_file
+
+    path = settings.bootstrap_admin_token_file
+    if not path:
+        return
+    try:
+        token = read_secret_file(path, what="bootstrap admin token")
+        if not looks_like_token(token):
+            raise ConfigError(
+                f"{path} does not hold an API token: cnry_ and 20-200 "
+                "letters, digits, '-' or '_' (e.g. `echo cnry_$(openssl rand -hex 32)`)"
+            )
+        engine = make_engine(settings.database_url)
+        try:
+            with db_errors(), make_sessionmaker(engine).begin() as session:
+                done = ensure_bootstrap_token(session=session, token=token,
+                                              now=utc_now(SystemClock()))
+        finally:
+            engine.dispose()
+    except CanaryError as exc:
+        typer.echo(f"canary serve: bootstrap admin token: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    log.info("%s", done)
+
+
 def _auth_or_exit(settings: Settings, *, insecure: bool) -> None:
     """Serve only with a way to authenticate: live tokens in the database, or OIDC;
     `--insecure` serves without, and says so loudly."""
@@ -455,6 +510,8 @@ def register(app: typer.Typer) -> None:
         except ConfigError as exc:
             typer.echo(f"canary serve: {exc}", err=True)
             raise typer.Exit(2) from exc
+        _migrated_or_exit(settings.database_url)
+        _bootstrap_token_or_exit(settings)
         _auth_or_exit(settings, insecure=insecure)
         _serve_traced(settings, embedded=False, insecure=insecure)
 
