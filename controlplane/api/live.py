@@ -19,6 +19,7 @@ from controlplane.api.schemas import (
     ExperimentLive,
     LatencyLive,
     NextCheckFor,
+    ProbeLive,
     RouteConfirmationPublic,
     SnapshotLive,
     StepLive,
@@ -26,6 +27,7 @@ from controlplane.api.schemas import (
 from controlplane.collector.sharding import read_merged_snapshots
 from controlplane.db import routes as desired_routes
 from controlplane.decision.model import RolloutState
+from controlplane.decision.probe_eta import estimate_probe
 from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 from controlplane.experiments.rollout_state import inline_rule, rollout_state_of, steps_of
 from controlplane.experiments.service_configs import read_config
@@ -80,6 +82,25 @@ def next_check(
     if state.breaker is BreakerState.HALF_OPEN and state.probe_started_at is not None:
         return state.probe_started_at + rule.window_sec, "probe_due"
     return None, None
+
+
+def _probe(
+    state: RolloutState | None, rule: BreakerRule | None, now: float
+) -> ProbeLive | None:
+    if (state is None or rule is None or state.breaker is not BreakerState.HALF_OPEN
+            or state.status is not ExperimentState.RUNNING or state.probe_started_at is None):
+        return None
+    found = estimate_probe(
+        weight_bp=state.canary_bp, started_at=state.probe_started_at,
+        window_sec=rule.window_sec, seen=state.tally.canary.count, needed=rule.min_samples,
+        now=now,
+    )  # fmt: skip
+    return ProbeLive(
+        weight_bp=found.weight_bp, samples=found.seen, samples_needed=found.needed,
+        samples_per_sec=found.rate_per_sec,
+        window_ends_at=datetime.fromtimestamp(found.window_ends_at, UTC),
+        verdict_expected_at=_at(found.verdict_at), sentence=found.sentence,
+    )  # fmt: skip
 
 
 def snapshot_live(snapshot: WindowSnapshot) -> SnapshotLive:
@@ -156,6 +177,7 @@ def live_view(
             # without the rule the cooldown is unknown: show when the controller looks
             at, why = controller_at, "controller_recheck"
     reason = stored.get("last_reason")
+    probe = _probe(state, rule, now)
     return ExperimentLive(
         breaker_state=experiment.breaker_state,
         trips=experiment.trips,
@@ -172,6 +194,7 @@ def live_view(
         held_by=list(state.held_by) if state is not None else [],
         held_since=_at(state.held_since) if state is not None else None,
         held_reason=state.held_reason if state is not None else None,
+        probe=probe,
         rule_source=rule_source,
         rule_note=rule_note,
         snapshots=(

@@ -341,6 +341,23 @@ class SnapshotLive(BaseModel):
 NextCheckFor = Literal["step_due", "cooldown_end", "probe_due", "controller_recheck"]
 
 
+class ProbeLive(BaseModel):
+    """A half-open probe's progress towards its verdict: its window must be over and it
+    must have seen min_samples canary samples; the estimate comes from its own traffic."""
+
+    weight_bp: int = Field(ge=0, le=TOTAL_WEIGHT)
+    samples: int = Field(description="canary samples counted since the probe began")
+    samples_needed: int = Field(description="the rule's min_samples")
+    samples_per_sec: float | None = Field(description="canary samples per second so far; "
+                                          "null before the first")
+    window_ends_at: datetime
+    verdict_expected_at: datetime | None = Field(
+        description="the earliest time the verdict can come at this pace; null while the "
+        "probe has no canary sample (no estimate)"
+    )
+    sentence: str = Field(description="the same in words")
+
+
 class ExperimentLive(BaseModel):
     """The rollout as the controller and the collectors last left it."""
 
@@ -376,6 +393,9 @@ class ExperimentLive(BaseModel):
     held_since: datetime | None = Field(default=None, description="when the hold began")
     held_reason: str | None = Field(
         default=None, description="why, in words: the guardrail, its values and its bound"
+    )
+    probe: ProbeLive | None = Field(
+        default=None, description="while half-open with a known rule: the probe's progress"
     )
     rule_source: Literal["experiment", "service"] | None
     rule_note: str | None = None

@@ -77,6 +77,14 @@ def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(autouse=True)
+def no_user_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The CLI reads no config or token file of whoever runs the tests."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    for name in ("CANARY_CONFIG", "CANARY_TOKEN_FILE", "CANARY_API", "CANARY_CA_FILE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True)
 def admin_token(monkeypatch: pytest.MonkeyPatch) -> str:
     """Every command of these tests carries the test admin token (see tests/support/auth)."""
     monkeypatch.setenv("CANARY_TOKEN", ADMIN_TOKEN)
