@@ -515,6 +515,28 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"experiment {experiment_id} {state}")
         raise typer.Exit(TERMINAL_EXIT[state])
 
+    @exp.command("watch")
+    def watch_command(
+        experiment_id: IdArgument,
+        interval: Annotated[float, typer.Option(min=0.2, help="seconds between two looks")] = 1.0,
+        api: ApiOption = DEFAULT_API,
+    ) -> None:
+        """Watch an experiment live (state, weights, windows, verdicts, probe, route) until
+        it ends; Ctrl-C stops watching, not the experiment."""
+        from rich.console import Console
+
+        from controlplane.cli.watch import watch
+
+        command = "canary exp watch"
+        with reporting(command), open_client(api) as client:
+            try:
+                state = watch(client, experiment_id, interval=interval,
+                              console=Console(markup=False))
+            except KeyboardInterrupt:
+                typer.echo(f"stopped watching experiment {experiment_id} (it goes on)")
+                return
+        typer.echo(f"experiment {experiment_id} {state}")
+
     app.add_typer(exp, name="exp")
 
 
