@@ -20,7 +20,7 @@ def serve(port: int, version: int, delay_ms: float) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+        def do_GET(self) -> None:  # the standard library names it
             time.sleep(delay_ms / 1000)
             self.send_response(200)
             self.send_header("Content-Type", "text/plain")
