@@ -446,8 +446,12 @@ def register(app: typer.Typer) -> None:
                 settings = settings.model_copy(update=session.join.settings())
                 log.info("etcd on %s and Redis on %s (local, this run only); API on %s",
                          session.join.etcd, session.join.redis_url, api)
-                typer.echo("join this control plane from another terminal:\n"
-                           + "\n".join(f"  {line}" for line in join_commands(where)), err=True)
+                if settings.log_format == "json":  # every line on stderr stays JSON
+                    log.info("join this control plane: %s", " | ".join(join_commands(where)))
+                else:
+                    typer.echo("join this control plane from another terminal:\n"
+                               + "\n".join(f"  {line}" for line in join_commands(where)),
+                               err=True)
                 _serve_traced(settings, embedded=True, sample_keys=session.sample_keys)
         except ConfigError as exc:
             typer.echo(f"canary dev: {exc}", err=True)
