@@ -10,7 +10,9 @@ fresh directory: SQL is the desired state and the reconciler writes etcd again.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -53,6 +55,18 @@ def free_port() -> int:
         sock.bind((LOOPBACK, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: on Linux, SIGTERM it when `canary dev` dies without
+    stopping it (SIGKILL), so no etcd or Redis outlives the run."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes], name: str, log: Path) -> None:
@@ -104,7 +118,8 @@ class LocalBackends:
             # the children itself once the API has drained
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, cwd=self.workdir,
-                                    start_new_session=True)  # fmt: skip
+                                    start_new_session=True,
+                                    preexec_fn=_die_with_parent)  # fmt: skip
         self._children.append(proc)
         _wait_port(port, proc, name, log)
 
