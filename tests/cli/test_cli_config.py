@@ -88,5 +88,11 @@ def test_shell_completion_completes_commands() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert sorted(done.stdout.split()) == ["wait", "watch"]
-    shown = runner.invoke(app, ["--show-completion", "bash"], env={"SHELL": "/bin/bash"})
-    assert shown.exit_code == 0 and "_CANARY_COMPLETE=complete_bash" in shown.stdout
+    # the script `canary --install-completion` installs (the shell named, not detected)
+    script = subprocess.run(
+        [sys.executable, "-c", "from controlplane.cli.main import run; run()"],
+        capture_output=True, text=True, timeout=60,
+        env={**env, "_CANARY_COMPLETE": "source_bash"},
+    )
+    assert script.returncode == 0 and "_CANARY_COMPLETE=complete_bash" in script.stdout
+    assert "--install-completion" in runner.invoke(app, ["--help"]).stdout
