@@ -60,28 +60,32 @@ def live(url: str) -> list[tuple[str, str]]:
         return [(t.name, t.role.value) for t in list_tokens(session=session)]
 
 
-def test_the_bootstrap_token_is_installed_once_and_works(
-    sqlite_url: str, tmp_path: Path
-) -> None:
-    migrate.upgrade(sqlite_url)
-    settings = Settings(database_url=sqlite_url,
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest) -> str:
+    url: str = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+    return url
+
+
+def test_the_bootstrap_token_is_installed_once_and_works(database: str, tmp_path: Path) -> None:
+    migrate.upgrade(database)
+    settings = Settings(database_url=database,
                         bootstrap_admin_token_file=token_file(tmp_path, TOKEN))
     _bootstrap_token_or_exit(settings)
     _bootstrap_token_or_exit(settings)  # a restart, another replica: nothing new
-    assert live(sqlite_url) == [("bootstrap-admin", "admin")]
-    engine = make_engine(sqlite_url)
+    assert live(database) == [("bootstrap-admin", "admin")]
+    engine = make_engine(database)
     with make_sessionmaker(engine).begin() as session:
         found = find_live_token(session=session, token=TOKEN, now=datetime.now(UTC))
         assert found is not None and found.role.value == "admin"
         # an admin revokes it: a restart does not bring it back
         revoke_token(session=session, ref="bootstrap-admin", now=datetime.now(UTC))
     _bootstrap_token_or_exit(settings)
-    assert live(sqlite_url) == []
+    assert live(database) == []
     # the Secret rotated: the new token is installed
-    rotated = Settings(database_url=sqlite_url,
+    rotated = Settings(database_url=database,
                        bootstrap_admin_token_file=token_file(tmp_path, "cnry_" + "b2" * 32))
     _bootstrap_token_or_exit(rotated)
-    assert live(sqlite_url) == [("bootstrap-admin", "admin")]
+    assert live(database) == [("bootstrap-admin", "admin")]
 
 
 def test_a_rotated_secret_replaces_the_live_bootstrap_token(
