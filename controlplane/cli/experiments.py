@@ -123,6 +123,8 @@ def _experiment_view(experiment: dict[str, Any]) -> RenderableType:
         ("latency judged", _inline_latency(experiment)),
         ("overload", _overload_text(experiment)),
         ("paused by", _held_text(experiment)),
+        ("probe", _probe_text(experiment)),
+        ("route", confirmation_text(experiment)),
         ("created", time_text(experiment.get("created_at"))),
         ("updated", time_text(experiment.get("updated_at"))),
     ]
@@ -157,6 +159,13 @@ def _overload_text(experiment: dict[str, Any]) -> str | None:
     if isinstance(rule, dict) and rule.get("overload") == "judge":
         return "judged while shedding (overload: judge)"
     return None
+
+
+def _probe_text(experiment: dict[str, Any]) -> str | None:
+    """A half-open probe's time to verdict, as the API estimates it from its traffic."""
+    probe = (experiment.get("live") or {}).get("probe")
+    sentence = probe.get("sentence") if isinstance(probe, dict) else None
+    return sentence if isinstance(sentence, str) else None
 
 
 def _held_text(experiment: dict[str, Any]) -> str | None:

@@ -98,6 +98,8 @@ def test_start_says_the_route_is_published_not_confirmed_without_a_data_plane(
         "route: published, not yet confirmed: no data plane reported within 30 s (is a "
         "sidecar or router running for this service?)"
     )
+    view = " ".join(ok(canary(api_url, "exp", "show", experiment_id)).split())
+    assert "route published, not yet confirmed: no data plane reported" in view
     quiet = ok(canary(api_url, "exp", "pause", experiment_id, "--confirm-wait", "0"))
     assert "route:" not in quiet
 
