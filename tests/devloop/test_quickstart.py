@@ -107,7 +107,8 @@ class Shell:
 @pytest.fixture
 def shell(tmp_path: Path) -> Iterator[Shell]:
     ports = {"9001": str(free_port()), "9002": str(free_port()),
-             "127.0.0.1:8000": f"127.0.0.1:{free_port()}"}
+             "127.0.0.1:8000": f"127.0.0.1:{free_port()}",
+             "127.0.0.1:8001": f"127.0.0.1:{free_port()}"}
     examples = tmp_path / "deploy" / "examples"
     examples.mkdir(parents=True)
     for name in ("quickstart.yaml", "quickstart_service.py"):
@@ -137,10 +138,23 @@ def test_the_quickstart_runs_as_written_to_a_trip_and_rollback(shell: Shell) -> 
     assert token is not None and token_line.startswith("export CANARY_TOKEN=")
     shell.env["CANARY_TOKEN"] = token.group(1)
 
+    join = shell.cwd / "canary-dev.json"
+    assert join.stat().st_mode & 0o777 == 0o600  # it names the sample key's file
+    # the README's sidecar line is the one `canary dev` printed, for the service `shop`
+    printed = next(line.strip() for line in dev_log.read_text().splitlines()
+                   if line.strip().startswith("canary sidecar --join"))
+    assert printed.replace(str(join), join.name).replace("SERVICE", "shop") == \
+        sidecar.removesuffix("&").strip()
+
     shell.start(services, "services")
     shell.start(sidecar, "sidecar")
     sidecar_port = int(shell.ports["127.0.0.1:8000"].rpartition(":")[2])
+    admin_port = int(shell.ports["127.0.0.1:8001"].rpartition(":")[2])
     _wait("the sidecar did not listen", lambda: _answers(sidecar_port), shell.cwd)
+    _wait("the sidecar's admin did not listen", lambda: _answers(admin_port), shell.cwd)
+    health = subprocess.run(["curl", "-s", f"http://127.0.0.1:{admin_port}/healthz"],
+                            capture_output=True, text=True, timeout=10).stdout
+    assert health == "ok\n"  # joined: no in-process warning
 
     created = shell.run(create)
     assert created.returncode == 0, created.stderr
@@ -154,4 +168,11 @@ def test_the_quickstart_runs_as_written_to_a_trip_and_rollback(shell: Shell) -> 
     assert watched.returncode == 0, watched.stderr
     assert watched.stdout.strip().splitlines()[-1] == "experiment 1 rolled_back", watched.stdout
     assert "breaker: open" in watched.stdout or "trip" in watched.stdout
+    # the embedded collector verified the joined sidecar's signed samples and judged
+    # version 2's window: its P95 over the 200 ms bound, on at least min_samples
+    judged = [(int(p95), int(n)) for p95, n in
+              re.findall(r"canary: P95 (\d+) ms · failed \S+ · n=(\d+)", watched.stdout)]
+    assert any(p95 > 200 and n >= 20 for p95, n in judged), watched.stdout
+    codes = shell.stop()
     assert "Traceback" not in dev_log.read_text()
+    assert codes[-1] == 0 and not join.exists()  # `canary dev` stopped cleanly, file gone
