@@ -88,3 +88,26 @@ def test_join_and_the_flags_it_sets_are_one_or_the_other(tmp_path: Path) -> None
     )
     assert missing.returncode == 2
     assert "join file: cannot read" in missing.stderr and len(missing.stderr.splitlines()) == 1
+
+
+def test_dev_on_in_process_stores_says_nothing_can_join(tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "dev.log"
+    proc = _spawn(["dev", "--backends", "memory", "--listen", f"127.0.0.1:{port}",
+                   "--db-file", str(tmp_path / "c.db")], log)
+    try:
+        _wait_for("canary dev did not serve", lambda: _answers(
+            f"http://127.0.0.1:{port}/healthz"), log)
+    finally:
+        _stop(proc)
+    text = log.read_text()
+    assert "etcd and Redis are IN-PROCESS (memory://): no sidecar or router can join" in text
+    assert "canary sidecar --join" not in text and not (tmp_path / "canary-dev.json").exists()
+
+
+def test_an_unknown_backends_choice_is_a_usage_error() -> None:
+    result = subprocess.run([*CANARY, "dev", "--backends", "cloud"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith("--backends must be auto, local or memory, got 'cloud' "
+                                          "(see 'canary dev --help')")
