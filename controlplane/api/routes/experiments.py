@@ -220,7 +220,8 @@ def _action_endpoint(action: LifecycleAction) -> None:
     act.__doc__ = (
         f"{action.value.capitalize()} the experiment. The answer comes once its state and "
         "its service's desired route are committed; the route reaches etcd right after "
-        "(`route_applied` in GET /v1/experiments/{id})."
+        "(`route_applied` in GET /v1/experiments/{id}), then the data planes, which confirm "
+        "it (`route_confirmation`)."
     )
     router.add_api_route(
         f"/{{experiment_id}}/{action.value}",
