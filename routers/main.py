@@ -11,6 +11,7 @@ import logging
 
 from controlplane.kernel.admin_access import admin_token
 from controlplane.kernel.backend_access import etcd_access, redis_access
+from controlplane.kernel.dev_join import in_process_backends, in_process_warning
 from controlplane.kernel.kv_factory import open_kv
 from controlplane.kernel.sample_keys import SampleKeys
 from controlplane.kernel.settings import Settings
@@ -33,6 +34,10 @@ async def run_router_agent(
     stop: asyncio.Event | None = None,
 ) -> None:
     token = admin_token(settings.admin_token_file)
+    backends = in_process_backends(settings.etcd, settings.redis_url)
+    warnings = [in_process_warning("router agent", backends)] if backends else []
+    for warning in warnings:
+        log.warning("%s", warning)
     kv = open_kv(settings.etcd, access=etcd_access(settings))
     try:
         stream, _ = open_streams(
@@ -43,7 +48,7 @@ async def run_router_agent(
         raise
     process = RouterProcess(
         kv=kv, stream=stream, build_parser=build_parser, build_router=build_router, options=options,
-        sample_keys=sample_keys, admin_token=token, source_tag=source_tag,
+        sample_keys=sample_keys, admin_token=token, source_tag=source_tag, warnings=warnings,
     )  # fmt: skip
     if sample_keys is None:
         log.warning("no sample keys configured: samples are sent unsigned")

@@ -17,13 +17,15 @@ request's path: the proxy serves whatever happens to the agent.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.registry import CollectorRegistry
 
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.kv import KeyValueStore
+from controlplane.kernel.route_reports import RouteReports
 from controlplane.kernel.sample_auth import SampleSigner
 from controlplane.kernel.sample_keys import SampleKeys
 from controlplane.kernel.streams import SampleStream
@@ -36,6 +38,7 @@ from routers.samples.token import LogToken
 from routers.seam import TrafficRouter
 from sidecar.admin import AdminServer, View
 from sidecar.reporter import SampleReporter, instance_id
+from sidecar.route_report import RouteReporter
 
 log = logging.getLogger("canary.routers")
 
@@ -69,8 +72,10 @@ class RouterProcess:
         sample_keys: SampleKeys | None = None,
         admin_token: str | None = None,
         source_tag: str = "router",
+        warnings: Sequence[str] = (),
     ) -> None:
         self.options = options
+        self.warnings = list(warnings)
         self.clock: Clock = clock or SystemClock()
         signer = SampleSigner(sample_keys) if sample_keys is not None else None
         self.reporter = SampleReporter(
@@ -84,10 +89,23 @@ class RouterProcess:
         )
         self._build_router = build_router
         self._kv = kv
+        self._stream = stream
+        self.route_reporter: RouteReporter | None = None
         self._admin_token = admin_token
         self.agent: RouterAgent | None = None
         self.admin: AdminServer | None = None
         self.proxy_figures: dict[str, float] = {}
+
+    def _held_revision(self) -> int:
+        """The revision the proxy holds: etcd's, once the agent read it back in force."""
+        agent = self.agent
+        if agent is None or not agent.in_step or agent.follower.desired is None:
+            return 0
+        return agent.follower.desired.revision
+
+    async def _status(self) -> dict[str, Any]:
+        assert self.agent is not None
+        return {**await self.agent.status(), "warnings": self.warnings}
 
     def _line(self, datagram: bytes) -> None:
         sample = self.parser.parse(datagram)
@@ -101,6 +119,12 @@ class RouterProcess:
             self._kv, service=self.options.service, prefix=self.options.etcd_prefix
         )
         self.agent = RouterAgent(follower, router, clock=self.clock)
+        if isinstance(self._stream, RouteReports):
+            self.route_reporter = RouteReporter(
+                self._stream, service=self.options.service, instance=self.reporter.source,
+                held=self._held_revision, clock=self.clock,
+            )  # fmt: skip
+            self.route_reporter.start()
         registry = CollectorRegistry(auto_describe=False)
         registry.register(
             RouterCollector(
@@ -108,7 +132,7 @@ class RouterProcess:
                 reporter=self.reporter, proxy_figures=lambda: self.proxy_figures,
             )
         )
-        views: dict[str, View] = {"/status": self.agent.status}
+        views: dict[str, View] = {"/status": self._status}
         self.admin = AdminServer(
             registry=registry,
             refresh=self._refresh_proxy_figures,
@@ -116,6 +140,7 @@ class RouterProcess:
             token=self._admin_token,
             not_ready=b"not ready: the proxy does not hold the route etcd holds yet\n",
             views=views,
+            warnings=self.warnings,
         )
         if admin is not None:
             await self.admin.start(*admin)
@@ -137,6 +162,8 @@ class RouterProcess:
             self.proxy_figures = await read()
 
     async def stop(self) -> None:
+        if self.route_reporter is not None:
+            await self.route_reporter.stop()
         if self.agent is not None:
             await self.agent.stop()
             await self.agent.router.close()

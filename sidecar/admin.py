@@ -19,7 +19,7 @@ import inspect
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -119,8 +119,11 @@ class AdminServer:
         refresh: Callable[[], Awaitable[None]] | None = None,
         not_ready: bytes = b"not ready: no route in force and no default upstream\n",
         views: Mapping[str, View] | None = None,
+        warnings: Sequence[str] = (),
     ) -> None:
         self._registry = registry
+        # /healthz stays 200 (the process is alive) and says what is wrong beside "ok"
+        self._health = b"ok\n" + b"".join(f"WARNING: {w}\n".encode() for w in warnings)
         self._views = dict(views or {})
         self._ready = ready
         self._token = token
@@ -202,7 +205,7 @@ class AdminServer:
         if method not in ("GET", "HEAD"):
             return 405, text, b"method not allowed\n"
         if path == "/healthz":
-            return 200, text, b"ok\n"
+            return 200, text, self._health
         if path == "/readyz":
             ready = self._ready()
             if inspect.isawaitable(ready):

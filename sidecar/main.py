@@ -22,7 +22,7 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -31,8 +31,10 @@ from prometheus_client.registry import CollectorRegistry
 from controlplane.kernel.admin_access import admin_token
 from controlplane.kernel.backend_access import etcd_access, redis_access
 from controlplane.kernel.clock import Clock, SystemClock
+from controlplane.kernel.dev_join import in_process_backends, in_process_warning
 from controlplane.kernel.kv import KeyValueStore
 from controlplane.kernel.kv_factory import open_kv
+from controlplane.kernel.route_reports import RouteReports
 from controlplane.kernel.sample_auth import SampleSigner
 from controlplane.kernel.sample_keys import SampleKeys
 from controlplane.kernel.settings import Settings
@@ -50,6 +52,7 @@ from sidecar.proxy import ProxyMetricsCollector, ProxyOptions, ProxyServer
 from sidecar.proxy.limits import connection_capacity, default_max_connections, raise_fd_limit
 from sidecar.proxy.tracing import RequestTracing
 from sidecar.reporter import SampleReporter
+from sidecar.route_report import RouteReporter
 from sidecar.routing import RouteTable, RouteWatcher
 
 log = logging.getLogger("canary.sidecar")
@@ -105,6 +108,7 @@ class Sidecar:
         listen_tls: ssl.SSLContext | None = None,
         reporter_source: str | None = None,
         tracing: RequestTracing | None = None,
+        warnings: Sequence[str] = (),
     ) -> None:
         self.service = service
         self.tracing = tracing
@@ -138,6 +142,12 @@ class Sidecar:
         self.proxy = ProxyServer(
             self.table, self.reporter, options=options, clock=self.clock, tracing=tracing
         )
+        # the route in force, told to the control plane (decision 0053)
+        self.route_reporter = (
+            RouteReporter(stream, service=service, instance=self.reporter.source,
+                          held=self._held_revision, clock=self.clock)
+            if isinstance(stream, RouteReports) else None
+        )  # fmt: skip
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(
             ProxyMetricsCollector(
@@ -152,10 +162,15 @@ class Sidecar:
             ready=self.ready,
             token=admin_token,
             views={"/overload": self.overload_view},
+            warnings=warnings,
         )
         self.registry.register(self.admin.metrics_collector())
         self._draining = False
         self._admin_started = False
+
+    def _held_revision(self) -> int:
+        route = self.table.route
+        return 0 if route is None else route.revision
 
     def ready(self) -> bool:
         """Ready for traffic: listening, a route or a default upstream, and not shutting
@@ -195,6 +210,8 @@ class Sidecar:
             await self.proxy.start_on(listen)
         else:
             await self.proxy.start(*listen, reuse_port=reuse_port)
+        if self.route_reporter is not None:
+            self.route_reporter.start()
         log.info(
             "sidecar for %s on port %d (proxy: %s)",
             self.service,
@@ -216,6 +233,8 @@ class Sidecar:
                 await asyncio.to_thread(tracing.close)
             except Exception as exc:
                 log.warning("closing the span exporter failed: %s", exc)
+        if self.route_reporter is not None:
+            await self.route_reporter.stop()
         await self.watcher.stop()
         await self.overload.stop()
         await self.reporter.close(self.timeouts.flush)
@@ -260,6 +279,7 @@ async def run_sidecar(
     log.info("descriptor limit %d: at most %d client connections", fd_limit, max_connections)
     upstream = Upstream.parse(default_upstream) if default_upstream else None
     token = admin_token(settings.admin_token_file)
+    warnings = backend_warnings(settings)
     kv = open_kv(settings.etcd, access=etcd_access(settings))
     try:
         stream, _ = open_streams(
@@ -292,6 +312,7 @@ async def run_sidecar(
         listen_tls=listen_tls,
         reporter_source=reporter_source,
         tracing=tracing,
+        warnings=warnings,
     )
     _report_accept_errors(sidecar.proxy)
     if sample_keys is None:
@@ -313,6 +334,17 @@ async def run_sidecar(
                 await close()
             except Exception as exc:  # the process is going away; say so and go on
                 log.warning("closing a store failed: %s", exc)
+
+
+def backend_warnings(settings: Settings, kind: str = "sidecar") -> list[str]:
+    """The loud line for in-process backends, logged now and shown by /healthz: such a
+    data plane is alone (decision 0053)."""
+    backends = in_process_backends(settings.etcd, settings.redis_url)
+    if not backends:
+        return []
+    warning = in_process_warning(kind, backends)
+    log.warning("%s", warning)
+    return [warning]
 
 
 def open_tracing(settings: Settings, service: str) -> RequestTracing | None:

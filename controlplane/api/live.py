@@ -19,18 +19,22 @@ from controlplane.api.schemas import (
     ExperimentLive,
     LatencyLive,
     NextCheckFor,
+    ProbeLive,
+    RouteConfirmationPublic,
     SnapshotLive,
     StepLive,
 )
 from controlplane.collector.sharding import read_merged_snapshots
 from controlplane.db import routes as desired_routes
 from controlplane.decision.model import RolloutState
+from controlplane.decision.probe_eta import estimate_probe
 from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 from controlplane.experiments.rollout_state import inline_rule, rollout_state_of, steps_of
 from controlplane.experiments.service_configs import read_config
 from controlplane.experiments.store import ExperimentRecord
 from controlplane.experiments.summary import experiment_summary
 from controlplane.kernel.errors import CanaryError, NotFound, ValidationFailed
+from controlplane.kernel.route_reports import RouteReports, confirm
 from controlplane.kernel.routes import TOTAL_WEIGHT, parse_route
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.service_configs import ConfigKind
@@ -79,6 +83,25 @@ def next_check(
     if state.breaker is BreakerState.HALF_OPEN and state.probe_started_at is not None:
         return state.probe_started_at + rule.window_sec, "probe_due"
     return None, None
+
+
+def _probe(
+    state: RolloutState | None, rule: BreakerRule | None, now: float
+) -> ProbeLive | None:
+    if (state is None or rule is None or state.breaker is not BreakerState.HALF_OPEN
+            or state.status is not ExperimentState.RUNNING or state.probe_started_at is None):
+        return None
+    found = estimate_probe(
+        weight_bp=state.canary_bp, started_at=state.probe_started_at,
+        window_sec=rule.window_sec, seen=state.tally.canary.count, needed=rule.min_samples,
+        now=now,
+    )  # fmt: skip
+    return ProbeLive(
+        weight_bp=found.weight_bp, samples=found.seen, samples_needed=found.needed,
+        samples_per_sec=found.rate_per_sec,
+        window_ends_at=datetime.fromtimestamp(found.window_ends_at, UTC),
+        verdict_expected_at=_at(found.verdict_at), sentence=found.sentence,
+    )  # fmt: skip
 
 
 def snapshot_live(snapshot: WindowSnapshot) -> SnapshotLive:
@@ -155,6 +178,7 @@ def live_view(
             # without the rule the cooldown is unknown: show when the controller looks
             at, why = controller_at, "controller_recheck"
     reason = stored.get("last_reason")
+    probe = _probe(state, rule, now)
     return ExperimentLive(
         breaker_state=experiment.breaker_state,
         trips=experiment.trips,
@@ -172,6 +196,7 @@ def live_view(
         held_by=list(state.held_by) if state is not None else [],
         held_since=_at(state.held_since) if state is not None else None,
         held_reason=state.held_reason if state is not None else None,
+        probe=probe,
         rule_source=rule_source,
         rule_note=rule_note,
         snapshots=(
@@ -264,3 +289,27 @@ async def route_applied(
     if route != desired:
         return False, "etcd holds another route than the desired one (published within one pass)"
     return True, None
+
+
+async def route_confirmation(
+    backends: Backends, experiment: ExperimentRecord
+) -> RouteConfirmationPublic | None:
+    """What the data planes of the experiment's service report holding (decision 0053):
+    None before the experiment's first route, or when this process reads no reports."""
+    board = backends.board
+    if experiment.route_revision <= 0 or not isinstance(board, RouteReports):
+        return None
+    try:
+        async with asyncio.timeout(READ_TIMEOUT_SEC):
+            reports = await board.route_reports(experiment.service)
+    except (CanaryError, TimeoutError) as exc:
+        return RouteConfirmationPublic(
+            confirmed=None, data_planes=None, confirmed_by=None,
+            sentence=f"published; the data planes' reports could not be read: "
+                     f"{exc or 'timed out'}",
+        )  # fmt: skip
+    found = confirm(reports, revision=experiment.route_revision, now=backends.clock.now())
+    return RouteConfirmationPublic(
+        confirmed=found.confirmed > 0, data_planes=found.data_planes,
+        confirmed_by=found.confirmed, sentence=found.sentence,
+    )  # fmt: skip

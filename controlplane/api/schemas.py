@@ -350,6 +350,23 @@ class SnapshotLive(BaseModel):
 NextCheckFor = Literal["step_due", "cooldown_end", "probe_due", "controller_recheck"]
 
 
+class ProbeLive(BaseModel):
+    """A half-open probe's progress towards its verdict: its window must be over and it
+    must have seen min_samples canary samples; the estimate comes from its own traffic."""
+
+    weight_bp: int = Field(ge=0, le=TOTAL_WEIGHT)
+    samples: int = Field(description="canary samples counted since the probe began")
+    samples_needed: int = Field(description="the rule's min_samples")
+    samples_per_sec: float | None = Field(description="canary samples per second so far; "
+                                          "null before the first")
+    window_ends_at: datetime
+    verdict_expected_at: datetime | None = Field(
+        description="the earliest time the verdict can come at this pace; null while the "
+        "probe has no canary sample (no estimate)"
+    )
+    sentence: str = Field(description="the same in words")
+
+
 class ExperimentLive(BaseModel):
     """The rollout as the controller and the collectors last left it."""
 
@@ -391,6 +408,9 @@ class ExperimentLive(BaseModel):
     held_reason: str | None = Field(
         default=None, description="why, in words: the guardrail, its values and its bound"
     )
+    probe: ProbeLive | None = Field(
+        default=None, description="while half-open with a known rule: the probe's progress"
+    )
     rule_source: Literal["experiment", "service"] | None
     rule_note: str | None = None
     snapshots: dict[str, SnapshotLive] | None = Field(
@@ -398,6 +418,20 @@ class ExperimentLive(BaseModel):
     )
     snapshots_note: str | None = None
     snapshots_error: str | None = None
+
+
+class RouteConfirmationPublic(BaseModel):
+    """Whether a data plane (a sidecar, a router agent) serves the experiment's route:
+    each reports the route revision it holds every few seconds (decision 0053)."""
+
+    confirmed: bool | None = Field(
+        description="a data plane reported holding `route_revision` or a later one within "
+        "the last 30 s; null when the reports could not be read"
+    )
+    data_planes: int | None = Field(description="data planes of the service that reported "
+                                    "within the last 30 s")
+    confirmed_by: int | None = Field(description="of which hold this revision or a later one")
+    sentence: str = Field(description="the same in words, e.g. 'published, not yet confirmed'")
 
 
 class ExperimentDetail(ExperimentPublic):
@@ -409,6 +443,11 @@ class ExperimentDetail(ExperimentPublic):
         "not be read (see route_note)"
     )
     route_note: str | None = None
+    route_confirmation: RouteConfirmationPublic | None = Field(
+        default=None,
+        description="whether a data plane serves the route yet; null before the first route "
+        "or when this API reads no reports",
+    )
     live: ExperimentLive
 
 

@@ -127,6 +127,8 @@ def _experiment_view(experiment: dict[str, Any]) -> RenderableType:
         ("latency judged", _inline_latency(experiment)),
         ("overload", _overload_text(experiment)),
         ("paused by", _held_text(experiment)),
+        ("probe", _probe_text(experiment)),
+        ("route", confirmation_text(experiment)),
         ("created", time_text(experiment.get("created_at"))),
         ("updated", time_text(experiment.get("updated_at"))),
     ]
@@ -161,6 +163,13 @@ def _overload_text(experiment: dict[str, Any]) -> str | None:
     if isinstance(rule, dict) and rule.get("overload") == "judge":
         return "judged while shedding (overload: judge)"
     return None
+
+
+def _probe_text(experiment: dict[str, Any]) -> str | None:
+    """A half-open probe's time to verdict, as the API estimates it from its traffic."""
+    probe = (experiment.get("live") or {}).get("probe")
+    sentence = probe.get("sentence") if isinstance(probe, dict) else None
+    return sentence if isinstance(sentence, str) else None
 
 
 def _held_text(experiment: dict[str, Any]) -> str | None:
@@ -361,6 +370,32 @@ def route_text(experiment: dict[str, Any]) -> str:
     return f"unknown ({note})" if isinstance(note, str) and note else "unknown"
 
 
+def confirmation_text(experiment: dict[str, Any]) -> str | None:
+    """The route's confirmation in words (decision 0053); None from an API without it."""
+    confirmation = experiment.get("route_confirmation")
+    if not isinstance(confirmation, dict):
+        return None
+    sentence = confirmation.get("sentence")
+    return sentence if isinstance(sentence, str) else None
+
+
+def await_confirmation(
+    client: Watched, experiment_id: str, *, timeout: float, interval: float = 0.2
+) -> dict[str, Any]:
+    """The experiment's detail once a data plane confirmed its route, or as it is when
+    `timeout` runs out, or at once when no data plane of the service reports at all
+    (waiting would change nothing)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        detail = client.get_experiment(experiment_id)
+        confirmation = detail.get("route_confirmation")
+        if not isinstance(confirmation, dict) or confirmation.get("confirmed") is not False:
+            return detail
+        if not confirmation.get("data_planes") or time.monotonic() + interval > deadline:
+            return detail
+        time.sleep(interval)
+
+
 def verdict_landed(experiment: dict[str, Any]) -> bool:
     """A verdict counts once the sidecars can act on it: a pipeline that goes on to
     delete the old version must not do so while etcd still routes to it. Unknown
@@ -547,6 +582,28 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"experiment {experiment_id} {state}")
         raise typer.Exit(TERMINAL_EXIT[state])
 
+    @exp.command("watch")
+    def watch_command(
+        experiment_id: IdArgument,
+        interval: Annotated[float, typer.Option(min=0.2, help="seconds between two looks")] = 1.0,
+        api: ApiOption = DEFAULT_API,
+    ) -> None:
+        """Watch an experiment live (state, weights, windows, verdicts, probe, route) until
+        it ends; Ctrl-C stops watching, not the experiment."""
+        from rich.console import Console
+
+        from controlplane.cli.watch import watch
+
+        command = "canary exp watch"
+        with reporting(command), open_client(api) as client:
+            try:
+                state = watch(client, experiment_id, interval=interval,
+                              console=Console(markup=False))
+            except KeyboardInterrupt:
+                typer.echo(f"stopped watching experiment {experiment_id} (it goes on)")
+                return
+        typer.echo(f"experiment {experiment_id} {state}")
+
     app.add_typer(exp, name="exp")
 
 
@@ -557,13 +614,23 @@ def _register_action(exp: typer.Typer, action: str, help_text: str) -> None:
         reason: Annotated[
             str | None, typer.Option(help="why, recorded in the experiment's events")
         ] = None,
+        confirm_wait: Annotated[
+            float,
+            typer.Option("--confirm-wait", min=0, help="seconds to wait for a data plane "
+                         "(sidecar, router) to confirm the new route (0: do not wait)"),
+        ] = 2.0,
         api: ApiOption = DEFAULT_API,
     ) -> None:
         with reporting(f"canary exp {action}"), open_client(api) as client:
             experiment = client.act(experiment_id, action, reason=reason)
-        typer.echo(
-            f"experiment {experiment.get('id', experiment_id)} {dash(experiment.get('state'))}"
-            f" (canary {weight_text(experiment)})"
-        )
+            typer.echo(
+                f"experiment {experiment.get('id', experiment_id)} "
+                f"{dash(experiment.get('state'))} (canary {weight_text(experiment)})"
+            )
+            if confirm_wait > 0:
+                detail = await_confirmation(client, experiment_id, timeout=confirm_wait)
+                sentence = confirmation_text(detail)
+                if sentence is not None:
+                    typer.echo(f"route: {sentence}")
 
     exp.command(action, help=help_text)(action_command)

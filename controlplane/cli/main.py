@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, cast
+from typing import Annotated, Any, cast
 
 import typer
 
@@ -34,31 +34,61 @@ app = typer.Typer(
     help="Canary releases and A/B experiments with circuit breaking.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
 )
 
 
 @app.callback()
 def root(
+    ctx: typer.Context,
     token_file: Annotated[
         Path | None,
         typer.Option(
             "--token-file",
-            help="file holding the API token (else CANARY_TOKEN, else "
-            "$CANARY_CONFIG or ~/.config/canary/token)",
+            help="file holding the API token (else CANARY_TOKEN, else CANARY_TOKEN_FILE, "
+            "else the config's token_file, else ~/.config/canary/token)",
         ),
     ] = None,
     ca_file: Annotated[
         str | None,
         typer.Option(
             "--ca-file",
-            help="CA file the client trusts for an https:// API [env CANARY_CA_FILE]",
+            help="CA file the client trusts for an https:// API [env CANARY_CA_FILE, else "
+            "the config's ca_file]",
         ),
     ] = None,
 ) -> None:
-    """Canary releases and A/B experiments with circuit breaking."""
+    """Canary releases and A/B experiments with circuit breaking.
+
+    Settings for the commands that talk to the API may also come from a config file
+    (TOML: api, token_file, ca_file), ~/.config/canary/config.toml or $CANARY_CONFIG."""
+    import os
+
+    from controlplane.client.config import CliConfig, load_config
+    from controlplane.kernel.errors import ConfigError
+
+    try:
+        config, remote.config_error = load_config(), None
+    except ConfigError as exc:
+        # only the commands that talk to the API read it: they refuse with this error
+        config, remote.config_error = CliConfig(), exc
     remote.token_file = token_file
-    remote.ca_file = ca_file
+    remote.ca_file = ca_file or (None if os.environ.get("CANARY_CA_FILE") else config.ca_file)
+    remote.config_token_file = config.token_file
+    if config.api is not None:
+        # below --api and CANARY_API: click reads a default_map after the environment
+        ctx.default_map = api_defaults(ctx.command, config.api)
+
+
+def api_defaults(command: Any, api: str) -> dict[str, Any]:
+    """A default_map giving `api` to every command below `command` that has --api."""
+    found: dict[str, Any] = {}
+    if any(param.name == "api" for param in command.params):
+        found["api"] = api
+    for name, sub in (getattr(command, "commands", None) or {}).items():
+        below = api_defaults(sub, api)
+        if below:
+            found[name] = below
+    return found
 
 
 for module in (bench, collector, demo, experiments, inject, judge, notify, overload, router, rules,

@@ -1,4 +1,7 @@
-"""`canary notify test|subscriptions|deliveries`: webhook notifications.
+"""`canary notify add|list|rm|test|deliveries`: webhook notifications.
+
+`add` subscribes a webhook (admins) and prints its signing secret, once; `list`
+shows the subscriptions (never their secrets); `rm` deletes one.
 
 `test` sends a sample notification and says what the receiver answered: through the
 API to a stored subscription (`--subscription ID`: the API holds its secret), or
@@ -157,15 +160,81 @@ def register(app: typer.Typer) -> None:
         if not as_json:
             typer.echo(f"delivered: the receiver answered HTTP {outcome.get('status')}")
 
-    @notify.command("subscriptions")
-    def subscriptions_command(api: ApiOption = DEFAULT_API, as_json: JsonOption = False) -> None:
-        """The webhook subscriptions (admins; never their secrets)."""
-        with reporting("canary notify subscriptions"), open_client(api) as client:
+    @notify.command("add")
+    def add_command(
+        name: Annotated[str, typer.Option("--name", help="what the subscription is called")],
+        url: Annotated[str, typer.Option("--url", help="the receiver's URL (https, or a host "
+                                         "CANARY_NOTIFY_ALLOW admits)")],
+        service: Annotated[
+            str | None, typer.Option("--service", help="only this service's events "
+                                     "(default: every service)")
+        ] = None,
+        kinds: Annotated[
+            list[str] | None,
+            typer.Option("--kind", help="an event kind or topic to send, repeatable "
+                         "(default: every announced kind)"),
+        ] = None,
+        fmt: Annotated[str, typer.Option("--format", help="json or slack")] = "json",
+        secret_file: Annotated[
+            Path | None, typer.Option("--secret-file", help="the signing secret (default: "
+                                      "the API makes one and prints it once)")
+        ] = None,
+        disabled: Annotated[
+            bool, typer.Option("--disabled", help="store it without sending yet")
+        ] = False,
+        api: ApiOption = DEFAULT_API,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Subscribe a webhook to experiment events (admins); prints its secret once."""
+        body: dict[str, Any] = {"name": name, "url": url, "format": fmt,
+                                "enabled": not disabled, "kinds": list(kinds or [])}
+        if service is not None:
+            body["service"] = service
+        with reporting("canary notify add"):
+            if secret_file is not None:
+                body["secret"] = read_secret(secret_file)
+            with open_client(api) as client:
+                created = client.create_subscription(body)
+        if as_json:
+            print_json(created)
+            return
+        typer.echo(f"subscription {created.get('id')} {created.get('name')!s} -> "
+                   f"{created.get('url')} ({created.get('format')}, "
+                   f"{'enabled' if created.get('enabled') else 'disabled'})")
+        if secret_file is None:
+            typer.echo(f"signing secret (shown once, keep it with the receiver): "
+                       f"{created.get('secret')}")
+        typer.echo(f"try it: canary notify test --subscription {created.get('id')}")
+
+    def list_subscriptions(api: str, as_json: bool, command: str) -> None:
+        with reporting(command), open_client(api) as client:
             page = client.list_subscriptions()
         if as_json:
             print_json(page)
             return
-        _table(page.get("items", []), ["id", "name", "url", "service", "format", "enabled"])
+        _table(page.get("items", []),
+               ["id", "name", "url", "service", "kinds", "format", "enabled"])
+
+    @notify.command("list")
+    def list_command(api: ApiOption = DEFAULT_API, as_json: JsonOption = False) -> None:
+        """The webhook subscriptions (admins; never their secrets)."""
+        list_subscriptions(api, as_json, "canary notify list")
+
+    @notify.command("subscriptions", hidden=True)
+    def subscriptions_command(api: ApiOption = DEFAULT_API, as_json: JsonOption = False) -> None:
+        """The webhook subscriptions (the former name of `list`)."""
+        list_subscriptions(api, as_json, "canary notify subscriptions")
+
+    @notify.command("rm")
+    def rm_command(
+        subscription: Annotated[int, typer.Argument(metavar="ID", help="the subscription's id",
+                                                    min=1, show_default=False)],
+        api: ApiOption = DEFAULT_API,
+    ) -> None:
+        """Delete a subscription (admins): no more deliveries to it."""
+        with reporting("canary notify rm"), open_client(api) as client:
+            client.delete_subscription(subscription)
+        typer.echo(f"subscription {subscription} deleted")
 
     @notify.command("deliveries")
     def deliveries_command(

@@ -46,9 +46,11 @@ JsonOption = Annotated[bool, typer.Option("--json", help="print JSON instead of 
 
 
 # `canary --token-file F …` and `canary --ca-file F …`, set by the root command
-# before any subcommand runs
+# before any subcommand runs, and the config file's token file
 token_file: Path | None = None
 ca_file: str | None = None
+config_token_file: Path | None = None
+config_error: CanaryError | None = None  # the config file could not be read
 
 
 def client_tls(settings: Settings, *, ca_file: str | None = None) -> ssl.SSLContext | None:
@@ -67,8 +69,11 @@ def open_client(api: str) -> CanaryClient:
     from controlplane.client.api_client import CanaryClient
     from controlplane.client.credentials import find_token
 
+    if config_error is not None:
+        raise config_error
     return CanaryClient(
-        api, token=find_token(token_file), tls=client_tls(Settings(), ca_file=ca_file)
+        api, token=find_token(token_file, config_token_file=config_token_file),
+        tls=client_tls(Settings(), ca_file=ca_file),
     )
 
 
@@ -99,7 +104,8 @@ def reporting(command: str, *, exit_code: int | None = None) -> Iterator[None]:
         code = exit_code if exit_code is not None else exit_code_for(exc)
         message = str(exc)
         if getattr(exc, "status", None) == 401:
-            message += " (give a token: CANARY_TOKEN, --token-file or ~/.config/canary/token)"
+            message += (" (give a token: CANARY_TOKEN, --token-file, CANARY_TOKEN_FILE or "
+                        "~/.config/canary/token)")
         raise fail(command, message, code) from None
 
 

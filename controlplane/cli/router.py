@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from controlplane.cli.observability import LogFormatOption, observability_settings
+from controlplane.cli.sidecar import JoinOption
 from controlplane.kernel.etcd_endpoints import ENDPOINTS_HELP
 from controlplane.kernel.streams_factory import URL_FORMS
 
@@ -90,8 +91,10 @@ def _service(command: str, service: str) -> None:
 
 def _settings(
     command: str, *, etcd: str | None, etcd_prefix: str | None, redis: str | None,
-    admin_token_file: str | None, log_format: str | None,
-) -> Settings:
+    admin_token_file: str | None, log_format: str | None, join: str | None = None,
+    sample_keys_file: str | None = None,
+) -> tuple[Settings, str | None]:
+    """The agent's settings, and its sample keys file (the join file may name it)."""
     from pydantic import ValidationError
 
     from controlplane.kernel.admin_access import admin_token
@@ -102,6 +105,13 @@ def _settings(
     overrides = {"etcd": etcd, "etcd_prefix": etcd_prefix, "redis_url": redis,
                  "admin_token_file": admin_token_file}  # fmt: skip
     try:
+        if join is not None:
+            from controlplane.cli.sidecar import joined_backends
+
+            joined = joined_backends(join, etcd=etcd, etcd_prefix=etcd_prefix, redis=redis,
+                                     sample_keys_file=sample_keys_file)
+            overrides.update(joined.settings())
+            sample_keys_file = joined.sample_keys_file
         given = {k: v for k, v in overrides.items() if v is not None}
         given.update(observability_settings(log_format))
         settings = Settings.model_validate(given)
@@ -113,7 +123,7 @@ def _settings(
     except (ConfigError, ValueError) as exc:
         raise _fail(command, str(exc)) from None
     configure_logging(settings.log_level, settings.log_format)
-    return settings
+    return settings, sample_keys_file
 
 
 def _sample_keys(command: str, sample_keys_file: str | None) -> SampleKeys | None:
@@ -168,6 +178,7 @@ def haproxy_command(
     etcd: EtcdOption = None,
     etcd_prefix: EtcdPrefixOption = None,
     redis: RedisOption = None,
+    join: JoinOption = None,
     sample_keys_file: SampleKeysOption = None,
     admin_token_file: AdminTokenOption = None,
     log_format: LogFormatOption = None,
@@ -195,8 +206,11 @@ def haproxy_command(
         typer.echo(render_config(cfg), nl=False)
         return
     admin_address = _address(name, "--admin", admin) if admin else None
-    settings = _settings(name, etcd=etcd, etcd_prefix=etcd_prefix, redis=redis,
-                         admin_token_file=admin_token_file, log_format=log_format)
+    settings, sample_keys_file = _settings(
+        name, etcd=etcd, etcd_prefix=etcd_prefix, redis=redis, join=join,
+        admin_token_file=admin_token_file, log_format=log_format,
+        sample_keys_file=sample_keys_file,
+    )  # fmt: skip
     keys = _sample_keys(name, sample_keys_file)
     options = AgentOptions(service=service, etcd_prefix=settings.etcd_prefix,
                            log_listen=(log_host, log_port))  # fmt: skip
@@ -252,6 +266,7 @@ def nginx_command(
     etcd: EtcdOption = None,
     etcd_prefix: EtcdPrefixOption = None,
     redis: RedisOption = None,
+    join: JoinOption = None,
     sample_keys_file: SampleKeysOption = None,
     admin_token_file: AdminTokenOption = None,
     log_format: LogFormatOption = None,
@@ -313,8 +328,11 @@ def nginx_command(
         typer.echo(main_config(conf.parent, directory), nl=False)
         return
     admin_address = _address(name, "--admin", admin) if admin else None
-    settings = _settings(name, etcd=etcd, etcd_prefix=etcd_prefix, redis=redis,
-                         admin_token_file=admin_token_file, log_format=log_format)
+    settings, sample_keys_file = _settings(
+        name, etcd=etcd, etcd_prefix=etcd_prefix, redis=redis, join=join,
+        admin_token_file=admin_token_file, log_format=log_format,
+        sample_keys_file=sample_keys_file,
+    )  # fmt: skip
     keys = _sample_keys(name, sample_keys_file)
 
     def build(log_target: tuple[str, int], token: LogToken) -> NginxRouter:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -26,6 +27,7 @@ from controlplane.kernel.streams_factory import URL_FORMS
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
+    from controlplane.kernel.sample_keys import SampleKeys
     from controlplane.kernel.settings import Settings
     from controlplane.runtime import Background
 
@@ -59,7 +61,11 @@ def settings_with(**overrides: str | int | None) -> Settings:
 
 
 def background_services(
-    settings: Settings, *, embedded: bool, tracer_provider: TracerProvider | None = None
+    settings: Settings,
+    *,
+    embedded: bool,
+    tracer_provider: TracerProvider | None = None,
+    sample_keys: SampleKeys | None = None,
 ) -> Sequence[Background]:
     """The parts that run inside the API's lifespan, sharing its Backends.
 
@@ -76,8 +82,8 @@ def background_services(
         from controlplane.collector.embedded import EmbeddedCollector
         from controlplane.kernel.sample_keys import generate_sample_keys
 
-        # in-process only: whatever signs samples here shares this process's key
-        services.append(EmbeddedCollector(sample_keys=generate_sample_keys()))
+        # in-process only, unless `canary dev` wrote the key for joiners (sample_keys)
+        services.append(EmbeddedCollector(sample_keys=sample_keys or generate_sample_keys()))
     from controlplane.providers.board import MetricBoard
     from controlplane.providers.service import MetricBoardService
 
@@ -115,17 +121,22 @@ def tls_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
-def dashboard_address(settings: Settings, *, tls: bool) -> str:
-    """The dashboard's URL for a browser on this machine (a wildcard bind is reached
+def api_address(settings: Settings, *, tls: bool) -> str:
+    """The API's base URL for a client on this machine (a wildcard bind is reached
     on loopback)."""
-    from controlplane.api.pages import dashboard_url
-
     host, port = settings.listen_host_port
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
     elif ":" in host:
         host = f"[{host}]"
-    return dashboard_url(f"{'https' if tls else 'http'}://{host}:{port}")
+    return f"{'https' if tls else 'http'}://{host}:{port}"
+
+
+def dashboard_address(settings: Settings, *, tls: bool) -> str:
+    """The dashboard's URL for a browser on this machine."""
+    from controlplane.api.pages import dashboard_url
+
+    return dashboard_url(api_address(settings, tls=tls))
 
 
 def run_api(
@@ -171,7 +182,10 @@ def run_api(
     uvicorn.Server(config).run()
 
 
-def _serve_traced(settings: Settings, *, embedded: bool, insecure: bool = False) -> None:
+def _serve_traced(
+    settings: Settings, *, embedded: bool, insecure: bool = False,
+    sample_keys: SampleKeys | None = None,
+) -> None:
     """`run_api` with the background services, and tracing when it is configured."""
     from controlplane.kernel.errors import ConfigError
     from controlplane.tracer import open_tracer_provider
@@ -185,7 +199,8 @@ def _serve_traced(settings: Settings, *, embedded: bool, insecure: bool = False)
         log.info("tracing to %s", settings.otel_endpoint or "the OTEL_EXPORTER_OTLP_* endpoint")
     try:
         try:  # a Prometheus TLS or credential file that cannot be read: one line
-            services = background_services(settings, embedded=embedded, tracer_provider=provider)
+            services = background_services(settings, embedded=embedded, tracer_provider=provider,
+                                           sample_keys=sample_keys)
         except ConfigError as exc:
             typer.echo(f"canary: prometheus: {exc}", err=True)
             raise typer.Exit(2) from exc
@@ -215,6 +230,61 @@ def _migrate_or_exit(url: str) -> None:
     except CanaryError as exc:
         typer.echo(f"canary: cannot migrate the database: {exc}", err=True)
         raise typer.Exit(1) from exc
+
+
+def _migrated_or_exit(url: str) -> None:
+    """Serve only a database at the migrations' head: name what is missing and the
+    command that applies it (an unmigrated database is reachable, not unavailable)."""
+    from controlplane.db import migrate
+    from controlplane.kernel.errors import CanaryError
+
+    try:
+        missing = migrate.pending(url)
+    except CanaryError as exc:
+        typer.echo(f"canary serve: cannot read the database's migrations: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    if missing:
+        names = ", ".join(f"{rev} ({doc})" if doc else rev for rev, doc in missing[:3])
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        typer.echo(
+            f"canary serve: the database lacks {len(missing)} migration(s): {names}{more}; "
+            "run `canary db upgrade` (same --database-url / CANARY_DATABASE_URL) first",
+            err=True,
+        )
+        raise typer.Exit(1)
+
+
+def _bootstrap_token_or_exit(settings: Settings) -> None:
+    """Install the admin token CANARY_BOOTSTRAP_ADMIN_TOKEN_FILE names, if any: on
+    Kubernetes, the first admin comes from a Secret, not from `kubectl exec`."""
+    from controlplane.auth.tokens import looks_like_token
+    from controlplane.db.session import db_errors, make_engine, make_sessionmaker
+    from controlplane.db.tokens import ensure_bootstrap_token
+    from controlplane.kernel.clock import SystemClock, utc_now
+    from controlplane.kernel.errors import CanaryError, ConfigError
+    from controlplane.kernel.secrets import read_secret_file
+
+    path = settings.bootstrap_admin_token_file
+    if not path:
+        return
+    try:
+        token = read_secret_file(path, what="bootstrap admin token")
+        if not looks_like_token(token):
+            raise ConfigError(
+                f"{path} does not hold an API token: cnry_ and 20-200 "
+                "letters, digits, '-' or '_' (e.g. `echo cnry_$(openssl rand -hex 32)`)"
+            )
+        engine = make_engine(settings.database_url)
+        try:
+            with db_errors(), make_sessionmaker(engine).begin() as session:
+                done = ensure_bootstrap_token(session=session, token=token,
+                                              now=utc_now(SystemClock()))
+        finally:
+            engine.dispose()
+    except CanaryError as exc:
+        typer.echo(f"canary serve: bootstrap admin token: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    log.info("%s", done)
 
 
 def _auth_or_exit(settings: Settings, *, insecure: bool) -> None:
@@ -279,6 +349,10 @@ def _dev_token(settings: Settings) -> str:
 
 DEV_TOKEN_NAME = "dev"
 
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
 InsecureOption = Annotated[
     bool,
     typer.Option(
@@ -306,12 +380,47 @@ def register(app: typer.Typer) -> None:
         db_file: Annotated[Path, typer.Option("--db-file", help="the SQLite database file")] = Path(
             "canary.db"
         ),
+        backends: Annotated[
+            str,
+            typer.Option(
+                "--backends",
+                help="local: start etcd and redis-server on loopback ports so sidecars and "
+                "routers can join (--join); memory: in-process, nothing can join; auto: "
+                "local when both binaries are installed",
+            ),
+        ] = "auto",
+        join_file: Annotated[
+            Path | None,
+            typer.Option("--join-file", help="where the join file goes (default: "
+                         "canary-dev.json beside --db-file)"),
+        ] = None,
         log_format: LogFormatOption = None,
         otel_endpoint: OtelEndpointOption = None,
         trace_sample_ratio: SampleRatioOption = None,
     ) -> None:
-        """Control plane on the embedded defaults: SQLite file, in-process etcd and Redis."""
+        """Control plane in one process on SQLite, with etcd and Redis a sidecar can join."""
+        from controlplane.devloop.session import (
+            BackendChoice,
+            join_commands,
+            local_session,
+            memory_note,
+            missing_binaries,
+            resolve_choice,
+        )
+        from controlplane.kernel.errors import ConfigError
+
+        try:
+            wanted = BackendChoice(backends)
+        except ValueError:
+            raise typer.BadParameter(
+                f"--backends must be auto, local or memory, got {backends!r}"
+            ) from None
         path = db_file.expanduser().resolve()
+        missing = missing_binaries()
+        choice = resolve_choice(wanted, missing)
+        if choice is BackendChoice.LOCAL and missing:
+            typer.echo(f"canary dev: --backends local needs {' and '.join(missing)}", err=True)
+            raise typer.Exit(2)
         settings = settings_with(
             listen=listen, database_url=f"sqlite:///{path}", etcd="memory://",
             redis_url="memory://",
@@ -320,14 +429,37 @@ def register(app: typer.Typer) -> None:
         _setup_logging(settings)
         _migrate_or_exit(settings.database_url)
         log.info("database: %s (SQLite, migrated to head)", path)
-        log.info("etcd and Redis: in-process (memory://); API on http://%s", settings.listen)
         token = _dev_token(settings)
         typer.echo(
             f"admin token for this run (the previous `dev` token is revoked):\n"
             f"  export CANARY_TOKEN={token}",
             err=True,
         )
-        _serve_traced(settings, embedded=True)
+        api = api_address(settings, tls=False)
+        if choice is BackendChoice.MEMORY:
+            log.warning("%s", memory_note(missing if wanted is BackendChoice.AUTO else []))
+            _serve_traced(settings, embedded=True)
+            return
+        where = (join_file or path.with_name("canary-dev.json")).expanduser().resolve()
+        # uvicorn raises SIGTERM again once it has drained: let that unwind through the
+        # session, which stops etcd and Redis, instead of killing the process there
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        try:
+            with local_session(join_file=where, api=api,
+                               etcd_prefix=settings.etcd_prefix) as session:
+                settings = settings.model_copy(update=session.join.settings())
+                log.info("etcd on %s and Redis on %s (local, this run only); API on %s",
+                         session.join.etcd, session.join.redis_url, api)
+                if settings.log_format == "json":  # every line on stderr stays JSON
+                    log.info("join this control plane: %s", " | ".join(join_commands(where)))
+                else:
+                    typer.echo("join this control plane from another terminal:\n"
+                               + "\n".join(f"  {line}" for line in join_commands(where)),
+                               err=True)
+                _serve_traced(settings, embedded=True, sample_keys=session.sample_keys)
+        except ConfigError as exc:
+            typer.echo(f"canary dev: {exc}", err=True)
+            raise typer.Exit(1) from exc
 
     @app.command("serve")
     def serve_command(
@@ -386,6 +518,8 @@ def register(app: typer.Typer) -> None:
         except ConfigError as exc:
             typer.echo(f"canary serve: {exc}", err=True)
             raise typer.Exit(2) from exc
+        _migrated_or_exit(settings.database_url)
+        _bootstrap_token_or_exit(settings)
         _auth_or_exit(settings, insecure=insecure)
         _serve_traced(settings, embedded=False, insecure=insecure)
 

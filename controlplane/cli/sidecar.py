@@ -7,7 +7,7 @@ sidecar package are imported: a sidecar never loads the API or the SQL layer.
 from __future__ import annotations
 
 import errno
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -19,6 +19,10 @@ from controlplane.cli.observability import (
 )
 from controlplane.kernel.etcd_endpoints import ENDPOINTS_HELP
 from controlplane.kernel.streams_factory import URL_FORMS
+
+if TYPE_CHECKING:
+    from controlplane.kernel.dev_join import DevJoin
+    from controlplane.kernel.settings import Settings
 
 # the listener's address is taken, not this host's, or not ours to bind
 _BIND_ERRORS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
@@ -33,6 +37,38 @@ def _fail(message: str) -> typer.Exit:
 def _positive(name: str, value: float | None) -> None:
     if value is not None and not value > 0:
         raise _fail(f"{name} must be a positive number of seconds, got {value}")
+
+
+JoinOption = Annotated[
+    str | None,
+    typer.Option("--join", help="join a `canary dev` control plane: the join file it wrote "
+                 "(sets --etcd, --etcd-prefix, --redis and --sample-keys-file)"),
+]
+
+
+def joined_backends(
+    join: str, *, etcd: str | None, etcd_prefix: str | None, redis: str | None,
+    sample_keys_file: str | None,
+) -> DevJoin:
+    """The join file's backends; a flag it would set, given as well, is a usage error
+    (which one was meant cannot be told). Raises ConfigError."""
+    from controlplane.kernel.dev_join import read_join
+    from controlplane.kernel.errors import ConfigError
+
+    both = [flag for flag, value in (("--etcd", etcd), ("--etcd-prefix", etcd_prefix),
+                                     ("--redis", redis),
+                                     ("--sample-keys-file", sample_keys_file))
+            if value is not None]  # fmt: skip
+    if both:
+        raise ConfigError(f"--join sets {', '.join(both)}: give one or the other")
+    return read_join(join)
+
+
+def _in_process_warnings(settings: Settings) -> list[str]:
+    from controlplane.kernel.dev_join import in_process_backends, in_process_warning
+
+    backends = in_process_backends(settings.etcd, settings.redis_url)
+    return [in_process_warning("sidecar", backends)] if backends else []
 
 
 def register(app: typer.Typer) -> None:
@@ -55,6 +91,7 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--redis", help=f"{URL_FORMS} (env CANARY_REDIS_URL)"),
         ] = None,
+        join: JoinOption = None,
         default_upstream: Annotated[
             str | None,
             typer.Option("--default-upstream", help="URL served while no route is in force"),
@@ -250,6 +287,11 @@ def register(app: typer.Typer) -> None:
         overrides = {"etcd": etcd, "etcd_prefix": etcd_prefix, "redis_url": redis,
                      "admin_token_file": admin_token_file}
         try:
+            if join is not None:
+                joined = joined_backends(join, etcd=etcd, etcd_prefix=etcd_prefix, redis=redis,
+                                         sample_keys_file=sample_keys_file)
+                overrides.update(joined.settings())
+                sample_keys_file = joined.sample_keys_file
             given = {k: v for k, v in overrides.items() if v is not None}
             given.update(observability_settings(log_format, otel_endpoint, trace_sample_ratio))
             settings = Settings.model_validate(given)
@@ -310,6 +352,7 @@ def register(app: typer.Typer) -> None:
                 run_supervisor(
                     spec=spec, workers=workers, listener=listener, socket_dir=socket_dir,
                     admin=admin_at, admin_token=token,
+                    warnings=_in_process_warnings(settings),  # each worker logs it
                 )
             )  # fmt: skip
             raise typer.Exit(code)

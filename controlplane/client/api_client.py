@@ -284,6 +284,14 @@ class CanaryClient:
         result: Json = self._request("POST", f"{SUBSCRIPTIONS}/{int(subscription_id)}/test")
         return result
 
+    def create_subscription(self, subscription: Mapping[str, Any]) -> Json:
+        """Subscribe a webhook; the answer carries its full URL and secret, once."""
+        result: Json = self._request("POST", SUBSCRIPTIONS, json=subscription)
+        return result
+
+    def delete_subscription(self, subscription_id: int) -> None:
+        self._request("DELETE", f"{SUBSCRIPTIONS}/{int(subscription_id)}")
+
     def list_subscriptions(self, *, limit: int = 500) -> Json:
         result: Json = self._request("GET", SUBSCRIPTIONS, params={"limit": limit})
         return result

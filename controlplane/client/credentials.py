@@ -1,5 +1,6 @@
-"""Where the CLI finds its API token: `--token-file`, else CANARY_TOKEN, else the
-config file ($CANARY_CONFIG, default ~/.config/canary/token). None: send no token.
+"""Where the CLI finds its API token: `--token-file`, else CANARY_TOKEN, else the file
+CANARY_TOKEN_FILE names, else the config file's `token_file` (client/config.py), else
+~/.config/canary/token. None: send no token.
 
 A token file holds the token on one line; anything else in it is refused.
 """
@@ -12,18 +13,18 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from controlplane.client.config import config_home
 from controlplane.kernel.errors import ConfigError
 
 MAX_FILE_BYTES = 4096
 MAX_TOKEN_CHARS = 16 * 1024  # an OIDC JWT may be long; our own tokens are ~50
 
 
-def default_config_path(env: Mapping[str, str]) -> Path:
-    named = env.get("CANARY_CONFIG")
-    if named:
-        return Path(named).expanduser()
-    base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "canary" / "token"
+TOKEN_FILE_ENV = "CANARY_TOKEN_FILE"
+
+
+def default_token_path(env: Mapping[str, str]) -> Path:
+    return config_home(env) / "token"
 
 
 def check_token(text: str, source: str) -> str:
@@ -53,14 +54,24 @@ def read_token_file(path: Path) -> str:
     return check_token(text, f"the token file {path}")
 
 
-def find_token(token_file: Path | None, env: Mapping[str, str] | None = None) -> str | None:
+def find_token(
+    token_file: Path | None,
+    env: Mapping[str, str] | None = None,
+    *,
+    config_token_file: Path | None = None,
+) -> str | None:
     env = os.environ if env is None else env
     if token_file is not None:
         return read_token_file(token_file.expanduser())
     given = env.get("CANARY_TOKEN")
     if given:
         return check_token(given, "CANARY_TOKEN")
-    config = default_config_path(env)
-    if config.is_file():
-        return read_token_file(config)
+    named = env.get(TOKEN_FILE_ENV)
+    if named:
+        return read_token_file(Path(named).expanduser())
+    if config_token_file is not None:
+        return read_token_file(config_token_file)
+    default = default_token_path(env)
+    if default.is_file():
+        return read_token_file(default)
     return None

@@ -57,3 +57,19 @@ def current(url: str) -> str | None:
 
 def head(url: str) -> str | None:
     return ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+
+
+def pending(url: str) -> list[tuple[str, str]]:
+    """The migrations the database lacks, oldest first: (revision, first line of its
+    message). Empty when it is at head. Raises BackendUnavailable when it cannot be read."""
+    from controlplane.db.session import db_errors
+
+    with db_errors():
+        now = current(url)
+    scripts = ScriptDirectory.from_config(alembic_config(url))
+    missing = [
+        (script.revision, (script.doc or "").strip().splitlines()[0] if script.doc else "")
+        for script in scripts.iterate_revisions("heads", now or "base")
+        if script.revision != now
+    ]
+    return list(reversed(missing))

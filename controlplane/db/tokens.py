@@ -118,3 +118,34 @@ def count_live_tokens(*, session: Session) -> int:
         select(func.count()).select_from(ApiToken).where(ApiToken.revoked_at.is_(None))
     )
     return int(counted or 0)
+
+
+BOOTSTRAP_TOKEN_NAME = "bootstrap-admin"
+
+
+def ensure_bootstrap_token(*, session: Session, token: str, now: datetime) -> str:
+    """Install `token` as the admin token named bootstrap-admin, once: what was done,
+    in words.
+
+    Idempotent across restarts and replicas: a token already stored (live, or revoked
+    by an admin who meant it) is left as it is; a different token under the name (the
+    Secret was rotated) is revoked and the new one installed."""
+    digest = token_hash(token)
+    known = session.scalar(select(ApiToken).where(ApiToken.token_hash == digest))
+    if known is not None:
+        if known.revoked_at is not None:
+            return (f"the bootstrap admin token (id {known.id}) was revoked; it stays "
+                    "revoked (rotate the Secret to install a new one)")
+        return f"the bootstrap admin token is installed (id {known.id})"
+    previous = session.scalar(select(ApiToken).where(
+        ApiToken.name == BOOTSTRAP_TOKEN_NAME, ApiToken.revoked_at.is_(None)))
+    replaced = ""
+    if previous is not None:
+        previous.revoked_at = now
+        session.flush()
+        replaced = f", replacing id {previous.id} (revoked)"
+    row = ApiToken(name=BOOTSTRAP_TOKEN_NAME, role=Role.ADMIN.value, token_hash=digest,
+                   created_at=now, created_by="bootstrap (CANARY_BOOTSTRAP_ADMIN_TOKEN_FILE)")
+    session.add(row)
+    session.flush()
+    return f"installed the bootstrap admin token (id {row.id}){replaced}"

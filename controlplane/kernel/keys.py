@@ -99,6 +99,11 @@ class RedisKeys:
         _checked("experiment id", text, is_experiment_id(text))
         return f"{self.namespace}:stats:{{{text}}}"
 
+    def route_reports(self, service: str) -> str:
+        """The data planes' reports of the route they hold (kernel.route_reports)."""
+        _checked("service name", service, is_service_name(service))
+        return f"{self.namespace}:inforce:{{{service}}}"
+
     @property
     def decisions(self) -> str:
         return f"{self.namespace}:decisions"

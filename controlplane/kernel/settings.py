@@ -227,6 +227,11 @@ class Settings(BaseSettings):
     admin_token_file: str | None = Field(
         default=None, description="bearer token required by admin endpoints (except probes)"
     )
+    bootstrap_admin_token_file: str | None = Field(
+        default=None,
+        description="file (e.g. a mounted Secret) holding an admin API token `canary serve` "
+        "installs at start, hashed, idempotently: the first admin without database access",
+    )
     # the metric provider (decision 0048): where rules' `metrics:` are read
     prometheus_url: str = Field(
         default="",

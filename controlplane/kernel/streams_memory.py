@@ -31,6 +31,13 @@ from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.codec import source_and_seq
 from controlplane.kernel.errors import BackendUnavailable
 from controlplane.kernel.keys import is_service_name
+from controlplane.kernel.route_reports import (
+    FORGET_SEC,
+    MAX_REPORTS,
+    RouteReport,
+    parse_member,
+    report_member,
+)
 from controlplane.kernel.streams import DECISIONS_MAXLEN, PendingSummary, StreamEntry
 
 _Id = tuple[int, int]
@@ -100,6 +107,7 @@ class MemoryStreams:
         self._decisions = _Stream()
         # (service, src) -> the last seq appended (SampleStream.append is idempotent)
         self._last_seq: dict[tuple[str, str], int] = {}
+        self._route_reports: dict[str, dict[str, float]] = {}  # service -> member -> time
         # Replaced on every append: a blocked reader waits on the generation it saw,
         # so no wake-up is lost between its check and its wait.
         self._arrival = asyncio.Event()
@@ -287,6 +295,22 @@ class MemoryStreams:
     def decisions_length(self) -> int:
         """Entries held in the decisions stream (XLEN), for gauges and tests."""
         return len(self._decisions.ids)
+
+    # --- RouteReports -------------------------------------------------------
+
+    async def report_route(self, service: str, instance: str, revision: int, now: float) -> None:
+        self._check_open()
+        members = self._route_reports.setdefault(service, {})
+        members[report_member(instance, revision)] = now
+        for member, seen in list(members.items()):
+            if now - seen > FORGET_SEC:
+                del members[member]
+
+    async def route_reports(self, service: str) -> list[RouteReport]:
+        self._check_open()
+        newest = sorted(self._route_reports.get(service, {}).items(), key=lambda m: -m[1])
+        parsed = (parse_member(member, seen) for member, seen in newest[:MAX_REPORTS])
+        return [report for report in parsed if report is not None]
 
     async def close(self) -> None:
         self._closed = True

@@ -52,6 +52,13 @@ from controlplane.kernel.backend_access import RedisAccess
 from controlplane.kernel.codec import source_and_seq
 from controlplane.kernel.errors import BackendError, BackendUnavailable, ConfigError
 from controlplane.kernel.keys import RedisKeys, is_service_name
+from controlplane.kernel.route_reports import (
+    FORGET_SEC,
+    MAX_REPORTS,
+    RouteReport,
+    parse_member,
+    report_member,
+)
 from controlplane.kernel.secrets import url_password
 from controlplane.kernel.streams import (
     DECISIONS_MAXLEN,
@@ -617,6 +624,34 @@ class RedisStreams:
             {_text(name): _text(value) for name, value in fields.items()}
             for _, fields in raw or ()
         ]
+
+    # --- RouteReports -------------------------------------------------------
+
+    async def report_route(self, service: str, instance: str, revision: int, now: float) -> None:
+        key = self._keys.route_reports(service)
+        member = report_member(instance, revision)
+        with _boundary("report route"):
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.zadd(key, {member: now})
+                pipe.zremrangebyscore(key, "-inf", now - FORGET_SEC)
+                pipe.expire(key, int(FORGET_SEC * 2))  # a service whose data planes all left
+                await pipe.execute()
+
+    async def route_reports(self, service: str) -> list[RouteReport]:
+        with _boundary("route reports"):
+            raw: Any = await self._client.zrevrangebyscore(
+                self._keys.route_reports(service), "+inf", "-inf", start=0, num=MAX_REPORTS,
+                withscores=True,
+            )
+        found = []
+        for member, score in raw or ():
+            try:
+                report = parse_member(_text(member), float(score))
+            except (UnicodeDecodeError, ValueError, TypeError):
+                report = None  # bytes no reporter of ours wrote
+            if report is not None:
+                found.append(report)
+        return found
 
     async def close(self) -> None:
         await self._client.aclose()

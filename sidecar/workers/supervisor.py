@@ -61,6 +61,7 @@ class Supervisor:
         admin_token: str | None = None,
         policy: RestartPolicy | None = None,
         grace: float = 20.0,
+        warnings: Sequence[str] = (),
         clock: Clock | None = None,
         draw: Callable[[], float] = random.random,
         python: str = sys.executable,
@@ -93,6 +94,7 @@ class Supervisor:
             refresh=self.refresh,
             not_ready=b"not ready: a worker is not running or not ready\n",
             views={"/overload": self.overload_view},
+            warnings=warnings,
         )
         registry.register(self.admin.metrics_collector())
         self._admin_started = False
@@ -289,11 +291,12 @@ async def run_supervisor(
     admin_token: str | None = None,
     stop: asyncio.Event | None = None,
     policy: RestartPolicy | None = None,
+    warnings: Sequence[str] = (),
 ) -> int:
     """Run the workers until SIGTERM/SIGINT (or `stop`); the process's exit code."""
     supervisor = Supervisor(
         spec=spec, workers=workers, listener=listener, socket_dir=socket_dir,
-        admin_token=admin_token, policy=policy,
+        admin_token=admin_token, policy=policy, warnings=warnings,
     )  # fmt: skip
     stop = stop or asyncio.Event()
     with on_stop_signals(stop.set):

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from controlplane.api.live import next_check
 from controlplane.db import experiments as records
 from controlplane.decision.model import RolloutState
+from controlplane.decision.tally import Tally, VariantTally
 from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.rules import BreakerRule
@@ -114,6 +115,41 @@ async def test_an_open_breaker_is_due_at_the_end_of_its_cooldown(
     assert live["rule_source"] == "service"
     assert live["step"]["due_at"] is None, "an open breaker does not count the hold down"
     assert (live["canary_weight_bp"], live["baseline_weight_bp"]) == (0, 10_000)
+
+
+async def test_a_half_open_probe_shows_its_time_to_verdict_from_its_traffic(
+    client: httpx.AsyncClient,
+    create: Callable[..., Any],
+    clock: FakeClock,
+    backends: Backends,
+) -> None:
+    created = await create()
+    await client.post(f"/v1/experiments/{created['id']}/start")
+    rule = {"threshold_ms": 300, "window_sec": 10, "min_samples": 30, "half_open_weight": 100}
+    assert (await client.put("/v1/services/payment-api/rule", json=rule)).status_code == 200
+    probe_at = clock.now()
+    clock.advance(84)
+
+    def probing(*, session: Session) -> None:
+        row = records.get_experiment(session=session, experiment_id=created["id"])
+        state = RolloutState(
+            status=ExperimentState.RUNNING, breaker=BreakerState.HALF_OPEN, step_index=0,
+            step_started_at=probe_at, canary_bp=100, weight_since=probe_at, trips=1,
+            opened_at=probe_at - 30, probe_started_at=probe_at,
+            tally=Tally(since=probe_at, canary=VariantTally(count=12)),
+        )  # fmt: skip
+        row.breaker_state, row.trips, row.canary_weight_bp = "half_open", 1, 100
+        row.rollout_state = state.to_dict()
+
+    async with backends.database.transaction() as tx:
+        await tx.run(probing)
+
+    live = (await client.get(f"/v1/experiments/{created['id']}")).json()["live"]
+    probe = live["probe"]
+    assert (probe["weight_bp"], probe["samples"], probe["samples_needed"]) == (100, 12, 30)
+    assert parsed(probe["window_ends_at"]) == iso(probe_at + 10)
+    assert parsed(probe["verdict_expected_at"]) == iso(probe_at + 84 + 18 * 7)
+    assert "2 min 6 s (the samples, not the window, set the pace)" in probe["sentence"]
 
 
 RULE = BreakerRule(service="svc", threshold_ms=100, window_sec=10, cooldown_sec=30)

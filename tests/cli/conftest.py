@@ -70,9 +70,18 @@ def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # as `canary serve` runs it: the controller's leader publishes each verdict's route,
     # which `exp wait` waits for
     with serving(
-        create_app(settings, services=background_services(settings, embedded=False))
+        create_app(settings, services=background_services(settings, embedded=False),
+                   streams=True)
     ) as url:
         yield url
+
+
+@pytest.fixture(autouse=True)
+def no_user_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The CLI reads no config or token file of whoever runs the tests."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    for name in ("CANARY_CONFIG", "CANARY_TOKEN_FILE", "CANARY_API", "CANARY_CA_FILE"):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(autouse=True)

@@ -70,7 +70,7 @@ def test_no_token_is_one_line_saying_where_to_put_one(
     api_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.delenv("CANARY_TOKEN")
-    monkeypatch.setenv("CANARY_CONFIG", str(tmp_path / "absent"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "absent"))
     result = runner.invoke(app, ["exp", "list", "--api", api_url])
     assert result.exit_code == 1
     lines = result.stderr.strip().splitlines()
@@ -86,7 +86,7 @@ def test_the_token_comes_from_the_token_file_or_the_config_file(
     token_file.chmod(0o600)
     listed = runner.invoke(app, ["--token-file", str(token_file), "exp", "list", "--api", api_url])
     assert listed.exit_code == 0, listed.output
-    monkeypatch.setenv("CANARY_CONFIG", str(token_file))
+    monkeypatch.setenv("CANARY_TOKEN_FILE", str(token_file))
     assert runner.invoke(app, ["exp", "list", "--api", api_url]).exit_code == 0
     token_file.write_text("two\nlines\n")
     broken = runner.invoke(app, ["exp", "list", "--api", api_url])

@@ -90,6 +90,24 @@ def test_start_pause_resume_promote_move_the_experiment_and_log_who(
     assert events[-1]["actor"] == ADMIN_ACTOR and events[-1]["reason"] == "by hand"
 
 
+def test_start_says_the_route_is_published_not_confirmed_without_a_data_plane(
+    api_url: str, experiment_file: Path
+) -> None:
+    experiment_id = created(api_url, experiment_file)
+    started = time.monotonic()
+    out = ok(canary(api_url, "exp", "start", experiment_id))
+    # no sidecar of the service ever reported: nothing to wait for
+    assert time.monotonic() - started < 2.0
+    assert out.splitlines()[-1] == (
+        "route: published, not yet confirmed: no data plane reported within 30 s (is a "
+        "sidecar or router running for this service?)"
+    )
+    view = " ".join(ok(canary(api_url, "exp", "show", experiment_id)).split())
+    assert "route published, not yet confirmed: no data plane reported" in view
+    quiet = ok(canary(api_url, "exp", "pause", experiment_id, "--confirm-wait", "0"))
+    assert "route:" not in quiet
+
+
 def test_illegal_transition_is_one_line_and_exit_1(api_url: str, experiment_file: Path) -> None:
     experiment_id = created(api_url, experiment_file)
     result = canary(api_url, "exp", "pause", experiment_id)

@@ -171,3 +171,51 @@ def test_deliveries_are_listed(api_url: str) -> None:
     assert json.loads(result.stdout)["items"] == []
     bad = canary("notify", "deliveries", "--api", api_url, "--status", "lost")
     assert bad.exit_code == 2 and bad.stderr.count("\n") == 1
+
+
+def test_add_list_test_and_rm_a_subscription(
+    api_url: str, receiver: Receiver, hook_url: str, secret_file: Path
+) -> None:
+    added = canary("notify", "add", "--name", "cli-add", "--url", hook_url, "--kind",
+                   "trip", "--format", "slack", "--api", api_url)
+    assert added.exit_code == 0, added.output
+    head, secret_line, hint = added.stdout.strip().splitlines()
+    sub_id = head.split()[1]
+    assert head == f"subscription {sub_id} cli-add -> {hook_url} (slack, enabled)"
+    secret = secret_line.rpartition(": ")[2]
+    assert secret_line.startswith("signing secret (shown once") and len(secret) >= 16
+    assert hint == f"try it: canary notify test --subscription {sub_id}"
+
+    listed = json.loads(canary("notify", "list", "--api", api_url, "--json").stdout)
+    mine = next(s for s in listed["items"] if str(s["id"]) == sub_id)
+    assert (mine["name"], mine["format"]) == ("cli-add", "slack")
+    assert mine["kinds"] and all("trip" in kind for kind in mine["kinds"])  # the topic
+    assert "secret" not in mine
+    table = canary("notify", "list", "--api", api_url).stdout
+    assert "cli-add" in table and secret not in table
+
+    tested = canary("notify", "test", "--subscription", sub_id, "--api", api_url)
+    assert tested.exit_code == 0, tested.output
+    [request] = receiver.received()
+    assert verify(secret, timestamp=request.headers["x-canary-timestamp"],
+                  signature_value=request.headers["x-canary-signature"], body=request.body,
+                  now=float(request.headers["x-canary-timestamp"]))
+
+    removed = canary("notify", "rm", sub_id, "--api", api_url)
+    assert removed.exit_code == 0 and removed.stdout.strip() == f"subscription {sub_id} deleted"
+    listed = json.loads(canary("notify", "list", "--api", api_url, "--json").stdout)
+    assert sub_id not in {str(s["id"]) for s in listed["items"]}
+    again = canary("notify", "rm", sub_id, "--api", api_url)
+    assert again.exit_code == 2 and again.stderr.count("\n") == 1
+
+
+def test_add_with_a_secret_file_never_prints_the_secret(
+    api_url: str, hook_url: str, secret_file: Path
+) -> None:
+    added = canary("notify", "add", "--name", "cli-own-secret", "--url", hook_url,
+                   "--secret-file", str(secret_file), "--disabled", "--api", api_url)
+    assert added.exit_code == 0, added.output
+    assert SECRET not in added.stdout and "(json, disabled)" in added.stdout
+    bad = canary("notify", "add", "--name", "x", "--url", hook_url, "--format", "xml",
+                 "--api", api_url)
+    assert bad.exit_code == 2 and bad.stderr.count("\n") == 1

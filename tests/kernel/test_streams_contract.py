@@ -567,3 +567,36 @@ async def test_pending_many_counts_each_streams_pending_and_says_which_are_idle(
     threshold = backend.idle_threshold_after(LONG_IDLE_MS)
     idle = await s.pending_many(GROUP, ["pay", "cart"], min_idle_ms=threshold)
     assert idle == {"pay": PendingSummary(2, idle=True), "cart": PendingSummary(0, idle=False)}
+
+
+async def test_route_reports_are_read_back_newest_first_and_old_ones_forgotten(
+    backend: Backend,
+) -> None:
+    from controlplane.kernel.route_reports import FORGET_SEC, RouteReports
+
+    assert isinstance(backend.board, RouteReports)
+    reports = backend.board
+    now = 1_800_000_000.0
+    await reports.report_route("pay", "sc-1", 3, now - FORGET_SEC - 1)  # gone
+    await reports.report_route("pay", "sc-2", 4, now - 5)
+    await reports.report_route("pay", "sc-2", 5, now)
+    await reports.report_route("other", "sc-3", 9, now)
+    got = await reports.route_reports("pay")
+    # the sc-1 report was older than FORGET_SEC when sc-2 reported: removed
+    assert [(r.instance, r.revision, r.seen_at) for r in got] == [
+        ("sc-2", 5, now), ("sc-2", 4, now - 5),
+    ]
+    assert await reports.route_reports("nobody") == []
+
+
+async def test_malformed_route_report_members_are_dropped(backend: Backend) -> None:
+    from controlplane.kernel.route_reports import RouteReports
+
+    if backend.raw is None:
+        pytest.skip("only a Redis writer can put bytes the reporter never wrote")
+    assert isinstance(backend.board, RouteReports)
+    key = backend.keys.route_reports("pay")
+    await backend.raw.zadd(key, {"no-revision": 1_800_000_000.0, "x@-1": 1_800_000_000.0,
+                                 b"\xff@3": 1_800_000_000.0, "ok@7": 1_800_000_000.0})
+    got = await backend.board.route_reports("pay")
+    assert [(r.instance, r.revision) for r in got] == [("ok", 7)]

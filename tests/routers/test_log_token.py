@@ -32,6 +32,7 @@ import controlplane.cli.main as cli
 from controlplane.kernel.keys import EtcdKeys
 from controlplane.kernel.kv import KeyValueStore
 from controlplane.kernel.kv_factory import open_kv
+from controlplane.kernel.route_reports import RouteReports
 from controlplane.kernel.routes import Route, RouteState, Sticky, two_way_variants
 from controlplane.kernel.streams import SampleStream
 from controlplane.kernel.streams_factory import open_streams
@@ -244,6 +245,14 @@ async def test_only_lines_with_the_agents_token_become_samples(
             status = await admin_get(first.admin.port, "/status")
             metrics = await admin_get(first.admin.port, "/metrics")
             assert json.loads(status)["in_step"] is True
+            assert json.loads(status)["warnings"] == []  # joined: real etcd and Redis
+            # the agent reports the revision its proxy holds (decision 0053)
+            reports = stores.stream
+            assert isinstance(reports, RouteReports)
+            async with asyncio.timeout(10):
+                while 1 not in {r.revision for r in await reports.route_reports(SERVICE)}:
+                    await asyncio.sleep(0.05)
+            assert first.route_reporter is not None and first.route_reporter.sent >= 1
             (refused,) = [x for x in metrics.splitlines() if '"refused_forged"' in x]
             assert refused.endswith(f" {len(forged)}.0")
             assert token not in status and token not in metrics

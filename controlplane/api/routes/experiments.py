@@ -15,7 +15,7 @@ from controlplane.api.deps import (
     SettingsDep,
     StoreDep,
 )
-from controlplane.api.live import read_live, route_applied
+from controlplane.api.live import read_live, route_applied, route_confirmation
 from controlplane.api.problems import problem_responses
 from controlplane.api.schemas import (
     ActionRequest,
@@ -120,14 +120,15 @@ async def list_experiments(
 async def get_experiment(experiment_id: ExperimentId, backends: BackendsDep) -> ExperimentDetail:
     """The experiment and its live rollout: breaker, step, weights, what is due next and
     the latest snapshot per variant (left out, with a note, when Redis cannot be read),
-    and whether etcd holds its desired route yet (`route_applied`)."""
+    whether etcd holds its desired route yet (`route_applied`) and whether a data plane
+    reported holding it (`route_confirmation`)."""
     async with backends.store.transaction() as tx:
         experiment = await tx.load_experiment(experiment_id=experiment_id)
     live = await read_live(backends, experiment)
     applied, note = await route_applied(backends, experiment)
     return ExperimentDetail(
         **dict(ExperimentPublic.of(experiment)), route_applied=applied, route_note=note,
-        live=live,
+        route_confirmation=await route_confirmation(backends, experiment), live=live,
     )
 
 
@@ -219,7 +220,8 @@ def _action_endpoint(action: LifecycleAction) -> None:
     act.__doc__ = (
         f"{action.value.capitalize()} the experiment. The answer comes once its state and "
         "its service's desired route are committed; the route reaches etcd right after "
-        "(`route_applied` in GET /v1/experiments/{id})."
+        "(`route_applied` in GET /v1/experiments/{id}), then the data planes, which confirm "
+        "it (`route_confirmation`)."
     )
     router.add_api_route(
         f"/{{experiment_id}}/{action.value}",

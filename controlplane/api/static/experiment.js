@@ -35,6 +35,8 @@
   }
 
   function nextText(live) {
+    // a probe's verdict waits for its samples too: the API's estimate says how long
+    if (live.probe) return live.probe.sentence;
     if (!live.next_check_at) return "nothing due";
     const what = { step_due: "next step", cooldown_end: "probe (cooldown ends)",
                    probe_due: "probe verdict", controller_recheck: "controller looks again" };
@@ -56,7 +58,8 @@
       fact("Canary now", canary ? `P95 ${ms(canary.p95_ms)} · failed ${ratio(canary.failure_ratio)} · n=${canary.count}${shed(canary)}` : "no window"),
       fact("Baseline now", baseline ? `P95 ${ms(baseline.p95_ms)} · failed ${ratio(baseline.failure_ratio)} · n=${baseline.count}${shed(baseline)}` : "no window"),
       fact("Route", e.route_applied === null ? (e.route_note || "none yet")
-           : e.route_applied ? `revision ${e.route_revision} in etcd` : `revision ${e.route_revision} pending`),
+           : (e.route_applied ? `revision ${e.route_revision} in etcd` : `revision ${e.route_revision} pending`)
+             + (e.route_confirmation ? ` · ${e.route_confirmation.sentence}` : "")),
       fact("Standing", live.summary || "–", { class: "fact wide", "data-summary": "" }),
       fact("Last decision", live.last_reason || "–", { class: "fact wide" }),
       ...(live.overload_held
