@@ -34,8 +34,6 @@ OTHER_VARIABLES = {
     "CANARY_SIDECAR_MAX_CONNECTIONS",
     "CANARY_SIDECAR_TLS_CERT",
     "CANARY_SIDECAR_TLS_KEY",
-    # `canary serve`'s first admin API token, from a file (the chart mounts a Secret there)
-    "CANARY_BOOTSTRAP_ADMIN_TOKEN_FILE",
 }
 
 
