@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from controlplane.db import experiments as rows
 from controlplane.db import routes as desired_routes
 from controlplane.db import service_configs as desired_configs
+from controlplane.db import shards as controller_shards
 from controlplane.db.models import Event, Experiment
 from controlplane.db.session import Database, Transaction
 from controlplane.experiments.events import EventKind
@@ -223,6 +224,10 @@ class SqlStoreTransaction:
     ) -> None:
         await self._tx.run(desired_configs.remove_config, kind=kind, service=service,
                            expected=expected)
+
+    async def hold_shard(self, *, shard: int, fence: int, owner: str, now: datetime) -> None:
+        await self._tx.run(controller_shards.hold_shard, shard=shard, fence=fence,
+                           owner=owner, now=now)
 
     async def append_event(
         self,

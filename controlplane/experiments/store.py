@@ -187,6 +187,11 @@ class StoreTransaction(Protocol):
         is gone meanwhile."""
         ...
 
+    async def hold_shard(self, *, shard: int, fence: int, owner: str, now: datetime) -> None:
+        """Fence this unit of work by the shard's owner fence (decision 0057): NotLeader
+        when a greater fence holds the shard, so nothing of it commits."""
+        ...
+
     async def append_event(
         self,
         *,
