@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from controlplane.controller.ownership import OwnershipStats
 from controlplane.history.recorder import HistoryStats
 
 
@@ -41,10 +42,12 @@ class ControllerMetricsCollector(Collector):
         stats: ControllerStats,
         prefix: str = "canary_controller",
         history: HistoryStats | None = None,
+        ownership: OwnershipStats | None = None,
     ) -> None:
         self._stats = stats
         self._prefix = prefix
         self._history = history or HistoryStats()
+        self._ownership = ownership
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         s = self._stats
@@ -98,5 +101,23 @@ class ControllerMetricsCollector(Collector):
             ("history_compactions", "Experiments' history points merged into coarser ones",
              h.compactions),
         )  # fmt: skip
+        o = self._ownership
+        if o is not None:
+            yield GaugeMetricFamily(f"{p}_shards_held", "Shards this replica holds and judges",
+                                    value=o.held)
+            yield GaugeMetricFamily(f"{p}_members", "Live controller replicas that agree on "
+                                    "the shard count", value=o.members)
+            counters += (
+                ("shard_claims", "Shards this replica claimed", o.claims),
+                ("shard_releases", "Shards this replica let go to another", o.releases),
+                ("shard_leases_lost", "Times this replica's lease ran out, with its shards",
+                 o.lost_leases),
+                ("shard_claims_refused", "Claims whose SQL fence a newer owner held",
+                 o.refused_claims),
+                ("shard_keys_malformed", "Keys under the controllers' prefix that named "
+                 "nothing valid (ignored)", o.malformed_keys),
+                ("shard_count_disagreements", "Passes that found replicas announcing another "
+                 "shard count (every shard let go)", o.disagreements),
+            )  # fmt: skip
         for name, help_text, value in counters:
             yield CounterMetricFamily(f"{p}_{name}", help_text, value=value)

@@ -43,6 +43,6 @@ def hold_shard(*, session: Session, shard: int, fence: int, owner: str, now: dat
 def shard_fences(*, session: Session) -> dict[int, tuple[int, str]]:
     """Every shard's fence and owner."""
     rows = session.execute(
-        ControllerShard.__table__.select()  # type: ignore[attr-defined]
+        ControllerShard.__table__.select()
     ).all()
     return {int(r.shard): (int(r.fence), str(r.owner)) for r in rows}

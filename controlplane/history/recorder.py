@@ -152,12 +152,17 @@ class HistoryRecorder:
             self._pending_metrics.popleft()
         self.stats.written += len(batch) + len(metrics)
 
-    async def keep(self, store: HistoryStore, active: Collection[int], now: float) -> None:
+    async def keep(
+        self, store: HistoryStore, active: Collection[int], now: float,
+        *, own: Collection[int] | None = None,
+    ) -> None:
         """Bound what is stored: per-second points older than a day merge by minute;
-        an ended experiment merges into at most `ended_points` points."""
+        an ended experiment merges into at most `ended_points` points. `own`: the
+        active experiments this replica judges, when it judges a shard of them only
+        (decision 0057); their old points are its to merge, and the others' are not."""
         try:
             await self._merge_ended(store, active)
-            await self._merge_old(store, active, now)
+            await self._merge_old(store, active if own is None else own, now)
         except CanaryError as exc:
             log.warning("history: merging old points failed (tried again later): %s", exc)
 

@@ -1,0 +1,288 @@
+"""This replica's share of the experiments when controllers run sharded (decision 0057).
+
+    open a lease → member key under it → follow <prefix>/controllers/ (informer)
+    → assign (controller.shards, pure) → release what is no longer ours (fenced delete)
+    → claim what is ours and free (create under the lease) → raise its fence in SQL
+
+etcd does the coordination: a member key and every owner key live under the
+replica's one lease, so a replica that dies loses all of them at once when the
+lease runs out, and a shard has an owner only while the owner's key exists. A claim
+raises the shard's fence in SQL before anything of the shard is judged, so a
+decision of the former owner still in flight either commits first or not at all
+(db/shards.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from controlplane.controller.shards import assign, moves, shard_of
+from controlplane.experiments.store import ExperimentStore
+from controlplane.kernel.clock import Clock, utc_now
+from controlplane.kernel.errors import BackendError, NotLeader
+from controlplane.kernel.informer import PrefixInformer
+from controlplane.kernel.keys import CONTROLLER_IDENTITY, EtcdKeys
+from controlplane.kernel.kv import Fence, KeyValueStore, LeaseSession
+
+log = logging.getLogger(__name__)
+
+MEMBER_VALUE_MAX = 256
+# a look at the assignment even when nothing was heard: a claim that failed is retried
+RESYNC_SEC = 1.0
+
+
+@dataclass(frozen=True)
+class ShardFence:
+    """A shard this replica holds and the fence of its writes."""
+
+    shard: int
+    fence: Fence
+
+    @property
+    def token(self) -> int:
+        return self.fence.create_revision
+
+
+def member_value(shards: int) -> bytes:
+    return json.dumps({"shards": shards}, separators=(",", ":")).encode()
+
+
+def parse_member(value: bytes) -> int | None:
+    """The shard count a member key announces; None for anything else (pure)."""
+    if len(value) > MEMBER_VALUE_MAX:
+        return None
+    try:
+        document = json.loads(value)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(document, dict) or set(document) != {"shards"}:
+        return None
+    shards = document["shards"]
+    if type(shards) is not int or not 1 <= shards <= 4096:
+        return None
+    return shards
+
+
+def parse_shard_key(key: str, prefix: str, shards: int) -> int | None:
+    """The shard an owner key names; None for a key that names none (pure)."""
+    text = key[len(prefix):]
+    if not (key.startswith(prefix) and len(text) == 4 and text.isdigit()):
+        return None
+    shard = int(text)
+    return shard if shard < shards else None
+
+
+@dataclass
+class OwnershipStats:
+    members: int = 0  # live replicas that agree on the shard count, this one included
+    held: int = 0
+    claims: int = 0
+    releases: int = 0
+    lost_leases: int = 0
+    refused_claims: int = 0  # claims whose SQL fence a newer owner held (a bug, or a restore)
+    malformed_keys: int = 0  # keys under the controllers' prefix that said nothing valid
+    disagreements: int = 0  # passes that found replicas announcing another shard count
+
+
+@dataclass
+class ControllersView:
+    """What the informer says of <prefix>/controllers/: the members and shard holders."""
+
+    keys: EtcdKeys
+    shards: int
+    stats: OwnershipStats
+    members: dict[str, int] = field(default_factory=dict)  # identity → its shard count
+    holders: dict[int, str] = field(default_factory=dict)  # shard → its holder
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def on_put(self, key: str, value: bytes, mod_revision: int) -> None:
+        members = self.keys.controller_members_prefix
+        if key.startswith(members):
+            identity, count = key[len(members):], parse_member(value)
+            if count is None or CONTROLLER_IDENTITY.fullmatch(identity) is None:
+                self.stats.malformed_keys += 1
+                return
+            self.members[identity] = count
+        else:
+            shard = parse_shard_key(key, self.keys.controller_shards_prefix, self.shards)
+            holder = value.decode(errors="replace")
+            if shard is None or CONTROLLER_IDENTITY.fullmatch(holder) is None:
+                self.stats.malformed_keys += 1
+                return
+            self.holders[shard] = holder
+        self.changed.set()
+
+    def on_delete(self, key: str) -> None:
+        members = self.keys.controller_members_prefix
+        if key.startswith(members):
+            self.members.pop(key[len(members):], None)
+        else:
+            shard = parse_shard_key(key, self.keys.controller_shards_prefix, self.shards)
+            if shard is not None:
+                self.holders.pop(shard, None)
+        self.changed.set()
+
+
+class ShardOwnership:
+    """Holds this replica's membership and shards until cancelled; raises NotLeader
+    when its lease is lost (every shard is then gone), BackendError when etcd fails."""
+
+    def __init__(
+        self,
+        *,
+        kv: KeyValueStore,
+        keys: EtcdKeys,
+        store: ExperimentStore,
+        clock: Clock,
+        identity: str,
+        shards: int,
+        ttl: int,
+        stats: OwnershipStats | None = None,
+        resync: float = RESYNC_SEC,
+    ) -> None:
+        keys.controller_member(identity)  # refuses an identity no key may carry
+        self._kv = kv
+        self._keys = keys
+        self._store = store
+        self._clock = clock
+        self.identity = identity
+        self.shards = shards
+        self._ttl = ttl
+        self._resync = resync
+        self.stats = stats or OwnershipStats()
+        self._view = ControllersView(keys, shards, self.stats)
+        self._held: dict[int, Fence] = {}
+        self._session: LeaseSession | None = None
+        self._informer: PrefixInformer | None = None
+        # set on every change of what this replica holds
+        self.moved = asyncio.Event()
+
+    @property
+    def held(self) -> Mapping[int, Fence]:
+        return self._held
+
+    def fence_of(self, experiment_id: int) -> ShardFence | None:
+        """The fence of the experiment's shard while this replica holds it; None: not
+        ours to judge."""
+        shard = shard_of(experiment_id, self.shards)
+        fence = self._held.get(shard)
+        if fence is None or self._session is None or not self._session.alive:
+            return None
+        return ShardFence(shard, fence)
+
+    def drop(self, shard: int) -> None:
+        """Forget a shard found fenced by a newer owner: the next pass settles it."""
+        if self._held.pop(shard, None) is not None:
+            self._set_held()
+        self._view.changed.set()
+
+    async def run(self) -> None:
+        session = self._kv.lease_session(ttl=self._ttl)
+        await session.open()
+        self._session = session
+        informer = PrefixInformer(self._kv, self._keys.controllers_prefix, self._view,
+                                  name="controller-shards")
+        informer.start()
+        self._informer = informer
+        lost = asyncio.ensure_future(session.lost())
+        try:
+            await self._join(session, lost)
+            while True:
+                self._view.changed.clear()
+                await self._follow(session)
+                changed = asyncio.ensure_future(self._view.changed.wait())
+                try:
+                    await asyncio.wait({changed, lost}, timeout=self._resync,
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    changed.cancel()
+                if lost.done():
+                    self.stats.lost_leases += 1
+                    raise NotLeader(f"controller {self.identity} lost its lease and shards")
+        finally:
+            self._held.clear()
+            self._set_held()
+            self._session = None
+            self._informer = None
+            lost.cancel()
+            await informer.stop()
+            with contextlib.suppress(Exception):
+                await asyncio.shield(session.close())
+
+    async def _join(self, session: LeaseSession, lost: asyncio.Future[None]) -> None:
+        """Create the member key; one left by a former process of the same identity
+        (a restart) goes with that process's lease, within its TTL."""
+        key = self._keys.controller_member(self.identity)
+        while await session.create(key, member_value(self.shards)) is None:
+            log.warning("controller %s: a member of that name still holds %s; waiting "
+                        "for its lease to run out", self.identity, key)
+            await asyncio.wait({lost}, timeout=self._resync)
+            if lost.done():
+                raise NotLeader(f"controller {self.identity} lost its lease while joining")
+
+    async def _follow(self, session: LeaseSession) -> None:
+        view = self._view
+        agreeing = [m for m, count in view.members.items() if count == self.shards]
+        self.stats.members = len(agreeing)
+        if len(agreeing) != len(view.members):
+            # two numberings of the shards would fence nothing against each other:
+            # judge nothing until every replica says the same count
+            self.stats.disagreements += 1
+            log.error("controllers disagree on the shard count (%s); this replica "
+                      "(%d shards) releases every shard until they agree",
+                      sorted(set(view.members.values())), self.shards)
+            agreeing = []
+        self._forget_vanished()
+        plan = moves(me=self.identity, assignment=assign(self.shards, agreeing),
+                     held=self._held, taken=view.holders)
+        for shard in sorted(plan.release):
+            await self._release(shard)
+        for shard in sorted(plan.claim):
+            await self._claim(session, shard)
+
+    def _forget_vanished(self) -> None:
+        """Shards whose owner key the watch has seen go (or pass to another), though
+        this replica's lease holds: nothing of them is judged here any more."""
+        seen = self._informer.revision if self._informer is not None else 0
+        for shard, fence in list(self._held.items()):
+            if seen >= fence.create_revision and self._view.holders.get(shard) != self.identity:
+                log.warning("controller %s: the key of shard %d is gone", self.identity, shard)
+                self.drop(shard)
+
+    async def _release(self, shard: int) -> None:
+        fence = self._held.pop(shard)
+        self._set_held()
+        self.stats.releases += 1
+        with contextlib.suppress(NotLeader):  # gone already
+            await self._kv.delete(fence.key, fence=fence)
+        log.info("controller %s released shard %d", self.identity, shard)
+
+    async def _claim(self, session: LeaseSession, shard: int) -> None:
+        fence = await session.create(self._keys.controller_shard(shard),
+                                     self.identity.encode())
+        if fence is None:
+            return  # someone holds it still: the watch says when it lets go
+        try:
+            async with self._store.transaction() as tx:
+                await tx.hold_shard(shard=shard, fence=fence.create_revision,
+                                    owner=self.identity, now=utc_now(self._clock))
+        except (NotLeader, BackendError) as exc:
+            if isinstance(exc, NotLeader):
+                self.stats.refused_claims += 1
+            log.warning("controller %s could not fence shard %d in SQL (%s); letting it go",
+                        self.identity, shard, exc)
+            with contextlib.suppress(BackendError):
+                await self._kv.delete(fence.key, fence=fence)
+            return
+        self._held[shard] = fence
+        self._set_held()
+        self.stats.claims += 1
+
+    def _set_held(self) -> None:
+        self.stats.held = len(self._held)
+        self.moved.set()
