@@ -242,8 +242,8 @@ class ShardOwnership:
                      held=self._held, taken=view.holders)
         for shard in sorted(plan.release):
             await self._release(shard)
-        for shard in sorted(plan.claim):
-            await self._claim(session, shard)
+        if plan.claim:
+            await self._claim(session, sorted(plan.claim))
 
     def _forget_vanished(self) -> None:
         """Shards whose owner key the watch has seen go (or pass to another), though
@@ -262,26 +262,58 @@ class ShardOwnership:
             await self._kv.delete(fence.key, fence=fence)
         log.info("controller %s released shard %d", self.identity, shard)
 
-    async def _claim(self, session: LeaseSession, shard: int) -> None:
-        fence = await session.create(self._keys.controller_shard(shard),
-                                     self.identity.encode())
-        if fence is None:
-            return  # someone holds it still: the watch says when it lets go
+    async def _claim(self, session: LeaseSession, shards: list[int]) -> None:
+        """Create the shards' owner keys together, then raise their fences in SQL in
+        one transaction: a dead replica's shards are taken over in two round trips,
+        not two per shard."""
+        created = await asyncio.gather(*(
+            session.create(self._keys.controller_shard(s), self.identity.encode())
+            for s in shards
+        ))
+        # a shard someone holds still is left: the watch says when it lets go
+        claimed = {s: f for s, f in zip(shards, created, strict=True) if f is not None}
+        if not claimed:
+            return
+        try:
+            await self._fence_in_sql(claimed)
+        except NotLeader:
+            # one shard fenced by a newer owner must not cost the others: one by one
+            for shard, fence in claimed.items():
+                await self._fence_in_sql({shard: fence}, alone=True)
+            return
+        except BackendError as exc:
+            await self._let_go(claimed, exc)
+            return
+        self._hold(claimed)
+
+    async def _fence_in_sql(self, claimed: dict[int, Fence], *, alone: bool = False) -> None:
+        at = utc_now(self._clock)
         try:
             async with self._store.transaction() as tx:
-                await tx.hold_shard(shard=shard, fence=fence.create_revision,
-                                    owner=self.identity, now=utc_now(self._clock))
+                for shard, fence in sorted(claimed.items()):
+                    await tx.hold_shard(shard=shard, fence=fence.create_revision,
+                                        owner=self.identity, now=at)
         except (NotLeader, BackendError) as exc:
+            if not alone:
+                raise
             if isinstance(exc, NotLeader):
                 self.stats.refused_claims += 1
-            log.warning("controller %s could not fence shard %d in SQL (%s); letting it go",
-                        self.identity, shard, exc)
+            await self._let_go(claimed, exc)
+            return
+        if alone:
+            self._hold(claimed)
+
+    async def _let_go(self, claimed: dict[int, Fence], exc: Exception) -> None:
+        log.warning("controller %s could not fence shards %s in SQL (%s); letting them go",
+                    self.identity, sorted(claimed), exc)
+        for fence in claimed.values():
             with contextlib.suppress(BackendError):
                 await self._kv.delete(fence.key, fence=fence)
-            return
-        self._held[shard] = fence
+
+    def _hold(self, claimed: dict[int, Fence]) -> None:
+        self._held.update(claimed)
+        self.stats.claims += len(claimed)
         self._set_held()
-        self.stats.claims += 1
 
     def _set_held(self) -> None:
         self.stats.held = len(self._held)

@@ -23,6 +23,7 @@ from controlplane.controller.ownership import (
 from controlplane.controller.shards import assign, shard_of
 from controlplane.db.migrate import upgrade
 from controlplane.db.shards import shard_fences
+from controlplane.kernel.clock import utc_now
 from controlplane.kernel.keys import EtcdKeys
 from controlplane.kernel.settings import Settings
 from controlplane.kernel.tasks import cancel_and_wait
@@ -199,3 +200,17 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 15.0)
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.02)
+
+
+async def test_a_shard_fenced_by_a_newer_owner_in_sql_is_let_go_and_the_rest_are_held(
+    fleet: Fleet,
+) -> None:
+    # as after an etcd restored from an old backup: SQL has seen a greater fence
+    async with fleet.backends.store.transaction() as tx:
+        await tx.hold_shard(shard=3, fence=10**15, owner="ghost", now=utc_now(fleet.backends.clock))
+    a = fleet.start("ctl-a")
+
+    await until(lambda: len(a.held) == SHARDS - 1 and a.stats.refused_claims > 0,
+                "every shard but 3 held")
+    assert 3 not in a.held
+    assert (await sql_fences(fleet.backends))[3] == (10**15, "ghost")

@@ -1,0 +1,280 @@
+"""`canary bench shard-takeover`: a controller replica SIGKILLed, its shards judged again.
+
+Sharded controllers (decision 0057) on real PostgreSQL and etcd: R replica processes
+(`python -m controlplane.benchmarks.shard_takeover`, each a `Controller` with
+`shards` set, as `canary serve` runs it) share S shards of N running experiments.
+Again and again, one replica holding shards is SIGKILLed; from the kill, the bench
+times (polling every 20 ms):
+
+- `claimed`: every shard of the dead replica held again in etcd, by a survivor;
+- `fenced`: every such shard's fence in SQL raised by its new owner;
+- `judged`: an experiment of the dead replica's shards judged again: a history point
+  (the controller writes one per judged experiment and second) for a second after
+  the kill, which only a survivor can write.
+
+The dead replica is then started again and the fleet settles before the next kill.
+The target: `judged` within the lease TTL + 1 s. `measure_takeover` is the function
+the scale benchmark calls for its replicas dimension.
+
+URLs: CANARY_BENCH_DATABASE_URL (a PostgreSQL server; a scratch database of its own)
+and CANARY_BENCH_ETCD (a prefix of its own), as `canary bench control`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_DATABASE = "postgresql://postgres@127.0.0.1:5432/postgres"
+DEFAULT_ETCD = "http://127.0.0.1:2379"
+POLL_SEC = 0.02
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The q-quantile by the nearest-rank method (pure)."""
+    if not values:
+        raise ValueError("no values")
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 1))  # ceil(n q), at least 1
+    return ordered[int(rank) - 1]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"p50_s": round(quantile(values, 0.5), 3), "p95_s": round(quantile(values, 0.95), 3),
+            "max_s": round(max(values), 3), "min_s": round(min(values), 3)}
+
+
+@dataclass
+class Fleet:
+    """The replica processes, started and killed by their own pids only."""
+
+    env: dict[str, str]
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start(self, name: str) -> None:
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "controlplane.benchmarks.shard_takeover", name],
+            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+
+    def identity(self, name: str) -> str:
+        return f"{name}-{self.procs[name].pid}"
+
+    def kill(self, name: str) -> None:
+        proc = self.procs[name]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+async def _until(check: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = await check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not within {timeout:g} s: {what}")
+        await asyncio.sleep(POLL_SEC)
+
+
+async def measure_takeover(
+    *,
+    database_url: str,
+    etcd: str,
+    replicas: int = 3,
+    shards: int = 64,
+    experiments: int = 64,
+    kills: int = 8,
+    lease_ttl: int = 2,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Kill a replica `kills` times; how long until its shards are claimed, fenced in
+    SQL and judged again (P50/P95 over the kills). `database_url` must be migrated."""
+    from sqlalchemy import func, select
+
+    from controlplane.controller.shards import shard_of
+    from controlplane.db.models import HistoryPoint
+    from controlplane.db.shards import shard_fences
+    from controlplane.experiments.actions import apply_action, create_experiment
+    from controlplane.experiments.lifecycle import LifecycleAction
+    from controlplane.experiments.store import ExperimentSpec, StepSpec
+    from controlplane.kernel.settings import Settings
+    from controlplane.runtime import open_backends
+
+    prefix = f"/canary-bench-{secrets.token_hex(4)}"
+    settings = Settings(database_url=database_url, etcd=etcd, etcd_prefix=prefix)
+    backends = await open_backends(settings, streams=False)
+    rule = json.dumps({"service": "takeover", "threshold_ms": 300, "window_sec": 10,
+                       "min_samples": 50}).encode()  # fmt: skip
+    ids: list[int] = []
+    for i in range(experiments):
+        service = f"takeover-{i}"
+        named = rule.replace(b"takeover", service.encode())
+        await backends.kv.put(backends.keys.rule(service), named)
+        spec = ExperimentSpec(
+            name=f"takeover {i}", service=service,
+            baseline_upstream="http://127.0.0.1:9001", canary_upstream="http://127.0.0.1:9002",
+            steps=(StepSpec(1000, 86_400),), sticky_header="x-user-id", sticky_cookie=None,
+            rule=None,
+        )  # fmt: skip
+        record = await create_experiment(store=backends.store, clock=backends.clock, spec=spec,
+                                         actor="bench")  # fmt: skip
+        await apply_action(store=backends.store, changes=backends.route_changes,
+                           clock=backends.clock, experiment_id=record.id,
+                           action=LifecycleAction.START, actor="bench")  # fmt: skip
+        ids.append(record.id)
+    by_shard: dict[int, list[int]] = {}
+    for experiment in ids:
+        by_shard.setdefault(shard_of(experiment, shards), []).append(experiment)
+
+    env = dict(os.environ, CANARY_DATABASE_URL=database_url, CANARY_ETCD=etcd,
+               CANARY_ETCD_PREFIX=prefix, CANARY_REDIS_URL="memory://",
+               CANARY_CONTROLLER_SHARDS=str(shards),
+               CANARY_CONTROLLER_LEASE_TTL=str(lease_ttl), CANARY_LOG_LEVEL="warning")  # fmt: skip
+    fleet = Fleet(env)
+    names = [f"bench-replica-{i}" for i in range(replicas)]
+    shards_prefix = backends.keys.controller_shards_prefix
+
+    async def holders() -> dict[int, str]:
+        items, _ = await backends.kv.get_prefix(shards_prefix)
+        return {int(kv.key.rsplit("/", 1)[1]): kv.value.decode() for kv in items}
+
+    async def settled() -> dict[int, str] | None:
+        held = await holders()
+        live = {fleet.identity(n) for n in names}
+        return held if len(held) == shards and set(held.values()) == live else None
+
+    async def sql_fences() -> dict[int, tuple[int, str]]:
+        async with backends.database.transaction() as tx:
+            return await tx.run(shard_fences)
+
+    async def latest_point(experiment_ids: list[int]) -> int:
+        def read(*, session: Any) -> int:
+            found = session.execute(select(func.max(HistoryPoint.at)).where(
+                HistoryPoint.experiment_id.in_(experiment_ids))).scalar()
+            return int(found or 0)
+        async with backends.database.transaction() as tx:
+            return await tx.run(read)
+
+    runs: list[dict[str, float]] = []
+    load_before = os.getloadavg()
+    try:
+        for name in names:
+            fleet.start(name)
+        for k in range(kills):
+            before = await _until(settled, 60, f"{replicas} replicas hold every shard")
+            name = names[k % replicas]
+            victim = fleet.identity(name)
+            lost = sorted(s for s, owner in before.items() if owner == victim)
+            judged_ids = [e for s in lost for e in by_shard.get(s, [])]
+            if not judged_ids:
+                raise RuntimeError(f"{victim} holds no shard with an experiment")
+            killed_wall = time.time()
+            fleet.kill(name)
+            killed = time.monotonic()
+            times: dict[str, float] = {}
+
+            async def step(
+                times: dict[str, float] = times, lost: list[int] = lost,
+                victim: str = victim, judged_ids: list[int] = judged_ids,
+                killed_wall: float = killed_wall, killed: float = killed,
+            ) -> bool:
+                now = time.monotonic() - killed
+                if "claimed" not in times:
+                    held = await holders()
+                    if all(held.get(s) not in (None, victim) for s in lost):
+                        times["claimed"] = now
+                if "fenced" not in times:
+                    fences = await sql_fences()
+                    if all(fences.get(s, (0, victim))[1] != victim for s in lost):
+                        times["fenced"] = now
+                if "judged" not in times and await latest_point(judged_ids) > int(killed_wall):
+                    times["judged"] = now
+                return len(times) == 3
+
+            await _until(step, lease_ttl + 30, f"{victim}'s shards taken over")
+            runs.append(times)
+            if progress:
+                print(f"  kill {k + 1}/{kills}: {victim} ({len(lost)} shards): "
+                      + ", ".join(f"{key} {value:.2f} s" for key, value in times.items()),
+                      file=sys.stderr)  # fmt: skip
+            fleet.start(name)
+    finally:
+        fleet.close()
+        await backends.close()
+    load_after = os.getloadavg()
+    judged = summary([r["judged"] for r in runs])
+    return {
+        "benchmark": "shard-takeover",
+        "replicas": replicas,
+        "shards": shards,
+        "experiments": experiments,
+        "lease_ttl_s": lease_ttl,
+        "kills": len(runs),
+        "claimed": summary([r["claimed"] for r in runs]),
+        "fenced": summary([r["fenced"] for r in runs]),
+        "judged": judged,
+        "target_s": lease_ttl + 1.0,
+        "meets_target": judged["max_s"] <= lease_ttl + 1.0,
+        "runs": [{key: round(value, 3) for key, value in r.items()} for r in runs],
+        "machine": {"cpus": os.cpu_count(), "loadavg_1m_before": round(load_before[0], 2),
+                    "loadavg_1m_after": round(load_after[0], 2)},
+        "backends": {"database": "postgresql", "etcd": etcd},
+    }
+
+
+def run(*, quick: bool = False, progress: bool = True) -> dict[str, Any]:
+    server = os.environ.get("CANARY_BENCH_DATABASE_URL", DEFAULT_DATABASE)
+    etcd = os.environ.get("CANARY_BENCH_ETCD", DEFAULT_ETCD)
+    from controlplane.db import migrate
+    from controlplane.db.scratch import scratch_database
+
+    with scratch_database(server, tag="canary_bench") as url:
+        migrate.upgrade(url)
+        return asyncio.run(measure_takeover(
+            database_url=url, etcd=etcd, kills=3 if quick else 12, progress=progress,
+        ))  # fmt: skip
+
+
+async def _replica(name: str) -> None:
+    """One controller replica on the settings of the environment, until SIGTERM."""
+    from controlplane.controller.runner import Controller
+    from controlplane.kernel.settings import Settings
+    from controlplane.runtime import open_backends
+
+    settings = Settings()
+    backends = await open_backends(settings, streams=False)
+    controller = Controller(identity=f"{name}-{os.getpid()}", shards=settings.controller_shards,
+                            lease_ttl=settings.controller_lease_ttl)  # fmt: skip
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await controller.start(backends)
+    try:
+        await stop.wait()
+    finally:
+        await controller.stop()
+        await backends.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(_replica(sys.argv[1]))
