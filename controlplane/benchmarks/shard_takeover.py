@@ -1,8 +1,8 @@
 """`canary bench shard-takeover`: a controller replica SIGKILLed, its shards judged again.
 
 Sharded controllers (decision 0057) on real PostgreSQL and etcd: R replica processes
-(`python -m controlplane.benchmarks.shard_takeover`, each a `Controller` with
-`shards` set, as `canary serve` runs it) share S shards of N running experiments.
+(`controlplane/benchmarks/replicas.py`, each a `Controller` with `shards` set, as
+`canary serve` runs it) share S shards of N running experiments.
 Again and again, one replica holding shards is SIGKILLed; from the kill, the bench
 times (polling every 20 ms):
 
@@ -26,13 +26,12 @@ import asyncio
 import json
 import os
 import secrets
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
+
+from controlplane.benchmarks.replicas import ReplicaFleet, replica_env
 
 DEFAULT_DATABASE = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_ETCD = "http://127.0.0.1:2379"
@@ -51,39 +50,6 @@ def quantile(values: list[float], q: float) -> float:
 def summary(values: list[float]) -> dict[str, float]:
     return {"p50_s": round(quantile(values, 0.5), 3), "p95_s": round(quantile(values, 0.95), 3),
             "max_s": round(max(values), 3), "min_s": round(min(values), 3)}
-
-
-@dataclass
-class Fleet:
-    """The replica processes, started and killed by their own pids only."""
-
-    env: dict[str, str]
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-
-    def start(self, name: str) -> None:
-        self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "controlplane.benchmarks.shard_takeover", name],
-            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-
-    def identity(self, name: str) -> str:
-        return f"{name}-{self.procs[name].pid}"
-
-    def kill(self, name: str) -> None:
-        proc = self.procs[name]
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-
-    def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs.values():
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 async def _until(check: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:
@@ -147,11 +113,8 @@ async def measure_takeover(
     for experiment in ids:
         by_shard.setdefault(shard_of(experiment, shards), []).append(experiment)
 
-    env = dict(os.environ, CANARY_DATABASE_URL=database_url, CANARY_ETCD=etcd,
-               CANARY_ETCD_PREFIX=prefix, CANARY_REDIS_URL="memory://",
-               CANARY_CONTROLLER_SHARDS=str(shards),
-               CANARY_CONTROLLER_LEASE_TTL=str(lease_ttl), CANARY_LOG_LEVEL="warning")  # fmt: skip
-    fleet = Fleet(env)
+    fleet = ReplicaFleet(replica_env(database_url=database_url, etcd=etcd, prefix=prefix,
+                                     shards=shards, lease_ttl=lease_ttl))  # fmt: skip
     names = [f"bench-replica-{i}" for i in range(replicas)]
     shards_prefix = backends.keys.controller_shards_prefix
 
@@ -183,12 +146,16 @@ async def measure_takeover(
             fleet.start(name)
         for k in range(kills):
             before = await _until(settled, 60, f"{replicas} replicas hold every shard")
-            name = names[k % replicas]
+            # each replica in turn, passing over one whose shards hold no experiment
+            turn = [names[(k + i) % replicas] for i in range(replicas)]
+            name = next((n for n in turn if any(
+                by_shard.get(s) for s, owner in before.items() if owner == fleet.identity(n)
+            )), turn[0])  # fmt: skip
             victim = fleet.identity(name)
             lost = sorted(s for s, owner in before.items() if owner == victim)
             judged_ids = [e for s in lost for e in by_shard.get(s, [])]
             if not judged_ids:
-                raise RuntimeError(f"{victim} holds no shard with an experiment")
+                raise RuntimeError("no replica holds a shard with an experiment")
             killed_wall = time.time()
             fleet.kill(name)
             killed = time.monotonic()
@@ -254,27 +221,3 @@ def run(*, quick: bool = False, progress: bool = True) -> dict[str, Any]:
         return asyncio.run(measure_takeover(
             database_url=url, etcd=etcd, kills=3 if quick else 12, progress=progress,
         ))  # fmt: skip
-
-
-async def _replica(name: str) -> None:
-    """One controller replica on the settings of the environment, until SIGTERM."""
-    from controlplane.controller.runner import Controller
-    from controlplane.kernel.settings import Settings
-    from controlplane.runtime import open_backends
-
-    settings = Settings()
-    backends = await open_backends(settings, streams=False)
-    controller = Controller(identity=f"{name}-{os.getpid()}", shards=settings.controller_shards,
-                            lease_ttl=settings.controller_lease_ttl)  # fmt: skip
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    await controller.start(backends)
-    try:
-        await stop.wait()
-    finally:
-        await controller.stop()
-        await backends.close()
-
-
-if __name__ == "__main__":
-    asyncio.run(_replica(sys.argv[1]))
