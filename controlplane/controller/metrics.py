@@ -43,11 +43,13 @@ class ControllerMetricsCollector(Collector):
         prefix: str = "canary_controller",
         history: HistoryStats | None = None,
         ownership: OwnershipStats | None = None,
+        shards: int = 0,
     ) -> None:
         self._stats = stats
         self._prefix = prefix
         self._history = history or HistoryStats()
         self._ownership = ownership
+        self._shards = shards
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         s = self._stats
@@ -103,6 +105,8 @@ class ControllerMetricsCollector(Collector):
         )  # fmt: skip
         o = self._ownership
         if o is not None:
+            yield GaugeMetricFamily(f"{p}_shards", "Shards the experiments fall into (0: one "
+                                    "elected controller judges them all)", value=self._shards)
             yield GaugeMetricFamily(f"{p}_shards_held", "Shards this replica holds and judges",
                                     value=o.held)
             yield GaugeMetricFamily(f"{p}_members", "Live controller replicas that agree on "

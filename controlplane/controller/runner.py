@@ -189,8 +189,8 @@ class Controller:
     def metrics_collector(self) -> Collector:
         """Its counters for the API's /metrics (the app registers it)."""
         return ControllerMetricsCollector(
-            self.stats, history=self.history.stats, ownership=self.ownership if self.shards
-            else None,
+            self.stats, history=self.history.stats, ownership=self.ownership,
+            shards=self.shards,
         )
 
     async def start(self, backends: Backends) -> None:
