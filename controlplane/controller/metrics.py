@@ -122,6 +122,8 @@ class ControllerMetricsCollector(Collector):
                  "nothing valid (ignored)", o.malformed_keys),
                 ("shard_count_disagreements", "Passes that found replicas announcing another "
                  "shard count (every shard let go)", o.disagreements),
+                ("shard_outages_ridden", "Passes that could not reach etcd or SQL; the "
+                 "shards held were kept on the lease", o.outages_ridden),
             )  # fmt: skip
         for name, help_text, value in counters:
             yield CounterMetricFamily(f"{p}_{name}", help_text, value=value)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from controlplane.controller.shards import assign, moves, shard_of
 from controlplane.experiments.store import ExperimentStore
 from controlplane.kernel.clock import Clock, utc_now
-from controlplane.kernel.errors import BackendError, NotLeader
+from controlplane.kernel.errors import BackendError, BackendUnavailable, NotLeader
 from controlplane.kernel.informer import PrefixInformer
 from controlplane.kernel.keys import CONTROLLER_IDENTITY, EtcdKeys
 from controlplane.kernel.kv import Fence, KeyValueStore, LeaseSession
@@ -87,6 +87,7 @@ class OwnershipStats:
     refused_claims: int = 0  # claims whose SQL fence a newer owner held (a bug, or a restore)
     malformed_keys: int = 0  # keys under the controllers' prefix that said nothing valid
     disagreements: int = 0  # passes that found replicas announcing another shard count
+    outages_ridden: int = 0  # passes that could not reach etcd or SQL, shards kept
 
 
 @dataclass
@@ -176,7 +177,7 @@ class ShardOwnership:
         return ShardFence(shard, fence)
 
     def drop(self, shard: int) -> None:
-        """Forget a shard found fenced by a newer owner: the next pass settles it."""
+        """Forget a shard whose owner key is gone: nothing of it is judged here now."""
         if self._held.pop(shard, None) is not None:
             self._set_held()
         self._view.changed.set()
@@ -194,7 +195,14 @@ class ShardOwnership:
             await self._join(session, lost)
             while True:
                 self._view.changed.clear()
-                await self._follow(session)
+                try:
+                    await self._follow(session)
+                except BackendUnavailable as exc:
+                    # ridden out on the lease, as the elected leader does: the shards
+                    # held stay held (and fenced) until the lease itself runs out
+                    self.stats.outages_ridden += 1
+                    log.warning("controller %s keeps its shards through: %s",
+                                self.identity, exc)
                 changed = asyncio.ensure_future(self._view.changed.wait())
                 try:
                     await asyncio.wait({changed, lost}, timeout=self._resync,
@@ -238,6 +246,7 @@ class ShardOwnership:
                       sorted(set(view.members.values())), self.shards)
             agreeing = []
         self._forget_vanished()
+        await self._clear_orphans()
         plan = moves(me=self.identity, assignment=assign(self.shards, agreeing),
                      held=self._held, taken=view.holders)
         for shard in sorted(plan.release):
@@ -253,6 +262,22 @@ class ShardOwnership:
             if seen >= fence.create_revision and self._view.holders.get(shard) != self.identity:
                 log.warning("controller %s: the key of shard %d is gone", self.identity, shard)
                 self.drop(shard)
+
+    async def _clear_orphans(self) -> None:
+        """Delete owner keys of this replica's name that it does not hold: a release
+        that did not reach etcd, or a claim let go, would otherwise keep their shards
+        from anyone until this lease ends. An owner key is created once and never
+        rewritten, so its mod revision is its create revision: the delete is fenced."""
+        known = self._informer.known if self._informer is not None else {}
+        for shard, holder in sorted(self._view.holders.items()):
+            if holder != self.identity or shard in self._held:
+                continue
+            key = self._keys.controller_shard(shard)
+            stored = known.get(key)
+            if stored is None:
+                continue
+            with contextlib.suppress(NotLeader):  # gone, or someone else's by now
+                await self._kv.delete(key, fence=Fence(key, stored.mod_revision))
 
     async def _release(self, shard: int) -> None:
         fence = self._held.pop(shard)

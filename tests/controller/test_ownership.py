@@ -214,3 +214,20 @@ async def test_a_shard_fenced_by_a_newer_owner_in_sql_is_let_go_and_the_rest_are
                 "every shard but 3 held")
     assert 3 not in a.held
     assert (await sql_fences(fleet.backends))[3] == (10**15, "ghost")
+
+
+async def test_an_owner_key_of_its_name_it_does_not_hold_is_cleared_then_claimed(
+    fleet: Fleet,
+) -> None:
+    # a release that never reached etcd leaves such a key; so does a former process
+    leftover = fleet.backends.kv.lease_session(ttl=TTL)
+    await leftover.open()
+    stale = await leftover.create(fleet.backends.keys.controller_shard(5), b"ctl-a")
+    assert stale is not None
+    try:
+        a = fleet.start("ctl-a")
+        await fleet.settled("ctl-a holds every shard")
+        assert a.held[5].create_revision > stale.create_revision
+        assert (await sql_fences(fleet.backends))[5] == (a.held[5].create_revision, "ctl-a")
+    finally:
+        await leftover.close()
