@@ -2,19 +2,32 @@
 
 `python -m controlplane.benchmarks.replicas NAME` runs one `Controller` as `canary
 serve` runs it (sharded when CANARY_CONTROLLER_SHARDS is set), on the settings of its
-environment, until SIGTERM; its identity is `NAME-<pid>`. `ReplicaFleet` starts,
-kills and measures such processes by their own pids: the takeover benchmark kills
-them, and a benchmark that spreads experiments over replicas reads each one's CPU.
+environment, until SIGTERM; its identity is `NAME-<pid>`; with
+CANARY_BENCH_REPLICA_STATS set it then writes its evaluations and CPU there.
+`ReplicaFleet` starts, kills and measures such processes by their own pids: the
+takeover benchmark kills them, and a benchmark that spreads experiments over replicas
+reads each one's CPU per evaluation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import resource
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from controlplane.controller.runner import Controller
+
+# a directory: each replica writes what it did there when it stops (write_stats)
+STATS_DIR_VARIABLE = "CANARY_BENCH_REPLICA_STATS"
 
 
 def replica_env(
@@ -55,6 +68,19 @@ class ReplicaFleet:
     def cpu_seconds(self, name: str) -> float:
         return cpu_seconds(self.procs[name].pid)
 
+    def stats(self, name: str, directory: Path, timeout: float = 10.0) -> dict[str, float]:
+        """Ask a replica what it did so far (SIGUSR1) and read its answer."""
+        path = directory / f"{self.identity(name)}.json"
+        before = path.stat().st_mtime_ns if path.exists() else -1
+        self.procs[name].send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        while not (path.exists() and path.stat().st_mtime_ns != before):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.identity(name)} did not report its stats")
+            time.sleep(0.02)
+        loaded: dict[str, float] = json.loads(path.read_text())
+        return loaded
+
     def kill(self, name: str) -> None:
         proc = self.procs[name]
         proc.send_signal(signal.SIGKILL)
@@ -82,13 +108,36 @@ async def _replica(name: str) -> None:
     controller = Controller(identity=f"{name}-{os.getpid()}", shards=settings.controller_shards,
                             lease_ttl=settings.controller_lease_ttl)  # fmt: skip
     stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    report = os.environ.get(STATS_DIR_VARIABLE)
+    stats_path = Path(report) / f"{name}-{os.getpid()}.json" if report else None
+    if stats_path is not None:
+        # SIGUSR1: what it did so far, so a bench can take the difference of two reads
+        loop.add_signal_handler(signal.SIGUSR1, write_stats, stats_path, controller)
     await controller.start(backends)
     try:
         await stop.wait()
     finally:
         await controller.stop()
         await backends.close()
+        if stats_path is not None:
+            write_stats(stats_path, controller)
+
+
+def write_stats(path: Path, controller: Controller) -> None:
+    """What a replica did, for the bench that ran it: its evaluations (one per judged
+    experiment and round) and the CPU it spent."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    staging = path.with_suffix(".new")
+    staging.write_text(json.dumps({
+        "evaluations": controller.stats.evaluations,
+        "decisions_applied": controller.stats.decisions_applied,
+        "shards_held": controller.ownership.held,
+        "shard_claims": controller.ownership.claims,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+    }))
+    os.replace(staging, path)
 
 
 if __name__ == "__main__":

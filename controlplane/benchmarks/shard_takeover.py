@@ -29,9 +29,13 @@ import secrets
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from controlplane.benchmarks.replicas import ReplicaFleet, replica_env
+from controlplane.benchmarks.replicas import STATS_DIR_VARIABLE, ReplicaFleet, replica_env
+
+if TYPE_CHECKING:
+    from controlplane.runtime import Backends
 
 DEFAULT_DATABASE = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_ETCD = "http://127.0.0.1:2379"
@@ -63,6 +67,90 @@ async def _until(check: Callable[[], Awaitable[Any]], timeout: float, what: str)
         await asyncio.sleep(POLL_SEC)
 
 
+async def _running(backends: Backends, count: int) -> list[int]:
+    """`count` running experiments, each on a service with its rule in etcd."""
+    from controlplane.experiments.actions import apply_action, create_experiment
+    from controlplane.experiments.lifecycle import LifecycleAction
+    from controlplane.experiments.store import ExperimentSpec, StepSpec
+
+    ids: list[int] = []
+    for i in range(count):
+        service = f"takeover-{i}"
+        rule = {"service": service, "threshold_ms": 300, "window_sec": 10, "min_samples": 50}
+        await backends.kv.put(backends.keys.rule(service), json.dumps(rule).encode())
+        spec = ExperimentSpec(
+            name=f"takeover {i}", service=service,
+            baseline_upstream="http://127.0.0.1:9001", canary_upstream="http://127.0.0.1:9002",
+            steps=(StepSpec(1000, 86_400),), sticky_header="x-user-id", sticky_cookie=None,
+            rule=None,
+        )  # fmt: skip
+        record = await create_experiment(store=backends.store, clock=backends.clock, spec=spec,
+                                         actor="bench")  # fmt: skip
+        await apply_action(store=backends.store, changes=backends.route_changes,
+                           clock=backends.clock, experiment_id=record.id,
+                           action=LifecycleAction.START, actor="bench")  # fmt: skip
+        ids.append(record.id)
+    return ids
+
+
+async def measure_spread(
+    *,
+    database_url: str,
+    etcd: str,
+    experiments: int,
+    replicas: int,
+    shards: int = 256,
+    seconds: float = 20.0,
+    stats_dir: Path,
+) -> dict[str, Any]:
+    """`replicas` sharded replicas judging `experiments` running experiments (no
+    samples: each judged as no data) for `seconds`: per replica, its share and its
+    CPU per evaluation (one experiment judged in one round), from two reads of its
+    own counters. The fixed costs of sharding (lease, watch, fences) are in it."""
+    from controlplane.kernel.settings import Settings
+    from controlplane.runtime import open_backends
+
+    prefix = f"/canary-bench-{secrets.token_hex(4)}"
+    settings = Settings(database_url=database_url, etcd=etcd, etcd_prefix=prefix)
+    backends = await open_backends(settings, streams=False)
+    await _running(backends, experiments)
+    env = replica_env(database_url=database_url, etcd=etcd, prefix=prefix, shards=shards,
+                      lease_ttl=5, **{STATS_DIR_VARIABLE: str(stats_dir)})  # fmt: skip
+    fleet = ReplicaFleet(env)
+    names = [f"spread-{replicas}-{i}" for i in range(replicas)]
+
+    async def settled() -> bool:
+        items, _ = await backends.kv.get_prefix(backends.keys.controller_shards_prefix)
+        live = {fleet.identity(n) for n in names}
+        return len(items) == shards and {kv.value.decode() for kv in items} == live
+
+    per_replica: list[dict[str, float]] = []
+    try:
+        for name in names:
+            fleet.start(name)
+        await _until(settled, 120, f"{replicas} replicas hold every shard")
+        await asyncio.sleep(2.0)  # the first rounds of a new share: caches, history
+        first = {n: await asyncio.to_thread(fleet.stats, n, stats_dir) for n in names}
+        await asyncio.sleep(seconds)
+        last = {n: await asyncio.to_thread(fleet.stats, n, stats_dir) for n in names}
+        for name in names:
+            evaluations = last[name]["evaluations"] - first[name]["evaluations"]
+            cpu = last[name]["cpu_s"] - first[name]["cpu_s"]
+            per_replica.append({
+                "shards_held": last[name]["shards_held"],
+                "evaluations": evaluations,
+                "rounds_per_s": round(evaluations / max(1.0, experiments / replicas) / seconds, 2),
+                "cpu_ms_per_evaluation": round(1000 * cpu / max(evaluations, 1), 3),
+            })  # fmt: skip
+    finally:
+        fleet.close()
+        await backends.close()
+    costs = [r["cpu_ms_per_evaluation"] for r in per_replica]
+    return {"experiments": experiments, "replicas": replicas, "shards": shards,
+            "seconds": seconds, "per_replica": per_replica,
+            "cpu_ms_per_evaluation_mean": round(sum(costs) / len(costs), 3)}  # fmt: skip
+
+
 async def measure_takeover(
     *,
     database_url: str,
@@ -81,34 +169,13 @@ async def measure_takeover(
     from controlplane.controller.shards import shard_of
     from controlplane.db.models import HistoryPoint
     from controlplane.db.shards import shard_fences
-    from controlplane.experiments.actions import apply_action, create_experiment
-    from controlplane.experiments.lifecycle import LifecycleAction
-    from controlplane.experiments.store import ExperimentSpec, StepSpec
     from controlplane.kernel.settings import Settings
     from controlplane.runtime import open_backends
 
     prefix = f"/canary-bench-{secrets.token_hex(4)}"
     settings = Settings(database_url=database_url, etcd=etcd, etcd_prefix=prefix)
     backends = await open_backends(settings, streams=False)
-    rule = json.dumps({"service": "takeover", "threshold_ms": 300, "window_sec": 10,
-                       "min_samples": 50}).encode()  # fmt: skip
-    ids: list[int] = []
-    for i in range(experiments):
-        service = f"takeover-{i}"
-        named = rule.replace(b"takeover", service.encode())
-        await backends.kv.put(backends.keys.rule(service), named)
-        spec = ExperimentSpec(
-            name=f"takeover {i}", service=service,
-            baseline_upstream="http://127.0.0.1:9001", canary_upstream="http://127.0.0.1:9002",
-            steps=(StepSpec(1000, 86_400),), sticky_header="x-user-id", sticky_cookie=None,
-            rule=None,
-        )  # fmt: skip
-        record = await create_experiment(store=backends.store, clock=backends.clock, spec=spec,
-                                         actor="bench")  # fmt: skip
-        await apply_action(store=backends.store, changes=backends.route_changes,
-                           clock=backends.clock, experiment_id=record.id,
-                           action=LifecycleAction.START, actor="bench")  # fmt: skip
-        ids.append(record.id)
+    ids = await _running(backends, experiments)
     by_shard: dict[int, list[int]] = {}
     for experiment in ids:
         by_shard.setdefault(shard_of(experiment, shards), []).append(experiment)
@@ -210,14 +277,50 @@ async def measure_takeover(
     }
 
 
-def run(*, quick: bool = False, progress: bool = True) -> dict[str, Any]:
+SECTIONS = ("takeover", "spread")
+
+
+def run(
+    *, quick: bool = False, progress: bool = True, only: str | None = None
+) -> dict[str, Any]:
     server = os.environ.get("CANARY_BENCH_DATABASE_URL", DEFAULT_DATABASE)
     etcd = os.environ.get("CANARY_BENCH_ETCD", DEFAULT_ETCD)
+    sections = SECTIONS if only is None else tuple(p.strip() for p in only.split(","))
+    unknown = [p for p in sections if p not in SECTIONS]
+    if unknown:
+        raise ValueError(f"unknown sections {unknown} (known: {', '.join(SECTIONS)})")
     from controlplane.db import migrate
     from controlplane.db.scratch import scratch_database
 
-    with scratch_database(server, tag="canary_bench") as url:
-        migrate.upgrade(url)
-        return asyncio.run(measure_takeover(
-            database_url=url, etcd=etcd, kills=3 if quick else 12, progress=progress,
-        ))  # fmt: skip
+    result: dict[str, Any] = {"benchmark": "shard-takeover"}
+    load_before = os.getloadavg()
+    if "takeover" in sections:
+        with scratch_database(server, tag="canary_bench") as url:
+            migrate.upgrade(url)
+            result.update(asyncio.run(measure_takeover(
+                database_url=url, etcd=etcd, kills=3 if quick else 12, progress=progress,
+            )))  # fmt: skip
+    if "spread" in sections:
+        import tempfile
+
+        spread: dict[str, Any] = {}
+        experiments = 40 if quick else 400
+        for replicas in (1, 4):
+            with scratch_database(server, tag="canary_bench") as url, \
+                    tempfile.TemporaryDirectory() as stats:
+                migrate.upgrade(url)
+                spread[f"replicas_{replicas}"] = asyncio.run(measure_spread(
+                    database_url=url, etcd=etcd, experiments=experiments, replicas=replicas,
+                    seconds=5.0 if quick else 20.0, stats_dir=Path(stats),
+                ))  # fmt: skip
+            if progress:
+                print(f"  spread over {replicas}: {spread[f'replicas_{replicas}']}",
+                      file=sys.stderr)
+        one = spread["replicas_1"]["cpu_ms_per_evaluation_mean"]
+        spread["ratio_4_to_1"] = round(spread["replicas_4"]["cpu_ms_per_evaluation_mean"] / one, 3)
+        load_after = os.getloadavg()
+        spread["machine"] = {"cpus": os.cpu_count(),
+                             "loadavg_1m_before": round(load_before[0], 2),
+                             "loadavg_1m_after": round(load_after[0], 2)}  # fmt: skip
+        result["spread"] = spread
+    return result

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from controlplane.controller.shards import assign, moves, shard_of
-from controlplane.experiments.store import ExperimentStore
+from controlplane.experiments.store import ExperimentStore, ShardSelection
 from controlplane.kernel.clock import Clock, utc_now
 from controlplane.kernel.errors import BackendError, BackendUnavailable, NotLeader
 from controlplane.kernel.informer import PrefixInformer
@@ -175,6 +175,11 @@ class ShardOwnership:
         if fence is None or self._session is None or not self._session.alive:
             return None
         return ShardFence(shard, fence)
+
+    def selection(self) -> ShardSelection:
+        """The shards held, for the database to list their experiments only."""
+        alive = self._session is not None and self._session.alive
+        return ShardSelection(self.shards, frozenset(self._held) if alive else frozenset())
 
     def drop(self, shard: int) -> None:
         """Forget a shard whose owner key is gone: nothing of it is judged here now."""

@@ -34,6 +34,7 @@ from controlplane.controller.metrics import ControllerMetricsCollector, Controll
 from controlplane.controller.ownership import OwnershipStats, ShardFence, ShardOwnership
 from controlplane.controller.reconciler import RouteReconciler
 from controlplane.controller.rulebook import RuleBook, RuleRejection
+from controlplane.controller.shards import shard_of
 from controlplane.decision.model import Decision, RolloutState
 from controlplane.decision.rollout import decide, fast_window_sec
 from controlplane.experiments.events import EventKind
@@ -385,8 +386,10 @@ class Controller:
         """One round over the active experiments; the earliest time to look again."""
         if not self.shards:
             await self._record_rejections(backends)
+        # sharded, only the experiments of the shards held are read, not all of them
+        selection = self._owner.selection() if self._owner is not None else None
         async with backends.store.transaction() as tx:
-            listed, _ = await tx.list_experiments(states=ACTIVE)
+            listed, _ = await tx.list_experiments(states=ACTIVE, shards=selection)
         experiments = [e for e in listed if self._judged_here(e)]
         memory: list[tuple[ExperimentRecord, Decision]] = []
         reads = Round(memory=memory)
@@ -419,9 +422,12 @@ class Controller:
         running = {str(e.id) for e in experiments if e.state is ExperimentState.RUNNING}
         self._forget_untracked(running)
         await self.history.flush(backends.history)
+        if selection is not None:
+            # experiments of shards let go run on under another replica: not ended
+            self.history.hand_over([i for i in self.history.seen
+                                    if shard_of(i, selection.count) not in selection.shards])
         await self.history.keep(
-            backends.history, [e.id for e in listed], backends.clock.now(),
-            own=[e.id for e in experiments],
+            backends.history, [e.id for e in experiments], backends.clock.now()
         )
         return earliest
 

@@ -1,7 +1,9 @@
 """Which controller replica judges which experiment (pure; decision 0057).
 
-Experiments fall into a fixed number of virtual shards by a stable hash of their id;
-each shard goes to the live replica that scores highest for it (rendezvous, or
+Experiments fall into a fixed number of virtual shards by their id modulo the count:
+ids are assigned one after another, so the shards fill evenly, and the database can
+select a shard's experiments itself. Each shard goes to the live replica that scores
+highest for it (rendezvous, or
 highest-random-weight, hashing). So every replica computes the same owner from the
 same member list with no coordination, a replica that joins takes only the shards it
 now wins, and one that leaves hands over only its own: every other shard stays put.
@@ -30,9 +32,10 @@ def check_shard_count(shards: int) -> int:
     return shards
 
 
-def shard_of(experiment_id: int | str, shards: int) -> int:
-    """The shard an experiment belongs to, for ever (its id never changes)."""
-    return _hash64(f"experiment:{experiment_id}") % check_shard_count(shards)
+def shard_of(experiment_id: int, shards: int) -> int:
+    """The shard an experiment belongs to, for ever (its id never changes); the same
+    as the database's `id % shards` (ids are positive)."""
+    return experiment_id % check_shard_count(shards)
 
 
 def score(member: str, shard: int) -> int:

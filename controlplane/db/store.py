@@ -29,6 +29,7 @@ from controlplane.experiments.store import (
     EventRecord,
     ExperimentRecord,
     ExperimentSpec,
+    ShardSelection,
     StepRecord,
 )
 from controlplane.kernel.errors import RevisionConflict
@@ -88,12 +89,13 @@ def _load(*, session: Session, experiment_id: int) -> ExperimentRecord:
 
 def _list(
     *, session: Session, service: str | None, states: Collection[ExperimentState] | None,
-    excluding: int | None, limit: int | None, offset: int,
+    excluding: int | None, limit: int | None, offset: int, shards: ShardSelection | None,
 ) -> tuple[list[ExperimentRecord], int]:
     found, total = rows.list_experiments(
         session=session, service=service,
         states=None if states is None else [s.value for s in states],
         excluding=excluding, limit=limit, offset=offset,
+        shards=None if shards is None else (shards.count, shards.shards),
     )
     return [experiment_record(row) for row in found], total
 
@@ -180,9 +182,10 @@ class SqlStoreTransaction:
         excluding: int | None = None,
         limit: int | None = None,
         offset: int = 0,
+        shards: ShardSelection | None = None,
     ) -> tuple[list[ExperimentRecord], int]:
         return await self._tx.run(_list, service=service, states=states, excluding=excluding,
-                                  limit=limit, offset=offset)
+                                  limit=limit, offset=offset, shards=shards)
 
     async def create_experiment(
         self, *, spec: ExperimentSpec, salt: str, now: datetime

@@ -119,6 +119,15 @@ class EventRecord:
     payload: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class ShardSelection:
+    """The experiments of some shards among `count` (decision 0057): those whose id
+    modulo `count` is one of `shards`."""
+
+    count: int
+    shards: frozenset[int]
+
+
 class StoreTransaction(Protocol):
     """The operations of one unit of work; nothing is visible to others before commit."""
 
@@ -134,8 +143,10 @@ class StoreTransaction(Protocol):
         excluding: int | None = None,
         limit: int | None = None,
         offset: int = 0,
+        shards: ShardSelection | None = None,
     ) -> tuple[list[ExperimentRecord], int]:
-        """Experiments newest first (a page of them with `limit`), and the total."""
+        """Experiments newest first (a page of them with `limit`), and the total;
+        with `shards`, only the experiments of those shards."""
         ...
 
     async def create_experiment(

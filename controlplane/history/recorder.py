@@ -152,17 +152,12 @@ class HistoryRecorder:
             self._pending_metrics.popleft()
         self.stats.written += len(batch) + len(metrics)
 
-    async def keep(
-        self, store: HistoryStore, active: Collection[int], now: float,
-        *, own: Collection[int] | None = None,
-    ) -> None:
+    async def keep(self, store: HistoryStore, active: Collection[int], now: float) -> None:
         """Bound what is stored: per-second points older than a day merge by minute;
-        an ended experiment merges into at most `ended_points` points. `own`: the
-        active experiments this replica judges, when it judges a shard of them only
-        (decision 0057); their old points are its to merge, and the others' are not."""
+        an ended experiment merges into at most `ended_points` points."""
         try:
             await self._merge_ended(store, active)
-            await self._merge_old(store, active if own is None else own, now)
+            await self._merge_old(store, active, now)
         except CanaryError as exc:
             log.warning("history: merging old points failed (tried again later): %s", exc)
 
@@ -191,7 +186,17 @@ class HistoryRecorder:
                     experiment_id=experiment_id, before=None, origin=first, width=width
                 )
                 self.stats.compactions += 1
-        for experiment_id in left:
+        self.hand_over(left)
+
+    @property
+    def seen(self) -> frozenset[int]:
+        """The experiments observed since they were last handed over or merged."""
+        return frozenset(self._seen)
+
+    def hand_over(self, experiment_ids: Collection[int]) -> None:
+        """Forget experiments another replica judges now (decision 0057), or ended ones
+        just merged: still running elsewhere, they are not this recorder's to merge."""
+        for experiment_id in experiment_ids:
             self._seen.discard(experiment_id)
             self._last.pop(experiment_id, None)
             self._last_read.pop(experiment_id, None)

@@ -26,17 +26,14 @@ shard_counts = st.integers(min_value=1, max_value=300)
 
 @pytest.mark.parametrize(
     ("experiment", "shards", "expected"),
-    # pinned: a change of the hash would move every experiment of a running fleet
-    [(1, 256, 146), (2, 256, 58), (1000, 256, 243), ("42", 64, 25), (7, 1, 0)],
+    # the database selects a shard's experiments by `id % shards`: pinned, since a
+    # change would move every experiment of a running fleet
+    [(1, 256, 1), (2, 256, 2), (1000, 256, 232), (42, 64, 42), (7, 1, 0)],
 )
 def test_an_experiment_always_falls_into_the_same_shard(
-    experiment: int | str, shards: int, expected: int
+    experiment: int, shards: int, expected: int
 ) -> None:
     assert shard_of(experiment, shards) == expected
-
-
-def test_an_integer_id_and_its_text_share_a_shard() -> None:
-    assert all(shard_of(n, 256) == shard_of(str(n), 256) for n in range(200))
 
 
 @pytest.mark.parametrize("shards", [0, -1, SHARDS_MAX + 1])
@@ -47,10 +44,9 @@ def test_a_shard_count_out_of_bounds_is_refused(shards: int) -> None:
         assign(shards, ["a"])
 
 
-def test_experiments_spread_evenly_over_the_shards() -> None:
+def test_experiments_numbered_in_turn_fill_the_shards_evenly() -> None:
     counts = Counter(shard_of(n, 16) for n in range(1, 16_001))
-    assert set(counts) == set(range(16))
-    assert max(counts.values()) < 1.1 * 1000 and min(counts.values()) > 0.9 * 1000
+    assert set(counts.values()) == {1000}
 
 
 # -- shards to members ----------------------------------------------------------------

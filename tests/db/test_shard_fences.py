@@ -10,11 +10,13 @@ from datetime import UTC, datetime
 
 import pytest
 
+from controlplane.controller.shards import shard_of
 from controlplane.db.migrate import upgrade
 from controlplane.db.session import Database, make_engine
 from controlplane.db.shards import shard_fences
 from controlplane.db.store import SqlExperimentStore
 from controlplane.experiments.events import EventKind
+from controlplane.experiments.store import ExperimentSpec, ShardSelection, StepSpec
 from controlplane.kernel.errors import NotLeader
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
@@ -112,3 +114,26 @@ async def test_a_claim_waits_for_a_decision_in_flight_and_then_fences_it_out(
         assert await reasons(store) == ["fenced by 100", "late decision of a", "fenced by 300"]
     finally:
         database.dispose()
+
+
+async def test_the_database_selects_the_experiments_of_some_shards_as_shard_of_does(
+    database: Database,
+) -> None:
+    store = SqlExperimentStore(database)
+    ids = []
+    async with store.transaction() as tx:
+        for i in range(20):
+            created = await tx.create_experiment(spec=spec(f"svc-{i}"), salt="s", now=NOW)
+            ids.append(created.id)
+        chosen, _ = await tx.list_experiments(shards=ShardSelection(8, frozenset({1, 6})))
+        none, _ = await tx.list_experiments(shards=ShardSelection(8, frozenset()))
+    assert sorted(e.id for e in chosen) == [i for i in ids if shard_of(i, 8) in {1, 6}]
+    assert chosen and none == []
+
+
+def spec(service: str) -> ExperimentSpec:
+    return ExperimentSpec(
+        name="v2", service=service, baseline_upstream="http://127.0.0.1:9001",
+        canary_upstream="http://127.0.0.1:9002", steps=(StepSpec(500, 30),),
+        sticky_header="x-user-id", sticky_cookie=None, rule=None,
+    )
