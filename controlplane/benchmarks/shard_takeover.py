@@ -164,10 +164,7 @@ async def measure_takeover(
 ) -> dict[str, Any]:
     """Kill a replica `kills` times; how long until its shards are claimed, fenced in
     SQL and judged again (P50/P95 over the kills). `database_url` must be migrated."""
-    from sqlalchemy import func, select
-
     from controlplane.controller.shards import shard_of
-    from controlplane.db.models import HistoryPoint
     from controlplane.db.shards import shard_fences
     from controlplane.kernel.settings import Settings
     from controlplane.runtime import open_backends
@@ -199,12 +196,8 @@ async def measure_takeover(
             return await tx.run(shard_fences)
 
     async def latest_point(experiment_ids: list[int]) -> int:
-        def read(*, session: Any) -> int:
-            found = session.execute(select(func.max(HistoryPoint.at)).where(
-                HistoryPoint.experiment_id.in_(experiment_ids))).scalar()
-            return int(found or 0)
-        async with backends.database.transaction() as tx:
-            return await tx.run(read)
+        spans = await backends.history.spans(experiment_ids=experiment_ids)
+        return max((last for _, _, last in spans.values()), default=0)
 
     runs: list[dict[str, float]] = []
     load_before = os.getloadavg()
