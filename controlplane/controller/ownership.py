@@ -160,6 +160,7 @@ class ShardOwnership:
         self._held: dict[int, Fence] = {}
         self._session: LeaseSession | None = None
         self._informer: PrefixInformer | None = None
+        self._disagreement: frozenset[int] = frozenset()
         # set on every change of what this replica holds
         self.moved = asyncio.Event()
 
@@ -246,10 +247,15 @@ class ShardOwnership:
             # two numberings of the shards would fence nothing against each other:
             # judge nothing until every replica says the same count
             self.stats.disagreements += 1
-            log.error("controllers disagree on the shard count (%s); this replica "
-                      "(%d shards) releases every shard until they agree",
-                      sorted(set(view.members.values())), self.shards)
+            counts = frozenset(view.members.values())
+            if counts != self._disagreement:  # logged once, not every pass
+                log.error("controllers disagree on the shard count (%s); this replica "
+                          "(%d shards) releases every shard until they agree",
+                          sorted(counts), self.shards)
+            self._disagreement = counts
             agreeing = []
+        else:
+            self._disagreement = frozenset()
         self._forget_vanished()
         await self._clear_orphans()
         plan = moves(me=self.identity, assignment=assign(self.shards, agreeing),
