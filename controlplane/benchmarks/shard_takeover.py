@@ -216,9 +216,9 @@ async def measure_takeover(
             judged_ids = [e for s in lost for e in by_shard.get(s, [])]
             if not judged_ids:
                 raise RuntimeError("no replica holds a shard with an experiment")
-            killed_wall = time.time()
-            fleet.kill(name)
+            fleet.kill(name)  # returns once it is dead: it writes nothing after this
             killed = time.monotonic()
+            killed_wall = time.time()
             times: dict[str, float] = {}
 
             async def step(
