@@ -28,6 +28,7 @@ BENCHMARKS: dict[str, str] = {
     "overload-tuning": "controlplane.benchmarks.overload_tuning:run",
     "redis-cluster": "controlplane.benchmarks.redis_cluster:run",
     "scale": "controlplane.benchmarks.scale:run",
+    "shard-takeover": "controlplane.benchmarks.shard_takeover:run",
     "router": "controlplane.benchmarks.router:run",
 }
 

@@ -91,7 +91,9 @@ def background_services(
     # provider metrics (CANARY_PROMETHEUS_URL); without one a rule's metrics read as no data
     board = MetricBoard.from_settings(settings)
     services.append(MetricBoardService(board))
-    services.append(Controller(tracer=tracer, metric_board=board))
+    services.append(Controller(tracer=tracer, metric_board=board,
+                               shards=settings.controller_shards,
+                               lease_ttl=settings.controller_lease_ttl))
     services.append(dispatcher_for(settings))
     return services
 

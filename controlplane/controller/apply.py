@@ -16,6 +16,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from controlplane.controller.ownership import ShardFence
 from controlplane.controller.reconciler import fence_entry
 from controlplane.decision.model import Decision, Promote, Rollback
 from controlplane.experiments.decision_log import log_event
@@ -83,14 +84,19 @@ async def apply_decision(
     decision: Decision,
     rule: BreakerRule,
     fence: Fence | None,
+    shard: ShardFence | None = None,
+    owner: str = "",
 ) -> Route | None:
     """Commit the decision; return the desired route it committed, if any.
 
     RevisionConflict when the experiment moved on since `version` (the decision was
-    taken on a stale read; the next round decides again).
+    taken on a stale read; the next round decides again). With a shard (sharded
+    controllers, decision 0057): NotLeader when a newer owner fenced the shard.
     """
     at = utc_now(backends.clock)
     async with backends.store.transaction() as tx:
+        if shard is not None:
+            await tx.hold_shard(shard=shard.shard, fence=shard.token, owner=owner, now=at)
         loaded = await tx.load_experiment(experiment_id=experiment_id)
         # the version decided on, not the one just loaded: save_state checks it
         experiment = await tx.save_state(

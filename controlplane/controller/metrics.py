@@ -10,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from controlplane.controller.experiment_metrics import ExperimentBoard, board_families
+from controlplane.controller.ownership import OwnershipStats
 from controlplane.history.recorder import HistoryStats
 
 
@@ -43,11 +44,15 @@ class ControllerMetricsCollector(Collector):
         prefix: str = "canary_controller",
         history: HistoryStats | None = None,
         board: ExperimentBoard | None = None,
+        ownership: OwnershipStats | None = None,
+        shards: int = 0,
     ) -> None:
         self._stats = stats
         self._prefix = prefix
         self._history = history or HistoryStats()
         self._board = board
+        self._ownership = ownership
+        self._shards = shards
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         s = self._stats
@@ -101,6 +106,28 @@ class ControllerMetricsCollector(Collector):
             ("history_compactions", "Experiments' history points merged into coarser ones",
              h.compactions),
         )  # fmt: skip
+        o = self._ownership
+        if o is not None:
+            yield GaugeMetricFamily(f"{p}_shards", "Shards the experiments fall into (0: one "
+                                    "elected controller judges them all)", value=self._shards)
+            yield GaugeMetricFamily(f"{p}_shards_held", "Shards this replica holds and judges",
+                                    value=o.held)
+            yield GaugeMetricFamily(f"{p}_members", "Live controller replicas that agree on "
+                                    "the shard count", value=o.members)
+            counters += (
+                ("shard_claims", "Shards this replica claimed", o.claims),
+                ("shard_releases", "Shards this replica let go to another", o.releases),
+                ("shard_leases_lost", "Times this replica's lease ran out, with its shards",
+                 o.lost_leases),
+                ("shard_claims_refused", "Claims whose SQL fence a newer owner held",
+                 o.refused_claims),
+                ("shard_keys_malformed", "Keys under the controllers' prefix that named "
+                 "nothing valid (ignored)", o.malformed_keys),
+                ("shard_count_disagreements", "Passes that found replicas announcing another "
+                 "shard count (every shard let go)", o.disagreements),
+                ("shard_outages_ridden", "Passes that could not reach etcd or SQL; the "
+                 "shards held were kept on the lease", o.outages_ridden),
+            )  # fmt: skip
         for name, help_text, value in counters:
             yield CounterMetricFamily(f"{p}_{name}", help_text, value=value)
         if self._board is not None:

@@ -10,6 +10,10 @@ by its leadership, so a deposed leader can never write. A decision commits to SQ
 only; the reconciler, woken by the commit, publishes its route at once. Losing etcd
 means stepping down. The wait between rounds ends at the earliest `next_check_at`
 any decision asked for, and at the latest after one tick.
+
+Sharded (`shards` > 0, decision 0057), every replica judges the experiments of the
+shards it holds (controller.ownership), each decision fenced by its shard in etcd and
+in SQL, while the elected leader only reconciles and records rejected rules.
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ from prometheus_client.registry import Collector
 from controlplane.controller.apply import apply_decision, decided_state
 from controlplane.controller.experiment_metrics import ExperimentBoard
 from controlplane.controller.metrics import ControllerMetricsCollector, ControllerStats
+from controlplane.controller.ownership import OwnershipStats, ShardFence, ShardOwnership
 from controlplane.controller.reconciler import RouteReconciler
 from controlplane.controller.rulebook import RuleBook, RuleRejection
+from controlplane.controller.shards import shard_of
 from controlplane.decision.model import Decision, RolloutState
 from controlplane.decision.rollout import decide, fast_window_sec
 from controlplane.experiments.events import EventKind
-from controlplane.experiments.lifecycle import ACTIVE, ExperimentState
+from controlplane.experiments.lifecycle import ACTIVE, TERMINAL, ExperimentState
 from controlplane.experiments.rollout_state import inline_rule, rollout_state_of, steps_of
 from controlplane.experiments.store import ExperimentRecord
 from controlplane.history.recorder import HistoryRecorder
@@ -169,10 +175,15 @@ class Controller:
     # provider metrics read in the background (providers/board.py); None: no provider
     # is configured, and a rule's metrics are judged under their no-data policy
     metric_board: MetricBoardLike | None = None
+    # 0: judge every experiment while elected; N: judge the experiments of the shards
+    # this replica holds among N (decision 0057)
+    shards: int = 0
+    ownership: OwnershipStats = field(default_factory=OwnershipStats)
     # per experiment the board reads for: what it was told to read
     _tracked: dict[str, tuple[tuple[MetricSpec, ...], int]] = field(default_factory=dict)
     _task: asyncio.Task[None] | None = None
     _rulebook: RuleBook | None = None
+    _owner: ShardOwnership | None = None
     _no_rule_reported: set[int] = field(default_factory=set)
     # per service, the rejected rule value known to be in the events table
     _rejections_recorded: dict[str, RuleRejection] = field(default_factory=dict)
@@ -183,12 +194,14 @@ class Controller:
     def metrics_collector(self) -> Collector:
         """Its counters for the API's /metrics (the app registers it)."""
         return ControllerMetricsCollector(
-            self.stats, history=self.history.stats, board=self.experiment_board
+            self.stats, history=self.history.stats, board=self.experiment_board,
+            ownership=self.ownership, shards=self.shards,
         )
 
     async def start(self, backends: Backends) -> None:
         await self.open(backends)
-        self._task = asyncio.create_task(self._run(backends), name="controller")
+        run = self._run_sharded(backends) if self.shards else self._run(backends)
+        self._task = asyncio.create_task(run, name="controller")
 
     async def open(self, backends: Backends) -> None:
         """Follow the rules in etcd; `start` also campaigns and runs the loop."""
@@ -228,10 +241,11 @@ class Controller:
                 await asyncio.sleep(backoff.next_delay())
             finally:
                 self.stats.leader = False
-                self._forget_untracked(set())  # only the leader reads provider metrics
-                # a replica that does not lead exports no experiment series: its last
-                # look would go stale while another leads
-                self.experiment_board.experiments.clear()
+                if not self.shards:
+                    self._forget_untracked(set())  # only the leader reads provider metrics
+                    # a replica that does not lead exports no experiment series: its
+                    # last look would go stale while another leads
+                    self.experiment_board.experiments.clear()
                 with contextlib.suppress(Exception):
                     await asyncio.shield(leadership.resign())
 
@@ -278,7 +292,10 @@ class Controller:
 
     async def _lead(self, backends: Backends, fence: Fence) -> None:
         reconcile = asyncio.create_task(self.reconciler.run(backends, fence), name="reconciler")
-        evaluate = asyncio.create_task(self._evaluate_forever(backends, fence))
+        evaluate = asyncio.create_task(
+            self._record_rejections_forever(backends) if self.shards
+            else self._evaluate_forever(backends, fence)
+        )
         try:
             done, _ = await asyncio.wait(
                 {reconcile, evaluate}, return_when=asyncio.FIRST_COMPLETED
@@ -298,13 +315,91 @@ class Controller:
             wait = self.tick if next_at is None else min(self.tick, max(next_at - now, 0.0))
             await asyncio.sleep(max(wait, 0.01))
 
+    async def _record_rejections_forever(self, backends: Backends) -> None:
+        """Sharded, the leader judges nothing: it records rejected rules, once a tick."""
+        while True:
+            await self._record_rejections(backends)
+            await asyncio.sleep(self.tick)
+
+    # ------------------------------------------------------------- shards
+
+    async def _run_sharded(self, backends: Backends) -> None:
+        """Lead the reconciler when elected and, all along, judge the shards held."""
+        await asyncio.gather(self._run(backends), self._judge_shards(backends))
+
+    async def _judge_shards(self, backends: Backends) -> None:
+        backoff = Backoff(STEP_DOWN_BACKOFF)
+        while True:
+            owner = ShardOwnership(
+                kv=backends.kv, keys=backends.keys, store=backends.store,
+                clock=backends.clock, identity=self.identity, shards=self.shards,
+                ttl=self.lease_ttl, stats=self.ownership,
+            )
+            self._owner = owner
+            self.history.new_term()
+            holding = asyncio.create_task(owner.run(), name="controller-shards")
+            judging = asyncio.create_task(self._judge_forever(backends, owner))
+            try:
+                done, _ = await asyncio.wait(
+                    {holding, judging}, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in done:
+                    task.result()
+            except BackendError as exc:
+                log.warning("controller %s gives up its shards: %s", self.identity, exc)
+                await asyncio.sleep(backoff.next_delay())
+            except Exception:
+                log.exception("controller %s gives up its shards after an unexpected error",
+                              self.identity)
+                await asyncio.sleep(backoff.next_delay())
+            else:
+                backoff.reset()
+            finally:
+                self._owner = None
+                with contextlib.suppress(Exception):
+                    await cancel_and_wait(judging, holding)
+                self._forget_untracked(set())
+                # shards given up: their experiments' series are another replica's now
+                self.experiment_board.experiments.clear()
+
+    async def _judge_forever(self, backends: Backends, owner: ShardOwnership) -> None:
+        while True:
+            try:
+                next_at = await self.evaluate_all(backends, None)
+            except NotLeader as exc:
+                # a shard taken over mid-round: its decision did not commit
+                log.info("controller %s: %s", self.identity, exc)
+                next_at = None
+            except BackendUnavailable as exc:
+                self.stats.outages_ridden += 1
+                log.warning("controller %s: round failed: %s; again in %.1f s",
+                            self.identity, exc, self.outage_pause)
+                await asyncio.sleep(self.outage_pause)
+                continue
+            now = backends.clock.now()
+            wait = self.tick if next_at is None else min(self.tick, max(next_at - now, 0.0))
+            owner.moved.clear()
+            # a shard just claimed is judged at once, not after the tick
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(owner.moved.wait(), max(wait, 0.01))
+
+    def _shard_fence(self, experiment: ExperimentRecord) -> ShardFence | None:
+        return None if self._owner is None else self._owner.fence_of(experiment.id)
+
+    def _judged_here(self, experiment: ExperimentRecord) -> bool:
+        return not self.shards or self._shard_fence(experiment) is not None
+
     # ------------------------------------------------------------- evaluation
 
     async def evaluate_all(self, backends: Backends, fence: Fence | None) -> float | None:
         """One round over the active experiments; the earliest time to look again."""
-        await self._record_rejections(backends)
+        if not self.shards:
+            await self._record_rejections(backends)
+        # sharded, only the experiments of the shards held are read, not all of them
+        selection = self._owner.selection() if self._owner is not None else None
         async with backends.store.transaction() as tx:
-            experiments, _ = await tx.list_experiments(states=ACTIVE)
+            listed, _ = await tx.list_experiments(states=ACTIVE, shards=selection)
+        experiments = [e for e in listed if self._judged_here(e)]
         memory: list[tuple[ExperimentRecord, Decision]] = []
         reads = Round(memory=memory)
         earliest: float | None = None
@@ -337,6 +432,10 @@ class Controller:
         running = {str(e.id) for e in experiments if e.state is ExperimentState.RUNNING}
         self._forget_untracked(running)
         await self.history.flush(backends.history)
+        if selection is not None:
+            # experiments of shards let go run on under another replica: not ended
+            self.history.hand_over([i for i in self.history.seen
+                                    if shard_of(i, selection.count) not in selection.shards])
         await self.history.keep(
             backends.history, [e.id for e in experiments], backends.clock.now()
         )
@@ -356,6 +455,11 @@ class Controller:
                         record = await tx.load_experiment(experiment_id=int(key))
                     except NotFound:
                         board.experiments.pop(key, None)  # deleted: nothing to show
+                        continue
+                    if record.state not in TERMINAL:
+                        # still running: its shard moved to another replica, which
+                        # exports it from now on
+                        board.experiments.pop(key, None)
                         continue
                     board.finish(record, now)
         board.expire(now)
@@ -409,6 +513,9 @@ class Controller:
         span: Span | None,
         reads: Round,
     ) -> float | None:
+        shard = self._shard_fence(experiment)
+        if self.shards and shard is None:
+            return None  # the shard moved on since the round began
         rule = inline_rule(experiment)
         if rule is None and self._rulebook is not None:
             in_force = self._rulebook.get(experiment.service)
@@ -446,7 +553,9 @@ class Controller:
             version=experiment.version,
             decision=decision,
             rule=rule,
-            fence=fence,
+            fence=shard.fence if shard is not None else fence,
+            shard=shard,
+            owner=self.identity,
         )
         self.stats.decisions_applied += 1
         self.experiment_board.observe(
@@ -525,8 +634,18 @@ class Controller:
             return
         at = utc_now(backends.clock)
         saved = 0
+        shards: dict[int, ShardFence] = {}
+        if self.shards:
+            fenced = [(e, d, self._shard_fence(e)) for e, d in memory]
+            # a shard let go since: its new owner decides again
+            memory = [(e, d) for e, d, f in fenced if f is not None]
+            shards = {f.shard: f for _, _, f in fenced if f is not None}
         try:
             async with backends.store.transaction() as tx:
+                if self.shards:
+                    for held in shards.values():
+                        await tx.hold_shard(shard=held.shard, fence=held.token,
+                                            owner=self.identity, now=at)
                 for experiment, decision in memory:
                     try:
                         await tx.save_state(experiment=decided_state(experiment, decision, at))

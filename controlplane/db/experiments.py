@@ -11,7 +11,7 @@ from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import false, func, select
 from sqlalchemy.orm import Session
 
 from controlplane.db.models import Event, Experiment, StepRow, Variant
@@ -102,10 +102,17 @@ def list_experiments(
     excluding: int | None = None,
     limit: int | None = 50,
     offset: int = 0,
+    shards: tuple[int, Collection[int]] | None = None,
 ) -> tuple[list[Experiment], int]:
     """Experiments newest first, and the total matching the filters; every one when
-    `limit` is None (then the total is simply their number)."""
+    `limit` is None (then the total is simply their number). `shards` (count, shards):
+    only those whose id modulo count is one of the shards (decision 0057)."""
     query = select(Experiment)
+    if shards is not None:
+        count, chosen = shards
+        query = query.where(
+            (Experiment.id % count).in_(sorted(chosen)) if chosen else false()
+        )
     if service is not None:
         query = query.where(Experiment.service == service)
     if states is not None:

@@ -246,6 +246,20 @@ class EtcdImport(Base):
     skipped: Mapped[int] = mapped_column(Integer)
 
 
+class ControllerShard(Base):
+    """Who judges a shard of the experiments (decision 0057): the fence of its owner,
+    the create revision of the owner's key in etcd. A replica that claims a shard
+    raises `fence`; a decision commits only with the shard's row at the decider's own
+    fence, so a replica that lost the shard can no longer commit for it."""
+
+    __tablename__ = "controller_shards"
+
+    shard: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    fence: Mapped[int] = mapped_column(BigInteger)
+    owner: Mapped[str] = mapped_column(String(253))
+    held_since: Mapped[datetime]
+
+
 class HistoryPoint(Base):
     """One second (or, merged, `span_sec` seconds) of an experiment's windows as the
     controller judged them, for the dashboard's plots (controlplane.history).

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from controlplane.db import experiments as rows
 from controlplane.db import routes as desired_routes
 from controlplane.db import service_configs as desired_configs
+from controlplane.db import shards as controller_shards
 from controlplane.db.models import Event, Experiment
 from controlplane.db.session import Database, Transaction
 from controlplane.experiments.events import EventKind
@@ -28,6 +29,7 @@ from controlplane.experiments.store import (
     EventRecord,
     ExperimentRecord,
     ExperimentSpec,
+    ShardSelection,
     StepRecord,
 )
 from controlplane.kernel.errors import RevisionConflict
@@ -87,12 +89,13 @@ def _load(*, session: Session, experiment_id: int) -> ExperimentRecord:
 
 def _list(
     *, session: Session, service: str | None, states: Collection[ExperimentState] | None,
-    excluding: int | None, limit: int | None, offset: int,
+    excluding: int | None, limit: int | None, offset: int, shards: ShardSelection | None,
 ) -> tuple[list[ExperimentRecord], int]:
     found, total = rows.list_experiments(
         session=session, service=service,
         states=None if states is None else [s.value for s in states],
         excluding=excluding, limit=limit, offset=offset,
+        shards=None if shards is None else (shards.count, shards.shards),
     )
     return [experiment_record(row) for row in found], total
 
@@ -179,9 +182,10 @@ class SqlStoreTransaction:
         excluding: int | None = None,
         limit: int | None = None,
         offset: int = 0,
+        shards: ShardSelection | None = None,
     ) -> tuple[list[ExperimentRecord], int]:
         return await self._tx.run(_list, service=service, states=states, excluding=excluding,
-                                  limit=limit, offset=offset)
+                                  limit=limit, offset=offset, shards=shards)
 
     async def create_experiment(
         self, *, spec: ExperimentSpec, salt: str, now: datetime
@@ -223,6 +227,10 @@ class SqlStoreTransaction:
     ) -> None:
         await self._tx.run(desired_configs.remove_config, kind=kind, service=service,
                            expected=expected)
+
+    async def hold_shard(self, *, shard: int, fence: int, owner: str, now: datetime) -> None:
+        await self._tx.run(controller_shards.hold_shard, shard=shard, fence=fence,
+                           owner=owner, now=now)
 
     async def append_event(
         self,

@@ -119,6 +119,15 @@ class EventRecord:
     payload: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class ShardSelection:
+    """The experiments of some shards among `count` (decision 0057): those whose id
+    modulo `count` is one of `shards`."""
+
+    count: int
+    shards: frozenset[int]
+
+
 class StoreTransaction(Protocol):
     """The operations of one unit of work; nothing is visible to others before commit."""
 
@@ -134,8 +143,10 @@ class StoreTransaction(Protocol):
         excluding: int | None = None,
         limit: int | None = None,
         offset: int = 0,
+        shards: ShardSelection | None = None,
     ) -> tuple[list[ExperimentRecord], int]:
-        """Experiments newest first (a page of them with `limit`), and the total."""
+        """Experiments newest first (a page of them with `limit`), and the total;
+        with `shards`, only the experiments of those shards."""
         ...
 
     async def create_experiment(
@@ -185,6 +196,11 @@ class StoreTransaction(Protocol):
     ) -> None:
         """Remove the service's desired config, `expected`; Conflict when it changed or
         is gone meanwhile."""
+        ...
+
+    async def hold_shard(self, *, shard: int, fence: int, owner: str, now: datetime) -> None:
+        """Fence this unit of work by the shard's owner fence (decision 0057): NotLeader
+        when a greater fence holds the shard, so nothing of it commits."""
         ...
 
     async def append_event(

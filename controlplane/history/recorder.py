@@ -186,7 +186,17 @@ class HistoryRecorder:
                     experiment_id=experiment_id, before=None, origin=first, width=width
                 )
                 self.stats.compactions += 1
-        for experiment_id in left:
+        self.hand_over(left)
+
+    @property
+    def seen(self) -> frozenset[int]:
+        """The experiments observed since they were last handed over or merged."""
+        return frozenset(self._seen)
+
+    def hand_over(self, experiment_ids: Collection[int]) -> None:
+        """Forget experiments another replica judges now (decision 0057), or ended ones
+        just merged: still running elsewhere, they are not this recorder's to merge."""
+        for experiment_id in experiment_ids:
             self._seen.discard(experiment_id)
             self._last.pop(experiment_id, None)
             self._last_read.pop(experiment_id, None)

@@ -218,8 +218,10 @@ class PrefixInformer:
         self.synced.set()
         # the store's start_revision is exclusive: this resumes right after the read
         async for event in self._kv.watch_prefix(self.prefix, start_revision=revision):
-            if event.mod_revision <= self.revision:
-                continue  # already covered by the read
+            if event.mod_revision <= revision:
+                # already covered by the read; not `<= self.revision`: the keys of one
+                # transaction or one lease revoked share a revision, and all are news
+                continue
             self.revision = event.mod_revision
             if not self._accept(event.key):
                 continue

@@ -19,6 +19,8 @@ EXPERIMENT_ID_MAX = 64
 EXPERIMENT_ID = re.compile(EXPERIMENT_ID_PATTERN)
 SERVICE_NAME_MAX = 63
 SERVICE_NAME = re.compile(SERVICE_PATTERN)
+# a controller's identity (host-pid by default) names its member key
+CONTROLLER_IDENTITY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 
 def is_experiment_id(value: str) -> bool:
@@ -75,6 +77,30 @@ class EtcdKeys:
     @property
     def election(self) -> str:
         return f"{self.prefix}/election/controller"
+
+    @property
+    def controllers_prefix(self) -> str:
+        """Sharded controllers (decision 0057): members and shard owners below."""
+        return f"{self.prefix}/controllers/"
+
+    @property
+    def controller_members_prefix(self) -> str:
+        return f"{self.controllers_prefix}members/"
+
+    @property
+    def controller_shards_prefix(self) -> str:
+        return f"{self.controllers_prefix}shards/"
+
+    def controller_member(self, identity: str) -> str:
+        """A replica's member key, under its lease."""
+        valid = CONTROLLER_IDENTITY.fullmatch(identity) is not None
+        return f"{self.controller_members_prefix}{_checked('controller identity', identity, valid)}"
+
+    def controller_shard(self, shard: int) -> str:
+        """The owner key of a shard, under its owner's lease."""
+        if not 0 <= shard < 10_000:
+            raise ValidationFailed(f"shard {shard} out of range")
+        return f"{self.controller_shards_prefix}{shard:04d}"
 
     def service_of(self, key: str, prefix: str) -> str:
         return key[len(prefix):]

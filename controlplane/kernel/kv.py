@@ -80,6 +80,38 @@ class Leadership(Protocol):
         ...
 
 
+class LeaseSession(Protocol):
+    """A lease this process keeps alive, and the keys it creates under it.
+
+    The keys live exactly as long as the lease: when it is revoked, or runs out
+    because this process stopped renewing it, etcd deletes them all at once. Each
+    key's create revision is the fence of the writes it guards.
+    """
+
+    async def open(self) -> None:
+        """Grant the lease and keep it alive; BackendUnavailable if the store is away."""
+        ...
+
+    @property
+    def alive(self) -> bool:
+        """Opened, and neither revoked nor run out (judged on this side, never later
+        than the store judges it)."""
+        ...
+
+    async def lost(self) -> None:
+        """Return when the lease is gone (revoked, expired or the store unreachable)."""
+        ...
+
+    async def create(self, key: str, value: bytes) -> Fence | None:
+        """Create `key` under the lease if no key of that name exists: its fence, or
+        None when it exists. NotLeader once the lease is gone."""
+        ...
+
+    async def close(self) -> None:
+        """Revoke the lease (its keys go with it) and stop renewing it."""
+        ...
+
+
 class KeyValueStore(Protocol):
     async def get(self, key: str) -> KeyValue | None: ...
 
@@ -113,6 +145,10 @@ class KeyValueStore(Protocol):
         ...
 
     def leadership(self, name: str, *, identity: str, ttl: int) -> Leadership: ...
+
+    def lease_session(self, *, ttl: int) -> LeaseSession:
+        """A lease of `ttl` seconds for keys that live as long as this process does."""
+        ...
 
     async def ping(self) -> None:
         """Raise BackendUnavailable if the store does not answer."""

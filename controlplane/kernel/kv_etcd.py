@@ -74,6 +74,7 @@ from controlplane.kernel.kv import (
     Fence,
     KeyValue,
     Leadership,
+    LeaseSession,
     RevisionCompacted,
     WatchEvent,
 )
@@ -302,6 +303,7 @@ class EtcdKV:
         self._auth_lock: asyncio.Lock | None = None
         self._closed = False
         self._leaderships: set[EtcdLeadership] = set()
+        self._sessions: set[EtcdLeaseSession] = set()
 
     # The channels are opened at first use, inside the event loop that will drive them.
     def _connect(self) -> list[_Member]:
@@ -566,6 +568,13 @@ class EtcdKV:
         self._leaderships.add(leadership)
         return leadership
 
+    def lease_session(self, *, ttl: int) -> LeaseSession:
+        if ttl <= 0:
+            raise ValueError("a lease TTL must be positive")
+        session = EtcdLeaseSession(self, ttl=ttl)
+        self._sessions.add(session)
+        return session
+
     async def ping(self) -> None:
         try:
             await self._call("ping", lambda m, t: m.kv.get(
@@ -581,6 +590,10 @@ class EtcdKV:
             with contextlib.suppress(BackendError):
                 await leadership._release(timeout=PING_TIMEOUT, attempts=1)
         self._leaderships.clear()
+        for session in list(self._sessions):
+            with contextlib.suppress(BackendError):
+                await session._release(timeout=PING_TIMEOUT, attempts=1)
+        self._sessions.clear()
         self._closed = True
         members, self._members = self._members, []
         self._token = None
@@ -652,7 +665,7 @@ class EtcdLeadership:
         self._ttl = ttl
         self._lease_id = 0
         self._fence: Fence | None = None
-        self._expires_at = 0.0
+        self._expiry = _Expiry()
         self._lost = asyncio.Event()
         self._keepalive: asyncio.Task[None] | None = None
 
@@ -660,7 +673,7 @@ class EtcdLeadership:
     def is_leader(self) -> bool:
         if self._fence is None or self._lost.is_set():
             return False
-        return time.monotonic() < self._expires_at
+        return time.monotonic() < self._expiry.at
 
     async def campaign(self) -> Fence:
         if self._fence is not None and self.is_leader:
@@ -672,7 +685,7 @@ class EtcdLeadership:
             lease_id, ttl, txn = await self._claim()
             if txn.succeeded:
                 self._lease_id = lease_id
-                self._expires_at = asked_at + ttl
+                self._expiry.at = asked_at + ttl
                 self._fence = Fence(key=self._name, create_revision=int(txn.header.revision))
                 self._lost = asyncio.Event()
                 self._keepalive = asyncio.create_task(
@@ -725,38 +738,8 @@ class EtcdLeadership:
         await self._lost.wait()
 
     async def _keep_alive(self, ttl: int) -> None:
-        interval = max(ttl / 3, 0.2)
         try:
-            while True:
-                await asyncio.sleep(interval)
-                while True:
-                    sent = time.monotonic()
-                    if sent >= self._expires_at:
-                        _log.warning("lease of %s ran out without a renewal", self._name)
-                        return
-                    # One attempt may take a third of the TTL, not all of it: a member
-                    # that does not answer (partitioned, or dead with no reset sent)
-                    # leaves time for the next attempt, which goes to the next member.
-                    try:
-                        async with asyncio.timeout(min(self._expires_at - sent, interval)):
-                            remaining = await self._store._keep_alive_once(self._lease_id)
-                    except TimeoutError:
-                        _log.warning("lease keepalive for %s got no answer in %.1f s; "
-                                     "trying again", self._name, interval)
-                        continue
-                    except BackendError as exc:
-                        _log.warning("lease keepalive for %s failed: %s", self._name, exc)
-                        # soon, and on the next member
-                        left = self._expires_at - time.monotonic()
-                        await asyncio.sleep(min(interval / 4, max(left, 0.0)))
-                        continue
-                    if remaining <= 0:
-                        _log.warning("lease of %s expired in etcd", self._name)
-                        return
-                    # Counted from when the renewal was sent, so this side always gives
-                    # up no later than etcd does.
-                    self._expires_at = sent + remaining
-                    break
+            await _renew(self._store, self._lease_id, ttl, self._expiry, self._name)
         finally:
             self._lost.set()
 
@@ -764,3 +747,123 @@ class EtcdLeadership:
         task, self._keepalive = self._keepalive, None
         if task is not None:
             await cancel_and_wait(task)
+
+
+@dataclass
+class _Expiry:
+    """When a lease runs out as far as this side knows: never later than etcd's."""
+
+    at: float = 0.0
+
+
+async def _renew(store: EtcdKV, lease_id: int, ttl: int, expiry: _Expiry, name: str) -> None:
+    """Renew the lease until it runs out without a confirmed renewal; then return.
+
+    One attempt may take a third of the TTL, not all of it: a member that does not
+    answer (partitioned, or dead with no reset sent) leaves time for the next attempt,
+    which goes to the next member.
+    """
+    interval = max(ttl / 3, 0.2)
+    while True:
+        await asyncio.sleep(interval)
+        while True:
+            sent = time.monotonic()
+            if sent >= expiry.at:
+                _log.warning("lease of %s ran out without a renewal", name)
+                return
+            try:
+                async with asyncio.timeout(min(expiry.at - sent, interval)):
+                    remaining = await store._keep_alive_once(lease_id)
+            except TimeoutError:
+                _log.warning("lease keepalive for %s got no answer in %.1f s; "
+                             "trying again", name, interval)
+                continue
+            except BackendError as exc:
+                _log.warning("lease keepalive for %s failed: %s", name, exc)
+                # soon, and on the next member
+                left = expiry.at - time.monotonic()
+                await asyncio.sleep(min(interval / 4, max(left, 0.0)))
+                continue
+            if remaining <= 0:
+                _log.warning("lease of %s expired in etcd", name)
+                return
+            # Counted from when the renewal was sent, so this side always gives up no
+            # later than etcd does.
+            expiry.at = sent + remaining
+            break
+
+
+class EtcdLeaseSession:
+    """One lease, renewed in the background, and keys created under it by a
+    transaction that succeeds only if the key does not exist."""
+
+    def __init__(self, store: EtcdKV, *, ttl: int) -> None:
+        self._store = store
+        self._ttl = ttl
+        self._lease_id = 0
+        self._expiry = _Expiry()
+        self._lost = asyncio.Event()
+        self._keepalive: asyncio.Task[None] | None = None
+
+    async def open(self) -> None:
+        asked_at = time.monotonic()
+        granted = await self._store._call(
+            "lease grant", lambda m, t: m.lease.grant(self._ttl, timeout=t))
+        self._lease_id = int(granted.ID)
+        self._expiry.at = asked_at + int(granted.TTL)
+        self._lost = asyncio.Event()
+        self._keepalive = asyncio.create_task(self._keep_alive(int(granted.TTL)),
+                                              name=f"lease-keepalive-{self._lease_id:x}")
+
+    @property
+    def alive(self) -> bool:
+        return (self._lease_id != 0 and not self._lost.is_set()
+                and time.monotonic() < self._expiry.at)
+
+    async def lost(self) -> None:
+        if self._lease_id == 0:
+            return
+        await self._lost.wait()
+
+    async def create(self, key: str, value: bytes) -> Fence | None:
+        if not self.alive:
+            raise NotLeader("the lease is gone: no key can be created under it")
+        lease_id = self._lease_id
+        txn = await self._store._call("create", lambda m, t: m.kv.txn(
+            [KVService.txn_compare_create_revision(key, 0)],
+            [KVService.txn_op_put(key, value, lease=lease_id)],
+            [],
+            timeout=t,
+        ))
+        if not txn.succeeded:
+            return None
+        return Fence(key=key, create_revision=int(txn.header.revision))
+
+    async def close(self) -> None:
+        await self._release(timeout=self._store._timeout, attempts=self._store._rpc_attempts)
+
+    async def _release(self, *, timeout: float, attempts: int) -> None:
+        ran_out = self._lost.is_set()  # before the renewals stop, which sets it
+        task, self._keepalive = self._keepalive, None
+        if task is not None:
+            await cancel_and_wait(task)
+        lease_id, self._lease_id = self._lease_id, 0
+        self._lost.set()
+        self._store._sessions.discard(self)
+        if not lease_id or ran_out:
+            return  # etcd has deleted its keys already
+        try:
+            await self._store._call("lease revoke", lambda m, t: m.lease.revoke(
+                lease_id, timeout=t, max_attempts=attempts), timeout=timeout)
+        except BackendError as exc:
+            if "lease not found" not in str(exc):
+                raise
+
+    async def _keep_alive(self, ttl: int) -> None:
+        try:
+            await _renew(self._store, self._lease_id, ttl, self._expiry,
+                         f"lease {self._lease_id:x}")
+        except BaseException:
+            self._lost.set()
+            raise
+        self._lost.set()

@@ -30,6 +30,7 @@ from controlplane.kernel.kv import (
     Fence,
     KeyValue,
     Leadership,
+    LeaseSession,
     RevisionCompacted,
     WatchEvent,
 )
@@ -124,6 +125,11 @@ class MemoryKV:
         if ttl <= 0:
             raise ValueError("a leadership TTL must be positive")
         return MemoryLeadership(self, name, identity=identity, ttl=ttl)
+
+    def lease_session(self, *, ttl: int) -> LeaseSession:
+        if ttl <= 0:
+            raise ValueError("a lease TTL must be positive")
+        return MemoryLeaseSession(self, ttl=ttl)
 
     async def ping(self) -> None:
         self._check_open()
@@ -311,3 +317,64 @@ class MemoryLeadership:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+class MemoryLeaseSession:
+    """A lease kept alive by a task, and the keys created under it."""
+
+    def __init__(self, kv: MemoryKV, *, ttl: int) -> None:
+        self._kv = kv
+        self._ttl = ttl
+        self._tick = min(ttl / 3, _MAX_TICK_SECONDS)
+        self._lease: _Lease | None = None
+        self._keepalive: asyncio.Task[None] | None = None
+
+    async def open(self) -> None:
+        self._kv._check_open()
+        self._kv._reap()
+        lease = self._kv._grant(self._ttl)
+        self._lease = lease
+        self._keepalive = asyncio.create_task(self._keep_alive(lease), name="lease-session")
+        self._kv._keepalives.add(self._keepalive)
+        self._keepalive.add_done_callback(self._kv._keepalives.discard)
+
+    @property
+    def alive(self) -> bool:
+        if self._lease is None:
+            return False
+        self._kv._reap()
+        return not self._lease.revoked.is_set()
+
+    async def lost(self) -> None:
+        lease = self._lease
+        if lease is None:
+            return
+        self._kv._reap()
+        await lease.revoked.wait()
+
+    async def create(self, key: str, value: bytes) -> Fence | None:
+        self._kv._check_open()
+        if not self.alive:
+            raise NotLeader("the lease is gone: no key can be created under it")
+        assert self._lease is not None
+        if key in self._kv._data:
+            return None
+        revision = self._kv._commit_put(key, value, lease_id=self._lease.id)
+        return Fence(key=key, create_revision=revision)
+
+    async def close(self) -> None:
+        task, self._keepalive = self._keepalive, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._lease is not None:
+            self._kv._revoke(self._lease)
+            self._lease.revoked.set()
+
+    async def _keep_alive(self, lease: _Lease) -> None:
+        try:
+            while self._kv._keep_alive(lease):
+                await asyncio.sleep(self._tick)
+        finally:
+            self._kv._reap()

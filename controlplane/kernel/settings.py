@@ -153,6 +153,17 @@ class Settings(BaseSettings):
         default=24 * 3600.0, ge=60, le=7 * 24 * 3600.0,
         description="a delivery not done this long after its event is given up",
     )
+    controller_shards: int = Field(
+        default=0, ge=0, le=4096,
+        description="0: one elected controller judges every experiment; N: the experiments "
+        "fall into N virtual shards shared among the running replicas (decision 0057; "
+        "every replica must say the same N)",
+    )
+    controller_lease_ttl: int = Field(
+        default=5, ge=1, le=60,
+        description="seconds a controller's lease outlives its last renewal: a dead "
+        "replica's lead and shards are taken over within this plus about a second",
+    )
 
     @field_validator("public_url")
     @classmethod

@@ -146,6 +146,24 @@ async def test_the_snapshot_then_every_put_and_delete_reach_the_consumer(
         await store.delete(key)
 
 
+async def test_every_key_of_a_lease_revoked_at_once_is_delivered_as_deleted(
+    store: KeyValueStore, etcd_prefix: str
+) -> None:
+    # the keys of one lease go in one revision: each of them is news to the consumer
+    prefix = etcd_prefix + "/leased/"
+    session = store.lease_session(ttl=30)
+    await session.open()
+    for name in ("a", "b", "c"):
+        assert await session.create(prefix + name, b"held") is not None
+    recorder = Recorder()
+    async with informing(store, prefix, recorder) as informer:
+        assert await informer.wait_synced(WAIT)
+        assert len(recorder.view) == 3
+        await session.close()
+        await recorder.until(lambda: not recorder.view)
+        assert sorted(recorder.calls[3:]) == [("delete", prefix + n, None) for n in "abc"]
+
+
 async def test_keys_the_consumer_does_not_accept_are_neither_kept_nor_delivered(
     store: KeyValueStore, etcd_prefix: str
 ) -> None:

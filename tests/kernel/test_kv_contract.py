@@ -399,6 +399,61 @@ async def test_a_deposed_leader_cannot_write_and_its_successor_can(backend: Back
     await b.resign()
 
 
+# -- lease sessions --
+
+
+async def test_keys_created_under_a_lease_exist_once_and_fence_their_writes(
+    backend: Backend,
+) -> None:
+    shard = backend.prefix + "controllers/shards/007"
+    target = backend.prefix + "routes/payment-api"
+    kv_a, kv_b = backend.open(), backend.open()
+    a, b = kv_a.lease_session(ttl=TTL), kv_b.lease_session(ttl=TTL)
+    await a.open()
+    await b.open()
+
+    fence = await a.create(shard, b"a")
+    assert fence is not None and a.alive
+    assert await a.create(shard, b"a again") is None
+    assert await b.create(shard, b"b") is None
+    held = await kv_b.get(shard)
+    assert held is not None and (held.value, held.create_revision) == (b"a", fence.create_revision)
+    assert await kv_a.put(target, b"from a", fence=fence) > fence.create_revision
+
+    await a.close()
+    assert not a.alive
+    assert await kv_b.get(shard) is None
+    with pytest.raises(NotLeader):
+        await kv_a.put(target, b"stale", fence=fence)
+    with pytest.raises(NotLeader):
+        await a.create(backend.prefix + "controllers/shards/008", b"a")
+    taken = await b.create(shard, b"b")
+    assert taken is not None and taken.create_revision > fence.create_revision
+    await b.close()
+
+
+async def test_every_key_of_an_expired_lease_goes_at_once_and_its_holder_knows(
+    backend: Backend,
+) -> None:
+    shards = [backend.prefix + f"controllers/shards/{n:03d}" for n in range(3)]
+    kv = backend.open()
+    session = kv.lease_session(ttl=TTL)
+    await session.open()
+    fences = [await session.create(key, b"a") for key in shards]
+    assert all(f is not None for f in fences)
+    _, start = await kv.get_prefix(backend.prefix + "controllers/")
+    async with watching(kv, backend.prefix + "controllers/", start_revision=start) as events:
+        await backend.expire_lease_of(kv, shards[0])
+        async with asyncio.timeout(WAIT):
+            await session.lost()
+        gone = await take(events, 3)
+    assert not session.alive
+    assert sorted((e.kind, e.key) for e in gone) == [(EventKind.DELETE, k) for k in shards]
+    # one revision for all: etcd deletes a lease's keys in one step
+    assert len({e.mod_revision for e in gone}) == 1
+    await session.close()
+
+
 async def test_etcd_leader_steps_down_when_etcd_is_gone(own_etcd: EtcdProcess) -> None:
     kv = EtcdKV(own_etcd.endpoint)
     try:
