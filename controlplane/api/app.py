@@ -28,6 +28,7 @@ from controlplane.api.routes import (
     judge,
     notifications,
     overload,
+    releases,
     rules,
     tokens,
 )
@@ -176,6 +177,7 @@ def create_app(
         experiments.router,
         history.router,
         rules.router,
+        releases.router,
         overload.router,
         judge.router,
         tokens.router,

@@ -24,6 +24,7 @@ from controlplane.cli import (
     router,
     rules,
     server,
+    services,
     sidecar,
     tokens,
 )
@@ -61,7 +62,7 @@ def root(
 
 
 for module in (bench, collector, demo, experiments, judge, notify, overload, router, rules,
-               server, sidecar, tokens):
+               server, services, sidecar, tokens):
     module.register(app)
 
 
