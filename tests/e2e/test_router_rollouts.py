@@ -56,6 +56,15 @@ async def variants_of(stack: Stack, users: list[str], **headers: str) -> dict[st
     return seen
 
 
+async def upstreams_of(stack: Stack, users: list[str]) -> set[str]:
+    """The upstreams (their X-Upstream names) that answered the users through the proxy."""
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{stack.sidecar_port}", timeout=10.0, trust_env=False
+    ) as client:
+        answers = [await client.get("/", headers={"x-user-id": user}) for user in users]
+    return {response.headers["x-upstream"] for response in answers}
+
+
 def canary_users(seen: dict[str, str]) -> set[str]:
     return {user for user, variant in seen.items() if variant == "canary"}
 
@@ -121,8 +130,11 @@ async def test_healthy_canary_through_the_proxy_is_promoted_and_users_stay_put(
     assert "tripped" not in kinds, kinds
     promoted = controller_events(events, "promoted")[0]
     assert canary_window(promoted)["count"] >= MIN_SAMPLES
-    await poll(lambda: _holds_weight(stack, 10_000), timeout=10, what="100 % in force")
-    assert set((await variants_of(stack, PROBE_USERS[:50])).values()) == {"canary"}
+    # promoted: the canary is the stable version, alone in the route the proxy holds
+    await poll(lambda: _holds_stable(stack), timeout=10, what="the stable version in force")
+    assert set((await variants_of(stack, PROBE_USERS[:50])).values()) == {"baseline"}
+    served = await upstreams_of(stack, PROBE_USERS[:50])
+    assert served == {"canary"}, served
     assert stack.load is not None and stack.load.stats.sidecar_failed == 0, (
         dict(stack.load.stats.sidecar_reasons)
     )
@@ -205,6 +217,20 @@ async def _holds_weight(stack: Stack, canary_bp: int) -> bool:
         and bool(status["in_step"])
         and in_force.get("revision") == route.revision
         and route.weight_of("canary") == canary_bp
+    )
+
+
+async def _holds_stable(stack: Stack) -> bool:
+    """The proxy holds the promoted route: the canary's upstream alone, as `baseline`."""
+    status = await stack.router_status()
+    in_force = status.get("in_force") or {}
+    route = await stack.route()
+    return (
+        route is not None
+        and bool(status["in_step"])
+        and in_force.get("revision") == route.revision
+        and [(v.name, v.upstream, v.weight) for v in route.variants]
+        == [("baseline", stack.canary.url, 10_000)]
     )
 
 
