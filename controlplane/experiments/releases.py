@@ -1,8 +1,8 @@
 """A service's release lifecycle (architecture §7): its stable version, and what each
 moment of an experiment does to it. Pure: no I/O, no clock.
 
-    start of a draft following the       → the draft's baseline becomes the stable
-      stable version                       version as it is now, then as below
+    start of a draft following the       → the draft takes the stable version as it is
+      stable version                       now as its baseline, then as below
     start, no stable version            → seeded: the experiment's baseline becomes it
     start on another baseline           → rebased: the experiment's baseline becomes it
     start on the stable version         → nothing to record
