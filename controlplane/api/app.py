@@ -28,6 +28,7 @@ from controlplane.api.routes import (
     judge,
     notifications,
     overload,
+    releases,
     rules,
     tokens,
 )
@@ -178,6 +179,7 @@ def create_app(
         experiments.router,
         history.router,
         rules.router,
+        releases.router,
         overload.router,
         judge.router,
         tokens.router,

@@ -18,6 +18,13 @@ from pydantic import (
 from controlplane.api.service_bodies import service_optional
 from controlplane.decision.words import event_sentence
 from controlplane.experiments.lifecycle import ExperimentState
+from controlplane.experiments.releases import (
+    ReleaseKind,
+    ReleaseRecord,
+    StableRecord,
+    Version,
+    default_baseline,
+)
 from controlplane.experiments.rollout_state import inline_rule
 from controlplane.experiments.store import (
     EventRecord,
@@ -35,6 +42,7 @@ from controlplane.kernel.values import (
     ServiceName,
     UpstreamPolicy,
     UpstreamUrl,
+    VersionLabel,
 )
 
 Upstream = UpstreamUrl
@@ -47,12 +55,32 @@ class VariantIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     upstream: Upstream
+    version: VersionLabel | None = Field(
+        default=None, description="the release's label; null: the upstream names it"
+    )
+
+    def as_version(self) -> Version:
+        return Version(self.upstream, self.version)
 
 
 class Variants(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     baseline: VariantIn
+    canary: VariantIn
+
+
+class NewVariants(BaseModel):
+    """A new experiment's variants: the baseline may be left out for the service's
+    stable version (decision 0051)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    baseline: VariantIn | None = Field(
+        default=None,
+        description="left out: the service's stable version, as it is when the experiment "
+        "starts (a service with none yet needs one)",
+    )
     canary: VariantIn
 
 
@@ -111,7 +139,7 @@ class ExperimentCreate(BaseModel):
 
     name: DisplayName
     service: ServiceName
-    variants: Variants
+    variants: NewVariants
     steps: Annotated[Steps, AfterValidator(_steps_increase)]
     sticky: Sticky = Field(default_factory=Sticky)
     rule: BreakerRule | None = Field(default=None, description="overrides the service rule")
@@ -130,16 +158,28 @@ class ExperimentCreate(BaseModel):
             )
         return self
 
-    def to_spec(self) -> ExperimentSpec:
+    def to_spec(
+        self, stable: StableRecord | None = None, *, follows_stable: bool | None = None
+    ) -> ExperimentSpec:
+        """The spec, its baseline the one given or else the service's `stable` version
+        (NoStableVersion without one). `follows_stable` (None: whether the baseline was
+        left out) says whether the start takes the stable version as it is then."""
+        given = self.variants.baseline
+        baseline = default_baseline(
+            self.service, given=given.as_version() if given else None, stable=stable
+        )
         return ExperimentSpec(
             name=self.name,
             service=self.service,
-            baseline_upstream=self.variants.baseline.upstream,
+            baseline_upstream=baseline.upstream,
             canary_upstream=self.variants.canary.upstream,
             steps=tuple(StepSpec(s.weight_bp, s.hold_sec) for s in self.steps),
             sticky_header=self.sticky.header,
             sticky_cookie=self.sticky.cookie,
             rule=self.rule.model_dump(mode="json") if self.rule else None,
+            baseline_version=baseline.label,
+            canary_version=self.variants.canary.version,
+            baseline_follows_stable=given is None if follows_stable is None else follows_stable,
         )
 
     @classmethod
@@ -149,8 +189,8 @@ class ExperimentCreate(BaseModel):
             "name": spec.name,
             "service": spec.service,
             "variants": {
-                BASELINE: {"upstream": spec.baseline_upstream},
-                CANARY: {"upstream": spec.canary_upstream},
+                BASELINE: {"upstream": spec.baseline_upstream, "version": spec.baseline_version},
+                CANARY: {"upstream": spec.canary_upstream, "version": spec.canary_version},
             },
             "steps": [
                 {"weight_pct": s.weight_bp / 100, "hold_sec": s.hold_sec} for s in spec.steps
@@ -197,8 +237,10 @@ class ExperimentUpdate(BaseModel):
         if "service" in fields and "rule" not in fields and merged.get("rule"):
             # The inline rule follows the experiment to its new service.
             merged["rule"] = {**merged["rule"], "service": merged["service"]}
+        # new variants name their baseline: the draft no longer follows the stable version
+        follows = spec.baseline_follows_stable and "variants" not in fields
         try:
-            return ExperimentCreate.model_validate(merged).to_spec()
+            return ExperimentCreate.model_validate(merged).to_spec(follows_stable=follows)
         except ValidationError as exc:
             raise ValidationFailed(
                 "invalid experiment",
@@ -256,6 +298,11 @@ class ExperimentPublic(BaseModel):
         description="where the rollout stands, in words (\"holding step 2 of 4 (25%) until "
         "2026-12-06T14:03:10Z\"); times ISO 8601",
     )
+    baseline_follows_stable: bool = Field(
+        default=False,
+        description="the baseline was left out: a draft takes the service's stable version "
+        "when it starts",
+    )
 
     @classmethod
     def of(cls, experiment: ExperimentRecord) -> ExperimentPublic:
@@ -266,8 +313,10 @@ class ExperimentPublic(BaseModel):
             service=experiment.service,
             state=experiment.state,
             variants=Variants(
-                baseline=VariantIn(upstream=experiment.baseline_upstream),
-                canary=VariantIn(upstream=experiment.canary_upstream),
+                baseline=VariantIn(upstream=experiment.baseline_upstream,
+                                   version=experiment.baseline_version),
+                canary=VariantIn(upstream=experiment.canary_upstream,
+                                 version=experiment.canary_version),
             ),
             steps=[
                 StepPublic(weight_pct=s.weight_bp / 100, hold_sec=s.hold_sec)
@@ -287,6 +336,7 @@ class ExperimentPublic(BaseModel):
             updated_at=experiment.updated_at,
             last_reason=reason if isinstance(reason, str) else None,
             summary=experiment_summary(experiment, rule=inline_rule(experiment)),
+            baseline_follows_stable=experiment.baseline_follows_stable,
         )
 
 
@@ -474,6 +524,68 @@ class EventPublic(BaseModel):
     def of(cls, event: EventRecord) -> EventPublic:
         summary = event_sentence(event.kind, event.reason, event.payload, actor=event.actor)
         return cls.model_validate(event).model_copy(update={"summary": summary})
+
+
+class VersionPublic(BaseModel):
+    upstream: str
+    version: str | None = Field(description="the release's label; null: unlabelled")
+
+    @classmethod
+    def of(cls, version: Version) -> VersionPublic:
+        return cls(upstream=version.upstream, version=version.label)
+
+
+class StablePublic(BaseModel):
+    upstream: str
+    version: str | None = Field(description="the release's label; null: unlabelled")
+    experiment_id: int | None = Field(
+        description="the experiment that made it stable (null once deleted)"
+    )
+    since: datetime
+
+    @classmethod
+    def of(cls, stable: StableRecord) -> StablePublic:
+        return cls(upstream=stable.current.upstream, version=stable.current.label,
+                   experiment_id=stable.experiment_id, since=stable.since)
+
+
+class ReleasePublic(BaseModel):
+    id: int
+    at: datetime
+    kind: ReleaseKind = Field(
+        description="seeded: the first stable version; rebased: an experiment started on "
+        "another baseline; promoted: the canary became stable; rolled_back, aborted: the "
+        "stable version stayed"
+    )
+    experiment_id: int | None
+    stable_before: VersionPublic | None = Field(description="null: there was none")
+    stable_after: VersionPublic
+    actor: str
+    reason: str
+
+    @classmethod
+    def of(cls, release: ReleaseRecord) -> ReleasePublic:
+        return cls(
+            id=release.id,
+            at=release.at,
+            kind=release.kind,
+            experiment_id=release.experiment_id,
+            stable_before=VersionPublic.of(release.before) if release.before else None,
+            stable_after=VersionPublic.of(release.after),
+            actor=release.actor,
+            reason=release.reason,
+        )
+
+
+class ReleaseHistory(BaseModel):
+    """A service's stable version and a page of its releases, newest first."""
+
+    service: str
+    stable: StablePublic | None = Field(description="null before its first experiment starts")
+    items: list[ReleasePublic]
+    total: int = Field(ge=0, description="releases across all pages")
+    limit: int
+    offset: int
 
 
 T = TypeVar("T")

@@ -38,9 +38,9 @@ ACTION_HELP = {
     "start": "Start a draft: route its first step's weight to the canary.",
     "pause": "Pause a running experiment: hold the current weights.",
     "resume": "Resume a paused experiment.",
-    "promote": "Promote now: all traffic to the canary.",
-    "rollback": "Roll back now: all traffic to the baseline.",
-    "abort": "Abort by hand: end the experiment, all traffic to the baseline.",
+    "promote": "Promote now: the canary becomes the service's stable version, all traffic to it.",
+    "rollback": "Roll back now: all traffic to the stable version (the baseline).",
+    "abort": "Abort by hand: end the experiment, all traffic to the stable version.",
 }
 
 
@@ -138,8 +138,12 @@ def _experiment_view(experiment: dict[str, Any]) -> RenderableType:
     variants = Table(title="variants", title_justify="left")
     variants.add_column("name")
     variants.add_column("upstream")
+    variants.add_column("version")
     for name, variant in _variants(experiment):
-        variants.add_row(name, dash(variant.get("upstream")))
+        version = dash(variant.get("version"))
+        if name == "baseline" and experiment.get("baseline_follows_stable"):
+            version += " (the stable version when it starts)"
+        variants.add_row(name, dash(variant.get("upstream")), version)
 
     steps = Table(title="steps", title_justify="left")
     for column in ("#", "weight", "hold"):
@@ -493,6 +497,12 @@ def register(app: typer.Typer) -> None:
                 f"created experiment {created.get('id')} "
                 f"({created.get('name')}, {created.get('service')}, {created.get('state')})"
             )
+            if created.get("baseline_follows_stable"):
+                baseline = (created.get("variants") or {}).get("baseline")
+                from controlplane.cli.services import version_text
+
+                typer.echo(f"baseline: the service's stable version when it starts, now "
+                           f"{version_text(baseline)}")
 
     @exp.command("list")
     def list_command(

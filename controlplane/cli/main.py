@@ -25,6 +25,7 @@ from controlplane.cli import (
     router,
     rules,
     server,
+    services,
     sidecar,
     tokens,
 )
@@ -92,7 +93,7 @@ def api_defaults(command: Any, api: str) -> dict[str, Any]:
 
 
 for module in (bench, collector, demo, experiments, inject, judge, notify, overload, router, rules,
-               server, sidecar, tokens):
+               server, services, sidecar, tokens):
     module.register(app)
 
 

@@ -264,6 +264,15 @@ class CanaryClient:
         result: Json = self._request("GET", f"{_rule(service)}/recommendation")
         return result
 
+    # releases
+
+    def releases(self, service: str, *, limit: int = 50, offset: int = 0) -> Json:
+        result: Json = self._request(
+            "GET", f"/v1/services/{quote(service, safe='')}/releases",
+            params={"limit": limit, "offset": offset},
+        )  # fmt: skip
+        return result
+
     # overload protection
 
     def put_overload(self, service: str, config: Mapping[str, Any]) -> Json:

@@ -21,6 +21,7 @@ from controlplane.controller.reconciler import fence_entry
 from controlplane.decision.model import Decision, Promote, Rollback
 from controlplane.experiments.decision_log import log_event
 from controlplane.experiments.lifecycle import ExperimentState
+from controlplane.experiments.release_commits import record_release_of, release_payload
 from controlplane.experiments.store import ExperimentRecord
 from controlplane.kernel.clock import utc_now
 from controlplane.kernel.kv import Fence
@@ -110,9 +111,17 @@ async def apply_decision(
                 now=at,
             )
         recorded = []
+        release = None
+        if route is not None:
+            release = await record_release_of(
+                tx, experiment=experiment, route_state=route.state, starting=False,
+                aborted=False, actor="controller", at=at,
+            )  # fmt: skip
         for event, payload in zip(
             decision.events, event_payloads(decision, rule, route, fence), strict=True
         ):
+            if release is not None:
+                payload["release"] = release_payload(release)
             recorded.append(
                 await tx.append_event(
                     experiment_id=experiment.id,

@@ -29,9 +29,10 @@ def _apply_spec(experiment: Experiment, spec: ExperimentSpec) -> None:
     experiment.sticky_header = spec.sticky_header
     experiment.sticky_cookie = spec.sticky_cookie
     experiment.rule = spec.rule
+    experiment.baseline_follows_stable = spec.baseline_follows_stable
     experiment.variants = [
-        Variant(name=BASELINE, upstream=spec.baseline_upstream),
-        Variant(name=CANARY, upstream=spec.canary_upstream),
+        Variant(name=BASELINE, upstream=spec.baseline_upstream, version=spec.baseline_version),
+        Variant(name=CANARY, upstream=spec.canary_upstream, version=spec.canary_version),
     ]
     experiment.steps = [
         StepRow(position=i, weight_bp=s.weight_bp, hold_sec=s.hold_sec)
@@ -49,6 +50,9 @@ def spec_of(experiment: Experiment) -> ExperimentSpec:
         sticky_header=experiment.sticky_header,
         sticky_cookie=experiment.sticky_cookie,
         rule=experiment.rule,
+        baseline_version=experiment.version_of(BASELINE),
+        canary_version=experiment.version_of(CANARY),
+        baseline_follows_stable=experiment.baseline_follows_stable,
     )
 
 

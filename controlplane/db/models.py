@@ -1,7 +1,7 @@
 """Typed ORM models: experiments, their variants and steps, the desired route, breaker
-rule and overload protection of each service, the events audit trail, the plots'
-history (windows and provider metrics), the API tokens, and webhook subscriptions
-with the outbox of their deliveries.
+rule, overload protection, stable version and release history of each service, the
+events audit trail, the plots' history (windows and provider metrics), the API
+tokens, and webhook subscriptions with the outbox of their deliveries.
 
 The migrations in migrations/versions must describe exactly these tables; a test
 compares them with Alembic's autogenerate.
@@ -103,6 +103,10 @@ class Experiment(Base):
     sticky_header: Mapped[str | None] = mapped_column(String(128))
     sticky_cookie: Mapped[str | None] = mapped_column(String(128))
     rule: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # the baseline was left out: the start takes the service's stable version
+    baseline_follows_stable: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default=text("false")
+    )
     current_step: Mapped[int] = mapped_column(Integer, default=-1)
     canary_weight_bp: Mapped[int] = mapped_column(Integer, default=0)
     breaker_state: Mapped[str] = mapped_column(String(16), default="closed")
@@ -135,6 +139,9 @@ class Experiment(Base):
     def upstream_of(self, name: str) -> str:
         return next(v.upstream for v in self.variants if v.name == name)
 
+    def version_of(self, name: str) -> str | None:
+        return next(v.version for v in self.variants if v.name == name)
+
 
 class Variant(Base):
     __tablename__ = "variants"
@@ -146,6 +153,8 @@ class Variant(Base):
     )
     name: Mapped[str] = mapped_column(String(64))
     upstream: Mapped[str] = mapped_column(String(2048))
+    # the release's label (kernel.values.VersionLabel); null: unlabelled
+    version: Mapped[str | None] = mapped_column(String(64))
 
     experiment: Mapped[Experiment] = relationship(back_populates="variants")
 
@@ -232,6 +241,57 @@ class DesiredConfig(Base):
     updated_at: Mapped[datetime]
 
     __mapper_args__ = {"version_id_col": version}  # noqa: RUF012 (SQLAlchemy declares it)
+
+
+RELEASE_KINDS = ("seeded", "rebased", "promoted", "rolled_back", "aborted")
+
+
+class StableVersion(Base):
+    """A service's stable version (experiments.releases): what serves it when no
+    experiment runs, and the baseline a new experiment takes by default. Written in
+    the transaction that commits the route putting it in force; `version` grows with
+    each write, so an update based on a stale read matches no row.
+    """
+
+    __tablename__ = "stable_versions"
+
+    service: Mapped[str] = mapped_column(String(63), primary_key=True)
+    upstream: Mapped[str] = mapped_column(String(2048))
+    label: Mapped[str | None] = mapped_column(String(64))
+    # the experiment that made it stable; null once that experiment is gone
+    experiment_id: Mapped[int | None] = mapped_column(
+        ForeignKey("experiments.id", ondelete="SET NULL")
+    )
+    since: Mapped[datetime]
+    version: Mapped[int] = mapped_column(Integer)
+
+    __mapper_args__ = {"version_id_col": version}  # noqa: RUF012 (SQLAlchemy declares it)
+
+
+class Release(Base):
+    """One entry of a service's release history: the stable version before and after
+    an experiment's start (seeded, rebased), its promotion, or its rollback or abort
+    (the stable version unchanged, recorded all the same)."""
+
+    __tablename__ = "releases"
+    __table_args__ = (
+        CheckConstraint(_in("kind", RELEASE_KINDS), name="kind"),
+        Index("ix_releases_service_id", "service", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    service: Mapped[str] = mapped_column(String(63))
+    at: Mapped[datetime]
+    kind: Mapped[str] = mapped_column(String(16))
+    experiment_id: Mapped[int | None] = mapped_column(
+        ForeignKey("experiments.id", ondelete="SET NULL"), index=True
+    )
+    from_upstream: Mapped[str | None] = mapped_column(String(2048))
+    from_label: Mapped[str | None] = mapped_column(String(64))
+    to_upstream: Mapped[str] = mapped_column(String(2048))
+    to_label: Mapped[str | None] = mapped_column(String(64))
+    actor: Mapped[str] = mapped_column(String(128))
+    reason: Mapped[str] = mapped_column(Text, default="")
 
 
 class EtcdImport(Base):

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from controlplane.db import experiments as rows
+from controlplane.db import releases as release_rows
 from controlplane.db import routes as desired_routes
 from controlplane.db import service_configs as desired_configs
 from controlplane.db import shards as controller_shards
@@ -25,6 +26,7 @@ from controlplane.db.models import Event, Experiment
 from controlplane.db.session import Database, Transaction
 from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import BreakerState, ExperimentState
+from controlplane.experiments.releases import ReleaseChange, ReleaseRecord, StableRecord
 from controlplane.experiments.store import (
     EventRecord,
     ExperimentRecord,
@@ -65,6 +67,9 @@ def experiment_record(row: Experiment) -> ExperimentRecord:
         created_at=row.created_at,
         updated_at=row.updated_at,
         version=row.version,
+        baseline_version=row.version_of(BASELINE),
+        canary_version=row.version_of(CANARY),
+        baseline_follows_stable=row.baseline_follows_stable,
     )
 
 
@@ -231,6 +236,23 @@ class SqlStoreTransaction:
     async def hold_shard(self, *, shard: int, fence: int, owner: str, now: datetime) -> None:
         await self._tx.run(controller_shards.hold_shard, shard=shard, fence=fence,
                            owner=owner, now=now)
+
+    async def load_stable_version(self, *, service: str) -> StableRecord | None:
+        return await self._tx.run(release_rows.stable_version, service=service)
+
+    async def record_release(
+        self, *, service: str, experiment_id: int, change: ReleaseChange, actor: str,
+        at: datetime,
+    ) -> ReleaseRecord:
+        return await self._tx.run(release_rows.record_release, service=service,
+                                  experiment_id=experiment_id, change=change, actor=actor,
+                                  at=at)
+
+    async def list_releases(
+        self, *, service: str, limit: int = 50, offset: int = 0
+    ) -> tuple[list[ReleaseRecord], int]:
+        return await self._tx.run(release_rows.list_releases, service=service, limit=limit,
+                                  offset=offset)
 
     async def append_event(
         self,

@@ -25,7 +25,7 @@ from controlplane.demo.upstreams import UpstreamServer
 from controlplane.kernel.errors import CanaryError, ValidationFailed
 from controlplane.kernel.keys import EtcdKeys
 from controlplane.kernel.kv import EventKind, KeyValueStore
-from controlplane.kernel.routes import CANARY, Route, parse_route
+from controlplane.kernel.routes import CANARY, Route, RouteState, parse_route
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.kernel.streams import SnapshotBoard
 
@@ -225,7 +225,9 @@ class RouteLog:
         """When the experiment's route first sent the canary nothing, after `after`."""
         for at, route in self.seen:
             ours = str(route.experiment) == str(experiment_id)
-            if at >= after and ours and route.weight_of(CANARY) == 0:
+            # a promoted route has no canary either: the canary is the stable version
+            cut = route.weight_of(CANARY) == 0 and route.state is not RouteState.PROMOTED
+            if at >= after and ours and cut:
                 return at
         return None
 

@@ -29,6 +29,13 @@ from controlplane.experiments.lifecycle import (
     route_after,
     transition,
 )
+from controlplane.experiments.release_commits import (
+    follow_stable_version,
+    record_release_of,
+    release_payload,
+    version_payload,
+)
+from controlplane.experiments.releases import Version
 from controlplane.experiments.store import ExperimentRecord, ExperimentSpec, ExperimentStore
 from controlplane.kernel.clock import Clock, utc_now
 from controlplane.kernel.errors import Conflict, RevisionConflict
@@ -208,10 +215,15 @@ async def _apply_action_once(
         experiment = await tx.load_experiment(experiment_id=experiment_id)
         previous = experiment.state
         others: list[ExperimentRecord] = []
+        followed: Version | None = None
         if action is LifecycleAction.START:
             others, _ = await tx.list_experiments(
                 service=experiment.service, states=ACTIVE, excluding=experiment.id, limit=1
             )
+            if not others:
+                experiment, followed = await follow_stable_version(
+                    tx, experiment=experiment, now=now
+                )
         after, plan = begun_state(experiment, action=action, others=others, now=now)
         experiment = await tx.save_state(experiment=after)
         route: Route | None = None
@@ -226,6 +238,16 @@ async def _apply_action_once(
         }
         if route is not None:
             payload |= {"route_revision": route.revision, "route_state": route.state.value}
+        if followed is not None:
+            payload["baseline"] = version_payload(followed)
+        if plan is not None:
+            release = await record_release_of(
+                tx, experiment=experiment, route_state=plan.state,
+                starting=action is LifecycleAction.START,
+                aborted=action is LifecycleAction.ABORT, actor=actor, at=now,
+            )  # fmt: skip
+            if release is not None:
+                payload["release"] = release_payload(release)
         event = await tx.append_event(
             experiment_id=experiment.id,
             service=experiment.service,

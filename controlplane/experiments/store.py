@@ -23,12 +23,15 @@ from collections.abc import Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import BreakerState, ExperimentState
 from controlplane.kernel.routes import Route, RouteState
 from controlplane.kernel.service_configs import ConfigKind, ServiceConfig
+
+if TYPE_CHECKING:  # experiments.releases reads the records defined here
+    from controlplane.experiments.releases import ReleaseChange, ReleaseRecord, StableRecord
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,11 @@ class ExperimentSpec:
     sticky_header: str | None
     sticky_cookie: str | None
     rule: dict[str, Any] | None
+    # the versions' labels (None: unlabelled, the upstream names the version)
+    baseline_version: str | None = None
+    canary_version: str | None = None
+    # the baseline was left out: the start takes the service's stable version then
+    baseline_follows_stable: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,9 @@ class ExperimentRecord:
     created_at: datetime
     updated_at: datetime
     version: int
+    baseline_version: str | None = None
+    canary_version: str | None = None
+    baseline_follows_stable: bool = False
 
     @property
     def spec(self) -> ExperimentSpec:
@@ -100,6 +111,9 @@ class ExperimentRecord:
             sticky_header=self.sticky_header,
             sticky_cookie=self.sticky_cookie,
             rule=self.rule,
+            baseline_version=self.baseline_version,
+            canary_version=self.canary_version,
+            baseline_follows_stable=self.baseline_follows_stable,
         )
 
 
@@ -201,6 +215,24 @@ class StoreTransaction(Protocol):
     async def hold_shard(self, *, shard: int, fence: int, owner: str, now: datetime) -> None:
         """Fence this unit of work by the shard's owner fence (decision 0057): NotLeader
         when a greater fence holds the shard, so nothing of it commits."""
+        ...
+
+    async def load_stable_version(self, *, service: str) -> StableRecord | None:
+        """The service's stable version; None before its first experiment starts."""
+        ...
+
+    async def record_release(
+        self, *, service: str, experiment_id: int, change: ReleaseChange, actor: str,
+        at: datetime,
+    ) -> ReleaseRecord:
+        """Append `change` to the service's release history, and make its `after` the
+        stable version when it moves it."""
+        ...
+
+    async def list_releases(
+        self, *, service: str, limit: int = 50, offset: int = 0
+    ) -> tuple[list[ReleaseRecord], int]:
+        """A page of the service's release history, newest first, and its length."""
         ...
 
     async def append_event(

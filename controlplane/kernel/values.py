@@ -115,6 +115,18 @@ ServiceName = Annotated[
 ]
 VARIANT_PATTERN: Final = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 VariantName = Annotated[str, Field(min_length=1, max_length=64, pattern=VARIANT_PATTERN)]
+# a release's label: a tag, a semantic version or a commit, as a team names its builds
+VERSION_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"
+VersionLabel = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=64,
+        pattern=VERSION_PATTERN,
+        description="letters, digits, '.', '_', '+' or '-', 1-64 characters",
+        examples=["v2.4.1"],
+    ),
+]
 
 # RFC 9110 §5.6.2 token (also RFC 6265's cookie-name): no CR/LF, spaces, separators.
 TOKEN_PATTERN: Final = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"

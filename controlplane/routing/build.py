@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controlplane.kernel.routes import Route, RouteState, Sticky, two_way_variants
+from controlplane.kernel.routes import (
+    BASELINE,
+    TOTAL_WEIGHT,
+    Route,
+    RouteState,
+    RouteVariant,
+    Sticky,
+    two_way_variants,
+)
 
 
 @dataclass(frozen=True)
@@ -26,6 +34,23 @@ class RouteSource:
     canary_upstream: str
 
 
+def route_variants(
+    source: RouteSource, *, canary_bp: int, state: RouteState
+) -> tuple[RouteVariant, ...]:
+    """The variants of the route: both while the experiment runs, the stable version
+    alone once it has ended (`canary_bp` then says nothing more)."""
+    match state:
+        case RouteState.PROMOTED:
+            return (RouteVariant(name=BASELINE, upstream=source.canary_upstream,
+                                 weight=TOTAL_WEIGHT),)
+        case RouteState.ROLLED_BACK:
+            return (RouteVariant(name=BASELINE, upstream=source.baseline_upstream,
+                                 weight=TOTAL_WEIGHT),)
+        case _:
+            return two_way_variants(source.baseline_upstream, source.canary_upstream,
+                                    canary_bp)
+
+
 def build_route(
     source: RouteSource, *, canary_bp: int, state: RouteState, revision: int
 ) -> Route:
@@ -34,6 +59,6 @@ def build_route(
         revision=revision,
         salt=source.salt,
         sticky=source.sticky,
-        variants=two_way_variants(source.baseline_upstream, source.canary_upstream, canary_bp),
+        variants=route_variants(source, canary_bp=canary_bp, state=state),
         state=state,
     )

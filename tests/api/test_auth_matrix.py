@@ -40,6 +40,7 @@ MATRIX: dict[tuple[str, str], Role | None] = {
     ("GET", "/v1/services/{service}/rule"): VIEW,
     ("PUT", "/v1/services/{service}/rule"): ADMIN,
     ("GET", "/v1/services/{service}/rule/recommendation"): VIEW,
+    ("GET", "/v1/services/{service}/releases"): VIEW,
     ("GET", "/v1/services/{service}/overload"): VIEW,
     ("PUT", "/v1/services/{service}/overload"): ADMIN,
     ("DELETE", "/v1/services/{service}/overload"): ADMIN,

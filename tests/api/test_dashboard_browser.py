@@ -482,6 +482,22 @@ def test_a_viewer_sees_no_action_buttons(tab: Tab, plane: Plane) -> None:
     assert tab.page.locator("button[data-action]").count() == 0
 
 
+def test_the_experiment_page_shows_its_services_stable_version_and_releases(
+    tab: Tab, plane: Plane
+) -> None:
+    checkout = plane.experiments["checkout"]
+    sign_in(tab, plane, f"/ui/experiments/{checkout}", Role.VIEWER)
+    expect = playwright_sync.expect
+    expect(tab.page.locator("#releases-service")).to_have_text("checkout")
+    # its start made the service's first stable version of its baseline
+    expect(tab.page.locator("#stable-version")).to_contain_text(
+        "Stable version: http://checkout-v1:8080"
+    )
+    seeded = tab.page.locator("#release-rows tr[data-kind=seeded]")
+    expect(seeded).to_contain_text("http://checkout-v1:8080")
+    expect(seeded.locator("a")).to_have_attribute("href", f"/ui/experiments/{checkout}")
+
+
 def test_an_operators_rollback_from_the_dashboard_changes_the_route_in_etcd(
     tab: Tab, plane: Plane
 ) -> None:

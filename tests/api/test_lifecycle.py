@@ -67,11 +67,7 @@ async def test_start_publishes_the_first_step_and_revisions_grow_to_promotion(
     assert (route.weight_of("baseline"), route.weight_of("canary")) == (9_900, 100)
     revisions = [route.revision]
 
-    for action, state, canary in [
-        ("pause", "paused", 100),
-        ("resume", "running", 100),
-        ("promote", "promoted", 10_000),
-    ]:
+    for action, state, canary in [("pause", "paused", 100), ("resume", "running", 100)]:
         answered = await act(client, eid, action)
         assert answered["state"] == state
         route = await stored_route()
@@ -80,6 +76,16 @@ async def test_start_publishes_the_first_step_and_revisions_grow_to_promotion(
         assert sum(v.weight for v in route.variants) == 10_000
         assert answered["route_revision"] == route.revision
         revisions.append(route.revision)
+
+    # promoted: the canary is the stable version, alone in the route
+    answered = await act(client, eid, "promote")
+    route = await stored_route()
+    assert route is not None and route.state == "promoted"
+    assert [(v.name, v.upstream, v.weight) for v in route.variants] == [
+        ("baseline", experiment["variants"]["canary"]["upstream"], 10_000)
+    ]
+    assert answered["route_revision"] == route.revision
+    revisions.append(route.revision)
     assert revisions == sorted(set(revisions)), revisions
 
 
@@ -90,7 +96,10 @@ async def test_rollback_and_abort_send_everything_to_the_baseline(
     await act(client, first["id"], "start")
     await act(client, first["id"], "rollback")
     route = await stored_route()
-    assert route is not None and route.state == "rolled_back" and route.weight_of("canary") == 0
+    assert route is not None and route.state == "rolled_back"
+    assert [(v.name, v.upstream, v.weight) for v in route.variants] == [
+        ("baseline", first["variants"]["baseline"]["upstream"], 10_000)
+    ]
 
     second = await create()
     await act(client, second["id"], "start")
@@ -176,6 +185,16 @@ async def test_every_transition_is_an_event_naming_who_and_the_numbers(
     assert events[1]["reason"] == "release 2.4"
     assert events[1]["payload"]["canary_weight_bp"] == 100
     assert events[4]["payload"]["canary_weight_bp"] == 0
+    # the service's first start made its baseline the stable version; the rollback kept it
+    baseline = {"upstream": experiment["variants"]["baseline"]["upstream"], "version": None}
+    seeded, kept = events[1]["payload"]["release"], events[4]["payload"]["release"]
+    assert (seeded["kind"], seeded["stable_before"], seeded["stable_after"]) == (
+        "seeded", None, baseline
+    )
+    assert (kept["kind"], kept["stable_before"], kept["stable_after"]) == (
+        "rolled_back", baseline, baseline
+    )
+    assert "release" not in events[2]["payload"] and "release" not in events[3]["payload"]
     revisions = [e["payload"]["route_revision"] for e in events[1:]]
     assert revisions == sorted(set(revisions))
     assert all(e["at"].endswith("Z") or e["at"].endswith("+00:00") for e in events)

@@ -106,6 +106,11 @@ INEXPRESSIBLE = (
         "a history range relates its two ends, and a missing end is the current time",
     ),
     Inexpressible(
+        r"^required: service '.*' has no stable version yet",
+        "a new experiment may leave its baseline out only on a service with a stable "
+        "version: a fact of the database, not of the request",
+    ),
+    Inexpressible(
         r"^must be '.*', the service in the path$",
         "a relation between the body and the path (the body may leave the service out)",
     ),

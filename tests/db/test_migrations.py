@@ -14,7 +14,7 @@ from controlplane.db.session import make_engine
 TABLES = {
     "experiments", "variants", "steps", "events", "api_tokens", "service_routes",
     "notification_subscriptions", "notification_deliveries", "history_points",
-    "history_metric_points",
+    "history_metric_points", "stable_versions", "releases",
 }
 
 
@@ -79,3 +79,67 @@ def test_replicas_upgrading_together_wait_for_each_other(pg_url: str) -> None:
     assert [code for _, code in results] == [0, 0, 0], [err[-600:] for err, _ in results]
     assert migrate.current(pg_url) == migrate.head(pg_url)
     assert table_names(pg_url) >= TABLES
+
+
+def _route(service: str, state: str, canary_bp: int) -> dict[str, object]:
+    return {
+        "experiment": 1, "revision": 3, "salt": "s", "sticky": {"header": "x-user-id"},
+        "variants": [
+            {"name": "baseline", "upstream": f"http://{service}-v1:8080",
+             "weight": 10_000 - canary_bp},
+            {"name": "canary", "upstream": f"http://{service}-v2:8080", "weight": canary_bp},
+        ],
+        "state": state,
+    }  # fmt: skip
+
+
+def test_upgrading_gives_each_routed_service_the_stable_version_its_route_stands_for(
+    empty_database: str,
+) -> None:
+    """Routes committed before 0010: a promoted one stands for its canary, any other for
+    its baseline (a running experiment's baseline serves the rest of the traffic)."""
+    import json
+    from datetime import UTC, datetime
+
+    from sqlalchemy import text
+
+    migrate.upgrade(empty_database, "0009")
+    at = datetime(2026, 12, 1, tzinfo=UTC)
+    engine = make_engine(empty_database)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text("INSERT INTO experiments (id, name, service, state, salt, current_step, "
+                     "canary_weight_bp, breaker_state, trips, route_revision, created_at, "
+                     "updated_at, version) VALUES (1, 'x', 'shop', 'promoted', 's', 0, 10000, "
+                     "'closed', 0, 3, :at, :at, 1)"),
+                {"at": at},
+            )  # fmt: skip
+            for service, state, canary_bp in [
+                ("shop", "promoted", 10_000), ("cart", "rolled_back", 0), ("pay", "running", 500)
+            ]:
+                conn.execute(
+                    text("INSERT INTO service_routes (service, experiment_id, revision, route, "
+                         "updated_at) VALUES (:service, 1, 3, :route, :at)"),
+                    {"service": service, "route": json.dumps(_route(service, state, canary_bp)),
+                     "at": at},
+                )  # fmt: skip
+        migrate.upgrade(empty_database)
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT service, upstream, label, experiment_id FROM stable_versions "
+                     "ORDER BY service")
+            ).all()
+            history = conn.execute(text("SELECT count(*) FROM releases")).scalar()
+            follows = conn.execute(
+                text("SELECT baseline_follows_stable FROM experiments")
+            ).scalar()
+    finally:
+        engine.dispose()
+    assert [tuple(r) for r in rows] == [
+        ("cart", "http://cart-v1:8080", None, 1),
+        ("pay", "http://pay-v1:8080", None, 1),
+        ("shop", "http://shop-v2:8080", None, 1),
+    ]
+    assert history == 0  # no history is made up
+    assert not follows

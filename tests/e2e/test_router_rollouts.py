@@ -56,6 +56,23 @@ async def variants_of(stack: Stack, users: list[str], **headers: str) -> dict[st
     return seen
 
 
+async def upstreams_of(stack: Stack, users: list[str]) -> dict[str, str]:
+    """The upstream (its X-Upstream name) that answered each user through the proxy."""
+    seen: dict[str, str] = {}
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{stack.sidecar_port}", timeout=10.0, trust_env=False
+    ) as client:
+        for user in users:
+            response = await client.get("/", headers={"x-user-id": user})
+            assert response.status_code == 200, (user, response.status_code, response.text)
+            seen[user] = response.headers["x-upstream"]
+    return seen
+
+
+async def canary_version_users(stack: Stack, users: list[str]) -> set[str]:
+    return {user for user, name in (await upstreams_of(stack, users)).items() if name == "canary"}
+
+
 def canary_users(seen: dict[str, str]) -> set[str]:
     return {user for user, variant in seen.items() if variant == "canary"}
 
@@ -107,7 +124,10 @@ async def test_healthy_canary_through_the_proxy_is_promoted_and_users_stay_put(
                 lambda: _holds_weight(stack, data["canary_weight_bp"]),
                 timeout=10, what=f"step {step}'s weight in force in {front}",
             )
-            trail.append(canary_users(await variants_of(stack, PROBE_USERS)))
+            # who the canary's upstream answers, not the variant's name: asking every
+            # user may outlast the last step, and under the promoted route the canary
+            # answers everyone as the stable version (`baseline`)
+            trail.append(await canary_version_users(stack, PROBE_USERS))
 
     final = await stack.run_to_end(experiment, timeout=120, on_poll=check_stickiness)
 
@@ -121,8 +141,11 @@ async def test_healthy_canary_through_the_proxy_is_promoted_and_users_stay_put(
     assert "tripped" not in kinds, kinds
     promoted = controller_events(events, "promoted")[0]
     assert canary_window(promoted)["count"] >= MIN_SAMPLES
-    await poll(lambda: _holds_weight(stack, 10_000), timeout=10, what="100 % in force")
-    assert set((await variants_of(stack, PROBE_USERS[:50])).values()) == {"canary"}
+    # promoted: the canary is the stable version, alone in the route the proxy holds
+    await poll(lambda: _holds_stable(stack), timeout=10, what="the stable version in force")
+    assert set((await variants_of(stack, PROBE_USERS[:50])).values()) == {"baseline"}
+    served = set((await upstreams_of(stack, PROBE_USERS[:50])).values())
+    assert served == {"canary"}, served
     assert stack.load is not None and stack.load.stats.sidecar_failed == 0, (
         dict(stack.load.stats.sidecar_reasons)
     )
@@ -205,6 +228,20 @@ async def _holds_weight(stack: Stack, canary_bp: int) -> bool:
         and bool(status["in_step"])
         and in_force.get("revision") == route.revision
         and route.weight_of("canary") == canary_bp
+    )
+
+
+async def _holds_stable(stack: Stack) -> bool:
+    """The proxy holds the promoted route: the canary's upstream alone, as `baseline`."""
+    status = await stack.router_status()
+    in_force = status.get("in_force") or {}
+    route = await stack.route()
+    return (
+        route is not None
+        and bool(status["in_step"])
+        and in_force.get("revision") == route.revision
+        and [(v.name, v.upstream, v.weight) for v in route.variants]
+        == [("baseline", stack.canary.url, 10_000)]
     )
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.kernel.routes import Route, RouteState, Sticky, two_way_variants
+from controlplane.routing.build import RouteSource, build_route
 from routers.haproxy.router import HaproxyRouter
 from routers.samples.token import LogToken
 from routers.seam import InForce, RouterError, TrafficRouter
@@ -89,6 +90,24 @@ async def test_a_router_keeps_the_contract(kind: str, tmp_path: Path) -> None:
         assert await router.in_force() == InForce(None, None)
         await router.apply(second)
         assert await router.in_force() == InForce("exp-2", 2)
+        await router.close()
+
+
+@pytest.mark.parametrize("kind", ["sidecar", "nginx", "haproxy"])
+async def test_a_router_carries_the_stable_version_alone(kind: str, tmp_path: Path) -> None:
+    """A finished experiment's route (decision 0051): one variant, `baseline`, at the
+    full weight, on the promoted canary's upstream; and a running route after it."""
+    async with plane(kind, tmp_path) as p:
+        router = p.router
+        await router.apply(make_route(p, 1, 5000))
+        source = RouteSource(experiment="exp-2", service="shop", salt="s", sticky=Sticky(),
+                             baseline_upstream=p.baseline, canary_upstream=p.canary)
+        promoted = build_route(source, canary_bp=10_000, state=RouteState.PROMOTED, revision=2)
+        assert [v.name for v in promoted.variants] == ["baseline"]
+        await router.apply(promoted)
+        assert await router.in_force() == InForce("exp-2", 2)
+        await router.apply(make_route(p, 3, 100))
+        assert await router.in_force() == InForce("exp-3", 3)
         await router.close()
 
 

@@ -79,8 +79,13 @@ async def create_experiment(
     actor: ActorDep,
     settings: SettingsDep,
 ) -> ExperimentPublic:
-    """Create a draft experiment."""
-    spec = check_upstreams(body.to_spec(), settings.upstream_policy)
+    """Create a draft experiment. Without a baseline it takes the service's stable
+    version, as it is when the experiment starts (422 when the service has none)."""
+    stable = None
+    if body.variants.baseline is None:
+        async with store.transaction() as tx:
+            stable = await tx.load_stable_version(service=body.service)
+    spec = check_upstreams(body.to_spec(stable), settings.upstream_policy)
     experiment = await actions.create_experiment(
         store=store, clock=clock, spec=spec, actor=actor
     )

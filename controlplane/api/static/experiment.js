@@ -401,7 +401,8 @@
       renderTimeline(e);
       renderActions(e);
       byId("experiment").hidden = false;
-      await Promise.all([loadHistory(), loadEvents(), loadDeliveries()]);
+      await Promise.all([loadHistory(), loadEvents(), loadDeliveries(),
+                         Releases.load(e.service)]);
       if (forceSlow || Date.now() - slowAt > SLOW_EVERY_MS) {
         slowAt = Date.now();
         await loadSlow(e);
