@@ -57,7 +57,11 @@ def settings_with(**overrides: str | int | None) -> Settings:
     try:
         return Settings.model_validate(given)
     except ValidationError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+        # one line naming the setting, as the sidecar and collector say it
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise typer.BadParameter(f"{where}: {message}") from exc
 
 
 def background_services(

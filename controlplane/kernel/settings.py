@@ -194,7 +194,10 @@ class Settings(BaseSettings):
     @field_validator("listen")
     @classmethod
     def _listen_shape(cls, value: str) -> str:
-        parse_host_port(value)
+        try:
+            parse_host_port(value)
+        except ConfigError as exc:  # pydantic reports only ValueError as a bad value
+            raise ValueError(str(exc)) from None
         return value
 
     @property

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from controlplane.cli.main import main
@@ -56,3 +58,16 @@ def test_a_sidecar_default_upstream_in_another_spelling_is_one_line_naming_the_a
         "canary sidecar: upstream URL host is 127.0.0.1 written in another form; "
         "write it as 127.0.0.1\n"
     )
+
+
+@pytest.mark.parametrize("command", ["serve", "dev"])
+def test_a_listen_address_without_a_port_is_one_line_not_a_traceback(
+    command: str, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)  # dev would otherwise leave its database here
+    assert main([command, "--listen", "bogus"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1, err
+    assert "expected HOST:PORT, got 'bogus'" in err
