@@ -339,6 +339,9 @@ def _trip_sentence(kind: str, evidence: Mapping[str, Any], now: float | None) ->
         return text + "; all traffic to the baseline"
     if after is not None:
         text += f"; canary cut to {weight_text(after)}"
+    if kind == "tripped" and trips is not None and max_trips and trips >= max_trips:
+        # the rollout ends on this trip (its rolled_back event follows): no probe comes
+        return text + "; that was the last trip allowed: rolled back"
     end = _cooldown_end(evidence)
     if end is not None:
         probe = _count(rule.get("half_open_weight"))
