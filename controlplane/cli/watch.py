@@ -1,6 +1,7 @@
 """`canary exp watch ID`: an experiment live on a terminal until it ends.
 
-State, step, weights, breaker, the windows as judged, what the controller said last,
+State, step, weights, breaker, the windows as judged, where the rollout stands in words
+and what the controller said last,
 the probe's time to verdict and whether a data plane holds the route, refreshed every
 `--interval` seconds. It ends by itself once the experiment is promoted, rolled back
 or aborted (exit 0: watching is not a gate, `exp wait` is); Ctrl-C stops watching and
@@ -64,6 +65,9 @@ def watch_rows(experiment: dict[str, Any], latest: dict[str, Any] | None) -> Row
         rows.append(("probe", str(probe["sentence"])))
     if live.get("held_reason"):
         rows.append(("held", str(live["held_reason"])))
+    standing = live.get("summary") or experiment.get("summary")
+    if standing:  # the sentence first, the controller's reason (with its numbers) beside
+        rows.append(("standing", str(standing)))
     if live.get("last_reason"):
         rows.append(("last decision", str(live["last_reason"])))
     route = confirmation_text(experiment)

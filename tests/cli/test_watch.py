@@ -43,6 +43,18 @@ def test_a_look_shows_windows_probe_and_route_in_words() -> None:
     assert rows["latest event"] == "half_open open → half_open: cooldown over"
 
 
+def test_a_look_says_where_the_rollout_stands_before_the_controllers_reason() -> None:
+    ended = {**HALF_OPEN, "state": "rolled_back", "summary": "rolled back: all traffic to the "
+             "baseline", "live": {**HALF_OPEN["live"], "last_reason": "trip 1 of max_trips 1: "
+                                  "rolled back; window: breach: latency 1 vs bound 0.05"}}
+    labels = [label for label, _ in watch_rows(ended, None)]
+    rows = dict(watch_rows(ended, None))
+    assert rows["standing"] == "rolled back: all traffic to the baseline"
+    assert labels.index("standing") < labels.index("last decision")
+    live_summary = {**HALF_OPEN, "live": {**HALF_OPEN["live"], "summary": "probing at 1%"}}
+    assert dict(watch_rows(live_summary, None))["standing"] == "probing at 1%"
+
+
 class Scripted:
     """A client whose experiment moves on at each look."""
 
