@@ -265,7 +265,7 @@ def _bootstrap_token_or_exit(settings: Settings) -> None:
     from controlplane.db.session import db_errors, make_engine, make_sessionmaker
     from controlplane.db.tokens import ensure_bootstrap_token
     from controlplane.kernel.clock import SystemClock, utc_now
-    from controlplane.kernel.errors import CanaryError, ConfigError
+    from controlplane.kernel.errors import CanaryError, ConfigError, Conflict
     from controlplane.kernel.secrets import read_secret_file
 
     path = settings.bootstrap_admin_token_file
@@ -280,9 +280,17 @@ def _bootstrap_token_or_exit(settings: Settings) -> None:
             )
         engine = make_engine(settings.database_url)
         try:
-            with db_errors(), make_sessionmaker(engine).begin() as session:
-                done = ensure_bootstrap_token(session=session, token=token,
-                                              now=utc_now(SystemClock()))
+            for attempt in (1, 2):
+                try:
+                    with db_errors(), make_sessionmaker(engine).begin() as session:
+                        done = ensure_bootstrap_token(session=session, token=token,
+                                                      now=utc_now(SystemClock()))
+                    break
+                except Conflict:
+                    # replicas starting together: another one installed it while this
+                    # one inserted; reading again finds it
+                    if attempt == 2:
+                        raise
         finally:
             engine.dispose()
     except CanaryError as exc:
