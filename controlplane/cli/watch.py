@@ -23,6 +23,7 @@ from controlplane.cli.experiments import (
     weight_text,
 )
 from controlplane.cli.remote import dash
+from controlplane.decision.words import ratio_text
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -35,8 +36,8 @@ def _window(snapshot: Any) -> str:
         return "no window yet"
     p95 = snapshot.get("p95_ms")
     latency = "P95 -" if p95 is None else f"P95 {float(p95):.0f} ms"
-    failed = float(snapshot.get("failure_ratio") or 0.0) * 100
-    return f"{latency} · failed {failed:.2g}% · n={snapshot.get('count', 0)}"
+    failed = ratio_text(float(snapshot.get("failure_ratio") or 0.0))  # not :g, 1e+02%
+    return f"{latency} · failed {failed} · n={snapshot.get('count', 0)}"
 
 
 def watch_rows(experiment: dict[str, Any], latest: dict[str, Any] | None) -> Rows:

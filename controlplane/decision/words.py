@@ -54,6 +54,8 @@ def _mapping(value: Any) -> Mapping[str, Any]:
 
 def ms_text(value: float) -> str:
     """A latency as people say it: 407 ms, 12.5 ms, 0.42 ms, 2.4 s."""
+    if value >= 100_000:
+        return f"{value / 1000:.0f} s"  # :.3g would write 1.23e+03 s
     if value >= 10_000:
         return f"{value / 1000:.3g} s"
     if value >= 100:

@@ -53,7 +53,8 @@ def test_moments_are_iso_8601_with_a_relative_part(
 
 @pytest.mark.parametrize(
     ("value", "text"),
-    [(407.4, "407 ms"), (88.0, "88 ms"), (12.54, "12.5 ms"), (0.42, "0.42 ms"), (24_000, "24 s")],
+    [(407.4, "407 ms"), (88.0, "88 ms"), (12.54, "12.5 ms"), (0.42, "0.42 ms"), (24_000, "24 s"),
+     (123_456, "123 s"), (1_234_567, "1235 s")],
 )
 def test_latencies(value: float, text: str) -> None:
     assert ms_text(value) == text
