@@ -143,6 +143,40 @@ def dashboard_address(settings: Settings, *, tls: bool) -> str:
     return dashboard_url(api_address(settings, tls=tls))
 
 
+def listen_problem(host: str, port: int) -> str | None:
+    """Why the API could not listen on host:port, or None. Checked before anything
+    starts: uvicorn finds out only after the lifespan ran, a second `canary dev` would
+    by then have revoked the first one's token and replaced its join file."""
+    import errno
+    import socket
+
+    if port == 0:
+        return None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            if exc.errno == errno.EADDRINUSE:
+                return (f"cannot listen on {where}: the address is in use (another canary "
+                        "dev or serve?); choose another with --listen")
+            return f"cannot listen on {where}: {exc.strerror or exc}"
+    return None
+
+
+def _listen_or_exit(settings: Settings, command: str) -> None:
+    problem = listen_problem(*settings.listen_host_port)
+    if problem is not None:
+        typer.echo(f"canary {command}: {problem}", err=True)
+        raise typer.Exit(1)
+
+
 def run_api(
     settings: Settings,
     *,
@@ -438,6 +472,7 @@ def register(app: typer.Typer) -> None:
             redis_url="memory://",
             **observability_settings(log_format, otel_endpoint, trace_sample_ratio),
         )  # fmt: skip
+        _listen_or_exit(settings, "dev")
         _setup_logging(settings)
         _migrate_or_exit(settings.database_url)
         log.info("database: %s (SQLite, migrated to head)", path)
@@ -524,6 +559,7 @@ def register(app: typer.Typer) -> None:
             max_body_bytes=max_body_bytes,
             **observability_settings(log_format, otel_endpoint, trace_sample_ratio),
         )
+        _listen_or_exit(settings, "serve")
         _setup_logging(settings)
         try:
             tls_options(settings)

@@ -71,3 +71,27 @@ def test_a_listen_address_without_a_port_is_one_line_not_a_traceback(
     assert out == ""
     assert err.count("\n") == 1, err
     assert "expected HOST:PORT, got 'bogus'" in err
+
+
+@pytest.mark.parametrize("command", ["serve", "dev"])
+def test_a_listen_address_in_use_is_one_line_before_anything_starts(
+    command: str, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second `canary dev` beside a running one must not revoke its token, replace its
+    join file or print join commands for a control plane that never listens."""
+    import socket
+
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        code = main([command, "--listen", address, "--backends", "memory"]
+                    if command == "dev" else
+                    [command, "--listen", address, "--database-url", "sqlite:///x.db"])
+    out, err = capsys.readouterr()
+    assert (code, out) == (1, "")
+    assert err == (f"canary {command}: cannot listen on {address}: the address is in use "
+                   "(another canary dev or serve?); choose another with --listen\n")
+    assert list(tmp_path.iterdir()) == []  # no database, no join file
