@@ -157,8 +157,8 @@ class Settings(BaseSettings):
     @field_validator("public_url")
     @classmethod
     def _public_url_shape(cls, value: str) -> str:
-        if value:
-            split_upstream(value)
+        if value:  # a browser's address: no h2c://, and not called an upstream
+            split_upstream(value, what="the public", schemes=("http", "https"))
         return value
 
     @property

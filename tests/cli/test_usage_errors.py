@@ -95,3 +95,14 @@ def test_a_listen_address_in_use_is_one_line_before_anything_starts(
     assert err == (f"canary {command}: cannot listen on {address}: the address is in use "
                    "(another canary dev or serve?); choose another with --listen\n")
     assert list(tmp_path.iterdir()) == []  # no database, no join file
+
+
+def test_a_bad_public_url_is_named_as_the_public_url(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CANARY_PUBLIC_URL", "ftp://canary.example.com")
+    assert main(["serve", "--listen", "127.0.0.1:0"]) == 2
+    err = capsys.readouterr().err
+    assert "public_url: the public URL must start with http:// or https://" in err
+    assert "upstream" not in err
