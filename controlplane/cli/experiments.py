@@ -290,6 +290,9 @@ def _status_view(experiment: dict[str, Any], latest: dict[str, Any] | None) -> R
     parts: list[RenderableType] = [Text(head, style="bold"), Padding(
         Text(standing_text(experiment)), (0, 0, 0, 2)
     )]
+    confirmation = confirmation_text(experiment)  # etcd holding it is not a sidecar serving it
+    if confirmation is not None:
+        parts.append(Padding(Text(f"route: {confirmation}"), (0, 0, 0, 2)))
     if latest:
         parts.append(Text(f"latest: {time_text(latest.get('at'))}  {dash(latest.get('kind'))}"))
         parts.append(Padding(Text(str(latest.get("summary") or latest.get("reason") or "")),
