@@ -148,3 +148,18 @@ def test_a_join_file_left_by_a_control_plane_that_is_gone_is_one_line(tmp_path: 
         f"join file {gone}: nothing answers at etcd 127.0.0.1:{ports[0]}: is `canary dev` "
         "still running? (one killed leaves its join file behind)"
     )
+
+
+def test_the_quickstart_service_on_a_port_in_use_says_so_in_one_line() -> None:
+    import socket
+
+    script = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "quickstart_service.py"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, str(script), str(port), "1"],
+                                capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1
+    assert result.stderr == (f"quickstart_service.py: cannot listen on 127.0.0.1:{port}: "
+                             "Address already in use\n")
