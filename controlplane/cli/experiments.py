@@ -210,17 +210,17 @@ def _windows_table(experiment: dict[str, Any]) -> RenderableType | None:
     snapshots = live.get("snapshots")
     if not snapshots:
         return None
+    # one column per variant, one row per figure: twelve figures side by side were cut
+    # to "fir…" on an 80-column terminal
+    names = sorted(snapshots)
     table = Table(title="windows (ms)", title_justify="left")
-    table.add_column("variant")
-    columns = ["samples", "failures", "total p50", "total p95", "total p99"]
-    columns += ["first byte p50", "first byte p95", "first byte p99", "no first byte"]
-    columns += ["shed", "shed %"]
-    for column in columns:
-        table.add_column(column, justify="right")
-    for name, snap in sorted(snapshots.items()):
+    table.add_column("")
+    for name in names:
+        table.add_column(str(name), justify="right")
+
+    def figures(snap: dict[str, Any]) -> list[str]:
         head = snap.get("first_byte") or {}
-        table.add_row(
-            name,
+        return [
             dash(snap.get("count")),
             dash(snap.get("failures")),
             *(_ms(snap.get(p)) for p in ("p50_ms", "p95_ms", "p99_ms")),
@@ -228,7 +228,14 @@ def _windows_table(experiment: dict[str, Any]) -> RenderableType | None:
             dash(snap.get("samples_without_first_byte")),
             dash(snap.get("shed")),
             _percent(snap.get("shed_share")),
-        )
+        ]
+
+    labels = ["samples", "failures", "total p50", "total p95", "total p99",
+              "first byte p50", "first byte p95", "first byte p99", "no first byte",
+              "shed", "shed %"]  # fmt: skip
+    by_variant = [figures(snapshots[name] or {}) for name in names]
+    for row, label in enumerate(labels):
+        table.add_row(label, *(values[row] for values in by_variant))
     return table
 
 
@@ -287,6 +294,9 @@ def _status_view(experiment: dict[str, Any], latest: dict[str, Any] | None) -> R
     parts: list[RenderableType] = [Text(head, style="bold"), Padding(
         Text(standing_text(experiment)), (0, 0, 0, 2)
     )]
+    confirmation = confirmation_text(experiment)  # etcd holding it is not a sidecar serving it
+    if confirmation is not None:
+        parts.append(Padding(Text(f"route: {confirmation}"), (0, 0, 0, 2)))
     if latest:
         parts.append(Text(f"latest: {time_text(latest.get('at'))}  {dash(latest.get('kind'))}"))
         parts.append(Padding(Text(str(latest.get("summary") or latest.get("reason") or "")),

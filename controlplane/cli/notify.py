@@ -109,13 +109,22 @@ def send_sample(url: str, secret: str, fmt: str) -> dict[str, Any]:
     return asyncio.run(once())
 
 
+def cell_text(value: Any) -> str:
+    """A table cell as people read it: a list as its items, a flag as yes or no."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return ", ".join(str(item) for item in value) or "-"
+    return dash(value)
+
+
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(*columns)
     for row in rows:
-        table.add_row(*(dash(row.get(c)) for c in columns))
+        table.add_row(*(cell_text(row.get(c)) for c in columns))
     Console(markup=False).print(table)
 
 

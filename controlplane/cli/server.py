@@ -57,7 +57,11 @@ def settings_with(**overrides: str | int | None) -> Settings:
     try:
         return Settings.model_validate(given)
     except ValidationError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+        # one line naming the setting, as the sidecar and collector say it
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise typer.BadParameter(f"{where}: {message}") from exc
 
 
 def background_services(
@@ -139,6 +143,40 @@ def dashboard_address(settings: Settings, *, tls: bool) -> str:
     from controlplane.api.pages import dashboard_url
 
     return dashboard_url(api_address(settings, tls=tls))
+
+
+def listen_problem(host: str, port: int) -> str | None:
+    """Why the API could not listen on host:port, or None. Checked before anything
+    starts: uvicorn finds out only after the lifespan ran, a second `canary dev` would
+    by then have revoked the first one's token and replaced its join file."""
+    import errno
+    import socket
+
+    if port == 0:
+        return None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            if exc.errno == errno.EADDRINUSE:
+                return (f"cannot listen on {where}: the address is in use (another canary "
+                        "dev or serve?); choose another with --listen")
+            return f"cannot listen on {where}: {exc.strerror or exc}"
+    return None
+
+
+def _listen_or_exit(settings: Settings, command: str) -> None:
+    problem = listen_problem(*settings.listen_host_port)
+    if problem is not None:
+        typer.echo(f"canary {command}: {problem}", err=True)
+        raise typer.Exit(1)
 
 
 def run_api(
@@ -263,7 +301,7 @@ def _bootstrap_token_or_exit(settings: Settings) -> None:
     from controlplane.db.session import db_errors, make_engine, make_sessionmaker
     from controlplane.db.tokens import ensure_bootstrap_token
     from controlplane.kernel.clock import SystemClock, utc_now
-    from controlplane.kernel.errors import CanaryError, ConfigError
+    from controlplane.kernel.errors import CanaryError, ConfigError, Conflict
     from controlplane.kernel.secrets import read_secret_file
 
     path = settings.bootstrap_admin_token_file
@@ -278,9 +316,17 @@ def _bootstrap_token_or_exit(settings: Settings) -> None:
             )
         engine = make_engine(settings.database_url)
         try:
-            with db_errors(), make_sessionmaker(engine).begin() as session:
-                done = ensure_bootstrap_token(session=session, token=token,
-                                              now=utc_now(SystemClock()))
+            for attempt in (1, 2):
+                try:
+                    with db_errors(), make_sessionmaker(engine).begin() as session:
+                        done = ensure_bootstrap_token(session=session, token=token,
+                                                      now=utc_now(SystemClock()))
+                    break
+                except Conflict:
+                    # replicas starting together: another one installed it while this
+                    # one inserted; reading again finds it
+                    if attempt == 2:
+                        raise
         finally:
             engine.dispose()
     except CanaryError as exc:
@@ -428,6 +474,7 @@ def register(app: typer.Typer) -> None:
             redis_url="memory://",
             **observability_settings(log_format, otel_endpoint, trace_sample_ratio),
         )  # fmt: skip
+        _listen_or_exit(settings, "dev")
         _setup_logging(settings)
         _migrate_or_exit(settings.database_url)
         log.info("database: %s (SQLite, migrated to head)", path)
@@ -514,6 +561,7 @@ def register(app: typer.Typer) -> None:
             max_body_bytes=max_body_bytes,
             **observability_settings(log_format, otel_endpoint, trace_sample_ratio),
         )
+        _listen_or_exit(settings, "serve")
         _setup_logging(settings)
         try:
             tls_options(settings)

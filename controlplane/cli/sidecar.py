@@ -61,7 +61,32 @@ def joined_backends(
             if value is not None]  # fmt: skip
     if both:
         raise ConfigError(f"--join sets {', '.join(both)}: give one or the other")
-    return read_join(join)
+    joined = read_join(join)
+    _still_there(join, joined)
+    return joined
+
+
+def _still_there(join: str, joined: DevJoin) -> None:
+    """A `canary dev` that was killed leaves its join file: refuse it at once rather
+    than retry a dead etcd forever behind 503s. The ports are this run's own, so a
+    control plane that is gone never comes back on them."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from controlplane.kernel.errors import ConfigError
+    from controlplane.kernel.settings import parse_host_port
+
+    redis = urlsplit(joined.redis_url)
+    for name, (host, port) in (("etcd", parse_host_port(joined.etcd)),
+                               ("Redis", (redis.hostname or "", redis.port or 0))):
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+        except OSError:
+            where = joined.etcd if name == "etcd" else joined.redis_url
+            raise ConfigError(
+                f"join file {join}: nothing answers at {name} {where}: is `canary dev` "
+                "still running? (one killed leaves its join file behind)"
+            ) from None
 
 
 def _in_process_warnings(settings: Settings) -> list[str]:

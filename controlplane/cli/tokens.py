@@ -83,12 +83,17 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json([info.__dict__ for info in found])
             return
+        from controlplane.cli.experiments import time_text
+
         for info in found:
-            used = info.last_used_at.isoformat() if info.last_used_at else "never"
-            state = f"revoked {info.revoked_at.isoformat()}" if info.revoked_at else "live"
+            # the seconds in UTC, as every other CLI time (not +00:00 and microseconds)
+            used = time_text(info.last_used_at.isoformat()) if info.last_used_at else "never"
+            state = (f"revoked {time_text(info.revoked_at.isoformat())}" if info.revoked_at
+                     else "live")
             typer.echo(
                 f"{info.id:>4}  {info.name:<24} {info.role.value:<9} created "
-                f"{info.created_at.isoformat()} by {info.created_by}, used {used}, {state}"
+                f"{time_text(info.created_at.isoformat())} by {info.created_by}, used {used}, "
+                f"{state}"
             )
 
     @token.command("revoke")

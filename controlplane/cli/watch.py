@@ -1,6 +1,7 @@
 """`canary exp watch ID`: an experiment live on a terminal until it ends.
 
-State, step, weights, breaker, the windows as judged, what the controller said last,
+State, step, weights, breaker, the windows as judged, where the rollout stands in words
+and what the controller said last,
 the probe's time to verdict and whether a data plane holds the route, refreshed every
 `--interval` seconds. It ends by itself once the experiment is promoted, rolled back
 or aborted (exit 0: watching is not a gate, `exp wait` is); Ctrl-C stops watching and
@@ -22,6 +23,7 @@ from controlplane.cli.experiments import (
     weight_text,
 )
 from controlplane.cli.remote import dash
+from controlplane.decision.words import ratio_text
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -34,8 +36,8 @@ def _window(snapshot: Any) -> str:
         return "no window yet"
     p95 = snapshot.get("p95_ms")
     latency = "P95 -" if p95 is None else f"P95 {float(p95):.0f} ms"
-    failed = float(snapshot.get("failure_ratio") or 0.0) * 100
-    return f"{latency} · failed {failed:.2g}% · n={snapshot.get('count', 0)}"
+    failed = ratio_text(float(snapshot.get("failure_ratio") or 0.0))  # not :g, 1e+02%
+    return f"{latency} · failed {failed} · n={snapshot.get('count', 0)}"
 
 
 def watch_rows(experiment: dict[str, Any], latest: dict[str, Any] | None) -> Rows:
@@ -64,6 +66,9 @@ def watch_rows(experiment: dict[str, Any], latest: dict[str, Any] | None) -> Row
         rows.append(("probe", str(probe["sentence"])))
     if live.get("held_reason"):
         rows.append(("held", str(live["held_reason"])))
+    standing = live.get("summary") or experiment.get("summary")
+    if standing:  # the sentence first, the controller's reason (with its numbers) beside
+        rows.append(("standing", str(standing)))
     if live.get("last_reason"):
         rows.append(("last decision", str(live["last_reason"])))
     route = confirmation_text(experiment)

@@ -36,6 +36,16 @@ def duration_text(seconds: float) -> str:
     return f"{hours} h {rest // 60} min" if rest >= 60 else f"{hours} h"
 
 
+def rate_text(per_sec: float) -> str:
+    """'0.14', '15', '12000': two significant digits below 10, whole numbers above, and
+    never an exponent ('1.2e+02' is what `:.2g` makes of 120)."""
+    if per_sec >= 10:
+        return f"{per_sec:.0f}"
+    if per_sec >= 0.0001:
+        return f"{per_sec:.2g}"
+    return "under 0.0001"
+
+
 def estimate_probe(
     *,
     weight_bp: int,
@@ -63,7 +73,7 @@ def estimate_probe(
         verdict_at = max(window_ends_at, samples_at)
         slower = " (the samples, not the window, set the pace)" if samples_at > window_ends_at \
             else ""
-        when = (f"at {rate:.2g} samples/s the verdict is due in about "
+        when = (f"at {rate_text(rate)} samples/s the verdict is due in about "
                 f"{duration_text(verdict_at - now)}{slower}")
     return ProbeEstimate(weight_bp=weight_bp, seen=seen, needed=needed, rate_per_sec=rate,
                          window_ends_at=window_ends_at, verdict_at=verdict_at,

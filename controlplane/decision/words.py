@@ -54,6 +54,8 @@ def _mapping(value: Any) -> Mapping[str, Any]:
 
 def ms_text(value: float) -> str:
     """A latency as people say it: 407 ms, 12.5 ms, 0.42 ms, 2.4 s."""
+    if value >= 100_000:
+        return f"{value / 1000:.0f} s"  # :.3g would write 1.23e+03 s
     if value >= 10_000:
         return f"{value / 1000:.3g} s"
     if value >= 100:
@@ -339,6 +341,9 @@ def _trip_sentence(kind: str, evidence: Mapping[str, Any], now: float | None) ->
         return text + "; all traffic to the baseline"
     if after is not None:
         text += f"; canary cut to {weight_text(after)}"
+    if kind == "tripped" and trips is not None and max_trips and trips >= max_trips:
+        # the rollout ends on this trip (its rolled_back event follows): no probe comes
+        return text + "; that was the last trip allowed: rolled back"
     end = _cooldown_end(evidence)
     if end is not None:
         probe = _count(rule.get("half_open_weight"))

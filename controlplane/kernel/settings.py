@@ -168,8 +168,8 @@ class Settings(BaseSettings):
     @field_validator("public_url")
     @classmethod
     def _public_url_shape(cls, value: str) -> str:
-        if value:
-            split_upstream(value)
+        if value:  # a browser's address: no h2c://, and not called an upstream
+            split_upstream(value, what="the public", schemes=("http", "https"))
         return value
 
     @property
@@ -205,7 +205,10 @@ class Settings(BaseSettings):
     @field_validator("listen")
     @classmethod
     def _listen_shape(cls, value: str) -> str:
-        parse_host_port(value)
+        try:
+            parse_host_port(value)
+        except ConfigError as exc:  # pydantic reports only ValueError as a bad value
+            raise ValueError(str(exc)) from None
         return value
 
     @property

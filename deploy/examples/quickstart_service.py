@@ -39,8 +39,12 @@ def serve(port: int, version: int, delay_ms: float) -> ThreadingHTTPServer:
 def main(argv: list[str]) -> None:
     if len(argv) != 2 or not all(arg.isdigit() for arg in argv):
         sys.exit("usage: quickstart_service.py PORT_V1 PORT_V2")
-    serve(int(argv[0]), 1, 0)
-    serve(int(argv[1]), 2, SLOWER_MS)
+    for port, version, delay_ms in ((int(argv[0]), 1, 0), (int(argv[1]), 2, SLOWER_MS)):
+        try:
+            serve(port, version, delay_ms)
+        except (OSError, OverflowError) as exc:  # a port in use or out of range
+            sys.exit(f"quickstart_service.py: cannot listen on 127.0.0.1:{port}: "
+                     f"{getattr(exc, 'strerror', None) or exc}")
     print(f"shop version 1 on 127.0.0.1:{argv[0]}, version 2 (+{SLOWER_MS} ms) on "
           f"127.0.0.1:{argv[1]}", flush=True)
     threading.Event().wait()

@@ -3,6 +3,7 @@ authentication, and the CLI's one line for 401/403."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import httpx
@@ -42,6 +43,9 @@ def test_token_create_list_revoke_on_the_database(database: str, api_url: str) -
 
     listed = runner.invoke(app, ["token", "list", "--database-url", database])
     assert "ci" in listed.stdout and "operator" in listed.stdout and token not in listed.stdout
+    line = next(row for row in listed.stdout.splitlines() if " ci " in row)
+    assert re.search(r" created \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ by ", line), line
+    assert "+00:00" not in line and "used never, live" in line
 
     again = runner.invoke(app, ["token", "create", "--name", "ci", "--role", "admin",
                                 "--database-url", database])  # fmt: skip

@@ -72,3 +72,21 @@ def test_status_says_the_standing_and_the_latest_event_whole() -> None:
     )
     assert "cooling down until 08:01:20Z (in 55 s)" in joined
     assert f"latest: 2027-01-15T08:00:20Z  tripped {SENTENCE}" in joined
+
+
+def test_status_says_whether_a_data_plane_holds_the_route() -> None:
+    """etcd holding the route ("applied") is not a sidecar serving it (decision 0053)."""
+    from controlplane.cli.experiments import _status_view
+
+    experiment = {
+        "id": 7, "service": "shop", "state": "running", "current_step": 0, "trips": 0,
+        "steps": [{"weight_pct": 1, "hold_sec": 60}], "canary_weight_bp": 100,
+        "breaker_state": "closed", "route_applied": True,
+        "route_confirmation": {"confirmed": False, "data_planes": 0, "confirmed_by": 0,
+                               "sentence": "published, not yet confirmed: no data plane "
+                                           "reported within 30 s"},
+    }  # fmt: skip
+    joined = " ".join(line.strip() for line in rendered(_status_view(experiment, None))
+                      .splitlines())
+    assert "route: published, not yet confirmed: no data plane reported within 30 s" in joined
+

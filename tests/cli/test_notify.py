@@ -173,6 +173,17 @@ def test_deliveries_are_listed(api_url: str) -> None:
     assert bad.exit_code == 2 and bad.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(["tripped", "rolled_back"], "tripped, rolled_back"), ([], "-"), (True, "yes"),
+     (False, "no"), (None, "-"), ("", "-"), (3, "3")],
+)
+def test_table_cells_read_as_words_not_python(value: Any, text: str) -> None:
+    from controlplane.cli.notify import cell_text
+
+    assert cell_text(value) == text
+
+
 def test_add_list_test_and_rm_a_subscription(
     api_url: str, receiver: Receiver, hook_url: str, secret_file: Path
 ) -> None:
@@ -193,6 +204,8 @@ def test_add_list_test_and_rm_a_subscription(
     assert "secret" not in mine
     table = canary("notify", "list", "--api", api_url).stdout
     assert "cli-add" in table and secret not in table
+    row = next(line for line in table.splitlines() if "cli-add" in line)
+    assert "tripped" in row and "['" not in row and "True" not in row and "yes" in row
 
     tested = canary("notify", "test", "--subscription", sub_id, "--api", api_url)
     assert tested.exit_code == 0, tested.output

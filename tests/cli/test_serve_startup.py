@@ -118,3 +118,46 @@ def test_a_bootstrap_file_without_one_token_is_refused(
     err = capsys.readouterr().err
     assert err.startswith("canary serve: bootstrap admin token: ") and err.count("\n") == 1
     assert live(sqlite_url) == []
+
+
+def test_two_replicas_installing_the_bootstrap_token_at_once_both_start(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """The second replica's insert waits on the first's unique key, then fails when it
+    commits: it reads again and finds the token installed, instead of exiting."""
+    import threading
+    import time
+
+    from sqlalchemy import text
+
+    from controlplane.db.tokens import ensure_bootstrap_token
+
+    migrate.upgrade(pg_url)
+    settings = Settings(database_url=pg_url, bootstrap_admin_token_file=token_file(tmp_path, TOKEN))
+    engine = make_engine(pg_url)
+    outcome: list[BaseException | None] = []
+
+    def second_replica() -> None:
+        try:
+            _bootstrap_token_or_exit(settings)
+            outcome.append(None)
+        except BaseException as exc:  # typer.Exit too: the test reports what was raised
+            outcome.append(exc)
+
+    with make_sessionmaker(engine).begin() as first:
+        ensure_bootstrap_token(session=first, token=TOKEN, now=datetime.now(UTC))  # flushed
+        racer = threading.Thread(target=second_replica)
+        racer.start()
+        with engine.connect() as watcher:  # commit only once the second waits on the lock
+            deadline = time.monotonic() + 10
+            while not watcher.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"
+            )).scalar() and racer.is_alive():
+                assert time.monotonic() < deadline, "the second replica never waited"
+                time.sleep(0.02)
+                watcher.rollback()
+    racer.join(10)
+    assert outcome == [None], outcome
+    assert live(pg_url) == [("bootstrap-admin", "admin")]
+    engine.dispose()

@@ -38,9 +38,20 @@ def rendered(experiment: dict[str, Any]) -> str:
     return console.export_text()
 
 
+LABELS = ["samples", "failures", "total p50", "total p95", "total p99", "first byte p50",
+          "first byte p95", "first byte p99", "no first byte", "shed", "shed %"]
+
+
 def cells(text: str, variant: str) -> list[str]:
-    line = next(row for row in text.splitlines() if row.startswith(f"│ {variant} "))
-    return [cell.strip() for cell in line.strip("│").split("│")]
+    """The variant's figures, one per row of the table (a column per variant)."""
+    lines = text.splitlines()
+    header = next(line for line in lines if f" {variant} " in line and line.startswith("┃"))
+    position = [cell.strip() for cell in header.strip("┃").split("┃")].index(variant)
+    found = [variant]
+    for label in LABELS:
+        line = next(row for row in lines if row.startswith(f"│ {label} "))
+        found.append([cell.strip() for cell in line.strip("│").split("│")][position])
+    return found
 
 
 def test_show_prints_the_total_and_the_first_byte_of_each_variant() -> None:
@@ -88,3 +99,15 @@ def test_show_prints_the_shed_requests_and_the_overload_hold() -> None:
     assert "held: the baseline's sidecars are shedding requests (overload: hold)" in text
     calm = {"id": 4, "rule": {"overload": "judge"}, "live": {"overload_held": False}}
     assert "judged while shedding (overload: judge)" in rendered(calm)
+
+
+def test_the_windows_fit_an_80_column_terminal() -> None:
+    experiment = {"id": 4, "live": {"snapshots": {
+        "canary": window("canary", 300, 3_020.0, head(300, 21.5)),
+        "baseline": window("baseline", 2_000, 2_900.0, head(1_500, 18.25)),
+    }}}  # fmt: skip
+    console = Console(width=80, record=True, force_terminal=False)
+    console.print(_experiment_view(experiment))
+    text = console.export_text()
+    assert "…" not in text
+    assert cells(text, "canary")[1:6] == ["300", "1", "1510.0", "3020.0", "4530.0"]

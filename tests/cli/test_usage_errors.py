@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from controlplane.cli.main import main
@@ -56,3 +58,51 @@ def test_a_sidecar_default_upstream_in_another_spelling_is_one_line_naming_the_a
         "canary sidecar: upstream URL host is 127.0.0.1 written in another form; "
         "write it as 127.0.0.1\n"
     )
+
+
+@pytest.mark.parametrize("command", ["serve", "dev"])
+def test_a_listen_address_without_a_port_is_one_line_not_a_traceback(
+    command: str, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)  # dev would otherwise leave its database here
+    assert main([command, "--listen", "bogus"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1, err
+    assert "expected HOST:PORT, got 'bogus'" in err
+
+
+@pytest.mark.parametrize("command", ["serve", "dev"])
+def test_a_listen_address_in_use_is_one_line_before_anything_starts(
+    command: str, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second `canary dev` beside a running one must not revoke its token, replace its
+    join file or print join commands for a control plane that never listens."""
+    import socket
+
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        code = main([command, "--listen", address, "--backends", "memory"]
+                    if command == "dev" else
+                    [command, "--listen", address, "--database-url", "sqlite:///x.db"])
+    out, err = capsys.readouterr()
+    assert (code, out) == (1, "")
+    assert err == (f"canary {command}: cannot listen on {address}: the address is in use "
+                   "(another canary dev or serve?); choose another with --listen\n")
+    assert list(tmp_path.iterdir()) == []  # no database, no join file
+
+
+def test_a_bad_public_url_is_named_as_the_public_url(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CANARY_PUBLIC_URL", "ftp://canary.example.com")
+    assert main(["serve", "--listen", "127.0.0.1:0"]) == 2
+    err = capsys.readouterr().err
+    assert "public_url: the public URL must start with http:// or https://" in err
+    assert "upstream" not in err

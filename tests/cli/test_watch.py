@@ -36,11 +36,29 @@ def test_a_look_shows_windows_probe_and_route_in_words() -> None:
     assert rows["experiment"] == "7 shop v2 (shop)"
     assert rows["step"] == "1/2" and rows["canary weight"] == "1%"
     assert rows["breaker"] == "half_open, trips 1 of 3"
-    assert rows["canary"] == "P95 407 ms · failed 0% · n=68"
-    assert rows["baseline"] == "P95 88 ms · failed 1% · n=900"
+    assert rows["canary"] == "P95 407 ms · failed 0.0% · n=68"
+    assert rows["baseline"] == "P95 88 ms · failed 1.0% · n=900"
     assert rows["probe"].startswith("probing at 1% of traffic: 12 of 30")
     assert rows["route"] == "confirmed by 2 of 2 data plane(s)"
     assert rows["latest event"] == "half_open open → half_open: cooldown over"
+
+
+def test_a_look_says_where_the_rollout_stands_before_the_controllers_reason() -> None:
+    ended = {**HALF_OPEN, "state": "rolled_back", "summary": "rolled back: all traffic to the "
+             "baseline", "live": {**HALF_OPEN["live"], "last_reason": "trip 1 of max_trips 1: "
+                                  "rolled back; window: breach: latency 1 vs bound 0.05"}}
+    labels = [label for label, _ in watch_rows(ended, None)]
+    rows = dict(watch_rows(ended, None))
+    assert rows["standing"] == "rolled back: all traffic to the baseline"
+    assert labels.index("standing") < labels.index("last decision")
+    live_summary = {**HALF_OPEN, "live": {**HALF_OPEN["live"], "summary": "probing at 1%"}}
+    assert dict(watch_rows(live_summary, None))["standing"] == "probing at 1%"
+
+
+def test_a_canary_failing_every_request_reads_100_percent() -> None:
+    broken = {**HALF_OPEN, "live": {**HALF_OPEN["live"], "snapshots": {
+        "canary": {"p95_ms": 3.0, "failure_ratio": 1.0, "count": 40}}}}
+    assert dict(watch_rows(broken, None))["canary"] == "P95 3 ms · failed 100.0% · n=40"
 
 
 class Scripted:

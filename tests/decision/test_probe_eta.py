@@ -53,3 +53,14 @@ def test_with_the_samples_in_only_the_window_is_left(now: float, ending: str) ->
                            now=now)
     assert found.sentence.endswith(ending)
     assert found.verdict_at == max(T0 + 10, now)
+
+
+@pytest.mark.parametrize(("seen", "elapsed", "rate"), [
+    (12, 84, "0.14"), (1, 4000, "0.00025"), (30, 10, "3"), (150, 10, "15"), (1200, 10, "120"),
+    (120_000, 10, "12000"),
+])
+def test_the_probes_rate_reads_as_a_plain_number(seen: int, elapsed: float, rate: str) -> None:
+    found = estimate_probe(weight_bp=100, started_at=T0, window_sec=5, seen=seen,
+                           needed=seen + 10, now=T0 + elapsed)
+    assert f"at {rate} samples/s the verdict" in found.sentence
+    assert "e+" not in found.sentence and "e-" not in found.sentence

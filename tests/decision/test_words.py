@@ -19,7 +19,7 @@ from controlplane.decision.words import (
     status_sentence,
     when_text,
 )
-from tests.decision.factory import STEPS, T0
+from tests.decision.factory import STEPS, T0, rule
 from tests.decision.test_rollout import tripped
 
 NOW = T0  # 2027-01-15T08:00:00Z
@@ -53,7 +53,8 @@ def test_moments_are_iso_8601_with_a_relative_part(
 
 @pytest.mark.parametrize(
     ("value", "text"),
-    [(407.4, "407 ms"), (88.0, "88 ms"), (12.54, "12.5 ms"), (0.42, "0.42 ms"), (24_000, "24 s")],
+    [(407.4, "407 ms"), (88.0, "88 ms"), (12.54, "12.5 ms"), (0.42, "0.42 ms"), (24_000, "24 s"),
+     (123_456, "123 s"), (1_234_567, "1235 s")],
 )
 def test_latencies(value: float, text: str) -> None:
     assert ms_text(value) == text
@@ -149,6 +150,15 @@ def test_a_trip_decided_by_the_rollout_reads_with_its_numbers() -> None:
         "at 1% from 08:01:20Z (in 55 s)"
     )
     assert "e-" not in event_sentence(event.kind, event.reason, event.payload)  # no p-values
+
+
+def test_the_last_trip_allowed_promises_no_probe() -> None:
+    decision = tripped(r=rule(max_trips=1))
+    trip = next(e for e in decision.events if e.kind == "tripped")
+    text = event_sentence(trip.kind, trip.reason, trip.payload, now=T0 + 25)
+    assert text.startswith("tripped (trip 1 of 1): canary P95 900 ms > bound 300 ms")
+    assert text.endswith("; canary cut to 0%; that was the last trip allowed: rolled back")
+    assert "probe" not in text
 
 
 @pytest.mark.parametrize(

@@ -111,3 +111,55 @@ def test_an_unknown_backends_choice_is_a_usage_error() -> None:
     assert result.returncode == 2
     assert result.stderr.strip().endswith("--backends must be auto, local or memory, got 'cloud' "
                                           "(see 'canary dev --help')")
+
+
+def _join_file(tmp_path: Path, etcd_port: int, redis_port: int) -> Path:
+    from controlplane.kernel.dev_join import DevJoin, write_join
+
+    path = tmp_path / "canary-dev.json"
+    write_join(path, DevJoin(etcd=f"127.0.0.1:{etcd_port}", etcd_prefix="/canary",
+                             redis_url=f"redis://127.0.0.1:{redis_port}/0",
+                             sample_keys_file=str(tmp_path / "keys"),
+                             api="http://127.0.0.1:8080"))  # fmt: skip
+    return path
+
+
+def test_a_join_file_left_by_a_control_plane_that_is_gone_is_one_line(tmp_path: Path) -> None:
+    """`canary dev` killed leaves its join file; a sidecar joining it would retry a dead
+    etcd forever, logging, and answer 503."""
+    import socket
+
+    from controlplane.cli.sidecar import joined_backends
+    from controlplane.kernel.errors import ConfigError
+
+    with socket.socket() as etcd, socket.socket() as redis:
+        for listener in (etcd, redis):
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+        ports = etcd.getsockname()[1], redis.getsockname()[1]
+        alive = _join_file(tmp_path, *ports)
+        assert joined_backends(str(alive), etcd=None, etcd_prefix=None, redis=None,
+                               sample_keys_file=None).etcd == f"127.0.0.1:{ports[0]}"
+    gone = _join_file(tmp_path, *ports)  # the same ports, nothing listening any more
+    with pytest.raises(ConfigError) as caught:
+        joined_backends(str(gone), etcd=None, etcd_prefix=None, redis=None,
+                        sample_keys_file=None)
+    assert str(caught.value) == (
+        f"join file {gone}: nothing answers at etcd 127.0.0.1:{ports[0]}: is `canary dev` "
+        "still running? (one killed leaves its join file behind)"
+    )
+
+
+def test_the_quickstart_service_on_a_port_in_use_says_so_in_one_line() -> None:
+    import socket
+
+    script = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "quickstart_service.py"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, str(script), str(port), "1"],
+                                capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1
+    assert result.stderr == (f"quickstart_service.py: cannot listen on 127.0.0.1:{port}: "
+                             "Address already in use\n")
