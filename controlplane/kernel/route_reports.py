@@ -24,6 +24,9 @@ from typing import Protocol, runtime_checkable
 REPORT_EVERY_SEC = 5.0  # a data plane's report, when nothing changes
 FRESH_SEC = 30.0  # reports older than this are a data plane gone (or a clock far off)
 FORGET_SEC = 120.0  # reports older than this are removed by the next writer
+# a report dated further ahead than this is a clock far off (or a forgery): it is not
+# counted, and the next writer removes it, so it cannot stay "fresh" for ever
+CLOCK_SKEW_SEC = 10.0
 MAX_REPORTS = 1024  # a reader looks at this many of the newest members at most
 MAX_REVISION = 2**62
 INSTANCE = re.compile(r"[A-Za-z0-9._:-]{1,160}")
@@ -59,29 +62,40 @@ class Confirmation:
 
     data_planes: int  # data planes that reported within FRESH_SEC
     confirmed: int  # of which hold `revision` or a later one
+    future: int = 0  # reports dated more than CLOCK_SKEW_SEC ahead: not counted
 
     @property
     def sentence(self) -> str:
         if self.data_planes == 0:
-            return (f"published, not yet confirmed: no data plane reported within "
+            said = (f"published, not yet confirmed: no data plane reported within "
                     f"{FRESH_SEC:g} s (is a sidecar or router running for this service?)")
-        if self.confirmed == 0:
-            return (f"published, not yet confirmed: none of {self.data_planes} data "
+        elif self.confirmed == 0:
+            said = (f"published, not yet confirmed: none of {self.data_planes} data "
                     "plane(s) holds it yet")
-        return f"confirmed by {self.confirmed} of {self.data_planes} data plane(s)"
+        else:
+            said = f"confirmed by {self.confirmed} of {self.data_planes} data plane(s)"
+        if self.future:
+            said += (f"; {self.future} report(s) dated more than {CLOCK_SKEW_SEC:g} s ahead "
+                     "ignored (a clock far off?)")
+        return said
 
 
 def confirm(reports: Iterable[RouteReport], *, revision: int, now: float) -> Confirmation:
     """Count each instance once, at its newest fresh revision (an instance that moved
     from revision 5 to 6 has both members until the older one is forgotten)."""
     newest: dict[str, int] = {}
+    future = 0
     for report in reports:
+        if report.seen_at - now > CLOCK_SKEW_SEC:
+            future += 1
+            continue
         if now - report.seen_at > FRESH_SEC:
             continue
         newest[report.instance] = max(report.revision, newest.get(report.instance, 0))
     return Confirmation(
         data_planes=len(newest),
         confirmed=sum(1 for held in newest.values() if held >= revision),
+        future=future,
     )
 
 

@@ -32,6 +32,7 @@ from controlplane.kernel.codec import source_and_seq
 from controlplane.kernel.errors import BackendUnavailable
 from controlplane.kernel.keys import is_service_name
 from controlplane.kernel.route_reports import (
+    CLOCK_SKEW_SEC,
     FORGET_SEC,
     MAX_REPORTS,
     RouteReport,
@@ -303,7 +304,7 @@ class MemoryStreams:
         members = self._route_reports.setdefault(service, {})
         members[report_member(instance, revision)] = now
         for member, seen in list(members.items()):
-            if now - seen > FORGET_SEC:
+            if now - seen > FORGET_SEC or seen - now > CLOCK_SKEW_SEC:
                 del members[member]
 
     async def route_reports(self, service: str) -> list[RouteReport]:

@@ -53,6 +53,7 @@ from controlplane.kernel.codec import source_and_seq
 from controlplane.kernel.errors import BackendError, BackendUnavailable, ConfigError
 from controlplane.kernel.keys import RedisKeys, is_service_name
 from controlplane.kernel.route_reports import (
+    CLOCK_SKEW_SEC,
     FORGET_SEC,
     MAX_REPORTS,
     RouteReport,
@@ -634,6 +635,7 @@ class RedisStreams:
             async with self._client.pipeline(transaction=False) as pipe:
                 pipe.zadd(key, {member: now})
                 pipe.zremrangebyscore(key, "-inf", now - FORGET_SEC)
+                pipe.zremrangebyscore(key, f"({now + CLOCK_SKEW_SEC}", "+inf")
                 pipe.expire(key, int(FORGET_SEC * 2))  # a service whose data planes all left
                 await pipe.execute()
 

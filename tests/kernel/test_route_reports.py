@@ -7,6 +7,7 @@ import math
 import pytest
 
 from controlplane.kernel.route_reports import (
+    CLOCK_SKEW_SEC,
     FRESH_SEC,
     RouteReport,
     confirm,
@@ -63,3 +64,14 @@ def test_confirmation_counts_fresh_data_planes_at_the_revision_or_later(
     found = confirm(reports, revision=revision, now=NOW)
     assert (found.data_planes, found.confirmed) == (planes, confirmed)
     assert words in found.sentence
+
+
+def test_a_report_dated_ahead_of_the_clock_skew_is_not_counted_and_is_said() -> None:
+    ahead = RouteReport("sc-ahead", 9, NOW + CLOCK_SKEW_SEC + 1)
+    slightly = RouteReport("sc-1", 9, NOW + CLOCK_SKEW_SEC - 1)
+    got = confirm([ahead, slightly], revision=9, now=NOW)
+    assert (got.data_planes, got.confirmed, got.future) == (1, 1, 1)
+    assert got.sentence.startswith("confirmed by 1 of 1 data plane(s); 1 report(s) dated")
+    # only the forged one: nothing confirmed, however long its date stays ahead
+    alone = confirm([ahead], revision=9, now=NOW + 1000)
+    assert (alone.data_planes, alone.confirmed) == (0, 0)

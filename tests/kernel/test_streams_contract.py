@@ -589,6 +589,22 @@ async def test_route_reports_are_read_back_newest_first_and_old_ones_forgotten(
     assert await reports.route_reports("nobody") == []
 
 
+async def test_a_route_report_dated_ahead_is_forgotten_by_the_next_writer(
+    backend: Backend,
+) -> None:
+    from controlplane.kernel.route_reports import CLOCK_SKEW_SEC, RouteReports
+
+    assert isinstance(backend.board, RouteReports)
+    reports = backend.board
+    now = 1_800_000_000.0
+    # a reporter whose clock runs a day ahead, then an honest one
+    await reports.report_route("pay", "sc-ahead", 3, now + 86_400)
+    await reports.report_route("pay", "sc-1", 4, now + CLOCK_SKEW_SEC - 1)
+    await reports.report_route("pay", "sc-2", 4, now)
+    got = await reports.route_reports("pay")
+    assert sorted(r.instance for r in got) == ["sc-1", "sc-2"]
+
+
 async def test_malformed_route_report_members_are_dropped(backend: Backend) -> None:
     from controlplane.kernel.route_reports import RouteReports
 
