@@ -27,6 +27,26 @@ REDIS = os.environ.get("CANARY_TEST_REDIS", "redis://127.0.0.1:6379/0")
 PG = os.environ.get("CANARY_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
+# tests that run for tens of seconds; their modules are handed out first (below)
+LONG_RUNNING = ("e2e", "slow")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put the modules holding long tests first, keeping every module's own order.
+
+    pytest-xdist's load scheduling deals the tests out in this order: with the long
+    ones first they are spread over the workers at the start, and the short ones
+    fill in around them, instead of one worker taking a long test near the end while
+    the others sit idle.
+    """
+    long_modules = {
+        item.nodeid.split("::", 1)[0]
+        for item in items
+        if any(item.get_closest_marker(name) for name in LONG_RUNNING)
+    }
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in long_modules)
+
+
 def unique(tag: str) -> str:
     return f"{tag}-{uuid.uuid4().hex[:10]}"
 

@@ -25,6 +25,7 @@ from controlplane.kernel.metric_specs import MetricSpec
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.providers.evidence import MetricEvidence, Reading
+from tests.support.databases import emptied, migrated
 
 T0 = 1_800_000_000
 NOW = datetime.fromtimestamp(T0, UTC)
@@ -36,6 +37,18 @@ class Stores:
     history: HistoryStore
     experiments: SqlExperimentStore
     experiment_id: int
+
+
+@pytest.fixture(scope="module")
+def migrated_pg(pg_database_url: str) -> str:
+    return migrated(pg_database_url)
+
+
+@pytest.fixture
+def pg_url(migrated_pg: str) -> str:
+    """Overrides the shared fixture: the session's migrated database, emptied (these
+    tests need the schema, not a database of their own)."""
+    return emptied(migrated_pg)
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
