@@ -34,10 +34,11 @@ LONG_RUNNING = ("e2e", "slow")
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Put the modules holding long tests first, keeping every module's own order.
 
-    pytest-xdist's load scheduling deals the tests out in this order: with the long
-    ones first they are spread over the workers at the start, and the short ones
-    fill in around them, instead of one worker taking a long test near the end while
-    the others sit idle.
+    pytest-xdist's load scheduling deals the tests out in this order (`make test`
+    passes --maxschedchunk 2, so a worker is given two at a time as it frees up): the
+    long ones are spread over the workers at the start and the short ones fill in
+    around them, instead of one worker taking a long test near the end while the
+    others sit idle.
     """
     long_modules = {
         item.nodeid.split("::", 1)[0]
