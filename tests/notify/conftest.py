@@ -16,9 +16,22 @@ from controlplane.kernel.clock import FakeClock, utc_now
 from controlplane.kernel.settings import Settings
 from controlplane.notify.records import Format, SubscriptionRecord, SubscriptionSpec
 from controlplane.runtime import Backends, open_backends
+from tests.support.databases import emptied, migrated
 from tests.support.webhooks import Receiver, receiving
 
 SECRET = "whsec_test-secret-0123456789abcdefghijklmnop"
+
+
+@pytest.fixture(scope="session")
+def migrated_pg(pg_database_url: str) -> str:
+    return migrated(pg_database_url)
+
+
+@pytest.fixture
+def pg_url(migrated_pg: str) -> str:
+    """Overrides the shared fixture: the session's migrated database, emptied (these
+    tests need the schema, not a database of their own)."""
+    return emptied(migrated_pg)
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
