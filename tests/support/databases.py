@@ -1,14 +1,19 @@
-"""A migrated PostgreSQL database handed to each test as if it were new.
+"""A migrated database handed to each test as if it were new.
 
 Creating, migrating and dropping a database per test costs seconds a case on a
 busy server (CREATE DATABASE copies a template and writes it to the WAL; DROP
 waits for a checkpoint). Tests that need a migrated schema, not a database of their
 own, share the session's one instead: before each test it is emptied to what a new
 migrated database holds (every table but alembic's empty, identities restarted)
-and left by every other connection, as DROP ... WITH (FORCE) would.
+and left by every other connection, as DROP ... WITH (FORCE) would. A SQLite
+database is a file: each test gets its own copy of one migrated once.
 """
 
 from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+from pathlib import Path
 
 import psycopg
 from psycopg import sql
@@ -47,3 +52,11 @@ def emptied(url: str) -> str:
                 sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(sql.SQL(", ").join(tables))
             )
     return url
+
+
+def copy_sqlite(template: Path, dest: Path) -> str:
+    """A copy of the SQLite database `template` at `dest` (through SQLite's backup,
+    so what its write-ahead log holds is copied too); returns its URL."""
+    with closing(sqlite3.connect(template)) as source, closing(sqlite3.connect(dest)) as copy:
+        source.backup(copy)
+    return f"sqlite:///{dest}"
