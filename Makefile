@@ -37,8 +37,10 @@ dev: install
 services: install
 	VENV_BIN=$(VENV)/bin scripts/services.sh
 
+# tests are dealt out two at a time, in collection order, which puts the modules of
+# long tests first (tests/conftest.py): each idle worker takes the longest one left
 test: services
-	$(VENV)/bin/pytest -n $(TEST_WORKERS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --maxschedchunk 2
 
 lint: install
 	$(VENV)/bin/ruff check controlplane sidecar routers tests scripts

@@ -40,6 +40,8 @@ from controlplane.kernel.settings import Settings
 from tests.conftest import ETCD, unique
 from tests.support.auth import bearer, install_test_tokens
 
+pytestmark = pytest.mark.slow
+
 # the ASGI transport's Host
 HOSTS = "testserver,localhost"
 EXAMPLES = 15

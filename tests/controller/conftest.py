@@ -1,4 +1,8 @@
-"""The `rig` of the reconciler tests: a leader over its own backends."""
+"""The `rig` of the reconciler tests: a leader over its own backends.
+
+The PostgreSQL cases share the session's migrated database, emptied before each
+test (tests/support/databases.py), instead of creating and migrating one a case.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,19 @@ from controlplane.db.migrate import upgrade
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.settings import Settings
 from controlplane.runtime import open_backends
+from tests.support.databases import emptied, migrated
 from tests.support.reconcile_rig import Rig
+
+
+@pytest.fixture(scope="session")
+def migrated_pg(pg_database_url: str) -> str:
+    return migrated(pg_database_url)
+
+
+@pytest.fixture
+def pg_url(migrated_pg: str) -> str:
+    """Overrides the shared fixture: the session's migrated database, emptied."""
+    return emptied(migrated_pg)
 
 
 @pytest.fixture

@@ -3,10 +3,11 @@ and the same distributions in both arms."""
 
 from __future__ import annotations
 
-import json
 import math
+from typing import Any
 
 import numpy as np
+import pytest
 
 from controlplane.benchmarks.decision import (
     CLUSTER_BROKEN_ERROR_RATE,
@@ -19,7 +20,6 @@ from controlplane.benchmarks.decision import (
     SIGMA,
     THRESHOLD_MS,
     ClusteredTraffic,
-    run,
     zipf_shares,
 )
 from controlplane.kernel.routes import BASELINE, CANARY
@@ -97,9 +97,12 @@ def test_the_population_marginal_is_the_independent_traffics() -> None:
     assert np.all(np.diff(shares) <= 0)
 
 
-def test_quick_run_reports_clustered_aa_beside_the_independent_one() -> None:
-    result = run(quick=True, progress=False)
-    json.dumps(result, allow_nan=False)
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # the whole quick benchmark: two minutes of one core, idle
+def test_quick_run_reports_clustered_aa_beside_the_independent_one(
+    quick_decision_report: dict[str, Any],
+) -> None:
+    result = quick_decision_report
     assert set(result["aa"]) == {"absolute", "baseline"}
     clustered = result["aa_clustered"]
     for mode in ("absolute", "baseline"):

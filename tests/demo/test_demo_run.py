@@ -11,6 +11,7 @@ from rich.console import Console
 from controlplane.demo.run import EXIT_OK, Demo, DemoOptions
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("router", ["sidecar", "nginx"])
 async def test_quick_demo_promotes_the_healthy_canary_and_rolls_back_the_degraded(
