@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from controlplane.db import migrate
 from controlplane.kernel.settings import Settings
@@ -28,6 +29,11 @@ from tests.support.redis_sentinel import SentinelSet, start_sentinel_set
 ETCD = os.environ.get("CANARY_TEST_ETCD", "127.0.0.1:2379")
 REDIS = os.environ.get("CANARY_TEST_REDIS", "redis://127.0.0.1:6379/0")
 PG = os.environ.get("CANARY_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+# a per-example deadline is a wall-clock limit: on two busy cores it fails tests whose
+# behaviour is right; speed is measured by `canary bench`, not asserted here
+hypothesis_settings.register_profile("suite", deadline=None)
+hypothesis_settings.load_profile("suite")
 
 
 # tests that run for tens of seconds; their modules are handed out first (below)

@@ -11,11 +11,11 @@ import pytest
 from controlplane.api.app import create_app
 from controlplane.controller.reconciler import RouteReconciler
 from controlplane.db import migrate
-from controlplane.db.session import make_engine
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.settings import Settings
 from controlplane.runtime import Backends, open_backends
 from tests.support.auth import bearer, install_test_tokens
+from tests.support.databases import emptied
 
 API_BASE = "http://localhost"  # a trusted Host by default
 
@@ -49,18 +49,9 @@ def migrated_pg(pg_database_url: str) -> str:
 
 @pytest.fixture
 def pg_url(migrated_pg: str) -> Iterator[str]:
-    """Overrides the shared fixture for the API tests: the same schema, emptied."""
-    engine = make_engine(migrated_pg)
-    try:
-        with engine.begin() as conn:
-            conn.exec_driver_sql(
-                "TRUNCATE notification_deliveries, notification_subscriptions, history_points, "
-                "events, service_routes, service_configs, etcd_imports, steps, variants, "
-                "experiments, api_tokens RESTART IDENTITY CASCADE"
-            )
-    finally:
-        engine.dispose()
-    yield migrated_pg
+    """Overrides the shared fixture for the API tests: the same schema, every table
+    emptied (read from the database, so a table a migration adds is emptied too)."""
+    yield emptied(migrated_pg)
 
 
 @pytest.fixture
