@@ -44,6 +44,7 @@ METHODS: dict[str, set[str]] = {
     "/v1/services/{service}/rule": {"GET", "PUT"},
     "/v1/services/{service}/rule/recommendation": {"GET"},
     "/v1/services/{service}/overload": {"GET", "PUT", "DELETE"},
+    "/v1/services/{service}/releases": {"GET"},
     "/v1/judge": {"POST"},
     "/v1/tokens": {"GET", "POST"},
     "/v1/tokens/{token_id}": {"DELETE"},
