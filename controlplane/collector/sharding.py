@@ -44,7 +44,7 @@ import json
 import math
 import zlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,14 @@ from controlplane.collector.windows import (
     WindowTotals,
     bottom_k_index,
     with_first_byte,
+)
+from controlplane.collector.second_partials import (
+    SECOND_OPENING,
+    SECOND_PARTIAL_VERSION,
+    AssembledPartial,
+    PartialCache,
+    assemble,
+    head_of,
 )
 from controlplane.kernel.errors import CodecError
 from controlplane.kernel.snapshots import WindowSnapshot
@@ -279,18 +287,69 @@ def _count(value: object) -> int:
     return value
 
 
-def parse_partials(fields: Mapping[str, str]) -> list[Partial]:
-    """The partial windows in a stats hash; unreadable ones are skipped."""
-    partials = []
+@dataclass(frozen=True)
+class SecondPartial(Partial):
+    """A format 2 partial (second_partials.py): its head as `data`, its seconds put
+    together when first summed, through the reader's cache when it has one."""
+
+    head_field: str = ""
+    fields: Mapping[str, str] = field(default_factory=dict)
+    cache: PartialCache | None = None
+    experiment: str = ""
+    _assembled: list[AssembledPartial] = field(default_factory=list)
+
+    def assembled(self) -> AssembledPartial:
+        if not self._assembled:
+            raw = self.fields[self.head_field]
+            if self.cache is not None:
+                done = self.cache.assembled(self.experiment, self.head_field, raw, self.fields)
+            else:
+                done = assemble(self.head_field, self.data, self.fields)
+            self._assembled.append(done)
+        return self._assembled[0]
+
+    def totals(
+        self,
+        variant: str,
+        *,
+        start: int,
+        threshold_ms: float | None,
+        bins: int,
+        first_byte: bool = False,
+    ) -> WindowTotals | None:
+        runs = self.assembled().runs.get(variant)
+        if runs is None:
+            return None
+        same = self.data.get("threshold_ms") == threshold_ms
+        return runs[1 if first_byte else 0].totals(start, same_threshold=same, bins=bins)
+
+
+def parse_partials(
+    fields: Mapping[str, str], *, cache: PartialCache | None = None, experiment: str = ""
+) -> list[Partial]:
+    """The partial windows in a stats hash, of either format; unreadable ones are
+    skipped. `cache` keeps what was decoded of format 2 seconds between reads."""
+    partials: list[Partial] = []
     for name, raw in fields.items():
-        if not name.startswith(PART_PREFIX):
+        if not name.startswith(PART_PREFIX) or raw.startswith(SECOND_OPENING):
             continue
         try:
             data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
             continue
-        if isinstance(data, dict) and data.get("v") == PARTIAL_VERSION:
+        if not isinstance(data, dict):
+            continue
+        if data.get("v") == PARTIAL_VERSION:
             partials.append(Partial(name[len(PART_PREFIX) :], data))
+        elif data.get("v") == SECOND_PARTIAL_VERSION:
+            try:
+                head = head_of(raw)
+            except (ValueError, TypeError, KeyError):
+                continue
+            partials.append(SecondPartial(
+                name[len(PART_PREFIX) :], head, head_field=name, fields=fields, cache=cache,
+                experiment=experiment,
+            ))  # fmt: skip
     return partials
 
 
