@@ -461,8 +461,12 @@ class PartialCache:
     partials: dict[str, dict[str, tuple[tuple[str, ...], AssembledPartial]]] = field(
         default_factory=dict
     )
+    # a window merged per (experiment, window_sec, threshold): the key it was merged
+    # under (start second, partial fields), the snapshots, each variant's newest times
+    merged: dict[tuple[str, int | None, Any], tuple[Any, Any, Any]] = field(default_factory=dict)
     hits: int = 0
     decodes: int = 0
+    merged_hits: int = 0
 
     def second(self, experiment: str, name: str, raw: str, bins: int) -> tuple[int, Second]:
         held = self.seconds.setdefault(experiment, {}).get(name)
@@ -497,3 +501,21 @@ class PartialCache:
         for table in (self.seconds, self.partials):
             for experiment in [e for e in table if e not in experiments]:
                 del table[experiment]
+        for key in [k for k in self.merged if k[0] not in experiments]:
+            del self.merged[key]
+
+
+def own_fields(fields: Mapping[str, str], head: str) -> dict[str, str]:
+    """A partial's fields in a stats hash: its head and its second fields (a field of
+    another collector whose name happens to extend this one's is not a second field:
+    it does not hold one)."""
+    out = {head: fields[head]} if head in fields else {}
+    prefix = head + SLOT_SEPARATOR
+    for name, raw in fields.items():
+        if (
+            name.startswith(prefix)
+            and name[len(prefix) :].isdigit()
+            and raw.startswith(SECOND_OPENING)
+        ):
+            out[name] = raw
+    return out

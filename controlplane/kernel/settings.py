@@ -219,6 +219,12 @@ class Settings(BaseSettings):
     admin_token_file: str | None = Field(
         default=None, description="bearer token required by admin endpoints (except probes)"
     )
+    partial_format: Literal[1, 2] = Field(
+        default=2,
+        description="how a collector writes its partial windows: 2, the seconds that "
+        "changed (decision 0058); 1, the whole window, while readers older than format 2 "
+        "are still running in a rolling upgrade",
+    )
     # the metric provider (decision 0048): where rules' `metrics:` are read
     prometheus_url: str = Field(
         default="",
