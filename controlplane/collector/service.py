@@ -99,6 +99,12 @@ HEARTBEAT_SEC = 5.0  # republish an unchanged experiment this often, so age stay
 # what counts and what the controller reads, goes out with every publish
 # (docs/decisions/0031-round-cost-at-scale.md, "The collector's publish")
 MERGED_EVERY_SEC = HEARTBEAT_SEC
+# The loop is shared with the admin endpoint (/healthz, /metrics): ingest and publish
+# give it a turn after this many entries applied / experiments exported, so a probe
+# is answered within a few tens of milliseconds however much is waiting (decision
+# 0058; at N = 1,000 a tick's exports held the loop for seconds, and a probe timed out)
+APPLY_SLICE = 32
+EXPORT_SLICE = 16
 BACKEND_RETRY = BackoffPolicy(initial=0.05, maximum=2.0)
 
 
@@ -514,7 +520,7 @@ class Collector:
         if self._prefetch is not None:
             entries = await self._take_prefetch()
             self._start_prefetch(services, entries)
-            self.apply(entries, claimed_unacked=frozenset())
+            await self.apply_in_slices(entries)
         elif services:
             # block no longer than until the next tick, so a publish is never late by
             # a whole empty read
@@ -524,7 +530,7 @@ class Collector:
                 services, COLLECTOR_GROUP, self.name, count=self.count, block_ms=block
             )
             self._start_prefetch(services, entries)
-            self.apply(entries, claimed_unacked=frozenset())
+            await self.apply_in_slices(entries)
         else:
             await asyncio.sleep(self.block_ms / 1000)  # nothing to read yet: wait for discovery
         if self.clock.monotonic() - self._last_tick >= self.tick:
@@ -583,6 +589,13 @@ class Collector:
             self.apply(entries, claimed_unacked=frozenset(listed))
             if len(entries) < self.count:
                 break
+
+    async def apply_in_slices(self, entries: Sequence[StreamEntry]) -> None:
+        """`apply` a read APPLY_SLICE entries at a time, the loop served in between."""
+        for i in range(0, len(entries), APPLY_SLICE):
+            if i:
+                await asyncio.sleep(0)
+            self.apply(entries[i : i + APPLY_SLICE], claimed_unacked=frozenset())
 
     def apply(self, entries: Sequence[StreamEntry], *, claimed_unacked: frozenset[str]) -> None:
         """Screen, de-duplicate and apply entries; nothing here awaits.
@@ -690,7 +703,9 @@ class Collector:
         # and less (docs/decisions/0031-round-cost-at-scale.md)
         behind = self._prefetch is not None
         partial_only: list[str] = []
-        for experiment, window in list(self.windows.items()):
+        for index, (experiment, window) in enumerate(list(self.windows.items())):
+            if index and index % (EXPORT_SLICE * 4) == 0:
+                await asyncio.sleep(0)
             window.advance(now)
             held = self._held.get(experiment)
             quiet_for = now - self._last_publish.get(experiment, -math.inf)
@@ -758,7 +773,9 @@ class Collector:
             return
         fields: dict[str, dict[str, str]] = {}
         included: dict[str, tuple[_Held, list[tuple[str, str]]]] = {}
-        for experiment in experiments:
+        for index, experiment in enumerate(experiments):
+            if index and index % EXPORT_SLICE == 0:
+                await asyncio.sleep(0)
             held, entries, fields[experiment] = self._own_partial(experiment, now)
             included[experiment] = (held, entries)
         await self.board.write_many(fields)
