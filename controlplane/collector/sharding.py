@@ -50,6 +50,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from controlplane.collector.second_partials import (
+    SECOND_OPENING,
+    SECOND_PARTIAL_VERSION,
+    AssembledPartial,
+    PartialCache,
+    assemble,
+    head_of,
+)
 from controlplane.collector.windows import (
     DEFAULT_ALPHA,
     MAX_WINDOW_SEC,
@@ -62,14 +70,6 @@ from controlplane.collector.windows import (
     WindowTotals,
     bottom_k_index,
     with_first_byte,
-)
-from controlplane.collector.second_partials import (
-    SECOND_OPENING,
-    SECOND_PARTIAL_VERSION,
-    AssembledPartial,
-    PartialCache,
-    assemble,
-    head_of,
 )
 from controlplane.kernel.errors import CodecError
 from controlplane.kernel.snapshots import WindowSnapshot

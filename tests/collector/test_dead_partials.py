@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from controlplane.collector.service import MERGED_EVERY_SEC, Collector
 from controlplane.collector.second_partials import own_fields
+from controlplane.collector.service import MERGED_EVERY_SEC, Collector
 from controlplane.collector.sharding import (
     EXPIRY_MARGIN_SEC,
     Partial,

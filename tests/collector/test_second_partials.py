@@ -22,8 +22,8 @@ from controlplane.collector.second_partials import (
     export_head_and_seconds,
 )
 from controlplane.collector.sharding import (
-    export_partial,
     expired_partials,
+    export_partial,
     merge_snapshots,
     parse_partials,
     part_field,
@@ -190,8 +190,9 @@ def test_a_reader_decodes_an_unchanged_second_once() -> None:
     fields: dict[str, str] = {}
     for k in range(5):
         _feed(window, rng, START + k, 50)
-        fields.update(export_head_and_seconds(window, START + k, head="@part:c",
-                                              collector="c", unacked=[], ledger=ledger))  # fmt: skip
+        fields.update(export_head_and_seconds(
+            window, START + k, head="@part:c", collector="c", unacked=[], ledger=ledger
+        ))  # fmt: skip
         ledger.sent()
     cache = PartialCache()
     snapshots_of_fields("e", fields, parse_partials(fields, cache=cache, experiment="e"),

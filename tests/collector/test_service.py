@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import redis.asyncio as redis_async
 
-from controlplane.collector.service import Collector
 from controlplane.collector.second_partials import own_fields
+from controlplane.collector.service import Collector
 from controlplane.collector.sharding import read_merged_snapshots
 from controlplane.kernel.clock import FakeClock, SystemClock
 from controlplane.kernel.codec import BatchBuilder, BatchMeta, entry_fields
