@@ -27,6 +27,7 @@ BENCHMARKS: dict[str, str] = {
     "overload-tuning": "controlplane.benchmarks.overload_tuning:run",
     "redis-cluster": "controlplane.benchmarks.redis_cluster:run",
     "scale": "controlplane.benchmarks.scale:run",
+    "round": "controlplane.benchmarks.round:run",
     "router": "controlplane.benchmarks.router:run",
 }
 
