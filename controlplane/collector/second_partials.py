@@ -458,6 +458,7 @@ class PartialCache:
     forgets the experiments it no longer reads (`keep`)."""
 
     seconds: dict[str, dict[str, tuple[str, tuple[int, Second]]]] = field(default_factory=dict)
+    heads: dict[str, dict[str, tuple[str, dict[str, Any]]]] = field(default_factory=dict)
     partials: dict[str, dict[str, tuple[tuple[str, ...], AssembledPartial]]] = field(
         default_factory=dict
     )
@@ -478,10 +479,19 @@ class PartialCache:
         self.seconds[experiment][name] = (raw, value)
         return value
 
+    def head(self, experiment: str, head_field: str, raw_head: str) -> dict[str, Any]:
+        """A head parsed (`head_of`), again only when its text changed."""
+        held = self.heads.setdefault(experiment, {}).get(head_field)
+        if held is not None and held[0] == raw_head:
+            return held[1]
+        head = head_of(raw_head)
+        self.heads[experiment][head_field] = (raw_head, head)
+        return head
+
     def assembled(
         self, experiment: str, head_field: str, raw_head: str, fields: Mapping[str, str]
     ) -> AssembledPartial:
-        head = head_of(raw_head)
+        head = self.head(experiment, head_field, raw_head)
         cap = int(head["cap"])
         listed = sorted({s for part in head["variants"].values() for s in part["sec"]})
         key = (raw_head, *(fields.get(slot_field(head_field, s % cap), "") for s in listed))
@@ -498,7 +508,7 @@ class PartialCache:
         return assembled
 
     def keep(self, experiments: set[str]) -> None:
-        for table in (self.seconds, self.partials):
+        for table in (self.seconds, self.partials, self.heads):
             for experiment in [e for e in table if e not in experiments]:
                 del table[experiment]
         for key in [k for k in self.merged if k[0] not in experiments]:

@@ -51,6 +51,7 @@ import numpy as np
 import numpy.typing as npt
 
 from controlplane.collector.second_partials import (
+    HEAD_OPENING,
     SECOND_OPENING,
     SECOND_PARTIAL_VERSION,
     AssembledPartial,
@@ -346,6 +347,16 @@ def parse_partials(
     partials: list[Partial] = []
     for name, raw in fields.items():
         if not name.startswith(PART_PREFIX) or raw.startswith(SECOND_OPENING):
+            continue
+        if cache is not None and raw.startswith(HEAD_OPENING):
+            try:
+                head = cache.head(experiment, name, raw)
+            except (ValueError, TypeError, KeyError):
+                continue
+            partials.append(SecondPartial(
+                name[len(PART_PREFIX) :], head, head_field=name, fields=fields, cache=cache,
+                experiment=experiment,
+            ))  # fmt: skip
             continue
         try:
             data = json.loads(raw)
