@@ -38,6 +38,10 @@ from controlplane.kernel.rules import BreakerRule
 
 # a gate held on units waits at most this many holds of its step past the due time
 GATE_EXTENSION_HOLDS = 1.0
+# the rule's alpha, split between the wait (a held gate trips as soon as its evidence
+# is breached at this share) and the bound (the rest): Bonferroni over the two
+# (decision 0056)
+WAIT_ALPHA_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -72,27 +76,38 @@ def resolve(
         return GateDeadline()
     limit = GATE_EXTENSION_HOLDS * hold_sec
     names = ", ".join(g.name for g in holding)
+    worst = min((g.p_adjusted if g.p_adjusted is not None else 1.0) for g in holding if g.exceeded)
     if late_sec < limit:
+        waiting = alpha * WAIT_ALPHA_SHARE
+        if worst < waiting:
+            return GateDeadline(
+                trip=True,
+                note=(
+                    f"step gate held {late_sec:.0f}s on units ({names}) and breached at "
+                    f"{waiting:.2g}, the wait's share of the rule's alpha (Holm p={worst:.3g})"
+                ),
+            )
         return GateDeadline(
             note=(
                 f"; held on units ({names}): the same users make the step's evidence, "
                 f"so it is judged on what it has in {limit - late_sec:.0f}s"
             )
         )
-    worst = min((g.p_adjusted if g.p_adjusted is not None else 1.0) for g in holding if g.exceeded)
-    if worst < alpha:
+    bound = alpha * (1.0 - WAIT_ALPHA_SHARE)
+    if worst < bound:
         return GateDeadline(
             trip=True,
             note=(
-                f"step gate held {late_sec:.0f}s on units ({names}) and breached at the "
-                f"rule's alpha {alpha:.2g} (Holm p={worst:.3g})"
+                f"step gate held {late_sec:.0f}s on units ({names}) and breached at "
+                f"{bound:.2g}, the bound's share of the rule's alpha (Holm p={worst:.3g})"
             ),
         )
     return GateDeadline(
         advance=True,
         note=(
             f"step gate held {late_sec:.0f}s on units ({names}); judged on what it has: "
-            f"Holm p={worst:.3g} is not below the rule's alpha {alpha:.2g}, advanced"
+            f"Holm p={worst:.3g} is not below {bound:.2g}, the bound's share of the "
+            f"rule's alpha, advanced"
         ),
     )
 
