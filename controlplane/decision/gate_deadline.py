@@ -10,13 +10,18 @@ silently until the end of the benchmark's run (docs/decisions/0050-heavy-users.m
 
 So a gate held only by guardrails judged on units (cluster-robust) holds for at most
 `GATE_EXTENSION_HOLDS` times the step's hold past its due time, saying so; then it is
-judged on what it has: a guardrail breached at the rule's alpha (the step's whole
-false-alarm budget, Holm over the guardrails) trips the breaker with the rule's
-action, else the step advances and the next step's, larger set of units judges again.
-The rule's alpha and not a look's share: a canary twice as slow whose heaviest user
-is in it can stay below a look's share all step long while the step's evidence is
-far below the rule's alpha, and advancing it at the bound would promote it. A gate held by a
-guardrail judged per request keeps waiting as before (new requests do resolve it).
+judged on what it has: a guardrail breached at the bound's share of the rule's alpha
+(Holm over the guardrails) trips the breaker with the rule's action, else the step
+advances and the next step's, larger set of units judges again. The rule's alpha
+(the step's whole false-alarm budget) is split, Bonferroni, between the wait and the
+bound (`WAIT_ALPHA_SHARE`, decision 0056): while it waits, a held gate whose evidence
+is breached at the wait's share trips at once rather than a hold later - a slowdown
+the looks could not cut was otherwise cut only at the bound, a whole hold after its
+step was due. A share of the rule's alpha and not a look's: a canary twice as slow
+whose heaviest user is in it can stay below a look's share all step long while the
+step's evidence is far below the rule's alpha, and advancing it at the bound would
+promote it. A gate held by a guardrail judged per request keeps waiting as before
+(new requests do resolve it).
 
 The same bound holds for a step short of the rule's `min_samples` whose canary
 samples are judged on units: at a 1% step the canary holds 1% of the users, and when

@@ -376,8 +376,9 @@ def clustered_comparison_test(
 
     Welch's two-sample t with each arm's leverage-corrected cluster-robust variance
     and effective degrees of freedom (`_compare_variance`), combined by
-    Welch-Satterthwaite. For rates, each arm's variance is at least
-    the binomial one at the pooled rate (as in `clustered_bound_test`).
+    Welch-Satterthwaite. For rates, each arm's variance is at least the binomial one
+    at the pooled rate (as in `clustered_bound_test`), and only what the blocks add
+    over it is held to the effective blocks' degrees of freedom (`_over_binomial`).
     """
     vc, vb = canary.compare_variance, baseline.compare_variance
     if math.isnan(vc) or math.isnan(vb):  # estimates built by hand: the sandwich
@@ -423,7 +424,9 @@ def _over_binomial(
     excess = variance - binomial
     if excess <= 0:
         return binomial, binomial_df
-    return variance, variance * variance / (binomial * binomial / binomial_df + excess * excess / df)
+    return variance, variance * variance / (
+        binomial * binomial / binomial_df + excess * excess / df
+    )
 
 
 @dataclass(frozen=True)
