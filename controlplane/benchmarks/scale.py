@@ -83,6 +83,10 @@ KID = "bench"
 IN_FLIGHT = 16
 TRIP_TIMEOUT_SEC = 300.0
 FEED_SAMPLES = 50  # per experiment and second in the steady feed
+SPARSE_FEED_SAMPLES = 1  # the steady feed's second rate: a sample a second
+SPARSE_SPAN_SEC = 6.0
+PROBE_EVERY_SEC = 0.05
+PROBE_TIMEOUT_SEC = 5.0
 SEVERAL_COLLECTORS = 2
 
 
@@ -102,8 +106,8 @@ class ScaleRun:
     collectors: int = 1
 
 
-FULL = ScaleRun(SIZES, WATCHERS, 1_000_000, 20, float(WINDOW_SEC), 1, 20, SEVERAL_COLLECTORS)
-QUICK = ScaleRun(QUICK_SIZES, QUICK_WATCHERS, 200_000, 6, 3.0, 1, 10, SEVERAL_COLLECTORS)
+FULL = ScaleRun(SIZES, WATCHERS, 1_000_000, 20, float(WINDOW_SEC), 5, 20, SEVERAL_COLLECTORS)
+QUICK = ScaleRun(QUICK_SIZES, QUICK_WATCHERS, 200_000, 6, 3.0, 3, 10, SEVERAL_COLLECTORS)
 MAX_SIZE = 10_000
 MAX_COLLECTORS = 8
 
@@ -149,7 +153,9 @@ def _quantile(values: Sequence[float], q: float) -> float:
 
 def _ms(values: Sequence[float]) -> dict[str, float]:
     return {
+        "n": len(values),
         "p50_ms": round(_quantile(values, 0.5) * 1000, 2),
+        "p95_ms": round(_quantile(values, 0.95) * 1000, 2),
         "p99_ms": round(_quantile(values, 0.99) * 1000, 2),
         "max_ms": round(max(values) * 1000, 2),
     }
@@ -330,14 +336,80 @@ async def _drained(rig: Rig, redis: Any, timeout: float = 300.0) -> None:
 
 async def _publishes(admin: int) -> int:
     """The collector's count of published partial windows (its /metrics)."""
+    return int((await _collector_counters(admin))[0])
+
+
+async def _collector_counters(admin: int) -> tuple[float, float]:
+    """The collector's published partial windows and their bytes (its /metrics).
+
+    A generous timeout: the figure must not be lost to a slow answer, which the
+    admin latency below measures on its own."""
     import httpx
 
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(timeout=30.0) as client:
         text = (await client.get(f"http://127.0.0.1:{admin}/metrics")).text
+    publishes = published = 0.0
     for line in text.splitlines():
         if line.startswith("canary_collector_publishes_total "):
-            return int(float(line.split()[1]))
-    return 0
+            publishes = float(line.split()[1])
+        elif line.startswith("canary_collector_published_bytes_total "):
+            published = float(line.split()[1])
+    return publishes, published
+
+
+class AdminProbe:
+    """The collectors' /healthz and /metrics asked in turn every PROBE_EVERY_SEC while
+    they work: each answer's latency (a probe unanswered within PROBE_TIMEOUT_SEC
+    counts as that long, and as missed)."""
+
+    def __init__(self, admins: Sequence[int]) -> None:
+        self.admins = list(admins)
+        self.latencies: list[float] = []
+        self.missed = 0
+        self._task = asyncio.ensure_future(self._probe())
+
+    async def _probe(self) -> None:
+        import httpx
+
+        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_SEC) as client:
+            while True:
+                for admin in self.admins:
+                    for path in ("/healthz", "/metrics"):
+                        began = time.perf_counter()
+                        try:
+                            await client.get(f"http://127.0.0.1:{admin}{path}")
+                        except httpx.HTTPError:
+                            self.missed += 1
+                        self.latencies.append(time.perf_counter() - began)
+                await asyncio.sleep(PROBE_EVERY_SEC)
+
+    async def figures(self) -> dict[str, float]:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        return {**(_ms(self.latencies) if self.latencies else {}), "missed": self.missed}
+
+
+class LoopLag:
+    """How late this process's event loop runs a timer of PROBE_EVERY_SEC: what any
+    endpoint it served (the API's /healthz and /metrics beside the controller) would
+    wait for its turn."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self._task = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            began = time.perf_counter()
+            await asyncio.sleep(PROBE_EVERY_SEC)
+            self.lags.append(max(0.0, time.perf_counter() - began - PROBE_EVERY_SEC))
+
+    async def figures(self) -> dict[str, float]:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        return _ms(self.lags) if self.lags else {}
 
 
 async def _ingest(rig: Rig, redis: Any, samples: int, admin: int) -> dict[str, float]:
@@ -398,25 +470,37 @@ class Steady:
     per second stays flat, but each publish costs what it costs. Collectors that keep
     up publish about N a second together (each experiment gets a batch a second)."""
 
-    def __init__(self, rig: Rig, pids: Sequence[int], publishes: int) -> None:
+    def __init__(
+        self,
+        rig: Rig,
+        pids: Sequence[int],
+        publishes: float,
+        published_bytes: float = 0.0,
+        samples: int = FEED_SAMPLES,
+    ) -> None:
         self.rig = rig
         self.pids = list(pids)
         self.cpu = self._cpu()
         self.publishes = publishes
+        self.published_bytes = published_bytes
+        self.samples = samples
         self.began = time.perf_counter()
 
     def _cpu(self) -> float:
         return sum(_cpu_seconds(pid) for pid in self.pids)
 
-    def figures(self, publishes: int) -> dict[str, float]:
+    def figures(self, publishes: float, published_bytes: float = 0.0) -> dict[str, float]:
         cpu = self._cpu() - self.cpu
         span = time.perf_counter() - self.began
         published = max(1, publishes - self.publishes)
-        return {"samples_per_experiment_s": FEED_SAMPLES,
+        sent = published_bytes - self.published_bytes
+        return {"samples_per_experiment_s": self.samples,
                 "cpu_s_per_s": round(cpu / span, 4),
                 "cpu_ms_per_experiment_s": round(cpu / span / self.rig.n * 1000, 4),
                 "publishes_per_s": round((publishes - self.publishes) / span, 2),
-                "cpu_ms_per_publish": round(cpu / published * 1000, 4)}  # fmt: skip
+                "cpu_ms_per_publish": round(cpu / published * 1000, 4),
+                "bytes_per_experiment_s": round(sent / span / self.rig.n, 1),
+                "bytes_per_publish": round(sent / published, 1)}  # fmt: skip
 
 
 async def _ticks(rig: Rig, controller: Controller, rounds: int) -> dict[str, Any]:
@@ -455,6 +539,7 @@ async def _ticks(rig: Rig, controller: Controller, rounds: int) -> dict[str, Any
         wall, cpus = figures[batched]
         out[name] = {
             "round_ms": round(statistics.median(wall) * 1000, 2),
+            "rounds_per_s": round(1.0 / statistics.median(wall), 3),
             "round_cpu_ms": round(statistics.median(cpus) * 1000, 2),
             "ms_per_experiment": round(statistics.median(wall) * 1000 / rig.n, 4),
             "cpu_ms_per_experiment": round(statistics.median(cpus) * 1000 / rig.n, 4),
@@ -474,6 +559,8 @@ async def _trips(
     sql_s: list[float] = []
     route_s: list[float] = []
     rounds: list[float] = []  # the leader's rounds from the first bad batch to the trip
+    lag = LoopLag()
+    evaluations_before, trips_began = controller.stats.evaluations, time.perf_counter()
     for experiment, service in chosen:
         watcher = RouteWatcher(backends.kv, RouteTable(), service=service, prefix=rig.prefix)
         watcher.start()
@@ -516,10 +603,14 @@ async def _trips(
                         await task
         finally:
             await watcher.stop()
+    span = time.perf_counter() - trips_began
+    rounds_per_s = (controller.stats.evaluations - evaluations_before) / rig.n / span
     return {"trips": len(sql_s), "missed": len(chosen) - len(sql_s),
             "to_sql": _ms(sql_s) if sql_s else None,
             "to_sidecar_route": _ms(route_s) if route_s else None,
-            "leader_rounds_to_sql": round(statistics.median(rounds), 2) if rounds else None}
+            "leader_rounds_to_sql": round(statistics.median(rounds), 2) if rounds else None,
+            "leader_rounds_per_s": round(rounds_per_s, 3),
+            "leader_loop_lag": await lag.figures()}
 
 
 async def _one_size(
@@ -571,16 +662,31 @@ async def _one_size(
             assert rig.collector is not None
             if progress:
                 print(f"  collector pid {rig.collector.pid}", file=sys.stderr)
-            steady = Steady(rig, [rig.collector.pid], await _publishes(admin))
+            probe = AdminProbe([admin])
+            steady = Steady(rig, [rig.collector.pid], *await _collector_counters(admin))
             # fewer rounds at large N: each evaluates every experiment
             rounds = max(2, min(plan.tick_rounds, 400 // n))
             result["tick"] = await _ticks(rig, ticker, rounds)
-            result["collector"]["steady"] = steady.figures(await _publishes(admin))
+            result["collector"]["steady"] = steady.figures(*await _collector_counters(admin))
+            result["collector"]["admin"] = await probe.figures()
             # the window full of the steady feed: what a running experiment holds
             result["redis"]["steady"] = await _redis_memory(rig, redis)
             if progress:
-                print(f"  tick {result['tick']}, steady {result['collector']['steady']}",
-                      file=sys.stderr)  # fmt: skip
+                print(f"  tick {result['tick']}, steady {result['collector']['steady']}, "
+                      f"admin {result['collector']['admin']}", file=sys.stderr)  # fmt: skip
+            # the same feed at a sample a second: the cost that is per experiment
+            _stop_feed(feeder)
+            feeder = _start_feed(rig, redis_url, SPARSE_FEED_SAMPLES)
+            await asyncio.sleep(plan.warm_sec)
+            sparse = Steady(rig, [rig.collector.pid], *await _collector_counters(admin),
+                            samples=SPARSE_FEED_SAMPLES)  # fmt: skip
+            await asyncio.sleep(SPARSE_SPAN_SEC)
+            result["collector"]["sparse"] = sparse.figures(*await _collector_counters(admin))
+            _stop_feed(feeder)
+            feeder = _start_feed(rig, redis_url)
+            await asyncio.sleep(plan.warm_sec)
+            if progress:
+                print(f"  sparse {result['collector']['sparse']}", file=sys.stderr)
             await leader.start(backends)
             while not leader.stats.leader:
                 await asyncio.sleep(0.05)
@@ -622,24 +728,29 @@ async def _several(
     admins = [admin] + [port for _, port in rig.others]
     pids = [rig.collector.pid] + [proc.pid for proc, _ in rig.others]
 
-    async def publishes() -> int:
-        return sum([await _publishes(port) for port in admins])
+    async def counters() -> tuple[float, float]:
+        each = [await _collector_counters(port) for port in admins]
+        return sum(c[0] for c in each), sum(c[1] for c in each)
 
     await asyncio.sleep(plan.warm_sec)
-    steady = Steady(rig, pids, await publishes())
+    probe = AdminProbe(admins)
+    steady = Steady(rig, pids, *await counters())
     await asyncio.sleep(max(plan.warm_sec, float(WINDOW_SEC)))
-    figures = steady.figures(await publishes())
+    figures = steady.figures(*await counters())
+    admin_figures = await probe.figures()
     chosen = rig.experiments[plan.trips : 2 * plan.trips]
-    return {"collectors": plan.collectors, "steady": figures,
+    return {"collectors": plan.collectors, "steady": figures, "admin": admin_figures,
             "trip": await _trips(rig, leader, chosen)}  # fmt: skip
 
 
-def _start_feed(rig: Rig, redis_url: str) -> subprocess.Popen[str]:
+def _start_feed(
+    rig: Rig, redis_url: str, samples: int = FEED_SAMPLES
+) -> subprocess.Popen[str]:
     """The steady feed, in a process of its own (controlplane.benchmarks.scale_feed),
     so that the controller's CPU figures hold none of it."""
     feeder = subprocess.Popen(
         [sys.executable, "-m", "controlplane.benchmarks.scale_feed", redis_url, rig.namespace,
-         str(FEED_SAMPLES)],
+         str(samples)],
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
         env=dict(os.environ, CANARY_SAMPLE_KEYS=rig.sample_keys),
     )  # fmt: skip
@@ -831,6 +942,16 @@ def _per_unit(figures: dict[str, Any]) -> dict[str, float]:
         "collector_steady_cpu_ms_per_publish": figures["collector"]["steady"][
             "cpu_ms_per_publish"
         ],
+        "collector_steady_bytes_per_experiment_s": figures["collector"]["steady"].get(
+            "bytes_per_experiment_s", 0.0
+        ),
+        "collector_sparse_cpu_ms_per_experiment_s": figures["collector"]
+        .get("sparse", {})
+        .get("cpu_ms_per_experiment_s", 0.0),
+        "collector_admin_p99_ms": figures["collector"].get("admin", {}).get("p99_ms", 0.0),
+        "tick_rounds_per_s": tick["batched"].get("rounds_per_s", 0.0),
+        "trip_to_sql_p95_ms": (figures["trip"]["to_sql"] or {}).get("p95_ms", 0.0),
+        "leader_loop_lag_p99_ms": figures["trip"].get("leader_loop_lag", {}).get("p99_ms", 0.0),
         "redis_stats_bytes_per_experiment": figures["redis"]["steady"][
             "stats_bytes_per_experiment"
         ],

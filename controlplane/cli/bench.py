@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, str] = {
     "redis-cluster": "controlplane.benchmarks.redis_cluster:run",
     "scale": "controlplane.benchmarks.scale:run",
     "shard-takeover": "controlplane.benchmarks.shard_takeover:run",
+    "round": "controlplane.benchmarks.round:run",
     "router": "controlplane.benchmarks.router:run",
 }
 

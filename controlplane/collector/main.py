@@ -109,6 +109,7 @@ async def run_collector(
         streams, board, kv, EtcdKeys(settings.etcd_prefix),
         consumer_name=name or default_name(), clock=clock, tick=tick,
         claim_idle_ms=claim_idle_ms, count=count, sample_keys=sample_keys,
+        partial_format=settings.partial_format,
     )  # fmt: skip
     if sample_keys is None:
         log.warning("no sample keys configured: unsigned sample batches are accepted")

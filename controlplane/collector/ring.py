@@ -37,6 +37,7 @@ class VariantRing:
     shed: I64
     stale: npt.NDArray[np.bool_]
     dirty: npt.NDArray[np.bool_]
+    touched: npt.NDArray[np.bool_]
     hist: npt.NDArray[np.int32]
     res_keys: npt.NDArray[np.float32]
     res_us: npt.NDArray[np.uint32]
@@ -76,6 +77,8 @@ class VariantRing:
             "shed": np.zeros(capacity, dtype=np.int64),
             "stale": np.zeros(capacity, dtype=bool),
             "dirty": np.ones(capacity, dtype=bool),
+            # the same for the format 2 publish (second_partials.py), which clears it
+            "touched": np.ones(capacity, dtype=bool),
             # int32 per second halves the ring; the running sum is int64
             "hist": np.zeros((capacity, self.bins), dtype=np.int32),
             "res_keys": np.zeros((capacity, SECOND_RESERVOIR_SIZE), dtype=np.float32),
@@ -126,6 +129,7 @@ class VariantRing:
             for slot in fresh.tolist():
                 self.distinct[slot] = np.zeros(0, dtype=np.uint32)
         self.dirty[slots] = True
+        self.touched[slots] = True
         return slots, held
 
     def add_to_window(self, slot: int, sign: int) -> None:

@@ -40,8 +40,15 @@ from controlplane.collector.screening import (
     experiment_of,
     screen_entry,
 )
+from controlplane.collector.second_partials import (
+    SECOND_PARTIAL_VERSION,
+    SlotLedger,
+    export_head_and_seconds,
+    own_fields,
+)
 from controlplane.collector.sharding import (
     PART_PREFIX,
+    PARTIAL_VERSION,
     Partial,
     expired_partials,
     export_partial,
@@ -92,6 +99,12 @@ HEARTBEAT_SEC = 5.0  # republish an unchanged experiment this often, so age stay
 # what counts and what the controller reads, goes out with every publish
 # (docs/decisions/0031-round-cost-at-scale.md, "The collector's publish")
 MERGED_EVERY_SEC = HEARTBEAT_SEC
+# The loop is shared with the admin endpoint (/healthz, /metrics): ingest and publish
+# give it a turn after this many entries applied / experiments exported, so a probe
+# is answered within a few tens of milliseconds however much is waiting (decision
+# 0058; at N = 1,000 a tick's exports held the loop for seconds, and a probe timed out)
+APPLY_SLICE = 32
+EXPORT_SLICE = 16
 BACKEND_RETRY = BackoffPolicy(initial=0.05, maximum=2.0)
 
 
@@ -202,6 +215,11 @@ class CollectorMetrics:
         self.publishes = Counter(
             "canary_collector_publishes", "experiment snapshots published", registry=registry
         )
+        self.published_bytes = Counter(
+            "canary_collector_published_bytes",
+            "bytes of partial-window fields written to the stats hashes",
+            registry=registry,
+        )
         self.partials_removed = Counter(
             "canary_collector_partials_removed",
             "other collectors' partial windows removed from stats hashes, out of every window",
@@ -291,7 +309,14 @@ class Collector:
         default_window_sec: int = 60,
         registry: CollectorRegistry | None = None,
         sample_keys: SampleKeys | None = None,
+        partial_format: int = SECOND_PARTIAL_VERSION,
     ) -> None:
+        if partial_format not in (PARTIAL_VERSION, SECOND_PARTIAL_VERSION):
+            raise ValueError(f"partial format: 1 or 2, not {partial_format!r}")
+        # 2: the head and the seconds that changed (decision 0058); 1: the whole
+        # window in one field, for readers not upgraded yet in a rolling upgrade
+        self.partial_format = partial_format
+        self._ledgers: dict[str, SlotLedger] = {}
         self.streams = streams
         self.board = board
         self.kv = kv
@@ -495,7 +520,7 @@ class Collector:
         if self._prefetch is not None:
             entries = await self._take_prefetch()
             self._start_prefetch(services, entries)
-            self.apply(entries, claimed_unacked=frozenset())
+            await self.apply_in_slices(entries)
         elif services:
             # block no longer than until the next tick, so a publish is never late by
             # a whole empty read
@@ -505,7 +530,7 @@ class Collector:
                 services, COLLECTOR_GROUP, self.name, count=self.count, block_ms=block
             )
             self._start_prefetch(services, entries)
-            self.apply(entries, claimed_unacked=frozenset())
+            await self.apply_in_slices(entries)
         else:
             await asyncio.sleep(self.block_ms / 1000)  # nothing to read yet: wait for discovery
         if self.clock.monotonic() - self._last_tick >= self.tick:
@@ -564,6 +589,13 @@ class Collector:
             self.apply(entries, claimed_unacked=frozenset(listed))
             if len(entries) < self.count:
                 break
+
+    async def apply_in_slices(self, entries: Sequence[StreamEntry]) -> None:
+        """`apply` a read APPLY_SLICE entries at a time, the loop served in between."""
+        for i in range(0, len(entries), APPLY_SLICE):
+            if i:
+                await asyncio.sleep(0)
+            self.apply(entries[i : i + APPLY_SLICE], claimed_unacked=frozenset())
 
     def apply(self, entries: Sequence[StreamEntry], *, claimed_unacked: frozenset[str]) -> None:
         """Screen, de-duplicate and apply entries; nothing here awaits.
@@ -671,7 +703,9 @@ class Collector:
         # and less (docs/decisions/0031-round-cost-at-scale.md)
         behind = self._prefetch is not None
         partial_only: list[str] = []
-        for experiment, window in list(self.windows.items()):
+        for index, (experiment, window) in enumerate(list(self.windows.items())):
+            if index and index % (EXPORT_SLICE * 4) == 0:
+                await asyncio.sleep(0)
             window.advance(now)
             held = self._held.get(experiment)
             quiet_for = now - self._last_publish.get(experiment, -math.inf)
@@ -739,7 +773,9 @@ class Collector:
             return
         fields: dict[str, dict[str, str]] = {}
         included: dict[str, tuple[_Held, list[tuple[str, str]]]] = {}
-        for experiment in experiments:
+        for index, experiment in enumerate(experiments):
+            if index and index % EXPORT_SLICE == 0:
+                await asyncio.sleep(0)
             held, entries, fields[experiment] = self._own_partial(experiment, now)
             included[experiment] = (held, entries)
         await self.board.write_many(fields)
@@ -757,15 +793,27 @@ class Collector:
         held = self._held.get(experiment, _Held())
         included = list(held.entries)
         unacked = [f"{service}/{entry_id}" for service, entry_id in included]
-        partial = export_partial(
-            self.windows[experiment], now, collector=self.name, unacked=unacked
-        )
-        return held, included, {part_field(self.name): json.dumps(partial, separators=(",", ":"))}
+        window = self.windows[experiment]
+        if self.partial_format == SECOND_PARTIAL_VERSION:
+            ledger = self._ledgers.setdefault(experiment, SlotLedger())
+            ledger.failed()  # seconds a write left unconfirmed (it failed) go again
+            fields = export_head_and_seconds(
+                window, now, head=part_field(self.name), collector=self.name,
+                unacked=unacked, ledger=ledger,
+            )  # fmt: skip
+        else:
+            partial = export_partial(window, now, collector=self.name, unacked=unacked)
+            fields = {part_field(self.name): json.dumps(partial, separators=(",", ":"))}
+        self.metrics.published_bytes.inc(sum(len(k) + len(v) for k, v in fields.items()))
+        return held, included, fields
 
     def _merged_due(self, experiment: str, now: float) -> bool:
         return now - self._last_merged.get(experiment, -math.inf) >= MERGED_EVERY_SEC
 
     def _published(self, experiment: str, window: ExperimentWindow, now: float) -> None:
+        ledger = self._ledgers.get(experiment)
+        if ledger is not None:
+            ledger.sent()
         window.changed = False
         self._last_publish[experiment] = now
         self.metrics.publishes.inc()
@@ -810,6 +858,7 @@ class Collector:
             self.experiment_service.pop(experiment, None)
             self._last_publish.pop(experiment, None)
             self._last_merged.pop(experiment, None)
+            self._ledgers.pop(experiment, None)
             self._held.pop(experiment, None)
             self.lifecycle.forgotten(experiment)
             self.metrics.forgotten.inc()
@@ -821,9 +870,9 @@ class Collector:
     async def _remove_own_partial(self, experiment: str) -> bool:
         own = part_field(self.name)
         try:
-            value = (await self.board.read(experiment)).get(own)
-            if value is not None:
-                await self.board.remove_if_unchanged(experiment, {own: value})
+            mine = own_fields(await self.board.read(experiment), own)
+            if mine:
+                await self.board.remove_if_unchanged(experiment, mine)
         except BackendError as exc:
             log.warning("experiment %s: partial window not removed: %s", experiment, exc)
             return False
@@ -841,7 +890,9 @@ class Collector:
         its `now`, holds nothing older). Housekeeping only: a failure waits for the
         next publish.
         """
-        expected = {part_field(p.collector): raw[part_field(p.collector)] for p in expired}
+        expected: dict[str, str] = {}
+        for partial in expired:
+            expected |= own_fields(raw, part_field(partial.collector))
         try:
             removed = set(await self.board.remove_if_unchanged(experiment, expected))
         except BackendError as exc:

@@ -44,12 +44,21 @@ import json
 import math
 import zlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from controlplane.collector.second_partials import (
+    HEAD_OPENING,
+    SECOND_OPENING,
+    SECOND_PARTIAL_VERSION,
+    AssembledPartial,
+    PartialCache,
+    assemble,
+    head_of,
+)
 from controlplane.collector.windows import (
     DEFAULT_ALPHA,
     MAX_WINDOW_SEC,
@@ -74,6 +83,20 @@ PARTIAL_VERSION = 1
 # moment it left every window, to absorb a late tick and the clocks of the collectors
 # and readers (the controller, on another host) disagreeing by a few seconds.
 EXPIRY_MARGIN_SEC = 5
+
+
+_MAPPINGS: dict[float, LogMapping] = {}
+
+
+def mapping_for(alpha: float) -> LogMapping:
+    """The bins of `alpha`, built once: a reader merges windows of one alpha (or a
+    few, during a change of it) again and again."""
+    mapping = _MAPPINGS.get(alpha)
+    if mapping is None:
+        if len(_MAPPINGS) >= 8:
+            _MAPPINGS.clear()
+        mapping = _MAPPINGS[alpha] = LogMapping(alpha)
+    return mapping
 
 
 def part_field(collector: str) -> str:
@@ -279,18 +302,79 @@ def _count(value: object) -> int:
     return value
 
 
-def parse_partials(fields: Mapping[str, str]) -> list[Partial]:
-    """The partial windows in a stats hash; unreadable ones are skipped."""
-    partials = []
+@dataclass(frozen=True)
+class SecondPartial(Partial):
+    """A format 2 partial (second_partials.py): its head as `data`, its seconds put
+    together when first summed, through the reader's cache when it has one."""
+
+    head_field: str = ""
+    fields: Mapping[str, str] = field(default_factory=dict)
+    cache: PartialCache | None = None
+    experiment: str = ""
+    _assembled: list[AssembledPartial] = field(default_factory=list)
+
+    def assembled(self) -> AssembledPartial:
+        if not self._assembled:
+            raw = self.fields[self.head_field]
+            if self.cache is not None:
+                done = self.cache.assembled(self.experiment, self.head_field, raw, self.fields)
+            else:
+                done = assemble(self.head_field, self.data, self.fields)
+            self._assembled.append(done)
+        return self._assembled[0]
+
+    def totals(
+        self,
+        variant: str,
+        *,
+        start: int,
+        threshold_ms: float | None,
+        bins: int,
+        first_byte: bool = False,
+    ) -> WindowTotals | None:
+        runs = self.assembled().runs.get(variant)
+        if runs is None:
+            return None
+        same = self.data.get("threshold_ms") == threshold_ms
+        return runs[1 if first_byte else 0].totals(start, same_threshold=same, bins=bins)
+
+
+def parse_partials(
+    fields: Mapping[str, str], *, cache: PartialCache | None = None, experiment: str = ""
+) -> list[Partial]:
+    """The partial windows in a stats hash, of either format; unreadable ones are
+    skipped. `cache` keeps what was decoded of format 2 seconds between reads."""
+    partials: list[Partial] = []
     for name, raw in fields.items():
-        if not name.startswith(PART_PREFIX):
+        if not name.startswith(PART_PREFIX) or raw.startswith(SECOND_OPENING):
+            continue
+        if cache is not None and raw.startswith(HEAD_OPENING):
+            try:
+                head = cache.head(experiment, name, raw)
+            except (ValueError, TypeError, KeyError):
+                continue
+            partials.append(SecondPartial(
+                name[len(PART_PREFIX) :], head, head_field=name, fields=fields, cache=cache,
+                experiment=experiment,
+            ))  # fmt: skip
             continue
         try:
             data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
             continue
-        if isinstance(data, dict) and data.get("v") == PARTIAL_VERSION:
+        if not isinstance(data, dict):
+            continue
+        if data.get("v") == PARTIAL_VERSION:
             partials.append(Partial(name[len(PART_PREFIX) :], data))
+        elif data.get("v") == SECOND_PARTIAL_VERSION:
+            try:
+                head = head_of(raw)
+            except (ValueError, TypeError, KeyError):
+                continue
+            partials.append(SecondPartial(
+                name[len(PART_PREFIX) :], head, head_field=name, fields=fields, cache=cache,
+                experiment=experiment,
+            ))  # fmt: skip
     return partials
 
 
@@ -379,10 +463,12 @@ def merge_snapshots(
     threshold_ms: float | str | None = "latest",
     local: ExperimentWindow | None = None,
     local_collector: str | None = None,
+    newest_out: dict[str, tuple[float | None, float | None]] | None = None,
 ) -> dict[str, WindowSnapshot]:
     """Sum partial windows (and optionally a live local window) into one per variant.
 
     window_sec / threshold_ms default to the newest partial's (the rule in force).
+    `newest_out` receives each variant's newest sample time (total, first byte).
     """
     chosen = sorted(partials, key=lambda p: p.ts)
     if local_collector is not None:
@@ -404,15 +490,28 @@ def merge_snapshots(
             threshold_ms = None
     assert not isinstance(threshold_ms, str)
     alpha = float(newest["alpha"]) if newest else DEFAULT_ALPHA
-    mapping = local.mapping if local is not None else LogMapping(alpha)
+    mapping = local.mapping if local is not None else mapping_for(alpha)
     start = math.floor(now) - window_sec + 1
     names: list[str] = list(local.variants) if local is not None else []
     for partial in chosen:
         names += [n for n in partial.data["variants"] if n not in names]
     result: dict[str, WindowSnapshot] = {}
+    alone = local is None and len(chosen) == 1
     for name in names:
         merged = [WindowTotals(bins=mapping.bins), WindowTotals(bins=mapping.bins)]
-        for first_byte, sums in zip((False, True), merged, strict=True):
+        for first_byte in (False, True):
+            if alone and int(chosen[0].data.get("bins", mapping.bins)) == mapping.bins:
+                # one partial: its sums are the window's (adding them to zero changes
+                # nothing, and its reservoir is already the bottom k), the usual case
+                # of one collector, without the copies
+                own = chosen[0].totals(
+                    name, start=start, threshold_ms=threshold_ms, bins=mapping.bins,
+                    first_byte=first_byte,
+                )  # fmt: skip
+                if own is not None:
+                    merged[first_byte] = own
+                    continue
+            sums = merged[first_byte]
             if local is not None and name in local.variants:
                 sums.add(local.totals(name, now, first_byte=first_byte))
             for partial in chosen:
@@ -430,6 +529,8 @@ def merge_snapshots(
             keep = bottom_k_index(sums.res_keys, RESERVOIR_SIZE)
             sums.res_keys, sums.res_us = sums.res_keys[keep], sums.res_us[keep]
             sums.res_units = sums.res_units[keep]
+        if newest_out is not None:
+            newest_out[name] = (merged[0].newest_ts, merged[1].newest_ts)
         result[name] = with_first_byte(
             mapping,
             merged[0],
@@ -473,14 +574,33 @@ def snapshots_of_fields(
     *,
     window_sec: int | None = None,
     threshold_ms: float | str | None = "latest",
+    cache: PartialCache | None = None,
 ) -> dict[str, WindowSnapshot]:
     """`read_merged_snapshots` on a stats hash already read, its partials parsed
-    (`parse_partials(fields)`): a reader of several windows parses them once."""
+    (`parse_partials(fields)`): a reader of several windows parses them once.
+
+    With `cache`, a window merged from the same partial fields with the same start
+    second is not merged again: only its instant (ts, end, sample lag) moves."""
     if partials:
+        key: tuple[Any, ...] | None = None
+        if cache is not None:
+            key = (math.floor(now), tuple(sorted(
+                (name, raw) for name, raw in fields.items() if name.startswith(PART_PREFIX)
+            )))  # fmt: skip
+            held = cache.merged.get((experiment, window_sec, threshold_ms))
+            if held is not None and held[0] == key:
+                cache.merged_hits += 1
+                return {name: restamped(snap, now, *held[2][name])
+                        for name, snap in held[1].items()}  # fmt: skip
         try:
-            return merge_snapshots(
-                experiment, partials, now, window_sec=window_sec, threshold_ms=threshold_ms
-            )
+            newest: dict[str, tuple[float | None, float | None]] = {}
+            merged = merge_snapshots(
+                experiment, partials, now, window_sec=window_sec, threshold_ms=threshold_ms,
+                newest_out=newest,
+            )  # fmt: skip
+            if cache is not None and key is not None:
+                cache.merged[(experiment, window_sec, threshold_ms)] = (key, merged, newest)
+            return merged
         except (KeyError, TypeError, ValueError, AttributeError, binascii.Error, zlib.error) as exc:
             # a damaged stats hash is this experiment's problem, reported as such
             raise CodecError(
@@ -498,3 +618,21 @@ def snapshots_of_fields(
                 f"experiment {experiment}: a snapshot in the stats hash is malformed ({exc})"
             ) from exc
     return snapshots
+
+
+def restamped(
+    snapshot: WindowSnapshot, now: float, newest: float | None, fb_newest: float | None
+) -> WindowSnapshot:
+    """The same window judged at `now`: its instant and sample lag move, nothing
+    else (the sums are those of the same seconds; `newest`, `fb_newest`: the newest
+    sample's time of each latency, as WindowTotals.snapshot takes the lag). Built
+    without `replace`, whose __init__ is most of the cost of a look at nothing new."""
+    fields = dict(snapshot.__dict__)
+    fields["ts"] = fields["window_end"] = now
+    fields["sample_lag_ms"] = None if newest is None else max(0.0, (now - newest) * 1000.0)
+    inner = fields["first_byte"]
+    if inner is not None:
+        fields["first_byte"] = restamped(inner, now, fb_newest, None)
+    copy = object.__new__(WindowSnapshot)
+    copy.__dict__.update(fields)
+    return copy

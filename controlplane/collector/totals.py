@@ -14,14 +14,14 @@ partial windows (see controlplane/collector/sharding.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
 from controlplane.collector.log_mapping import F64, I64, U32, LogMapping
 from controlplane.kernel.rules import PERCENTILES
-from controlplane.kernel.snapshots import FIRST_BYTE, PERCENTILE_FIELDS, WindowSnapshot
+from controlplane.kernel.snapshots import FIRST_BYTE, PERCENTILE_FIELDS, TOTAL, WindowSnapshot
 from controlplane.kernel.units import UNIT_BLOCKS, UnitSummary, bottom_distinct
 
 RESERVOIR_SIZE = 512
@@ -104,7 +104,12 @@ class WindowTotals:
         now: float,
         window_start: float,
         threshold_ms: float | None,
+        latency: str = TOTAL,
+        shed: int | None = None,
+        first_byte: WindowSnapshot | None = None,
     ) -> WindowSnapshot:
+        """The window's snapshot; `latency`, `shed` and `first_byte` as
+        `with_first_byte` nests them (set here rather than by `replace` after)."""
         percentiles: dict[str, float | None] = dict.fromkeys(PERCENTILE_FIELDS.values())
         mean_ms: float | None = None
         if self.count:
@@ -134,10 +139,13 @@ class WindowTotals:
             above_threshold=above,
             threshold_exact=exact,
             sample_lag_ms=lag,
-            shed=self.shed,
-            reservoir_ms=tuple(float(v) / 1000.0 for v in self.res_us),
-            reservoir_units=tuple(int(u) for u in self.res_units),
+            shed=self.shed if shed is None else shed,
+            # float64 division is the one float(v) / 1000.0 makes, value for value
+            reservoir_ms=tuple((self.res_us.astype(np.float64) / 1000.0).tolist()),
+            reservoir_units=tuple(self.res_units.tolist()),
             units=self.unit_summary(mapping),
+            first_byte=first_byte,
+            latency=latency,
             p50_ms=percentiles["p50_ms"],
             p90_ms=percentiles["p90_ms"],
             p95_ms=percentiles["p95_ms"],
@@ -178,16 +186,12 @@ def with_first_byte(
     """A variant's snapshot of the total time, its first-byte window nested in it (the
     shed requests are the variant's, whichever latency is judged)."""
 
-    def read(totals: WindowTotals) -> WindowSnapshot:
-        return totals.snapshot(
-            mapping,
-            experiment=experiment,
-            variant=variant,
-            window_sec=window_sec,
-            now=now,
-            window_start=window_start,
-            threshold_ms=threshold_ms,
-        )
-
-    inner = replace(read(first_byte), latency=FIRST_BYTE, shed=total.shed)
-    return replace(read(total), first_byte=inner)
+    inner = first_byte.snapshot(
+        mapping, experiment=experiment, variant=variant, window_sec=window_sec, now=now,
+        window_start=window_start, threshold_ms=threshold_ms, latency=FIRST_BYTE,
+        shed=total.shed,
+    )  # fmt: skip
+    return total.snapshot(
+        mapping, experiment=experiment, variant=variant, window_sec=window_sec, now=now,
+        window_start=window_start, threshold_ms=threshold_ms, first_byte=inner,
+    )  # fmt: skip

@@ -66,6 +66,8 @@ from controlplane.runtime import Backends
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
+    from controlplane.collector.second_partials import PartialCache
+
 log = logging.getLogger(__name__)
 
 RULE_REJECTED = EventKind.RULE_REJECTED
@@ -117,6 +119,12 @@ async def board_snapshots(
     )
 
 
+def _partial_cache() -> PartialCache:
+    from controlplane.collector.second_partials import PartialCache
+
+    return PartialCache()
+
+
 @dataclass
 class Round:
     """What one round shares across its experiments (decisions 0031, 0033).
@@ -164,6 +172,9 @@ class Controller:
     batched_round: bool = True
     # a batched round reads the hashes this many experiments at a time (READ_AHEAD)
     read_ahead: int = READ_AHEAD
+    # what the rounds decoded and merged of the stats hashes, kept for the next look
+    # (decision 0058): a second is decoded once, a window unchanged is not merged again
+    partial_cache: PartialCache = field(default_factory=lambda: _partial_cache())
     stats: ControllerStats = field(default_factory=ControllerStats)
     reconciler: RouteReconciler = field(default_factory=RouteReconciler)
     # records what each round judged, for the dashboard's plots
@@ -431,6 +442,7 @@ class Controller:
         await self._board_finished(backends, {str(e.id) for e in experiments})
         running = {str(e.id) for e in experiments if e.state is ExperimentState.RUNNING}
         self._forget_untracked(running)
+        self.partial_cache.keep(running)
         await self.history.flush(backends.history)
         if selection is not None:
             # experiments of shards let go run on under another replica: not ended
@@ -672,15 +684,16 @@ class Controller:
         from controlplane.collector.sharding import parse_partials, snapshots_of_fields
 
         fields = hashes.get(experiment, {})
-        partials = parse_partials(fields)
+        cache = self.partial_cache
+        partials = parse_partials(fields, cache=cache, experiment=experiment)
         now = backends.clock.now()
         snapshots = snapshots_of_fields(
-            experiment, fields, partials, now, window_sec=rule.window_sec
+            experiment, fields, partials, now, window_sec=rule.window_sec, cache=cache
         )
         if fast_sec is None:
             return snapshots, None
         return snapshots, snapshots_of_fields(
-            experiment, fields, partials, now, window_sec=fast_sec
+            experiment, fields, partials, now, window_sec=fast_sec, cache=cache
         )
 
     async def _report_no_rule(self, backends: Backends, experiment: ExperimentRecord) -> None:

@@ -10,13 +10,18 @@ silently until the end of the benchmark's run (docs/decisions/0050-heavy-users.m
 
 So a gate held only by guardrails judged on units (cluster-robust) holds for at most
 `GATE_EXTENSION_HOLDS` times the step's hold past its due time, saying so; then it is
-judged on what it has: a guardrail breached at the rule's alpha (the step's whole
-false-alarm budget, Holm over the guardrails) trips the breaker with the rule's
-action, else the step advances and the next step's, larger set of units judges again.
-The rule's alpha and not a look's share: a canary twice as slow whose heaviest user
-is in it can stay below a look's share all step long while the step's evidence is
-far below the rule's alpha, and advancing it at the bound would promote it. A gate held by a
-guardrail judged per request keeps waiting as before (new requests do resolve it).
+judged on what it has: a guardrail breached at the bound's share of the rule's alpha
+(Holm over the guardrails) trips the breaker with the rule's action, else the step
+advances and the next step's, larger set of units judges again. The rule's alpha
+(the step's whole false-alarm budget) is split, Bonferroni, between the wait and the
+bound (`WAIT_ALPHA_SHARE`, decision 0056): while it waits, a held gate whose evidence
+is breached at the wait's share trips at once rather than a hold later - a slowdown
+the looks could not cut was otherwise cut only at the bound, a whole hold after its
+step was due. A share of the rule's alpha and not a look's: a canary twice as slow
+whose heaviest user is in it can stay below a look's share all step long while the
+step's evidence is far below the rule's alpha, and advancing it at the bound would
+promote it. A gate held by a guardrail judged per request keeps waiting as before
+(new requests do resolve it).
 
 The same bound holds for a step short of the rule's `min_samples` whose canary
 samples are judged on units: at a 1% step the canary holds 1% of the users, and when
@@ -38,6 +43,10 @@ from controlplane.kernel.rules import BreakerRule
 
 # a gate held on units waits at most this many holds of its step past the due time
 GATE_EXTENSION_HOLDS = 1.0
+# the rule's alpha, split between the wait (a held gate trips as soon as its evidence
+# is breached at this share) and the bound (the rest): Bonferroni over the two
+# (decision 0056)
+WAIT_ALPHA_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -72,27 +81,38 @@ def resolve(
         return GateDeadline()
     limit = GATE_EXTENSION_HOLDS * hold_sec
     names = ", ".join(g.name for g in holding)
+    worst = min((g.p_adjusted if g.p_adjusted is not None else 1.0) for g in holding if g.exceeded)
     if late_sec < limit:
+        waiting = alpha * WAIT_ALPHA_SHARE
+        if worst < waiting:
+            return GateDeadline(
+                trip=True,
+                note=(
+                    f"step gate held {late_sec:.0f}s on units ({names}) and breached at "
+                    f"{waiting:.2g}, the wait's share of the rule's alpha (Holm p={worst:.3g})"
+                ),
+            )
         return GateDeadline(
             note=(
                 f"; held on units ({names}): the same users make the step's evidence, "
                 f"so it is judged on what it has in {limit - late_sec:.0f}s"
             )
         )
-    worst = min((g.p_adjusted if g.p_adjusted is not None else 1.0) for g in holding if g.exceeded)
-    if worst < alpha:
+    bound = alpha * (1.0 - WAIT_ALPHA_SHARE)
+    if worst < bound:
         return GateDeadline(
             trip=True,
             note=(
-                f"step gate held {late_sec:.0f}s on units ({names}) and breached at the "
-                f"rule's alpha {alpha:.2g} (Holm p={worst:.3g})"
+                f"step gate held {late_sec:.0f}s on units ({names}) and breached at "
+                f"{bound:.2g}, the bound's share of the rule's alpha (Holm p={worst:.3g})"
             ),
         )
     return GateDeadline(
         advance=True,
         note=(
             f"step gate held {late_sec:.0f}s on units ({names}); judged on what it has: "
-            f"Holm p={worst:.3g} is not below the rule's alpha {alpha:.2g}, advanced"
+            f"Holm p={worst:.3g} is not below {bound:.2g}, the bound's share of the "
+            f"rule's alpha, advanced"
         ),
     )
 

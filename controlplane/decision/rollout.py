@@ -603,7 +603,9 @@ def _while_closed(
                 call = TripCall(rule.action, "step gate", late.note)
                 return _act(state, look, rule, steps, now, call, srm_events, gate)
             return _advance(state, look, rule, steps, now, gate, srm_events)
-        reason = f"step due, but the step's evidence does not pass: {gate.reason}{late.note}"
+        # a pausing rule's breach is named after the gate's reason, as a hold's note is
+        held = f"; {late.note}" if late.trip else late.note
+        reason = f"step due, but the step's evidence does not pass: {gate.reason}{held}"
 
     return _hold(state, look, rule, now, gate, reason, srm_events, until=due)
 

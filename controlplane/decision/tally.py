@@ -302,7 +302,17 @@ class SrmTally:
 
     @property
     def has_units(self) -> bool:
-        return bool(self.baseline_units) and bool(self.canary_units)
+        """Both arms' windows carried their units, and some were seen.
+
+        An arm that saw none is a count of zero units, not a reason to judge the
+        request counts: at a 1% step of sticky traffic the canary's few users may make
+        no request for minutes while a heavy baseline user makes hundreds, and the
+        request counts then call a mismatch that the assignment of units does not
+        have (decision 0056).
+        """
+        if self.baseline_units is None or self.canary_units is None:
+            return False
+        return bool(self.baseline_units) or bool(self.canary_units)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -246,6 +246,12 @@ class Settings(BaseSettings):
         description="file (e.g. a mounted Secret) holding an admin API token `canary serve` "
         "installs at start, hashed, idempotently: the first admin without database access",
     )
+    partial_format: Literal[1, 2] = Field(
+        default=2,
+        description="how a collector writes its partial windows: 2, the seconds that "
+        "changed (decision 0058); 1, the whole window, while readers older than format 2 "
+        "are still running in a rolling upgrade",
+    )
     # the metric provider (decision 0048): where rules' `metrics:` are read
     prometheus_url: str = Field(
         default="",

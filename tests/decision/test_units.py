@@ -221,6 +221,37 @@ def test_split_is_judged_on_units(
     assert srm["heavy_users"] is expect_heavy
 
 
+@pytest.mark.parametrize(("units", "warned"), [(True, False), (False, True)])
+def test_a_canary_whose_few_users_are_silent_is_no_sample_ratio_mismatch(
+    units: bool, warned: bool
+) -> None:
+    # a 1% step: the canary's handful of light users make no request for a minute
+    # while one heavy baseline user makes most of 2,000. On units, 0 of about 60
+    # seen is what 1% expects; the request counts (0 of 2,000, 20 expected) would
+    # call it a mismatch - as they still do when the windows carry no units
+    rng = np.random.default_rng(11)
+    s = state(step_index=0, canary_bp=100, weight_since=T0)
+    events: list[str] = []
+    srm = None
+    for k in range(6):
+        t = T0 + 11.5 + 10 * k
+        heavy = np.full(1400, 0xBEEF, dtype=np.uint32)
+        light = rng.integers(1, 2**32, 600, dtype=np.uint64).astype(np.uint32) % 60 + 7
+        unit = np.concatenate([heavy, light])
+        baseline = with_units(snap("baseline", t), unit, np.zeros(2000, bool), np.zeros(2000, bool))
+        empty = np.zeros(0, dtype=np.uint32)
+        canary = with_units(snap("canary", t), empty, np.zeros(0, bool), np.zeros(0, bool))
+        if not units:
+            baseline = replace(baseline, units=None, reservoir_units=())
+            canary = replace(canary, units=None, reservoir_units=())
+        d = decide(s, {"canary": canary, "baseline": baseline}, rule(), STEPS, t)
+        s = d.new_state
+        events += [e.kind.value for e in d.events]
+        srm = d.evidence.get("srm") or srm
+    assert srm is not None and srm["judged_on"] == ("units" if units else "requests")
+    assert ("srm_detected" in events) is warned
+
+
 def test_a_ramp_step_change_starts_a_new_unit_count() -> None:
     rng = np.random.default_rng(7)
     s = state(step_index=1, canary_bp=500, weight_since=T0)

@@ -1,0 +1,531 @@
+"""Partial windows written second by second (partial format 2, decision 0058).
+
+A format 1 partial (sharding.py) is one hash field holding the collector's whole
+window of an experiment; every publish rewrote it, and every reader decoded all of it
+every time it looked, though only the current second had changed. Format 2 splits it:
+
+- the *head*, `@part:<collector>`: `{"v": 2, …}` with what format 1 carries besides
+  the seconds (ts, alpha, bins, window_sec, threshold_ms, unacked), the ring's
+  capacity `cap`, and per variant the seconds in the collector's window (`sec`) and
+  the newest sample's time of each latency (`newest`, `fb_newest`);
+- one *second field* per ring slot, `@part:<collector>#<second mod cap>`:
+  `{"s": second, "variants": {name: entry}}`, an entry holding that second's sums as
+  a format 1 entry holds them per second (count, fail, sum, above, stale, shed, the
+  sparse histogram, the unit rows) plus the second's own reservoir and distinct-unit
+  sketch, and the same for the first byte under `fb`.
+
+A publish writes the head and the seconds that changed since the last one, in one
+HSET (atomic: a reader sees a head and the seconds it lists, written together). A
+second that left the window is simply no longer listed; its field is overwritten when
+its slot is reused. A reader keeps what it decoded, keyed by the field's exact text
+(`PartialCache`), so it decodes a second once, not at every look.
+
+The sums a reader gets are the format 1 reader's, exactly: the same seconds, the
+reservoir the bottom k of the listed seconds' reservoirs (as format 1 cut it), the
+distinct sketch over the listed seconds (format 1's "whole window"). Sums of counts
+are integers; the float sums (microseconds, bin indices) are sums of integers below
+2^53, exact in any order, so the suffix sums here equal format 1's running sums.
+
+Readers of both formats come first in a rolling upgrade (`CANARY_PARTIAL_FORMAT=1`
+keeps upgraded collectors writing format 1 until every reader is upgraded). A
+reader that knows only format 1 finds no partial it can read and falls back to the
+merged plain view, at most 5 s old.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from controlplane.collector.log_mapping import F64, I64, U32
+from controlplane.collector.ring import SECOND_RESERVOIR_SIZE, VariantRing
+from controlplane.collector.totals import RESERVOIR_SIZE, UNIT_ROWS, WindowTotals
+from controlplane.collector.windows import ExperimentWindow
+from controlplane.kernel.units import DISTINCT_K, bottom_distinct
+
+SECOND_PARTIAL_VERSION = 2
+SLOT_SEPARATOR = "#"
+# the cheapest test of what a field is, without parsing it: json.dumps writes the
+# keys in the order they are given, and every writer here gives "v" / "s" first
+HEAD_OPENING = '{"v":2,'
+SECOND_OPENING = '{"s":'
+MAX_CAPACITY = 4096  # slots a head may name (a window of MAX_WINDOW_SEC plus skew)
+MAX_VARIANTS = 16
+
+
+def slot_field(head: str, slot: int) -> str:
+    """The field of a head's slot: `@part:<collector>#<slot>`."""
+    return f"{head}{SLOT_SEPARATOR}{slot}"
+
+
+# --- writing --------------------------------------------------------------------------
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _second_entry(ring: VariantRing, slot: int, *, shed: bool) -> dict[str, Any]:
+    from controlplane.collector.sharding import encode_hist_row, encode_unit_rows
+
+    fill = int(ring.res_fill[slot])
+    entry: dict[str, Any] = {
+        "count": int(ring.count[slot]),
+        "fail": int(ring.failures[slot]),
+        "sum": float(ring.sum_us[slot]),
+        "above": int(ring.above[slot]),
+        "stale": int(bool(ring.stale[slot])),
+        "hist": encode_hist_row(ring.hist[slot]),
+        "units": encode_unit_rows(ring.unit_counts[slot], ring.unit_sums[slot]),
+        "res_k": _b64(ring.res_keys[slot, :fill].astype("<f4").tobytes()),
+        "res_v": _b64(ring.res_us[slot, :fill].astype("<u4").tobytes()),
+        "res_u": _b64(ring.res_unit[slot, :fill].astype("<u4").tobytes()),
+        "distinct": _b64(ring.distinct[slot].astype("<u4").tobytes()),
+    }
+    if shed:
+        entry["shed"] = int(ring.shed[slot])
+    return entry
+
+
+@dataclass
+class SlotLedger:
+    """What a collector has yet to publish of one experiment's seconds: the slots
+    changed since their last successful write (`due`), and those in the write under
+    way (`sending`), due again if it fails."""
+
+    due: set[int] = field(default_factory=set)
+    sending: set[int] = field(default_factory=set)
+    config: object = None  # the window's config at the last export
+    capacity: int = 0
+
+    def sent(self) -> None:
+        self.sending = set()
+
+    def failed(self) -> None:
+        self.due |= self.sending
+        self.sending = set()
+
+
+def export_head_and_seconds(
+    window: ExperimentWindow,
+    now: float,
+    *,
+    head: str,
+    collector: str,
+    unacked: Iterable[str],
+    ledger: SlotLedger,
+) -> dict[str, str]:
+    """The fields of this collector's partial that changed: its head, and each second
+    in its window written since it was last published (all of them after a rule
+    change, which may restate every second's `stale`)."""
+    window.advance(now)
+    start = window.window_start
+    rings = [(name, window.ring(name), window.ring(name, first_byte=True))
+             for name in window.variants]  # fmt: skip
+    capacity = rings[0][1].capacity if rings else 0
+    if ledger.config != window.config or ledger.capacity != capacity:
+        ledger.config, ledger.capacity = window.config, capacity
+        for _, ring, fb in rings:
+            ring.touched[:] = True
+            fb.touched[:] = True
+    variants: dict[str, Any] = {}
+    listed: set[int] = set()
+    for name, ring, fb in rings:
+        slots = np.flatnonzero(ring.second >= start)
+        seconds = ring.second[slots]
+        order = np.argsort(seconds)
+        listed.update(slots.tolist())
+        variants[name] = {"sec": seconds[order].tolist(), "newest": ring.newest_ts,
+                          "fb_newest": fb.newest_ts}  # fmt: skip
+        for r in (ring, fb):
+            changed = np.flatnonzero(r.touched)
+            ledger.due.update(changed.tolist())
+            r.touched[changed] = False
+    fields: dict[str, str] = {}
+    for slot in sorted(ledger.due & listed):
+        second = None
+        entries: dict[str, Any] = {}
+        for name, ring, fb in rings:
+            held = int(ring.second[slot])
+            if held < start:
+                continue
+            second = held
+            entry = _second_entry(ring, slot, shed=True)
+            entry["fb"] = _second_entry(fb, slot, shed=False)
+            entries[name] = entry
+        if second is None:
+            continue
+        fields[slot_field(head, slot)] = json.dumps(
+            {"s": second, "variants": entries}, separators=(",", ":")
+        )
+    ledger.sending = ledger.due & listed
+    ledger.due = set()  # a slot out of the window is due again once it is claimed
+    fields[head] = json.dumps({
+        "v": SECOND_PARTIAL_VERSION,
+        "collector": collector,
+        "ts": now,
+        "alpha": window.mapping.alpha,
+        "bins": window.mapping.bins,
+        "window_sec": window.config.window_sec,
+        "threshold_ms": window.config.threshold_ms,
+        "unacked": sorted(unacked),
+        "cap": capacity,
+        "variants": variants,
+    }, separators=(",", ":"))  # fmt: skip
+    return fields
+
+
+# --- reading --------------------------------------------------------------------------
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**53:
+        raise ValueError("a partial's count is not a non-negative integer")
+    return value
+
+
+def _number(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("a partial's sum is not a number")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ValueError("a partial's sum is not a finite non-negative number")
+    return number
+
+
+def _array(text: object, dtype: str, limit: int) -> npt.NDArray[Any]:
+    if not isinstance(text, str):
+        raise ValueError("a partial's packed array is not a string")
+    raw = base64.b64decode(text.encode("ascii"), validate=True)
+    width = np.dtype(dtype).itemsize
+    if len(raw) % width or len(raw) // width > limit:
+        raise ValueError("a partial's packed array has the wrong size")
+    return np.frombuffer(raw, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class SecondSums:
+    """One latency of one variant in one second, decoded."""
+
+    count: int
+    failures: int
+    sum_us: float
+    above: int
+    stale: bool
+    shed: int
+    hist: I64
+    unit_counts: I64
+    unit_sums: F64
+    res_keys: npt.NDArray[np.float32]
+    res_us: U32
+    res_units: U32
+    distinct: U32
+
+    @classmethod
+    def decode(cls, entry: object, bins: int) -> SecondSums:
+        from controlplane.collector.sharding import decode_hist_row_into, decode_unit_rows_into
+
+        if not isinstance(entry, dict):
+            raise ValueError("a partial's second entry is not an object")
+        hist = np.zeros(bins, dtype=np.int64)
+        decode_hist_row_into(entry["hist"], hist)
+        unit_counts = np.zeros((UNIT_ROWS, 3), dtype=np.int64)
+        unit_sums = np.zeros((UNIT_ROWS, 2), dtype=np.float64)
+        decode_unit_rows_into(entry["units"], unit_counts, unit_sums)
+        keys = _array(entry["res_k"], "<f4", SECOND_RESERVOIR_SIZE)
+        values = _array(entry["res_v"], "<u4", SECOND_RESERVOIR_SIZE)
+        units = _array(entry["res_u"], "<u4", SECOND_RESERVOIR_SIZE)
+        if not keys.shape[0] == values.shape[0] == units.shape[0]:
+            raise ValueError("a partial's reservoir columns differ in length")
+        return cls(
+            count=_count(entry["count"]),
+            failures=_count(entry["fail"]),
+            sum_us=_number(entry["sum"]),
+            above=_count(entry["above"]),
+            stale=bool(entry["stale"]),
+            shed=_count(entry.get("shed", 0)),
+            hist=hist,
+            unit_counts=unit_counts,
+            unit_sums=unit_sums,
+            res_keys=keys.astype(np.float32),
+            res_us=values.astype(np.uint32),
+            res_units=units.astype(np.uint32),
+            distinct=_array(entry["distinct"], "<u4", DISTINCT_K).astype(np.uint32),
+        )
+
+
+Second = dict[str, tuple[SecondSums, SecondSums]]  # variant → (total, first byte)
+
+
+def decode_second(raw: str, bins: int) -> tuple[int, Second]:
+    """A second field: its second, and per variant its two latencies' sums."""
+    data = json.loads(raw)
+    if not isinstance(data, dict) or not isinstance(data.get("variants"), dict):
+        raise ValueError("a partial's second field is not an object with variants")
+    second = data["s"]
+    if isinstance(second, bool) or not isinstance(second, int):
+        raise ValueError("a partial's second is not an integer")
+    if len(data["variants"]) > MAX_VARIANTS:
+        raise ValueError("a partial's second has too many variants")
+    out: Second = {}
+    for name, entry in data["variants"].items():
+        if not isinstance(entry, dict):
+            raise ValueError("a partial's second entry is not an object")
+        out[str(name)] = (SecondSums.decode(entry, bins), SecondSums.decode(entry["fb"], bins))
+    return second, out
+
+
+@dataclass(frozen=True)
+class LatencyRun:
+    """One latency of one variant over the listed seconds, as suffix sums: row i holds
+    the sums over seconds[i:], so a window starting anywhere is one row, not a loop."""
+
+    seconds: I64
+    count: I64
+    failures: I64
+    sum_us: F64
+    above: I64  # over the rows not stale
+    stale_rows: I64
+    shed: I64
+    hist: I64  # (n + 1, bins)
+    stale_hist: I64 | None  # (n + 1, bins), None: no row is stale
+    unit_counts: I64
+    unit_sums: F64
+    newest_ts: float | None
+    res_keys: npt.NDArray[np.float32]
+    res_us: U32
+    res_seconds: I64
+    res_units: U32
+    distinct: U32
+
+    @classmethod
+    def build(
+        cls, seconds: list[int], sums: list[SecondSums], bins: int, newest: float | None
+    ) -> LatencyRun:
+        n = len(sums)
+
+        def suffix(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+            out = np.zeros((n + 1, *values.shape[1:]), dtype=values.dtype)
+            if n:
+                out[:n] = np.cumsum(values[::-1], axis=0)[::-1]
+            return out
+
+        stale = np.array([s.stale for s in sums], dtype=bool)
+        hist = np.stack([s.hist for s in sums]) if n else np.zeros((0, bins), np.int64)
+        above = np.array([s.above for s in sums], dtype=np.int64)
+        above[stale] = 0
+        # the window's reservoir as format 1 cut it: the bottom k over the seconds
+        keys = np.concatenate([s.res_keys for s in sums]) if n else np.zeros(0, np.float32)
+        order = np.arange(keys.shape[0])
+        if keys.shape[0] > RESERVOIR_SIZE:
+            order = np.argpartition(keys, RESERVOIR_SIZE - 1)[:RESERVOIR_SIZE]
+        res_seconds = np.repeat(np.array(seconds, dtype=np.int64),
+                                [s.res_keys.shape[0] for s in sums])  # fmt: skip
+
+        def joined(column: str, dtype: Any) -> npt.NDArray[Any]:
+            if not n:
+                return np.zeros(0, dtype=dtype)
+            return np.concatenate([getattr(s, column) for s in sums])[order]
+
+        return cls(
+            seconds=np.array(seconds, dtype=np.int64),
+            count=suffix(np.array([s.count for s in sums], dtype=np.int64)),
+            failures=suffix(np.array([s.failures for s in sums], dtype=np.int64)),
+            sum_us=suffix(np.array([s.sum_us for s in sums], dtype=np.float64)),
+            above=suffix(above),
+            stale_rows=suffix(stale.astype(np.int64)),
+            shed=suffix(np.array([s.shed for s in sums], dtype=np.int64)),
+            hist=suffix(hist),
+            stale_hist=suffix(hist * stale[:, None]) if stale.any() else None,
+            unit_counts=suffix(np.stack([s.unit_counts for s in sums]) if n
+                               else np.zeros((0, UNIT_ROWS, 3), np.int64)),
+            unit_sums=suffix(np.stack([s.unit_sums for s in sums]) if n
+                             else np.zeros((0, UNIT_ROWS, 2), np.float64)),
+            newest_ts=newest,
+            res_keys=keys[order],
+            res_us=joined("res_us", np.uint32),
+            res_seconds=res_seconds[order],
+            res_units=joined("res_units", np.uint32),
+            distinct=bottom_distinct([s.distinct for s in sums]),
+        )  # fmt: skip
+
+    def totals(self, start: int, *, same_threshold: bool, bins: int) -> WindowTotals:
+        """The sums over the seconds from `start` on, as format 1's reader makes them."""
+        i = int(np.searchsorted(self.seconds, start, side="left"))
+        totals = WindowTotals(
+            bins=bins,
+            count=int(self.count[i]),
+            failures=int(self.failures[i]),
+            sum_us=float(self.sum_us[i]),
+            shed=int(self.shed[i]),
+            hist=self.hist[i].copy(),
+            newest_ts=self.newest_ts,
+            unit_counts=self.unit_counts[i].copy(),
+            unit_sums=self.unit_sums[i].copy(),
+        )
+        rows = self.seconds.shape[0] - i
+        if same_threshold:
+            totals.above_exact = int(self.above[i])
+            if self.stale_hist is not None and self.stale_rows[i] > 0:
+                totals.stale_hist = self.stale_hist[i].copy()
+        elif rows:
+            totals.stale_hist = self.hist[i].copy()
+        inside = self.res_seconds >= start
+        totals.res_keys = self.res_keys[inside]
+        totals.res_us = self.res_us[inside]
+        totals.res_units = self.res_units[inside]
+        totals.distinct = self.distinct
+        return totals
+
+
+@dataclass(frozen=True)
+class AssembledPartial:
+    """A format 2 partial put together from its head and the seconds it lists."""
+
+    head: dict[str, Any]
+    runs: dict[str, tuple[LatencyRun, LatencyRun]]  # variant → (total, first byte)
+
+
+def head_of(raw: str) -> dict[str, Any]:
+    data = json.loads(raw)
+    if not isinstance(data, dict) or data.get("v") != SECOND_PARTIAL_VERSION:
+        raise ValueError("not a format 2 partial head")
+    cap = data.get("cap")
+    if isinstance(cap, bool) or not isinstance(cap, int) or not 0 <= cap <= MAX_CAPACITY:
+        raise ValueError("a partial head's capacity is out of bounds")
+    variants = data.get("variants")
+    if not isinstance(variants, dict) or len(variants) > MAX_VARIANTS:
+        raise ValueError("a partial head's variants are not an object")
+    for part in variants.values():
+        seconds = part.get("sec") if isinstance(part, dict) else None
+        if not isinstance(seconds, list) or len(seconds) > cap:
+            raise ValueError("a partial head's seconds are not a list within its capacity")
+        if any(isinstance(s, bool) or not isinstance(s, int) for s in seconds):
+            raise ValueError("a partial head's seconds are not integers")
+    return data
+
+
+def assemble(
+    head_field: str, head: dict[str, Any], fields: Mapping[str, str],
+    decoded: PartialCache | None = None, experiment: str = "",
+) -> AssembledPartial:  # fmt: skip
+    """Put a head's seconds together (decoding each through `decoded` when given)."""
+    bins = int(head["bins"])
+    cap = int(head["cap"])
+    runs: dict[str, tuple[LatencyRun, LatencyRun]] = {}
+    for name, part in head["variants"].items():
+        totals: list[SecondSums] = []
+        firsts: list[SecondSums] = []
+        for second in part["sec"]:
+            name_of_slot = slot_field(head_field, second % cap) if cap else ""
+            raw = fields.get(name_of_slot)
+            if raw is None:
+                raise ValueError(f"a partial head lists second {second} without its field")
+            if decoded is not None:
+                held, per_variant = decoded.second(experiment, name_of_slot, raw, bins)
+            else:
+                held, per_variant = decode_second(raw, bins)
+            if held != second or name not in per_variant:
+                raise ValueError(f"a partial head lists second {second}, its field holds another")
+            total, first = per_variant[name]
+            totals.append(total)
+            firsts.append(first)
+        newest, fb_newest = part.get("newest"), part.get("fb_newest")
+        runs[str(name)] = (
+            LatencyRun.build(part["sec"], totals, bins, _ts(newest)),
+            LatencyRun.build(part["sec"], firsts, bins, _ts(fb_newest)),
+        )
+    return AssembledPartial(head, runs)
+
+
+def _ts(value: object) -> float | None:
+    if value is None:
+        return None
+    return _number(value)
+
+
+@dataclass
+class PartialCache:
+    """What a reader decoded of the stats hashes it reads again and again: each second
+    field by its exact text, and each assembled partial by its fields' texts. A round
+    forgets the experiments it no longer reads (`keep`)."""
+
+    seconds: dict[str, dict[str, tuple[str, tuple[int, Second]]]] = field(default_factory=dict)
+    heads: dict[str, dict[str, tuple[str, dict[str, Any]]]] = field(default_factory=dict)
+    partials: dict[str, dict[str, tuple[tuple[str, ...], AssembledPartial]]] = field(
+        default_factory=dict
+    )
+    # a window merged per (experiment, window_sec, threshold): the key it was merged
+    # under (start second, partial fields), the snapshots, each variant's newest times
+    merged: dict[tuple[str, int | None, Any], tuple[Any, Any, Any]] = field(default_factory=dict)
+    hits: int = 0
+    decodes: int = 0
+    merged_hits: int = 0
+
+    def second(self, experiment: str, name: str, raw: str, bins: int) -> tuple[int, Second]:
+        held = self.seconds.setdefault(experiment, {}).get(name)
+        if held is not None and held[0] == raw:
+            self.hits += 1
+            return held[1]
+        self.decodes += 1
+        value = decode_second(raw, bins)
+        self.seconds[experiment][name] = (raw, value)
+        return value
+
+    def head(self, experiment: str, head_field: str, raw_head: str) -> dict[str, Any]:
+        """A head parsed (`head_of`), again only when its text changed."""
+        held = self.heads.setdefault(experiment, {}).get(head_field)
+        if held is not None and held[0] == raw_head:
+            return held[1]
+        head = head_of(raw_head)
+        self.heads[experiment][head_field] = (raw_head, head)
+        return head
+
+    def assembled(
+        self, experiment: str, head_field: str, raw_head: str, fields: Mapping[str, str]
+    ) -> AssembledPartial:
+        head = self.head(experiment, head_field, raw_head)
+        cap = int(head["cap"])
+        listed = sorted({s for part in head["variants"].values() for s in part["sec"]})
+        key = (raw_head, *(fields.get(slot_field(head_field, s % cap), "") for s in listed))
+        held = self.partials.setdefault(experiment, {}).get(head_field)
+        if held is not None and held[0] == key:
+            return held[1]
+        assembled = assemble(head_field, head, fields, self, experiment)
+        self.partials[experiment][head_field] = (key, assembled)
+        seconds = self.seconds.get(experiment, {})
+        wanted = {slot_field(head_field, s % cap) for s in listed}
+        for name in [n for n in seconds if n.startswith(head_field + SLOT_SEPARATOR)]:
+            if name not in wanted:
+                del seconds[name]
+        return assembled
+
+    def keep(self, experiments: set[str]) -> None:
+        for table in (self.seconds, self.partials, self.heads):
+            for experiment in [e for e in table if e not in experiments]:
+                del table[experiment]
+        for key in [k for k in self.merged if k[0] not in experiments]:
+            del self.merged[key]
+
+
+def own_fields(fields: Mapping[str, str], head: str) -> dict[str, str]:
+    """A partial's fields in a stats hash: its head and its second fields (a field of
+    another collector whose name happens to extend this one's is not a second field:
+    it does not hold one)."""
+    out = {head: fields[head]} if head in fields else {}
+    prefix = head + SLOT_SEPARATOR
+    for name, raw in fields.items():
+        if (
+            name.startswith(prefix)
+            and name[len(prefix) :].isdigit()
+            and raw.startswith(SECOND_OPENING)
+        ):
+            out[name] = raw
+    return out

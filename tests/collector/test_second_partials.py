@@ -1,0 +1,208 @@
+"""Partial windows written second by second (format 2): the same windows as format 1.
+
+The property: feed collectors the same samples over several publishes, each writing
+format 1 or format 2 (only the seconds that changed), and every reader's merge —
+any window length, any threshold, with or without the reader's cache — gives the
+snapshots format 1 gives, field for field (the reservoir as the same samples).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controlplane.collector.second_partials import (
+    PartialCache,
+    SlotLedger,
+    export_head_and_seconds,
+)
+from controlplane.collector.sharding import (
+    expired_partials,
+    export_partial,
+    merge_snapshots,
+    parse_partials,
+    part_field,
+    snapshots_of_fields,
+)
+from controlplane.collector.windows import ExperimentWindow, WindowConfig
+from controlplane.kernel.errors import CodecError
+from controlplane.kernel.snapshots import WindowSnapshot
+
+START = 1_800_000_000.0
+
+
+def _feed(window: ExperimentWindow, rng: np.random.Generator, now: float, n: int) -> None:
+    variant = (rng.random(n) < 0.2).astype(np.int64)
+    ts = now - rng.uniform(0, 1.5, n)
+    rt = rng.lognormal(np.log(40_000), 1.0, n).astype(np.uint32)
+    outcome = rng.choice(np.array([200, 200, 503], dtype=np.uint16), n)
+    unit = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    fb = (rt // 3).astype(np.uint32)
+    window.ingest(variant, ts, rt, outcome, now, unit, fb_us=fb)
+
+
+def _window(window_sec: int) -> ExperimentWindow:
+    window = ExperimentWindow("e", WindowConfig(window_sec, 60.0), clock_now=START, seed=3)
+    window._variant_index("baseline")
+    window._variant_index("canary")
+    return window
+
+
+def _plain(snapshot: WindowSnapshot) -> dict[str, object]:
+    """A snapshot's fields, its reservoir as a multiset (the order of a bottom k is
+    the order its selection left it in, which no reader relies on)."""
+    data = snapshot.to_dict()
+    pairs = sorted(zip(data.pop("reservoir_ms"), data.pop("reservoir_units"), strict=True))
+    data["reservoir"] = pairs
+    inner = data.get("first_byte")
+    if isinstance(inner, dict):
+        fb_pairs = sorted(zip(inner.pop("reservoir_ms"), inner.pop("reservoir_units"),
+                              strict=True))  # fmt: skip
+        inner["reservoir"] = fb_pairs
+    return data
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    window_sec=st.sampled_from([5, 10, 20]),
+    collectors=st.integers(1, 3),
+    publishes=st.integers(1, 8),
+    rate=st.sampled_from([1, 50, 400]),
+    reader_window=st.sampled_from([None, 2, 10]),
+    threshold=st.sampled_from(["latest", 60.0, 30.0]),
+    change_threshold=st.booleans(),
+)
+def test_format_2_merges_to_format_1_windows(
+    seed: int,
+    window_sec: int,
+    collectors: int,
+    publishes: int,
+    rate: int,
+    reader_window: int | None,
+    threshold: float | str,
+    change_threshold: bool,
+) -> None:
+    rng = np.random.default_rng(seed)
+    windows = [_window(window_sec) for _ in range(collectors)]
+    ledgers = [SlotLedger() for _ in range(collectors)]
+    v1: dict[str, str] = {}
+    v2: dict[str, str] = {}
+    cache = PartialCache()
+    now = START
+    for publish in range(publishes):
+        now += float(rng.uniform(0.2, 2.5))
+        for i, window in enumerate(windows):
+            if change_threshold and publish == publishes // 2:
+                window.reconfigure(WindowConfig(window_sec, 45.0), now)
+            if rng.random() < 0.8:
+                _feed(window, rng, now, int(rng.integers(1, rate + 1)))
+            name = f"c{i}"
+            v1[part_field(name)] = json.dumps(
+                export_partial(window, now, collector=name, unacked=[f"s/{publish}-{i}"])
+            )
+            v2.update(export_head_and_seconds(
+                window, now, head=part_field(name), collector=name,
+                unacked=[f"s/{publish}-{i}"], ledger=ledgers[i],
+            ))  # fmt: skip
+            ledgers[i].sent()
+        reader_now = now + float(rng.uniform(0.0, 1.5))
+        kwargs = {"window_sec": reader_window, "threshold_ms": threshold}
+        want = merge_snapshots("e", parse_partials(v1), reader_now, **kwargs)  # type: ignore[arg-type]
+        got = merge_snapshots("e", parse_partials(v2), reader_now, **kwargs)  # type: ignore[arg-type]
+        cached = snapshots_of_fields(
+            "e", v2, parse_partials(v2, cache=cache, experiment="e"), reader_now, **kwargs  # type: ignore[arg-type]
+        )
+        assert {k: _plain(s) for k, s in got.items()} == {k: _plain(s) for k, s in want.items()}
+        assert {k: _plain(s) for k, s in cached.items()} == {k: _plain(s) for k, s in want.items()}
+    # the readers of the others' partials see the same heads
+    assert sorted(p.unacked for p in parse_partials(v2)) == sorted(
+        p.unacked for p in parse_partials(v1)
+    )
+    far = math.floor(now) + 10_000
+    assert {p.collector for p in expired_partials(parse_partials(v2), far, own="x",
+                                                  retained_sec=window_sec)} == {
+        p.collector for p in expired_partials(parse_partials(v1), far, own="x",
+                                              retained_sec=window_sec)
+    }  # fmt: skip
+
+
+def test_a_publish_writes_only_the_seconds_that_changed() -> None:
+    window = _window(10)
+    ledger = SlotLedger()
+    rng = np.random.default_rng(1)
+    now = START
+    _feed(window, rng, now, 50)
+    first = export_head_and_seconds(window, now, head="@part:c", collector="c", unacked=[],
+                                    ledger=ledger)  # fmt: skip
+    ledger.sent()
+    assert len(first) > 2  # the head and every second held
+    now += 1.0
+    window.ingest(np.zeros(5, np.int64), np.full(5, now), np.full(5, 40_000, np.uint32),
+                  np.full(5, 200, np.uint16), now, np.ones(5, np.uint32))  # fmt: skip
+    second = export_head_and_seconds(window, now, head="@part:c", collector="c", unacked=[],
+                                     ledger=ledger)  # fmt: skip
+    assert set(second) == {"@part:c", f"@part:c#{math.floor(now) % 14}"}
+    # nothing new: the head alone (its ts and unacked list)
+    ledger.sent()
+    assert set(export_head_and_seconds(window, now + 0.5, head="@part:c", collector="c",
+                                       unacked=[], ledger=ledger)) == {"@part:c"}  # fmt: skip
+
+
+def test_a_failed_write_publishes_its_seconds_again() -> None:
+    window = _window(10)
+    ledger = SlotLedger()
+    rng = np.random.default_rng(2)
+    _feed(window, rng, START, 50)
+    sent = export_head_and_seconds(window, START, head="@part:c", collector="c", unacked=[],
+                                   ledger=ledger)  # fmt: skip
+    ledger.failed()
+    again = export_head_and_seconds(window, START + 0.1, head="@part:c", collector="c",
+                                    unacked=[], ledger=ledger)  # fmt: skip
+    assert set(again) == set(sent)
+
+
+def test_a_head_listing_a_second_its_fields_lack_is_a_malformed_partial() -> None:
+    window = _window(10)
+    ledger = SlotLedger()
+    _feed(window, np.random.default_rng(3), START, 50)
+    fields = export_head_and_seconds(window, START, head="@part:c", collector="c", unacked=[],
+                                     ledger=ledger)  # fmt: skip
+    missing = {k: v for k, v in fields.items() if k == "@part:c"}
+    with pytest.raises(CodecError, match="malformed"):
+        snapshots_of_fields("e", missing, parse_partials(missing), START)
+    # a second field rewritten by hand for another second: refused, not summed
+    slot = next(k for k in fields if "#" in k)
+    lying = dict(fields) | {slot: fields[slot].replace('{"s":', '{"s":1,"x":', 1)}
+    with pytest.raises(CodecError, match="malformed"):
+        snapshots_of_fields("e", lying, parse_partials(lying), START)
+
+
+def test_a_reader_decodes_an_unchanged_second_once() -> None:
+    window = _window(10)
+    ledger = SlotLedger()
+    rng = np.random.default_rng(4)
+    fields: dict[str, str] = {}
+    for k in range(5):
+        _feed(window, rng, START + k, 50)
+        fields.update(export_head_and_seconds(
+            window, START + k, head="@part:c", collector="c", unacked=[], ledger=ledger
+        ))  # fmt: skip
+        ledger.sent()
+    cache = PartialCache()
+    snapshots_of_fields("e", fields, parse_partials(fields, cache=cache, experiment="e"),
+                        START + 5)  # fmt: skip
+    decoded = cache.decodes
+    _feed(window, rng, START + 5, 50)
+    fields.update(export_head_and_seconds(window, START + 5, head="@part:c", collector="c",
+                                          unacked=[], ledger=ledger))  # fmt: skip
+    snapshots_of_fields("e", fields, parse_partials(fields, cache=cache, experiment="e"),
+                        START + 5.5)  # fmt: skip
+    assert cache.decodes - decoded <= 2  # the seconds the new batch touched
+    cache.keep(set())
+    assert not cache.seconds and not cache.partials
