@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,7 +25,7 @@ from controlplane.kernel.metric_specs import MetricSpec
 from controlplane.kernel.rules import BreakerRule
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.providers.evidence import MetricEvidence, Reading
-from tests.support.databases import copy_sqlite, emptied, migrated
+from tests.support.shared_databases import migrated_pg, pg_url, sqlite_url  # noqa: F401
 
 T0 = 1_800_000_000
 NOW = datetime.fromtimestamp(T0, UTC)
@@ -38,24 +37,6 @@ class Stores:
     history: HistoryStore
     experiments: SqlExperimentStore
     experiment_id: int
-
-
-@pytest.fixture(scope="module")
-def migrated_pg(pg_database_url: str) -> str:
-    return migrated(pg_database_url)
-
-
-@pytest.fixture
-def pg_url(migrated_pg: str) -> str:
-    """Overrides the shared fixture: the session's migrated database, emptied (these
-    tests need the schema, not a database of their own)."""
-    return emptied(migrated_pg)
-
-
-@pytest.fixture
-def sqlite_url(tmp_path: Path, migrated_sqlite: Path) -> str:
-    """Overrides the shared fixture: a copy of the session's migrated SQLite database."""
-    return copy_sqlite(migrated_sqlite, tmp_path / "canary.db")
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])

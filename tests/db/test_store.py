@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +17,7 @@ from controlplane.experiments.lifecycle import ACTIVE, BreakerState, ExperimentS
 from controlplane.experiments.store import ExperimentSpec, ExperimentStore, StepSpec
 from controlplane.kernel.errors import NotFound, RevisionConflict
 from controlplane.kernel.routes import RouteState
-from tests.support.databases import copy_sqlite, emptied, migrated
+from tests.support.shared_databases import migrated_pg, pg_url, sqlite_url  # noqa: F401
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -30,24 +29,6 @@ def spec(service: str = "checkout", name: str = "v2") -> ExperimentSpec:
         steps=(StepSpec(500, 30), StepSpec(2500, 60)),
         sticky_header="x-user-id", sticky_cookie=None, rule=None,
     )
-
-
-@pytest.fixture(scope="module")
-def migrated_pg(pg_database_url: str) -> str:
-    return migrated(pg_database_url)
-
-
-@pytest.fixture
-def pg_url(migrated_pg: str) -> str:
-    """Overrides the shared fixture: the session's migrated database, emptied (these
-    tests need the schema, not a database of their own)."""
-    return emptied(migrated_pg)
-
-
-@pytest.fixture
-def sqlite_url(tmp_path: Path, migrated_sqlite: Path) -> str:
-    """Overrides the shared fixture: a copy of the session's migrated SQLite database."""
-    return copy_sqlite(migrated_sqlite, tmp_path / "canary.db")
 
 
 class Boom(Exception):

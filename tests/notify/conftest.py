@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,28 +16,10 @@ from controlplane.kernel.clock import FakeClock, utc_now
 from controlplane.kernel.settings import Settings
 from controlplane.notify.records import Format, SubscriptionRecord, SubscriptionSpec
 from controlplane.runtime import Backends, open_backends
-from tests.support.databases import copy_sqlite, emptied, migrated
+from tests.support.shared_databases import migrated_pg, pg_url, sqlite_url  # noqa: F401
 from tests.support.webhooks import Receiver, receiving
 
 SECRET = "whsec_test-secret-0123456789abcdefghijklmnop"
-
-
-@pytest.fixture(scope="session")
-def migrated_pg(pg_database_url: str) -> str:
-    return migrated(pg_database_url)
-
-
-@pytest.fixture
-def pg_url(migrated_pg: str) -> str:
-    """Overrides the shared fixture: the session's migrated database, emptied (these
-    tests need the schema, not a database of their own)."""
-    return emptied(migrated_pg)
-
-
-@pytest.fixture
-def sqlite_url(tmp_path: Path, migrated_sqlite: Path) -> str:
-    """Overrides the shared fixture: a copy of the session's migrated SQLite database."""
-    return copy_sqlite(migrated_sqlite, tmp_path / "canary.db")
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
