@@ -24,6 +24,7 @@ from controlplane.db.session import Database
 from controlplane.history.metric_points import MetricPoint
 from controlplane.history.points import HistoryPoint, VariantPoint
 from controlplane.history.store import HistorySpan, Mark
+from controlplane.kernel.judgment import Direction
 
 ENDED_STATES = ("promoted", "rolled_back", "aborted")
 _VARIANT_FIELDS = (
@@ -55,6 +56,7 @@ def _metric_values(point: MetricPoint) -> dict[str, Any]:
         "span_sec": point.span_sec,
         "kind": point.kind,
         "compare": point.compare,
+        "direction": point.direction,
         "b_value": point.baseline,
         "c_value": point.canary,
         "bound": point.bound,
@@ -180,28 +182,37 @@ def _metric_bucketed(
             func.max(MetricRow.span_sec),
             func.max(MetricRow.kind),
             func.max(MetricRow.compare),
+            func.max(MetricRow.direction),
             func.max(MetricRow.b_value),
             func.max(MetricRow.c_value),
             func.min(MetricRow.bound),
+            func.min(MetricRow.b_value),
+            func.min(MetricRow.c_value),
+            func.max(MetricRow.bound),
         )
         .where(MetricRow.experiment_id == experiment_id, *where)
         .group_by(MetricRow.name, bucket)
         .order_by(MetricRow.name, bucket)
     )
-    return [
-        MetricPoint(
+    found = []
+    for name, at, n, span, kind, compare, direction, b_hi, c_hi, bound_lo, b_lo, c_lo, bound_hi in (
+        session.execute(query)
+    ):
+        # metric_points.merge_metric: troughs and the highest bound where a fall is bad
+        falls = direction == Direction.DECREASE.value
+        found.append(MetricPoint(
             experiment_id=experiment_id,
             name=str(name),
             at=int(at),
             span_sec=int(span) if n == 1 else max(width, int(span)),
             kind=str(kind),
             compare=str(compare),
-            baseline=_float(b),
-            canary=_float(c),
-            bound=_float(bound),
-        )
-        for name, at, n, span, kind, compare, b, c, bound in session.execute(query)
-    ]
+            baseline=_float(b_lo if falls else b_hi),
+            canary=_float(c_lo if falls else c_hi),
+            bound=_float(bound_hi if falls else bound_lo),
+            direction=str(direction),
+        ))  # fmt: skip
+    return found
 
 
 def _read_metrics(

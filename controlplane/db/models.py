@@ -373,6 +373,8 @@ class HistoryMetricPoint(Base):
     span_sec: Mapped[int] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(String(16))
     compare: Mapped[str] = mapped_column(String(16))
+    # which change is bad (increase, decrease, either): what merging keeps
+    direction: Mapped[str] = mapped_column(String(8), server_default="increase")
     b_value: Mapped[float | None] = mapped_column(REAL)
     c_value: Mapped[float | None] = mapped_column(REAL)
     bound: Mapped[float | None] = mapped_column(REAL)

@@ -9,9 +9,8 @@ data is None (a gap in the plot), as is a baseline-relative bound without a
 baseline value.
 
 Merging keeps, as for the windows (points.py), what a plot against a bound must not
-hide, for the default direction (a rise is bad): each value's peak and the
-strictest (lowest) bound. A metric guarding against a fall is merged the same way:
-its merged plot shows peaks.
+hide: where a rise is bad (or either change), each value's peak and the strictest
+(lowest) bound; where a fall is bad, each value's trough and the highest bound.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ class MetricPoint:
     baseline: float | None
     canary: float | None
     bound: float | None
+    direction: str = Direction.INCREASE.value
 
 
 def _value(reading: Reading) -> float | None:
@@ -74,6 +74,7 @@ def metric_point_of(experiment_id: int, spec: MetricSpec, evidence: MetricEviden
         baseline=baseline,
         canary=_value(evidence.canary),
         bound=metric_bound(spec, baseline),
+        direction=spec.direction.value,
     )
 
 
@@ -110,6 +111,10 @@ def merge_metric(points: Sequence[MetricPoint], at: int, span_sec: int) -> Metri
     """One metric's points of one bucket as one point starting at `at`."""
     if not points:
         raise ValueError("nothing to merge")
+    direction = max(p.direction for p in points)
+    worst, strictest = (
+        (_lowest, _peak) if direction == Direction.DECREASE.value else (_peak, _lowest)
+    )
     return MetricPoint(
         experiment_id=points[0].experiment_id,
         name=points[0].name,
@@ -117,9 +122,10 @@ def merge_metric(points: Sequence[MetricPoint], at: int, span_sec: int) -> Metri
         span_sec=span_sec,
         kind=max(p.kind for p in points),
         compare=max(p.compare for p in points),
-        baseline=_peak([p.baseline for p in points]),
-        canary=_peak([p.canary for p in points]),
-        bound=_lowest([p.bound for p in points]),
+        baseline=worst([p.baseline for p in points]),
+        canary=worst([p.canary for p in points]),
+        bound=strictest([p.bound for p in points]),
+        direction=direction,
     )
 
 

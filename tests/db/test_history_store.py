@@ -216,7 +216,8 @@ async def test_marks_are_the_newest_events_of_the_kinds_in_the_range(stores: Sto
 
 
 def random_metric_points(
-    experiment_id: int, seconds: list[int], seed: int, name: str = "memory"
+    experiment_id: int, seconds: list[int], seed: int, name: str = "memory",
+    direction: str = "increase",
 ) -> list[MetricPoint]:
     rng = np.random.default_rng(seed)
 
@@ -224,7 +225,8 @@ def random_metric_points(
         return None if rng.random() < 0.2 else f32(rng.uniform(0, 1000))
 
     return [
-        MetricPoint(experiment_id, name, at, 1, "gauge", "baseline", value(), value(), value())
+        MetricPoint(experiment_id, name, at, 1, "gauge", "baseline", value(), value(), value(),
+                    direction)
         for at in seconds
     ]
 
@@ -232,7 +234,7 @@ def random_metric_points(
 def assert_same_metrics(got: list[MetricPoint], want: list[MetricPoint]) -> None:
     assert [(p.name, p.at, p.span_sec) for p in got] == [(p.name, p.at, p.span_sec) for p in want]
     for a, b in zip(got, want, strict=True):
-        assert (a.kind, a.compare) == (b.kind, b.compare)
+        assert (a.kind, a.compare, a.direction) == (b.kind, b.compare, b.direction)
         for field in ("baseline", "canary", "bound"):
             va, vb = getattr(a, field), getattr(b, field)
             assert (va is None) == (vb is None), field
@@ -248,7 +250,10 @@ async def test_the_database_buckets_metric_readings_as_the_pure_downsample_does(
     seconds = sorted({T0 + int(s) for s in rng.integers(0, 600, 60)})
     memory = random_metric_points(stores.experiment_id, seconds, 1)
     errors = random_metric_points(stores.experiment_id, seconds[::2], 2, name="errors")
-    await stores.history.append([], memory + errors)
+    # a metric guarding against a fall: its buckets keep troughs, as the pure one does
+    orders = random_metric_points(stores.experiment_id, seconds[1::3], 3, name="orders",
+                                  direction="decrease")
+    await stores.history.append([], memory + errors + orders)
 
     start, end = T0 + 13, T0 + 500
     got = await stores.history.read_metrics(
@@ -257,7 +262,7 @@ async def test_the_database_buckets_metric_readings_as_the_pure_downsample_does(
 
     want = [
         point
-        for series in (errors, memory)  # by name, then oldest first
+        for series in (errors, memory, orders)  # by name, then oldest first
         for point in downsample_metric([p for p in series if start <= p.at <= end], start, width)
     ]
     assert_same_metrics(got, want)

@@ -3,6 +3,8 @@ reading, and how points merge."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from controlplane.history.metric_points import (
@@ -10,6 +12,7 @@ from controlplane.history.metric_points import (
     downsample_metric,
     merge_metric,
     metric_bound,
+    metric_point_of,
     new_readings,
 )
 from controlplane.kernel.metric_specs import MetricSpec
@@ -95,6 +98,23 @@ def test_a_bucket_keeps_each_values_peak_and_the_strictest_bound() -> None:
     assert (merged.baseline, merged.canary, merged.bound) == (4.0, 9.0, 2.0)
     empty = merge_metric(points([(10, None, None, None), (20, None, None, None)]), 10, 60)
     assert (empty.baseline, empty.canary, empty.bound) == (None, None, None), "a gap stays a gap"
+
+
+def test_a_bucket_of_a_metric_guarding_a_fall_keeps_troughs_and_the_highest_bound() -> None:
+    falling = [replace(p, direction="decrease") for p in
+               points([(10, 1.0, 5.0, 3.0), (25, None, 0.5, 2.0), (40, 4.0, None, None)])]
+    merged = merge_metric(falling, 10, 60)
+    assert (merged.baseline, merged.canary, merged.bound) == (1.0, 0.5, 3.0)
+    assert merged.direction == "decrease"
+
+
+def test_a_reading_carries_its_metrics_direction() -> None:
+    falling = spec(compare="baseline", bound=None, margin=0.1, direction="decrease")
+    point = metric_point_of(7, falling, evidence("memory", 150.0, 200.0, 1000.0))
+    assert (point.direction, point.canary, point.bound) == ("decrease", 150.0, 180.0)
+    assert metric_point_of(7, spec(), evidence("memory", 1.0, 1.0, 1000.0)).direction == (
+        "increase"
+    )
 
 
 def test_downsampling_buckets_from_the_origin_and_leaves_lone_points_as_they_are() -> None:
