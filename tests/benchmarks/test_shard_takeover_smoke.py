@@ -44,7 +44,7 @@ def test_a_process_cpu_is_read_from_proc() -> None:
 async def test_one_kill_is_taken_over_and_reported(pg_url: str, etcd_endpoint: str) -> None:
     upgrade(pg_url)
     result = await measure_takeover(database_url=pg_url, etcd=etcd_endpoint, replicas=2,
-                                    shards=8, experiments=16, kills=1, lease_ttl=1)  # fmt: skip
+                                    shards=8, experiments=16, kills=1, lease_ttl=2)  # fmt: skip
     assert result["kills"] == 1
     for measure in ("claimed", "fenced", "judged"):
         figures = result[measure]
