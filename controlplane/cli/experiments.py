@@ -636,7 +636,7 @@ def _register_action(exp: typer.Typer, action: str, help_text: str) -> None:
         ] = None,
         confirm_wait: Annotated[
             float,
-            typer.Option("--confirm-wait", min=0, help="seconds to wait for a data plane "
+            typer.Option("--confirm-wait", min=0, max=600, help="seconds to wait for a data plane "
                          "(sidecar, router) to confirm the new route (0: do not wait)"),
         ] = 2.0,
         api: ApiOption = DEFAULT_API,
