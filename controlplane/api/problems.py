@@ -46,6 +46,7 @@ from controlplane.kernel.errors import (
     NotFound,
     Unauthenticated,
     ValidationFailed,
+    plain_message,
 )
 
 log = logging.getLogger(__name__)
@@ -256,7 +257,7 @@ def install(app: FastAPI) -> None:
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         errors = [
-            FieldError(tuple(err.get("loc", ())), str(err.get("msg", "invalid")))
+            FieldError(tuple(err.get("loc", ())), plain_message(err.get("msg", "invalid")))
             for err in exc.errors()
         ]
         paths = ", ".join(e.path for e in errors[:5])

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from controlplane.cli.observability import LogFormatOption, observability_settings
+from controlplane.kernel.errors import plain_message
 from controlplane.kernel.etcd_endpoints import ENDPOINTS_HELP
 from controlplane.kernel.streams_factory import URL_FORMS
 
@@ -79,7 +80,7 @@ def register(app: typer.Typer) -> None:
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"])
-            typer.echo(f"canary collector: {where}: {first['msg']}", err=True)
+            typer.echo(f"canary collector: {where}: {plain_message(first['msg'])}", err=True)
             raise typer.Exit(2) from exc
         sample_keys = _sample_keys_or_exit(sample_keys_file)
         main(

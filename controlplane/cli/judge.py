@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from controlplane.cli.remote import JsonOption, dash, fail, print_json
+from controlplane.kernel.errors import plain_message
 from controlplane.kernel.judgment import Direction, EffectKind
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ def register(app: typer.Typer) -> None:
                     kind=effect_kind, max=effect_max, min=effect_min, percentile=effect_percentile
                 )
             except ValidationError as exc:
-                message = exc.errors()[0]["msg"].removeprefix("Value error, ")
+                message = plain_message(exc.errors()[0]["msg"])
                 raise fail(command, message) from None
         elif effect_min is not None or effect_percentile is not None:
             raise fail(command, "--effect-min and --effect-percentile need --effect-kind")

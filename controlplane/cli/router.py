@@ -15,6 +15,7 @@ import typer
 
 from controlplane.cli.observability import LogFormatOption, observability_settings
 from controlplane.cli.sidecar import JoinOption
+from controlplane.kernel.errors import plain_message
 from controlplane.kernel.etcd_endpoints import ENDPOINTS_HELP
 from controlplane.kernel.streams_factory import URL_FORMS
 
@@ -119,7 +120,7 @@ def _settings(
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        raise _fail(command, f"{where}: {first['msg']}") from None
+        raise _fail(command, f"{where}: {plain_message(first['msg'])}") from None
     except (ConfigError, ValueError) as exc:
         raise _fail(command, str(exc)) from None
     configure_logging(settings.log_level, settings.log_format)

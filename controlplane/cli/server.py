@@ -21,6 +21,7 @@ from controlplane.cli.observability import (
     SampleRatioOption,
     observability_settings,
 )
+from controlplane.kernel.errors import plain_message
 from controlplane.kernel.etcd_endpoints import ENDPOINTS_HELP
 from controlplane.kernel.streams_factory import URL_FORMS
 
@@ -60,7 +61,7 @@ def settings_with(**overrides: str | int | None) -> Settings:
         # one line naming the setting, as the sidecar and collector say it
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        message = str(first["msg"]).removeprefix("Value error, ")
+        message = plain_message(first["msg"])
         raise typer.BadParameter(f"{where}: {message}") from exc
 
 

@@ -17,6 +17,7 @@ from controlplane.cli.observability import (
     SampleRatioOption,
     observability_settings,
 )
+from controlplane.kernel.errors import plain_message
 from controlplane.kernel.etcd_endpoints import ENDPOINTS_HELP
 from controlplane.kernel.streams_factory import URL_FORMS
 
@@ -328,7 +329,7 @@ def register(app: typer.Typer) -> None:
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"])
-            raise _fail(f"{where}: {first['msg']}") from exc
+            raise _fail(f"{where}: {plain_message(first['msg'])}") from exc
         except (ConfigError, ValueError) as exc:
             raise _fail(str(exc)) from exc
         try:

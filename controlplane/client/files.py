@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from controlplane.kernel.errors import ConfigError
+from controlplane.kernel.errors import ConfigError, plain_message
 
 Loc = tuple[str | int, ...]
 
@@ -191,7 +191,8 @@ def validate(source: SourceFile, model: type[BaseModel]) -> dict[str, Any]:
     try:
         model.model_validate(source.data)
     except ValidationError as exc:
-        raise source.bad((tuple(err["loc"]), err["msg"]) for err in exc.errors()) from exc
+        problems = ((tuple(err["loc"]), plain_message(err["msg"])) for err in exc.errors())
+        raise source.bad(problems) from exc
     # the file's own data, not the model's dump: the API fills its defaults itself
     return source.data
 

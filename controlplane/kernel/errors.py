@@ -33,6 +33,20 @@ class ConfigError(CanaryError):
     pass
 
 
+# pydantic prefixes what a validator raises with the exception's kind; a user reads the
+# validator's sentence, not which Python exception carried it
+_PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
+
+
+def plain_message(msg: object) -> str:
+    """A validation message as the user should read it (pydantic's prefix dropped)."""
+    text = str(msg)
+    for prefix in _PYDANTIC_PREFIXES:
+        if text.startswith(prefix):
+            return text.removeprefix(prefix)
+    return text
+
+
 @dataclass(frozen=True)
 class FieldError:
     loc: tuple[str | int, ...]

@@ -17,7 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from controlplane.kernel.errors import FieldError, ValidationFailed
+from controlplane.kernel.errors import FieldError, ValidationFailed, plain_message
 from controlplane.kernel.judgment import EffectGate, GuardrailDirections
 from controlplane.kernel.metric_specs import GuardrailAction, MetricSpec, check_unique
 from controlplane.kernel.values import (
@@ -289,7 +289,7 @@ class BreakerRule(BaseModel):
 
 
 def pydantic_field_errors(exc: ValidationError) -> list[FieldError]:
-    return [FieldError(tuple(err["loc"]), err["msg"]) for err in exc.errors()]
+    return [FieldError(tuple(err["loc"]), plain_message(err["msg"])) for err in exc.errors()]
 
 
 def parse_rule(raw: bytes | str | dict[str, Any]) -> BreakerRule:

@@ -58,7 +58,7 @@ class Inexpressible:
 
 INEXPRESSIBLE = (
     Inexpressible(
-        r"^Value error, must not contain (control or format|spaces or control) characters",
+        r"^must not contain (control or format|spaces or control) characters",
         "printable text refuses Unicode category C (controls, format, private-use and "
         "unassigned code points); JSON Schema patterns have no Unicode property classes",
     ),
@@ -67,13 +67,13 @@ INEXPRESSIBLE = (
         "JSON Schema's integer admits 5.0; the API's numbers are strict, 5.0 is a float",
     ),
     Inexpressible(
-        r"^Value error, (upstream|webhook) URL ",
+        r"^(upstream|webhook) URL ",
         "an upstream or webhook URL is checked by the one host parser the sidecar and the "
         "sender use (scheme, host spelling, port, IDNA, no userinfo, query or fragment), "
         "more than a pattern can say",
     ),
     Inexpressible(
-        r"^Value error, (source must be|a file source is|source port: )",
+        r"^(source must be|a file source is|source port: )",
         "an overload signal's source is checked by the parser the sidecar uses",
     ),
     Inexpressible(
@@ -81,15 +81,15 @@ INEXPRESSIBLE = (
         "the upstream and webhook allow-lists are settings of the running API",
     ),
     Inexpressible(
-        r"^Value error, weights must increase strictly",
+        r"^weights must increase strictly",
         "a relation between the steps of a list",
     ),
     Inexpressible(
-        r"^Value error, weight_pct has a resolution of 0\.01",
+        r"^weight_pct has a resolution of 0\.01",
         "multipleOf 0.01 is not exact in binary floating point; the API rounds to basis points",
     ),
     Inexpressible(
-        r"^Value error, (alpha .* contradicts confidence|failures must not exceed count"
+        r"^(alpha .* contradicts confidence|failures must not exceed count"
         r"|effect\.\w+ for .* must be within|effect\.percentile is only for kind"
         r"|sticky needs a header or a cookie name"
         r"|rule\.service \(.*\) must be the experiment's service"

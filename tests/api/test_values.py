@@ -132,6 +132,17 @@ async def test_bad_values_in_an_experiment_are_refused(
     await assert_nothing_stored(client)
 
 
+async def test_a_refusal_reads_as_the_validator_wrote_it(client: httpx.AsyncClient) -> None:
+    # pydantic's "Value error, " names the Python exception, not the problem
+    body = experiment_body(
+        steps=[{"weight_pct": 50, "hold_sec": 0}, {"weight_pct": 5, "hold_sec": 0}]
+    )
+    problem = assert_problem(await client.post("/v1/experiments", json=body), 422, "steps")
+    messages = [error["msg"] for error in problem["errors"]]
+    assert any(m.startswith("weights must increase strictly") for m in messages), messages
+    assert not any(m.startswith(("Value error", "Assertion failed")) for m in messages)
+
+
 @pytest.mark.parametrize(
     ("rule", "field"),
     [

@@ -94,7 +94,7 @@ def test_json_files_load_like_yaml(tmp_path: Path) -> None:
         (
             "  - weight_pct: 50",
             "  - weight_pct: 2",
-            ":10: steps: Value error, weights must increase",
+            ":10: steps: weights must increase",
         ),
     ],
     ids=["range", "upstream", "unknown-field", "missing", "pattern", "cross-field"],
@@ -115,7 +115,7 @@ def test_inline_rule_errors_point_into_the_rule(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD_EXPERIMENT + "rule:\n  threshold_ms: 300\n  percentile: 97\n")
     with pytest.raises(BadFile) as caught:
         load_experiment(path)
-    assert ":17: rule.percentile: Value error, percentile must be one of" in one_line(caught.value)
+    assert ":17: rule.percentile: percentile must be one of" in one_line(caught.value)
 
 
 def test_several_problems_stay_on_one_line_in_file_order(tmp_path: Path) -> None:
