@@ -97,7 +97,7 @@ def register(app: typer.Typer) -> None:
             version = kubernetes_version or manifests.latest_kubernetes_version()
             manifests.validate(injected.changed, version)
         except InjectionError as exc:
-            raise fail(COMMAND, str(exc), code=1) from exc
+            raise fail(COMMAND, str(exc)) from exc
         for note in injected.notes:
             typer.echo(f"{COMMAND}: {note}", err=True)
         sys.stdout.write(manifests.dump(injected.documents))

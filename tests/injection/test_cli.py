@@ -100,12 +100,12 @@ APP = EXAMPLE.read_text()
     ids=["bad-yaml", "not-an-object", "alias", "unknown-field", "unknown-version",
          "unknown-port", "port-clash", "no-workload"],
 )  # fmt: skip
-def test_bad_input_is_one_line_and_exit_code_1(
+def test_bad_input_is_one_line_and_exit_code_2(
     text: str, extra: list[str], message: str, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
     code, out, err = run(["inject", "-f", write(tmp_path, text), *extra], capsys)
-    assert code == 1
+    assert code == 2  # a bad file is a usage error, as for `canary exp create -f`
     assert out == ""  # nothing half-done reaches kubectl apply
     assert err.startswith("canary inject: ") and message in err, err
     assert err.count("\n") == 1
@@ -131,7 +131,7 @@ def test_bad_options_are_usage_errors(
 
 def test_a_missing_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(["inject", "-f", str(tmp_path / "nope.yaml")], capsys)
-    assert code == 1 and "cannot read" in err and "nope.yaml" in err
+    assert code == 2 and "cannot read" in err and "nope.yaml" in err
 
 
 def test_oversized_and_overlong_input_is_refused() -> None:
