@@ -33,6 +33,10 @@ class KnownRows:
     def __len__(self) -> int:
         return len(self._rows)
 
+    def records(self) -> list[ExperimentRecord]:
+        """The records held, in no particular order."""
+        return [known.record for known in self._rows.values()]
+
     def stale(self, listed: Iterable[ExperimentVersion]) -> list[int]:
         """The ids listed at a version other than the one held (or not held)."""
         rows = self._rows
