@@ -201,7 +201,7 @@ class Controller:
     _rejections_recorded: dict[str, RuleRejection] = field(default_factory=dict)
     # the active experiments as last read or written, reloaded when their version
     # moves (decision 0059)
-    _known: KnownRows = field(default_factory=KnownRows)
+    known_rows: KnownRows = field(default_factory=KnownRows)
 
     def __post_init__(self) -> None:
         self.reconciler.stats = self.stats  # one set of counters on /metrics
@@ -414,10 +414,10 @@ class Controller:
         selection = self._owner.selection() if self._owner is not None else None
         async with backends.store.transaction() as tx:
             listed = await tx.list_versions(states=ACTIVE, shards=selection)
-            stale = self._known.stale(listed)
+            stale = self.known_rows.stale(listed)
             loaded = await tx.load_experiments(ids=stale) if stale else []
         self.stats.rows_loaded += len(loaded)
-        current = self._known.refresh(listed, loaded, ACTIVE)
+        current = self.known_rows.refresh(listed, loaded, ACTIVE)
         experiments = [e for e in current if self._judged_here(e)]
         memory: list[tuple[ExperimentRecord, Decision]] = []
         reads = Round(memory=memory)
@@ -545,7 +545,7 @@ class Controller:
             return None
         now = backends.clock.now()
         try:
-            state = rollout_state_of(experiment, now, self._known.stored_state(experiment))
+            state = rollout_state_of(experiment, now, self.known_rows.stored_state(experiment))
         except (KeyError, TypeError, ValueError) as exc:
             # one unreadable row must not stop the evaluation of every other one
             raise CodecError(
@@ -674,7 +674,7 @@ class Controller:
                 self.stats.conflicts += 1
                 continue
             saved += 1
-            self._known.wrote(record, decision.new_state)
+            self.known_rows.wrote(record, decision.new_state)
         self.stats.decisions_applied += saved
 
     def _windows_of(
