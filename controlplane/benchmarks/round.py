@@ -9,7 +9,9 @@ published again with a new second, so a round sees what a round of a leader keep
 its tick sees. Measured per partial format (1: the whole window in one field; 2: the
 seconds that changed, decision 0058): the median CPU of a round per experiment, and
 where it goes (cProfile over as many more rounds, cumulative time of the round's parts
-per experiment and round: the profiler's overhead inflates them all).
+per experiment and round: the profiler's overhead inflates them all). cProfile sees
+the event loop's thread only; the round's CPU is also reported split into that thread's
+and the other threads' (the SQL, run in worker threads).
 
 No Redis, etcd or second process: the machine's load moves these figures less than
 `canary bench scale`'s, and the breakdown is of the round alone.
@@ -112,6 +114,7 @@ async def _rounds(n: int, partial_format: int, rounds: int) -> dict[str, Any]:
             await controller.evaluate_all(backends, None)  # warm: rule book, caches
             profile = cProfile.Profile()
             cpus: list[float] = []
+            mains: list[float] = []
             # the figure from rounds without the profiler, the breakdown from as many
             # more with it (its overhead inflates every part, not their shares)
             for r in range(2 * rounds):
@@ -119,6 +122,7 @@ async def _rounds(n: int, partial_format: int, rounds: int) -> dict[str, Any]:
                 if r % 4 == 3:
                     await publish(clock.now())
                 cpu = time.process_time()
+                main = time.thread_time()
                 if r >= rounds:
                     profile.enable()
                 await controller.evaluate_all(backends, None)
@@ -126,6 +130,7 @@ async def _rounds(n: int, partial_format: int, rounds: int) -> dict[str, Any]:
                     profile.disable()
                 else:
                     cpus.append(time.process_time() - cpu)
+                    mains.append(time.thread_time() - main)
             await controller.stop()
         finally:
             await backends.close()
@@ -141,8 +146,15 @@ async def _rounds(n: int, partial_format: int, rounds: int) -> dict[str, Any]:
         )
         parts[label] = round(total * per, 4)
     parts["the whole round (profiled)"] = round(every * per, 4)
+    others = [c - m for c, m in zip(cpus, mains, strict=True)]
     return {
         "cpu_ms_per_experiment_round": round(statistics.median(cpus) * 1000 / n, 4),
+        # the process's CPU split: the event loop's thread, and the rest (the SQL done
+        # in the worker threads, which the profile below never sees)
+        "main_thread_ms_per_experiment_round": round(statistics.median(mains) * 1000 / n, 4),
+        "other_threads_ms_per_experiment_round": round(
+            statistics.median(others) * 1000 / n, 4
+        ),
         "cpu_ms_per_experiment_round_each": [round(c * 1000 / n, 4) for c in cpus],
         "profiled_ms_per_experiment_round": parts,
     }

@@ -21,6 +21,8 @@ class ControllerStats:
     conflicts: int = 0
     errors: int = 0
     snapshot_errors: int = 0
+    # experiment rows read in full: new to a round, or changed since it last saw them
+    rows_loaded: int = 0
     routes_reconciled: int = 0
     routes_published: int = 0
     reconcile_passes: int = 0
@@ -70,6 +72,8 @@ class ControllerMetricsCollector(Collector):
             ("conflicts", "Rounds that lost a race on an experiment's row or route",
              s.conflicts),
             ("errors", "Evaluations that failed (logged)", s.errors),
+            ("rows_loaded", "Experiment rows read in full by the rounds: new to the "
+             "round, or changed since it last read or wrote them", s.rows_loaded),
             ("snapshot_errors", "Snapshot reads that failed (judged as no data)",
              s.snapshot_errors),
             ("routes_reconciled", "Routes repaired in etcd: missing, older, newer, foreign, "

@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 
 from controlplane.controller.apply import apply_decision, decided_state
 from controlplane.controller.experiment_metrics import ExperimentBoard
+from controlplane.controller.known_rows import KnownRows
 from controlplane.controller.metrics import ControllerMetricsCollector, ControllerStats
 from controlplane.controller.ownership import OwnershipStats, ShardFence, ShardOwnership
 from controlplane.controller.reconciler import RouteReconciler
@@ -198,6 +199,9 @@ class Controller:
     _no_rule_reported: set[int] = field(default_factory=set)
     # per service, the rejected rule value known to be in the events table
     _rejections_recorded: dict[str, RuleRejection] = field(default_factory=dict)
+    # the active experiments as last read or written, reloaded when their version
+    # moves (decision 0059)
+    known_rows: KnownRows = field(default_factory=KnownRows)
 
     def __post_init__(self) -> None:
         self.reconciler.stats = self.stats  # one set of counters on /metrics
@@ -409,8 +413,12 @@ class Controller:
         # sharded, only the experiments of the shards held are read, not all of them
         selection = self._owner.selection() if self._owner is not None else None
         async with backends.store.transaction() as tx:
-            listed, _ = await tx.list_experiments(states=ACTIVE, shards=selection)
-        experiments = [e for e in listed if self._judged_here(e)]
+            listed = await tx.list_versions(states=ACTIVE, shards=selection)
+            stale = self.known_rows.stale(listed)
+            loaded = await tx.load_experiments(ids=stale) if stale else []
+        self.stats.rows_loaded += len(loaded)
+        current = self.known_rows.refresh(listed, loaded, ACTIVE)
+        experiments = [e for e in current if self._judged_here(e)]
         memory: list[tuple[ExperimentRecord, Decision]] = []
         reads = Round(memory=memory)
         earliest: float | None = None
@@ -537,7 +545,7 @@ class Controller:
             return None
         now = backends.clock.now()
         try:
-            state = rollout_state_of(experiment, now)
+            state = rollout_state_of(experiment, now, self.known_rows.stored_state(experiment))
         except (KeyError, TypeError, ValueError) as exc:
             # one unreadable row must not stop the evaluation of every other one
             raise CodecError(
@@ -638,10 +646,11 @@ class Controller:
         self, backends: Backends, memory: list[tuple[ExperimentRecord, Decision]]
     ) -> None:
         """The round's memory-only decisions in one transaction: one commit a round
-        rather than one per experiment (decision 0031). Each row is still written only
-        at the version it was decided on; a row that moved meanwhile keeps its new
-        state and is decided again next round. A database error propagates, as the
-        write of a single decision's does."""
+        rather than one per experiment (decision 0031). Each row is written only at
+        the version it was decided on; a row that moved meanwhile keeps its new state
+        and is decided again next round. What was written is known at its new version
+        and not read again (decision 0059). A database error propagates, as the write
+        of a single decision's does."""
         if not memory:
             return
         at = utc_now(backends.clock)
@@ -652,24 +661,20 @@ class Controller:
             # a shard let go since: its new owner decides again
             memory = [(e, d) for e, d, f in fenced if f is not None]
             shards = {f.shard: f for _, _, f in fenced if f is not None}
-        try:
-            async with backends.store.transaction() as tx:
-                if self.shards:
-                    for held in shards.values():
-                        await tx.hold_shard(shard=held.shard, fence=held.token,
-                                            owner=self.identity, now=at)
-                for experiment, decision in memory:
-                    try:
-                        await tx.save_state(experiment=decided_state(experiment, decision, at))
-                    except RevisionConflict:
-                        self.stats.conflicts += 1
-                        continue
-                    saved += 1
-        except RevisionConflict:
-            # a row moved between its read and its write (the flush): none of the
-            # round's memory is committed; the next round decides each again
-            self.stats.conflicts += 1
-            return
+        async with backends.store.transaction() as tx:
+            if self.shards:
+                for held in shards.values():
+                    await tx.hold_shard(shard=held.shard, fence=held.token,
+                                        owner=self.identity, now=at)
+            written = await tx.save_states(
+                experiments=[decided_state(e, d, at) for e, d in memory]
+            )
+        for (_, decision), record in zip(memory, written, strict=True):
+            if record is None:
+                self.stats.conflicts += 1
+                continue
+            saved += 1
+            self.known_rows.wrote(record, decision.new_state)
         self.stats.decisions_applied += saved
 
     def _windows_of(

@@ -9,18 +9,23 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import false, func, select
+from sqlalchemy import Select, Table, bindparam, false, func, select, update
 from sqlalchemy.orm import Session
 
 from controlplane.db.models import Event, Experiment, StepRow, Variant
 from controlplane.db.notifications import enqueue_for_event
 from controlplane.experiments.events import EventKind
-from controlplane.experiments.store import ExperimentSpec, StepSpec
+from controlplane.experiments.store import ExperimentRecord, ExperimentSpec, StepSpec
 from controlplane.kernel.errors import NotFound
 from controlplane.kernel.routes import BASELINE, CANARY
 from controlplane.kernel.values import in_sql_range
+
+_Query = TypeVar("_Query", bound=Select[*tuple[Any, ...]])
+EXPERIMENTS: Table = Experiment.__table__  # type: ignore[assignment]
+# well under SQLite's bound parameters a statement, and PostgreSQL's
+IDS_PER_QUERY = 500
 
 
 def _apply_spec(experiment: Experiment, spec: ExperimentSpec) -> None:
@@ -98,6 +103,28 @@ def get_experiment(*, session: Session, experiment_id: int) -> Experiment:
     return experiment
 
 
+def _matching(
+    query: _Query,
+    *,
+    service: str | None = None,
+    states: Collection[str] | None = None,
+    excluding: int | None = None,
+    shards: tuple[int, Collection[int]] | None = None,
+) -> _Query:
+    if shards is not None:
+        count, chosen = shards
+        query = query.where(
+            (Experiment.id % count).in_(sorted(chosen)) if chosen else false()
+        )
+    if service is not None:
+        query = query.where(Experiment.service == service)
+    if states is not None:
+        query = query.where(Experiment.state.in_(sorted(states)))
+    if excluding is not None:
+        query = query.where(Experiment.id != excluding)
+    return query
+
+
 def list_experiments(
     *,
     session: Session,
@@ -111,18 +138,8 @@ def list_experiments(
     """Experiments newest first, and the total matching the filters; every one when
     `limit` is None (then the total is simply their number). `shards` (count, shards):
     only those whose id modulo count is one of the shards (decision 0057)."""
-    query = select(Experiment)
-    if shards is not None:
-        count, chosen = shards
-        query = query.where(
-            (Experiment.id % count).in_(sorted(chosen)) if chosen else false()
-        )
-    if service is not None:
-        query = query.where(Experiment.service == service)
-    if states is not None:
-        query = query.where(Experiment.state.in_(sorted(states)))
-    if excluding is not None:
-        query = query.where(Experiment.id != excluding)
+    query = _matching(select(Experiment), service=service, states=states,
+                      excluding=excluding, shards=shards)
     ordered = query.order_by(Experiment.id.desc())
     if limit is None:
         rows = session.scalars(ordered.offset(offset)).all()
@@ -130,6 +147,73 @@ def list_experiments(
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
     rows = session.scalars(ordered.limit(limit).offset(offset)).all()
     return list(rows), total
+
+
+def list_versions(
+    *,
+    session: Session,
+    states: Collection[str] | None = None,
+    shards: tuple[int, Collection[int]] | None = None,
+) -> list[tuple[int, int]]:
+    """(id, version) of the matching experiments, newest first: what a reader that
+    keeps the rows it parsed needs to tell which changed, without their JSON columns."""
+    query = _matching(select(Experiment.id, Experiment.version), states=states,
+                      shards=shards)
+    return [(int(i), int(v)) for i, v in session.execute(query.order_by(Experiment.id.desc()))]
+
+
+def get_experiments(*, session: Session, ids: Collection[int]) -> list[Experiment]:
+    """The experiments of `ids` that exist, in a few queries whatever their number."""
+    wanted = sorted(i for i in set(ids) if in_sql_range(i))
+    found: list[Experiment] = []
+    for start in range(0, len(wanted), IDS_PER_QUERY):
+        chunk = wanted[start : start + IDS_PER_QUERY]
+        found.extend(session.scalars(select(Experiment).where(Experiment.id.in_(chunk))))
+    return found
+
+
+def save_states(
+    *, session: Session, experiments: Sequence[ExperimentRecord]
+) -> list[bool]:
+    """Write each record's runtime state if its row is still at the record's version,
+    bumping the version as the ORM's version counter does; per record, whether it was
+    written. One UPDATE per row, no read of the row first: a row that moved matches
+    none and is left as it is."""
+    statement = (
+        update(EXPERIMENTS)
+        .where(EXPERIMENTS.c.id == bindparam("row_id"))
+        .where(EXPERIMENTS.c.version == bindparam("row_version"))
+        .values(
+            state=bindparam("state"),
+            breaker_state=bindparam("breaker_state"),
+            trips=bindparam("trips"),
+            current_step=bindparam("current_step"),
+            canary_weight_bp=bindparam("canary_weight_bp"),
+            step_started_at=bindparam("step_started_at"),
+            breaker_changed_at=bindparam("breaker_changed_at"),
+            rollout_state=bindparam("rollout_state", type_=EXPERIMENTS.c.rollout_state.type),
+            updated_at=bindparam("updated_at"),
+            version=EXPERIMENTS.c.version + 1,
+        )
+    )
+    connection = session.connection()
+    written: list[bool] = []
+    for experiment in experiments:
+        result = connection.execute(statement, {
+            "row_id": experiment.id,
+            "row_version": experiment.version,
+            "state": experiment.state.value,
+            "breaker_state": experiment.breaker_state.value,
+            "trips": experiment.trips,
+            "current_step": experiment.current_step,
+            "canary_weight_bp": experiment.canary_weight_bp,
+            "step_started_at": experiment.step_started_at,
+            "breaker_changed_at": experiment.breaker_changed_at,
+            "rollout_state": experiment.rollout_state,
+            "updated_at": experiment.updated_at,
+        })
+        written.append(result.rowcount == 1)
+    return written
 
 
 def delete_experiment(*, session: Session, experiment: Experiment) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -31,6 +32,7 @@ from controlplane.experiments.store import (
     EventRecord,
     ExperimentRecord,
     ExperimentSpec,
+    ExperimentVersion,
     ShardSelection,
     StepRecord,
 )
@@ -146,6 +148,31 @@ def _save_state(*, session: Session, experiment: ExperimentRecord) -> Experiment
     return experiment_record(row)
 
 
+def _versions(
+    *, session: Session, states: Collection[ExperimentState] | None,
+    shards: ShardSelection | None,
+) -> list[ExperimentVersion]:
+    found = rows.list_versions(
+        session=session, states=None if states is None else [s.value for s in states],
+        shards=None if shards is None else (shards.count, shards.shards),
+    )
+    return [ExperimentVersion(id=i, version=v) for i, v in found]
+
+
+def _load_many(*, session: Session, ids: Collection[int]) -> list[ExperimentRecord]:
+    return [experiment_record(row) for row in rows.get_experiments(session=session, ids=ids)]
+
+
+def _save_states(
+    *, session: Session, experiments: Sequence[ExperimentRecord]
+) -> list[ExperimentRecord | None]:
+    written = rows.save_states(session=session, experiments=experiments)
+    return [
+        replace(experiment, version=experiment.version + 1) if done else None
+        for experiment, done in zip(experiments, written, strict=True)
+    ]
+
+
 def _delete(*, session: Session, experiment: ExperimentRecord) -> None:
     rows.delete_experiment(session=session, experiment=_current(session, experiment))
 
@@ -204,6 +231,22 @@ class SqlStoreTransaction:
 
     async def save_state(self, *, experiment: ExperimentRecord) -> ExperimentRecord:
         return await self._tx.run(_save_state, experiment=experiment)
+
+    async def list_versions(
+        self,
+        *,
+        states: Collection[ExperimentState] | None = None,
+        shards: ShardSelection | None = None,
+    ) -> list[ExperimentVersion]:
+        return await self._tx.run(_versions, states=states, shards=shards)
+
+    async def load_experiments(self, *, ids: Collection[int]) -> list[ExperimentRecord]:
+        return await self._tx.run(_load_many, ids=ids)
+
+    async def save_states(
+        self, *, experiments: Sequence[ExperimentRecord]
+    ) -> list[ExperimentRecord | None]:
+        return await self._tx.run(_save_states, experiments=experiments)
 
     async def delete_experiment(self, *, experiment: ExperimentRecord) -> None:
         await self._tx.run(_delete, experiment=experiment)

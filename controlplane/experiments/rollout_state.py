@@ -6,6 +6,7 @@ rollout state JSON is the controller's memory between evaluations. Pure function
 
 from __future__ import annotations
 
+import enum
 from datetime import datetime
 from typing import Any
 
@@ -16,6 +17,15 @@ from controlplane.experiments.store import ExperimentRecord
 from controlplane.kernel.errors import ValidationFailed
 from controlplane.kernel.routes import TOTAL_WEIGHT
 from controlplane.kernel.rules import BreakerRule, parse_rule
+
+
+class Unparsed(enum.Enum):
+    """The stored memory was not parsed by the caller (the default)."""
+
+    TOKEN = 0
+
+
+UNPARSED = Unparsed.TOKEN
 
 
 def epoch(at: datetime | None, default: float) -> float:
@@ -41,12 +51,22 @@ def inline_rule(experiment: ExperimentRecord) -> BreakerRule | None:
         return None
 
 
-def rollout_state_of(experiment: ExperimentRecord, now: float) -> RolloutState:
-    """The state to decide from: the stored one, reconciled with the row."""
+def stored_rollout_state(experiment: ExperimentRecord) -> RolloutState | None:
+    """The rollout memory stored with the experiment, parsed; None when it has none.
+    KeyError, TypeError or ValueError when it is unreadable."""
+    stored: dict[str, Any] | None = experiment.rollout_state
+    return RolloutState.from_dict(stored) if stored else None
+
+
+def rollout_state_of(
+    experiment: ExperimentRecord, now: float, stored: RolloutState | Unparsed | None = UNPARSED
+) -> RolloutState:
+    """The state to decide from: the stored one (`stored`, when the caller parsed it
+    already), reconciled with the row."""
+    state = stored_rollout_state(experiment) if isinstance(stored, Unparsed) else stored
     status = ExperimentState(experiment.state)
     row_step_started = epoch(experiment.step_started_at, now)
-    stored: dict[str, Any] | None = experiment.rollout_state
-    if not stored:
+    if state is None:
         return RolloutState(
             status=status,
             breaker=BreakerState.CLOSED,
@@ -56,7 +76,6 @@ def rollout_state_of(experiment: ExperimentRecord, now: float) -> RolloutState:
             weight_since=row_step_started,
             tally=Tally.starting(row_step_started),
         )
-    state = RolloutState.from_dict(stored)
     changes: dict[str, Any] = {}
     if state.status is not status:
         changes["status"] = status

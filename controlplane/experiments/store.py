@@ -118,6 +118,15 @@ class ExperimentRecord:
 
 
 @dataclass(frozen=True)
+class ExperimentVersion:
+    """Which version of an experiment is stored: enough to tell whether a record read
+    before is still the stored one."""
+
+    id: int
+    version: int
+
+
+@dataclass(frozen=True)
 class EventRecord:
     """One entry of the audit trail."""
 
@@ -179,6 +188,28 @@ class StoreTransaction(Protocol):
         """Write the runtime state of `experiment` (state, breaker, step, weight, the
         rollout memory, timestamps); RevisionConflict when the stored one moved on
         since `experiment.version`."""
+        ...
+
+    async def list_versions(
+        self,
+        *,
+        states: Collection[ExperimentState] | None = None,
+        shards: ShardSelection | None = None,
+    ) -> list[ExperimentVersion]:
+        """Each matching experiment's id and version, newest first, without the rest
+        of its row."""
+        ...
+
+    async def load_experiments(self, *, ids: Collection[int]) -> list[ExperimentRecord]:
+        """The experiments of `ids` that exist, in no particular order."""
+        ...
+
+    async def save_states(
+        self, *, experiments: Sequence[ExperimentRecord]
+    ) -> list[ExperimentRecord | None]:
+        """`save_state` of each, without reading the rows first; per experiment its
+        record at the new version, or None when the stored one moved on (or is gone)
+        since `experiment.version`: that row is left as it is, the others written."""
         ...
 
     async def delete_experiment(self, *, experiment: ExperimentRecord) -> None: ...
