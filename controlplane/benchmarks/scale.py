@@ -18,7 +18,9 @@ collector` process consumes them, the controller evaluates. Measured at each N:
   steady feed;
 - `trip`: among N experiments fed healthy samples, one canary turns bad: time from
   its first bad batch to the trip committed in SQL, and to the route with no canary
-  weight in force in a sidecar's route table (watching etcd);
+  weight in force in a sidecar's route table (watching etcd); meanwhile the leading
+  loop's lag, and `canary serve --admin`'s /healthz and /metrics latency for the
+  leader (`leader_admin`, answered from a thread while the rounds run);
 - `several`: with `ScaleRun.collectors` collector processes sharing the streams (the
   first one and others started then), the steady feed's CPU (summed over them) and
   publishes, and a trip of another experiment, the leader running throughout.
@@ -54,6 +56,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -63,6 +66,7 @@ from controlplane.benchmarks.children import stop_child
 
 if TYPE_CHECKING:
     from controlplane.controller.runner import Controller
+    from controlplane.kernel.admin_thread import AdminThread
     from controlplane.kernel.sample_auth import SampleSigner
     from controlplane.kernel.streams import SampleStream
     from controlplane.runtime import Backends
@@ -358,35 +362,37 @@ async def _collector_counters(admin: int) -> tuple[float, float]:
 
 
 class AdminProbe:
-    """The collectors' /healthz and /metrics asked in turn every PROBE_EVERY_SEC while
-    they work: each answer's latency (a probe unanswered within PROBE_TIMEOUT_SEC
-    counts as that long, and as missed)."""
+    """The admin endpoints' /healthz and /metrics asked in turn every PROBE_EVERY_SEC
+    while they work: each answer's latency (a probe unanswered within
+    PROBE_TIMEOUT_SEC counts as that long, and as missed). Asked from a thread of its
+    own, so that this process's loop (the controller's rounds) holds no probe back."""
 
     def __init__(self, admins: Sequence[int]) -> None:
         self.admins = list(admins)
         self.latencies: list[float] = []
         self.missed = 0
-        self._task = asyncio.ensure_future(self._probe())
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._probe, name="admin-probe", daemon=True)
+        self._thread.start()
 
-    async def _probe(self) -> None:
+    def _probe(self) -> None:
         import httpx
 
-        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_SEC) as client:
-            while True:
+        with httpx.Client(timeout=PROBE_TIMEOUT_SEC) as client:
+            while not self._stop.is_set():
                 for admin in self.admins:
                     for path in ("/healthz", "/metrics"):
                         began = time.perf_counter()
                         try:
-                            await client.get(f"http://127.0.0.1:{admin}{path}")
+                            client.get(f"http://127.0.0.1:{admin}{path}")
                         except httpx.HTTPError:
                             self.missed += 1
                         self.latencies.append(time.perf_counter() - began)
-                await asyncio.sleep(PROBE_EVERY_SEC)
+                self._stop.wait(PROBE_EVERY_SEC)
 
     async def figures(self) -> dict[str, float]:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        self._stop.set()
+        await asyncio.to_thread(self._thread.join)
         return {**(_ms(self.latencies) if self.latencies else {}), "missed": self.missed}
 
 
@@ -560,6 +566,8 @@ async def _trips(
     route_s: list[float] = []
     rounds: list[float] = []  # the leader's rounds from the first bad batch to the trip
     lag = LoopLag()
+    admin, beating = _leader_admin(controller)
+    admin_probe = AdminProbe([admin.port])
     evaluations_before, trips_began = controller.stats.evaluations, time.perf_counter()
     for experiment, service in chosen:
         watcher = RouteWatcher(backends.kv, RouteTable(), service=service, prefix=rig.prefix)
@@ -610,7 +618,35 @@ async def _trips(
             "to_sidecar_route": _ms(route_s) if route_s else None,
             "leader_rounds_to_sql": round(statistics.median(rounds), 2) if rounds else None,
             "leader_rounds_per_s": round(rounds_per_s, 3),
-            "leader_loop_lag": await lag.figures()}
+            "leader_loop_lag": await lag.figures(),
+            "leader_admin": await _stop_leader_admin(admin_probe, admin, beating)}
+
+
+def _leader_admin(controller: Controller) -> tuple[AdminThread, asyncio.Task[None]]:
+    """`canary serve --admin`'s listener for the leader: its /healthz and /metrics
+    answered from a thread while its rounds run on this loop."""
+    from prometheus_client import CollectorRegistry
+
+    from controlplane.api.admin_listener import serve_api_admin
+    from controlplane.kernel.admin_thread import Heartbeat
+    from controlplane.kernel.clock import SystemClock
+
+    registry = CollectorRegistry()
+    registry.register(controller.metrics_collector())
+    heartbeat = Heartbeat(SystemClock())
+    beating = asyncio.create_task(heartbeat.run())
+    return serve_api_admin(registry, heartbeat, "127.0.0.1", 0, token=None), beating
+
+
+async def _stop_leader_admin(
+    probe: AdminProbe, admin: AdminThread, beating: asyncio.Task[None]
+) -> dict[str, float]:
+    figures = await probe.figures()
+    admin.stop()
+    beating.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await beating
+    return figures
 
 
 async def _one_size(

@@ -55,6 +55,12 @@ def register(app: typer.Typer) -> None:
             typer.Option("--admin-token-file", help="bearer token for /metrics "
                          "(env CANARY_ADMIN_TOKEN_FILE)"),
         ] = None,
+        liveness_bound: Annotated[
+            float,
+            typer.Option("--liveness-bound", min=1.0, max=3600.0,
+                         help="seconds without a main-loop heartbeat before /healthz "
+                         "answers 503"),
+        ] = 30.0,
         log_format: LogFormatOption = None,
     ) -> None:
         """Read sample batches (consumer group `collectors`) and publish snapshots."""
@@ -85,7 +91,7 @@ def register(app: typer.Typer) -> None:
         sample_keys = _sample_keys_or_exit(sample_keys_file)
         main(
             settings, name=name, admin=admin, tick=tick, claim_idle_ms=claim_idle_ms,
-            count=count, sample_keys=sample_keys,
+            count=count, sample_keys=sample_keys, liveness_bound=liveness_bound,
         )  # fmt: skip
 
 

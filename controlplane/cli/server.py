@@ -186,17 +186,27 @@ def run_api(
     services: Sequence[Background] = (),
     insecure: bool = False,
     tracer_provider: TracerProvider | None = None,
+    admin: str | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM; uvicorn then drains requests and runs the lifespan's
-    shutdown, which stops the services and closes the backends."""
+    shutdown, which stops the services and closes the backends. With `admin`
+    (HOST:PORT), /healthz and /metrics are also answered there from a thread."""
     import uvicorn
 
     from controlplane.api.app import create_app
+    from controlplane.kernel.admin_thread import Heartbeat
+    from controlplane.kernel.clock import SystemClock
 
     options = tls_options(settings)
     secure = bool(options)  # uvicorn's ssl_* options, when the API serves TLS
+    heartbeat = Heartbeat(SystemClock())
+    streams = bool(services)
+    if admin:
+        from controlplane.api.admin_listener import beating
+
+        services = [*services, beating(heartbeat)]
     app = create_app(
-        settings, services=services, streams=bool(services), insecure=insecure,
+        settings, services=services, streams=streams, insecure=insecure,
         tracer_provider=tracer_provider,
     )  # fmt: skip
     if settings.log_format == "json":
@@ -220,12 +230,25 @@ def run_api(
         **HEAD_LIMITS,
         **options,
     )
-    uvicorn.Server(config).run()
+    listener = None
+    if admin:
+        from controlplane.api.admin_listener import serve_api_admin
+        from controlplane.kernel.admin_access import admin_token
+        from controlplane.kernel.settings import parse_host_port
+
+        admin_host, admin_port = parse_host_port(admin)
+        listener = serve_api_admin(app.state.metrics.registry, heartbeat, admin_host,
+                                   admin_port, token=admin_token(settings.admin_token_file))
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        if listener is not None:
+            listener.stop()
 
 
 def _serve_traced(
     settings: Settings, *, embedded: bool, insecure: bool = False,
-    sample_keys: SampleKeys | None = None,
+    sample_keys: SampleKeys | None = None, admin: str | None = None,
 ) -> None:
     """`run_api` with the background services, and tracing when it is configured."""
     from controlplane.kernel.errors import ConfigError
@@ -245,7 +268,8 @@ def _serve_traced(
         except ConfigError as exc:
             typer.echo(f"canary: prometheus: {exc}", err=True)
             raise typer.Exit(2) from exc
-        run_api(settings, services=services, insecure=insecure, tracer_provider=provider)
+        run_api(settings, services=services, insecure=insecure, tracer_provider=provider,
+                admin=admin)
     finally:
         if provider is not None:
             provider.shutdown()  # sends what is queued
@@ -539,6 +563,17 @@ def register(app: typer.Typer) -> None:
         trusted_hosts: TrustedHostsOption = None,
         max_body_bytes: MaxBodyOption = None,
         insecure: InsecureOption = False,
+        admin: Annotated[
+            str | None,
+            typer.Option("--admin", help="[HOST]:PORT for /healthz and /metrics answered "
+                         "beside the controller's rounds (bearer token for /metrics: "
+                         "--admin-token-file)"),
+        ] = None,
+        admin_token_file: Annotated[
+            str | None,
+            typer.Option("--admin-token-file", help="bearer token for the --admin /metrics "
+                         "[env CANARY_ADMIN_TOKEN_FILE]"),
+        ] = None,
         log_format: LogFormatOption = None,
         otel_endpoint: OtelEndpointOption = None,
         trace_sample_ratio: SampleRatioOption = None,
@@ -560,6 +595,7 @@ def register(app: typer.Typer) -> None:
             tls_client_ca=tls_client_ca,
             trusted_hosts=trusted_hosts,
             max_body_bytes=max_body_bytes,
+            admin_token_file=admin_token_file,
             **observability_settings(log_format, otel_endpoint, trace_sample_ratio),
         )
         _listen_or_exit(settings, "serve")
@@ -572,7 +608,7 @@ def register(app: typer.Typer) -> None:
         _migrated_or_exit(settings.database_url)
         _bootstrap_token_or_exit(settings)
         _auth_or_exit(settings, insecure=insecure)
-        _serve_traced(settings, embedded=False, insecure=insecure)
+        _serve_traced(settings, embedded=False, insecure=insecure, admin=admin)
 
     db = typer.Typer(help="Database migrations (Alembic).", no_args_is_help=True)
     app.add_typer(db, name="db")

@@ -1,9 +1,9 @@
 """`canary collector`: the collector process with its admin endpoints.
 
-/healthz answers while the process runs; /readyz once the configuration is loaded
-and the loop has completed a round recently (its body adds "samples unauthenticated"
-while no sample keys are configured); /metrics is Prometheus text.
-SIGTERM (or SIGINT) stops reading, publishes and acks what is held, and exits.
+The admin endpoints (collector/admin.py) answer from a thread of their own; the main
+loop beats a heartbeat there, and /healthz fails once it is older than
+`liveness_bound` seconds. SIGTERM (or SIGINT) stops reading, publishes and acks what
+is held, and exits.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import os
 import socket
 import uuid
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
+from controlplane.collector.admin import serve_admin
 from controlplane.collector.service import Collector
-from controlplane.kernel.admin_access import admin_token, allowed, header, warn_if_exposed
+from controlplane.kernel.admin_access import admin_token
+from controlplane.kernel.admin_thread import AdminThread, Heartbeat
 from controlplane.kernel.backend_access import etcd_access, redis_access
 from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.keys import EtcdKeys
@@ -30,63 +30,13 @@ from controlplane.kernel.signals import on_stop_signals
 from controlplane.kernel.streams_factory import open_streams
 
 log = logging.getLogger("canary.collector")
-READY_STALE_SEC = 10.0
+LIVENESS_BOUND_SEC = 30.0
 
 
 def default_name() -> str:
     # unique per process: a restarted collector must not overwrite its predecessor's
     # partial window, which still holds samples that were acked
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-_MAX_HEADERS = 100
-
-
-async def _serve_admin(
-    collector: Collector, host: str, port: int, *, token: str | None = None
-) -> asyncio.Server:
-    warn_if_exposed(host, token, log, "collector")
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request = await reader.readline()
-            lines = [request.rstrip(b"\r\n")]
-            while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
-                if len(lines) > _MAX_HEADERS:
-                    return
-                lines.append(line.rstrip(b"\r\n"))
-            path = request.split(b" ")[1].decode() if request.count(b" ") >= 2 else "/"
-            path = path.split("?", 1)[0]
-            status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
-            extra = ""
-            if not allowed(path, header(b"\r\n".join(lines), b"authorization"), token):
-                collector.metrics.admin_unauthorized.inc()
-                status, body = "401 Unauthorized", b"unauthorized\n"
-                extra = 'WWW-Authenticate: Bearer realm="canary-admin"\r\n'
-            elif path == "/healthz":
-                status, body = "200 OK", b"ok\n"
-            elif path == "/readyz":
-                last = collector.last_loop_ok
-                fresh = last is not None and collector.clock.monotonic() - last < READY_STALE_SEC
-                ready = collector.config_loaded.is_set() and fresh
-                status = "200 OK" if ready else "503 Service Unavailable"
-                body = b"ready" if ready else b"not ready"
-                body += b"\n" if collector.authenticated else b" (samples unauthenticated)\n"
-            elif path == "/metrics":
-                status, ctype = "200 OK", CONTENT_TYPE_LATEST
-                body = generate_latest(collector.metrics.registry)
-            head = (
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n{extra}"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-            )
-            writer.write(head.encode() + body)
-            await writer.drain()
-        except (ConnectionError, IndexError, UnicodeDecodeError, ValueError):
-            pass
-        finally:
-            writer.close()
-
-    return await asyncio.start_server(handle, host, port)
 
 
 async def run_collector(
@@ -98,6 +48,7 @@ async def run_collector(
     claim_idle_ms: int,
     count: int,
     sample_keys: SampleKeys | None = None,
+    liveness_bound: float = LIVENESS_BOUND_SEC,
 ) -> None:
     clock = SystemClock()
     streams, board = open_streams(
@@ -116,21 +67,23 @@ async def run_collector(
     else:
         log.info("sample batches verified with keys %s", ", ".join(sample_keys.kids))
     stop = asyncio.Event()
-    server = None
+    heartbeat = Heartbeat(clock, bound=liveness_bound)
+    server: AdminThread | None = None
     if admin:
         host, port = parse_host_port(admin)
-        server = await _serve_admin(
-            collector, host, port, token=admin_token(settings.admin_token_file)
-        )
+        server = serve_admin(collector, host, port, heartbeat=heartbeat,
+                             token=admin_token(settings.admin_token_file))  # fmt: skip
+    beating = asyncio.create_task(heartbeat.run())
     log.info("collector %s started", collector.name)
     try:
         with on_stop_signals(stop.set):
             await collector.run(stop)
     finally:
+        beating.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beating
         if server is not None:
-            server.close()
-            with contextlib.suppress(Exception):
-                await server.wait_closed()
+            server.stop()
         await streams.close()
         with contextlib.suppress(Exception):
             await board.close()
@@ -147,6 +100,7 @@ def main(
     claim_idle_ms: int = 30_000,
     count: int = 200,
     sample_keys: SampleKeys | None = None,
+    liveness_bound: float = LIVENESS_BOUND_SEC,
 ) -> None:
     configure_logging(settings.log_level, settings.log_format)
     try:
@@ -164,5 +118,6 @@ def main(
             claim_idle_ms=claim_idle_ms,
             count=count,
             sample_keys=sample_keys,
+            liveness_bound=liveness_bound,
         )
     )

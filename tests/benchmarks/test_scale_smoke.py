@@ -98,6 +98,9 @@ def test_the_smallest_run_reports_every_part(
     assert trip["leader_rounds_to_sql"] > 0
     # the sidecar sees the cut after the database holds the trip
     assert trip["to_sidecar_route"]["p50_ms"] >= trip["to_sql"]["p50_ms"] > 0
+    # the leader's admin listener answered its probes throughout
+    assert trip["leader_admin"]["n"] > 0 and trip["leader_admin"]["missed"] == 0
+    assert size["collector"]["admin"]["missed"] == 0
 
     several = size["several"]
     assert several["collectors"] == 2

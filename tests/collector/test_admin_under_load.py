@@ -1,6 +1,6 @@
-"""The admin endpoint answers while the collector ingests: its loop is shared, and
-ingest and publish give it turns (decision 0058). Functional, no timing: probes sent
-while a backlog is being applied are answered before the backlog is done."""
+"""The admin endpoint answers while the collector ingests (decisions 0058, 0062).
+Functional, no timing: probes sent while a backlog is being applied are answered
+before the backlog is done."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import asyncio
 
 import numpy as np
 
-from controlplane.collector.main import _serve_admin
+from controlplane.collector.admin import serve_admin
 from controlplane.collector.service import Collector
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import BatchBuilder, BatchMeta, entry_fields
@@ -59,8 +59,8 @@ async def test_probes_are_answered_while_a_backlog_is_applied() -> None:
     entries = _backlog(clock.now())
     for i in range(0, len(entries), 100):
         await streams.append(SERVICE, entries[i : i + 100], maxlen=10_000)
-    server = await _serve_admin(collector, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+    server = serve_admin(collector, "127.0.0.1", 0)
+    port = server.port
     stop = asyncio.Event()
     running = asyncio.create_task(collector.run(stop))
     seen: list[tuple[float, bytes]] = []  # samples applied when each answer came
@@ -72,8 +72,7 @@ async def test_probes_are_answered_while_a_backlog_is_applied() -> None:
     finally:
         stop.set()
         await running
-        server.close()
-        await server.wait_closed()
+        server.stop()
         await collector.stop_watching()
         await streams.close()
         await kv.close()

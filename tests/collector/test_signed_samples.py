@@ -15,7 +15,7 @@ import httpx
 import pytest
 import redis.asyncio as redis_async
 
-from controlplane.collector.main import _serve_admin
+from controlplane.collector.admin import serve_admin
 from controlplane.collector.service import Collector
 from controlplane.collector.sharding import read_merged_snapshots
 from controlplane.kernel.clock import FakeClock
@@ -194,15 +194,14 @@ async def test_readyz_and_metrics_say_when_samples_are_unauthenticated() -> None
                               clock=clock, block_ms=0, sample_keys=keys)  # fmt: skip
         await collector.load_config()
         await collector.step()
-        server = await _serve_admin(collector, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
+        server = serve_admin(collector, "127.0.0.1", 0)
+        port = server.port
         try:
             async with httpx.AsyncClient() as client:
                 ready = await client.get(f"http://127.0.0.1:{port}/readyz")
                 metrics = await client.get(f"http://127.0.0.1:{port}/metrics")
         finally:
-            server.close()
-            await server.wait_closed()
+            server.stop()
             await collector.stop_watching()
         assert ready.status_code == 200 and ready.text == body
         assert f"canary_collector_samples_authenticated {gauge}" in metrics.text

@@ -11,7 +11,7 @@ import httpx
 from prometheus_client.registry import CollectorRegistry
 
 from controlplane.api.app import create_app
-from controlplane.collector.main import _serve_admin
+from controlplane.collector.admin import serve_admin
 from controlplane.collector.service import Collector
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.keys import EtcdKeys
@@ -47,14 +47,13 @@ async def collector_server(*, ready: bool = True) -> AsyncIterator[httpx.AsyncCl
     if ready:  # as after its first read loop: configuration loaded, loop fresh
         collector.config_loaded.set()
         collector.last_loop_ok = clock.monotonic()
-    server = await _serve_admin(collector, "127.0.0.1", 0, token=TOKEN)
-    port = server.sockets[0].getsockname()[1]
+    server = serve_admin(collector, "127.0.0.1", 0, token=TOKEN)
+    port = server.port
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
             yield client
     finally:
-        server.close()
-        await server.wait_closed()
+        server.stop()
         await streams.close()
         await kv.close()
 

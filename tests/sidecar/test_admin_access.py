@@ -10,7 +10,7 @@ import httpx
 import pytest
 from prometheus_client.registry import CollectorRegistry
 
-from controlplane.collector.main import _serve_admin
+from controlplane.collector.admin import serve_admin
 from controlplane.collector.service import Collector
 from controlplane.kernel.admin_access import admin_token, allowed, is_loopback
 from controlplane.kernel.clock import FakeClock
@@ -43,13 +43,12 @@ async def collector_admin() -> AsyncIterator[str]:
     streams, board = open_streams("memory://", clock=clock)
     kv = open_kv("memory://", clock=clock)
     collector = Collector(streams, board, kv, EtcdKeys("/t"), consumer_name="c", clock=clock)
-    server = await _serve_admin(collector, "127.0.0.1", 0, token=TOKEN)
-    port = server.sockets[0].getsockname()[1]
+    server = serve_admin(collector, "127.0.0.1", 0, token=TOKEN)
+    port = server.port
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        server.close()
-        await server.wait_closed()
+        server.stop()
         await streams.close()
         await kv.close()
 
