@@ -111,6 +111,8 @@ class VariantRing:
     def claim(self, seconds: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
         """The slots of `seconds` (distinct, all in the ring's span), and which of them
         held their second already; the others are cleared for it."""
+        if seconds.shape[0] == 1:
+            return self._claim_one(int(seconds[0]))
         slots = seconds % self.capacity
         held = self.second[slots] == seconds
         if not held.all():
@@ -131,6 +133,27 @@ class VariantRing:
         self.dirty[slots] = True
         self.touched[slots] = True
         return slots, held
+
+    def _claim_one(self, second: int) -> tuple[I64, npt.NDArray[np.bool_]]:
+        """`claim` of one second, in scalar steps: a batch of a sidecar mostly falls in
+        one second, and a dozen fancy-indexed writes cost more than the batch itself."""
+        slot = second % self.capacity
+        held = int(self.second[slot]) == second
+        if not held:
+            self.second[slot] = second
+            self.count[slot] = self.failures[slot] = self.above[slot] = 0
+            self.shed[slot] = 0
+            self.sum_us[slot] = 0.0
+            self.stale[slot] = False
+            self.hist[slot] = 0
+            self.res_fill[slot] = 0
+            self.res_tau[slot] = 2.0
+            self.unit_counts[slot] = 0
+            self.unit_sums[slot] = 0.0
+            self.distinct[slot] = np.zeros(0, dtype=np.uint32)
+        self.dirty[slot] = True
+        self.touched[slot] = True
+        return np.array([slot], dtype=np.int64), np.array([held])
 
     def add_to_window(self, slot: int, sign: int) -> None:
         self.win_count += sign * int(self.count[slot])

@@ -72,10 +72,29 @@ def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode("ascii")
 
 
-def _second_entry(ring: VariantRing, slot: int, *, shed: bool) -> dict[str, Any]:
+def _second_entry(
+    ring: VariantRing, slot: int, *, shed: bool, twin: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One ring's second. `twin`: the entry of the total ring's same second when this
+    first-byte second is paired with it (the same reservoir keys, units and distinct
+    units, see VariantRing.paired): those texts are taken from it, not encoded again."""
     from controlplane.collector.sharding import encode_hist_row, encode_unit_rows
 
     fill = int(ring.res_fill[slot])
+    if twin is not None:
+        return {
+            "count": int(ring.count[slot]),
+            "fail": int(ring.failures[slot]),
+            "sum": float(ring.sum_us[slot]),
+            "above": int(ring.above[slot]),
+            "stale": int(bool(ring.stale[slot])),
+            "hist": encode_hist_row(ring.hist[slot]),
+            "units": encode_unit_rows(ring.unit_counts[slot], ring.unit_sums[slot]),
+            "res_k": twin["res_k"],
+            "res_v": _b64(ring.res_us[slot, :fill].astype("<u4").tobytes()),
+            "res_u": twin["res_u"],
+            "distinct": twin["distinct"],
+        }
     entry: dict[str, Any] = {
         "count": int(ring.count[slot]),
         "fail": int(ring.failures[slot]),
@@ -158,7 +177,8 @@ def export_head_and_seconds(
                 continue
             second = held
             entry = _second_entry(ring, slot, shed=True)
-            entry["fb"] = _second_entry(fb, slot, shed=False)
+            twin = entry if fb.paired[slot] and fb.distinct[slot] is ring.distinct[slot] else None
+            entry["fb"] = _second_entry(fb, slot, shed=False, twin=twin)
             entries[name] = entry
         if second is None:
             continue

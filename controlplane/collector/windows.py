@@ -591,17 +591,17 @@ class ExperimentWindow:
     def _place(self, rings: list[VariantRing], first: int, active: list[int]) -> _Placement:
         """Claim each active group's bucket slot in `rings`."""
         n_variants = len(rings)
-        groups = np.array(active, dtype=np.int64)
+        # split in Python: a read mostly holds a group or two per variant, and a mask
+        # per variant over them costs more in numpy's calls than it saves
+        by_variant: dict[int, list[int]] = {}
+        for g in active:
+            by_variant.setdefault(g % n_variants, []).append(g)
         place = _Placement()
-        if n_variants == 1:
-            variants = [(0, groups)]
-        else:
-            variant_of = groups % n_variants
-            variants = [(v, groups[variant_of == v]) for v in np.unique(variant_of).tolist()]
-        for v, groups_v in variants:
+        for v in sorted(by_variant):
+            groups_v = np.array(by_variant[v], dtype=np.int64)
             slots_v, held_v = rings[v].claim(first + groups_v // n_variants)
             place.append((v, groups_v, slots_v, held_v))
-            place.slots.update(zip(groups_v.tolist(), slots_v.tolist(), strict=True))
+            place.slots.update(zip(by_variant[v], slots_v.tolist(), strict=True))
         return place
 
     def _taus(
@@ -630,6 +630,9 @@ class ExperimentWindow:
         a variant's seconds at once."""
         for v, g, slot, _ in place:
             ring = rings[v]
+            if g.shape[0] == 1:
+                self._add_one(ring, int(g[0]), int(slot[0]), groups, sums)
+                continue
             counts, failures = sums.counts[g], groups.failures[g]
             group_sums, aboves = sums.sums[g], sums.aboves[g]
             hist = sums.hist[g]
@@ -648,6 +651,30 @@ class ExperimentWindow:
             ring.win_hist += hist.sum(axis=0)
             ring.win_unit_counts += unit_counts.sum(axis=0)
             ring.win_unit_sums += unit_sums.sum(axis=0)
+
+    @staticmethod
+    def _add_one(ring: VariantRing, g: int, slot: int, groups: Groups, sums: LatencySums) -> None:
+        """`_add_to_buckets` of a variant's one group, in scalars and rows: the same
+        sums (one group's total is its value) without a dozen fancy-indexed ops."""
+        count, failures = int(sums.counts[g]), int(groups.failures[g])
+        group_sum, above = float(sums.sums[g]), int(sums.aboves[g])
+        hist = sums.hist[g]
+        unit_counts, unit_sums = sums.unit_counts[g], sums.unit_sums[g]
+        ring.count[slot] += count
+        ring.failures[slot] += failures
+        ring.sum_us[slot] += group_sum
+        ring.above[slot] += above
+        ring.hist[slot] += hist.astype(np.int32)
+        ring.unit_counts[slot] += unit_counts.astype(np.int32)
+        ring.unit_sums[slot] += unit_sums
+        ring.win_count += count
+        ring.win_failures += failures
+        ring.win_sum_us += group_sum
+        if not ring.stale[slot]:
+            ring.win_above += above
+        ring.win_hist += hist
+        ring.win_unit_counts += unit_counts
+        ring.win_unit_sums += unit_sums
 
     def _offer_reservoirs(
         self,
