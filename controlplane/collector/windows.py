@@ -507,7 +507,12 @@ class ExperimentWindow:
         self._add_to_buckets(rings, groups, sums, place)
         fb_rings = self._fb_rings
         if first_byte is None:
-            for v, _, slots_v, _ in place:  # these seconds' samples differ in the two rings
+            for v, groups_v, slots_v, _ in place:  # these seconds' samples differ in the two rings
+                if rings is not fb_rings:
+                    # the first-byte ring holds the second too, if only empty: its slot
+                    # may still hold a second that left the window, which a publish of
+                    # this second would otherwise send as this second's first byte
+                    fb_rings[v].claim(first + groups_v // len(rings))
                 fb_rings[v].paired[slots_v] = False
             self._offer_reservoirs(
                 rings, cols.rt_us, cols.unit, groups.group, sums.counts, active, place.slots
