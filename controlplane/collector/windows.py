@@ -91,6 +91,10 @@ _REMAP_CACHE = 1024
 # A filling bucket gives a key to each of its samples up to this many in one ingest;
 # above, only to those whose key falls under a bound (see _reservoir_candidates).
 _SAMPLED_FILL = 8192
+# A variant's groups in a read up to which each is added to its bucket in scalars and
+# rows: a sidecar's batch spans a second or two, where a dozen array ops per variant
+# cost more than the samples.
+_SCALAR_GROUPS = 4
 
 
 @dataclass(frozen=True)
@@ -635,8 +639,9 @@ class ExperimentWindow:
         a variant's seconds at once."""
         for v, g, slot, _ in place:
             ring = rings[v]
-            if g.shape[0] == 1:
-                self._add_one(ring, int(g[0]), int(slot[0]), groups, sums)
+            if g.shape[0] <= _SCALAR_GROUPS:
+                for one, one_slot in zip(g.tolist(), slot.tolist(), strict=True):
+                    self._add_one(ring, one, one_slot, groups, sums)
                 continue
             counts, failures = sums.counts[g], groups.failures[g]
             group_sums, aboves = sums.sums[g], sums.aboves[g]
@@ -659,8 +664,8 @@ class ExperimentWindow:
 
     @staticmethod
     def _add_one(ring: VariantRing, g: int, slot: int, groups: Groups, sums: LatencySums) -> None:
-        """`_add_to_buckets` of a variant's one group, in scalars and rows: the same
-        sums (one group's total is its value) without a dozen fancy-indexed ops."""
+        """`_add_to_buckets` of one group, in scalars and rows: the same sums (integers,
+        and floats that are sums of integers below 2^53, exact in any order)."""
         count, failures = int(sums.counts[g]), int(groups.failures[g])
         group_sum, above = float(sums.sums[g]), int(sums.aboves[g])
         hist = sums.hist[g]
