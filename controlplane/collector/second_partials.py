@@ -72,6 +72,13 @@ def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode("ascii")
 
 
+def _b64_le(values: npt.NDArray[Any], dtype: str) -> str:
+    """`values` as little-endian `dtype`, base64: without a copy when they are already."""
+    if values.dtype != np.dtype(dtype):
+        values = values.astype(dtype)
+    return _b64(values.tobytes())
+
+
 def _second_entry(
     ring: VariantRing, slot: int, *, shed: bool, twin: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -91,7 +98,7 @@ def _second_entry(
             "hist": encode_hist_row(ring.hist[slot]),
             "units": encode_unit_rows(ring.unit_counts[slot], ring.unit_sums[slot]),
             "res_k": twin["res_k"],
-            "res_v": _b64(ring.res_us[slot, :fill].astype("<u4").tobytes()),
+            "res_v": _b64_le(ring.res_us[slot, :fill], "<u4"),
             "res_u": twin["res_u"],
             "distinct": twin["distinct"],
         }
@@ -103,10 +110,10 @@ def _second_entry(
         "stale": int(bool(ring.stale[slot])),
         "hist": encode_hist_row(ring.hist[slot]),
         "units": encode_unit_rows(ring.unit_counts[slot], ring.unit_sums[slot]),
-        "res_k": _b64(ring.res_keys[slot, :fill].astype("<f4").tobytes()),
-        "res_v": _b64(ring.res_us[slot, :fill].astype("<u4").tobytes()),
-        "res_u": _b64(ring.res_unit[slot, :fill].astype("<u4").tobytes()),
-        "distinct": _b64(ring.distinct[slot].astype("<u4").tobytes()),
+        "res_k": _b64_le(ring.res_keys[slot, :fill], "<f4"),
+        "res_v": _b64_le(ring.res_us[slot, :fill], "<u4"),
+        "res_u": _b64_le(ring.res_unit[slot, :fill], "<u4"),
+        "distinct": _b64_le(ring.distinct[slot], "<u4"),
     }
     if shed:
         entry["shed"] = int(ring.shed[slot])
