@@ -13,6 +13,9 @@ the samples are sent; `e2e_samples_per_s` counts from the first batch sent until
 reader of the partial windows counts every sample, so it measures the send, the
 ingest and the publish together and cannot read zero however fast the collector is
 (`e2e_send_s` is the sending alone); `e2e_startup_s` is the process's start-up.
+
+`steady` (alone with `--only steady`) is a collector's CPU per experiment-second under
+the scale benchmark's feed, in-process (collector_steady.py).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from controlplane.benchmarks.children import stop_child
+from controlplane.benchmarks.collector_steady import steady
 from controlplane.collector.windows import ExperimentWindow, WindowConfig
 from controlplane.kernel.codec import (
     SHED,
@@ -275,7 +279,16 @@ async def _through_redis(url: str, n: int, progress: bool) -> dict[str, float]:
     return result
 
 
-def run(*, quick: bool, progress: bool) -> dict[str, Any]:
+def run(*, quick: bool, progress: bool, only: str | None = None) -> dict[str, Any]:
+    """Everything; or (`only="steady"`) the collector's CPU per experiment-second alone."""
+    if only is not None:
+        if {part.strip() for part in only.split(",")} != {"steady"}:
+            raise ValueError(f"collector: the section to pick is steady, not {only!r}")
+        load_before = os.getloadavg()
+        result = steady(quick=quick)
+        load_after = os.getloadavg()
+        return {"quick": quick, "cpus": os.cpu_count(), "steady": result,
+                "load_avg": {"before": list(load_before), "after": list(load_after)}}  # fmt: skip
     n_engine = 1_000_000 if quick else 5_000_000
     n_e2e = 500_000 if quick else 5_000_000
     n_ref = 200_000 if quick else 1_000_000
@@ -314,6 +327,7 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
     )
     url = os.environ.get("CANARY_BENCH_REDIS", "redis://127.0.0.1:6379/0")
     e2e = asyncio.run(_through_redis(url, n_e2e, progress))
+    steady_result = steady(quick=quick)
     load_after = os.getloadavg()
     return {
         "quick": quick,
@@ -347,6 +361,7 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
         "window_bytes": window_bytes,
         "window_sec": 60,
         **e2e,
+        "steady": steady_result,
         "targets": {
             "e2e_samples_per_s": 1_000_000,
             "engine_samples_per_s": 20_000_000,

@@ -50,7 +50,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--only",
                 help="comma-separated sections to run (sidecar: websocket, sse, large_bodies; "
-                "decision: its sections; scale: the N to run, watch, collectors=K); with "
+                "decision: its sections; scale: the N to run, watch, collectors=K; collector: "
+                "steady); with "
                 "--save, merged into the file's existing result, other keys kept",
             ),
         ] = None,

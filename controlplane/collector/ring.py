@@ -23,6 +23,8 @@ from controlplane.kernel.units import DISTINCT_K, bottom_distinct
 # Per-second sub-reservoirs are merged by their random keys (bottom-k), so the window
 # reservoir is a uniform sample whenever no second holds more than this share of it.
 SECOND_RESERVOIR_SIZE = 64
+# Seconds up to which a claim is scalar steps per second rather than array operations.
+_SCALAR_CLAIMS = 4
 
 
 class VariantRing:
@@ -111,6 +113,12 @@ class VariantRing:
     def claim(self, seconds: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
         """The slots of `seconds` (distinct, all in the ring's span), and which of them
         held their second already; the others are cleared for it."""
+        if seconds.shape[0] <= _SCALAR_CLAIMS:
+            claimed = [self._claim_one(second) for second in seconds.tolist()]
+            return (
+                np.array([slot for slot, _ in claimed], dtype=np.int64),
+                np.array([held for _, held in claimed], dtype=bool),
+            )
         slots = seconds % self.capacity
         held = self.second[slots] == seconds
         if not held.all():
@@ -131,6 +139,27 @@ class VariantRing:
         self.dirty[slots] = True
         self.touched[slots] = True
         return slots, held
+
+    def _claim_one(self, second: int) -> tuple[int, bool]:
+        """`claim` of one second, in scalar steps: a sidecar's batch falls in a second or
+        two, and a dozen fancy-indexed writes cost more than its samples."""
+        slot = second % self.capacity
+        held = int(self.second[slot]) == second
+        if not held:
+            self.second[slot] = second
+            self.count[slot] = self.failures[slot] = self.above[slot] = 0
+            self.shed[slot] = 0
+            self.sum_us[slot] = 0.0
+            self.stale[slot] = False
+            self.hist[slot] = 0
+            self.res_fill[slot] = 0
+            self.res_tau[slot] = 2.0
+            self.unit_counts[slot] = 0
+            self.unit_sums[slot] = 0.0
+            self.distinct[slot] = np.zeros(0, dtype=np.uint32)
+        self.dirty[slot] = True
+        self.touched[slot] = True
+        return slot, held
 
     def add_to_window(self, slot: int, sign: int) -> None:
         self.win_count += sign * int(self.count[slot])

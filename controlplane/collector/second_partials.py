@@ -72,10 +72,36 @@ def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode("ascii")
 
 
-def _second_entry(ring: VariantRing, slot: int, *, shed: bool) -> dict[str, Any]:
+def _b64_le(values: npt.NDArray[Any], dtype: str) -> str:
+    """`values` as little-endian `dtype`, base64: without a copy when they are already."""
+    if values.dtype != np.dtype(dtype):
+        values = values.astype(dtype)
+    return _b64(values.tobytes())
+
+
+def _second_entry(
+    ring: VariantRing, slot: int, *, shed: bool, twin: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One ring's second. `twin`: the entry of the total ring's same second when this
+    first-byte second is paired with it (the same reservoir keys, units and distinct
+    units, see VariantRing.paired): those texts are taken from it, not encoded again."""
     from controlplane.collector.sharding import encode_hist_row, encode_unit_rows
 
     fill = int(ring.res_fill[slot])
+    if twin is not None:
+        return {
+            "count": int(ring.count[slot]),
+            "fail": int(ring.failures[slot]),
+            "sum": float(ring.sum_us[slot]),
+            "above": int(ring.above[slot]),
+            "stale": int(bool(ring.stale[slot])),
+            "hist": encode_hist_row(ring.hist[slot]),
+            "units": encode_unit_rows(ring.unit_counts[slot], ring.unit_sums[slot]),
+            "res_k": twin["res_k"],
+            "res_v": _b64_le(ring.res_us[slot, :fill], "<u4"),
+            "res_u": twin["res_u"],
+            "distinct": twin["distinct"],
+        }
     entry: dict[str, Any] = {
         "count": int(ring.count[slot]),
         "fail": int(ring.failures[slot]),
@@ -84,10 +110,10 @@ def _second_entry(ring: VariantRing, slot: int, *, shed: bool) -> dict[str, Any]
         "stale": int(bool(ring.stale[slot])),
         "hist": encode_hist_row(ring.hist[slot]),
         "units": encode_unit_rows(ring.unit_counts[slot], ring.unit_sums[slot]),
-        "res_k": _b64(ring.res_keys[slot, :fill].astype("<f4").tobytes()),
-        "res_v": _b64(ring.res_us[slot, :fill].astype("<u4").tobytes()),
-        "res_u": _b64(ring.res_unit[slot, :fill].astype("<u4").tobytes()),
-        "distinct": _b64(ring.distinct[slot].astype("<u4").tobytes()),
+        "res_k": _b64_le(ring.res_keys[slot, :fill], "<f4"),
+        "res_v": _b64_le(ring.res_us[slot, :fill], "<u4"),
+        "res_u": _b64_le(ring.res_unit[slot, :fill], "<u4"),
+        "distinct": _b64_le(ring.distinct[slot], "<u4"),
     }
     if shed:
         entry["shed"] = int(ring.shed[slot])
@@ -158,7 +184,8 @@ def export_head_and_seconds(
                 continue
             second = held
             entry = _second_entry(ring, slot, shed=True)
-            entry["fb"] = _second_entry(fb, slot, shed=False)
+            twin = entry if fb.paired[slot] and fb.distinct[slot] is ring.distinct[slot] else None
+            entry["fb"] = _second_entry(fb, slot, shed=False, twin=twin)
             entries[name] = entry
         if second is None:
             continue

@@ -91,6 +91,10 @@ _REMAP_CACHE = 1024
 # A filling bucket gives a key to each of its samples up to this many in one ingest;
 # above, only to those whose key falls under a bound (see _reservoir_candidates).
 _SAMPLED_FILL = 8192
+# A variant's groups in a read up to which each is added to its bucket in scalars and
+# rows: a sidecar's batch spans a second or two, where a dozen array ops per variant
+# cost more than the samples.
+_SCALAR_GROUPS = 4
 
 
 @dataclass(frozen=True)
@@ -507,7 +511,12 @@ class ExperimentWindow:
         self._add_to_buckets(rings, groups, sums, place)
         fb_rings = self._fb_rings
         if first_byte is None:
-            for v, _, slots_v, _ in place:  # these seconds' samples differ in the two rings
+            for v, groups_v, slots_v, _ in place:  # these seconds' samples differ in the two rings
+                if rings is not fb_rings:
+                    # the first-byte ring holds the second too, if only empty: its slot
+                    # may still hold a second that left the window, which a publish of
+                    # this second would otherwise send as this second's first byte
+                    fb_rings[v].claim(first + groups_v // len(rings))
                 fb_rings[v].paired[slots_v] = False
             self._offer_reservoirs(
                 rings, cols.rt_us, cols.unit, groups.group, sums.counts, active, place.slots
@@ -591,17 +600,17 @@ class ExperimentWindow:
     def _place(self, rings: list[VariantRing], first: int, active: list[int]) -> _Placement:
         """Claim each active group's bucket slot in `rings`."""
         n_variants = len(rings)
-        groups = np.array(active, dtype=np.int64)
+        # split in Python: a read mostly holds a group or two per variant, and a mask
+        # per variant over them costs more in numpy's calls than it saves
+        by_variant: dict[int, list[int]] = {}
+        for g in active:
+            by_variant.setdefault(g % n_variants, []).append(g)
         place = _Placement()
-        if n_variants == 1:
-            variants = [(0, groups)]
-        else:
-            variant_of = groups % n_variants
-            variants = [(v, groups[variant_of == v]) for v in np.unique(variant_of).tolist()]
-        for v, groups_v in variants:
+        for v in sorted(by_variant):
+            groups_v = np.array(by_variant[v], dtype=np.int64)
             slots_v, held_v = rings[v].claim(first + groups_v // n_variants)
             place.append((v, groups_v, slots_v, held_v))
-            place.slots.update(zip(groups_v.tolist(), slots_v.tolist(), strict=True))
+            place.slots.update(zip(by_variant[v], slots_v.tolist(), strict=True))
         return place
 
     def _taus(
@@ -630,6 +639,10 @@ class ExperimentWindow:
         a variant's seconds at once."""
         for v, g, slot, _ in place:
             ring = rings[v]
+            if g.shape[0] <= _SCALAR_GROUPS:
+                for one, one_slot in zip(g.tolist(), slot.tolist(), strict=True):
+                    self._add_one(ring, one, one_slot, groups, sums)
+                continue
             counts, failures = sums.counts[g], groups.failures[g]
             group_sums, aboves = sums.sums[g], sums.aboves[g]
             hist = sums.hist[g]
@@ -648,6 +661,30 @@ class ExperimentWindow:
             ring.win_hist += hist.sum(axis=0)
             ring.win_unit_counts += unit_counts.sum(axis=0)
             ring.win_unit_sums += unit_sums.sum(axis=0)
+
+    @staticmethod
+    def _add_one(ring: VariantRing, g: int, slot: int, groups: Groups, sums: LatencySums) -> None:
+        """`_add_to_buckets` of one group, in scalars and rows: the same sums (integers,
+        and floats that are sums of integers below 2^53, exact in any order)."""
+        count, failures = int(sums.counts[g]), int(groups.failures[g])
+        group_sum, above = float(sums.sums[g]), int(sums.aboves[g])
+        hist = sums.hist[g]
+        unit_counts, unit_sums = sums.unit_counts[g], sums.unit_sums[g]
+        ring.count[slot] += count
+        ring.failures[slot] += failures
+        ring.sum_us[slot] += group_sum
+        ring.above[slot] += above
+        ring.hist[slot] += hist.astype(np.int32)
+        ring.unit_counts[slot] += unit_counts.astype(np.int32)
+        ring.unit_sums[slot] += unit_sums
+        ring.win_count += count
+        ring.win_failures += failures
+        ring.win_sum_us += group_sum
+        if not ring.stale[slot]:
+            ring.win_above += above
+        ring.win_hist += hist
+        ring.win_unit_counts += unit_counts
+        ring.win_unit_sums += unit_sums
 
     def _offer_reservoirs(
         self,

@@ -1,0 +1,95 @@
+"""A collector's CPU per experiment-second under the scale benchmark's steady feed,
+in-process (`canary bench collector --only steady`).
+
+The collector of `canary bench scale` (`Steady`) runs as a process beside Redis, the
+feed, the leader and their sidecars, so its figure moves with the machine's load and
+the run is heavy to repeat. This rig drives the same `Collector` (its reads, screening
+with signatures, apply and publishes, merged views included) on the in-process bus
+and a fake clock: every second each of N experiments gets the feed's batch (the
+scale feed's `Sidecars.entry`), and the collector's rounds of that second run, ten
+ticks of 0.1 s. Only those rounds are timed (process CPU time); the batches are
+built before. A batch holds the half second before its stamp, and the stamps move
+through the second (FRACTIONS), so half of the batches straddle a second boundary, as
+a real feed's do over time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from typing import Any
+
+from controlplane.benchmarks.scale import THRESHOLD_MS, WINDOW_SEC, Sidecars
+from controlplane.collector.service import Collector
+from controlplane.kernel.clock import FakeClock
+from controlplane.kernel.keys import EtcdKeys
+from controlplane.kernel.kv_factory import open_kv
+from controlplane.kernel.sample_auth import SampleSigner
+from controlplane.kernel.sample_keys import generate_sample_keys
+from controlplane.kernel.streams_factory import open_streams
+
+START = 1_800_000_000.95  # the clock when the first batches are read
+FRACTIONS = (0.1, 0.35, 0.6, 0.85)  # a batch's stamp into its second, in turn
+TICKS_PER_SECOND = 10
+WARM_SECONDS = 3  # the rings' allocation and the first publishes, not timed
+
+
+async def _steady(n: int, samples: int, seconds: int) -> dict[str, Any]:
+    clock = FakeClock(START)
+    streams, board = open_streams("memory://", clock=clock)
+    kv = open_kv("memory://", clock=clock)
+    keys = EtcdKeys("/bench")
+    sample_keys = generate_sample_keys()
+    experiments = [(str(1000 + i), f"svc-{i:05d}") for i in range(n)]
+    for _, service in experiments:
+        rule = {"service": service, "threshold_ms": THRESHOLD_MS, "window_sec": WINDOW_SEC}
+        await kv.put(keys.rule(service), json.dumps(rule).encode())
+    collector = Collector(
+        streams, board, kv, keys, consumer_name="bench", clock=clock, block_ms=0,
+        sample_keys=sample_keys,
+    )  # fmt: skip
+    await collector.load_config()
+    sidecars = Sidecars(streams, SampleSigner(sample_keys))
+    total = WARM_SECONDS + seconds
+    feed = [
+        [(service, sidecars.entry(service, experiment, samples,
+                                  math.floor(START) + k + FRACTIONS[k % len(FRACTIONS)]))
+         for experiment, service in experiments]
+        for k in range(total)
+    ]  # fmt: skip
+    cpu = 0.0
+    metrics = collector.metrics
+    start_bytes = start_publishes = 0.0
+    for k in range(total):
+        if k == WARM_SECONDS:
+            start_bytes = metrics.published_bytes._value.get()
+            start_publishes = metrics.publishes._value.get()
+        for service, entry in feed[k]:
+            await streams.append(service, [entry], maxlen=10_000)
+        began = time.process_time()
+        for _ in range(TICKS_PER_SECOND):
+            await collector.step()
+            clock.advance(1.0 / TICKS_PER_SECOND)
+        if k >= WARM_SECONDS:
+            cpu += time.process_time() - began
+    published = metrics.published_bytes._value.get() - start_bytes
+    publishes = metrics.publishes._value.get() - start_publishes
+    await collector.stop_watching()
+    await streams.close()
+    await kv.close()
+    return {
+        "experiments": n,
+        "samples_per_experiment_s": samples,
+        "seconds": seconds,
+        "cpu_ms_per_experiment_s": round(cpu / seconds / n * 1000, 4),
+        "cpu_ms_per_publish": round(cpu / max(1.0, publishes) * 1000, 4),
+        "bytes_per_experiment_s": round(published / seconds / n, 1),
+    }
+
+
+def steady(*, quick: bool) -> dict[str, Any]:
+    """The collector's CPU per experiment-second at 50 and at 1 sample a second."""
+    n, seconds = (100, 6) if quick else (300, 12)
+    return {f"samples_{samples}": asyncio.run(_steady(n, samples, seconds)) for samples in (50, 1)}
