@@ -35,6 +35,8 @@ merged plain view, at most 5 s old.
 from __future__ import annotations
 
 import base64
+import bisect
+import itertools
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -58,6 +60,12 @@ HEAD_OPENING = '{"v":2,'
 SECOND_OPENING = '{"s":'
 MAX_CAPACITY = 4096  # slots a head may name (a window of MAX_WINDOW_SEC plus skew)
 MAX_VARIANTS = 16
+# float64 holds every integer up to 2^53 exactly: sums of such integers that stay
+# within it are the same whatever the order they were added and subtracted in
+EXACT_LIMIT = float(2**53)
+# a run with more changed seconds than this is built again rather than slid: each
+# change adds a row to every suffix row before it
+MAX_SLID_CHANGES = 4
 
 
 def slot_field(head: str, slot: int) -> str:
@@ -227,6 +235,10 @@ class SecondSums:
     res_us: U32
     res_units: U32
     distinct: U32
+    # the largest float sum, and whether every float sum is an integer in [0, 2^53]:
+    # such rows add and subtract exactly, in any order (LatencyRun.slid)
+    float_peak: float = 0.0
+    integral: bool = False
 
     @classmethod
     def decode(cls, entry: object, bins: int) -> SecondSums:
@@ -244,20 +256,29 @@ class SecondSums:
         units = _array(entry["res_u"], "<u4", SECOND_RESERVOIR_SIZE)
         if not keys.shape[0] == values.shape[0] == units.shape[0]:
             raise ValueError("a partial's reservoir columns differ in length")
+        sum_us = _number(entry["sum"])
+        peak = max(sum_us, float(unit_sums.max()), 0.0)
+        integral = (
+            sum_us.is_integer()
+            and peak <= EXACT_LIMIT
+            and bool((unit_sums >= 0).all() and (np.floor(unit_sums) == unit_sums).all())
+        )
         return cls(
             count=_count(entry["count"]),
             failures=_count(entry["fail"]),
-            sum_us=_number(entry["sum"]),
+            sum_us=sum_us,
             above=_count(entry["above"]),
             stale=bool(entry["stale"]),
             shed=_count(entry.get("shed", 0)),
             hist=hist,
             unit_counts=unit_counts,
             unit_sums=unit_sums,
-            res_keys=keys.astype(np.float32),
-            res_us=values.astype(np.uint32),
-            res_units=units.astype(np.uint32),
-            distinct=_array(entry["distinct"], "<u4", DISTINCT_K).astype(np.uint32),
+            res_keys=keys.astype(np.float32, copy=False),
+            res_us=values.astype(np.uint32, copy=False),
+            res_units=units.astype(np.uint32, copy=False),
+            distinct=_array(entry["distinct"], "<u4", DISTINCT_K).astype(np.uint32, copy=False),
+            float_peak=peak if math.isfinite(peak) else math.inf,
+            integral=integral,
         )
 
 
@@ -282,6 +303,50 @@ def decode_second(raw: str, bins: int) -> tuple[int, Second]:
     return second, out
 
 
+def _suffix_values(sums: list[SecondSums]) -> dict[str, Any]:
+    """Per second, what each suffix sum of a run adds up (above: over the rows not
+    stale; stale_hist: the histograms of the stale rows)."""
+    return {
+        "count": np.array([s.count for s in sums], dtype=np.int64),
+        "failures": np.array([s.failures for s in sums], dtype=np.int64),
+        "sum_us": np.array([s.sum_us for s in sums], dtype=np.float64),
+        "above": np.array([0 if s.stale else s.above for s in sums], dtype=np.int64),
+        "stale_rows": np.array([int(s.stale) for s in sums], dtype=np.int64),
+        "shed": np.array([s.shed for s in sums], dtype=np.int64),
+    }
+
+
+def _row_of(s: SecondSums, column: str) -> Any:
+    """One second's contribution to a suffix column (`_suffix_values`, and the arrays)."""
+    if column == "above":
+        return 0 if s.stale else s.above
+    if column == "stale_rows":
+        return int(s.stale)
+    if column == "stale_hist":
+        return s.hist if s.stale else 0
+    return getattr(s, column)
+
+
+_SCALAR_COLUMNS = ("count", "failures", "sum_us", "above", "stale_rows", "shed")
+_ARRAY_COLUMNS = ("hist", "unit_counts", "unit_sums")
+
+
+def _increasing(seconds: list[int]) -> bool:
+    return all(a < b for a, b in itertools.pairwise(seconds))
+
+
+def _front_dropped(old: list[int], new: list[int]) -> int | None:
+    """How many of `old`'s first seconds `new` dropped, when `new` is the rest of
+    `old` followed by later seconds (a window moving on); None otherwise."""
+    if not _increasing(new):
+        return None
+    k = bisect.bisect_left(old, new[0]) if new else len(old)
+    kept = len(old) - k
+    if old[k:] != new[:kept]:
+        return None
+    return k
+
+
 @dataclass(frozen=True)
 class LatencyRun:
     """One latency of one variant over the listed seconds, as suffix sums: row i holds
@@ -304,6 +369,10 @@ class LatencyRun:
     res_seconds: I64
     res_units: U32
     distinct: U32
+    # the seconds' sums the run was made of, and whether its float sums are integers
+    # within EXACT_LIMIT (then `slid` may subtract and add rows)
+    rows: tuple[SecondSums, ...] = ()
+    exact: bool = False
 
     @classmethod
     def build(
@@ -319,42 +388,82 @@ class LatencyRun:
 
         stale = np.array([s.stale for s in sums], dtype=bool)
         hist = np.stack([s.hist for s in sums]) if n else np.zeros((0, bins), np.int64)
-        above = np.array([s.above for s in sums], dtype=np.int64)
-        above[stale] = 0
-        # the window's reservoir as format 1 cut it: the bottom k over the seconds
-        keys = np.concatenate([s.res_keys for s in sums]) if n else np.zeros(0, np.float32)
-        order = np.arange(keys.shape[0])
-        if keys.shape[0] > RESERVOIR_SIZE:
-            order = np.argpartition(keys, RESERVOIR_SIZE - 1)[:RESERVOIR_SIZE]
-        res_seconds = np.repeat(np.array(seconds, dtype=np.int64),
-                                [s.res_keys.shape[0] for s in sums])  # fmt: skip
-
-        def joined(column: str, dtype: Any) -> npt.NDArray[Any]:
-            if not n:
-                return np.zeros(0, dtype=dtype)
-            return np.concatenate([getattr(s, column) for s in sums])[order]
-
+        scalars = {column: suffix(values) for column, values in _suffix_values(sums).items()}
+        unit_sums = suffix(np.stack([s.unit_sums for s in sums]) if n
+                           else np.zeros((0, UNIT_ROWS, 2), np.float64))  # fmt: skip
+        exact = (
+            all(s.integral for s in sums)
+            and _increasing(seconds)
+            and max(float(scalars["sum_us"][0]), float(unit_sums[0].max())) <= EXACT_LIMIT
+        )
         return cls(
             seconds=np.array(seconds, dtype=np.int64),
-            count=suffix(np.array([s.count for s in sums], dtype=np.int64)),
-            failures=suffix(np.array([s.failures for s in sums], dtype=np.int64)),
-            sum_us=suffix(np.array([s.sum_us for s in sums], dtype=np.float64)),
-            above=suffix(above),
-            stale_rows=suffix(stale.astype(np.int64)),
-            shed=suffix(np.array([s.shed for s in sums], dtype=np.int64)),
+            **scalars,
             hist=suffix(hist),
             stale_hist=suffix(hist * stale[:, None]) if stale.any() else None,
             unit_counts=suffix(np.stack([s.unit_counts for s in sums]) if n
                                else np.zeros((0, UNIT_ROWS, 3), np.int64)),
-            unit_sums=suffix(np.stack([s.unit_sums for s in sums]) if n
-                             else np.zeros((0, UNIT_ROWS, 2), np.float64)),
+            unit_sums=unit_sums,
             newest_ts=newest,
-            res_keys=keys[order],
-            res_us=joined("res_us", np.uint32),
-            res_seconds=res_seconds[order],
-            res_units=joined("res_units", np.uint32),
-            distinct=bottom_distinct([s.distinct for s in sums]),
+            **_reservoir(seconds, sums),
+            rows=tuple(sums),
+            exact=exact,
         )  # fmt: skip
+
+    def slid(
+        self, seconds: list[int], sums: list[SecondSums], bins: int, newest: float | None
+    ) -> LatencyRun:
+        """The run over `seconds` from this one, when they are its seconds with some
+        dropped from the front and some added at the end: the suffix rows of the
+        seconds kept hold no dropped second, so they carry over, and each second
+        changed or added adds its difference to the rows before it. Exact: counts are
+        integers, and the float sums are integers within EXACT_LIMIT before and after
+        (checked; built again where they are not, or where more than a few changed)."""
+        dropped = _front_dropped(self.seconds.tolist(), seconds) if self.exact else None
+        if dropped is None:
+            return LatencyRun.build(seconds, sums, bins, newest)
+        kept = len(self.rows) - dropped
+        changes = [(j, self.rows[dropped + j], sums[j]) for j in range(kept)
+                   if sums[j] is not self.rows[dropped + j]]  # fmt: skip
+        changes += [(j, None, sums[j]) for j in range(kept, len(sums))]
+        # every intermediate float sum lies within ± (row 0 + what is added or removed)
+        reach = max(float(self.sum_us[0]), float(self.unit_sums[0].max()))
+        for _, before, after in changes:
+            reach += after.float_peak + (before.float_peak if before is not None else 0.0)
+        if (
+            len(changes) > MAX_SLID_CHANGES
+            or reach > EXACT_LIMIT
+            or not all(after.integral for _, _, after in changes)
+        ):
+            return LatencyRun.build(seconds, sums, bins, newest)
+        n = len(sums)
+
+        def slide(old: npt.NDArray[Any], column: str) -> npt.NDArray[Any]:
+            out = np.zeros((n + 1, *old.shape[1:]), dtype=old.dtype)
+            out[: kept + 1] = old[dropped:]
+            for j, before, after in changes:
+                out[: j + 1] += _row_of(after, column)
+                if before is not None:
+                    out[: j + 1] -= _row_of(before, column)
+            return out
+
+        columns: dict[str, Any] = {c: slide(getattr(self, c), c) for c in _SCALAR_COLUMNS}
+        columns |= {c: slide(getattr(self, c), c) for c in _ARRAY_COLUMNS}
+        stale_hist = None
+        if columns["stale_rows"][0] > 0:
+            held = self.stale_hist
+            if held is None:
+                held = np.zeros_like(self.hist)
+            stale_hist = slide(held, "stale_hist")
+        return LatencyRun(
+            seconds=np.array(seconds, dtype=np.int64),
+            **columns,
+            stale_hist=stale_hist,
+            newest_ts=newest,
+            **_reservoir(seconds, sums),
+            rows=tuple(sums),
+            exact=True,
+        )
 
     def totals(self, start: int, *, same_threshold: bool, bins: int) -> WindowTotals:
         """The sums over the seconds from `start` on, as format 1's reader makes them."""
@@ -383,6 +492,31 @@ class LatencyRun:
         totals.res_units = self.res_units[inside]
         totals.distinct = self.distinct
         return totals
+
+
+def _reservoir(seconds: list[int], sums: list[SecondSums]) -> dict[str, Any]:
+    """A run's reservoir as format 1 cut it (the bottom k over all its seconds, with
+    each sample's second) and its distinct units over all its seconds: neither is a
+    sum, so both are taken again from the seconds whenever the run changes."""
+    if not sums:
+        return {
+            "res_keys": np.zeros(0, np.float32), "res_us": np.zeros(0, np.uint32),
+            "res_seconds": np.zeros(0, np.int64), "res_units": np.zeros(0, np.uint32),
+            "distinct": np.zeros(0, np.uint32),
+        }  # fmt: skip
+    keys = np.concatenate([s.res_keys for s in sums])
+    order = np.arange(keys.shape[0])
+    if keys.shape[0] > RESERVOIR_SIZE:
+        order = np.argpartition(keys, RESERVOIR_SIZE - 1)[:RESERVOIR_SIZE]
+    res_seconds = np.repeat(np.array(seconds, dtype=np.int64),
+                            [s.res_keys.shape[0] for s in sums])  # fmt: skip
+    return {
+        "res_keys": keys[order],
+        "res_us": np.concatenate([s.res_us for s in sums])[order],
+        "res_seconds": res_seconds[order],
+        "res_units": np.concatenate([s.res_units for s in sums])[order],
+        "distinct": bottom_distinct([s.distinct for s in sums]),
+    }
 
 
 @dataclass(frozen=True)
@@ -415,10 +549,15 @@ def head_of(raw: str) -> dict[str, Any]:
 def assemble(
     head_field: str, head: dict[str, Any], fields: Mapping[str, str],
     decoded: PartialCache | None = None, experiment: str = "",
+    previous: AssembledPartial | None = None,
 ) -> AssembledPartial:  # fmt: skip
-    """Put a head's seconds together (decoding each through `decoded` when given)."""
+    """Put a head's seconds together (decoding each through `decoded` when given;
+    from `previous`, the same collector's partial assembled before, by the seconds
+    that changed when its bins are the same)."""
     bins = int(head["bins"])
     cap = int(head["cap"])
+    if previous is not None and int(previous.head["bins"]) != bins:
+        previous = None
     runs: dict[str, tuple[LatencyRun, LatencyRun]] = {}
     for name, part in head["variants"].items():
         totals: list[SecondSums] = []
@@ -438,10 +577,17 @@ def assemble(
             totals.append(total)
             firsts.append(first)
         newest, fb_newest = part.get("newest"), part.get("fb_newest")
-        runs[str(name)] = (
-            LatencyRun.build(part["sec"], totals, bins, _ts(newest)),
-            LatencyRun.build(part["sec"], firsts, bins, _ts(fb_newest)),
-        )
+        before = previous.runs.get(str(name)) if previous is not None else None
+        if before is None:
+            runs[str(name)] = (
+                LatencyRun.build(part["sec"], totals, bins, _ts(newest)),
+                LatencyRun.build(part["sec"], firsts, bins, _ts(fb_newest)),
+            )
+        else:
+            runs[str(name)] = (
+                before[0].slid(part["sec"], totals, bins, _ts(newest)),
+                before[1].slid(part["sec"], firsts, bins, _ts(fb_newest)),
+            )
     return AssembledPartial(head, runs)
 
 
@@ -498,7 +644,8 @@ class PartialCache:
         held = self.partials.setdefault(experiment, {}).get(head_field)
         if held is not None and held[0] == key:
             return held[1]
-        assembled = assemble(head_field, head, fields, self, experiment)
+        previous = held[1] if held is not None else None
+        assembled = assemble(head_field, head, fields, self, experiment, previous)
         self.partials[experiment][head_field] = (key, assembled)
         seconds = self.seconds.get(experiment, {})
         wanted = {slot_field(head_field, s % cap) for s in listed}
