@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import base64
 import bisect
-import itertools
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -331,20 +330,11 @@ _SCALAR_COLUMNS = ("count", "failures", "sum_us", "above", "stale_rows", "shed")
 _ARRAY_COLUMNS = ("hist", "unit_counts", "unit_sums")
 
 
-def _increasing(seconds: list[int]) -> bool:
-    return all(a < b for a, b in itertools.pairwise(seconds))
-
-
-def _front_dropped(old: list[int], new: list[int]) -> int | None:
-    """How many of `old`'s first seconds `new` dropped, when `new` is the rest of
-    `old` followed by later seconds (a window moving on); None otherwise."""
-    if not _increasing(new):
-        return None
-    k = bisect.bisect_left(old, new[0]) if new else len(old)
-    kept = len(old) - k
-    if old[k:] != new[:kept]:
-        return None
-    return k
+def _dropped_front(old: list[int], new: list[int]) -> int:
+    """How many of `old`'s first seconds `new` no longer holds: those before its
+    first (the window moved on). The rows after them are compared position by
+    position, so any answer is correct; this one leaves the fewest changed."""
+    return bisect.bisect_left(old, new[0]) if new else len(old)
 
 
 @dataclass(frozen=True)
@@ -393,7 +383,6 @@ class LatencyRun:
                            else np.zeros((0, UNIT_ROWS, 2), np.float64))  # fmt: skip
         exact = (
             all(s.integral for s in sums)
-            and _increasing(seconds)
             and max(float(scalars["sum_us"][0]), float(unit_sums[0].max())) <= EXACT_LIMIT
         )
         return cls(
@@ -413,15 +402,15 @@ class LatencyRun:
     def slid(
         self, seconds: list[int], sums: list[SecondSums], bins: int, newest: float | None
     ) -> LatencyRun:
-        """The run over `seconds` from this one, when they are its seconds with some
-        dropped from the front and some added at the end: the suffix rows of the
-        seconds kept hold no dropped second, so they carry over, and each second
-        changed or added adds its difference to the rows before it. Exact: counts are
-        integers, and the float sums are integers within EXACT_LIMIT before and after
-        (checked; built again where they are not, or where more than a few changed)."""
-        dropped = _front_dropped(self.seconds.tolist(), seconds) if self.exact else None
-        if dropped is None:
+        """The run over `seconds` from this one. The suffix rows after the seconds
+        that left the front hold none of them, so they carry over; then each position
+        whose second changed (or was added) adds its difference to the rows up to it.
+        Exact: counts are integers, and the float sums are integers within EXACT_LIMIT
+        before and after (checked; built again where they are not, or where more than
+        a few seconds changed, the usual publish changing one)."""
+        if not self.exact:
             return LatencyRun.build(seconds, sums, bins, newest)
+        dropped = _dropped_front(self.seconds.tolist(), seconds)
         kept = len(self.rows) - dropped
         changes = [(j, self.rows[dropped + j], sums[j]) for j in range(kept)
                    if sums[j] is not self.rows[dropped + j]]  # fmt: skip
