@@ -65,6 +65,9 @@ EXACT_LIMIT = float(2**53)
 # a run with more changed seconds than this is built again rather than slid: each
 # change adds a row to every suffix row before it
 MAX_SLID_CHANGES = 4
+# a second's integer sums, one column each of a run's `tallies` (above: if not stale)
+TALLIES = ("count", "failures", "above", "stale_rows", "shed")
+STALE_ROWS = TALLIES.index("stale_rows")
 
 
 def slot_field(head: str, slot: int) -> str:
@@ -238,6 +241,8 @@ class SecondSums:
     # such rows add and subtract exactly, in any order (LatencyRun.slid)
     float_peak: float = 0.0
     integral: bool = False
+    # what the second adds to a run's TALLIES, in their order
+    tally: I64 = field(default_factory=lambda: np.zeros(len(TALLIES), dtype=np.int64))
 
     @classmethod
     def decode(cls, entry: object, bins: int) -> SecondSums:
@@ -262,13 +267,16 @@ class SecondSums:
             and peak <= EXACT_LIMIT
             and bool((unit_sums >= 0).all() and (np.floor(unit_sums) == unit_sums).all())
         )
+        count, failures = _count(entry["count"]), _count(entry["fail"])
+        above, stale = _count(entry["above"]), bool(entry["stale"])
+        shed = _count(entry.get("shed", 0))
         return cls(
-            count=_count(entry["count"]),
-            failures=_count(entry["fail"]),
+            count=count,
+            failures=failures,
             sum_us=sum_us,
-            above=_count(entry["above"]),
-            stale=bool(entry["stale"]),
-            shed=_count(entry.get("shed", 0)),
+            above=above,
+            stale=stale,
+            shed=shed,
             hist=hist,
             unit_counts=unit_counts,
             unit_sums=unit_sums,
@@ -278,6 +286,7 @@ class SecondSums:
             distinct=_array(entry["distinct"], "<u4", DISTINCT_K).astype(np.uint32, copy=False),
             float_peak=peak if math.isfinite(peak) else math.inf,
             integral=integral,
+            tally=np.array([count, failures, 0 if stale else above, int(stale), shed], np.int64),
         )
 
 
@@ -302,32 +311,15 @@ def decode_second(raw: str, bins: int) -> tuple[int, Second]:
     return second, out
 
 
-def _suffix_values(sums: list[SecondSums]) -> dict[str, Any]:
-    """Per second, what each suffix sum of a run adds up (above: over the rows not
-    stale; stale_hist: the histograms of the stale rows)."""
-    return {
-        "count": np.array([s.count for s in sums], dtype=np.int64),
-        "failures": np.array([s.failures for s in sums], dtype=np.int64),
-        "sum_us": np.array([s.sum_us for s in sums], dtype=np.float64),
-        "above": np.array([0 if s.stale else s.above for s in sums], dtype=np.int64),
-        "stale_rows": np.array([int(s.stale) for s in sums], dtype=np.int64),
-        "shed": np.array([s.shed for s in sums], dtype=np.int64),
-    }
-
-
 def _row_of(s: SecondSums, column: str) -> Any:
-    """One second's contribution to a suffix column (`_suffix_values`, and the arrays)."""
-    if column == "above":
-        return 0 if s.stale else s.above
-    if column == "stale_rows":
-        return int(s.stale)
+    """One second's contribution to a run's suffix column."""
     if column == "stale_hist":
         return s.hist if s.stale else 0
     return getattr(s, column)
 
 
-_SCALAR_COLUMNS = ("count", "failures", "sum_us", "above", "stale_rows", "shed")
-_ARRAY_COLUMNS = ("hist", "unit_counts", "unit_sums")
+_SLID_COLUMNS = (("tallies", "tally"), ("sum_us", "sum_us"), ("hist", "hist"),
+                 ("unit_counts", "unit_counts"), ("unit_sums", "unit_sums"))  # fmt: skip
 
 
 def _dropped_front(old: list[int], new: list[int]) -> int:
@@ -343,12 +335,8 @@ class LatencyRun:
     the sums over seconds[i:], so a window starting anywhere is one row, not a loop."""
 
     seconds: I64
-    count: I64
-    failures: I64
+    tallies: I64  # (n + 1, len(TALLIES))
     sum_us: F64
-    above: I64  # over the rows not stale
-    stale_rows: I64
-    shed: I64
     hist: I64  # (n + 1, bins)
     stale_hist: I64 | None  # (n + 1, bins), None: no row is stale
     unit_counts: I64
@@ -378,16 +366,18 @@ class LatencyRun:
 
         stale = np.array([s.stale for s in sums], dtype=bool)
         hist = np.stack([s.hist for s in sums]) if n else np.zeros((0, bins), np.int64)
-        scalars = {column: suffix(values) for column, values in _suffix_values(sums).items()}
+        sum_us = suffix(np.array([s.sum_us for s in sums], dtype=np.float64))
         unit_sums = suffix(np.stack([s.unit_sums for s in sums]) if n
                            else np.zeros((0, UNIT_ROWS, 2), np.float64))  # fmt: skip
         exact = (
             all(s.integral for s in sums)
-            and max(float(scalars["sum_us"][0]), float(unit_sums[0].max())) <= EXACT_LIMIT
+            and max(float(sum_us[0]), float(unit_sums[0].max())) <= EXACT_LIMIT
         )
         return cls(
             seconds=np.array(seconds, dtype=np.int64),
-            **scalars,
+            tallies=suffix(np.stack([s.tally for s in sums]) if n
+                           else np.zeros((0, len(TALLIES)), np.int64)),
+            sum_us=sum_us,
             hist=suffix(hist),
             stale_hist=suffix(hist * stale[:, None]) if stale.any() else None,
             unit_counts=suffix(np.stack([s.unit_counts for s in sums]) if n
@@ -408,10 +398,10 @@ class LatencyRun:
         Exact: counts are integers, and the float sums are integers within EXACT_LIMIT
         before and after (checked; built again where they are not, or where more than
         a few seconds changed, the usual publish changing one)."""
-        if not self.exact:
-            return LatencyRun.build(seconds, sums, bins, newest)
         dropped = _dropped_front(self.seconds.tolist(), seconds)
         kept = len(self.rows) - dropped
+        if not self.exact or kept > len(sums):  # seconds gone from the end: a restart
+            return LatencyRun.build(seconds, sums, bins, newest)
         changes = [(j, self.rows[dropped + j], sums[j]) for j in range(kept)
                    if sums[j] is not self.rows[dropped + j]]  # fmt: skip
         changes += [(j, None, sums[j]) for j in range(kept, len(sums))]
@@ -436,10 +426,9 @@ class LatencyRun:
                     out[: j + 1] -= _row_of(before, column)
             return out
 
-        columns: dict[str, Any] = {c: slide(getattr(self, c), c) for c in _SCALAR_COLUMNS}
-        columns |= {c: slide(getattr(self, c), c) for c in _ARRAY_COLUMNS}
+        columns = {mine: slide(getattr(self, mine), row) for mine, row in _SLID_COLUMNS}
         stale_hist = None
-        if columns["stale_rows"][0] > 0:
+        if columns["tallies"][0, STALE_ROWS] > 0:
             held = self.stale_hist
             if held is None:
                 held = np.zeros_like(self.hist)
@@ -457,12 +446,13 @@ class LatencyRun:
     def totals(self, start: int, *, same_threshold: bool, bins: int) -> WindowTotals:
         """The sums over the seconds from `start` on, as format 1's reader makes them."""
         i = int(np.searchsorted(self.seconds, start, side="left"))
+        count, failures, above, stale_rows, shed = self.tallies[i].tolist()
         totals = WindowTotals(
             bins=bins,
-            count=int(self.count[i]),
-            failures=int(self.failures[i]),
+            count=count,
+            failures=failures,
             sum_us=float(self.sum_us[i]),
-            shed=int(self.shed[i]),
+            shed=shed,
             hist=self.hist[i].copy(),
             newest_ts=self.newest_ts,
             unit_counts=self.unit_counts[i].copy(),
@@ -470,8 +460,8 @@ class LatencyRun:
         )
         rows = self.seconds.shape[0] - i
         if same_threshold:
-            totals.above_exact = int(self.above[i])
-            if self.stale_hist is not None and self.stale_rows[i] > 0:
+            totals.above_exact = above
+            if self.stale_hist is not None and stale_rows > 0:
                 totals.stale_hist = self.stale_hist[i].copy()
         elif rows:
             totals.stale_hist = self.hist[i].copy()

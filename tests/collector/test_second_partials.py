@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.collector.second_partials import (
+    STALE_ROWS,
     LatencyRun,
     PartialCache,
     SecondSums,
@@ -301,10 +302,12 @@ def _second_sums(rng: np.random.Generator, bins: int, *, integral: bool) -> Seco
         sum_us += 0.1
         unit_sums[0, 1] += 1e-3
     keys = rng.random(count).astype(np.float32)
+    failures, above = int(rng.integers(0, count + 1)), int(rng.integers(0, count + 1))
+    stale, shed = bool(rng.random() < 0.3), int(rng.integers(0, 3))
     return SecondSums(
-        count=count, failures=int(rng.integers(0, count + 1)), sum_us=sum_us,
-        above=int(rng.integers(0, count + 1)), stale=bool(rng.random() < 0.3),
-        shed=int(rng.integers(0, 3)), hist=hist, unit_counts=unit_counts,
+        count=count, failures=failures, sum_us=sum_us, above=above, stale=stale, shed=shed,
+        tally=np.array([count, failures, 0 if stale else above, int(stale), shed], np.int64),
+        hist=hist, unit_counts=unit_counts,
         unit_sums=unit_sums, res_keys=keys, res_us=rng.integers(0, 2**20, count).astype(np.uint32),
         res_units=rng.integers(0, 2**32, count, dtype=np.uint64).astype(np.uint32),
         distinct=np.unique(rng.integers(1, 2**32, count, dtype=np.uint64).astype(np.uint32)),
@@ -324,7 +327,7 @@ def _run_fields(run: LatencyRun) -> dict[str, object]:
             out[name] = None
         else:
             out[name] = value
-    if run.stale_hist is not None and not run.stale_rows[0]:
+    if run.stale_hist is not None and not run.tallies[0, STALE_ROWS]:
         out["stale_hist"] = None  # no row is stale: what the array holds is unread
     return out
 
@@ -338,14 +341,22 @@ def _run_fields(run: LatencyRun) -> dict[str, object]:
     changed=st.integers(0, 6),
     integral=st.booleans(),
     late=st.booleans(),
+    cut=st.integers(0, 3),
 )
 def test_a_slid_run_is_the_run_built_from_its_seconds(
-    seed: int, before: int, dropped: int, added: int, changed: int, integral: bool, late: bool
+    seed: int,
+    before: int,
+    dropped: int,
+    added: int,
+    changed: int,
+    integral: bool,
+    late: bool,
+    cut: int,
 ) -> None:
-    """Seconds dropped from the front, some changed, some added at the end, or a late
-    second filling a gap: the run slid from the previous one is, array for array, the
-    one built from scratch (and one with float sums that are not integers is built,
-    not slid)."""
+    """Seconds dropped from the front, some changed, some added at the end, a late
+    second filling a gap, or the newest seconds gone (a restart): the run slid from
+    the previous one is, array for array, the one built from scratch (and one with
+    float sums that are not integers is built, not slid)."""
     rng = np.random.default_rng(seed)
     bins = 16
     seconds = list(range(100, 100 + 2 * before, 2))  # gaps a late second may fill
@@ -358,6 +369,8 @@ def test_a_slid_run_is_the_run_built_from_its_seconds(
     if late and len(new_seconds) > 1 and new_seconds[1] - new_seconds[0] > 1:
         new_seconds.insert(1, new_seconds[0] + 1)
         new_rows.insert(1, _second_sums(rng, bins, integral=True))
+    if cut:
+        new_seconds, new_rows = new_seconds[:-cut], new_rows[:-cut]
     for j in rng.permutation(len(new_rows))[:changed].tolist():
         new_rows[j] = _second_sums(rng, bins, integral=integral)
     slid = old.slid(new_seconds, new_rows, bins, 6.0)
