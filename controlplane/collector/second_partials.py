@@ -331,8 +331,13 @@ def _dropped_front(old: list[int], new: list[int]) -> int:
 
 @dataclass(frozen=True)
 class LatencyRun:
-    """One latency of one variant over the listed seconds, as suffix sums: row i holds
-    the sums over seconds[i:], so a window starting anywhere is one row, not a loop."""
+    """One latency of one variant over the listed seconds, as running sums: row i
+    holds the sums over the seconds before position i (from an origin that stays put
+    as seconds leave), so a window starting anywhere is the last row minus one.
+
+    A publish changes the newest seconds, which only the rows after them sum; a
+    second leaving the front takes its row with it; a new second is one more row.
+    That is what `slid` does instead of building every row again."""
 
     seconds: I64
     tallies: I64  # (n + 1, len(TALLIES))
@@ -358,30 +363,28 @@ class LatencyRun:
     ) -> LatencyRun:
         n = len(sums)
 
-        def suffix(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
-            out = np.zeros((n + 1, *values.shape[1:]), dtype=values.dtype)
+        def running(values: list[Any], shape: tuple[int, ...], dtype: Any) -> npt.NDArray[Any]:
+            out = np.zeros((n + 1, *shape), dtype=dtype)
             if n:
-                out[:n] = np.cumsum(values[::-1], axis=0)[::-1]
+                np.cumsum(np.stack(values) if shape else np.array(values, dtype=dtype),
+                          axis=0, out=out[1:])  # fmt: skip
             return out
 
-        stale = np.array([s.stale for s in sums], dtype=bool)
-        hist = np.stack([s.hist for s in sums]) if n else np.zeros((0, bins), np.int64)
-        sum_us = suffix(np.array([s.sum_us for s in sums], dtype=np.float64))
-        unit_sums = suffix(np.stack([s.unit_sums for s in sums]) if n
-                           else np.zeros((0, UNIT_ROWS, 2), np.float64))  # fmt: skip
+        stale = [s.stale for s in sums]
+        sum_us = running([s.sum_us for s in sums], (), np.float64)
+        unit_sums = running([s.unit_sums for s in sums], (UNIT_ROWS, 2), np.float64)
         exact = (
             all(s.integral for s in sums)
-            and max(float(sum_us[0]), float(unit_sums[0].max())) <= EXACT_LIMIT
+            and max(float(sum_us[-1]), float(unit_sums[-1].max())) <= EXACT_LIMIT
         )
         return cls(
             seconds=np.array(seconds, dtype=np.int64),
-            tallies=suffix(np.stack([s.tally for s in sums]) if n
-                           else np.zeros((0, len(TALLIES)), np.int64)),
+            tallies=running([s.tally for s in sums], (len(TALLIES),), np.int64),
             sum_us=sum_us,
-            hist=suffix(hist),
-            stale_hist=suffix(hist * stale[:, None]) if stale.any() else None,
-            unit_counts=suffix(np.stack([s.unit_counts for s in sums]) if n
-                               else np.zeros((0, UNIT_ROWS, 3), np.int64)),
+            hist=running([s.hist for s in sums], (bins,), np.int64),
+            stale_hist=running([s.hist * s.stale for s in sums], (bins,), np.int64)
+                       if any(stale) else None,
+            unit_counts=running([s.unit_counts for s in sums], (UNIT_ROWS, 3), np.int64),
             unit_sums=unit_sums,
             newest_ts=newest,
             **_reservoir(seconds, sums),
@@ -392,43 +395,46 @@ class LatencyRun:
     def slid(
         self, seconds: list[int], sums: list[SecondSums], bins: int, newest: float | None
     ) -> LatencyRun:
-        """The run over `seconds` from this one. The suffix rows after the seconds
-        that left the front hold none of them, so they carry over; then each position
-        whose second changed (or was added) adds its difference to the rows up to it.
-        Exact: counts are integers, and the float sums are integers within EXACT_LIMIT
-        before and after (checked; built again where they are not, or where more than
-        a few seconds changed, the usual publish changing one)."""
+        """The run over `seconds` from this one: the rows of the seconds that left the
+        front dropped, a row for each second added, and each position whose second
+        changed adding its difference to the rows after it. Exact: counts are
+        integers, and the float sums are integers within EXACT_LIMIT before and after
+        (checked; built again where they are not, or where more than a few seconds
+        changed, the usual publish changing one or two)."""
         dropped = _dropped_front(self.seconds.tolist(), seconds)
         kept = len(self.rows) - dropped
         if not self.exact or kept > len(sums):  # seconds gone from the end: a restart
             return LatencyRun.build(seconds, sums, bins, newest)
         changes = [(j, self.rows[dropped + j], sums[j]) for j in range(kept)
                    if sums[j] is not self.rows[dropped + j]]  # fmt: skip
-        changes += [(j, None, sums[j]) for j in range(kept, len(sums))]
-        # every intermediate float sum lies within ± (row 0 + what is added or removed)
-        reach = max(float(self.sum_us[0]), float(self.unit_sums[0].max()))
-        for _, before, after in changes:
-            reach += after.float_peak + (before.float_peak if before is not None else 0.0)
+        added = sums[kept:]
+        # every intermediate float sum lies within ± (the last row + what is added or
+        # removed)
+        reach = max(float(self.sum_us[-1]), float(self.unit_sums[-1].max()))
+        reach += sum(s.float_peak for s in added)
+        reach += sum(before.float_peak + after.float_peak for _, before, after in changes)
         if (
-            len(changes) > MAX_SLID_CHANGES
+            len(changes) + len(added) > MAX_SLID_CHANGES
             or reach > EXACT_LIMIT
             or not all(after.integral for _, _, after in changes)
+            or not all(s.integral for s in added)
         ):
             return LatencyRun.build(seconds, sums, bins, newest)
         n = len(sums)
 
         def slide(old: npt.NDArray[Any], column: str) -> npt.NDArray[Any]:
-            out = np.zeros((n + 1, *old.shape[1:]), dtype=old.dtype)
+            out = np.empty((n + 1, *old.shape[1:]), dtype=old.dtype)
             out[: kept + 1] = old[dropped:]
+            for j in range(kept, n):
+                out[j + 1] = out[j] + _row_of(sums[j], column)
             for j, before, after in changes:
-                out[: j + 1] += _row_of(after, column)
-                if before is not None:
-                    out[: j + 1] -= _row_of(before, column)
+                out[j + 1 :] += _row_of(after, column)
+                out[j + 1 :] -= _row_of(before, column)
             return out
 
         columns = {mine: slide(getattr(self, mine), row) for mine, row in _SLID_COLUMNS}
         stale_hist = None
-        if columns["tallies"][0, STALE_ROWS] > 0:
+        if columns["tallies"][-1, STALE_ROWS] > columns["tallies"][0, STALE_ROWS]:
             held = self.stale_hist
             if held is None:
                 held = np.zeros_like(self.hist)
@@ -446,25 +452,26 @@ class LatencyRun:
     def totals(self, start: int, *, same_threshold: bool, bins: int) -> WindowTotals:
         """The sums over the seconds from `start` on, as format 1's reader makes them."""
         i = int(np.searchsorted(self.seconds, start, side="left"))
-        count, failures, above, stale_rows, shed = self.tallies[i].tolist()
+        count, failures, above, stale_rows, shed = (self.tallies[-1] - self.tallies[i]).tolist()
+        hist = self.hist[-1] - self.hist[i]
         totals = WindowTotals(
             bins=bins,
             count=count,
             failures=failures,
-            sum_us=float(self.sum_us[i]),
+            sum_us=float(self.sum_us[-1] - self.sum_us[i]),
             shed=shed,
-            hist=self.hist[i].copy(),
+            hist=hist,
             newest_ts=self.newest_ts,
-            unit_counts=self.unit_counts[i].copy(),
-            unit_sums=self.unit_sums[i].copy(),
+            unit_counts=self.unit_counts[-1] - self.unit_counts[i],
+            unit_sums=self.unit_sums[-1] - self.unit_sums[i],
         )
         rows = self.seconds.shape[0] - i
         if same_threshold:
             totals.above_exact = above
             if self.stale_hist is not None and stale_rows > 0:
-                totals.stale_hist = self.stale_hist[i].copy()
+                totals.stale_hist = self.stale_hist[-1] - self.stale_hist[i]
         elif rows:
-            totals.stale_hist = self.hist[i].copy()
+            totals.stale_hist = hist.copy()
         inside = self.res_seconds >= start
         totals.res_keys = self.res_keys[inside]
         totals.res_us = self.res_us[inside]

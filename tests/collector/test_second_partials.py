@@ -17,7 +17,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.collector.second_partials import (
-    STALE_ROWS,
     LatencyRun,
     PartialCache,
     SecondSums,
@@ -315,20 +314,20 @@ def _second_sums(rng: np.random.Generator, bins: int, *, integral: bool) -> Seco
     )  # fmt: skip
 
 
-def _run_fields(run: LatencyRun) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for name in LatencyRun.__dataclass_fields__:
-        if name in ("rows", "exact"):
-            continue
-        value = getattr(run, name)
-        if isinstance(value, np.ndarray):
-            out[name] = (value.dtype.str, value.shape, value.tobytes())
-        elif name == "stale_hist":
-            out[name] = None
-        else:
-            out[name] = value
-    if run.stale_hist is not None and not run.tallies[0, STALE_ROWS]:
-        out["stale_hist"] = None  # no row is stale: what the array holds is unread
+def _run_windows(run: LatencyRun, bins: int) -> list[dict[str, object]]:
+    """What a run gives every window a reader may ask of it, array by array."""
+    out: list[dict[str, object]] = []
+    seconds = run.seconds.tolist()
+    for start in range(min(seconds, default=0) - 1, max(seconds, default=0) + 2):
+        for same in (True, False):
+            totals = run.totals(start, same_threshold=same, bins=bins)
+            fields: dict[str, object] = {}
+            for name, value in vars(totals).items():
+                if isinstance(value, np.ndarray):
+                    fields[name] = (value.dtype.str, value.shape, value.tobytes())
+                else:
+                    fields[name] = value
+            out.append(fields)
     return out
 
 
@@ -375,5 +374,6 @@ def test_a_slid_run_is_the_run_built_from_its_seconds(
         new_rows[j] = _second_sums(rng, bins, integral=integral)
     slid = old.slid(new_seconds, new_rows, bins, 6.0)
     built = LatencyRun.build(new_seconds, new_rows, bins, 6.0)
-    assert _run_fields(slid) == _run_fields(built)
+    assert slid.seconds.tolist() == built.seconds.tolist()
+    assert _run_windows(slid, bins) == _run_windows(built, bins)
     assert slid.exact == built.exact
