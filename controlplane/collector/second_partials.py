@@ -35,6 +35,7 @@ merged plain view, at most 5 s old.
 from __future__ import annotations
 
 import base64
+import bisect
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -58,6 +59,15 @@ HEAD_OPENING = '{"v":2,'
 SECOND_OPENING = '{"s":'
 MAX_CAPACITY = 4096  # slots a head may name (a window of MAX_WINDOW_SEC plus skew)
 MAX_VARIANTS = 16
+# float64 holds every integer up to 2^53 exactly: sums of such integers that stay
+# within it are the same whatever the order they were added and subtracted in
+EXACT_LIMIT = float(2**53)
+# a run with more changed seconds than this is built again rather than slid: each
+# change adds a row to every suffix row before it
+MAX_SLID_CHANGES = 4
+# a second's integer sums, one column each of a run's `tallies` (above: if not stale)
+TALLIES = ("count", "failures", "above", "stale_rows", "shed")
+STALE_ROWS = TALLIES.index("stale_rows")
 
 
 def slot_field(head: str, slot: int) -> str:
@@ -254,6 +264,12 @@ class SecondSums:
     res_us: U32
     res_units: U32
     distinct: U32
+    # the largest float sum, and whether every float sum is an integer in [0, 2^53]:
+    # such rows add and subtract exactly, in any order (LatencyRun.slid)
+    float_peak: float = 0.0
+    integral: bool = False
+    # what the second adds to a run's TALLIES, in their order
+    tally: I64 = field(default_factory=lambda: np.zeros(len(TALLIES), dtype=np.int64))
 
     @classmethod
     def decode(cls, entry: object, bins: int) -> SecondSums:
@@ -271,20 +287,33 @@ class SecondSums:
         units = _array(entry["res_u"], "<u4", SECOND_RESERVOIR_SIZE)
         if not keys.shape[0] == values.shape[0] == units.shape[0]:
             raise ValueError("a partial's reservoir columns differ in length")
+        sum_us = _number(entry["sum"])
+        peak = max(sum_us, float(unit_sums.max()), 0.0)
+        integral = (
+            sum_us.is_integer()
+            and peak <= EXACT_LIMIT
+            and bool((unit_sums >= 0).all() and (np.floor(unit_sums) == unit_sums).all())
+        )
+        count, failures = _count(entry["count"]), _count(entry["fail"])
+        above, stale = _count(entry["above"]), bool(entry["stale"])
+        shed = _count(entry.get("shed", 0))
         return cls(
-            count=_count(entry["count"]),
-            failures=_count(entry["fail"]),
-            sum_us=_number(entry["sum"]),
-            above=_count(entry["above"]),
-            stale=bool(entry["stale"]),
-            shed=_count(entry.get("shed", 0)),
+            count=count,
+            failures=failures,
+            sum_us=sum_us,
+            above=above,
+            stale=stale,
+            shed=shed,
             hist=hist,
             unit_counts=unit_counts,
             unit_sums=unit_sums,
-            res_keys=keys.astype(np.float32),
-            res_us=values.astype(np.uint32),
-            res_units=units.astype(np.uint32),
-            distinct=_array(entry["distinct"], "<u4", DISTINCT_K).astype(np.uint32),
+            res_keys=keys.astype(np.float32, copy=False),
+            res_us=values.astype(np.uint32, copy=False),
+            res_units=units.astype(np.uint32, copy=False),
+            distinct=_array(entry["distinct"], "<u4", DISTINCT_K).astype(np.uint32, copy=False),
+            float_peak=peak if math.isfinite(peak) else math.inf,
+            integral=integral,
+            tally=np.array([count, failures, 0 if stale else above, int(stale), shed], np.int64),
         )
 
 
@@ -309,18 +338,37 @@ def decode_second(raw: str, bins: int) -> tuple[int, Second]:
     return second, out
 
 
+def _row_of(s: SecondSums, column: str) -> Any:
+    """One second's contribution to a run's suffix column."""
+    if column == "stale_hist":
+        return s.hist if s.stale else 0
+    return getattr(s, column)
+
+
+_SLID_COLUMNS = (("tallies", "tally"), ("sum_us", "sum_us"), ("hist", "hist"),
+                 ("unit_counts", "unit_counts"), ("unit_sums", "unit_sums"))  # fmt: skip
+
+
+def _dropped_front(old: list[int], new: list[int]) -> int:
+    """How many of `old`'s first seconds `new` no longer holds: those before its
+    first (the window moved on). The rows after them are compared position by
+    position, so any answer is correct; this one leaves the fewest changed."""
+    return bisect.bisect_left(old, new[0]) if new else len(old)
+
+
 @dataclass(frozen=True)
 class LatencyRun:
-    """One latency of one variant over the listed seconds, as suffix sums: row i holds
-    the sums over seconds[i:], so a window starting anywhere is one row, not a loop."""
+    """One latency of one variant over the listed seconds, as running sums: row i
+    holds the sums over the seconds before position i (from an origin that stays put
+    as seconds leave), so a window starting anywhere is the last row minus one.
+
+    A publish changes the newest seconds, which only the rows after them sum; a
+    second leaving the front takes its row with it; a new second is one more row.
+    That is what `slid` does instead of building every row again."""
 
     seconds: I64
-    count: I64
-    failures: I64
+    tallies: I64  # (n + 1, len(TALLIES))
     sum_us: F64
-    above: I64  # over the rows not stale
-    stale_rows: I64
-    shed: I64
     hist: I64  # (n + 1, bins)
     stale_hist: I64 | None  # (n + 1, bins), None: no row is stale
     unit_counts: I64
@@ -331,6 +379,10 @@ class LatencyRun:
     res_seconds: I64
     res_units: U32
     distinct: U32
+    # the seconds' sums the run was made of, and whether its float sums are integers
+    # within EXACT_LIMIT (then `slid` may subtract and add rows)
+    rows: tuple[SecondSums, ...] = ()
+    exact: bool = False
 
     @classmethod
     def build(
@@ -338,78 +390,146 @@ class LatencyRun:
     ) -> LatencyRun:
         n = len(sums)
 
-        def suffix(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
-            out = np.zeros((n + 1, *values.shape[1:]), dtype=values.dtype)
+        def running(values: list[Any], shape: tuple[int, ...], dtype: Any) -> npt.NDArray[Any]:
+            out = np.zeros((n + 1, *shape), dtype=dtype)
             if n:
-                out[:n] = np.cumsum(values[::-1], axis=0)[::-1]
+                np.cumsum(np.stack(values) if shape else np.array(values, dtype=dtype),
+                          axis=0, out=out[1:])  # fmt: skip
             return out
 
-        stale = np.array([s.stale for s in sums], dtype=bool)
-        hist = np.stack([s.hist for s in sums]) if n else np.zeros((0, bins), np.int64)
-        above = np.array([s.above for s in sums], dtype=np.int64)
-        above[stale] = 0
-        # the window's reservoir as format 1 cut it: the bottom k over the seconds
-        keys = np.concatenate([s.res_keys for s in sums]) if n else np.zeros(0, np.float32)
-        order = np.arange(keys.shape[0])
-        if keys.shape[0] > RESERVOIR_SIZE:
-            order = np.argpartition(keys, RESERVOIR_SIZE - 1)[:RESERVOIR_SIZE]
-        res_seconds = np.repeat(np.array(seconds, dtype=np.int64),
-                                [s.res_keys.shape[0] for s in sums])  # fmt: skip
-
-        def joined(column: str, dtype: Any) -> npt.NDArray[Any]:
-            if not n:
-                return np.zeros(0, dtype=dtype)
-            return np.concatenate([getattr(s, column) for s in sums])[order]
-
+        stale = [s.stale for s in sums]
+        sum_us = running([s.sum_us for s in sums], (), np.float64)
+        unit_sums = running([s.unit_sums for s in sums], (UNIT_ROWS, 2), np.float64)
+        exact = (
+            all(s.integral for s in sums)
+            and max(float(sum_us[-1]), float(unit_sums[-1].max())) <= EXACT_LIMIT
+        )
         return cls(
             seconds=np.array(seconds, dtype=np.int64),
-            count=suffix(np.array([s.count for s in sums], dtype=np.int64)),
-            failures=suffix(np.array([s.failures for s in sums], dtype=np.int64)),
-            sum_us=suffix(np.array([s.sum_us for s in sums], dtype=np.float64)),
-            above=suffix(above),
-            stale_rows=suffix(stale.astype(np.int64)),
-            shed=suffix(np.array([s.shed for s in sums], dtype=np.int64)),
-            hist=suffix(hist),
-            stale_hist=suffix(hist * stale[:, None]) if stale.any() else None,
-            unit_counts=suffix(np.stack([s.unit_counts for s in sums]) if n
-                               else np.zeros((0, UNIT_ROWS, 3), np.int64)),
-            unit_sums=suffix(np.stack([s.unit_sums for s in sums]) if n
-                             else np.zeros((0, UNIT_ROWS, 2), np.float64)),
+            tallies=running([s.tally for s in sums], (len(TALLIES),), np.int64),
+            sum_us=sum_us,
+            hist=running([s.hist for s in sums], (bins,), np.int64),
+            stale_hist=running([s.hist * s.stale for s in sums], (bins,), np.int64)
+                       if any(stale) else None,
+            unit_counts=running([s.unit_counts for s in sums], (UNIT_ROWS, 3), np.int64),
+            unit_sums=unit_sums,
             newest_ts=newest,
-            res_keys=keys[order],
-            res_us=joined("res_us", np.uint32),
-            res_seconds=res_seconds[order],
-            res_units=joined("res_units", np.uint32),
-            distinct=bottom_distinct([s.distinct for s in sums]),
+            **_reservoir(seconds, sums),
+            rows=tuple(sums),
+            exact=exact,
         )  # fmt: skip
+
+    def slid(
+        self, seconds: list[int], sums: list[SecondSums], bins: int, newest: float | None
+    ) -> LatencyRun:
+        """The run over `seconds` from this one: the rows of the seconds that left the
+        front dropped, a row for each second added, and each position whose second
+        changed adding its difference to the rows after it. Exact: counts are
+        integers, and the float sums are integers within EXACT_LIMIT before and after
+        (checked; built again where they are not, or where more than a few seconds
+        changed, the usual publish changing one or two)."""
+        dropped = _dropped_front(self.seconds.tolist(), seconds)
+        kept = len(self.rows) - dropped
+        if not self.exact or kept > len(sums):  # seconds gone from the end: a restart
+            return LatencyRun.build(seconds, sums, bins, newest)
+        changes = [(j, self.rows[dropped + j], sums[j]) for j in range(kept)
+                   if sums[j] is not self.rows[dropped + j]]  # fmt: skip
+        added = sums[kept:]
+        # every intermediate float sum lies within ± (the last row + what is added or
+        # removed)
+        reach = max(float(self.sum_us[-1]), float(self.unit_sums[-1].max()))
+        reach += sum(s.float_peak for s in added)
+        reach += sum(before.float_peak + after.float_peak for _, before, after in changes)
+        if (
+            len(changes) + len(added) > MAX_SLID_CHANGES
+            or reach > EXACT_LIMIT
+            or not all(after.integral for _, _, after in changes)
+            or not all(s.integral for s in added)
+        ):
+            return LatencyRun.build(seconds, sums, bins, newest)
+        n = len(sums)
+
+        def slide(old: npt.NDArray[Any], column: str) -> npt.NDArray[Any]:
+            out = np.empty((n + 1, *old.shape[1:]), dtype=old.dtype)
+            out[: kept + 1] = old[dropped:]
+            for j in range(kept, n):
+                out[j + 1] = out[j] + _row_of(sums[j], column)
+            for j, before, after in changes:
+                out[j + 1 :] += _row_of(after, column)
+                out[j + 1 :] -= _row_of(before, column)
+            return out
+
+        columns = {mine: slide(getattr(self, mine), row) for mine, row in _SLID_COLUMNS}
+        stale_hist = None
+        if columns["tallies"][-1, STALE_ROWS] > columns["tallies"][0, STALE_ROWS]:
+            held = self.stale_hist
+            if held is None:
+                held = np.zeros_like(self.hist)
+            stale_hist = slide(held, "stale_hist")
+        return LatencyRun(
+            seconds=np.array(seconds, dtype=np.int64),
+            **columns,
+            stale_hist=stale_hist,
+            newest_ts=newest,
+            **_reservoir(seconds, sums),
+            rows=tuple(sums),
+            exact=True,
+        )
 
     def totals(self, start: int, *, same_threshold: bool, bins: int) -> WindowTotals:
         """The sums over the seconds from `start` on, as format 1's reader makes them."""
         i = int(np.searchsorted(self.seconds, start, side="left"))
+        count, failures, above, stale_rows, shed = (self.tallies[-1] - self.tallies[i]).tolist()
+        hist = self.hist[-1] - self.hist[i]
         totals = WindowTotals(
             bins=bins,
-            count=int(self.count[i]),
-            failures=int(self.failures[i]),
-            sum_us=float(self.sum_us[i]),
-            shed=int(self.shed[i]),
-            hist=self.hist[i].copy(),
+            count=count,
+            failures=failures,
+            sum_us=float(self.sum_us[-1] - self.sum_us[i]),
+            shed=shed,
+            hist=hist,
             newest_ts=self.newest_ts,
-            unit_counts=self.unit_counts[i].copy(),
-            unit_sums=self.unit_sums[i].copy(),
+            unit_counts=self.unit_counts[-1] - self.unit_counts[i],
+            unit_sums=self.unit_sums[-1] - self.unit_sums[i],
         )
         rows = self.seconds.shape[0] - i
         if same_threshold:
-            totals.above_exact = int(self.above[i])
-            if self.stale_hist is not None and self.stale_rows[i] > 0:
-                totals.stale_hist = self.stale_hist[i].copy()
+            totals.above_exact = above
+            if self.stale_hist is not None and stale_rows > 0:
+                totals.stale_hist = self.stale_hist[-1] - self.stale_hist[i]
         elif rows:
-            totals.stale_hist = self.hist[i].copy()
+            totals.stale_hist = hist.copy()
         inside = self.res_seconds >= start
         totals.res_keys = self.res_keys[inside]
         totals.res_us = self.res_us[inside]
         totals.res_units = self.res_units[inside]
         totals.distinct = self.distinct
         return totals
+
+
+def _reservoir(seconds: list[int], sums: list[SecondSums]) -> dict[str, Any]:
+    """A run's reservoir as format 1 cut it (the bottom k over all its seconds, with
+    each sample's second) and its distinct units over all its seconds: neither is a
+    sum, so both are taken again from the seconds whenever the run changes."""
+    if not sums:
+        return {
+            "res_keys": np.zeros(0, np.float32), "res_us": np.zeros(0, np.uint32),
+            "res_seconds": np.zeros(0, np.int64), "res_units": np.zeros(0, np.uint32),
+            "distinct": np.zeros(0, np.uint32),
+        }  # fmt: skip
+    keys = np.concatenate([s.res_keys for s in sums])
+    order = np.arange(keys.shape[0])
+    if keys.shape[0] > RESERVOIR_SIZE:
+        order = np.argpartition(keys, RESERVOIR_SIZE - 1)[:RESERVOIR_SIZE]
+    res_seconds = np.repeat(np.array(seconds, dtype=np.int64),
+                            [s.res_keys.shape[0] for s in sums])  # fmt: skip
+    return {
+        "res_keys": keys[order],
+        "res_us": np.concatenate([s.res_us for s in sums])[order],
+        "res_seconds": res_seconds[order],
+        "res_units": np.concatenate([s.res_units for s in sums])[order],
+        "distinct": bottom_distinct([s.distinct for s in sums]),
+    }
 
 
 @dataclass(frozen=True)
@@ -442,10 +562,15 @@ def head_of(raw: str) -> dict[str, Any]:
 def assemble(
     head_field: str, head: dict[str, Any], fields: Mapping[str, str],
     decoded: PartialCache | None = None, experiment: str = "",
+    previous: AssembledPartial | None = None,
 ) -> AssembledPartial:  # fmt: skip
-    """Put a head's seconds together (decoding each through `decoded` when given)."""
+    """Put a head's seconds together (decoding each through `decoded` when given;
+    from `previous`, the same collector's partial assembled before, by the seconds
+    that changed when its bins are the same)."""
     bins = int(head["bins"])
     cap = int(head["cap"])
+    if previous is not None and int(previous.head["bins"]) != bins:
+        previous = None
     runs: dict[str, tuple[LatencyRun, LatencyRun]] = {}
     for name, part in head["variants"].items():
         totals: list[SecondSums] = []
@@ -465,10 +590,17 @@ def assemble(
             totals.append(total)
             firsts.append(first)
         newest, fb_newest = part.get("newest"), part.get("fb_newest")
-        runs[str(name)] = (
-            LatencyRun.build(part["sec"], totals, bins, _ts(newest)),
-            LatencyRun.build(part["sec"], firsts, bins, _ts(fb_newest)),
-        )
+        before = previous.runs.get(str(name)) if previous is not None else None
+        if before is None:
+            runs[str(name)] = (
+                LatencyRun.build(part["sec"], totals, bins, _ts(newest)),
+                LatencyRun.build(part["sec"], firsts, bins, _ts(fb_newest)),
+            )
+        else:
+            runs[str(name)] = (
+                before[0].slid(part["sec"], totals, bins, _ts(newest)),
+                before[1].slid(part["sec"], firsts, bins, _ts(fb_newest)),
+            )
     return AssembledPartial(head, runs)
 
 
@@ -525,7 +657,8 @@ class PartialCache:
         held = self.partials.setdefault(experiment, {}).get(head_field)
         if held is not None and held[0] == key:
             return held[1]
-        assembled = assemble(head_field, head, fields, self, experiment)
+        previous = held[1] if held is not None else None
+        assembled = assemble(head_field, head, fields, self, experiment, previous)
         self.partials[experiment][head_field] = (key, assembled)
         seconds = self.seconds.get(experiment, {})
         wanted = {slot_field(head_field, s % cap) for s in listed}

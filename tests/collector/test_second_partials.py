@@ -17,7 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.collector.second_partials import (
+    LatencyRun,
     PartialCache,
+    SecondSums,
     SlotLedger,
     export_head_and_seconds,
 )
@@ -29,6 +31,7 @@ from controlplane.collector.sharding import (
     part_field,
     snapshots_of_fields,
 )
+from controlplane.collector.totals import UNIT_ROWS
 from controlplane.collector.windows import ExperimentWindow, WindowConfig
 from controlplane.kernel.errors import CodecError
 from controlplane.kernel.snapshots import WindowSnapshot
@@ -206,3 +209,171 @@ def test_a_reader_decodes_an_unchanged_second_once() -> None:
     assert cache.decodes - decoded <= 2  # the seconds the new batch touched
     cache.keep(set())
     assert not cache.seconds and not cache.partials
+
+
+# --- a reader's cache across publishes: the same snapshots as a fresh reader ------------
+
+_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("publish"), st.integers(0, 1), st.sampled_from([1, 50, 400])),
+        st.tuples(st.just("wait"), st.sampled_from([0.1, 0.3, 1.0, 2.0, 7.0, 25.0])),
+        st.tuples(st.just("threshold"), st.sampled_from([45.0, 60.0])),
+        st.tuples(st.just("restart"), st.integers(0, 1)),
+        st.tuples(st.just("gone"), st.integers(0, 1)),
+    ),
+    min_size=1,
+    max_size=24,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    window_sec=st.sampled_from([5, 10]),
+    steps=_STEPS,
+    threshold=st.sampled_from(["latest", 60.0]),
+)
+def test_a_cached_reader_sees_what_a_fresh_reader_sees_at_every_look(
+    seed: int, window_sec: int, steps: list[tuple[object, ...]], threshold: float | str
+) -> None:
+    """Publishes of one or two collectors (new seconds, the same second again, seconds
+    leaving the window, a whole window gone by, a threshold change, a collector
+    restarting on the same slots, a collector's fields removed), each followed by two
+    looks (the rule's window and a fast one) through one cache kept throughout: every
+    snapshot is the one a reader without a cache merges from the same hash."""
+    rng = np.random.default_rng(seed)
+    now = START
+    windows = [_window(window_sec), _window(window_sec)]
+    ledgers = [SlotLedger(), SlotLedger()]
+    config = WindowConfig(window_sec, 60.0)
+    fields: dict[str, str] = {}
+    cache = PartialCache()
+    for step in steps:
+        kind = step[0]
+        if kind == "publish":
+            i, rate = int(step[1]), int(step[2])  # type: ignore[call-overload]
+            _feed(windows[i], rng, now, int(rng.integers(1, rate + 1)))
+            fields.update(export_head_and_seconds(
+                windows[i], now, head=part_field(f"c{i}"), collector=f"c{i}", unacked=[],
+                ledger=ledgers[i],
+            ))  # fmt: skip
+            ledgers[i].sent()
+        elif kind == "wait":
+            now += float(step[1])  # type: ignore[arg-type]
+        elif kind == "threshold":
+            config = WindowConfig(window_sec, float(step[1]))  # type: ignore[arg-type]
+            for window in windows:
+                window.reconfigure(config, now)
+        else:
+            # a restart keeps the fields of the collector's previous life, whose slots
+            # the new one reuses; a collector gone has its fields removed (a live one
+            # expires them), and comes back, if at all, as a new process
+            i = int(step[1])  # type: ignore[call-overload]
+            windows[i] = ExperimentWindow("e", config, clock_now=now, seed=seed + 1)
+            windows[i]._variant_index("baseline")
+            windows[i]._variant_index("canary")
+            ledgers[i] = SlotLedger()
+            if kind == "gone":
+                head = part_field(f"c{i}")
+                for name in [n for n in fields if n == head or n.startswith(head + "#")]:
+                    del fields[name]
+        for look in (now, now + 0.2):
+            for reader_window in (window_sec, 2):
+                kwargs = {"window_sec": reader_window, "threshold_ms": threshold}
+                fresh = merge_snapshots("e", parse_partials(fields), look, **kwargs)  # type: ignore[arg-type]
+                cached = snapshots_of_fields(
+                    "e", fields, parse_partials(fields, cache=cache, experiment="e"), look,
+                    **kwargs,  # type: ignore[arg-type]
+                )  # fmt: skip
+                assert {k: _plain(s) for k, s in cached.items()} == {
+                    k: _plain(s) for k, s in fresh.items()
+                }
+
+
+def _second_sums(rng: np.random.Generator, bins: int, *, integral: bool) -> SecondSums:
+    count = int(rng.integers(0, 50))
+    hist = np.zeros(bins, dtype=np.int64)
+    np.add.at(hist, rng.integers(0, bins, count), 1)
+    unit_counts = rng.integers(0, 5, (UNIT_ROWS, 3)).astype(np.int64)
+    unit_sums = rng.integers(0, 2**20, (UNIT_ROWS, 2)).astype(np.float64)
+    sum_us = float(rng.integers(0, 2**40))
+    if not integral:
+        sum_us += 0.1
+        unit_sums[0, 1] += 1e-3
+    keys = rng.random(count).astype(np.float32)
+    failures, above = int(rng.integers(0, count + 1)), int(rng.integers(0, count + 1))
+    stale, shed = bool(rng.random() < 0.3), int(rng.integers(0, 3))
+    return SecondSums(
+        count=count, failures=failures, sum_us=sum_us, above=above, stale=stale, shed=shed,
+        tally=np.array([count, failures, 0 if stale else above, int(stale), shed], np.int64),
+        hist=hist, unit_counts=unit_counts,
+        unit_sums=unit_sums, res_keys=keys, res_us=rng.integers(0, 2**20, count).astype(np.uint32),
+        res_units=rng.integers(0, 2**32, count, dtype=np.uint64).astype(np.uint32),
+        distinct=np.unique(rng.integers(1, 2**32, count, dtype=np.uint64).astype(np.uint32)),
+        float_peak=max(sum_us, float(unit_sums.max())), integral=integral,
+    )  # fmt: skip
+
+
+def _run_windows(run: LatencyRun, bins: int) -> list[dict[str, object]]:
+    """What a run gives every window a reader may ask of it, array by array."""
+    out: list[dict[str, object]] = []
+    seconds = run.seconds.tolist()
+    for start in range(min(seconds, default=0) - 1, max(seconds, default=0) + 2):
+        for same in (True, False):
+            totals = run.totals(start, same_threshold=same, bins=bins)
+            fields: dict[str, object] = {}
+            for name, value in vars(totals).items():
+                if isinstance(value, np.ndarray):
+                    fields[name] = (value.dtype.str, value.shape, value.tobytes())
+                else:
+                    fields[name] = value
+            out.append(fields)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    before=st.integers(0, 12),
+    dropped=st.integers(0, 12),
+    added=st.integers(0, 6),
+    changed=st.integers(0, 6),
+    integral=st.booleans(),
+    late=st.booleans(),
+    cut=st.integers(0, 3),
+)
+def test_a_slid_run_is_the_run_built_from_its_seconds(
+    seed: int,
+    before: int,
+    dropped: int,
+    added: int,
+    changed: int,
+    integral: bool,
+    late: bool,
+    cut: int,
+) -> None:
+    """Seconds dropped from the front, some changed, some added at the end, a late
+    second filling a gap, or the newest seconds gone (a restart): the run slid from
+    the previous one is, array for array, the one built from scratch (and one with
+    float sums that are not integers is built, not slid)."""
+    rng = np.random.default_rng(seed)
+    bins = 16
+    seconds = list(range(100, 100 + 2 * before, 2))  # gaps a late second may fill
+    rows = [_second_sums(rng, bins, integral=True) for _ in seconds]
+    old = LatencyRun.build(seconds, rows, bins, 5.0)
+    dropped = min(dropped, before)
+    tail = list(range(100 + 2 * before, 100 + 2 * before + added))
+    new_seconds = seconds[dropped:] + tail
+    new_rows = rows[dropped:] + [_second_sums(rng, bins, integral=integral) for _ in tail]
+    if late and len(new_seconds) > 1 and new_seconds[1] - new_seconds[0] > 1:
+        new_seconds.insert(1, new_seconds[0] + 1)
+        new_rows.insert(1, _second_sums(rng, bins, integral=True))
+    if cut:
+        new_seconds, new_rows = new_seconds[:-cut], new_rows[:-cut]
+    for j in rng.permutation(len(new_rows))[:changed].tolist():
+        new_rows[j] = _second_sums(rng, bins, integral=integral)
+    slid = old.slid(new_seconds, new_rows, bins, 6.0)
+    built = LatencyRun.build(new_seconds, new_rows, bins, 6.0)
+    assert slid.seconds.tolist() == built.seconds.tolist()
+    assert _run_windows(slid, bins) == _run_windows(built, bins)
+    assert slid.exact == built.exact
