@@ -6,7 +6,8 @@ controller replica processes (`controlplane/benchmarks/replicas.py`, each a
 `Controller` as `canary serve` runs it, sharded over SHARDS shards), a `canary
 collector` process and the steady feed (`scale_feed.py`) scaled to fit the machine:
 FEED_TOTAL samples a second over all N experiments. Once the fleet holds every shard
-as assigned, each replica's own counters are read twice, `seconds` apart (SIGUSR1):
+as assigned, each replica's own counters are read twice (SIGUSR1), `seconds` apart and
+then as long as it takes every replica to judge its share ROUNDS times:
 
 - per replica: shards and experiments held, evaluations (one experiment judged in one
   round), rounds per second (its evaluations over its experiments and the span), CPU
@@ -40,6 +41,9 @@ LEASE_TTL = 5
 FEED_TOTAL = 8_000  # samples a second over all experiments: what the 2 shared cores carry
 MAX_REPLICAS = 16
 CREATORS = 8
+ROUNDS = 2  # rounds over its share each replica judges in the measured span, at least
+MAX_SPAN_SEC = 600.0
+POLL_SEC = 2.0
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
@@ -111,8 +115,20 @@ async def _measure(
         first = {n: await asyncio.to_thread(fleet.stats, n, stats_dir, 60.0) for n in names}
         began = time.monotonic()
         await asyncio.sleep(seconds)
-        last = {n: await asyncio.to_thread(fleet.stats, n, stats_dir, 60.0) for n in names}
-        span = time.monotonic() - began
+        # and on until each replica has judged its share ROUNDS times over: a round at
+        # N = 4,000 outlasts a fixed span on a loaded machine, and a read inside one
+        # round would count its CPU without its evaluations
+        while True:
+            last = {n: await asyncio.to_thread(fleet.stats, n, stats_dir, 60.0) for n in names}
+            span = time.monotonic() - began
+            done = all(
+                last[n]["evaluations"] - first[n]["evaluations"]
+                >= ROUNDS * sum(experiments[s] for s, o in wanted.items() if o == fleet.identity(n))
+                for n in names
+            )  # fmt: skip
+            if done or span > MAX_SPAN_SEC:
+                break
+            await asyncio.sleep(POLL_SEC)
     finally:
         fleet.close()
     per_replica: list[dict[str, float]] = []
@@ -127,6 +143,7 @@ async def _measure(
             "evaluations": evaluations,
             "decisions_applied": last[name]["decisions_applied"],
             "rounds_per_s": round(evaluations / max(count, 1) / span, 3),
+            "span_s": round(span, 1),
             "cpu_s": round(cpu, 3),
             "cpu_ms_per_evaluation": round(1000 * cpu / max(evaluations, 1), 4),
         })  # fmt: skip
