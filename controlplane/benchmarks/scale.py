@@ -27,6 +27,9 @@ collector` process consumes them, the controller evaluates. Measured at each N:
 
 `--only` narrows a run (`narrowed`): the N to run (`1000`, `100,1000`), `watch` for
 the fan-out (left out otherwise), `collectors=K` for the second pass (1: none).
+`--replicas 1,4` runs instead the replicas dimension (`scale_replicas.py`): N = 4,000
+(400 with `--quick`, or `--only`'s numbers) judged by each count of sharded replica
+processes on PostgreSQL.
 
 For M = 100, 1,000 simulated sidecars (100 with `--quick`), each with its own etcd
 client and route watch (what a sidecar process has), split over two processes:
@@ -263,7 +266,10 @@ class Rig:
     others: list[tuple[subprocess.Popen[bytes], int]] = field(default_factory=list)
 
 
-async def _create(backends: Backends, n: int, progress: bool) -> list[tuple[str, str]]:
+async def _create(
+    backends: Backends, n: int, progress: bool, first: int = 0
+) -> list[tuple[str, str]]:
+    """Experiments `first`..`first + n - 1`, each on its service, running."""
     from controlplane.experiments.actions import apply_action, create_experiment
     from controlplane.experiments.lifecycle import LifecycleAction
     from controlplane.experiments.store import ExperimentSpec, StepSpec
@@ -273,11 +279,11 @@ async def _create(backends: Backends, n: int, progress: bool) -> list[tuple[str,
             "service": _service(i), "threshold_ms": THRESHOLD_MS, "window_sec": WINDOW_SEC,
             "min_samples": 50, "consecutive_breaches": 2, "cooldown_sec": 3600,
         }).encode())
-        for i in range(n)
+        for i in range(first, first + n)
     ]  # fmt: skip
     await asyncio.gather(*(backends.kv.put(backends.keys.rule(s), rule) for s, rule in rules))
     made = []
-    for i in range(n):
+    for i in range(first, first + n):
         spec = ExperimentSpec(
             name=f"scale {i}", service=_service(i),
             baseline_upstream="http://127.0.0.1:9001", canary_upstream="http://127.0.0.1:9002",
@@ -907,9 +913,25 @@ async def _fan_out(m: int, puts: int, etcd: str) -> dict[str, Any]:
 # --- the run ----------------------------------------------------------------------------
 
 
+REPLICAS_SIZE = 4_000
+QUICK_REPLICAS_SIZE = 400
+
+
 def run(
-    *, quick: bool, progress: bool, plan: ScaleRun | None = None, only: str | None = None
+    *, quick: bool, progress: bool, plan: ScaleRun | None = None, only: str | None = None,
+    replicas: str | None = None,
 ) -> dict[str, Any]:
+    if replicas is not None:
+        # the replicas dimension alone (scale_replicas.py): N from --only's numbers
+        from controlplane.benchmarks.scale_replicas import parse_replicas, run_replicas
+
+        counts = parse_replicas(replicas)
+        chosen = narrowed(replace(FULL, sizes=()), only).sizes if only else ()
+        figures = run_replicas(
+            sizes=chosen or ((QUICK_REPLICAS_SIZE,) if quick else (REPLICAS_SIZE,)),
+            counts=counts, seconds=10.0 if quick else 30.0, progress=progress,
+        )  # fmt: skip
+        return {"benchmark": "scale", "quick": quick, "replicas": figures}
     plan = plan or (QUICK if quick else FULL)
     if only is not None:
         plan = narrowed(plan, only)

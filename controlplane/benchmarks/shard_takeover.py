@@ -107,6 +107,7 @@ async def measure_spread(
     samples: each judged as no data) for `seconds`: per replica, its share and its
     CPU per evaluation (one experiment judged in one round), from two reads of its
     own counters. The fixed costs of sharding (lease, watch, fences) are in it."""
+    from controlplane.controller.shards import assign
     from controlplane.kernel.settings import Settings
     from controlplane.runtime import open_backends
 
@@ -121,8 +122,8 @@ async def measure_spread(
 
     async def settled() -> bool:
         items, _ = await backends.kv.get_prefix(backends.keys.controller_shards_prefix)
-        live = {fleet.identity(n) for n in names}
-        return len(items) == shards and {kv.value.decode() for kv in items} == live
+        held = {int(kv.key.rsplit("/", 1)[1]): kv.value.decode() for kv in items}
+        return held == assign(shards, [fleet.identity(n) for n in names])
 
     per_replica: list[dict[str, float]] = []
     try:
@@ -164,7 +165,7 @@ async def measure_takeover(
 ) -> dict[str, Any]:
     """Kill a replica `kills` times; how long until its shards are claimed, fenced in
     SQL and judged again (P50/P95 over the kills). `database_url` must be migrated."""
-    from controlplane.controller.shards import shard_of
+    from controlplane.controller.shards import assign, shard_of
     from controlplane.db.shards import shard_fences
     from controlplane.kernel.settings import Settings
     from controlplane.runtime import open_backends
@@ -182,18 +183,38 @@ async def measure_takeover(
     names = [f"bench-replica-{i}" for i in range(replicas)]
     shards_prefix = backends.keys.controller_shards_prefix
 
-    async def holders() -> dict[int, str]:
+    async def owner_keys() -> dict[int, tuple[str, int]]:
+        """Every owner key: shard → (holder, the key's create revision: its fence)."""
         items, _ = await backends.kv.get_prefix(shards_prefix)
-        return {int(kv.key.rsplit("/", 1)[1]): kv.value.decode() for kv in items}
+        return {int(kv.key.rsplit("/", 1)[1]): (kv.value.decode(), kv.create_revision)
+                for kv in items}  # fmt: skip
 
-    async def settled() -> dict[int, str] | None:
-        held = await holders()
-        live = {fleet.identity(n) for n in names}
-        return held if len(held) == shards and set(held.values()) == live else None
+    async def holders() -> dict[int, str]:
+        return {s: holder for s, (holder, _) in (await owner_keys()).items()}
 
     async def sql_fences() -> dict[int, tuple[int, str]]:
         async with backends.database.transaction() as tx:
             return await tx.run(shard_fences)
+
+    async def settled() -> dict[int, str] | None:
+        """The fleet at rest: every shard held by the replica the assignment gives it
+        (not a share still moving after a start) and fenced in SQL by that key. A kill
+        before then times a release or a fence already under way, not a takeover."""
+        live = [fleet.identity(n) for n in names]
+        keys = await owner_keys()
+        held = {s: holder for s, (holder, _) in keys.items()}
+        if held != assign(shards, live):
+            return None
+        fences = await sql_fences()
+        if any(fences.get(s) != (revision, holder) for s, (holder, revision) in keys.items()):
+            return None
+        return held
+
+    def fleet_state() -> str:
+        # said when the fleet does not settle: a replica that died at its start (its
+        # output is not kept) and one that settles elsewhere read alike otherwise
+        return ", ".join(f"{fleet.identity(n)} exited {fleet.procs[n].returncode}"
+                         for n in names if fleet.procs[n].poll() is not None) or "all alive"
 
     async def latest_point(experiment_ids: list[int]) -> int:
         spans = await backends.history.spans(experiment_ids=experiment_ids)
@@ -205,7 +226,10 @@ async def measure_takeover(
         for name in names:
             fleet.start(name)
         for k in range(kills):
-            before = await _until(settled, 60, f"{replicas} replicas hold every shard")
+            try:
+                before = await _until(settled, 60, f"{replicas} replicas hold every shard")
+            except RuntimeError as exc:
+                raise RuntimeError(f"{exc} ({fleet_state()})") from None
             # each replica in turn, passing over one whose shards hold no experiment
             turn = [names[(k + i) % replicas] for i in range(replicas)]
             name = next((n for n in turn if any(

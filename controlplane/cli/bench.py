@@ -59,6 +59,10 @@ def register(app: typer.Typer) -> None:
             int | None,
             typer.Option("--workers", help="processes for the simulations (decision)"),
         ] = None,
+        replicas: Annotated[
+            str | None,
+            typer.Option("--replicas", help="scale: sharded controller replica counts, e.g. 1,4"),
+        ] = None,
     ) -> None:
         """Run a benchmark against references measured in the same run."""
         target = BENCHMARKS.get(name)
@@ -79,9 +83,14 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"canary bench: {name} has no --workers", err=True)
                 raise typer.Exit(2)
             options["workers"] = workers
+        if replicas is not None:
+            if "replicas" not in inspect.signature(run).parameters:
+                typer.echo(f"canary bench: {name} has no --replicas", err=True)
+                raise typer.Exit(2)
+            options["replicas"] = replicas
         try:
             result: dict[str, Any] = run(**options)
-        except ValueError as exc:  # a bad --only or --workers
+        except ValueError as exc:  # a bad --only, --workers or --replicas
             typer.echo(f"canary bench: {exc}", err=True)
             raise typer.Exit(2) from exc
         text = json.dumps(result, indent=None if as_json else 2, sort_keys=True)

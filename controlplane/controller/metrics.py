@@ -128,7 +128,7 @@ class ControllerMetricsCollector(Collector):
                 ("shard_keys_malformed", "Keys under the controllers' prefix that named "
                  "nothing valid (ignored)", o.malformed_keys),
                 ("shard_count_disagreements", "Passes that found replicas announcing another "
-                 "shard count (every shard let go)", o.disagreements),
+                 "shard count or assignment version (every shard let go)", o.disagreements),
                 ("shard_outages_ridden", "Passes that could not reach etcd or SQL; the "
                  "shards held were kept on the lease", o.outages_ridden),
             )  # fmt: skip

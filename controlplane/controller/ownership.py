@@ -21,7 +21,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from controlplane.controller.shards import assign, moves, shard_of
+from controlplane.controller.shards import ASSIGNMENT_VERSION, SHARDS_MAX, assign, moves, shard_of
 from controlplane.experiments.store import ExperimentStore, ShardSelection
 from controlplane.kernel.clock import Clock, utc_now
 from controlplane.kernel.errors import BackendError, BackendUnavailable, NotLeader
@@ -32,6 +32,7 @@ from controlplane.kernel.kv import Fence, KeyValueStore, LeaseSession
 log = logging.getLogger(__name__)
 
 MEMBER_VALUE_MAX = 256
+ASSIGNMENT_VERSION_MAX = 1000
 # a look at the assignment even when nothing was heard: a claim that failed is retried
 RESYNC_SEC = 1.0
 
@@ -48,24 +49,36 @@ class ShardFence:
         return self.fence.create_revision
 
 
-def member_value(shards: int) -> bytes:
-    return json.dumps({"shards": shards}, separators=(",", ":")).encode()
+@dataclass(frozen=True)
+class Membership:
+    """What a member key announces: how it numbers the shards and assigns them."""
+
+    shards: int
+    assignment: int = ASSIGNMENT_VERSION
 
 
-def parse_member(value: bytes) -> int | None:
-    """The shard count a member key announces; None for anything else (pure)."""
+def member_value(shards: int, assignment: int = ASSIGNMENT_VERSION) -> bytes:
+    return json.dumps({"shards": shards, "assignment": assignment},
+                      separators=(",", ":")).encode()  # fmt: skip
+
+
+def parse_member(value: bytes) -> Membership | None:
+    """What a member key announces; None for anything else (pure). A key without an
+    assignment version is a replica of the release before versions: plain HRW, 1."""
     if len(value) > MEMBER_VALUE_MAX:
         return None
     try:
         document = json.loads(value)
     except (UnicodeDecodeError, ValueError):
         return None
-    if not isinstance(document, dict) or set(document) != {"shards"}:
+    if not isinstance(document, dict) or set(document) - {"assignment"} != {"shards"}:
         return None
-    shards = document["shards"]
-    if type(shards) is not int or not 1 <= shards <= 4096:
+    shards, assignment = document["shards"], document.get("assignment", 1)
+    if type(shards) is not int or not 1 <= shards <= SHARDS_MAX:
         return None
-    return shards
+    if type(assignment) is not int or not 1 <= assignment <= ASSIGNMENT_VERSION_MAX:
+        return None
+    return Membership(shards, assignment)
 
 
 def parse_shard_key(key: str, prefix: str, shards: int) -> int | None:
@@ -79,14 +92,15 @@ def parse_shard_key(key: str, prefix: str, shards: int) -> int | None:
 
 @dataclass
 class OwnershipStats:
-    members: int = 0  # live replicas that agree on the shard count, this one included
+    members: int = 0  # live replicas that agree on the shards and their assignment
     held: int = 0
     claims: int = 0
     releases: int = 0
     lost_leases: int = 0
     refused_claims: int = 0  # claims whose SQL fence a newer owner held (a bug, or a restore)
     malformed_keys: int = 0  # keys under the controllers' prefix that said nothing valid
-    disagreements: int = 0  # passes that found replicas announcing another shard count
+    # passes that found replicas announcing another shard count or assignment version
+    disagreements: int = 0
     outages_ridden: int = 0  # passes that could not reach etcd or SQL, shards kept
 
 
@@ -97,18 +111,18 @@ class ControllersView:
     keys: EtcdKeys
     shards: int
     stats: OwnershipStats
-    members: dict[str, int] = field(default_factory=dict)  # identity → its shard count
+    members: dict[str, Membership] = field(default_factory=dict)  # identity → what it says
     holders: dict[int, str] = field(default_factory=dict)  # shard → its holder
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def on_put(self, key: str, value: bytes, mod_revision: int) -> None:
         members = self.keys.controller_members_prefix
         if key.startswith(members):
-            identity, count = key[len(members):], parse_member(value)
-            if count is None or CONTROLLER_IDENTITY.fullmatch(identity) is None:
+            identity, membership = key[len(members):], parse_member(value)
+            if membership is None or CONTROLLER_IDENTITY.fullmatch(identity) is None:
                 self.stats.malformed_keys += 1
                 return
-            self.members[identity] = count
+            self.members[identity] = membership
         else:
             shard = parse_shard_key(key, self.keys.controller_shards_prefix, self.shards)
             holder = value.decode(errors="replace")
@@ -160,7 +174,8 @@ class ShardOwnership:
         self._held: dict[int, Fence] = {}
         self._session: LeaseSession | None = None
         self._informer: PrefixInformer | None = None
-        self._disagreement: frozenset[int] = frozenset()
+        self._membership = Membership(shards)
+        self._disagreement: frozenset[Membership] = frozenset()
         # set on every change of what this replica holds
         self.moved = asyncio.Event()
 
@@ -232,7 +247,8 @@ class ShardOwnership:
         """Create the member key; one left by a former process of the same identity
         (a restart) goes with that process's lease, within its TTL."""
         key = self._keys.controller_member(self.identity)
-        while await session.create(key, member_value(self.shards)) is None:
+        value = member_value(self._membership.shards, self._membership.assignment)
+        while await session.create(key, value) is None:
             log.warning("controller %s: a member of that name still holds %s; waiting "
                         "for its lease to run out", self.identity, key)
             await asyncio.wait({lost}, timeout=self._resync)
@@ -241,18 +257,21 @@ class ShardOwnership:
 
     async def _follow(self, session: LeaseSession) -> None:
         view = self._view
-        agreeing = [m for m, count in view.members.items() if count == self.shards]
+        agreeing = [m for m, said in view.members.items() if said == self._membership]
         self.stats.members = len(agreeing)
         if len(agreeing) != len(view.members):
-            # two numberings of the shards would fence nothing against each other:
-            # judge nothing until every replica says the same count
+            # two numberings of the shards, or two rules assigning them, would each
+            # claim shards the other thinks its own: judge nothing until all agree
+            # (replicas of a release before assignment versions read a versioned key
+            # as malformed and go on judging among themselves until they stop)
             self.stats.disagreements += 1
-            counts = frozenset(view.members.values())
-            if counts != self._disagreement:  # logged once, not every pass
-                log.error("controllers disagree on the shard count (%s); this replica "
-                          "(%d shards) releases every shard until they agree",
-                          sorted(counts), self.shards)
-            self._disagreement = counts
+            said = frozenset(view.members.values())
+            if said != self._disagreement:  # logged once, not every pass
+                log.error("controllers disagree on the shards (%s); this replica (%s) "
+                          "releases every shard until they agree",
+                          sorted(f"{m.shards} shards, assignment {m.assignment}" for m in said),
+                          f"{self.shards} shards, assignment {self._membership.assignment}")
+            self._disagreement = said
             agreeing = []
         else:
             self._disagreement = frozenset()

@@ -1,12 +1,14 @@
-"""Which controller replica judges which experiment (pure; decision 0057).
+"""Which controller replica judges which experiment (pure; decisions 0057, 0063).
 
 Experiments fall into a fixed number of virtual shards by their id modulo the count:
 ids are assigned one after another, so the shards fill evenly, and the database can
 select a shard's experiments itself. Each shard goes to the live replica that scores
-highest for it (rendezvous, or
-highest-random-weight, hashing). So every replica computes the same owner from the
-same member list with no coordination, a replica that joins takes only the shards it
-now wins, and one that leaves hands over only its own: every other shard stays put.
+highest for it (rendezvous, or highest-random-weight, hashing) among those not yet
+full: shards in their numbered order, each replica holding at most ⌈shards /
+replicas⌉ (consistent hashing with bounded loads). So every replica computes the same
+owners from the same member list with no coordination, no replica holds more than
+its even share rounded up, and a join or a leave moves the shards plain HRW would
+move plus a few that the bound forces (measured in decision 0063).
 """
 
 from __future__ import annotations
@@ -14,11 +16,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 SHARDS_MAX = 4096
 # the default in sharded mode: with HRW, shards per replica spread as a binomial, so
 # 256 keeps four replicas within about ±11 % (one standard deviation) of an even share
 DEFAULT_SHARDS = 256
+# what every member key announces beside the shard count: replicas computing owners
+# by different rules would each claim shards the other thinks its own, so they judge
+# nothing until every member says the same (1: plain HRW, decision 0057; 2: bounded)
+ASSIGNMENT_VERSION = 2
 
 
 def _hash64(text: str) -> int:
@@ -44,21 +51,40 @@ def score(member: str, shard: int) -> int:
 
 
 def owner_of(shard: int, members: Collection[str]) -> str | None:
-    """The member that owns the shard (None without members); ties, which need equal
-    64-bit hashes, go to the greater name so every replica still agrees."""
+    """The member that prefers the shard most, with no bound on loads (plain HRW;
+    None without members); ties, which need equal 64-bit hashes, go to the greater
+    name so every replica still agrees."""
     if not members:
         return None
     return max(members, key=lambda member: (score(member, shard), member))
 
 
+def capacity(shards: int, members: int) -> int:
+    """The most shards one of `members` replicas holds: the even share rounded up."""
+    return -(-shards // members)
+
+
 def assign(shards: int, members: Collection[str]) -> dict[int, str]:
-    """Every shard's owner among `members` ({} without members)."""
+    """Every shard's owner among `members` ({} without members): in the shards'
+    order, the highest-scoring member that holds fewer than `capacity` shards."""
     check_shard_count(shards)
     if not members:
         return {}
-    distinct = sorted(set(members))
-    return {shard: owner for shard in range(shards)
-            if (owner := owner_of(shard, distinct)) is not None}
+    owners = _bounded(shards, tuple(sorted(set(members))))
+    return dict(enumerate(owners))
+
+
+@lru_cache(maxsize=64)
+def _bounded(shards: int, members: tuple[str, ...]) -> tuple[str, ...]:
+    # cached: every replica recomputes it on each pass, from a member list that
+    # rarely changes, and it costs one hash per shard and member
+    room = dict.fromkeys(members, capacity(shards, len(members)))
+    owners: list[str] = []
+    for shard in range(shards):
+        owner = max((m for m in members if room[m]), key=lambda m: (score(m, shard), m))
+        room[owner] -= 1
+        owners.append(owner)
+    return tuple(owners)
 
 
 @dataclass(frozen=True)

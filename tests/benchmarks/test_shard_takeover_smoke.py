@@ -48,8 +48,8 @@ async def test_one_kill_is_taken_over_and_reported(pg_url: str, etcd_endpoint: s
     assert result["kills"] == 1
     for measure in ("claimed", "fenced", "judged"):
         figures = result[measure]
-        # judged again is read off per-second history points: at that resolution a
-        # takeover inside the kill's own second reads 0
-        assert 0 <= figures["min_s"] <= figures["p50_s"] <= figures["p95_s"] <= figures["max_s"]
+        # the kill comes once every shard is held as assigned and fenced in SQL, so
+        # nothing of the dead replica's moves before its lease runs out
+        assert 0 < figures["min_s"] <= figures["p50_s"] <= figures["p95_s"] <= figures["max_s"]
         assert figures["max_s"] < 60
     assert set(result["runs"][0]) == {"claimed", "fenced", "judged"}

@@ -14,13 +14,14 @@ import pytest
 
 from controlplane.controller.ownership import (
     ControllersView,
+    Membership,
     OwnershipStats,
     ShardOwnership,
     member_value,
     parse_member,
     parse_shard_key,
 )
-from controlplane.controller.shards import assign, shard_of
+from controlplane.controller.shards import ASSIGNMENT_VERSION, assign, shard_of
 from controlplane.db.migrate import upgrade
 from controlplane.db.shards import shard_fences
 from controlplane.kernel.clock import utc_now
@@ -36,18 +37,27 @@ TTL = 30  # no lease runs out by accident here; leaving is a close
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
-        (b'{"shards":256}', 256),
-        (member_value(16), 16),
+        # a replica of the release before assignment versions: plain HRW
+        (b'{"shards":256}', Membership(256, 1)),
+        (b'{"shards":256,"assignment":2}', Membership(256, 2)),
+        (member_value(16), Membership(16, ASSIGNMENT_VERSION)),
         (b'{"shards":0}', None),
         (b'{"shards":5000}', None),
         (b'{"shards":true}', None),
         (b'{"shards":16,"x":1}', None),
+        (b'{"shards":16,"assignment":0}', None),
+        (b'{"shards":16,"assignment":"2"}', None),
+        (b'{"shards":16,"assignment":1e3}', None),
+        (b'{"shards":16,"assignment":1001}', None),
+        (b'{"assignment":2}', None),
         (b"[16]", None),
         (b"\xff", None),
         (b'{"shards":' + b"1" * 300 + b"}", None),
     ],
 )
-def test_a_member_key_says_its_shard_count_or_nothing(value: bytes, expected: int | None) -> None:
+def test_a_member_key_says_its_shards_and_assignment_or_nothing(
+    value: bytes, expected: Membership | None
+) -> None:
     assert parse_member(value) == expected
 
 
@@ -69,7 +79,7 @@ def test_the_view_counts_keys_it_cannot_read_and_ignores_them() -> None:
     view.on_put("/c/controllers/shards/0001", b"a-1", 3)
     view.on_put("/c/controllers/shards/0002", b"not/an identity", 4)
     view.on_put("/c/controllers/shards/0099", b"a-1", 5)
-    assert view.members == {"a-1": SHARDS}
+    assert view.members == {"a-1": Membership(SHARDS)}
     assert view.holders == {1: "a-1"}
     assert stats.malformed_keys == 3
     view.on_delete("/c/controllers/shards/0001")
@@ -193,6 +203,25 @@ async def test_replicas_that_disagree_on_the_shard_count_judge_nothing(fleet: Fl
 
     await until(lambda: not a.held and a.stats.disagreements > 0, "ctl-a let go")
     assert fleet.replicas["ctl-z"].held == {}
+
+
+async def test_a_replica_of_the_release_before_assignment_versions_is_waited_out(
+    fleet: Fleet,
+) -> None:
+    # a rolling upgrade: the old release assigns by plain HRW and announces no version;
+    # the new one judges nothing beside it, and takes every shard once it is gone
+    a = fleet.start("ctl-a")
+    await fleet.settled("one replica")
+    old = fleet.backends.kv.lease_session(ttl=TTL)
+    await old.open()
+    try:
+        member = fleet.backends.keys.controller_member("ctl-old")
+        assert await old.create(member, b'{"shards":%d}' % SHARDS) is not None
+        await until(lambda: not a.held and a.stats.disagreements > 0, "ctl-a let go")
+    finally:
+        await old.close()
+    await fleet.settled("ctl-a alone again")
+    assert a.stats.members == 1
 
 
 async def until(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:

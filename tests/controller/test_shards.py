@@ -1,4 +1,9 @@
-"""Shard assignment and rebalancing (controller/shards.py): pure, so tables and laws."""
+"""Shard assignment and rebalancing (controller/shards.py): pure, so tables and laws.
+
+The movement laws are stated against plain HRW (`owner_of`): a shard the bounded
+assignment moves between two members that stay is one that the assignment before or
+after gives to someone other than the member that prefers it most, so the reshuffle
+a join or a leave forces is at most what the bound displaces on either side."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from hypothesis import strategies as st
 from controlplane.controller.shards import (
     SHARDS_MAX,
     assign,
+    capacity,
     moves,
     owner_of,
     shard_of,
@@ -19,6 +25,7 @@ from controlplane.controller.shards import (
 member_names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=12)
 member_sets = st.sets(member_names, min_size=1, max_size=8)
 shard_counts = st.integers(min_value=1, max_value=300)
+PINNED_16_OVER_ABC = "aaacabccacccbabb"
 
 
 # -- experiments to shards ------------------------------------------------------------
@@ -61,10 +68,21 @@ def test_one_member_owns_every_shard() -> None:
     assert assign(5, ["only"]) == {s: "only" for s in range(5)}
 
 
-def test_four_members_share_256_shards_within_a_quarter_of_an_even_share() -> None:
+def test_four_members_hold_64_of_256_shards_each() -> None:
     counts = Counter(assign(256, ["ctl-0", "ctl-1", "ctl-2", "ctl-3"]).values())
-    assert sorted(counts) == ["ctl-0", "ctl-1", "ctl-2", "ctl-3"]
-    assert all(48 <= n <= 80 for n in counts.values()), counts
+    assert counts == dict.fromkeys(["ctl-0", "ctl-1", "ctl-2", "ctl-3"], 64)
+
+
+def test_the_assignment_is_pinned() -> None:
+    # replicas of one release must compute the same owners: a change here is a new
+    # ASSIGNMENT_VERSION, or a rolling upgrade judges shards twice over
+    owners = assign(16, ["ctl-a", "ctl-b", "ctl-c"])
+    assert "".join(owners[s][-1] for s in range(16)) == PINNED_16_OVER_ABC
+
+
+def displaced(assignment: dict[int, str], members: set[str]) -> set[int]:
+    """The shards given to another member than plain HRW's owner: the bound's price."""
+    return {s for s, owner in assignment.items() if owner != owner_of(s, members)}
 
 
 @given(shards=shard_counts, members=member_sets)
@@ -74,6 +92,17 @@ def test_every_shard_has_exactly_one_owner_among_the_members(
     assignment = assign(shards, members)
     assert set(assignment) == set(range(shards))
     assert set(assignment.values()) <= members
+
+
+@given(shards=shard_counts, members=member_sets)
+def test_no_member_holds_more_than_its_even_share_rounded_up(
+    shards: int, members: set[str]
+) -> None:
+    loads = Counter(assign(shards, members).values())
+    bound = capacity(shards, len(members))
+    assert max(loads.values()) <= bound
+    # and so the least loaded one falls short of it by what the others cannot carry
+    assert min(loads.get(m, 0) for m in members) >= shards - (len(members) - 1) * bound
 
 
 @given(shards=shard_counts, members=member_sets, data=st.data())
@@ -86,33 +115,54 @@ def test_the_assignment_does_not_depend_on_the_order_members_are_listed(
 
 
 @given(shards=shard_counts, members=member_sets, newcomer=member_names)
-def test_a_member_that_joins_takes_shards_only_for_itself(
+def test_a_member_that_joins_takes_at_most_its_share_and_others_move_only_if_displaced(
     shards: int, members: set[str], newcomer: str
 ) -> None:
+    joined = members | {newcomer}
     before = assign(shards, members)
-    after = assign(shards, members | {newcomer})
+    after = assign(shards, joined)
     moved = {s for s in range(shards) if before[s] != after[s]}
-    assert all(after[s] == newcomer for s in moved)
+    taken = {s for s in moved if after[s] == newcomer}
+    assert len(taken) <= capacity(shards, len(joined))
+    reshuffled = moved - taken
+    assert reshuffled <= displaced(before, members) | displaced(after, joined)
 
 
 @given(shards=shard_counts, members=member_sets.filter(lambda m: len(m) >= 2), data=st.data())
-def test_a_member_that_leaves_hands_over_only_its_own_shards(
+def test_a_member_that_leaves_hands_over_its_own_and_others_move_only_if_displaced(
     shards: int, members: set[str], data: st.DataObject
 ) -> None:
     leaving = data.draw(st.sampled_from(sorted(members)))
+    stay = members - {leaving}
     before = assign(shards, members)
-    after = assign(shards, members - {leaving})
-    assert all(before[s] == after[s] for s in range(shards) if before[s] != leaving)
+    after = assign(shards, stay)
     assert leaving not in after.values()
+    reshuffled = {s for s in range(shards) if before[s] != leaving and before[s] != after[s]}
+    assert reshuffled <= displaced(before, members) | displaced(after, stay)
+
+
+@given(shards=shard_counts, members=member_sets, newcomer=member_names)
+def test_without_the_bound_a_join_moves_shards_only_to_the_newcomer(
+    shards: int, members: set[str], newcomer: str
+) -> None:
+    # plain HRW, the preference the bounded assignment starts from
+    joined = members | {newcomer}
+    for s in range(shards):
+        if owner_of(s, members) != owner_of(s, joined):
+            assert owner_of(s, joined) == newcomer
 
 
 @settings(max_examples=30)
-@given(count=st.integers(min_value=2, max_value=6))
-def test_with_many_shards_each_member_gets_close_to_an_even_share(count: int) -> None:
-    members = [f"controller-{i}" for i in range(count)]
-    shares = Counter(assign(1024, members).values())
-    even = 1024 / count
-    assert all(abs(shares[m] - even) <= 0.25 * even for m in members), shares
+@given(count=st.integers(min_value=2, max_value=6), members_seed=st.integers(0, 10**6))
+def test_a_join_among_many_shards_moves_little_more_than_the_newcomer_s_share(
+    count: int, members_seed: int
+) -> None:
+    # measured, not a law: at 256 shards the bound reshuffles a few shards a join
+    members = {f"controller-{members_seed}-{i}" for i in range(count)}
+    before = assign(256, members)
+    after = assign(256, members | {"newcomer"})
+    moved = sum(before[s] != after[s] for s in range(256))
+    assert moved <= 2 * capacity(256, count + 1)
 
 
 # -- following an assignment ------------------------------------------------------------
