@@ -22,7 +22,8 @@ def test_only_refuses_other_names(only: str) -> None:
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["bench", "collector", "--only", "sse"], "canary bench: collector has no sections"),
+        (["bench", "round", "--only", "sse"], "canary bench: round has no sections"),
+        (["bench", "collector", "--only", "sse"], "canary bench: collector: the section to pick"),
         (["bench", "collector", "--workers", "2"], "canary bench: collector has no --workers"),
         (["bench", "sidecar", "--only", "http"], "canary bench: --only takes some of"),
     ],
