@@ -11,7 +11,7 @@ from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, Table, bindparam, false, func, select, update
+from sqlalchemy import Select, Table, bindparam, cast, column, false, func, select, update, values
 from sqlalchemy.orm import Session
 
 from controlplane.db.models import Event, Experiment, StepRow, Variant
@@ -197,6 +197,8 @@ def save_states(
         )
     )
     connection = session.connection()
+    if connection.dialect.name == "postgresql" and len(experiments) > 1:
+        return _save_states_at_once(session, experiments)
     written: list[bool] = []
     for experiment in experiments:
         result = connection.execute(statement, {
@@ -214,6 +216,51 @@ def save_states(
         })
         written.append(result.rowcount == 1)
     return written
+
+
+# the columns a memory write sets, as save_states binds them
+_MEMORY_COLUMNS = (
+    "state", "breaker_state", "trips", "current_step", "canary_weight_bp", "step_started_at",
+    "breaker_changed_at", "rollout_state", "updated_at",
+)
+# PostgreSQL takes at most 65,535 parameters a statement
+_ROWS_A_STATEMENT = 500
+
+
+def _memory_params(experiment: ExperimentRecord) -> tuple[Any, ...]:
+    return (
+        experiment.id, experiment.version, experiment.state.value,
+        experiment.breaker_state.value, experiment.trips, experiment.current_step,
+        experiment.canary_weight_bp, experiment.step_started_at,
+        experiment.breaker_changed_at, experiment.rollout_state, experiment.updated_at,
+    )  # fmt: skip
+
+
+def _save_states_at_once(
+    session: Session, experiments: Sequence[ExperimentRecord]
+) -> list[bool]:
+    """save_states on PostgreSQL: one `UPDATE … FROM (VALUES …) … RETURNING id` per
+    500 rows. RETURNING names exactly the rows written, so a row that moved is told
+    apart as with one statement per row."""
+    table = EXPERIMENTS.c
+    done: set[int] = set()
+    for start in range(0, len(experiments), _ROWS_A_STATEMENT):
+        chunk = experiments[start : start + _ROWS_A_STATEMENT]
+        rows = values(
+            column("row_id", table.id.type), column("row_version", table.version.type),
+            *(column(name, table[name].type) for name in _MEMORY_COLUMNS),
+            name="memory",
+        ).data([_memory_params(e) for e in chunk])  # fmt: skip
+        statement = (
+            update(EXPERIMENTS)
+            .where(table.id == rows.c.row_id, table.version == rows.c.row_version)
+            # typed: a VALUES column of NULLs only would otherwise be text
+            .values({name: cast(rows.c[name], table[name].type) for name in _MEMORY_COLUMNS})
+            .values(version=table.version + 1)
+            .returning(table.id)
+        )
+        done.update(session.connection().execute(statement).scalars())
+    return [e.id in done for e in experiments]
 
 
 def delete_experiment(*, session: Session, experiment: Experiment) -> None:

@@ -118,3 +118,46 @@ def test_a_frozen_part_keeps_its_dict_and_a_changed_one_gets_its_own() -> None:
         assert a.new_state.to_dict()["tally"] != b.new_state.to_dict()["tally"]
         fresh = replace(b.new_state.tally)  # a new value: its dict built anew
         assert fresh.to_dict() == b.new_state.tally.to_dict()
+
+
+async def test_a_round_of_memory_writes_every_row_at_its_version_and_tells_which_moved(
+    store: ExperimentStore,
+) -> None:
+    """Many rows in one call (one statement on PostgreSQL): each written row reads back
+    as written at its version + 1; the row another writer moved is not written and is
+    the only one reported so."""
+    created = []
+    async with store.transaction() as tx:
+        for k in range(5):
+            created.append(await tx.create_experiment(
+                spec=replace(SPEC, service=f"svc{k}"), salt="s", now=AT
+            ))  # fmt: skip
+    decisions = _decisions(0, Degradation(), 45)
+    first = [
+        decided_state(replace(e, state=ExperimentState.RUNNING), decisions[k], AT)
+        for k, e in enumerate(created)
+    ]
+    async with store.transaction() as tx:
+        moved = await tx.save_states(experiments=[first[2]])  # another writer, first
+    assert moved[0] is not None
+    later = AT.replace(minute=5)
+    second = [
+        decided_state(replace(e, step_started_at=None), decisions[40 + k], later)
+        for k, e in enumerate(first)
+    ]
+    async with store.transaction() as tx:
+        written = await tx.save_states(experiments=second)
+    assert [w is not None for w in written] == [True, True, False, True, True]
+    async with store.transaction() as tx:
+        stored = {e.id: await tx.load_experiment(experiment_id=e.id) for e in created}
+    for record, result in zip(second, written, strict=True):
+        row = stored[record.id]
+        if result is None:
+            assert row.version == record.version + 1  # the other writer's, left as it is
+            assert row.updated_at == AT
+            continue
+        assert row.version == record.version + 1 == result.version
+        assert row.rollout_state == json.loads(json.dumps(record.rollout_state))
+        for name in ("state", "breaker_state", "trips", "current_step", "canary_weight_bp",
+                     "step_started_at", "breaker_changed_at", "updated_at"):  # fmt: skip
+            assert getattr(row, name) == getattr(record, name), name
