@@ -23,6 +23,7 @@ class FrozenDict(dict[str, Any]):
     """
 
     __slots__ = ("_text",)
+    _text: str
 
     def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TypeError("a FrozenDict is shared and never changed; copy it with dict()")
@@ -33,7 +34,7 @@ class FrozenDict(dict[str, Any]):
     def json_text(self) -> str:
         """`json.dumps(self)`, encoded once."""
         try:
-            return self._text  # type: ignore[no-any-return]
+            return self._text
         except AttributeError:
             text = _encode_dict(self)
             self._text = text

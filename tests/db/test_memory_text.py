@@ -3,6 +3,7 @@ reads back, on PostgreSQL and SQLite, to the state it was written from."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -108,7 +109,7 @@ async def test_the_memory_written_reads_back_to_its_state(
 
 def test_a_frozen_part_keeps_its_dict_and_a_changed_one_gets_its_own() -> None:
     decisions = _decisions(0, Degradation(), 130)
-    pairs = list(zip(decisions, decisions[1:], strict=False))
+    pairs = list(itertools.pairwise(decisions))
     same = [(a, b) for a, b in pairs if a.new_state.tally is b.new_state.tally]
     moved = [(a, b) for a, b in pairs if a.new_state.tally != b.new_state.tally]
     assert same and moved  # the traffic has both kinds of look

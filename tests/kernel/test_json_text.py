@@ -42,7 +42,8 @@ def test_kept_text_is_reused_and_stays_right(value: Any) -> None:
 
 def test_a_kept_part_is_encoded_once() -> None:
     part = FrozenDict(a=[1.5, 2], b="x")
-    assert dumps({"x": 1, "part": part, "y": None}) == '{"x": 1, "part": {"a": [1.5, 2], "b": "x"}, "y": null}'
+    expected = '{"x": 1, "part": {"a": [1.5, 2], "b": "x"}, "y": null}'
+    assert dumps({"x": 1, "part": part, "y": None}) == expected
     part._text = '"kept"'  # the kept text is what is spliced in
     assert dumps({"x": 1, "part": part}) == '{"x": 1, "part": "kept"}'
 
