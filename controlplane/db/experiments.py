@@ -178,8 +178,8 @@ def save_states(
 ) -> list[bool]:
     """Write each record's runtime state if its row is still at the record's version,
     bumping the version as the ORM's version counter does; per record, whether it was
-    written. One UPDATE per row, no read of the row first: a row that moved matches
-    none and is left as it is."""
+    written. No read of the row first: a row that moved matches none and is left as it
+    is. One UPDATE per row, or on PostgreSQL one for all (decision 0064)."""
     statement = (
         update(EXPERIMENTS)
         .where(EXPERIMENTS.c.id == bindparam("row_id"))
