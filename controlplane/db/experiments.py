@@ -11,13 +11,14 @@ from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, Table, bindparam, false, func, select, update
+from sqlalchemy import Integer, Select, Table, bindparam, false, func, select, text, update
 from sqlalchemy.orm import Session
 
-from controlplane.db.models import Event, Experiment, StepRow, Variant
+from controlplane.db.models import Event, Experiment, StepRow, UTCDateTime, Variant
 from controlplane.db.notifications import enqueue_for_event
 from controlplane.experiments.events import EventKind
 from controlplane.experiments.store import ExperimentRecord, ExperimentSpec, StepSpec
+from controlplane.kernel import json_text
 from controlplane.kernel.errors import NotFound
 from controlplane.kernel.routes import BASELINE, CANARY
 from controlplane.kernel.values import in_sql_range
@@ -177,8 +178,8 @@ def save_states(
 ) -> list[bool]:
     """Write each record's runtime state if its row is still at the record's version,
     bumping the version as the ORM's version counter does; per record, whether it was
-    written. One UPDATE per row, no read of the row first: a row that moved matches
-    none and is left as it is."""
+    written. No read of the row first: a row that moved matches none and is left as it
+    is. One UPDATE per row, or on PostgreSQL one for all (decision 0064)."""
     statement = (
         update(EXPERIMENTS)
         .where(EXPERIMENTS.c.id == bindparam("row_id"))
@@ -197,6 +198,8 @@ def save_states(
         )
     )
     connection = session.connection()
+    if connection.dialect.name == "postgresql" and len(experiments) > 1:
+        return _save_states_at_once(session, experiments)
     written: list[bool] = []
     for experiment in experiments:
         result = connection.execute(statement, {
@@ -214,6 +217,56 @@ def save_states(
         })
         written.append(result.rowcount == 1)
     return written
+
+
+# PostgreSQL: the round's memory as one array per column, so the statement's text is
+# the same every round (compiled once by SQLAlchemy, prepared once by the server)
+_SAVE_STATES_AT_ONCE = text(
+    "UPDATE experiments AS e SET state = v.state, breaker_state = v.breaker_state,"
+    " trips = v.trips, current_step = v.current_step, canary_weight_bp = v.canary_weight_bp,"
+    " step_started_at = v.step_started_at, breaker_changed_at = v.breaker_changed_at,"
+    " rollout_state = CAST(v.rollout_state AS json), updated_at = v.updated_at,"
+    " version = e.version + 1"
+    " FROM unnest(CAST(:ids AS integer[]), CAST(:versions AS integer[]),"
+    " CAST(:states AS varchar[]), CAST(:breakers AS varchar[]), CAST(:trips AS integer[]),"
+    " CAST(:steps AS integer[]), CAST(:weights AS integer[]),"
+    " CAST(:step_started AS timestamptz[]), CAST(:breaker_changed AS timestamptz[]),"
+    " CAST(:memories AS text[]), CAST(:updated AS timestamptz[]))"
+    " AS v(id, version, state, breaker_state, trips, current_step, canary_weight_bp,"
+    " step_started_at, breaker_changed_at, rollout_state, updated_at)"
+    " WHERE e.id = v.id AND e.version = v.version"
+    " RETURNING e.id"
+).columns(id=Integer)
+# bounds one statement's parameters and the server's work per statement
+_ROWS_A_STATEMENT = 500
+
+
+def _save_states_at_once(
+    session: Session, experiments: Sequence[ExperimentRecord]
+) -> list[bool]:
+    """save_states on PostgreSQL: one UPDATE per 500 rows. RETURNING names exactly the
+    rows written, so a row that moved is told apart as with one statement per row."""
+    dialect = session.get_bind().dialect
+    stamp = UTCDateTime().process_bind_param
+    done: set[int] = set()
+    for start in range(0, len(experiments), _ROWS_A_STATEMENT):
+        chunk = experiments[start : start + _ROWS_A_STATEMENT]
+        params = {
+            "ids": [e.id for e in chunk],
+            "versions": [e.version for e in chunk],
+            "states": [e.state.value for e in chunk],
+            "breakers": [e.breaker_state.value for e in chunk],
+            "trips": [e.trips for e in chunk],
+            "steps": [e.current_step for e in chunk],
+            "weights": [e.canary_weight_bp for e in chunk],
+            "step_started": [stamp(e.step_started_at, dialect) for e in chunk],
+            "breaker_changed": [stamp(e.breaker_changed_at, dialect) for e in chunk],
+            # the JSON column's own text: json_text.dumps is the engine's serializer
+            "memories": [json_text.dumps(e.rollout_state) for e in chunk],
+            "updated": [stamp(e.updated_at, dialect) for e in chunk],
+        }
+        done.update(session.connection().execute(_SAVE_STATES_AT_ONCE, params).scalars())
+    return [e.id in done for e in experiments]
 
 
 def delete_experiment(*, session: Session, experiment: Experiment) -> None:

@@ -30,6 +30,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
+from controlplane.kernel import json_text
 from controlplane.kernel.errors import (
     BackendUnavailable,
     CanaryError,
@@ -93,11 +94,14 @@ def make_engine(url: str, *, statement_timeout_ms: int = PG_STATEMENT_TIMEOUT_MS
     parsed = database_url(url)
     if parsed.get_backend_name() == "sqlite":
         # Worker threads take turns on a connection, one at a time.
-        engine = create_engine(parsed, connect_args={"check_same_thread": False})
+        engine = create_engine(
+            parsed, connect_args={"check_same_thread": False}, json_serializer=json_text.dumps
+        )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     return create_engine(
-        parsed, pool_pre_ping=True, connect_args=pg_connect_args(parsed, statement_timeout_ms)
+        parsed, pool_pre_ping=True, connect_args=pg_connect_args(parsed, statement_timeout_ms),
+        json_serializer=json_text.dumps,
     )
 
 

@@ -38,6 +38,7 @@ import base64
 import itertools
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,7 @@ import numpy.typing as npt
 
 from controlplane.decision import unit_loss
 from controlplane.decision.stats import SRM_P_VALUE
+from controlplane.kernel.json_text import FrozenDict
 from controlplane.kernel.routes import TOTAL_WEIGHT
 from controlplane.kernel.units import DISTINCT_K, bottom_distinct
 
@@ -315,6 +317,11 @@ class RampSplit:
         }
 
     def to_dict(self) -> dict[str, Any]:
+        return self._dict
+
+    @cached_property
+    def _dict(self) -> FrozenDict:
+        # the arrays are never changed in place (each look makes a new value)
         packed = (
             self.hashes.astype("<u4").tobytes()
             + self.lo.astype("<u2").tobytes()
@@ -325,7 +332,7 @@ class RampSplit:
             + self.top.astype("<u2").tobytes()
             + self.seen.astype("<u2").tobytes()
         )
-        return {
+        return FrozenDict({
             "units": base64.b64encode(packed).decode("ascii"),
             "activity": base64.b64encode(activity).decode("ascii"),
             "exposure": [list(e) for e in self.exposure],
@@ -341,7 +348,7 @@ class RampSplit:
             "inconsistent": self.inconsistent,
             "not_followed": self.not_followed,
             "mismatch": self.mismatch,
-        }
+        })
 
     @classmethod
     def from_dict(cls, data: Any) -> RampSplit:

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
+from controlplane.kernel.json_text import FrozenDict
 from controlplane.kernel.routes import BASELINE, CANARY
 from controlplane.kernel.snapshots import FIRST_BYTE, PERCENTILE_FIELDS, TOTAL, WindowSnapshot
 from controlplane.kernel.units import DISTINCT_K, UnitSummary
@@ -158,7 +160,12 @@ class VariantTally:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        return self._dict
+
+    @cached_property
+    def _dict(self) -> FrozenDict:
+        # built once per value: a step's tally stays the same object between windows
+        return FrozenDict({
             "count": self.count,
             "failures": self.failures,
             "above_threshold": self.above_threshold,
@@ -168,7 +175,7 @@ class VariantTally:
             "percentiles_ms": [[q, v] for q, v in self.percentiles_ms],
             "reservoir_units": list(self.reservoir_units),
             "units": self.units.to_dict() if self.units is not None else None,
-        }
+        })
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> VariantTally:
@@ -234,7 +241,11 @@ class Tally:
         return merged
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        return self._dict
+
+    @cached_property
+    def _dict(self) -> FrozenDict:
+        return FrozenDict({
             "since": self.since,
             "counted_until": self.counted_until,
             "first_window_start": self.first_window_start,
@@ -242,7 +253,7 @@ class Tally:
             "canary": self.canary.to_dict(),
             "baseline": self.baseline.to_dict(),
             **({} if self.latency == TOTAL else {"latency": self.latency}),
-        }
+        })
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Tally:
@@ -315,7 +326,11 @@ class SrmTally:
         return bool(self.baseline_units) or bool(self.canary_units)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        return self._dict
+
+    @cached_property
+    def _dict(self) -> FrozenDict:
+        return FrozenDict({
             "since": self.since,
             "counted_until": self.counted_until,
             "baseline": self.baseline,
@@ -323,7 +338,7 @@ class SrmTally:
             "windows": self.windows,
             "baseline_units": _hex(self.baseline_units),
             "canary_units": _hex(self.canary_units),
-        }
+        })
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SrmTally:

@@ -26,10 +26,13 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from controlplane.kernel.json_text import FrozenDict
 
 UNIT_BLOCKS = 64
 UNIT_BLOCK_SHIFT = 26  # 32 - log2(UNIT_BLOCKS)
@@ -120,14 +123,17 @@ class UnitSummary:
         return (n - 1) / ((int(self.distinct[-1]) + 1) / _U32)
 
     def to_dict(self) -> dict[str, Any]:
-        rows = [
-            [int(r[0]), int(r[1]), int(r[2]), float(r[3]), float(r[4])] for r in self.rows.tolist()
-        ]
-        return {
-            "blocks": rows[1:],
-            "no_unit": rows[0],
-            "distinct": self.distinct.astype(np.int64).tolist(),
-        }
+        return self._dict
+
+    @cached_property
+    def _dict(self) -> FrozenDict:
+        # the rows are never changed in place (add() makes new ones): built once
+        counts = self.rows[:, :3].astype(np.int64).tolist()
+        sums = self.rows[:, 3:].tolist()
+        rows = [c + s for c, s in zip(counts, sums, strict=True)]
+        return FrozenDict(
+            blocks=rows[1:], no_unit=rows[0], distinct=self.distinct.astype(np.int64).tolist()
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> UnitSummary:
