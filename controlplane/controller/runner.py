@@ -78,6 +78,8 @@ RULE_REJECTED = EventKind.RULE_REJECTED
 # hashes read many seconds earlier, their samples mostly out of the window by then
 # (decision 0033)
 READ_AHEAD = 64
+# decided states built between two turns of the loop when a round commits its memory
+MEMORY_SLICE = 32
 STEP_DOWN_BACKOFF = BackoffPolicy(initial=1.0, maximum=10.0)  # before campaigning again
 
 
@@ -661,14 +663,20 @@ class Controller:
             # a shard let go since: its new owner decides again
             memory = [(e, d) for e, d, f in fenced if f is not None]
             shards = {f.shard: f for _, _, f in fenced if f is not None}
+        # built before the transaction, giving the loop a turn between slices: at
+        # N = 1,000 building them all at once held the loop (and the lease's
+        # keep-alive) for up to seconds, and held the database's write lock meanwhile
+        states: list[ExperimentRecord] = []
+        for index, (experiment, decision) in enumerate(memory):
+            if index and index % MEMORY_SLICE == 0:
+                await asyncio.sleep(0)
+            states.append(decided_state(experiment, decision, at))
         async with backends.store.transaction() as tx:
             if self.shards:
                 for held in shards.values():
                     await tx.hold_shard(shard=held.shard, fence=held.token,
                                         owner=self.identity, now=at)
-            written = await tx.save_states(
-                experiments=[decided_state(e, d, at) for e, d in memory]
-            )
+            written = await tx.save_states(experiments=states)
         for (_, decision), record in zip(memory, written, strict=True):
             if record is None:
                 self.stats.conflicts += 1
