@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -27,25 +28,61 @@ from controlplane.kernel.units import DISTINCT_K, UnitSummary
 RESERVOIR_CAP = 2000
 
 
-def _thin(values: tuple[float, ...], keep: int) -> tuple[float, ...]:
-    """`keep` evenly spaced elements: deterministic, so decide() stays pure."""
-    if keep >= len(values):
-        return values
+def _picks(length: int, keep: int) -> list[int] | None:
+    """The indices of `keep` evenly spaced elements of `length` (None: all of them).
+
+    Deterministic, so decide() stays pure: element int(i * length / keep) for each i,
+    the float product computed as Python computes it (numpy's float64 is the same).
+    """
+    if keep >= length:
+        return None
     if keep <= 0:
-        return ()
-    step = len(values) / keep
-    return tuple(values[int(i * step)] for i in range(keep))
+        return []
+    picks: list[int] = (np.arange(keep) * (length / keep)).astype(np.int64).tolist()
+    return picks
+
+
+def _take(values: tuple[Any, ...], picks: list[int] | None) -> tuple[Any, ...]:
+    if picks is None:
+        return values
+    if len(picks) < 2:
+        # itemgetter of one index returns the element, not a 1-tuple
+        return tuple(values[i] for i in picks)
+    taken: tuple[Any, ...] = itemgetter(*picks)(values)
+    return taken
+
+
+def _thin(values: tuple[float, ...], keep: int) -> tuple[float, ...]:
+    """`keep` evenly spaced elements."""
+    return _take(values, _picks(len(values), keep))
+
+
+def _merge_picks(
+    old_len: int, old_count: int, new_len: int, new_count: int
+) -> tuple[list[int] | None, list[int] | None] | None:
+    """Which elements of the old and the new reservoir the merged one keeps (None: all)."""
+    if old_len + new_len <= RESERVOIR_CAP:
+        return None
+    total = old_count + new_count
+    keep_old = round(RESERVOIR_CAP * old_count / total) if total else 0
+    keep_new = RESERVOIR_CAP - keep_old
+    return _picks(old_len, keep_old), _picks(new_len, keep_new)
+
+
+def _merged(
+    old: tuple[Any, ...],
+    new: tuple[Any, ...],
+    picks: tuple[list[int] | None, list[int] | None] | None,
+) -> tuple[Any, ...]:
+    if picks is None:
+        return old + new
+    return _take(old, picks[0]) + _take(new, picks[1])
 
 
 def _merge_reservoirs(
     old: tuple[float, ...], old_count: int, new: tuple[float, ...], new_count: int
 ) -> tuple[float, ...]:
-    if len(old) + len(new) <= RESERVOIR_CAP:
-        return old + new
-    total = old_count + new_count
-    keep_old = round(RESERVOIR_CAP * old_count / total) if total else 0
-    keep_new = RESERVOIR_CAP - keep_old
-    return _thin(old, keep_old) + _thin(new, keep_new)
+    return _merged(old, new, _merge_picks(len(old), old_count, len(new), new_count))
 
 
 def _merge_reservoir_units(
@@ -62,7 +99,8 @@ def _merge_reservoir_units(
         return ()
     if old_count and not old:
         return ()
-    return tuple(int(u) for u in _merge_reservoirs(old, old_count, new, new_count))
+    picks = _merge_picks(len(old_values), old_count, len(new_values), new_count)
+    return tuple(map(int, _merged(old, new, picks)))
 
 
 def _add_units(old: UnitSummary | None, first: bool, new: UnitSummary | None) -> UnitSummary | None:
@@ -98,34 +136,43 @@ class VariantTally:
             first
             or (self.threshold_exact and _same_threshold(self.threshold_ms, snap.threshold_ms))
         )
+        # the units are thinned with the same picks as the values they belong to
+        picks = _merge_picks(len(self.reservoir_ms), self.count, len(snap.reservoir_ms), snap.count)
         return VariantTally(
             count=self.count + snap.count,
             failures=self.failures + snap.failures,
             above_threshold=self.above_threshold + snap.above_threshold,
             threshold_ms=snap.threshold_ms if first else self.threshold_ms,
             threshold_exact=exact,
-            reservoir_ms=_merge_reservoirs(
-                self.reservoir_ms, self.count, snap.reservoir_ms, snap.count
-            ),
+            reservoir_ms=_merged(self.reservoir_ms, snap.reservoir_ms, picks),
             percentiles_ms=tuple((q, snap.percentile_ms(q)) for q in PERCENTILE_FIELDS),
-            reservoir_units=_merge_reservoir_units(
-                self.reservoir_units,
-                self.reservoir_ms,
-                self.count,
-                snap.reservoir_units,
-                snap.reservoir_ms,
-                snap.count,
-            ),
+            reservoir_units=self._merged_units(snap, picks),
             units=_add_units(self.units, first, snap.units),
         )
+
+    def _merged_units(
+        self, snap: WindowSnapshot, picks: tuple[list[int] | None, list[int] | None] | None
+    ) -> tuple[int, ...]:
+        """`_merge_reservoir_units` with the values' picks already made."""
+        old, new = self.reservoir_units, snap.reservoir_units
+        if len(old) != len(self.reservoir_ms) or len(new) != len(snap.reservoir_ms) or not new:
+            return ()
+        if self.count and not old:
+            return ()
+        return tuple(map(int, _merged(old, new, picks)))
 
     def percentile_ms(self, q: float) -> float | None:
         if self.reservoir_ms:
             # P_q as the smallest x with F(x) >= q, the definition the exact counts use
-            ordered = sorted(self.reservoir_ms)
+            ordered = self._ordered
             rank = max(math.ceil(q / 100 * len(ordered)), 1)
             return ordered[rank - 1]
         return dict(self.percentiles_ms).get(q)
+
+    @cached_property
+    def _ordered(self) -> list[float]:
+        # sorted once per value: a snapshot reads five percentiles of the same tally
+        return sorted(self.reservoir_ms)
 
     def to_snapshot(
         self,
@@ -356,16 +403,25 @@ class SrmTally:
 def _union(held: tuple[int, ...] | None, new: UnitSummary | None) -> tuple[int, ...] | None:
     if held is None or new is None:
         return None
-    fresh = new.distinct.astype(np.int64).tolist()
+    fresh = new.distinct.astype(np.int64)
     if not held:
-        return tuple(fresh)
-    merged = sorted(set(held).union(fresh))
-    return tuple(merged[:DISTINCT_K])
+        return tuple(fresh.tolist())
+    # sorted and distinct, as sorted(set(held) | set(fresh)); the hashes fit in int64
+    merged: list[int] = np.union1d(np.array(held, dtype=np.int64), fresh)[:DISTINCT_K].tolist()
+    return tuple(merged)
+
+
+_U32 = 2**32
 
 
 def _hex(sketch: tuple[int, ...] | None) -> str | None:
     # 8 hex digits per 32-bit hash: a sketch of 1,024 units is 8 KB in the state
-    return None if sketch is None else "".join(f"{h:08x}" for h in sketch)
+    if sketch is None:
+        return None
+    held = np.array(sketch, dtype=np.int64)
+    if held.size and not (int(held.min()) >= 0 and int(held.max()) < _U32):
+        return "".join(f"{h:08x}" for h in sketch)  # not 32-bit: as wide as it takes
+    return held.astype(">u4").tobytes().hex()
 
 
 def _unhex(text: Any) -> tuple[int, ...] | None:
@@ -373,4 +429,12 @@ def _unhex(text: Any) -> tuple[int, ...] | None:
         return None
     if not isinstance(text, str) or len(text) % 8 or len(text) > 8 * DISTINCT_K:
         raise ValueError("a unit sketch is up to 1,024 hashes of 8 hex digits")
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError:
+        raw = b""
+    if 2 * len(raw) == len(text):
+        return tuple(np.frombuffer(raw, dtype=">u4").astype(np.int64).tolist())
+    # what fromhex refuses or reads otherwise (signs, spaces, underscores): read it
+    # hash by hash as always, so such a state is read or refused as before
     return tuple(int(text[i : i + 8], 16) for i in range(0, len(text), 8))
