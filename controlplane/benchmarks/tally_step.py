@@ -42,6 +42,8 @@ CANARY_BP = 1000
 USERS = 20_000
 RESERVOIR = 512
 T0 = 1_800_000_000.0
+# a look's parts, timed in turn
+PARTS = ("tally", "srm", "ramp", "snapshots", "json")
 
 
 def _window(
@@ -94,34 +96,51 @@ def run(looks: int, seed: int) -> dict[str, Any]:
     srm = SrmTally.starting(T0, T0)
     ramp = RampSplit()
     cpu: list[float] = []
+    parts: dict[str, list[float]] = {part: [] for part in PARTS}
     sizes: list[int] = []
     for canary, baseline in windows:
-        began = time.process_time()
+        marks = [time.process_time()]
         tally = tally.add(canary, baseline)
+        marks.append(time.process_time())
         srm = srm.add(
             baseline.count, canary.count, canary.window_end, (baseline.units, canary.units)
         )
         assert srm.baseline_units is not None and srm.canary_units is not None
         unit_split(srm.baseline_units, srm.canary_units, CANARY_BP, full=DISTINCT_K)
+        marks.append(time.process_time())
         assert baseline.units is not None and canary.units is not None
         ramp = ramp.observe(
             baseline.units.distinct, canary.units.distinct, CANARY_BP, seconds=WINDOW_SEC
         )
+        marks.append(time.process_time())
         tally.snapshots("e")
+        marks.append(time.process_time())
         text = json.dumps([tally.to_dict(), srm.to_dict(), ramp.to_dict()])
-        cpu.append(time.process_time() - began)
+        marks.append(time.process_time())
+        for part, a, b in zip(PARTS, marks[:-1], marks[1:], strict=True):
+            parts[part].append(b - a)
+        cpu.append(marks[-1] - marks[0])
         sizes.append(len(text))
     blocks = {}
     for first in range(0, looks, 10):
-        part = cpu[first : first + 10]
-        blocks[f"{first + 1}-{first + len(part)}"] = {
-            "median_ms": round(statistics.median(part) * 1000, 4),
-            "state_bytes": sizes[first + len(part) - 1],
+        ten = cpu[first : first + 10]
+        blocks[f"{first + 1}-{first + len(ten)}"] = {
+            "median_ms": round(statistics.median(ten) * 1000, 4),
+            "median_ms_without_json": round(
+                statistics.median(
+                    c - j for c, j in zip(ten, parts["json"][first : first + 10], strict=True)
+                )
+                * 1000,
+                4,
+            ),
+            "state_bytes": sizes[first + len(ten) - 1],
         }
     return {
         "looks": looks,
         "median_ms_all": round(statistics.median(cpu) * 1000, 4),
         "total_ms": round(sum(cpu) * 1000, 2),
+        "median_ms_by_part": {k: round(statistics.median(v) * 1000, 4) for k, v in parts.items()},
+        "total_ms_by_part": {k: round(sum(v) * 1000, 2) for k, v in parts.items()},
         "reservoir": [len(tally.canary.reservoir_ms), len(tally.baseline.reservoir_ms)],
         "srm_units": [len(srm.baseline_units or ()), len(srm.canary_units or ())],
         "ramp_units": ramp.units,

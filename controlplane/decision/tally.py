@@ -26,6 +26,8 @@ from controlplane.kernel.units import DISTINCT_K, UnitSummary
 
 # the merged reservoir stays bounded; a window's share of it follows its count
 RESERVOIR_CAP = 2000
+# integers below this are exact in float64
+_EXACT = 2.0**53
 
 
 def _picks(length: int, keep: int) -> list[int] | None:
@@ -103,6 +105,22 @@ def _merge_reservoir_units(
     return tuple(map(int, _merged(old, new, picks)))
 
 
+def _sorted(values: tuple[float, ...]) -> tuple[float, ...]:
+    """sorted(values), the same elements in the same order, by numpy where it is exact.
+
+    A stable sort keeps equal elements (0.0 and -0.0, 1 and 1.0) in their order, as
+    sorted() does; numbers below 2**53 compare in float64 as Python compares them.
+    NaN, infinities, larger integers or non-numbers are left to sorted().
+    """
+    if len(values) < 2:
+        return tuple(values)
+    array = np.asarray(values)
+    if array.dtype != np.float64 or not float(np.abs(array).max()) < _EXACT:
+        return tuple(sorted(values))
+    order: tuple[float, ...] = itemgetter(*np.argsort(array, kind="stable").tolist())(values)
+    return order
+
+
 def _add_units(old: UnitSummary | None, first: bool, new: UnitSummary | None) -> UnitSummary | None:
     if new is None:
         return None
@@ -170,9 +188,9 @@ class VariantTally:
         return dict(self.percentiles_ms).get(q)
 
     @cached_property
-    def _ordered(self) -> list[float]:
+    def _ordered(self) -> tuple[float, ...]:
         # sorted once per value: a snapshot reads five percentiles of the same tally
-        return sorted(self.reservoir_ms)
+        return _sorted(self.reservoir_ms)
 
     def to_snapshot(
         self,
@@ -407,7 +425,12 @@ def _union(held: tuple[int, ...] | None, new: UnitSummary | None) -> tuple[int, 
     if not held:
         return tuple(fresh.tolist())
     # sorted and distinct, as sorted(set(held) | set(fresh)); the hashes fit in int64
-    merged: list[int] = np.union1d(np.array(held, dtype=np.int64), fresh)[:DISTINCT_K].tolist()
+    both = np.concatenate([np.array(held, dtype=np.int64), fresh])
+    both.sort()
+    first = np.empty(both.shape[0], dtype=bool)
+    first[0] = True
+    np.not_equal(both[1:], both[:-1], out=first[1:])
+    merged: list[int] = both[first][:DISTINCT_K].tolist()
     return tuple(merged)
 
 

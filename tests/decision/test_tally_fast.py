@@ -320,3 +320,31 @@ def test_unhex_reads_or_refuses_what_the_reference_did(text: str) -> None:
 )
 def test_hex_writes_what_the_reference_wrote(sketch: tuple[int, ...] | None) -> None:
     assert fast._hex(sketch) == ref_hex(sketch)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        (),
+        (3.0,),
+        (2.0, 1.0, 2.0, 0.5),
+        (0.0, -0.0, 0.0, -1.0),
+        (1, 1.0, True, 0.5, 1),
+        (2**53 + 1, float(2**53), 1.0),
+        (float("nan"), 1.0, 0.5, float("nan")),
+        (float("inf"), -float("inf"), 0.0),
+        (1e308, -1e308, 5.0),
+    ],
+)
+def test_the_sorted_reservoir_is_sorted_s(values: tuple[float, ...]) -> None:
+    ordered = fast._sorted(values)
+    expected = tuple(sorted(values))
+    assert [repr(v) for v in ordered] == [repr(v) for v in expected]
+    assert [id(v) for v in ordered] == [id(v) for v in expected]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from([0.0, -0.0, 1, 1.0, 2.5, -3.0, 7, 1e-300]), max_size=60))
+def test_ties_of_equal_numbers_keep_sorted_s_order(values: list[float]) -> None:
+    ordered = fast._sorted(tuple(values))
+    assert [id(v) for v in ordered] == [id(v) for v in sorted(values)]
