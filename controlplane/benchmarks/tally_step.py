@@ -8,8 +8,8 @@ The windows are the cold round's feed (50 requests a second, a tenth of them in 
 canary at 10%), from a population of users whose hash decides their arm, with the
 collector's 512-sample reservoir and the units' bottom-k sketches.
 
-Run it against two checkouts in turn (PYTHONPATH) to compare implementations:
-    python -m controlplane.benchmarks.tally_step --looks 200
+Run the file with PYTHONPATH at one checkout, then at another, in turn, to compare
+their implementations: `python controlplane/benchmarks/tally_step.py --looks 200`.
 """
 
 from __future__ import annotations
