@@ -15,7 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controlplane.decision import ramp_split
 from controlplane.decision import tally as fast
+from controlplane.decision.ramp_split import RampSplit
 from controlplane.decision.tally import RESERVOIR_CAP, SrmTally, Tally, VariantTally
 from controlplane.kernel.snapshots import PERCENTILE_FIELDS, WindowSnapshot
 from controlplane.kernel.units import DISTINCT_K, UnitSummary, bottom_distinct
@@ -348,3 +350,57 @@ def test_the_sorted_reservoir_is_sorted_s(values: tuple[float, ...]) -> None:
 def test_ties_of_equal_numbers_keep_sorted_s_order(values: list[float]) -> None:
     ordered = fast._sorted(tuple(values))
     assert [id(v) for v in ordered] == [id(v) for v in sorted(values)]
+
+
+# --- the ramp ledger's membership tests --------------------------------------------
+
+
+def _sketches(rng: np.random.Generator, kind: str, n: int, dtype: Any) -> np.ndarray:
+    raw = rng.integers(1, 3000 if kind != "wide" else 2**32, n)
+    if kind == "duplicates":
+        return raw.astype(dtype)
+    if kind == "unsorted":
+        return np.unique(raw).astype(dtype)[::-1].copy()
+    return np.unique(raw).astype(dtype)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    sizes=st.tuples(st.integers(0, 1200), st.integers(0, 1200)),
+    kinds=st.tuples(*[st.sampled_from(("sorted", "wide", "duplicates", "unsorted"))] * 2),
+    dtypes=st.tuples(*[st.sampled_from((np.uint32, np.int64))] * 2),
+)
+def test_isin_is_numpy_s(
+    seed: int, sizes: tuple[int, int], kinds: tuple[str, str], dtypes: tuple[Any, Any]
+) -> None:
+    rng = np.random.default_rng(seed)
+    values = _sketches(rng, kinds[0], sizes[0], dtypes[0])
+    among = _sketches(rng, kinds[1], sizes[1], dtypes[1])
+    expected = np.isin(values, among, assume_unique=True)
+    got = ramp_split._isin(values, among)
+    assert got.dtype == expected.dtype and np.array_equal(got, expected)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), looks=st.integers(1, 30), users=st.integers(50, 9000))
+def test_the_ramp_ledger_is_the_one_isin_kept(seed: int, looks: int, users: int) -> None:
+    rng = np.random.default_rng(seed)
+    population = np.unique(rng.integers(1, 2**32, users, dtype=np.uint32))
+    new = old = RampSplit()
+    for _ in range(looks):
+        weight = int(rng.choice([0, 100, 1000, 5000, 10_000]))
+        active = population[rng.random(population.shape[0]) < 0.3]
+        in_canary = active % 10_000 < weight
+        if rng.random() < 0.1:  # a unit in both arms: the ledger counts it inconsistent
+            in_canary[: 3] = True
+        base = bottom_distinct([active[~in_canary]])
+        canary = bottom_distinct([active[in_canary], active[:3]])
+        new = new.observe(base, canary, weight, seconds=10.0)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(
+                ramp_split, "_isin", lambda a, b: np.isin(a, b, assume_unique=True)
+            )
+            old = old.observe(base, canary, weight, seconds=10.0)
+        assert json.dumps(new.to_dict()) == json.dumps(old.to_dict())
+        assert new.to_evidence() == old.to_evidence()
