@@ -35,6 +35,7 @@ merged plain view, at most 5 s old.
 from __future__ import annotations
 
 import base64
+import binascii
 import bisect
 import json
 import math
@@ -301,7 +302,7 @@ def _hist_rows(entries: list[dict[str, Any]], bins: int) -> I64:
             continue
         if not isinstance(text, str):
             raise ValueError("a partial's histogram is not a string")
-        raw = zlib.decompress(base64.b64decode(text.encode("ascii")))
+        raw = zlib.decompress(binascii.a2b_base64(text.encode("ascii")))
         n = len(raw) // 6
         where.append(raw[: 2 * n])
         counts.append(raw[2 * n : 6 * n])
@@ -327,7 +328,7 @@ def _unit_rows(entries: list[dict[str, Any]]) -> tuple[I64, F64]:
             continue
         if not isinstance(text, str):
             raise ValueError("a partial's unit rows are not a string")
-        raw = zlib.decompress(base64.b64decode(text.encode("ascii")), bufsize=UNIT_BYTES)
+        raw = zlib.decompress(binascii.a2b_base64(text.encode("ascii")), bufsize=UNIT_BYTES)
         if len(raw) != UNIT_BYTES:
             raise ValueError("a second's unit rows have the wrong size")
         raws.append(raw)
@@ -336,6 +337,30 @@ def _unit_rows(entries: list[dict[str, Any]]) -> tuple[I64, F64]:
     counts = np.frombuffer(joined, dtype="<i8").reshape(m, UNIT_ROWS * 5)[:, : UNIT_ROWS * 3]
     sums = np.frombuffer(joined, dtype="<f8").reshape(m, UNIT_ROWS * 5)[:, UNIT_ROWS * 3 :]
     return counts.reshape(m, UNIT_ROWS, 3), sums.reshape(m, UNIT_ROWS, 2)
+
+
+def _packed(texts: list[object], dtype: str, limit: int) -> list[npt.NDArray[Any]]:
+    """The entries' packed arrays of one column (as `_array` reads each), views of one
+    array: a text several entries hold is decoded once."""
+    width = np.dtype(dtype).itemsize
+    spans: dict[str, tuple[int, int]] = {}
+    raws: list[bytes] = []
+    order: list[tuple[int, int]] = []
+    at = 0
+    for text in texts:
+        if not isinstance(text, str):
+            raise ValueError("a partial's packed array is not a string")
+        span = spans.get(text)
+        if span is None:
+            raw = binascii.a2b_base64(text.encode("ascii"), strict_mode=True)
+            if len(raw) % width or len(raw) // width > limit:
+                raise ValueError("a partial's packed array has the wrong size")
+            span = spans[text] = (at, at + len(raw) // width)
+            at = span[1]
+            raws.append(raw)
+        order.append(span)
+    column = np.frombuffer(b"".join(raws), dtype=dtype)
+    return [column[a:b] for a, b in order]
 
 
 def decode_entries(entries: list[object], bins: int) -> list[SecondSums]:
@@ -355,28 +380,22 @@ def decode_entries(entries: list[object], bins: int) -> list[SecondSums]:
     flat = unit_sums.reshape(len(checked), -1)
     peaks = flat.max(axis=1).tolist()
     whole = ((flat >= 0) & (np.floor(flat) == flat)).all(axis=1).tolist()
-    packed: dict[tuple[object, str, int], npt.NDArray[Any]] = {}
-
-    def array(text: object, dtype: str, limit: int) -> npt.NDArray[Any]:
-        key = (text, dtype, limit)
-        held = packed.get(key) if isinstance(text, str) else None
-        if held is None:
-            held = packed[key] = _array(text, dtype, limit)
-        return held
-
+    res_keys = _packed([e["res_k"] for e in checked], "<f4", SECOND_RESERVOIR_SIZE)
+    res_us = _packed([e["res_v"] for e in checked], "<u4", SECOND_RESERVOIR_SIZE)
+    res_units = _packed([e["res_u"] for e in checked], "<u4", SECOND_RESERVOIR_SIZE)
+    distincts = _packed([e["distinct"] for e in checked], "<u4", DISTINCT_K)
     parts: list[tuple[Any, ...]] = []
-    for entry in checked:
-        keys = array(entry["res_k"], "<f4", SECOND_RESERVOIR_SIZE)
-        values = array(entry["res_v"], "<u4", SECOND_RESERVOIR_SIZE)
-        units = array(entry["res_u"], "<u4", SECOND_RESERVOIR_SIZE)
+    for i, entry in enumerate(checked):
+        keys, values, units = res_keys[i], res_us[i], res_units[i]
         if not keys.shape[0] == values.shape[0] == units.shape[0]:
             raise ValueError("a partial's reservoir columns differ in length")
         sum_us = _number(entry["sum"])
         count, failures = _count(entry["count"]), _count(entry["fail"])
         above, stale = _count(entry["above"]), bool(entry["stale"])
         shed = _count(entry.get("shed", 0))
-        distinct = array(entry["distinct"], "<u4", DISTINCT_K)
-        parts.append((count, failures, sum_us, above, stale, shed, keys, values, units, distinct))
+        parts.append(
+            (count, failures, sum_us, above, stale, shed, keys, values, units, distincts[i])
+        )
     tally = np.array([(p[0], p[1], 0 if p[4] else p[3], int(p[4]), p[5]) for p in parts],
                      dtype=np.int64)  # fmt: skip
     out: list[SecondSums] = []
