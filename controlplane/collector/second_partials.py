@@ -239,16 +239,6 @@ def _number(value: object) -> float:
     return number
 
 
-def _array(text: object, dtype: str, limit: int) -> npt.NDArray[Any]:
-    if not isinstance(text, str):
-        raise ValueError("a partial's packed array is not a string")
-    raw = base64.b64decode(text.encode("ascii"), validate=True)
-    width = np.dtype(dtype).itemsize
-    if len(raw) % width or len(raw) // width > limit:
-        raise ValueError("a partial's packed array has the wrong size")
-    return np.frombuffer(raw, dtype=dtype)
-
-
 @dataclass(frozen=True)
 class SecondSums:
     """One latency of one variant in one second, decoded."""
@@ -340,8 +330,9 @@ def _unit_rows(entries: list[dict[str, Any]]) -> tuple[I64, F64]:
 
 
 def _packed(texts: list[object], dtype: str, limit: int) -> list[npt.NDArray[Any]]:
-    """The entries' packed arrays of one column (as `_array` reads each), views of one
-    array: a text several entries hold is decoded once."""
+    """The entries' packed arrays of one column (strict base64 of little-endian `dtype`,
+    at most `limit` items each), views of one array: a text several entries hold is
+    decoded once."""
     width = np.dtype(dtype).itemsize
     spans: dict[str, tuple[int, int]] = {}
     raws: list[bytes] = []
