@@ -35,9 +35,11 @@ merged plain view, at most 5 s old.
 from __future__ import annotations
 
 import base64
+import binascii
 import bisect
 import json
 import math
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -237,16 +239,6 @@ def _number(value: object) -> float:
     return number
 
 
-def _array(text: object, dtype: str, limit: int) -> npt.NDArray[Any]:
-    if not isinstance(text, str):
-        raise ValueError("a partial's packed array is not a string")
-    raw = base64.b64decode(text.encode("ascii"), validate=True)
-    width = np.dtype(dtype).itemsize
-    if len(raw) % width or len(raw) // width > limit:
-        raise ValueError("a partial's packed array has the wrong size")
-    return np.frombuffer(raw, dtype=dtype)
-
-
 @dataclass(frozen=True)
 class SecondSums:
     """One latency of one variant in one second, decoded."""
@@ -273,48 +265,153 @@ class SecondSums:
 
     @classmethod
     def decode(cls, entry: object, bins: int) -> SecondSums:
-        from controlplane.collector.sharding import decode_hist_row_into, decode_unit_rows_into
+        """One latency's entry alone (`decode_entries` decodes a field's together)."""
+        return decode_entries([entry], bins)[0]
 
+
+# what the writer's encoders make of a second without samples: such a field is
+# recognised by its text and not inflated (any other text is, so a writer whose zlib
+# deflates differently is read all the same)
+EMPTY_HIST = base64.b64encode(zlib.compress(b"", 1)).decode("ascii")
+UNIT_BYTES = UNIT_ROWS * 5 * 8
+ZERO_UNITS = bytes(UNIT_BYTES)
+EMPTY_UNITS = base64.b64encode(zlib.compress(ZERO_UNITS, 1)).decode("ascii")
+
+
+def _hist_rows(entries: list[dict[str, Any]], bins: int) -> I64:
+    """The entries' sparse histograms, one dense row each: every (bin, count) pair of
+    the field set in one scatter (a bin named twice keeps its last count, as adding
+    into a row of zeros did)."""
+    where: list[bytes] = []
+    counts: list[bytes] = []
+    sizes: list[int] = []
+    for entry in entries:
+        text = entry["hist"]
+        if text == EMPTY_HIST:
+            sizes.append(0)
+            continue
+        if not isinstance(text, str):
+            raise ValueError("a partial's histogram is not a string")
+        raw = zlib.decompress(binascii.a2b_base64(text.encode("ascii")))
+        n = len(raw) // 6
+        where.append(raw[: 2 * n])
+        counts.append(raw[2 * n : 6 * n])
+        sizes.append(n)
+    hist = np.zeros((len(entries), bins), dtype=np.int64)
+    bin_of = np.frombuffer(b"".join(where), dtype="<u2")
+    if bin_of.shape[0]:
+        if int(bin_of.max()) >= bins:
+            raise ValueError("a partial's histogram names a bin beyond its bins")
+        rows = np.repeat(np.arange(len(entries)), sizes)
+        hist[rows, bin_of] = np.frombuffer(b"".join(counts), dtype="<u4")
+    return hist
+
+
+def _unit_rows(entries: list[dict[str, Any]]) -> tuple[I64, F64]:
+    """The entries' unit rows, (entries, UNIT_ROWS, 3) counts and (…, 2) sums, read
+    from one buffer of all of them."""
+    raws: list[bytes] = []
+    for entry in entries:
+        text = entry["units"]
+        if text == EMPTY_UNITS:
+            raws.append(ZERO_UNITS)
+            continue
+        if not isinstance(text, str):
+            raise ValueError("a partial's unit rows are not a string")
+        raw = zlib.decompress(binascii.a2b_base64(text.encode("ascii")), bufsize=UNIT_BYTES)
+        if len(raw) != UNIT_BYTES:
+            raise ValueError("a second's unit rows have the wrong size")
+        raws.append(raw)
+    joined = b"".join(raws)
+    m = len(entries)
+    counts = np.frombuffer(joined, dtype="<i8").reshape(m, UNIT_ROWS * 5)[:, : UNIT_ROWS * 3]
+    sums = np.frombuffer(joined, dtype="<f8").reshape(m, UNIT_ROWS * 5)[:, UNIT_ROWS * 3 :]
+    return counts.reshape(m, UNIT_ROWS, 3), sums.reshape(m, UNIT_ROWS, 2)
+
+
+def _packed(texts: list[object], dtype: str, limit: int) -> list[npt.NDArray[Any]]:
+    """The entries' packed arrays of one column (strict base64 of little-endian `dtype`,
+    at most `limit` items each), views of one array: a text several entries hold is
+    decoded once."""
+    width = np.dtype(dtype).itemsize
+    spans: dict[str, tuple[int, int]] = {}
+    raws: list[bytes] = []
+    order: list[tuple[int, int]] = []
+    at = 0
+    for text in texts:
+        if not isinstance(text, str):
+            raise ValueError("a partial's packed array is not a string")
+        span = spans.get(text)
+        if span is None:
+            raw = binascii.a2b_base64(text.encode("ascii"), strict_mode=True)
+            if len(raw) % width or len(raw) // width > limit:
+                raise ValueError("a partial's packed array has the wrong size")
+            span = spans[text] = (at, at + len(raw) // width)
+            at = span[1]
+            raws.append(raw)
+        order.append(span)
+    column = np.frombuffer(b"".join(raws), dtype=dtype)
+    return [column[a:b] for a, b in order]
+
+
+def decode_entries(entries: list[object], bins: int) -> list[SecondSums]:
+    """Latency entries (of one second field), decoded together: the histograms,
+    unit rows and integrality checks of all of them in a few array operations, and
+    a packed array named by several entries (a first-byte second shares its total's
+    reservoir keys, units and distinct units) decoded once."""
+    checked: list[dict[str, Any]] = []
+    for entry in entries:
         if not isinstance(entry, dict):
             raise ValueError("a partial's second entry is not an object")
-        hist = np.zeros(bins, dtype=np.int64)
-        decode_hist_row_into(entry["hist"], hist)
-        unit_counts = np.zeros((UNIT_ROWS, 3), dtype=np.int64)
-        unit_sums = np.zeros((UNIT_ROWS, 2), dtype=np.float64)
-        decode_unit_rows_into(entry["units"], unit_counts, unit_sums)
-        keys = _array(entry["res_k"], "<f4", SECOND_RESERVOIR_SIZE)
-        values = _array(entry["res_v"], "<u4", SECOND_RESERVOIR_SIZE)
-        units = _array(entry["res_u"], "<u4", SECOND_RESERVOIR_SIZE)
+        checked.append(entry)
+    if not checked:
+        return []
+    hist = _hist_rows(checked, bins)
+    unit_counts, unit_sums = _unit_rows(checked)
+    flat = unit_sums.reshape(len(checked), -1)
+    peaks = flat.max(axis=1).tolist()
+    whole = ((flat >= 0) & (np.floor(flat) == flat)).all(axis=1).tolist()
+    res_keys = _packed([e["res_k"] for e in checked], "<f4", SECOND_RESERVOIR_SIZE)
+    res_us = _packed([e["res_v"] for e in checked], "<u4", SECOND_RESERVOIR_SIZE)
+    res_units = _packed([e["res_u"] for e in checked], "<u4", SECOND_RESERVOIR_SIZE)
+    distincts = _packed([e["distinct"] for e in checked], "<u4", DISTINCT_K)
+    parts: list[tuple[Any, ...]] = []
+    for i, entry in enumerate(checked):
+        keys, values, units = res_keys[i], res_us[i], res_units[i]
         if not keys.shape[0] == values.shape[0] == units.shape[0]:
             raise ValueError("a partial's reservoir columns differ in length")
         sum_us = _number(entry["sum"])
-        peak = max(sum_us, float(unit_sums.max()), 0.0)
-        integral = (
-            sum_us.is_integer()
-            and peak <= EXACT_LIMIT
-            and bool((unit_sums >= 0).all() and (np.floor(unit_sums) == unit_sums).all())
-        )
         count, failures = _count(entry["count"]), _count(entry["fail"])
         above, stale = _count(entry["above"]), bool(entry["stale"])
         shed = _count(entry.get("shed", 0))
-        return cls(
+        parts.append(
+            (count, failures, sum_us, above, stale, shed, keys, values, units, distincts[i])
+        )
+    tally = np.array([(p[0], p[1], 0 if p[4] else p[3], int(p[4]), p[5]) for p in parts],
+                     dtype=np.int64)  # fmt: skip
+    out: list[SecondSums] = []
+    for i, part in enumerate(parts):
+        count, failures, sum_us, above, stale, shed, keys, values, units, distinct = part
+        peak = max(sum_us, peaks[i], 0.0)
+        out.append(SecondSums(
             count=count,
             failures=failures,
             sum_us=sum_us,
             above=above,
             stale=stale,
             shed=shed,
-            hist=hist,
-            unit_counts=unit_counts,
-            unit_sums=unit_sums,
-            res_keys=keys.astype(np.float32, copy=False),
-            res_us=values.astype(np.uint32, copy=False),
-            res_units=units.astype(np.uint32, copy=False),
-            distinct=_array(entry["distinct"], "<u4", DISTINCT_K).astype(np.uint32, copy=False),
+            hist=hist[i],
+            unit_counts=unit_counts[i],
+            unit_sums=unit_sums[i],
+            res_keys=keys,
+            res_us=values,
+            res_units=units,
+            distinct=distinct,
             float_peak=peak if math.isfinite(peak) else math.inf,
-            integral=integral,
-            tally=np.array([count, failures, 0 if stale else above, int(stale), shed], np.int64),
-        )
+            integral=sum_us.is_integer() and peak <= EXACT_LIMIT and whole[i],
+            tally=tally[i],
+        ))  # fmt: skip
+    return out
 
 
 Second = dict[str, tuple[SecondSums, SecondSums]]  # variant → (total, first byte)
@@ -330,12 +427,14 @@ def decode_second(raw: str, bins: int) -> tuple[int, Second]:
         raise ValueError("a partial's second is not an integer")
     if len(data["variants"]) > MAX_VARIANTS:
         raise ValueError("a partial's second has too many variants")
-    out: Second = {}
-    for name, entry in data["variants"].items():
+    entries: list[object] = []
+    for entry in data["variants"].values():
         if not isinstance(entry, dict):
             raise ValueError("a partial's second entry is not an object")
-        out[str(name)] = (SecondSums.decode(entry, bins), SecondSums.decode(entry["fb"], bins))
-    return second, out
+        entries += (entry, entry["fb"])
+    sums = decode_entries(entries, bins)
+    names = [str(name) for name in data["variants"]]
+    return second, {name: (sums[2 * i], sums[2 * i + 1]) for i, name in enumerate(names)}
 
 
 def _row_of(s: SecondSums, column: str) -> Any:

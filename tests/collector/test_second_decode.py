@@ -1,0 +1,260 @@
+"""A second field decoded in one pass gives what decoding each latency alone gave.
+
+`reference_decode_second` is the decoder the one-pass decode replaced, kept here as
+the plain recomputation: on generated second fields (empty and full latencies, a
+first-byte entry sharing its total's packed texts or not, float sums integral or
+not) both give the same sums field for field; on malformed fields both refuse, the
+one-pass decode with an error its readers report (never an IndexError).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import zlib
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controlplane.collector.ring import SECOND_RESERVOIR_SIZE
+from controlplane.collector.second_partials import (
+    EMPTY_HIST,
+    EMPTY_UNITS,
+    EXACT_LIMIT,
+    MAX_VARIANTS,
+    SecondSums,
+    decode_second,
+)
+from controlplane.collector.sharding import (
+    decode_hist_row_into,
+    decode_unit_rows_into,
+    encode_hist_row,
+    encode_unit_rows,
+)
+from controlplane.collector.totals import UNIT_ROWS
+from controlplane.kernel.units import DISTINCT_K
+
+BINS = 64
+REFUSALS = (KeyError, TypeError, ValueError, AttributeError, binascii.Error, zlib.error)
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**53:
+        raise ValueError("count")
+    return value
+
+
+def _number(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("sum")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ValueError("sum")
+    return number
+
+
+def _array(text: object, dtype: str, limit: int) -> npt.NDArray[Any]:
+    if not isinstance(text, str):
+        raise ValueError("packed")
+    raw = base64.b64decode(text.encode("ascii"), validate=True)
+    width = np.dtype(dtype).itemsize
+    if len(raw) % width or len(raw) // width > limit:
+        raise ValueError("packed")
+    return np.frombuffer(raw, dtype=dtype)
+
+
+def reference_decode(entry: object, bins: int) -> dict[str, Any]:
+    """One latency decoded alone, as the reader did before the one-pass decode."""
+    if not isinstance(entry, dict):
+        raise ValueError("entry")
+    hist = np.zeros(bins, dtype=np.int64)
+    decode_hist_row_into(entry["hist"], hist)
+    unit_counts = np.zeros((UNIT_ROWS, 3), dtype=np.int64)
+    unit_sums = np.zeros((UNIT_ROWS, 2), dtype=np.float64)
+    decode_unit_rows_into(entry["units"], unit_counts, unit_sums)
+    keys = _array(entry["res_k"], "<f4", SECOND_RESERVOIR_SIZE)
+    values = _array(entry["res_v"], "<u4", SECOND_RESERVOIR_SIZE)
+    units = _array(entry["res_u"], "<u4", SECOND_RESERVOIR_SIZE)
+    if not keys.shape[0] == values.shape[0] == units.shape[0]:
+        raise ValueError("reservoir")
+    sum_us = _number(entry["sum"])
+    peak = max(sum_us, float(unit_sums.max()), 0.0)
+    integral = (
+        sum_us.is_integer()
+        and peak <= EXACT_LIMIT
+        and bool((unit_sums >= 0).all() and (np.floor(unit_sums) == unit_sums).all())
+    )
+    count, failures = _count(entry["count"]), _count(entry["fail"])
+    above, stale = _count(entry["above"]), bool(entry["stale"])
+    shed = _count(entry.get("shed", 0))
+    return {
+        "count": count,
+        "failures": failures,
+        "sum_us": sum_us,
+        "above": above,
+        "stale": stale,
+        "shed": shed,
+        "hist": hist,
+        "unit_counts": unit_counts,
+        "unit_sums": unit_sums,
+        "res_keys": keys.astype(np.float32, copy=False),
+        "res_us": values.astype(np.uint32, copy=False),
+        "res_units": units.astype(np.uint32, copy=False),
+        "distinct": _array(entry["distinct"], "<u4", DISTINCT_K).astype(np.uint32, copy=False),
+        "float_peak": peak if math.isfinite(peak) else math.inf,
+        "integral": integral,
+        "tally": np.array([count, failures, 0 if stale else above, int(stale), shed], np.int64),
+    }
+
+
+def reference_decode_second(raw: str, bins: int) -> tuple[int, dict[str, Any]]:
+    data = json.loads(raw)
+    if not isinstance(data, dict) or not isinstance(data.get("variants"), dict):
+        raise ValueError("field")
+    second = data["s"]
+    if isinstance(second, bool) or not isinstance(second, int):
+        raise ValueError("second")
+    if len(data["variants"]) > MAX_VARIANTS:
+        raise ValueError("variants")
+    out: dict[str, Any] = {}
+    for name, entry in data["variants"].items():
+        if not isinstance(entry, dict):
+            raise ValueError("entry")
+        out[str(name)] = (reference_decode(entry, bins), reference_decode(entry["fb"], bins))
+    return second, out
+
+
+def _same(new: SecondSums, old: dict[str, Any]) -> None:
+    for name, want in old.items():
+        got = getattr(new, name)
+        if isinstance(want, np.ndarray):
+            assert got.dtype == want.dtype, name
+            assert got.shape == want.shape, name
+            assert np.array_equal(got, want, equal_nan=want.dtype.kind == "f"), name
+        elif isinstance(want, float) and math.isnan(want):
+            assert math.isnan(got), name
+        else:
+            assert type(got) is type(want) and got == want, name
+
+
+def _b64(values: npt.NDArray[Any], dtype: str) -> str:
+    return base64.b64encode(values.astype(dtype).tobytes()).decode("ascii")
+
+
+@st.composite
+def _entry(draw: st.DrawFn, *, empty: bool, twin: dict[str, Any] | None) -> dict[str, Any]:
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    hist = np.zeros(BINS, dtype=np.int64)
+    counts = np.zeros((UNIT_ROWS, 3), dtype=np.int64)
+    sums = np.zeros((UNIT_ROWS, 2), dtype=np.float64)
+    fill = 0
+    if not empty:
+        where = rng.integers(0, BINS, draw(st.integers(0, 12)))
+        hist[where] = rng.integers(1, 2**31, where.shape[0])
+        counts[:] = rng.integers(0, 1000, counts.shape)
+        sums[:] = rng.integers(0, 10**6, sums.shape)
+        kind = draw(st.sampled_from(["integral", "fraction", "negative", "nan", "huge"]))
+        cell = (int(rng.integers(0, UNIT_ROWS)), int(rng.integers(0, 2)))
+        sums[cell] = {"integral": sums[cell], "fraction": 0.5, "negative": -3.0,
+                      "nan": math.nan, "huge": 2.0**60}[kind]  # fmt: skip
+        fill = draw(st.integers(0, SECOND_RESERVOIR_SIZE))
+    entry: dict[str, Any] = {
+        "count": int(hist.sum()) if not empty else 0,
+        "fail": draw(st.integers(0, 5)),
+        "sum": draw(st.sampled_from([0.0, 12345.0, 0.25, 2.0**60])),
+        "above": draw(st.integers(0, 5)),
+        "stale": draw(st.sampled_from([0, 1])),
+        "hist": encode_hist_row(hist),
+        "units": encode_unit_rows(counts, sums),
+        "res_k": _b64(rng.random(fill), "<f4"),
+        "res_v": _b64(rng.integers(0, 2**32, fill), "<u4"),
+        "res_u": _b64(rng.integers(0, 2**32, fill), "<u4"),
+        "distinct": _b64(np.sort(rng.integers(0, 2**32, min(fill, DISTINCT_K))), "<u4"),
+    }
+    if draw(st.booleans()):
+        entry["shed"] = draw(st.integers(0, 9))
+    if twin is not None and len(base64.b64decode(twin["res_k"])) == 4 * fill:
+        for name in ("res_k", "res_u", "distinct"):
+            entry[name] = twin[name]
+    return entry
+
+
+# what a damaged field may hold in place of one of an entry's values
+_DAMAGE = st.sampled_from([
+    None, 7, True, -1, 2**60, "", "!!", "AAAA", "not base64", [1], {"a": 1}, math.inf,
+    base64.b64encode(zlib.compress(b"\x01\x02\x03", 1)).decode("ascii"),
+    base64.b64encode(zlib.compress(b"\xff\xff\x01\x00\x00\x00", 1)).decode("ascii"),
+    base64.b64encode(zlib.compress(bytes(8 * 5 * UNIT_ROWS), 1)[:-3]).decode("ascii"),
+    base64.b64encode(b"\x00\x00\x00").decode("ascii"),
+])  # fmt: skip
+_KEYS = ["count", "fail", "sum", "above", "stale", "shed", "hist", "units",
+         "res_k", "res_v", "res_u", "distinct", "fb"]  # fmt: skip
+
+
+@st.composite
+def _field(draw: st.DrawFn) -> tuple[str, bool]:
+    variants: dict[str, Any] = {}
+    for v in range(draw(st.integers(0, 3))):
+        total = draw(_entry(empty=draw(st.booleans()), twin=None))
+        paired = draw(st.booleans())
+        total["fb"] = draw(_entry(empty=draw(st.booleans()), twin=total if paired else None))
+        variants[f"v{v}"] = total
+    damaged = bool(variants) and draw(st.booleans())
+    if damaged:
+        entry = variants[draw(st.sampled_from(sorted(variants)))]
+        if draw(st.booleans()):
+            entry = entry["fb"]
+        key = draw(st.sampled_from(_KEYS))
+        if draw(st.booleans()):
+            entry.pop(key, None)
+        else:
+            entry[key] = draw(_DAMAGE)
+    return json.dumps({"s": 17, "variants": variants}), damaged
+
+
+@settings(max_examples=400, deadline=None)
+@given(_field())
+def test_one_pass_decode_is_the_per_latency_decode(case: tuple[str, bool]) -> None:
+    raw, _ = case
+    try:
+        want = reference_decode_second(raw, BINS)
+    except Exception:  # any refusal of the old decode, an IndexError too
+        refused = True
+    else:
+        refused = False
+    if refused:
+        try:
+            decode_second(raw, BINS)
+        except REFUSALS:
+            return
+        raise AssertionError("the one-pass decode accepted a field the old one refused")
+    second, got = decode_second(raw, BINS)
+    assert second == want[0]
+    assert list(got) == list(want[1])
+    for name, (total, first) in got.items():
+        _same(total, want[1][name][0])
+        _same(first, want[1][name][1])
+
+
+def test_a_bin_beyond_the_histogram_is_a_refusal_not_an_index_error() -> None:
+    raw_hist = np.array([BINS + 3], "<u2").tobytes() + np.array([1], "<u4").tobytes()
+    entry = {"count": 1, "fail": 0, "sum": 0.0, "above": 0, "stale": 0,
+             "hist": base64.b64encode(zlib.compress(raw_hist, 1)).decode("ascii"),
+             "units": EMPTY_UNITS, "res_k": "", "res_v": "", "res_u": "",
+             "distinct": ""}  # fmt: skip
+    try:
+        SecondSums.decode(entry, BINS)
+    except ValueError:
+        return
+    raise AssertionError("a bin beyond the histogram was accepted")
+
+
+def test_the_empty_texts_are_what_the_writer_makes_of_an_empty_second() -> None:
+    zeros = np.zeros((UNIT_ROWS, 3), dtype=np.int64), np.zeros((UNIT_ROWS, 2))
+    assert encode_hist_row(np.zeros(BINS, dtype=np.int64)) == EMPTY_HIST
+    assert encode_unit_rows(*zeros) == EMPTY_UNITS
