@@ -100,20 +100,6 @@ def _second_entry(
     from controlplane.collector.sharding import encode_hist_row, encode_unit_rows
 
     fill = int(ring.res_fill[slot])
-    if twin is not None:
-        return {
-            "count": int(ring.count[slot]),
-            "fail": int(ring.failures[slot]),
-            "sum": float(ring.sum_us[slot]),
-            "above": int(ring.above[slot]),
-            "stale": int(bool(ring.stale[slot])),
-            "hist": encode_hist_row(ring.hist[slot]),
-            "units": encode_unit_rows(ring.unit_counts[slot], ring.unit_sums[slot]),
-            "res_k": twin["res_k"],
-            "res_v": _b64_le(ring.res_us[slot, :fill], "<u4"),
-            "res_u": twin["res_u"],
-            "distinct": twin["distinct"],
-        }
     entry: dict[str, Any] = {
         "count": int(ring.count[slot]),
         "fail": int(ring.failures[slot]),
@@ -122,10 +108,10 @@ def _second_entry(
         "stale": int(bool(ring.stale[slot])),
         "hist": encode_hist_row(ring.hist[slot]),
         "units": encode_unit_rows(ring.unit_counts[slot], ring.unit_sums[slot]),
-        "res_k": _b64_le(ring.res_keys[slot, :fill], "<f4"),
+        "res_k": twin["res_k"] if twin else _b64_le(ring.res_keys[slot, :fill], "<f4"),
         "res_v": _b64_le(ring.res_us[slot, :fill], "<u4"),
-        "res_u": _b64_le(ring.res_unit[slot, :fill], "<u4"),
-        "distinct": _b64_le(ring.distinct[slot], "<u4"),
+        "res_u": twin["res_u"] if twin else _b64_le(ring.res_unit[slot, :fill], "<u4"),
+        "distinct": twin["distinct"] if twin else _b64_le(ring.distinct[slot], "<u4"),
     }
     if shed:
         entry["shed"] = int(ring.shed[slot])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -20,9 +19,6 @@ from controlplane.benchmarks.decision import (
     Traffic,
 )
 from controlplane.controller.apply import decided_state
-from controlplane.db.migrate import upgrade
-from controlplane.db.session import Database, make_engine
-from controlplane.db.store import SqlExperimentStore
 from controlplane.decision.model import Decision, RolloutState
 from controlplane.decision.rollout import decide, start
 from controlplane.experiments.lifecycle import ExperimentState
@@ -37,16 +33,6 @@ SPEC = ExperimentSpec(
     sticky_header="x-user-id", sticky_cookie=None, rule=None,
 )  # fmt: skip
 
-
-@pytest.fixture(params=["postgresql", "sqlite"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[ExperimentStore]:
-    url = request.getfixturevalue("pg_url" if request.param == "postgresql" else "sqlite_url")
-    upgrade(url)
-    database = Database(make_engine(url))
-    try:
-        yield SqlExperimentStore(database)
-    finally:
-        database.dispose()
 
 
 def _decisions(seed: int, degrade: Degradation, looks: int) -> list[Decision]:

@@ -3,15 +3,11 @@ typed records out, stale writes refused."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from controlplane.db.migrate import upgrade
-from controlplane.db.session import Database, make_engine
-from controlplane.db.store import SqlExperimentStore
 from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import ACTIVE, BreakerState, ExperimentState
 from controlplane.experiments.store import ExperimentSpec, ExperimentStore, StepSpec
@@ -34,16 +30,6 @@ def spec(service: str = "checkout", name: str = "v2") -> ExperimentSpec:
 class Boom(Exception):
     pass
 
-
-@pytest.fixture(params=["postgresql", "sqlite"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[ExperimentStore]:
-    url = request.getfixturevalue("pg_url" if request.param == "postgresql" else "sqlite_url")
-    upgrade(url)
-    database = Database(make_engine(url))
-    try:
-        yield SqlExperimentStore(database)
-    finally:
-        database.dispose()
 
 
 async def test_a_record_comes_back_typed_with_its_spec(store: ExperimentStore) -> None:
