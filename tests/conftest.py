@@ -30,6 +30,25 @@ ETCD = os.environ.get("CANARY_TEST_ETCD", "127.0.0.1:2379")
 REDIS = os.environ.get("CANARY_TEST_REDIS", "redis://127.0.0.1:6379/0")
 PG = os.environ.get("CANARY_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
+
+def _resolve_lazy_imports() -> None:
+    """Import now what anyio would import on first use, possibly in a server's thread.
+
+    anyio ships a pytest plugin, so pytest's assertion rewriter compiles every anyio
+    module it imports. On Python 3.11 that compile is not thread-safe ("AST constructor
+    recursion depth mismatch"): a static file served from a live API's thread, the
+    first time it asks for `anyio.open_file`, could fail while the main thread compiles
+    too. Resolving the lazy names here, before any thread starts, leaves nothing to
+    compile later.
+    """
+    import anyio
+
+    for name in dir(anyio):
+        getattr(anyio, name)
+
+
+_resolve_lazy_imports()
+
 # a per-example deadline is a wall-clock limit: on two busy cores it fails tests whose
 # behaviour is right; speed is measured by `canary bench`, not asserted here
 hypothesis_settings.register_profile("suite", deadline=None)
