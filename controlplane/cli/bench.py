@@ -30,6 +30,7 @@ BENCHMARKS: dict[str, str] = {
     "scale": "controlplane.benchmarks.scale:run",
     "shard-takeover": "controlplane.benchmarks.shard_takeover:run",
     "round": "controlplane.benchmarks.round:run",
+    "memory": "controlplane.benchmarks.memory_commit:run",
     "router": "controlplane.benchmarks.router:run",
 }
 

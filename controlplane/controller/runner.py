@@ -41,6 +41,7 @@ from controlplane.decision.model import Decision, RolloutState
 from controlplane.decision.rollout import decide, fast_window_sec
 from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import ACTIVE, TERMINAL, ExperimentState
+from controlplane.experiments.memory_parts import same_evidence
 from controlplane.experiments.rollout_state import inline_rule, rollout_state_of, steps_of
 from controlplane.experiments.store import ExperimentRecord
 from controlplane.history.recorder import HistoryRecorder
@@ -676,7 +677,14 @@ class Controller:
                 for held in shards.values():
                     await tx.hold_shard(shard=held.shard, fence=held.token,
                                         owner=self.identity, now=at)
-            written = await tx.save_states(experiments=states)
+            # the step's evidence is written only when a window changed it (0068)
+            written = await tx.save_states(
+                experiments=states,
+                evidence_stored=[
+                    same_evidence(experiment.rollout_state, state.rollout_state)
+                    for (experiment, _), state in zip(memory, states, strict=True)
+                ],
+            )
         for (_, decision), record in zip(memory, written, strict=True):
             if record is None:
                 self.stats.conflicts += 1

@@ -11,12 +11,15 @@ from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Integer, Select, Table, bindparam, false, func, select, text, update
+from sqlalchemy import Integer, Select, Table, bindparam, delete, false, func, select, text, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from controlplane.db.models import Event, Experiment, StepRow, UTCDateTime, Variant
+from controlplane.db.models import Event, Experiment, RolloutEvidence, StepRow, UTCDateTime, Variant
 from controlplane.db.notifications import enqueue_for_event
 from controlplane.experiments.events import EventKind
+from controlplane.experiments.memory_parts import split_memory
 from controlplane.experiments.store import ExperimentRecord, ExperimentSpec, StepSpec
 from controlplane.kernel import json_text
 from controlplane.kernel.errors import NotFound
@@ -25,6 +28,7 @@ from controlplane.kernel.values import in_sql_range
 
 _Query = TypeVar("_Query", bound=Select[*tuple[Any, ...]])
 EXPERIMENTS: Table = Experiment.__table__  # type: ignore[assignment]
+EVIDENCE: Table = RolloutEvidence.__table__  # type: ignore[assignment]
 # well under SQLite's bound parameters a statement, and PostgreSQL's
 IDS_PER_QUERY = 500
 
@@ -173,13 +177,64 @@ def get_experiments(*, session: Session, ids: Collection[int]) -> list[Experimen
     return found
 
 
+def keep_evidence(row: Experiment, evidence: dict[str, Any] | None) -> None:
+    """Make `row`'s stored evidence `evidence` (None: none), writing it only if it
+    differs from what the row holds."""
+    if evidence is None:
+        row.evidence = None
+    elif row.evidence is None:
+        row.evidence = RolloutEvidence(body=evidence)
+    elif row.evidence.body != evidence:
+        row.evidence.body = evidence
+
+
+def _store_evidence(
+    session: Session, experiments: Sequence[ExperimentRecord], written: Sequence[bool],
+    evidence_stored: Sequence[bool] | None,
+) -> None:
+    """The step's evidence of each written row the caller does not know stored: one
+    upsert for those with a memory, one delete for those without."""
+    upserts: list[dict[str, Any]] = []
+    cleared: list[int] = []
+    for index, (experiment, done) in enumerate(zip(experiments, written, strict=True)):
+        if not done or (evidence_stored is not None and evidence_stored[index]):
+            continue
+        _, evidence = split_memory(experiment.rollout_state)
+        if evidence is None:
+            cleared.append(experiment.id)
+        else:
+            upserts.append({"experiment_id": experiment.id, "body": evidence})
+    connection = session.connection()
+    if upserts:
+        dialect_insert = (
+            postgresql_insert if connection.dialect.name == "postgresql" else sqlite_insert
+        )
+        insert = dialect_insert(EVIDENCE)
+        connection.execute(
+            insert.on_conflict_do_update(
+                index_elements=[EVIDENCE.c.experiment_id], set_={"body": insert.excluded.body}
+            ),
+            upserts,
+        )
+    for start in range(0, len(cleared), IDS_PER_QUERY):
+        chunk = cleared[start : start + IDS_PER_QUERY]
+        connection.execute(delete(EVIDENCE).where(EVIDENCE.c.experiment_id.in_(chunk)))
+
+
 def save_states(
-    *, session: Session, experiments: Sequence[ExperimentRecord]
+    *, session: Session, experiments: Sequence[ExperimentRecord],
+    evidence_stored: Sequence[bool] | None = None,
 ) -> list[bool]:
     """Write each record's runtime state if its row is still at the record's version,
     bumping the version as the ORM's version counter does; per record, whether it was
     written. No read of the row first: a row that moved matches none and is left as it
-    is. One UPDATE per row, or on PostgreSQL one for all (decision 0064)."""
+    is. One UPDATE per row, or on PostgreSQL one for all (decision 0064).
+
+    The memory's step evidence goes to its own table (decision 0068), and only for the
+    rows whose `evidence_stored` is false (all of them by default): a look that added
+    no window writes a few hundred bytes, not the ~240 KB of a full tally."""
+    if evidence_stored is not None and len(evidence_stored) != len(experiments):
+        raise ValueError("evidence_stored must say, for each experiment, whether it is stored")
     statement = (
         update(EXPERIMENTS)
         .where(EXPERIMENTS.c.id == bindparam("row_id"))
@@ -199,8 +254,10 @@ def save_states(
     )
     connection = session.connection()
     if connection.dialect.name == "postgresql" and len(experiments) > 1:
-        return _save_states_at_once(session, experiments)
-    written: list[bool] = []
+        written = _save_states_at_once(session, experiments)
+        _store_evidence(session, experiments, written, evidence_stored)
+        return written
+    written = []
     for experiment in experiments:
         result = connection.execute(statement, {
             "row_id": experiment.id,
@@ -212,10 +269,11 @@ def save_states(
             "canary_weight_bp": experiment.canary_weight_bp,
             "step_started_at": experiment.step_started_at,
             "breaker_changed_at": experiment.breaker_changed_at,
-            "rollout_state": experiment.rollout_state,
+            "rollout_state": split_memory(experiment.rollout_state)[0],
             "updated_at": experiment.updated_at,
         })
         written.append(result.rowcount == 1)
+    _store_evidence(session, experiments, written, evidence_stored)
     return written
 
 
@@ -262,7 +320,7 @@ def _save_states_at_once(
             "step_started": [stamp(e.step_started_at, dialect) for e in chunk],
             "breaker_changed": [stamp(e.breaker_changed_at, dialect) for e in chunk],
             # the JSON column's own text: json_text.dumps is the engine's serializer
-            "memories": [json_text.dumps(e.rollout_state) for e in chunk],
+            "memories": [json_text.dumps(split_memory(e.rollout_state)[0]) for e in chunk],
             "updated": [stamp(e.updated_at, dialect) for e in chunk],
         }
         done.update(session.connection().execute(_SAVE_STATES_AT_ONCE, params).scalars())

@@ -133,6 +133,13 @@ class Experiment(Base):
         order_by="StepRow.position",
         lazy="selectin",
     )
+    # the step's evidence part of `rollout_state`, written only when it changes
+    # (experiments.memory_parts, decision 0068)
+    evidence: Mapped[RolloutEvidence | None] = relationship(
+        back_populates="experiment",
+        cascade="all, delete-orphan",
+        lazy="selectin",
+    )
 
     __mapper_args__ = {"version_id_col": version}  # noqa: RUF012 (SQLAlchemy declares it)
 
@@ -157,6 +164,23 @@ class Variant(Base):
     version: Mapped[str | None] = mapped_column(String(64))
 
     experiment: Mapped[Experiment] = relationship(back_populates="variants")
+
+
+class RolloutEvidence(Base):
+    """The step's evidence of an experiment's rollout memory (the tallies and the ramp's
+    ledger): up to ~240 KB that change once a window, kept apart from the few fields
+    every look rewrites (decision 0068)."""
+
+    __tablename__ = "rollout_evidence"
+
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"),
+        primary_key=True,
+        autoincrement=False,
+    )
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+    experiment: Mapped[Experiment] = relationship(back_populates="evidence")
 
 
 class StepRow(Base):

@@ -27,6 +27,7 @@ from controlplane.db.models import Event, Experiment
 from controlplane.db.session import Database, Transaction
 from controlplane.experiments.events import EventKind
 from controlplane.experiments.lifecycle import BreakerState, ExperimentState
+from controlplane.experiments.memory_parts import merged_memory, split_memory
 from controlplane.experiments.releases import ReleaseChange, ReleaseRecord, StableRecord
 from controlplane.experiments.store import (
     EventRecord,
@@ -65,7 +66,9 @@ def experiment_record(row: Experiment) -> ExperimentRecord:
         step_started_at=row.step_started_at,
         breaker_changed_at=row.breaker_changed_at,
         route_revision=row.route_revision,
-        rollout_state=dict(row.rollout_state) if row.rollout_state is not None else None,
+        rollout_state=merged_memory(
+            row.rollout_state, row.evidence.body if row.evidence is not None else None
+        ),
         created_at=row.created_at,
         updated_at=row.updated_at,
         version=row.version,
@@ -141,7 +144,9 @@ def _save_state(*, session: Session, experiment: ExperimentRecord) -> Experiment
     row.canary_weight_bp = experiment.canary_weight_bp
     row.step_started_at = experiment.step_started_at
     row.breaker_changed_at = experiment.breaker_changed_at
-    row.rollout_state = experiment.rollout_state
+    look, evidence = split_memory(experiment.rollout_state)
+    row.rollout_state = look
+    rows.keep_evidence(row, evidence)
     row.updated_at = experiment.updated_at
     # the flush checks the row version and the one-active-per-service index now
     session.flush()
@@ -164,9 +169,12 @@ def _load_many(*, session: Session, ids: Collection[int]) -> list[ExperimentReco
 
 
 def _save_states(
-    *, session: Session, experiments: Sequence[ExperimentRecord]
+    *, session: Session, experiments: Sequence[ExperimentRecord],
+    evidence_stored: Sequence[bool] | None,
 ) -> list[ExperimentRecord | None]:
-    written = rows.save_states(session=session, experiments=experiments)
+    written = rows.save_states(
+        session=session, experiments=experiments, evidence_stored=evidence_stored
+    )
     return [
         replace(experiment, version=experiment.version + 1) if done else None
         for experiment, done in zip(experiments, written, strict=True)
@@ -244,9 +252,12 @@ class SqlStoreTransaction:
         return await self._tx.run(_load_many, ids=ids)
 
     async def save_states(
-        self, *, experiments: Sequence[ExperimentRecord]
+        self, *, experiments: Sequence[ExperimentRecord],
+        evidence_stored: Sequence[bool] | None = None,
     ) -> list[ExperimentRecord | None]:
-        return await self._tx.run(_save_states, experiments=experiments)
+        return await self._tx.run(
+            _save_states, experiments=experiments, evidence_stored=evidence_stored
+        )
 
     async def delete_experiment(self, *, experiment: ExperimentRecord) -> None:
         await self._tx.run(_delete, experiment=experiment)

@@ -205,11 +205,16 @@ class StoreTransaction(Protocol):
         ...
 
     async def save_states(
-        self, *, experiments: Sequence[ExperimentRecord]
+        self, *, experiments: Sequence[ExperimentRecord],
+        evidence_stored: Sequence[bool] | None = None,
     ) -> list[ExperimentRecord | None]:
         """`save_state` of each, without reading the rows first; per experiment its
         record at the new version, or None when the stored one moved on (or is gone)
-        since `experiment.version`: that row is left as it is, the others written."""
+        since `experiment.version`: that row is left as it is, the others written.
+
+        `evidence_stored[i]`: the caller knows the store already holds the step's
+        evidence of `experiments[i]`'s memory (experiments.memory_parts), so only the
+        rest of the memory is written; by default every part is written."""
         ...
 
     async def delete_experiment(self, *, experiment: ExperimentRecord) -> None: ...

@@ -14,7 +14,7 @@ from controlplane.db.session import make_engine
 TABLES = {
     "experiments", "variants", "steps", "events", "api_tokens", "service_routes",
     "notification_subscriptions", "notification_deliveries", "history_points",
-    "history_metric_points", "stable_versions", "releases",
+    "history_metric_points", "stable_versions", "releases", "rollout_evidence",
 }
 
 
