@@ -23,7 +23,8 @@ RUN groupadd --system --gid 10001 canary \
 COPY --from=build /opt/canary /opt/canary
 ENV PATH=/opt/canary/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 USER 10001:10001
-# 8443: the API (canary serve); 9100: a collector's /healthz, /readyz, /metrics
-EXPOSE 8443 9100
+# 8443: the API (canary serve); 9101: its --admin /healthz, /metrics (the chart's);
+# 9100: a collector's /healthz, /readyz, /metrics
+EXPOSE 8443 9101 9100
 ENTRYPOINT ["canary"]
 CMD ["serve", "--listen", "0.0.0.0:8443"]

@@ -77,12 +77,18 @@ def without_nulls(value: Any) -> Any:
     return value
 
 
+@pytest.mark.parametrize("scrape", ["admin", "api"])
 @pytest.mark.parametrize("values", list(VALUES))
-def test_the_monitoring_objects_match_the_operator_crds(values: str) -> None:
+def test_the_monitoring_objects_match_the_operator_crds(values: str, scrape: str) -> None:
     """Parsed by models generated from the CRDs; a field they drop (unknown) or
     reshape (wrong type) makes the round trip differ."""
-    for document in chart(values, "--set=monitoring.serviceMonitor.enabled=true",
-                          "--set=monitoring.sidecarPodMonitor.enabled=true"):  # fmt: skip
+    found = chart(
+        values,
+        "--set=monitoring.serviceMonitor.enabled=true",
+        "--set=monitoring.sidecarPodMonitor.enabled=true",
+        f"--set=monitoring.serviceMonitor.controlPlanePort={scrape}",
+    )
+    for document in found:
         model = CRD_MODELS.get(document["kind"])
         if model is None:
             continue
@@ -169,9 +175,14 @@ def workloads_of(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [doc for doc in found if doc["kind"] in WORKLOADS]
 
 
+@pytest.mark.parametrize("scrape", ["admin", "api"])
 @pytest.mark.parametrize("values", list(VALUES))
-def test_services_and_monitors_reach_declared_ports(values: str) -> None:
-    found = chart(values, "--set=monitoring.serviceMonitor.enabled=true")
+def test_services_and_monitors_reach_declared_ports(values: str, scrape: str) -> None:
+    found = chart(
+        values,
+        "--set=monitoring.serviceMonitor.enabled=true",
+        f"--set=monitoring.serviceMonitor.controlPlanePort={scrape}",
+    )
     services = [doc for doc in found if doc["kind"] == "Service"]
     for service in services:
         pods = [
@@ -184,10 +195,14 @@ def test_services_and_monitors_reach_declared_ports(values: str) -> None:
             assert port["targetPort"] in declared, service["metadata"]["name"]
     for monitor in (doc for doc in found if doc["kind"] == "ServiceMonitor"):
         selector = monitor["spec"]["selector"]["matchLabels"]
-        (service,) = [s for s in services if selects(selector, s["metadata"]["labels"])]
-        names = {port["name"] for port in service["spec"]["ports"]}
+        selected = [s for s in services if selects(selector, s["metadata"]["labels"])]
+        # the Operator scrapes an endpoint on the selected Services naming its port:
+        # exactly one here, so no pod is scraped twice
         for endpoint in monitor["spec"]["endpoints"]:
-            assert endpoint["port"] in names and endpoint["path"] == "/metrics"
+            naming = [s for s in selected
+                      if endpoint["port"] in {p["name"] for p in s["spec"]["ports"]}]  # fmt: skip
+            assert len(naming) == 1, (monitor["metadata"]["name"], endpoint["port"])
+            assert endpoint["path"] == "/metrics"
             assert endpoint["authorization"]["type"] == "Bearer"
 
 
@@ -363,3 +378,87 @@ def test_the_trial_profile_says_it_is_not_for_production() -> None:
     for deployment in (d for d in chart("trial") if d["kind"] == "Deployment"):
         if deployment["metadata"]["name"].endswith(("-etcd", "-redis", "-postgres")):
             assert "not for production" in deployment["metadata"]["annotations"]["canary.dev/trial"]
+
+
+def serve_and_collector(found: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    named = {c["name"]: c for d in found if d["kind"] == "Deployment"
+             for c in (pod_spec(d) or {})["containers"]}  # fmt: skip
+    return named["serve"], named["collector"]
+
+
+def admin_wiring(container: dict[str, Any]) -> tuple[int, str, dict[str, Any]]:
+    """The admin port's number, the --admin argument, the liveness probe's action."""
+    (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == "admin"]
+    (argument,) = [a for a in container["command"] if a.startswith("--admin=")]
+    return port, argument, container["livenessProbe"]["httpGet"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "serve_port", "collector_port"),
+    [((), 9101, 9100),
+     (("--set=controlPlane.adminPort=9201", "--set=collector.adminPort=9202"), 9201, 9202)],
+)  # fmt: skip
+def test_both_processes_serve_their_admin_listener_and_are_probed_there(
+    extra: tuple[str, ...], serve_port: int, collector_port: int
+) -> None:
+    found = chart("production-values", "--set=monitoring.serviceMonitor.enabled=true", *extra)
+    serve, collector = serve_and_collector(found)
+    for container, number in ((serve, serve_port), (collector, collector_port)):
+        port, argument, liveness = admin_wiring(container)
+        assert port == number and argument == f"--admin=0.0.0.0:{number}"
+        assert liveness == {"path": "/healthz", "port": "admin"}  # plain HTTP, no token
+    # ready means the API serves: its own port, over its TLS
+    assert serve["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "api",
+                                                  "scheme": "HTTPS"}  # fmt: skip
+    assert collector["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+    assert "--liveness-bound=30" in collector["command"]
+    admin = {
+        d["metadata"]["name"]: d["spec"]
+        for d in found
+        if d["kind"] == "Service" and d["metadata"]["name"].endswith(("-admin", "-collector"))
+    }
+    assert admin["canary-api-admin"]["ports"][0]["port"] == serve_port
+    assert admin["canary-api-admin"]["clusterIP"] == "None"  # never behind a LoadBalancer
+    assert admin["canary-collector"]["ports"][0]["port"] == collector_port
+    # /metrics of both with the admin token, from the Secret the pods mount
+    for monitor in (d for d in found if d["kind"] == "ServiceMonitor"):
+        (endpoint,) = monitor["spec"]["endpoints"]
+        assert endpoint["port"] == "admin" and endpoint["scheme"] == "http"
+        assert endpoint["authorization"]["credentials"] == {"name": "canary-admin-token",
+                                                            "key": "token"}  # fmt: skip
+
+
+def test_the_admin_token_reaches_the_control_planes_listener() -> None:
+    """`canary serve --admin` reads CANARY_ADMIN_TOKEN_FILE: the ConfigMap names the
+    file, the Secret is mounted there."""
+    found = chart("default")
+    serve, _ = serve_and_collector(found)
+    (config,) = [d["data"] for d in found if d["kind"] == "ConfigMap"]
+    path = config["CANARY_ADMIN_TOKEN_FILE"]
+    mounts = {m["mountPath"] for m in serve["volumeMounts"]}
+    assert path.rsplit("/", 1)[0] in mounts
+    assert {"name": "canary-config"} in [e["configMapRef"] for e in serve["envFrom"]]
+
+
+def test_the_control_plane_can_still_be_scraped_on_the_api_port() -> None:
+    found = chart("production-values", "--set=monitoring.serviceMonitor.controlPlanePort=api")
+    monitor = next(d for d in found if d["metadata"]["name"] == "canary-control-plane"
+                   and d["kind"] == "ServiceMonitor")  # fmt: skip
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "api" and endpoint["scheme"] == "https"
+    assert endpoint["authorization"]["credentials"] == {"name": "canary-metrics-token",
+                                                        "key": "token"}  # fmt: skip
+
+
+def test_admin_values_outside_their_bounds_are_refused() -> None:
+    for wrong, says in (
+        ("controlPlane.adminPort=8443", "must differ from controlPlane.port"),
+        ("controlPlane.adminPort=0", "adminPort"),
+        ("collector.livenessBound=1", "livenessBound"),
+        ("monitoring.serviceMonitor.controlPlanePort=pod", "controlPlanePort"),
+    ):
+        done = subprocess.run(
+            [tool("helm"), "template", "t", str(CHART), f"--set={wrong}"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode != 0 and says in done.stderr, (wrong, done.stderr)
