@@ -190,10 +190,16 @@ def run_api(
 ) -> None:
     """Serve until SIGINT/SIGTERM; uvicorn then drains requests and runs the lifespan's
     shutdown, which stops the services and closes the backends. With `admin`
-    (HOST:PORT), /healthz and /metrics are also answered there from a thread."""
+    (HOST:PORT), /healthz and /metrics are also answered there from a thread.
+
+    A stop signal is raised again, to the handler in place before, once all is stopped
+    (`canary serve`: `Stopped`; `canary dev`: its session's exit)."""
+    import asyncio
+
     import uvicorn
 
     from controlplane.api.app import create_app
+    from controlplane.cli.stopping import serve_app
     from controlplane.kernel.admin_thread import Heartbeat
     from controlplane.kernel.clock import SystemClock
 
@@ -225,7 +231,7 @@ def run_api(
         port=port,
         log_level=settings.log_level.lower(),
         access_log=settings.access_log,
-        lifespan="on",
+        lifespan="off",  # serve_app runs it, so that a stop signal can cancel its startup
         timeout_graceful_shutdown=10,
         **HEAD_LIMITS,
         **options,
@@ -240,10 +246,13 @@ def run_api(
         listener = serve_api_admin(app.state.metrics.registry, heartbeat, admin_host,
                                    admin_port, token=admin_token(settings.admin_token_file))
     try:
-        uvicorn.Server(config).run()
+        with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
+            received = runner.run(serve_app(uvicorn.Server(config), app))
     finally:
         if listener is not None:
             listener.stop()
+    if received is not None:
+        signal.raise_signal(received)
 
 
 def _serve_traced(
@@ -581,34 +590,39 @@ def register(app: typer.Typer) -> None:
         """API (and controller) on the configured backends. Run `canary db upgrade` first.
 
         Refuses to start without authentication: API tokens (`canary token create`) or
-        OIDC (CANARY_OIDC_*), unless --insecure."""
+        OIDC (CANARY_OIDC_*), unless --insecure. Stops on the first SIGINT or SIGTERM,
+        during startup too."""
+        from controlplane.cli.stopping import stopping_on_signals
         from controlplane.kernel.errors import ConfigError
 
-        settings = settings_with(
-            listen=listen,
-            database_url=database_url,
-            etcd=etcd,
-            etcd_prefix=etcd_prefix,
-            redis_url=redis,
-            tls_cert=tls_cert,
-            tls_key=tls_key,
-            tls_client_ca=tls_client_ca,
-            trusted_hosts=trusted_hosts,
-            max_body_bytes=max_body_bytes,
-            admin_token_file=admin_token_file,
-            **observability_settings(log_format, otel_endpoint, trace_sample_ratio),
-        )
-        _listen_or_exit(settings, "serve")
-        _setup_logging(settings)
-        try:
-            tls_options(settings)
-        except ConfigError as exc:
-            typer.echo(f"canary serve: {exc}", err=True)
-            raise typer.Exit(2) from exc
-        _migrated_or_exit(settings.database_url)
-        _bootstrap_token_or_exit(settings)
-        _auth_or_exit(settings, insecure=insecure)
-        _serve_traced(settings, embedded=False, insecure=insecure, admin=admin)
+        # from the first step on: the checks before serving wait on the database, and
+        # SIGTERM's default would end the process without a word
+        with stopping_on_signals("serve"):
+            settings = settings_with(
+                listen=listen,
+                database_url=database_url,
+                etcd=etcd,
+                etcd_prefix=etcd_prefix,
+                redis_url=redis,
+                tls_cert=tls_cert,
+                tls_key=tls_key,
+                tls_client_ca=tls_client_ca,
+                trusted_hosts=trusted_hosts,
+                max_body_bytes=max_body_bytes,
+                admin_token_file=admin_token_file,
+                **observability_settings(log_format, otel_endpoint, trace_sample_ratio),
+            )
+            _listen_or_exit(settings, "serve")
+            _setup_logging(settings)
+            try:
+                tls_options(settings)
+            except ConfigError as exc:
+                typer.echo(f"canary serve: {exc}", err=True)
+                raise typer.Exit(2) from exc
+            _migrated_or_exit(settings.database_url)
+            _bootstrap_token_or_exit(settings)
+            _auth_or_exit(settings, insecure=insecure)
+            _serve_traced(settings, embedded=False, insecure=insecure, admin=admin)
 
     db = typer.Typer(help="Database migrations (Alembic).", no_args_is_help=True)
     app.add_typer(db, name="db")
