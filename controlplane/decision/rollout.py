@@ -1176,12 +1176,19 @@ def rule_json(rule: BreakerRule) -> dict[str, Any]:
     if held is None or held[0]() is not rule:
         # the entry leaves with its rule, before another object can take its id
         ref = weakref.ref(rule, partial(_forget_rule, key))
-        held = _RULE_JSON[key] = (ref, rule.model_dump(mode="json"))
-    return _json_copy(held[1])
+        dump = rule.model_dump(mode="json")
+        nested = tuple(k for k, v in dump.items() if type(v) in (dict, list))
+        held = _RULE_JSON[key] = (ref, dump, nested)
+    _, dump, nested = held
+    copy = dict(dump)
+    for name in nested:  # most of a rule is numbers and texts: only these are copied
+        copy[name] = _json_copy_value(dump[name])
+    return copy
 
 
-# per live rule object (by id): the rule, weakly, and its JSON form
-_RULE_JSON: dict[int, tuple[weakref.ref[BreakerRule], dict[str, Any]]] = {}
+# per live rule object (by id): the rule, weakly, its JSON form, and the names of
+# the form's dicts and lists
+_RULE_JSON: dict[int, tuple[weakref.ref[BreakerRule], dict[str, Any], tuple[str, ...]]] = {}
 
 
 def _forget_rule(key: int, _: object) -> None:
