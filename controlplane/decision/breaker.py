@@ -27,6 +27,7 @@ from typing import Any
 from controlplane.decision import directional
 from controlplane.decision.metric_guardrails import MetricJudgment, Status, judge_metrics
 from controlplane.decision.stats import (
+    ClusterEstimate,
     TestResult,
     cluster_log_mean,
     cluster_ratio,
@@ -55,6 +56,8 @@ _SUMMARY = "breaker.latency_summary"
 _UNITS = "breaker.unit_evidence"
 _CONCENTRATION = "breaker.concentration"
 _VARIANT = "breaker.variant_evidence"
+_CLUSTER_RATIO = "breaker.cluster_ratio"
+_CLUSTER_LOG_MEAN = "breaker.cluster_log_mean"
 # the dicts inside a variant's evidence
 _NESTED = ("total", "first_byte", "units")
 
@@ -177,6 +180,25 @@ def unit_evidence(snap: WindowSnapshot, *, concentrated: bool = False) -> dict[s
     return evidence
 
 
+def _cluster_ratio(snap: WindowSnapshot, column: int) -> ClusterEstimate:
+    """`cluster_ratio` of the window's unit sums, estimated once per window."""
+    assert snap.units is not None
+    key = (_CLUSTER_RATIO, column)
+    found: ClusterEstimate | None = snap.memo.get(key)
+    if found is None:
+        found = snap.memo[key] = cluster_ratio(snap.units, column)
+    return found
+
+
+def _cluster_log_mean(snap: WindowSnapshot) -> ClusterEstimate:
+    """`cluster_log_mean` of the window's unit sums, estimated once per window."""
+    assert snap.units is not None
+    found: ClusterEstimate | None = snap.memo.get(_CLUSTER_LOG_MEAN)
+    if found is None:
+        found = snap.memo[_CLUSTER_LOG_MEAN] = cluster_log_mean(snap.units)
+    return found
+
+
 def _concentration(snap: WindowSnapshot, top: int) -> Concentration:
     """`concentration` of the window's reservoir, counted once per window."""
     key = (_CONCENTRATION, top)
@@ -297,7 +319,7 @@ def _absolute_latency(canary: WindowSnapshot, rule: BreakerRule, test: bool) -> 
         units = clustered_units(canary)
         result: TestResult | None = None
         if test and units is not None:
-            result = clustered_bound_test("latency", cluster_ratio(units, 2), tail / 1000)
+            result = clustered_bound_test("latency", _cluster_ratio(canary, 2), tail / 1000)
         elif test:
             result = quantile_exceedance_test(canary.above_threshold, canary.count, tail / 1000)
         return Guardrail(
@@ -359,8 +381,8 @@ def _baseline_latency(
             test=(
                 clustered_comparison_test(
                     "latency",
-                    cluster_log_mean(canary.units),
-                    cluster_log_mean(baseline.units),
+                    _cluster_log_mean(canary),
+                    _cluster_log_mean(baseline),
                     binary=False,
                 )
                 if test
@@ -410,12 +432,12 @@ def _failures(
         if versus is not None and versus.units is not None:
             result = clustered_comparison_test(
                 "failures",
-                cluster_ratio(canary.units, 1),
-                cluster_ratio(versus.units, 1),
+                _cluster_ratio(canary, 1),
+                _cluster_ratio(versus, 1),
                 binary=True,
             )
         else:
-            est = cluster_ratio(canary.units, 1)
+            est = _cluster_ratio(canary, 1)
             result = clustered_bound_test("failures", est, rule.failure_ratio)
     elif test:
         if rule.compare is Compare.BASELINE and baseline is not None:
