@@ -164,9 +164,20 @@ def unit_evidence(snap: WindowSnapshot, *, concentrated: bool = False) -> dict[s
     """Units behind a window: how many, how many samples had none, and (with
     `concentrated`, for the events: it costs a pass over the reservoir) the top units'
     shares and the effective number of units."""
+    kept = _unit_counts(snap)
+    if kept is None:
+        return None
+    evidence = dict(kept)
+    if concentrated:
+        evidence.update(_concentration(snap, 5).to_dict())
+    return evidence
+
+
+def _unit_counts(snap: WindowSnapshot) -> dict[str, Any] | None:
+    """`unit_evidence` without the concentration, as kept: never to be handed out."""
     if snap.units is None:
         return None
-    kept = snap.memo.get(_UNITS)
+    kept: dict[str, Any] | None = snap.memo.get(_UNITS)
     if kept is None:
         kept = snap.memo[_UNITS] = {
             "samples_with_unit": snap.units.unit_samples,
@@ -174,10 +185,7 @@ def unit_evidence(snap: WindowSnapshot, *, concentrated: bool = False) -> dict[s
             "distinct_units": snap.units.distinct_units(),
             "judged_on": "units" if clustered_units(snap) is not None else "requests",
         }
-    evidence = dict(kept)
-    if concentrated:
-        evidence.update(_concentration(snap, 5).to_dict())
-    return evidence
+    return kept
 
 
 def _cluster_ratio(snap: WindowSnapshot, column: int) -> ClusterEstimate:
@@ -227,16 +235,22 @@ def _units_note(canary: WindowSnapshot, baseline: WindowSnapshot | None) -> str:
 
 def latency_summary(snap: WindowSnapshot | None) -> dict[str, Any] | None:
     """One latency of a window, for the evidence: how many samples, mean, percentiles."""
+    kept = _summary(snap)
+    return dict(kept) if kept is not None else None
+
+
+def _summary(snap: WindowSnapshot | None) -> dict[str, Any] | None:
+    """`latency_summary` as kept: never to be handed out."""
     if snap is None:
         return None
-    kept = snap.memo.get(_SUMMARY)
+    kept: dict[str, Any] | None = snap.memo.get(_SUMMARY)
     if kept is None:
         kept = snap.memo[_SUMMARY] = {
             "count": snap.count,
             "mean_ms": snap.mean_ms,
             **{name: getattr(snap, name) for name in PERCENTILE_FIELDS.values()},
         }
-    return dict(kept)
+    return kept
 
 
 def variant_evidence(snap: WindowSnapshot | None, rule: BreakerRule) -> dict[str, Any] | None:
@@ -265,18 +279,19 @@ def variant_evidence(snap: WindowSnapshot | None, rule: BreakerRule) -> dict[str
 def _variant_contents(snap: WindowSnapshot, latency: str, percentile: float) -> dict[str, Any]:
     """`variant_evidence` but for the window's span and instant (window_start,
     window_end, ts): what depends on the window's contents only."""
+    # the kept summaries themselves: `variant_evidence` copies every nested dict
     both: dict[str, Any] = {}
     if snap.latency == TOTAL:  # a collector's window: it holds both latencies
         both = {
-            "total": latency_summary(snap),
-            "first_byte": latency_summary(snap.first_byte),
+            "total": _summary(snap),
+            "first_byte": _summary(snap.first_byte),
             "samples_without_first_byte": snap.missing_first_byte,
         }
     snap = snap.for_latency(latency)
     return {
         "latency": snap.latency,
         **both,
-        "units": unit_evidence(snap),
+        "units": _unit_counts(snap),
         "count": snap.count,
         "failures": snap.failures,
         "failure_ratio": snap.failure_ratio,

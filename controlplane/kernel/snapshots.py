@@ -19,7 +19,6 @@ import json
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field, fields
-from functools import cached_property
 from typing import Any, TypeGuard
 
 from controlplane.kernel.units import UnitSummary
@@ -73,7 +72,7 @@ class WindowSnapshot:
     # which latency the latency fields are: "total", or "first_byte" in a nested window
     latency: str = TOTAL
 
-    @cached_property
+    @property
     def memo(self) -> dict[Hashable, Any]:
         """Values a look derives from this window's contents, kept for its next look.
 
@@ -85,7 +84,12 @@ class WindowSnapshot:
         only, never from ts, window_end or sample_lag_ms; and never hand out the kept
         object to be changed (copy it, or keep something immutable). A new window
         (`dataclasses.replace`, `from_dict`, `for_latency`'s empty one) starts empty."""
-        return {}
+        # kept in the instance's __dict__ by hand: a cached_property takes a lock on
+        # its first read, which was most of what a look at a new window paid for this
+        memo: dict[Hashable, Any] | None = self.__dict__.get("_memo")
+        if memo is None:
+            memo = self.__dict__["_memo"] = {}
+        return memo
 
     @property
     def missing_first_byte(self) -> int:

@@ -157,7 +157,7 @@ def anew(snap: WindowSnapshot) -> WindowSnapshot:
     if snap.first_byte is not None:
         values["first_byte"] = anew(snap.first_byte)
     fresh = WindowSnapshot(**values)
-    assert fresh == snap and "memo" not in fresh.__dict__
+    assert fresh == snap and "_memo" not in fresh.__dict__
     return fresh
 
 
