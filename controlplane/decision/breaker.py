@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from controlplane.decision import directional
 from controlplane.decision.metric_guardrails import MetricJudgment, Status, judge_metrics
 from controlplane.decision.stats import (
+    ClusterEstimate,
     TestResult,
     cluster_log_mean,
     cluster_ratio,
@@ -41,7 +42,7 @@ from controlplane.decision.stats import (
 from controlplane.kernel.metric_specs import GuardrailAction
 from controlplane.kernel.rules import BreakerRule, Compare
 from controlplane.kernel.snapshots import FIRST_BYTE, PERCENTILE_FIELDS, TOTAL, WindowSnapshot
-from controlplane.kernel.units import UnitSummary, concentration
+from controlplane.kernel.units import Concentration, UnitSummary, concentration
 from controlplane.providers.evidence import MetricEvidence
 
 # Units are judged as independent (the exact per-request tests) while at least this
@@ -50,6 +51,15 @@ from controlplane.providers.evidence import MetricEvidence
 INDEPENDENT_UNITS_SHARE = 0.9
 # the evidence names a unit that makes at least this share of a window
 DOMINANT_UNIT_SHARE = 0.2
+# what a look derives from a window's contents, kept in its memo (WindowSnapshot.memo)
+_SUMMARY = "breaker.latency_summary"
+_UNITS = "breaker.unit_evidence"
+_CONCENTRATION = "breaker.concentration"
+_VARIANT = "breaker.variant_evidence"
+_CLUSTER_RATIO = "breaker.cluster_ratio"
+_CLUSTER_LOG_MEAN = "breaker.cluster_log_mean"
+# the dicts inside a variant's evidence
+_NESTED = ("total", "first_byte", "units")
 
 
 class Verdict(StrEnum):
@@ -92,7 +102,8 @@ class Guardrail:
             "test": self.test.to_dict() if self.test else None,
             "p_adjusted": self.p_adjusted,
             "note": self.note,
-            "action": self.action.value if self.action is not None else None,
+            # `_value_`: the value without the enum descriptor's call, at every look
+            "action": self.action._value_ if self.action is not None else None,
         }
         if self.metric is not None:
             out |= {"status": self.status, "metric": self.metric}
@@ -120,7 +131,7 @@ class Evaluation:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "verdict": self.verdict.value,
+            "verdict": self.verdict._value_,
             "reason": self.reason,
             "variants": self.variants,
             "guardrails": {g.name: g.to_dict() for g in self.guardrails},
@@ -153,21 +164,60 @@ def unit_evidence(snap: WindowSnapshot, *, concentrated: bool = False) -> dict[s
     """Units behind a window: how many, how many samples had none, and (with
     `concentrated`, for the events: it costs a pass over the reservoir) the top units'
     shares and the effective number of units."""
-    if snap.units is None:
+    kept = _unit_counts(snap)
+    if kept is None:
         return None
-    evidence: dict[str, Any] = {
-        "samples_with_unit": snap.units.unit_samples,
-        "samples_without_unit": snap.units.no_unit_samples,
-        "distinct_units": snap.units.distinct_units(),
-        "judged_on": "units" if clustered_units(snap) is not None else "requests",
-    }
+    evidence = dict(kept)
     if concentrated:
-        evidence.update(concentration(snap.reservoir_units, snap.count).to_dict())
+        evidence.update(_concentration(snap, 5).to_dict())
     return evidence
 
 
+def _unit_counts(snap: WindowSnapshot) -> dict[str, Any] | None:
+    """`unit_evidence` without the concentration, as kept: never to be handed out."""
+    if snap.units is None:
+        return None
+    kept: dict[str, Any] | None = snap.memo.get(_UNITS)
+    if kept is None:
+        kept = snap.memo[_UNITS] = {
+            "samples_with_unit": snap.units.unit_samples,
+            "samples_without_unit": snap.units.no_unit_samples,
+            "distinct_units": snap.units.distinct_units(),
+            "judged_on": "units" if clustered_units(snap) is not None else "requests",
+        }
+    return kept
+
+
+def _cluster_ratio(snap: WindowSnapshot, column: int) -> ClusterEstimate:
+    """`cluster_ratio` of the window's unit sums, estimated once per window."""
+    assert snap.units is not None
+    key = (_CLUSTER_RATIO, column)
+    found: ClusterEstimate | None = snap.memo.get(key)
+    if found is None:
+        found = snap.memo[key] = cluster_ratio(snap.units, column)
+    return found
+
+
+def _cluster_log_mean(snap: WindowSnapshot) -> ClusterEstimate:
+    """`cluster_log_mean` of the window's unit sums, estimated once per window."""
+    assert snap.units is not None
+    found: ClusterEstimate | None = snap.memo.get(_CLUSTER_LOG_MEAN)
+    if found is None:
+        found = snap.memo[_CLUSTER_LOG_MEAN] = cluster_log_mean(snap.units)
+    return found
+
+
+def _concentration(snap: WindowSnapshot, top: int) -> Concentration:
+    """`concentration` of the window's reservoir, counted once per window."""
+    key = (_CONCENTRATION, top)
+    found: Concentration | None = snap.memo.get(key)
+    if found is None:
+        found = snap.memo[key] = concentration(snap.reservoir_units, snap.count, top=top)
+    return found
+
+
 def _dominance_note(snap: WindowSnapshot, arm: str) -> str | None:
-    found = concentration(snap.reservoir_units, snap.count, top=1)
+    found = _concentration(snap, 1)
     if found.top and found.top[0][1] >= DOMINANT_UNIT_SHARE:
         unit, share = found.top[0]
         return f"{share:.0%} of the {arm}'s window is one unit ({unit:08x})"
@@ -185,31 +235,63 @@ def _units_note(canary: WindowSnapshot, baseline: WindowSnapshot | None) -> str:
 
 def latency_summary(snap: WindowSnapshot | None) -> dict[str, Any] | None:
     """One latency of a window, for the evidence: how many samples, mean, percentiles."""
+    kept = _summary(snap)
+    return dict(kept) if kept is not None else None
+
+
+def _summary(snap: WindowSnapshot | None) -> dict[str, Any] | None:
+    """`latency_summary` as kept: never to be handed out."""
     if snap is None:
         return None
-    return {
-        "count": snap.count,
-        "mean_ms": snap.mean_ms,
-        **{name: snap.percentile_ms(q) for q, name in PERCENTILE_FIELDS.items()},
-    }
+    kept: dict[str, Any] | None = snap.memo.get(_SUMMARY)
+    if kept is None:
+        kept = snap.memo[_SUMMARY] = {
+            "count": snap.count,
+            "mean_ms": snap.mean_ms,
+            **{name: getattr(snap, name) for name in PERCENTILE_FIELDS.values()},
+        }
+    return kept
 
 
 def variant_evidence(snap: WindowSnapshot | None, rule: BreakerRule) -> dict[str, Any] | None:
     """A variant's window as judged (the rule's latency), with both latencies beside."""
     if snap is None:
         return None
+    # `_value_`: the member's value without the `value` descriptor's call, per look
+    latency: str = rule.latency._value_
+    key = (_VARIANT, latency, rule.percentile)
+    kept = snap.memo.get(key)
+    if kept is None:
+        kept = snap.memo[key] = _variant_contents(snap, latency, rule.percentile)
+    evidence = dict(kept)
+    for name in _NESTED:  # each look its own nested dicts, as they were built before
+        inner = evidence.get(name)
+        if inner is not None:
+            evidence[name] = dict(inner)
+    # the instant last, as before: a restamped window's moves, its contents do not
+    judged = snap.for_latency(latency)
+    evidence["window_start"] = judged.window_start
+    evidence["window_end"] = judged.window_end
+    evidence["ts"] = judged.ts
+    return evidence
+
+
+def _variant_contents(snap: WindowSnapshot, latency: str, percentile: float) -> dict[str, Any]:
+    """`variant_evidence` but for the window's span and instant (window_start,
+    window_end, ts): what depends on the window's contents only."""
+    # the kept summaries themselves: `variant_evidence` copies every nested dict
     both: dict[str, Any] = {}
     if snap.latency == TOTAL:  # a collector's window: it holds both latencies
         both = {
-            "total": latency_summary(snap),
-            "first_byte": latency_summary(snap.first_byte),
+            "total": _summary(snap),
+            "first_byte": _summary(snap.first_byte),
             "samples_without_first_byte": snap.missing_first_byte,
         }
-    snap = snap.for_latency(rule.latency.value)
+    snap = snap.for_latency(latency)
     return {
         "latency": snap.latency,
         **both,
-        "units": unit_evidence(snap),
+        "units": _unit_counts(snap),
         "count": snap.count,
         "failures": snap.failures,
         "failure_ratio": snap.failure_ratio,
@@ -218,7 +300,7 @@ def variant_evidence(snap: WindowSnapshot | None, rule: BreakerRule) -> dict[str
         "p95_ms": snap.p95_ms,
         "p99_ms": snap.p99_ms,
         "p999_ms": snap.p999_ms,
-        "percentile_ms": snap.percentile_ms(rule.percentile),
+        "percentile_ms": snap.percentile_ms(percentile),
         "threshold_ms": snap.threshold_ms,
         "above_threshold": snap.above_threshold,
         "above_threshold_fraction": snap.above_threshold_fraction,
@@ -226,9 +308,6 @@ def variant_evidence(snap: WindowSnapshot | None, rule: BreakerRule) -> dict[str
         "reservoir_size": len(snap.reservoir_ms),
         "shed": snap.shed,
         "shed_share": snap.shed_share,
-        "window_start": snap.window_start,
-        "window_end": snap.window_end,
-        "ts": snap.ts,
     }
 
 
@@ -255,7 +334,7 @@ def _absolute_latency(canary: WindowSnapshot, rule: BreakerRule, test: bool) -> 
         units = clustered_units(canary)
         result: TestResult | None = None
         if test and units is not None:
-            result = clustered_bound_test("latency", cluster_ratio(units, 2), tail / 1000)
+            result = clustered_bound_test("latency", _cluster_ratio(canary, 2), tail / 1000)
         elif test:
             result = quantile_exceedance_test(canary.above_threshold, canary.count, tail / 1000)
         return Guardrail(
@@ -317,8 +396,8 @@ def _baseline_latency(
             test=(
                 clustered_comparison_test(
                     "latency",
-                    cluster_log_mean(canary.units),
-                    cluster_log_mean(baseline.units),
+                    _cluster_log_mean(canary),
+                    _cluster_log_mean(baseline),
                     binary=False,
                 )
                 if test
@@ -368,12 +447,12 @@ def _failures(
         if versus is not None and versus.units is not None:
             result = clustered_comparison_test(
                 "failures",
-                cluster_ratio(canary.units, 1),
-                cluster_ratio(versus.units, 1),
+                _cluster_ratio(canary, 1),
+                _cluster_ratio(versus, 1),
                 binary=True,
             )
         else:
-            est = cluster_ratio(canary.units, 1)
+            est = _cluster_ratio(canary, 1)
             result = clustered_bound_test("failures", est, rule.failure_ratio)
     elif test:
         if rule.compare is Compare.BASELINE and baseline is not None:
@@ -534,7 +613,7 @@ def _samples(
     guardrails (latency, failures) with or without their tests."""
     # the rule's latency: a first_byte rule judges the samples that carry a first byte
     whole = canary
-    latency = rule.latency.value
+    latency: str = rule.latency._value_
     canary = canary.for_latency(latency) if canary is not None else None
     baseline = baseline.for_latency(latency) if baseline is not None else None
     if canary is None or canary.count == 0:
@@ -566,9 +645,18 @@ def _samples(
         else:
             latency = _absolute_latency(judged_canary, rule, test)
         failures = _failures(judged_canary, baseline, rule, test)
-        return [replace(latency, action=rule.action), replace(failures, action=rule.action)]
+        return [_with_action(latency, rule.action), _with_action(failures, rule.action)]
 
     return None, build
+
+
+def _with_action(g: Guardrail, action: GuardrailAction) -> Guardrail:
+    """`replace(g, action=action)` without its __init__ (a Guardrail has no checks of
+    its own): twice per evaluation, at every look."""
+    copy = object.__new__(Guardrail)
+    copy.__dict__.update(g.__dict__)
+    copy.__dict__["action"] = action
+    return copy
 
 
 def _from_metric(m: MetricJudgment) -> Guardrail:

@@ -8,7 +8,7 @@ hands it to `decide()` with fresh snapshots, applies the returned effects and ke
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -157,13 +157,24 @@ class RolloutState:
             raise ValueError(f"canary weight {self.canary_bp} outside 0..{TOTAL_WEIGHT}")
 
     def with_changes(self, **changes: Any) -> RolloutState:
-        return replace(self, **changes)
+        """`replace(self, **changes)`, checked the same, without __init__'s call per
+        field: a look changes a few fields of two dozen, once or twice."""
+        unknown = changes.keys() - _STATE_FIELDS.keys()
+        if unknown:
+            raise TypeError(f"RolloutState has no field {sorted(unknown)[0]!r}")
+        values = {name: self.__dict__[name] for name in _STATE_FIELDS}
+        values.update(changes)
+        copy = object.__new__(RolloutState)
+        copy.__dict__.update(values)
+        copy.__post_init__()
+        return copy
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form, for the controller to persist or show."""
         return {
-            "status": self.status.value,
-            "breaker": self.breaker.value,
+            # `_value_`: without the enum descriptor's call, at every look
+            "status": self.status._value_,
+            "breaker": self.breaker._value_,
             "step_index": self.step_index,
             "step_started_at": self.step_started_at,
             "canary_bp": self.canary_bp,
@@ -222,6 +233,10 @@ class RolloutState:
             held_since=data.get("held_since"),
             held_reason=data.get("held_reason"),
         )
+
+
+# the state's fields, in order (with_changes)
+_STATE_FIELDS = {f.name: f for f in fields(RolloutState)}
 
 
 @dataclass(frozen=True)

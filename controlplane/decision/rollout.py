@@ -33,8 +33,10 @@ completes while it lasts. `overload_hold` / `overload_cleared` mark its edges.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -251,7 +253,10 @@ def _observe(
         state.last_snapshot_ts is None or canary.ts > state.last_snapshot_ts
     )
     # what the rule judges: a first_byte rule has no data without first-byte samples
-    judged = canary.for_latency(rule.latency.value) if canary is not None else None
+    # (`_value_` here and below: an enum's value read per look without the `value`
+    # descriptor's call)
+    latency: str = rule.latency._value_
+    judged = canary.for_latency(latency) if canary is not None else None
     # the service answers, only not every request: no-data does not run while held
     held = (
         fresh
@@ -316,7 +321,6 @@ def _observe(
                 0 if counts else state.samples_clean + 1 if judged_samples else state.samples_clean
             )
         if judged is not None and judged.count > 0:
-            latency = rule.latency.value
             judged_baseline = baseline.for_latency(latency) if baseline is not None else None
             changes["tally"] = state.tally.add(judged, judged_baseline)
         srm_tally, srm, srm_units, ramp = _srm_check(state, canary, baseline)
@@ -1028,7 +1032,7 @@ def _overload_evidence(look: _Look, rule: BreakerRule, *, held: bool) -> dict[st
     arms: dict[str, Any] = {}
     for arm, snap in (("canary", look.canary), ("baseline", look.baseline)):
         arms[arm] = None if snap is None else {"shed": snap.shed, "shed_share": snap.shed_share}
-    return {"policy": rule.overload.value, "held": held, "variants": arms}
+    return {"policy": rule.overload._value_, "held": held, "variants": arms}
 
 
 def _srm_reason(look: _Look, rule: BreakerRule) -> str:
@@ -1116,8 +1120,8 @@ def _evidence(
     per arm, top units' shares, effective units) - on every event, not on holds."""
     evidence: dict[str, Any] = {
         "at": now,
-        "breaker": {"before": before.breaker.value, "after": after.breaker.value},
-        "status": {"before": before.status.value, "after": after.status.value},
+        "breaker": {"before": before.breaker._value_, "after": after.breaker._value_},
+        "status": {"before": before.status._value_, "after": after.status._value_},
         "step_index": {"before": before.step_index, "after": after.step_index},
         "weights": {"canary_bp_before": before.canary_bp, "canary_bp_after": after.canary_bp},
         "trips": after.trips,
@@ -1128,7 +1132,7 @@ def _evidence(
             "canary": before.tally.canary.count,
             "baseline": before.tally.baseline.count,
         },
-        "rule": rule.model_dump(mode="json"),
+        "rule": rule_json(rule),
     }
     if after.held_by or before.held_by:
         evidence["held_by"] = {
@@ -1162,6 +1166,46 @@ def _evidence(
     if gate is not None:
         evidence["step_gate"] = gate.to_dict()
     return evidence
+
+
+def rule_json(rule: BreakerRule) -> dict[str, Any]:
+    """`rule.model_dump(mode="json")`, dumped once per rule object: every look's
+    evidence names its rule, and a rule is frozen. Each caller gets its own copy."""
+    key = id(rule)
+    held = _RULE_JSON.get(key)
+    if held is None or held[0]() is not rule:
+        # the entry leaves with its rule, before another object can take its id
+        ref = weakref.ref(rule, partial(_forget_rule, key))
+        dump = rule.model_dump(mode="json")
+        nested = tuple(k for k, v in dump.items() if type(v) in (dict, list))
+        held = _RULE_JSON[key] = (ref, dump, nested)
+    _, dump, nested = held
+    copy = dict(dump)
+    for name in nested:  # most of a rule is numbers and texts: only these are copied
+        copy[name] = _json_copy_value(dump[name])
+    return copy
+
+
+# per live rule object (by id): the rule, weakly, its JSON form, and the names of
+# the form's dicts and lists
+_RULE_JSON: dict[int, tuple[weakref.ref[BreakerRule], dict[str, Any], tuple[str, ...]]] = {}
+
+
+def _forget_rule(key: int, _: object) -> None:
+    _RULE_JSON.pop(key, None)
+
+
+def _json_copy(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of JSON data that shares no dict or list with it."""
+    return {k: _json_copy_value(v) if type(v) in (dict, list) else v for k, v in data.items()}
+
+
+def _json_copy_value(value: Any) -> Any:
+    if type(value) is dict:
+        return _json_copy(value)
+    if type(value) is list:
+        return [_json_copy_value(v) for v in value]
+    return value
 
 
 def _check_steps(steps: Sequence[Step]) -> None:

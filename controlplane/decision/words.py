@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any, Final
 
 TOTAL_BP: Final = 10_000
@@ -89,6 +90,8 @@ def duration_text(seconds: float) -> str:
     return f"{days} d {hours} h" if hours else f"{days} d"
 
 
+# a held step names the same due time at every look: formatted once
+@lru_cache(maxsize=1024)
 def iso_time(epoch: float) -> str:
     """ISO 8601 in UTC to the second: 2026-12-06T14:03:10Z."""
     moment = datetime.fromtimestamp(epoch, UTC)

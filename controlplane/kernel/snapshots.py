@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeGuard
 
@@ -70,6 +71,25 @@ class WindowSnapshot:
     first_byte: WindowSnapshot | None = None
     # which latency the latency fields are: "total", or "first_byte" in a nested window
     latency: str = TOTAL
+
+    @property
+    def memo(self) -> dict[Hashable, Any]:
+        """Values a look derives from this window's contents, kept for its next look.
+
+        A window whose partial fields did not change is handed to the next look as a
+        restamped copy (collector/sharding.py: `restamped`, which copies `__dict__`):
+        the same contents at a later instant (ts, window_end, sample_lag_ms). The copy
+        shares this dict, so a look at nothing new finds what the last one derived.
+        Hence two rules for whoever keeps a value here: derive it from the contents
+        only, never from ts, window_end or sample_lag_ms; and never hand out the kept
+        object to be changed (copy it, or keep something immutable). A new window
+        (`dataclasses.replace`, `from_dict`, `for_latency`'s empty one) starts empty."""
+        # kept in the instance's __dict__ by hand: a cached_property takes a lock on
+        # its first read, which was most of what a look at a new window paid for this
+        memo: dict[Hashable, Any] | None = self.__dict__.get("_memo")
+        if memo is None:
+            memo = self.__dict__["_memo"] = {}
+        return memo
 
     @property
     def missing_first_byte(self) -> int:

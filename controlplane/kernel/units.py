@@ -107,7 +107,9 @@ class UnitSummary:
     def add(self, other: UnitSummary) -> UnitSummary:
         return UnitSummary(self.rows + other.rows, bottom_distinct([self.distinct, other.distinct]))
 
-    @property
+    # counted once: the rows are never changed in place, and the controller reads a
+    # window's summary at every look (a restamped window keeps the same summary)
+    @cached_property
     def unit_samples(self) -> int:
         return int(self.rows[1:, 0].sum())
 
@@ -117,6 +119,10 @@ class UnitSummary:
 
     def distinct_units(self) -> float:
         """Distinct units: exact below DISTINCT_K, else the KMV estimate (k-1)/u_k."""
+        return self._distinct_units
+
+    @cached_property
+    def _distinct_units(self) -> float:
         n = int(self.distinct.shape[0])
         if n < DISTINCT_K:
             return float(n)
