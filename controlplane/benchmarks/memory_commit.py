@@ -32,7 +32,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
-from sqlalchemy import text
 
 DEFAULT_DATABASE = "postgresql://postgres@127.0.0.1:5432/postgres"
 N = 200
@@ -177,7 +176,8 @@ async def _write(
 
 def _wal(database: Any) -> int:
     with database.engine.connect() as conn:
-        return int(conn.execute(text("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")).scalar())
+        # the driver's own SQL: SQLAlchemy stays behind controlplane.db
+        return int(conn.exec_driver_sql("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").scalar())
 
 
 def _measure(url: str, n: int, memories: list[dict[str, Any]]) -> dict[str, Any]:
