@@ -43,9 +43,10 @@ PAIRS = 2  # each way run this many times, in turn
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def _evidence(windows: int, seed: int) -> tuple[Any, Any, Any]:
+def _evidence(windows: int, seed: int) -> tuple[Any, Any, Any, Any]:
     """A step's tally, sample-ratio tally and ramp ledger after `windows` windows of the
-    cold round's feed (the long-step rig of decision 0066)."""
+    cold round's feed (the long-step rig of decision 0066), and the tally a window
+    before."""
     from controlplane.benchmarks.tally_step import CANARY_BP, T0, USERS, WINDOW_SEC, _window
     from controlplane.decision.ramp_split import RampSplit
     from controlplane.decision.tally import SrmTally, Tally
@@ -54,7 +55,9 @@ def _evidence(windows: int, seed: int) -> tuple[Any, Any, Any]:
     users = np.unique(rng.integers(1, 2**32, USERS, dtype=np.uint32))
     rng.shuffle(users)
     tally, srm, ramp = Tally.starting(T0), SrmTally.starting(T0, T0), RampSplit()
+    before = tally
     for i in range(windows):
+        before = tally
         canary = _window(rng, users, T0 + i * WINDOW_SEC, "canary", True)
         baseline = _window(rng, users, T0 + i * WINDOW_SEC, "baseline", False)
         tally = tally.add(canary, baseline)
@@ -65,7 +68,7 @@ def _evidence(windows: int, seed: int) -> tuple[Any, Any, Any]:
         ramp = ramp.observe(
             baseline.units.distinct, canary.units.distinct, CANARY_BP, seconds=WINDOW_SEC
         )
-    return tally, srm, ramp
+    return tally, srm, ramp, before
 
 
 def _memories(windows: int, seed: int) -> list[dict[str, Any]]:
@@ -75,8 +78,7 @@ def _memories(windows: int, seed: int) -> list[dict[str, Any]]:
     from controlplane.decision.model import Step
     from controlplane.decision.rollout import start
 
-    tally, srm, ramp = _evidence(windows, seed)
-    before, _, _ = _evidence(windows - 1, seed)  # the look before: one window fewer
+    tally, srm, ramp, before = _evidence(windows, seed)
     state = start((Step(10.0, 600.0),), T0).new_state
     found = []
     for look in range(LOOKS):

@@ -19,10 +19,10 @@ guardrail chose it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from controlplane.decision import directional
 from controlplane.decision.metric_guardrails import MetricJudgment, Status, judge_metrics
@@ -60,6 +60,7 @@ _CLUSTER_RATIO = "breaker.cluster_ratio"
 _CLUSTER_LOG_MEAN = "breaker.cluster_log_mean"
 # the dicts inside a variant's evidence
 _NESTED = ("total", "first_byte", "units")
+_T = TypeVar("_T")
 
 
 class Verdict(StrEnum):
@@ -173,47 +174,46 @@ def unit_evidence(snap: WindowSnapshot, *, concentrated: bool = False) -> dict[s
     return evidence
 
 
+def _kept(snap: WindowSnapshot, key: Hashable, derive: Callable[[], _T]) -> _T:
+    """`derive()` once per window's contents, kept in its memo under `key`."""
+    memo = snap.memo
+    found: _T | None = memo.get(key)
+    if found is None:
+        found = memo[key] = derive()
+    return found
+
+
 def _unit_counts(snap: WindowSnapshot) -> dict[str, Any] | None:
     """`unit_evidence` without the concentration, as kept: never to be handed out."""
-    if snap.units is None:
+    units = snap.units
+    if units is None:
         return None
-    kept: dict[str, Any] | None = snap.memo.get(_UNITS)
-    if kept is None:
-        kept = snap.memo[_UNITS] = {
-            "samples_with_unit": snap.units.unit_samples,
-            "samples_without_unit": snap.units.no_unit_samples,
-            "distinct_units": snap.units.distinct_units(),
-            "judged_on": "units" if clustered_units(snap) is not None else "requests",
-        }
-    return kept
+    return _kept(snap, _UNITS, lambda: {
+        "samples_with_unit": units.unit_samples,
+        "samples_without_unit": units.no_unit_samples,
+        "distinct_units": units.distinct_units(),
+        "judged_on": "units" if clustered_units(snap) is not None else "requests",
+    })  # fmt: skip
 
 
 def _cluster_ratio(snap: WindowSnapshot, column: int) -> ClusterEstimate:
     """`cluster_ratio` of the window's unit sums, estimated once per window."""
-    assert snap.units is not None
-    key = (_CLUSTER_RATIO, column)
-    found: ClusterEstimate | None = snap.memo.get(key)
-    if found is None:
-        found = snap.memo[key] = cluster_ratio(snap.units, column)
-    return found
+    units = snap.units
+    assert units is not None
+    return _kept(snap, (_CLUSTER_RATIO, column), lambda: cluster_ratio(units, column))
 
 
 def _cluster_log_mean(snap: WindowSnapshot) -> ClusterEstimate:
     """`cluster_log_mean` of the window's unit sums, estimated once per window."""
-    assert snap.units is not None
-    found: ClusterEstimate | None = snap.memo.get(_CLUSTER_LOG_MEAN)
-    if found is None:
-        found = snap.memo[_CLUSTER_LOG_MEAN] = cluster_log_mean(snap.units)
-    return found
+    units = snap.units
+    assert units is not None
+    return _kept(snap, _CLUSTER_LOG_MEAN, lambda: cluster_log_mean(units))
 
 
 def _concentration(snap: WindowSnapshot, top: int) -> Concentration:
     """`concentration` of the window's reservoir, counted once per window."""
-    key = (_CONCENTRATION, top)
-    found: Concentration | None = snap.memo.get(key)
-    if found is None:
-        found = snap.memo[key] = concentration(snap.reservoir_units, snap.count, top=top)
-    return found
+    return _kept(snap, (_CONCENTRATION, top),
+                 lambda: concentration(snap.reservoir_units, snap.count, top=top))  # fmt: skip
 
 
 def _dominance_note(snap: WindowSnapshot, arm: str) -> str | None:
@@ -243,14 +243,11 @@ def _summary(snap: WindowSnapshot | None) -> dict[str, Any] | None:
     """`latency_summary` as kept: never to be handed out."""
     if snap is None:
         return None
-    kept: dict[str, Any] | None = snap.memo.get(_SUMMARY)
-    if kept is None:
-        kept = snap.memo[_SUMMARY] = {
-            "count": snap.count,
-            "mean_ms": snap.mean_ms,
-            **{name: getattr(snap, name) for name in PERCENTILE_FIELDS.values()},
-        }
-    return kept
+    return _kept(snap, _SUMMARY, lambda: {
+        "count": snap.count,
+        "mean_ms": snap.mean_ms,
+        **{name: getattr(snap, name) for name in PERCENTILE_FIELDS.values()},
+    })  # fmt: skip
 
 
 def variant_evidence(snap: WindowSnapshot | None, rule: BreakerRule) -> dict[str, Any] | None:
@@ -259,10 +256,9 @@ def variant_evidence(snap: WindowSnapshot | None, rule: BreakerRule) -> dict[str
         return None
     # `_value_`: the member's value without the `value` descriptor's call, per look
     latency: str = rule.latency._value_
-    key = (_VARIANT, latency, rule.percentile)
-    kept = snap.memo.get(key)
-    if kept is None:
-        kept = snap.memo[key] = _variant_contents(snap, latency, rule.percentile)
+    percentile = rule.percentile
+    kept = _kept(snap, (_VARIANT, latency, percentile),
+                 lambda: _variant_contents(snap, latency, percentile))  # fmt: skip
     evidence = dict(kept)
     for name in _NESTED:  # each look its own nested dicts, as they were built before
         inner = evidence.get(name)
