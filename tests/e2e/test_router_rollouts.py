@@ -43,6 +43,19 @@ FRONTS = ["nginx", "haproxy"]
 PROBE_USERS = [f"probe-{i}" for i in range(300)]
 
 
+async def probe(client: httpx.AsyncClient, headers: dict[str, str]) -> httpx.Response:
+    """GET / once, and once more if the proxy closed the kept-alive connection first.
+
+    A router's reload makes the proxy's old workers close their idle connections; a
+    request sent on one as it closes gets no answer at all. Any HTTP/1.1 client retries
+    an idempotent request then (RFC 9112 9.3.1), as the load generator does.
+    """
+    try:
+        return await client.get("/", headers=headers)
+    except httpx.RemoteProtocolError:
+        return await client.get("/", headers=headers)
+
+
 async def variants_of(stack: Stack, users: list[str], **headers: str) -> dict[str, str]:
     """The variant the proxy sends each user to (its X-Canary-Variant answer)."""
     seen: dict[str, str] = {}
@@ -50,7 +63,7 @@ async def variants_of(stack: Stack, users: list[str], **headers: str) -> dict[st
         base_url=f"http://127.0.0.1:{stack.sidecar_port}", timeout=10.0, trust_env=False
     ) as client:
         for user in users:
-            response = await client.get("/", headers={"x-user-id": user, **headers})
+            response = await probe(client, {"x-user-id": user, **headers})
             assert response.status_code == 200, (user, response.status_code, response.text)
             seen[user] = response.headers["x-canary-variant"]
     return seen
@@ -63,7 +76,7 @@ async def upstreams_of(stack: Stack, users: list[str]) -> dict[str, str]:
         base_url=f"http://127.0.0.1:{stack.sidecar_port}", timeout=10.0, trust_env=False
     ) as client:
         for user in users:
-            response = await client.get("/", headers={"x-user-id": user})
+            response = await probe(client, {"x-user-id": user})
             assert response.status_code == 200, (user, response.status_code, response.text)
             seen[user] = response.headers["x-upstream"]
     return seen
