@@ -37,6 +37,11 @@ class KnownRows:
         """The records held, in no particular order."""
         return [known.record for known in self._rows.values()]
 
+    def record(self, experiment_id: int) -> ExperimentRecord | None:
+        """The record held for `experiment_id`: as last read or written here."""
+        known = self._rows.get(experiment_id)
+        return None if known is None else known.record
+
     def stale(self, listed: Iterable[ExperimentVersion]) -> list[int]:
         """The ids listed at a version other than the one held (or not held)."""
         rows = self._rows

@@ -37,6 +37,10 @@ class ControllerStats:
     leader: bool = False
     terms: int = 0
     outages_ridden: int = 0
+    # experiments whose breach streak has begun, judged again at the next tick (0069)
+    suspects: int = 0
+    suspect_passes: int = 0
+    suspect_looks: int = 0
 
 
 class ControllerMetricsCollector(Collector):
@@ -62,6 +66,10 @@ class ControllerMetricsCollector(Collector):
         yield GaugeMetricFamily(
             f"{p}_leader", "1 while this replica leads the controller", value=int(s.leader)
         )
+        yield GaugeMetricFamily(
+            f"{p}_suspects", "Experiments whose breach streak has begun, judged again a "
+            "tick after their last look rather than a round after", value=s.suspects,
+        )
         counters: tuple[tuple[str, str, int], ...] = (
             ("leadership_terms", "Leadership terms this replica has won", s.terms),
             ("outages_ridden", "Backend outages the leader rode out on its lease instead "
@@ -72,6 +80,9 @@ class ControllerMetricsCollector(Collector):
             ("conflicts", "Rounds that lost a race on an experiment's row or route",
              s.conflicts),
             ("errors", "Evaluations that failed (logged)", s.errors),
+            ("suspect_passes", "Passes over the suspects between a round's experiments "
+             "(a round longer than the tick)", s.suspect_passes),
+            ("suspect_looks", "Looks at suspects in those passes", s.suspect_looks),
             ("rows_loaded", "Experiment rows read in full by the rounds: new to the "
              "round, or changed since it last read or wrote them", s.rows_loaded),
             ("snapshot_errors", "Snapshot reads that failed (judged as no data)",

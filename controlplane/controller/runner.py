@@ -37,6 +37,7 @@ from controlplane.controller.ownership import OwnershipStats, ShardFence, ShardO
 from controlplane.controller.reconciler import RouteReconciler
 from controlplane.controller.rulebook import RuleBook, RuleRejection
 from controlplane.controller.shards import shard_of
+from controlplane.controller.suspects import Suspects
 from controlplane.decision.model import Decision, RolloutState
 from controlplane.decision.rollout import decide, fast_window_sec
 from controlplane.experiments.events import EventKind
@@ -81,6 +82,9 @@ RULE_REJECTED = EventKind.RULE_REJECTED
 READ_AHEAD = 64
 # decided states built between two turns of the loop when a round commits its memory
 MEMORY_SLICE = 32
+# suspects judged again in one pass between a round's experiments, the longest
+# waiting first: when every canary breaches at once, the round still goes on
+SUSPECTS_PER_PASS = 64
 STEP_DOWN_BACKOFF = BackoffPolicy(initial=1.0, maximum=10.0)  # before campaigning again
 
 
@@ -205,9 +209,14 @@ class Controller:
     # the active experiments as last read or written, reloaded when their version
     # moves (decision 0059)
     known_rows: KnownRows = field(default_factory=KnownRows)
+    # judge the experiments whose breach streak has begun again at the next tick,
+    # between a long round's experiments (decision 0069); False: at the next round
+    suspect_lane: bool = True
+    suspects: Suspects = field(init=False)
 
     def __post_init__(self) -> None:
         self.reconciler.stats = self.stats  # one set of counters on /metrics
+        self.suspects = Suspects(self.tick)
 
     def metrics_collector(self) -> Collector:
         """Its counters for the API's /metrics (the app registers it)."""
@@ -425,27 +434,22 @@ class Controller:
         memory: list[tuple[ExperimentRecord, Decision]] = []
         reads = Round(memory=memory)
         earliest: float | None = None
+        last_pass = backends.clock.now()
+        judged_early: set[int] = set()
         for index, experiment in enumerate(experiments):
             if index % max(1, self.read_ahead) == 0:
                 ahead = experiments[index : index + max(1, self.read_ahead)]
                 reads = await self._read_round(backends, ahead, memory)
-            try:
-                next_at = await self.evaluate(backends, experiment, fence, reads)
-            except NotLeader:
-                raise
-            except RevisionConflict as exc:
-                # someone (the API) moved the experiment: decide again
-                self.stats.conflicts += 1
-                log.info("experiment %d changed under the controller: %s", experiment.id, exc)
-                continue
-            except BackendError:
-                raise
-            except CanaryError as exc:
-                self.stats.errors += 1
-                log.warning("experiment %d not evaluated: %s", experiment.id, exc)
-                continue
+            if experiment.id in judged_early:
+                continue  # judged as a suspect since the round began, on newer data
+            next_at = await self._judge(backends, experiment, fence, reads)
             if next_at is not None:
                 earliest = next_at if earliest is None else min(earliest, next_at)
+            if self.suspect_lane and self.suspects:
+                now = backends.clock.now()
+                if now - last_pass >= self.tick:
+                    last_pass = now
+                    judged_early |= await self._judge_suspects(backends, fence, memory, now)
             # a batched round has nothing to wait for between experiments: let the
             # lease's keep-alive, the reconciler and the watches run (decision 0031)
             await asyncio.sleep(0)
@@ -453,6 +457,8 @@ class Controller:
         await self._board_finished(backends, {str(e.id) for e in experiments})
         running = {str(e.id) for e in experiments if e.state is ExperimentState.RUNNING}
         self._forget_untracked(running)
+        self.suspects.keep({int(i) for i in running})
+        self.stats.suspects = len(self.suspects)
         self.partial_cache.keep(running)
         await self.history.flush(backends.history)
         if selection is not None:
@@ -463,6 +469,58 @@ class Controller:
             backends.history, [e.id for e in experiments], backends.clock.now()
         )
         return earliest
+
+    async def _judge(
+        self, backends: Backends, experiment: ExperimentRecord, fence: Fence | None,
+        reads: Round,
+    ) -> float | None:
+        """One look; an error of this experiment's own is counted and logged, and the
+        round goes on. A lost lead or a backend's failure ends the round."""
+        try:
+            return await self.evaluate(backends, experiment, fence, reads)
+        except NotLeader:
+            raise
+        except RevisionConflict as exc:
+            # someone (the API) moved the experiment: decide again
+            self.stats.conflicts += 1
+            log.info("experiment %d changed under the controller: %s", experiment.id, exc)
+        except BackendError:
+            raise
+        except CanaryError as exc:
+            self.stats.errors += 1
+            log.warning("experiment %d not evaluated: %s", experiment.id, exc)
+        return None
+
+    async def _judge_suspects(
+        self,
+        backends: Backends,
+        fence: Fence | None,
+        memory: list[tuple[ExperimentRecord, Decision]],
+        now: float,
+    ) -> set[int]:
+        """The suspects a tick past their last look, judged between a long round's
+        experiments (decision 0069); the ids judged. The round's memory so far is
+        committed first, so that a suspect the round judged already is judged on the
+        memory that look left, as the next round would."""
+        due = self.suspects.due(now)[:SUSPECTS_PER_PASS]
+        if not due:
+            return set()
+        await self._commit_memory(backends, memory)
+        memory.clear()
+        # the records as that commit left them
+        records = [
+            record for i in due
+            if (record := self.known_rows.record(i)) is not None and self._judged_here(record)
+        ]
+        self.stats.suspect_passes += 1
+        looked: list[tuple[ExperimentRecord, Decision]] = []
+        reads = await self._read_round(backends, records, looked)
+        for record in records:
+            self.stats.suspect_looks += 1
+            await self._judge(backends, record, fence, reads)
+            await asyncio.sleep(0)
+        await self._commit_memory(backends, looked)
+        return {record.id for record in records}
 
     async def _board_finished(self, backends: Backends, active: set[str]) -> None:
         """Experiments on the metrics board that are no longer active: ended by a
@@ -564,12 +622,16 @@ class Controller:
         if span is not None:
             span.set_attributes(decision_attributes(decision, changed))
         if not changed:
+            self.suspects.observe(experiment.id, decision.new_state, now)
             self.experiment_board.observe(experiment, decision.evidence, now)
             return decision.next_check_at
         if self.batched_round and only_memory(state, decision):
             reads.memory.append((experiment, decision))
+            self.suspects.observe(experiment.id, decision.new_state, now)
             self.experiment_board.observe(experiment, decision.evidence, now)
             return decision.next_check_at
+        # written now, and read again at its new version by the next listing
+        self.suspects.forget(experiment.id)
         await apply_decision(
             backends,
             experiment_id=experiment.id,
