@@ -19,7 +19,7 @@ the pass, which removes it. Until the import is recorded no key is removed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -208,26 +208,29 @@ class ConfigReconciler:
                                 skipped=skipped, now=now)
             if done is None:
                 return  # another leader imported meanwhile
-            for service in done["services"]:
-                await tx.run(_record_import, kind=kind, service=service,
-                             config=found[service], now=now, fence=fence)
+            # one call for every event: an await per service held the database's write
+            # lock across as many turns of a loop a thousand experiments' rounds share
+            await tx.run(_record_imports, kind=kind,
+                         adopted={s: found[s] for s in done["services"]}, now=now, fence=fence)
         log.info("imported %d %s value(s) from etcd into SQL, skipped %d malformed",
                  len(done["services"]), kind.described, skipped)
 
 
-def _record_import(
-    *, session: Any, kind: ConfigKind, service: str, config: ServiceConfig, now: datetime,
+def _record_imports(
+    *, session: Any, kind: ConfigKind, adopted: Mapping[str, ServiceConfig], now: datetime,
     fence: Fence | None,
 ) -> None:
-    payload: dict[str, Any] = {"kind": kind.value,
-                               "config": config_document(kind, service, config)}
-    if fence is not None:
-        payload["leader_fence"] = {"key": fence.key, "revision": fence.create_revision}
-    records.record_event(
-        session=session, service=service, at=now, actor="controller", kind=CONFIG_IMPORTED,
-        reason=f"{kind.described} imported from etcd: SQL keeps it from now on",
-        payload=payload,
-    )
+    """A `config_imported` event per service adopted."""
+    for service, config in adopted.items():
+        payload: dict[str, Any] = {"kind": kind.value,
+                                   "config": config_document(kind, service, config)}
+        if fence is not None:
+            payload["leader_fence"] = {"key": fence.key, "revision": fence.create_revision}
+        records.record_event(
+            session=session, service=service, at=now, actor="controller", kind=CONFIG_IMPORTED,
+            reason=f"{kind.described} imported from etcd: SQL keeps it from now on",
+            payload=payload,
+        )
 
 
 def _document(

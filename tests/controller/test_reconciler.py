@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from controlplane.controller.apply import apply_decision
-from controlplane.controller.reconciler import RouteReconciler
+from controlplane.controller.reconciler import ROUTE_GETS_MAX, RouteReconciler
 from controlplane.db import experiments as records
 from controlplane.decision.model import (
     Decision,
@@ -129,6 +129,40 @@ async def test_a_wiped_prefix_is_restored_for_every_service_in_one_pass(rig: Rig
     await rig.full_pass()
     assert {s: await rig.stored(s) for s in services} == before
     assert sorted(e["service"] for e in await rig.events()) == sorted(services)
+
+
+async def test_a_pass_over_many_named_services_reads_their_routes_in_one_prefix_read(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a get per service is a turn of the event loop each, and a thousand experiments'
+    # rounds judge one experiment between two turns: such a pass took half a minute
+    services = [f"svc-{i:02d}" for i in range(ROUTE_GETS_MAX + 4)]
+    for service in services:
+        await rig.start(service)
+    await rig.full_pass()
+    before = {s: await rig.stored(s) for s in services}
+    for service in services[: ROUTE_GETS_MAX + 2]:
+        await rig.backends.kv.delete(rig.backends.keys.route(service))
+    kv = rig.backends.kv
+    reads: list[str] = []
+    real_get, real_prefix = kv.get, kv.get_prefix
+
+    async def get(key: str) -> Any:
+        reads.append("get")
+        return await real_get(key)
+
+    async def get_prefix(prefix: str) -> Any:
+        reads.append("prefix")
+        return await real_prefix(prefix)
+
+    monkeypatch.setattr(kv, "get", get)
+    monkeypatch.setattr(kv, "get_prefix", get_prefix)
+    again = await rig.reconciler.reconcile(rig.backends, rig.fence, services=services,
+                                           configs=False)
+    monkeypatch.undo()
+    assert not again
+    assert "get" not in reads, reads  # the window rules' prefix read comes on top
+    assert {s: await rig.stored(s) for s in services} == before
 
 
 async def test_an_etcd_restored_from_an_old_snapshot_gets_the_desired_routes_back(
