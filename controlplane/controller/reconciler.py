@@ -84,6 +84,8 @@ LISTEN_AGAIN_BACKOFF = BackoffPolicy(initial=1.0, maximum=10.0)
 # per service is a turn of the loop each, and the rounds of a thousand experiments
 # judge one between two turns (a pass after a new term took half a minute)
 ROUTE_GETS_MAX = 8
+# route writes a pass has in flight at once
+ROUTE_WRITES_AT_ONCE = 32
 
 
 def fence_entry(fence: Fence) -> dict[str, Any]:
@@ -237,25 +239,28 @@ class RouteReconciler:
                     self._reconciled.pop(service, None)
                 else:
                     self._reconciled[service] = route.revision
-        again = False
+        failed: list[tuple[str, BaseException]] = []
+        writes: list[tuple[str, RoutePlan, Stored | None]] = []
         for service in sorted(set(stored) | set(desired) | set(services or ())):
             try:
-                await self._reconcile_one(
-                    backends, fence, service, desired.get(service), stored.get(service)
-                )
-            except NotLeader:
-                raise
-            except RevisionConflict as exc:
-                self._reconciled.pop(service, None)  # the next poll looks again
-                self.stats.conflicts += 1
-                log.info("route of %r changed under the reconciler: %s", service, exc)
-                again = True
-            except BackendError:
-                raise
+                plan = self._plan(service, desired.get(service), stored.get(service))
             except (CanaryError, ValueError) as exc:
-                self._reconciled.pop(service, None)
-                self.stats.errors += 1
-                log.warning("route of %r not reconciled: %s", service, exc)
+                failed.append((service, exc))
+                continue
+            if plan is not None:
+                writes.append((service, plan, stored.get(service)))
+        # the writes a few dozen at once: an await each would be a turn of the loop each,
+        # which a thousand experiments' rounds share (a new leader over a thousand
+        # routes etcd never held)
+        for start in range(0, len(writes), ROUTE_WRITES_AT_ONCE):
+            chunk = writes[start : start + ROUTE_WRITES_AT_ONCE]
+            outcomes = await asyncio.gather(
+                *(self._publish(backends, fence, s, plan, held) for s, plan, held in chunk),
+                return_exceptions=True,
+            )
+            failed += [(s, outcome) for (s, _, _), outcome in zip(chunk, outcomes, strict=True)
+                       if isinstance(outcome, BaseException)]
+        again = self._settle(failed)
         again = await self.reconcile_windows(backends, fence) or again
         if configs:
             self.configs.stats = self.stats  # one set of counters (the runner replaces them)
@@ -307,15 +312,41 @@ class RouteReconciler:
             and is_service_name(name)
         }
 
-    async def _reconcile_one(
-        self, backends: Backends, fence: Fence | None, service: str,
-        desired: Route | None, stored: Stored | None,
-    ) -> None:
+    def _plan(self, service: str, desired: Route | None, stored: Stored | None) -> RoutePlan | None:
+        """What to write for `service`; None when etcd holds what SQL says."""
         plan = plan_route(desired, stored, last_written=self._last_written.get(service))
         if plan.op is RouteOp.NOTHING:
             if plan.found is Found.IN_SYNC and desired is not None:
                 self._last_written[service] = desired.revision
-            return
+            return None
+        return plan
+
+    def _settle(self, failed: list[tuple[str, BaseException]]) -> bool:
+        """Count and log the services a pass could not reconcile; True when one lost a
+        race (look again soon). A lost lead or a backend's failure is raised, after
+        the writes begun with it have ended."""
+        for kind in (NotLeader, BackendError):
+            for _, exc in failed:
+                if isinstance(exc, kind):
+                    raise exc
+        again = False
+        for service, exc in failed:
+            self._reconciled.pop(service, None)  # the next poll looks again
+            if isinstance(exc, RevisionConflict):
+                self.stats.conflicts += 1
+                log.info("route of %r changed under the reconciler: %s", service, exc)
+                again = True
+            elif isinstance(exc, (CanaryError, ValueError)):
+                self.stats.errors += 1
+                log.warning("route of %r not reconciled: %s", service, exc)
+            else:
+                raise exc
+        return again
+
+    async def _publish(
+        self, backends: Backends, fence: Fence | None, service: str, plan: RoutePlan,
+        stored: Stored | None,
+    ) -> None:
         assert plan.route is not None
         await backends.kv.compare_and_swap(
             backends.keys.route(service),

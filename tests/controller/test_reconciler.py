@@ -16,7 +16,11 @@ from typing import Any
 import pytest
 
 from controlplane.controller.apply import apply_decision
-from controlplane.controller.reconciler import ROUTE_GETS_MAX, RouteReconciler
+from controlplane.controller.reconciler import (
+    ROUTE_GETS_MAX,
+    ROUTE_WRITES_AT_ONCE,
+    RouteReconciler,
+)
 from controlplane.db import experiments as records
 from controlplane.decision.model import (
     Decision,
@@ -136,12 +140,13 @@ async def test_a_pass_over_many_named_services_reads_their_routes_in_one_prefix_
 ) -> None:
     # a get per service is a turn of the event loop each, and a thousand experiments'
     # rounds judge one experiment between two turns: such a pass took half a minute
-    services = [f"svc-{i:02d}" for i in range(ROUTE_GETS_MAX + 4)]
+    # more than a pass reads one by one, and more than it writes at once
+    services = [f"svc-{i:02d}" for i in range(max(ROUTE_GETS_MAX, ROUTE_WRITES_AT_ONCE) + 4)]
     for service in services:
         await rig.start(service)
     await rig.full_pass()
     before = {s: await rig.stored(s) for s in services}
-    for service in services[: ROUTE_GETS_MAX + 2]:
+    for service in services[2:]:
         await rig.backends.kv.delete(rig.backends.keys.route(service))
     kv = rig.backends.kv
     reads: list[str] = []
@@ -163,6 +168,7 @@ async def test_a_pass_over_many_named_services_reads_their_routes_in_one_prefix_
     assert not again
     assert "get" not in reads, reads  # the window rules' prefix read comes on top
     assert {s: await rig.stored(s) for s in services} == before
+    assert sorted(e["service"] for e in await rig.events()) == sorted(services[2:])
 
 
 async def test_an_etcd_restored_from_an_old_snapshot_gets_the_desired_routes_back(
