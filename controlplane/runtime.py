@@ -139,6 +139,14 @@ class ExportsMetrics(Protocol):
     def metrics_collector(self) -> Collector: ...
 
 
+@runtime_checkable
+class ExportsText(Protocol):
+    """A background part that writes series of its own in the text format (too many
+    to build as metric families at every scrape; kernel/exposition.py)."""
+
+    def metrics_text(self) -> str: ...
+
+
 # Or simply a coroutine function that runs until it is cancelled.
 BackgroundTask = Callable[[Backends], Awaitable[None]]
 Background = BackgroundService | BackgroundTask

@@ -17,10 +17,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter
 
 from controlplane.kernel.admin_access import allowed, header, warn_if_exposed
 from controlplane.kernel.admin_thread import AdminThread, Answer, Heartbeat, liveness
+from controlplane.kernel.exposition import render
 from controlplane.runtime import Backends
 
 log = logging.getLogger("canary.api.admin")
@@ -40,7 +41,7 @@ def respond(
         if path == "/metrics":
             for _ in range(RENDER_TRIES):
                 try:
-                    return Answer(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+                    return Answer(200, render(registry), CONTENT_TYPE_LATEST)
                 except RuntimeError:  # a collector's dict changed while it was read
                     continue
             return Answer(503, b"metrics changed while rendered: try again\n")

@@ -39,7 +39,6 @@ from controlplane.runtime import (
     Backends,
     Background,
     BackgroundService,
-    ExportsMetrics,
     open_backends,
 )
 
@@ -172,8 +171,7 @@ def create_app(
 
         app.add_middleware(TracingMiddleware, tracer=tracer_provider.get_tracer("canary.api"))
     for service in services:
-        if isinstance(service, ExportsMetrics):
-            exported.registry.register(service.metrics_collector())
+        exported.export(service)
     for router in (
         health.router,
         experiments.router,

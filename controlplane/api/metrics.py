@@ -11,18 +11,19 @@ import time
 
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlplane.api.security import require
 from controlplane.auth.roles import Role
+from controlplane.kernel.exposition import TextRegistry, render
+from controlplane.runtime import ExportsMetrics, ExportsText
 
 UNMATCHED = "<unmatched>"
 
 
 class ApiMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.registry = registry or TextRegistry(auto_describe=True)
         self.requests = Counter(
             "canary_api_requests",
             "HTTP requests answered by the API",
@@ -82,7 +83,15 @@ class ApiMetrics:
         self.latency.labels(*labels).observe(seconds)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return render(self.registry)
+
+    def export(self, part: object) -> None:
+        """A background part's own series on this /metrics, if it has any: its
+        collector's families, and the text it writes itself."""
+        if isinstance(part, ExportsMetrics):
+            self.registry.register(part.metrics_collector())
+        if isinstance(part, ExportsText) and isinstance(self.registry, TextRegistry):
+            self.registry.add_text(part.metrics_text)
 
 
 class MetricsMiddleware:

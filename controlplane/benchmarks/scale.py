@@ -631,14 +631,14 @@ async def _trips(
 def _leader_admin(controller: Controller) -> tuple[AdminThread, asyncio.Task[None]]:
     """`canary serve --admin`'s listener for the leader: its /healthz and /metrics
     answered from a thread while its rounds run on this loop."""
-    from prometheus_client import CollectorRegistry
-
     from controlplane.api.admin_listener import serve_api_admin
     from controlplane.kernel.admin_thread import Heartbeat
     from controlplane.kernel.clock import SystemClock
+    from controlplane.kernel.exposition import TextRegistry
 
-    registry = CollectorRegistry()
+    registry = TextRegistry()
     registry.register(controller.metrics_collector())
+    registry.add_text(controller.metrics_text)
     heartbeat = Heartbeat(SystemClock())
     beating = asyncio.create_task(heartbeat.run())
     return serve_api_admin(registry, heartbeat, "127.0.0.1", 0, token=None), beating

@@ -29,11 +29,12 @@ the rule (at most 2 + 16).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from controlplane.experiments.lifecycle import ExperimentState
 from controlplane.experiments.store import ExperimentRecord
@@ -222,89 +223,154 @@ class ExperimentBoard:
         return tally
 
 
+# the board's families: (name, help, the series' attribute, the label it goes in)
+_INFO: Final = (
+    ("canary_experiment_status",
+     "1 for the experiment's state (running, paused, promoted, rolled_back, aborted)",
+     "state", "state"),
+    ("canary_experiment_breaker", "1 for the breaker's state (closed, open, half_open)",
+     "breaker", "state"),
+    ("canary_experiment_verdict",
+     "1 for the verdict of the last look at a fresh window (pass, breach, "
+     "too_few_samples, no_data, overloaded, held)", "verdict", "verdict"),
+)  # fmt: skip
+# (name as prometheus_client takes it, help, type, the value of a series)
+_PER_EXPERIMENT: Final[tuple[tuple[str, str, str, Callable[[ExperimentSeries], float]], ...]] = (
+    ("canary_experiment_canary_weight_percent", "The canary's share of traffic", "gauge",
+     lambda s: s.canary_bp * 100 / TOTAL_WEIGHT),
+    ("canary_experiment_step", "The current step of the schedule, 1-based", "gauge",
+     lambda s: s.step),
+    ("canary_experiment_trips", "Trips of the breaker", "counter", lambda s: s.trips),
+)  # fmt: skip
+_GUARDRAIL: Final = (
+    "canary_experiment_guardrail_verdict",
+    "Each guardrail at the last look: 0 within its bound, 1 over it but not "
+    "significant, 2 breached",
+)
+# in the order of ExperimentSeries.variants' numbers
+_PER_VARIANT: Final = (
+    ("canary_experiment_p95_seconds",
+     "P95 of the latency the rule judges, per variant, at the last look"),
+    ("canary_experiment_failure_ratio", "Failed / total requests per variant at the last look"),
+    ("canary_experiment_window_requests",
+     "Requests in the window judged, per variant, at the last look"),
+)  # fmt: skip
+_PER_SERVICE: Final = (
+    ("trips", "Trips of the breaker, per service, seen by this leader"),
+    ("promotions", "Experiments promoted, per service, seen by this leader"),
+    ("rollbacks", "Experiments rolled back or aborted, per service, seen by this leader"),
+)
+_DROPPED: Final = (
+    "canary_experiment_series_dropped",
+    "Experiments or services left without series: the board was full",
+)
+
+
 def board_families(
     board: ExperimentBoard,
 ) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-    """The board as metric families (read at scrape time)."""
+    """The board as prometheus_client's metric families: the reference
+    `board_exposition` is held to, and what a registry that cannot take text gets."""
     rows = sorted(board.experiments.values(), key=lambda s: (s.service, s.experiment))
-    yield _info(
-        "canary_experiment_status",
-        "1 for the experiment's state (running, paused, promoted, rolled_back, aborted)",
-        ((s, s.state) for s in rows),
-        "state",
-    )
-    yield _info(
-        "canary_experiment_breaker",
-        "1 for the breaker's state (closed, open, half_open)",
-        ((s, s.breaker) for s in rows),
-        "state",
-    )
-    yield _info(
-        "canary_experiment_verdict",
-        "1 for the verdict of the last look at a fresh window (pass, breach, "
-        "too_few_samples, no_data, overloaded, held)",
-        ((s, s.verdict) for s in rows if s.verdict is not None),
-        "verdict",
-    )
-    weight = GaugeMetricFamily(
-        "canary_experiment_canary_weight_percent", "The canary's share of traffic", labels=_E
-    )
-    step = GaugeMetricFamily(
-        "canary_experiment_step", "The current step of the schedule, 1-based", labels=_E
-    )
-    trips = CounterMetricFamily("canary_experiment_trips", "Trips of the breaker", labels=_E)
-    for s in rows:
-        weight.add_metric([s.experiment, s.service], s.canary_bp * 100 / TOTAL_WEIGHT)
-        step.add_metric([s.experiment, s.service], s.step)
-        trips.add_metric([s.experiment, s.service], s.trips)
-    yield from (weight, step, trips)
-    guardrail = GaugeMetricFamily(
-        "canary_experiment_guardrail_verdict",
-        "Each guardrail at the last look: 0 within its bound, 1 over it but not "
-        "significant, 2 breached",
-        labels=(*_E, "guardrail"),
-    )
-    p95 = GaugeMetricFamily(
-        "canary_experiment_p95_seconds",
-        "P95 of the latency the rule judges, per variant, at the last look",
-        labels=(*_E, "variant"),
-    )
-    failures = GaugeMetricFamily(
-        "canary_experiment_failure_ratio",
-        "Failed / total requests per variant at the last look",
-        labels=(*_E, "variant"),
-    )
-    requests = GaugeMetricFamily(
-        "canary_experiment_window_requests",
-        "Requests in the window judged, per variant, at the last look",
-        labels=(*_E, "variant"),
-    )
+    for name, help_text, attribute, label in _INFO:
+        yield _info(name, help_text, ((s, getattr(s, attribute)) for s in rows
+                                      if getattr(s, attribute) is not None), label)
+    for name, help_text, kind, read in _PER_EXPERIMENT:
+        maker = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+        family = maker(name, help_text, labels=_E)
+        for s in rows:
+            family.add_metric([s.experiment, s.service], read(s))
+        yield family
+    guardrail = GaugeMetricFamily(*_GUARDRAIL, labels=(*_E, "guardrail"))
     for s in rows:
         for name, value in sorted(s.guardrails.items()):
             guardrail.add_metric([s.experiment, s.service, name], value)
-        for arm, (p, ratio, count) in sorted(s.variants.items()):
-            if p is not None:
-                p95.add_metric([s.experiment, s.service, arm], p)
-            if ratio is not None:
-                failures.add_metric([s.experiment, s.service, arm], ratio)
-            if count is not None:
-                requests.add_metric([s.experiment, s.service, arm], count)
-    yield from (guardrail, p95, failures, requests)
-    per_service = (
-        ("trips", "Trips of the breaker, per service, seen by this leader"),
-        ("promotions", "Experiments promoted, per service, seen by this leader"),
-        ("rollbacks", "Experiments rolled back or aborted, per service, seen by this leader"),
-    )
-    for name, help_text in per_service:
-        family = CounterMetricFamily(f"canary_service_{name}", help_text, labels=("service",))
-        for service, tally in sorted(board.services.items()):
-            family.add_metric([service], getattr(tally, name))
+    yield guardrail
+    for index, (name, help_text) in enumerate(_PER_VARIANT):
+        family = GaugeMetricFamily(name, help_text, labels=(*_E, "variant"))
+        for s in rows:
+            for arm, numbers in sorted(s.variants.items()):
+                number = numbers[index]
+                if number is not None:
+                    family.add_metric([s.experiment, s.service, arm], number)
         yield family
-    yield CounterMetricFamily(
-        "canary_experiment_series_dropped",
-        "Experiments or services left without series: the board was full",
-        value=board.dropped,
-    )
+    for name, help_text in _PER_SERVICE:
+        per_service = CounterMetricFamily(f"canary_service_{name}", help_text,
+                                          labels=("service",))
+        for service, tally in sorted(board.services.items()):
+            per_service.add_metric([service], getattr(tally, name))
+        yield per_service
+    yield CounterMetricFamily(*_DROPPED, value=board.dropped)
+
+
+def _go(value: float) -> str:
+    """A sample's value as prometheus_client writes it."""
+    text: str = floatToGoString(value)  # type: ignore[no-untyped-call]
+    return text
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+def _head(out: list[str], name: str, help_text: str, kind: str) -> None:
+    escaped = help_text.replace("\\", r"\\").replace("\n", r"\n")
+    out.append(f"# HELP {name} {escaped}\n# TYPE {name} {kind}\n")
+
+
+def board_exposition(board: ExperimentBoard) -> str:
+    """`board_families` in the text exposition format, written directly.
+
+    The same families, samples and bytes as prometheus_client renders them (label
+    names sorted, values as floatToGoString writes them; the tests compare the two on
+    random boards), at a tenth of the CPU: at N = 1,000 the board is ~14,000 samples,
+    and building and rendering them through the library took ~180 ms of CPU a scrape,
+    on a thread that shares the GIL with the leader's rounds (decision 0069)."""
+    rows = sorted(board.experiments.values(), key=lambda s: (s.service, s.experiment))
+    # each row's own labels, escaped once: `experiment` sorts before `guardrail`,
+    # `service` before `state`, `variant` and `verdict`
+    ids = [(s, _label(s.experiment), _label(s.service)) for s in rows]
+    out: list[str] = []
+    for name, help_text, attribute, label in _INFO:
+        _head(out, name, help_text, "gauge")
+        for s, e, svc in ids:
+            value = getattr(s, attribute)
+            if value is not None:
+                out.append(f'{name}{{experiment="{e}",service="{svc}",'
+                           f'{label}="{_label(value)}"}} 1.0\n')
+    for base, help_text, kind, read in _PER_EXPERIMENT:
+        name = f"{base}_total" if kind == "counter" else base
+        _head(out, name, help_text, kind)
+        out.extend(
+            f'{name}{{experiment="{e}",service="{svc}"}} {_go(read(s))}\n'
+            for s, e, svc in ids
+        )
+    name, help_text = _GUARDRAIL
+    _head(out, name, help_text, "gauge")
+    for s, e, svc in ids:
+        for guardrail, value in sorted(s.guardrails.items()):
+            out.append(f'{name}{{experiment="{e}",guardrail="{_label(guardrail)}",'
+                       f'service="{svc}"}} {_go(value)}\n')
+    for index, (name, help_text) in enumerate(_PER_VARIANT):
+        _head(out, name, help_text, "gauge")
+        for s, e, svc in ids:
+            for arm, numbers in sorted(s.variants.items()):
+                value = numbers[index]
+                if value is not None:
+                    out.append(f'{name}{{experiment="{e}",service="{svc}",'
+                               f'variant="{_label(arm)}"}} {_go(value)}\n')
+    for tally_name, help_text in _PER_SERVICE:
+        name = f"canary_service_{tally_name}_total"
+        _head(out, name, help_text, "counter")
+        out.extend(
+            f'{name}{{service="{_label(service)}"}} '
+            f"{_go(getattr(tally, tally_name))}\n"
+            for service, tally in sorted(board.services.items())
+        )
+    name, help_text = _DROPPED
+    _head(out, f"{name}_total", help_text, "counter")
+    out.append(f"{name}_total {_go(board.dropped)}\n")
+    return "".join(out)
 
 
 def _info(

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from controlplane.controller.experiment_metrics import ExperimentBoard, board_families
 from controlplane.controller.ownership import OwnershipStats
 from controlplane.history.recorder import HistoryStats
 
@@ -49,14 +48,12 @@ class ControllerMetricsCollector(Collector):
         stats: ControllerStats,
         prefix: str = "canary_controller",
         history: HistoryStats | None = None,
-        board: ExperimentBoard | None = None,
         ownership: OwnershipStats | None = None,
         shards: int = 0,
     ) -> None:
         self._stats = stats
         self._prefix = prefix
         self._history = history or HistoryStats()
-        self._board = board
         self._ownership = ownership
         self._shards = shards
 
@@ -145,5 +142,3 @@ class ControllerMetricsCollector(Collector):
             )  # fmt: skip
         for name, help_text, value in counters:
             yield CounterMetricFamily(f"{p}_{name}", help_text, value=value)
-        if self._board is not None:
-            yield from board_families(self._board)

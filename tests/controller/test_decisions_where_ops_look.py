@@ -35,7 +35,7 @@ async def scrape(rig: Rig, settings: Settings) -> Samples:
     install_test_tokens(settings.database_url)
     app = create_app(settings, backends=rig.backends)
     # as create_app does for the controller it runs (the rig drives this one itself)
-    app.state.metrics.registry.register(rig.controller.metrics_collector())
+    app.state.metrics.export(rig.controller)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(

@@ -7,11 +7,17 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from controlplane.controller.experiment_metrics import (
     ExperimentBoard,
+    ExperimentSeries,
+    ServiceTally,
+    board_exposition,
     board_families,
     look_of,
 )
@@ -103,3 +109,62 @@ def test_finished_experiments_expire_and_a_full_board_drops_and_counts() -> None
     board.expire(80.0)
     assert set(board.experiments) == {"1"}
     assert "canary_experiment_series_dropped_total 3.0" in exposition(board)
+
+
+# ------------------------------------------------ the text written directly
+
+
+_NUMBER = st.one_of(
+    st.none(),
+    st.floats(min_value=0, max_value=1e22, allow_nan=False, allow_infinity=False),
+    st.sampled_from([0.0, 1e-9, 0.1, 1 / 3, 123456789.0, 1e16, 2.5e21]),
+)
+_NAME = st.text(alphabet='ab-_1\\"\n', min_size=1, max_size=6)
+
+
+@st.composite
+def boards(draw: st.DrawFn) -> ExperimentBoard:
+    board = ExperimentBoard()
+    for index in range(draw(st.integers(0, 6))):
+        key = str(draw(st.integers(1, 10**6)))
+        board.experiments[key] = ExperimentSeries(
+            key, draw(st.sampled_from(["shop", "cart", "a-b"])),
+            draw(st.sampled_from(["running", "paused", "promoted"])),
+            draw(st.sampled_from(["closed", "open", "half_open"])),
+            draw(st.integers(0, 10_000)), draw(st.integers(0, 9)), draw(st.integers(0, 99)),
+            verdict=draw(st.one_of(st.none(), st.sampled_from(["pass", "breach"]))),
+            guardrails=draw(st.dictionaries(_NAME, st.integers(0, 2), max_size=3)),
+            variants=draw(st.dictionaries(
+                st.sampled_from(["baseline", "canary"]),
+                st.tuples(_NUMBER, _NUMBER, st.one_of(st.none(), st.integers(0, 10**9))),
+            )),
+            finished_at=None if index % 2 else 1.0,
+        )  # fmt: skip
+    odd = 'odd"\\'
+    for service in draw(st.lists(st.sampled_from(["shop", "cart", odd]), max_size=3)):
+        board.services[service] = ServiceTally(*draw(st.tuples(*[st.integers(0, 50)] * 3)))
+    board.dropped = draw(st.integers(0, 5))
+    return board
+
+
+@settings(max_examples=200, deadline=None)
+@given(boards())
+def test_the_text_written_directly_is_what_prometheus_client_renders(
+    board: ExperimentBoard,
+) -> None:
+    assert board_exposition(board) == exposition(board)
+
+
+def test_the_controller_writes_its_board_on_the_api_page_once() -> None:
+    from controlplane.api.metrics import ApiMetrics
+    from controlplane.controller.runner import Controller
+
+    controller = Controller(identity="page")
+    controller.experiment_board.observe(record(), tripped().evidence, 0.0)
+    metrics = ApiMetrics()
+    metrics.export(controller)
+    page = metrics.render().decode()
+    families = [f.name for f in text_string_to_metric_families(page)]
+    assert len(families) == len(set(families))  # no family twice, none split
+    assert "canary_experiment_status" in families and "canary_controller_leader" in families
+    assert page.endswith(board_exposition(controller.experiment_board))
