@@ -187,6 +187,7 @@ def run_api(
     insecure: bool = False,
     tracer_provider: TracerProvider | None = None,
     admin: str | None = None,
+    liveness_bound: float = 30.0,
 ) -> None:
     """Serve until SIGINT/SIGTERM; uvicorn then drains requests and runs the lifespan's
     shutdown, which stops the services and closes the backends. With `admin`
@@ -205,7 +206,7 @@ def run_api(
 
     options = tls_options(settings)
     secure = bool(options)  # uvicorn's ssl_* options, when the API serves TLS
-    heartbeat = Heartbeat(SystemClock())
+    heartbeat = Heartbeat(SystemClock(), bound=liveness_bound)
     streams = bool(services)
     if admin:
         from controlplane.api.admin_listener import beating
@@ -258,6 +259,7 @@ def run_api(
 def _serve_traced(
     settings: Settings, *, embedded: bool, insecure: bool = False,
     sample_keys: SampleKeys | None = None, admin: str | None = None,
+    liveness_bound: float = 30.0,
 ) -> None:
     """`run_api` with the background services, and tracing when it is configured."""
     from controlplane.kernel.errors import ConfigError
@@ -278,7 +280,7 @@ def _serve_traced(
             typer.echo(f"canary: prometheus: {exc}", err=True)
             raise typer.Exit(2) from exc
         run_api(settings, services=services, insecure=insecure, tracer_provider=provider,
-                admin=admin)
+                admin=admin, liveness_bound=liveness_bound)
     finally:
         if provider is not None:
             provider.shutdown()  # sends what is queued
@@ -583,6 +585,12 @@ def register(app: typer.Typer) -> None:
             typer.Option("--admin-token-file", help="bearer token for the --admin /metrics "
                          "[env CANARY_ADMIN_TOKEN_FILE]"),
         ] = None,
+        liveness_bound: Annotated[
+            float,
+            typer.Option("--liveness-bound", min=1.0, max=3600.0,
+                         help="seconds without a heartbeat of the loop that runs the "
+                         "controller's rounds before the --admin /healthz answers 503"),
+        ] = 30.0,
         log_format: LogFormatOption = None,
         otel_endpoint: OtelEndpointOption = None,
         trace_sample_ratio: SampleRatioOption = None,
@@ -622,7 +630,8 @@ def register(app: typer.Typer) -> None:
             _migrated_or_exit(settings.database_url)
             _bootstrap_token_or_exit(settings)
             _auth_or_exit(settings, insecure=insecure)
-            _serve_traced(settings, embedded=False, insecure=insecure, admin=admin)
+            _serve_traced(settings, embedded=False, insecure=insecure, admin=admin,
+                          liveness_bound=liveness_bound)
 
     db = typer.Typer(help="Database migrations (Alembic).", no_args_is_help=True)
     app.add_typer(db, name="db")

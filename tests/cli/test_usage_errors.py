@@ -16,6 +16,10 @@ from controlplane.cli.main import main
         (["nosuch"], "canary: No such command 'nosuch'"),
         (["exp", "list", "--limit", "abc"], "canary exp list: Invalid value for '--limit'"),
         (["rules", "show"], "Missing argument"),
+        (["serve", "--liveness-bound", "0.5"],
+         "canary serve: Invalid value for '--liveness-bound'"),
+        (["collector", "--liveness-bound", "1e9"],
+         "canary collector: Invalid value for '--liveness-bound'"),
     ],
 )
 def test_a_usage_error_is_one_line_and_exit_2(

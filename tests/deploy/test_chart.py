@@ -412,6 +412,7 @@ def test_both_processes_serve_their_admin_listener_and_are_probed_there(
                                                   "scheme": "HTTPS"}  # fmt: skip
     assert collector["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
     assert "--liveness-bound=30" in collector["command"]
+    assert "--liveness-bound=30" in serve["command"]
     admin = {
         d["metadata"]["name"]: d["spec"]
         for d in found

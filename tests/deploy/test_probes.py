@@ -95,7 +95,7 @@ async def test_every_probe_is_answered_without_credentials(
 
 def liveness_bound(container: dict[str, Any]) -> float:
     """The bound the container's process starts with: its --liveness-bound, else the
-    heartbeat's default (`canary serve` has no flag for it)."""
+    heartbeat's default."""
     for argument in container["command"]:
         if argument.startswith("--liveness-bound="):
             return float(argument.split("=", 1)[1])
@@ -112,7 +112,8 @@ def admin_liveness(rendering: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
 
 @pytest.mark.parametrize("values", [
     pytest.param((), id="default"),
-    pytest.param(("--set=collector.livenessBound=90", "--set=controlPlane.adminPort=9300",
+    pytest.param(("--set=collector.livenessBound=90", "--set=controlPlane.livenessBound=45",
+                  "--set=controlPlane.adminPort=9300",
                   "--set=collector.adminPort=9400"), id="overridden"),
 ])  # fmt: skip
 async def test_the_liveness_probe_fails_once_the_loop_stalls_past_its_bound(
