@@ -6,7 +6,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from controlplane.cli.observability import LogFormatOption, observability_settings
+from controlplane.cli.observability import (
+    LivenessBoundOption,
+    LogFormatOption,
+    observability_settings,
+)
 from controlplane.kernel.errors import plain_message
 from controlplane.kernel.etcd_endpoints import ENDPOINTS_HELP
 from controlplane.kernel.streams_factory import URL_FORMS
@@ -55,12 +59,7 @@ def register(app: typer.Typer) -> None:
             typer.Option("--admin-token-file", help="bearer token for /metrics "
                          "(env CANARY_ADMIN_TOKEN_FILE)"),
         ] = None,
-        liveness_bound: Annotated[
-            float,
-            typer.Option("--liveness-bound", min=1.0, max=3600.0,
-                         help="seconds without a main-loop heartbeat before /healthz "
-                         "answers 503"),
-        ] = 30.0,
+        liveness_bound: LivenessBoundOption = 30.0,
         log_format: LogFormatOption = None,
     ) -> None:
         """Read sample batches (consumer group `collectors`) and publish snapshots."""

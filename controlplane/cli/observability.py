@@ -1,4 +1,5 @@
-"""The flags every long-running command shares for its logs and its traces."""
+"""The flags every long-running command shares for its logs, its traces and its
+liveness."""
 
 from __future__ import annotations
 
@@ -6,6 +7,14 @@ from typing import Annotated
 
 import typer
 
+LivenessBoundOption = Annotated[
+    float,
+    typer.Option(
+        "--liveness-bound", min=1.0, max=3600.0,
+        help="seconds without a heartbeat of the main loop before the --admin /healthz "
+        "answers 503",
+    ),
+]
 LogFormatOption = Annotated[
     str | None,
     typer.Option(

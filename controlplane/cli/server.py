@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from controlplane.cli.observability import (
+    LivenessBoundOption,
     LogFormatOption,
     OtelEndpointOption,
     SampleRatioOption,
@@ -585,12 +586,7 @@ def register(app: typer.Typer) -> None:
             typer.Option("--admin-token-file", help="bearer token for the --admin /metrics "
                          "[env CANARY_ADMIN_TOKEN_FILE]"),
         ] = None,
-        liveness_bound: Annotated[
-            float,
-            typer.Option("--liveness-bound", min=1.0, max=3600.0,
-                         help="seconds without a heartbeat of the loop that runs the "
-                         "controller's rounds before the --admin /healthz answers 503"),
-        ] = 30.0,
+        liveness_bound: LivenessBoundOption = 30.0,
         log_format: LogFormatOption = None,
         otel_endpoint: OtelEndpointOption = None,
         trace_sample_ratio: SampleRatioOption = None,
