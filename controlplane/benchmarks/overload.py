@@ -204,7 +204,11 @@ def _load(
     out = tmp / f"load-{uuid.uuid4().hex[:8]}.json"
     samples: list[dict[str, Any]] = []
     with out.open("wb") as sink:
-        proc = subprocess.Popen(args, stdout=sink, stderr=subprocess.PIPE, preexec_fn=_nice)
+        # its priority raised from here, not in a preexec_fn: that forks this process,
+        # whose etcd client runs gRPC threads, and gRPC's poller in the fork can fail
+        # before the exec (seen: "epoll_wait error: Bad file descriptor")
+        proc = subprocess.Popen(args, stdout=sink, stderr=subprocess.PIPE)
+    _raise_priority(proc.pid)
     # the generator's schedule starts at `start_at` (wall clock); on this clock:
     measure_from = time.monotonic() + (start_at - time.time()) + 0.01 + warmup
     shed_before: dict[str, int] | None = None
@@ -331,10 +335,6 @@ def _step(stack: Stack, tmp: Path, durations: Durations, progress: bool) -> dict
 
 
 # --- the run --------------------------------------------------------------------
-
-
-def _nice() -> None:
-    _raise_priority()
 
 
 @contextlib.contextmanager
