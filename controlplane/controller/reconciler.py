@@ -260,6 +260,7 @@ class RouteReconciler:
             )
             failed += [(s, outcome) for (s, _, _), outcome in zip(chunk, outcomes, strict=True)
                        if isinstance(outcome, BaseException)]
+            _raise_lost(failed)  # no further chunk once the lead or a backend is lost
         again = self._settle(failed)
         again = await self.reconcile_windows(backends, fence) or again
         if configs:
@@ -325,10 +326,7 @@ class RouteReconciler:
         """Count and log the services a pass could not reconcile; True when one lost a
         race (look again soon). A lost lead or a backend's failure is raised, after
         the writes begun with it have ended."""
-        for kind in (NotLeader, BackendError):
-            for _, exc in failed:
-                if isinstance(exc, kind):
-                    raise exc
+        _raise_lost(failed)
         again = False
         for service, exc in failed:
             self._reconciled.pop(service, None)  # the next poll looks again
@@ -393,6 +391,14 @@ class RouteReconciler:
             "reason": _reason(plan, stored),
             "payload": payload,
         }
+
+
+def _raise_lost(failed: list[tuple[str, BaseException]]) -> None:
+    """A lost lead first, then a backend's failure, if a write met one."""
+    for kind in (NotLeader, BackendError):
+        for _, exc in failed:
+            if isinstance(exc, kind):
+                raise exc
 
 
 def _record_event(*, session: Any, **event: Any) -> None:
