@@ -269,8 +269,8 @@ _DROPPED: Final = (
 def board_families(
     board: ExperimentBoard,
 ) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-    """The board as prometheus_client's metric families: the reference
-    `board_exposition` is held to, and what a registry that cannot take text gets."""
+    """The board as prometheus_client's metric families: the reference the tests
+    hold `board_exposition` to, byte for byte."""
     rows = sorted(board.experiments.values(), key=lambda s: (s.service, s.experiment))
     for name, help_text, attribute, label in _INFO:
         yield _info(name, help_text, ((s, getattr(s, attribute)) for s in rows
