@@ -565,12 +565,16 @@ async def _trips(
     """One canary goes bad among N fed healthy: time to the trip in SQL and in a
     sidecar's route table. `controller` runs its loop (leading, reconciling)."""
     from controlplane.experiments.lifecycle import BreakerState
+    from controlplane.kernel.alarms import Alarms
     from sidecar.routing import RouteTable, RouteWatcher
 
     backends = rig.backends
     sql_s: list[float] = []
     route_s: list[float] = []
+    alarm_s: list[float] = []  # to the collector's alarm on the board (decision 0070)
     rounds: list[float] = []  # the leader's rounds from the first bad batch to the trip
+    alarm_looks_before = controller.stats.alarm_looks
+    trips_wall = time.time()
     lag = LoopLag()
     admin, beating = _leader_admin(controller)
     admin_probe = AdminProbe([admin.port])
@@ -595,8 +599,15 @@ async def _trips(
                 lambda r: r is not None and r.weight_of("canary") == 0, TRIP_TIMEOUT_SEC
             ))  # fmt: skip
             tripped = False
+            alarmed = False
+            wall_began = time.time()
             try:
                 while not tripped:
+                    if not alarmed and isinstance(backends.board, Alarms):
+                        found, _ = await backends.board.alarms_since(wall_began)
+                        if int(experiment) in found:
+                            alarmed = True
+                            alarm_s.append(time.perf_counter() - began)
                     async with backends.store.transaction() as tx:
                         row = await tx.load_experiment(experiment_id=int(experiment))
                     tripped = row.breaker_state is not BreakerState.CLOSED
@@ -620,12 +631,26 @@ async def _trips(
     span = time.perf_counter() - trips_began
     rounds_per_s = (controller.stats.evaluations - evaluations_before) / rig.n / span
     return {"trips": len(sql_s), "missed": len(chosen) - len(sql_s),
+            "to_alarm": _ms(alarm_s) if alarm_s else None,
+            "alarm_looks": controller.stats.alarm_looks - alarm_looks_before,
+            # experiments a collector raised an alarm for within the last KEEP_SEC of
+            # the trips: the chosen ones, and any raised in vain
+            "alarmed_experiments": await _alarmed_since(backends, trips_wall),
             "to_sql": _ms(sql_s) if sql_s else None,
             "to_sidecar_route": _ms(route_s) if route_s else None,
             "leader_rounds_to_sql": round(statistics.median(rounds), 2) if rounds else None,
             "leader_rounds_per_s": round(rounds_per_s, 3),
             "leader_loop_lag": await lag.figures(),
             "leader_admin": await _stop_leader_admin(admin_probe, admin, beating)}
+
+
+async def _alarmed_since(backends: Backends, since: float) -> int | None:
+    from controlplane.kernel.alarms import Alarms
+
+    if not isinstance(backends.board, Alarms):
+        return None
+    found, _ = await backends.board.alarms_since(since)
+    return len(found)
 
 
 def _leader_admin(controller: Controller) -> tuple[AdminThread, asyncio.Task[None]]:

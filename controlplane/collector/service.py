@@ -30,6 +30,15 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from controlplane.collector.alarm_screen import (
+    ABOVE,
+    FAILURES,
+    LATENCY,
+    PastWindows,
+    canary_window,
+    slow_bin,
+    turned_worse,
+)
 from controlplane.collector.lifecycle import ExperimentLifecycle
 from controlplane.collector.screening import (
     DROP_REASONS,
@@ -64,6 +73,7 @@ from controlplane.collector.windows import (
     LogMapping,
     WindowConfig,
 )
+from controlplane.kernel.alarms import Alarms
 from controlplane.kernel.backoff import Backoff, BackoffPolicy
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import BatchMeta, RawBatch
@@ -90,6 +100,10 @@ from controlplane.kernel.streams import (
 from controlplane.kernel.window_rules import parse_window_rule
 
 log = logging.getLogger("canary.collector")
+ALARM_KINDS = (FAILURES, ABOVE, LATENCY)
+# an experiment's alarm is raised again at most this often while its canary stays
+# worse: the controller looks at most once a tick, and a ZADD a publish is waste
+ALARM_EVERY_SEC = 0.5
 
 CONFIG_SOURCES = ("rules", "routes", "windows")
 DEDUP_HORIZON = 65_536  # batches per source remembered below its high-water mark
@@ -201,6 +215,19 @@ class CollectorMetrics:
         )  # fmt: skip
         self.snapshot_age = Gauge(
             "canary_collector_snapshot_age_seconds", "seconds since the last publish",
+            registry=registry,
+        )  # fmt: skip
+        self.alarms = Counter(
+            "canary_collector_alarms",
+            "alarms raised: an experiment's canary turned worse in its last seconds "
+            "(judged at the controller's next tick), by what it turned worse on",
+            ["on"], registry=registry,
+        )  # fmt: skip
+        for kind in ALARM_KINDS:
+            self.alarms.labels(kind)
+        self.alarm_errors = Counter(
+            "canary_collector_alarm_errors",
+            "alarms not written (the board failed): the round judges those experiments",
             registry=registry,
         )  # fmt: skip
         self.forgotten = Counter(
@@ -319,6 +346,13 @@ class Collector:
         self._ledgers: dict[str, SlotLedger] = {}
         self.streams = streams
         self.board = board
+        # a board that keeps alarms (Redis, in-process) is told of canaries turned worse
+        self._alarm_board = board if isinstance(board, Alarms) else None
+        self._alarms_due: dict[str, float] = {}
+        self._alarmed_at: dict[str, float] = {}
+        # per experiment, the screen's slow bin and the second it was found in
+        self._slow_bins: dict[str, tuple[int, int | None]] = {}
+        self._past_windows = PastWindows()
         self.kv = kv
         self.keys = keys
         self.name = consumer_name
@@ -758,6 +792,7 @@ class Collector:
         fields = {name: snap.to_json() for name, snap in snapshots.items()} | own
         await self.board.publish(experiment, fields, decision_entry(experiment, snapshots, now))
         self._published(experiment, window, now)
+        await self._raise_alarms(now)
         self._last_merged[experiment] = now
         await self._ack_included({experiment: (held, included)})
         if expired:
@@ -781,6 +816,7 @@ class Collector:
         await self.board.write_many(fields)
         for experiment in experiments:
             self._published(experiment, self.windows[experiment], now)
+        await self._raise_alarms(now)
         await self._ack_included(included)
 
     def _own_partial(
@@ -805,7 +841,38 @@ class Collector:
             partial = export_partial(window, now, collector=self.name, unacked=unacked)
             fields = {part_field(self.name): json.dumps(partial, separators=(",", ":"))}
         self.metrics.published_bytes.inc(sum(len(k) + len(v) for k, v in fields.items()))
+        self._screen(experiment, window, now)
         return held, included, fields
+
+    def _screen(self, experiment: str, window: ExperimentWindow, now: float) -> None:
+        """An alarm for the next write if the canary just turned worse (decision 0070)."""
+        if self._alarm_board is None or not window.changed:
+            return
+        if now - self._alarmed_at.get(experiment, -math.inf) < ALARM_EVERY_SEC:
+            return
+        second = math.floor(now)
+        cached = self._slow_bins.get(experiment)
+        if cached is None or cached[0] != second:
+            cached = self._slow_bins[experiment] = (second, slow_bin(window))
+        past = self._past_windows.past(experiment, now)
+        kind = turned_worse(window, now, cached[1], past)
+        self._past_windows.keep(experiment, now, canary_window(window, cached[1]))
+        if kind is not None:
+            self._alarms_due[experiment] = now
+            self._alarmed_at[experiment] = now
+            self.metrics.alarms.labels(kind).inc()
+
+    async def _raise_alarms(self, now: float) -> None:
+        """Written after the partials they are about: a controller that looks at once
+        reads the seconds that raised them. A failure loses only the hint."""
+        if self._alarm_board is None or not self._alarms_due:
+            return
+        due, self._alarms_due = self._alarms_due, {}
+        try:
+            await self._alarm_board.raise_alarms(due, now)
+        except BackendError as exc:
+            self.metrics.alarm_errors.inc()
+            log.debug("alarms not written: %s", exc)
 
     def _merged_due(self, experiment: str, now: float) -> bool:
         return now - self._last_merged.get(experiment, -math.inf) >= MERGED_EVERY_SEC
@@ -859,6 +926,9 @@ class Collector:
             self._last_publish.pop(experiment, None)
             self._last_merged.pop(experiment, None)
             self._ledgers.pop(experiment, None)
+            self._alarmed_at.pop(experiment, None)
+            self._slow_bins.pop(experiment, None)
+            self._past_windows.forget(experiment)
             self._held.pop(experiment, None)
             self.lifecycle.forgotten(experiment)
             self.metrics.forgotten.inc()

@@ -40,6 +40,11 @@ class ControllerStats:
     suspects: int = 0
     suspect_passes: int = 0
     suspect_looks: int = 0
+    # experiments a collector raised an alarm for, judged in the same passes (0070)
+    alarms_read: int = 0
+    alarms_dropped: int = 0
+    alarm_read_errors: int = 0
+    alarm_looks: int = 0
 
 
 class ControllerMetricsCollector(Collector):
@@ -80,6 +85,14 @@ class ControllerMetricsCollector(Collector):
             ("suspect_passes", "Passes over the suspects between a round's experiments "
              "(a round longer than the tick)", s.suspect_passes),
             ("suspect_looks", "Looks at suspects in those passes", s.suspect_looks),
+            ("alarm_looks", "Looks in those passes at experiments a collector raised an "
+             "alarm for (a canary turned worse)", s.alarm_looks),
+            ("alarms_read", "Alarms read from the collectors (the same alarm read again "
+             "counts again)", s.alarms_read),
+            ("alarms_dropped", "Alarm members that were not experiment ids or times "
+             "(written by no collector), dropped", s.alarms_dropped),
+            ("alarm_read_errors", "Reads of the alarms that failed (the rounds judge on)",
+             s.alarm_read_errors),
             ("rows_loaded", "Experiment rows read in full by the rounds: new to the "
              "round, or changed since it last read or wrote them", s.rows_loaded),
             ("snapshot_errors", "Snapshot reads that failed (judged as no data)",

@@ -37,7 +37,7 @@ from controlplane.controller.ownership import OwnershipStats, ShardFence, ShardO
 from controlplane.controller.reconciler import RouteReconciler
 from controlplane.controller.rulebook import RuleBook, RuleRejection
 from controlplane.controller.shards import shard_of
-from controlplane.controller.suspects import Suspects
+from controlplane.controller.suspects import Alarmed, Suspects
 from controlplane.decision.model import Decision, RolloutState
 from controlplane.decision.rollout import decide, fast_window_sec
 from controlplane.experiments.events import EventKind
@@ -46,6 +46,7 @@ from controlplane.experiments.memory_parts import same_evidence
 from controlplane.experiments.rollout_state import inline_rule, rollout_state_of, steps_of
 from controlplane.experiments.store import ExperimentRecord
 from controlplane.history.recorder import HistoryRecorder
+from controlplane.kernel.alarms import Alarms
 from controlplane.kernel.backoff import Backoff, BackoffPolicy
 from controlplane.kernel.clock import utc_now
 from controlplane.kernel.errors import (
@@ -85,6 +86,9 @@ MEMORY_SLICE = 32
 # suspects judged again in one pass between a round's experiments, the longest
 # waiting first: when every canary breaches at once, the round still goes on
 SUSPECTS_PER_PASS = 64
+# of them, experiments a collector raised an alarm for (decision 0070): an alarm
+# raised in vain costs a look, and forged ones must not take the round's time
+ALARMS_PER_PASS = 8
 STEP_DOWN_BACKOFF = BackoffPolicy(initial=1.0, maximum=10.0)  # before campaigning again
 
 
@@ -213,10 +217,21 @@ class Controller:
     # between a long round's experiments (decision 0069); False: at the next round
     suspect_lane: bool = True
     suspects: Suspects = field(init=False)
+    # judge the experiments a collector raised an alarm for in the same passes
+    # (decision 0070); False: when the round reaches them
+    alarm_lane: bool = True
+    alarmed: Alarmed = field(init=False)
+    # where alarms are read; None: the snapshot board, when it keeps them
+    alarm_source: Alarms | None = None
+    # each running experiment's last look (the controller's clock)
+    _looked_at: dict[int, float] = field(default_factory=dict)
+    # the last round took longer than the tick: the next one begins with a pass
+    _long_rounds: bool = False
 
     def __post_init__(self) -> None:
         self.reconciler.stats = self.stats  # one set of counters on /metrics
         self.suspects = Suspects(self.tick)
+        self.alarmed = Alarmed(self.tick)
 
     def metrics_collector(self) -> Collector:
         """Its counters for the API's /metrics (the app registers it)."""
@@ -439,8 +454,13 @@ class Controller:
         memory: list[tuple[ExperimentRecord, Decision]] = []
         reads = Round(memory=memory)
         earliest: float | None = None
-        last_pass = backends.clock.now()
+        began = last_pass = backends.clock.now()
         judged_early: set[int] = set()
+        alarms_on = self._alarms_read(backends)
+        if alarms_on and self._long_rounds:
+            # after a long round's end (its memory, history and listing take seconds
+            # at N = 1,000), the alarms raised meanwhile are judged first
+            judged_early |= await self._judge_suspects(backends, fence, [], began, alarms=True)
         for index, experiment in enumerate(experiments):
             if index % max(1, self.read_ahead) == 0:
                 ahead = experiments[index : index + max(1, self.read_ahead)]
@@ -450,19 +470,26 @@ class Controller:
             next_at = await self._judge(backends, experiment, fence, reads)
             if next_at is not None:
                 earliest = next_at if earliest is None else min(earliest, next_at)
-            if self.suspect_lane and self.suspects:
+            if (self.suspect_lane and self.suspects) or alarms_on:
                 now = backends.clock.now()
                 if now - last_pass >= self.tick:
                     last_pass = now
-                    judged_early |= await self._judge_suspects(backends, fence, memory, now)
+                    judged_early |= await self._judge_suspects(
+                        backends, fence, memory, now, alarms=alarms_on
+                    )
             # a batched round has nothing to wait for between experiments: let the
             # lease's keep-alive, the reconciler and the watches run (decision 0031)
             await asyncio.sleep(0)
         await self._commit_memory(backends, memory)
+        self._long_rounds = backends.clock.now() - began >= self.tick
         await self._board_finished(backends, {str(e.id) for e in experiments})
         running = {str(e.id) for e in experiments if e.state is ExperimentState.RUNNING}
         self._forget_untracked(running)
-        self.suspects.keep({int(i) for i in running})
+        judged = {int(i) for i in running}
+        self.suspects.keep(judged)
+        self.alarmed.keep(judged)
+        for gone in [i for i in self._looked_at if i not in judged]:
+            del self._looked_at[gone]
         self.stats.suspects = len(self.suspects)
         self.partial_cache.keep(running)
         await self.history.flush(backends.history)
@@ -502,12 +529,21 @@ class Controller:
         fence: Fence | None,
         memory: list[tuple[ExperimentRecord, Decision]],
         now: float,
+        *,
+        alarms: bool = False,
     ) -> set[int]:
         """The suspects a tick past their last look, judged between a long round's
         experiments (decision 0069); the ids judged. The round's memory so far is
         committed first, so that a suspect the round judged already is judged on the
         memory that look left, as the next round would."""
-        due = self.suspects.due(now)[:SUSPECTS_PER_PASS]
+        due = self.suspects.due(now)[:SUSPECTS_PER_PASS] if self.suspect_lane else []
+        alarmed: set[int] = set()
+        if alarms:
+            await self._read_alarms(backends)
+            fresh = [i for i in self.alarmed.due(self._looked_at, now, ALARMS_PER_PASS)
+                     if i not in due][: SUSPECTS_PER_PASS - len(due)]  # fmt: skip
+            alarmed = set(fresh)
+            due += fresh
         if not due:
             return set()
         await self._commit_memory(backends, memory)
@@ -517,15 +553,46 @@ class Controller:
             record for i in due
             if (record := self.known_rows.record(i)) is not None and self._judged_here(record)
         ]
+        for unknown in set(due) - {record.id for record in records}:
+            self.alarmed.forget(unknown)  # not one of ours (ended, another shard's, forged)
         self.stats.suspect_passes += 1
         looked: list[tuple[ExperimentRecord, Decision]] = []
         reads = await self._read_round(backends, records, looked)
         for record in records:
-            self.stats.suspect_looks += 1
+            if record.id in alarmed:
+                self.stats.alarm_looks += 1
+            else:
+                self.stats.suspect_looks += 1
             await self._judge(backends, record, fence, reads)
             await asyncio.sleep(0)
         await self._commit_memory(backends, looked)
         return {record.id for record in records}
+
+    def _alarm_source(self, backends: Backends) -> Alarms | None:
+        if not self.alarm_lane or not self.batched_round:
+            return None
+        if self.alarm_source is not None:
+            return self.alarm_source
+        return backends.board if isinstance(backends.board, Alarms) else None
+
+    def _alarms_read(self, backends: Backends) -> bool:
+        return self._alarm_source(backends) is not None
+
+    async def _read_alarms(self, backends: Backends) -> None:
+        """The alarms raised since the last read; a failed read loses only the hint
+        (the round judges those experiments when it reaches them)."""
+        source = self._alarm_source(backends)
+        if source is None:
+            return
+        try:
+            found, dropped = await source.alarms_since(self.alarmed.since())
+        except BackendError as exc:
+            self.stats.alarm_read_errors += 1
+            log.debug("alarms not read: %s", exc)
+            return
+        self.stats.alarms_read += len(found)
+        self.stats.alarms_dropped += dropped
+        self.alarmed.add(found, backends.clock.now())
 
     async def _board_finished(self, backends: Backends, active: set[str]) -> None:
         """Experiments on the metrics board that are no longer active: ended by a
@@ -623,6 +690,8 @@ class Controller:
         self.history.observe_metrics(experiment.id, rule.metrics, metrics or {})
         decision = decide(state, snapshots, rule, steps_of(experiment), now, fast, metrics)
         self.stats.evaluations += 1
+        self._looked_at[experiment.id] = now
+        self.alarmed.looked(experiment.id)
         changed = decision.new_state != state or bool(decision.effects)
         if span is not None:
             span.set_attributes(decision_attributes(decision, changed))
@@ -637,6 +706,7 @@ class Controller:
             return decision.next_check_at
         # written now, and read again at its new version by the next listing
         self.suspects.forget(experiment.id)
+        self.alarmed.forget(experiment.id)
         await apply_decision(
             backends,
             experiment_id=experiment.id,

@@ -135,6 +135,11 @@ class RedisKeys:
         return f"{self.namespace}:decisions"
 
     @property
+    def alarms(self) -> str:
+        """The collectors' alarms of canaries that turned worse (kernel.alarms)."""
+        return f"{self.namespace}:alarms"
+
+    @property
     def samples_pattern(self) -> str:
         return f"{self.namespace}:samples:*"
 

@@ -23,10 +23,15 @@ producers and consumers must share one instance.
 from __future__ import annotations
 
 import asyncio
+import math
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from controlplane.kernel.alarms import CLOCK_SKEW_SEC as ALARM_SKEW_SEC
+from controlplane.kernel.alarms import KEEP_SEC as ALARM_KEEP_SEC
+from controlplane.kernel.alarms import MAX_READ as ALARMS_READ
+from controlplane.kernel.alarms import parsed_alarms
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.codec import source_and_seq
 from controlplane.kernel.errors import BackendUnavailable
@@ -109,6 +114,7 @@ class MemoryStreams:
         # (service, src) -> the last seq appended (SampleStream.append is idempotent)
         self._last_seq: dict[tuple[str, str], int] = {}
         self._route_reports: dict[str, dict[str, float]] = {}  # service -> member -> time
+        self._alarms: dict[str, float] = {}  # member -> time
         # Replaced on every append: a blocked reader waits on the generation it saw,
         # so no wake-up is lost between its check and its wait.
         self._arrival = asyncio.Event()
@@ -312,6 +318,25 @@ class MemoryStreams:
         newest = sorted(self._route_reports.get(service, {}).items(), key=lambda m: -m[1])
         parsed = (parse_member(member, seen) for member, seen in newest[:MAX_REPORTS])
         return [report for report in parsed if report is not None]
+
+    # --- Alarms -------------------------------------------------------------
+
+    async def raise_alarms(self, experiments: Mapping[str, float], now: float) -> None:
+        self._check_open()
+        for member, at in experiments.items():
+            self._alarms[member] = max(at, self._alarms.get(member, -math.inf))
+        for member, at in list(self._alarms.items()):
+            if now - at > ALARM_KEEP_SEC or at - now > ALARM_SKEW_SEC:
+                del self._alarms[member]
+
+    async def alarms_since(self, since: float) -> tuple[dict[int, float], int]:
+        self._check_open()
+        newest = sorted(((at, m) for m, at in self._alarms.items() if at > since), reverse=True)
+        return parsed_alarms((m, at) for at, m in newest[:ALARMS_READ])
+
+    def add_raw_alarm(self, member: str, at: float) -> None:
+        """A member no collector of ours wrote (tests of the reader's strictness)."""
+        self._alarms[member] = at
 
     async def close(self) -> None:
         self._closed = True

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -48,6 +49,10 @@ from redis.crc import key_slot
 from redis.credentials import CredentialProvider
 from redis.typing import EncodableT, FieldT
 
+from controlplane.kernel.alarms import CLOCK_SKEW_SEC as ALARM_SKEW_SEC
+from controlplane.kernel.alarms import KEEP_SEC as ALARM_KEEP_SEC
+from controlplane.kernel.alarms import MAX_READ as ALARMS_READ
+from controlplane.kernel.alarms import parsed_alarms
 from controlplane.kernel.backend_access import RedisAccess
 from controlplane.kernel.codec import source_and_seq
 from controlplane.kernel.errors import BackendError, BackendUnavailable, ConfigError
@@ -654,6 +659,36 @@ class RedisStreams:
             if report is not None:
                 found.append(report)
         return found
+
+    # --- Alarms -------------------------------------------------------------
+
+    async def raise_alarms(self, experiments: Mapping[str, float], now: float) -> None:
+        if not experiments:
+            return
+        key = self._keys.alarms
+        with _boundary("raise alarms"):
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.zadd(key, dict(experiments), gt=True)
+                pipe.zremrangebyscore(key, "-inf", now - ALARM_KEEP_SEC)
+                pipe.zremrangebyscore(key, f"({now + ALARM_SKEW_SEC}", "+inf")
+                pipe.expire(key, int(ALARM_KEEP_SEC * 2))
+                await pipe.execute()
+
+    async def alarms_since(self, since: float) -> tuple[dict[int, float], int]:
+        low = "-inf" if not math.isfinite(since) else f"({since!r}"
+        with _boundary("read alarms"):
+            raw: Any = await self._client.zrevrangebyscore(
+                self._keys.alarms, "+inf", low, start=0, num=ALARMS_READ, withscores=True
+            )
+        members: list[tuple[str, float]] = []
+        dropped = 0
+        for member, score in raw or ():
+            try:
+                members.append((_text(member), float(score)))
+            except (UnicodeDecodeError, ValueError, TypeError):
+                dropped += 1  # bytes no collector of ours wrote
+        found, malformed = parsed_alarms(members)
+        return found, dropped + malformed
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -416,3 +416,37 @@ async def test_behind_its_streams_a_collector_publishes_partials_only_and_no_hea
         await collector.stop_watching()
         await streams.close()
         await kv.close()
+
+
+async def test_a_canary_that_turns_bad_raises_one_alarm_per_half_second(memory_setup) -> None:  # type: ignore[no-untyped-def]
+    """Decision 0070: the collector screens each experiment it publishes and writes an
+    alarm beside the partial; a healthy one raises none, a bad one at most one per
+    ALARM_EVERY_SEC, and the metric says on what."""
+    from controlplane.collector.service import ALARM_EVERY_SEC
+
+    collector, streams, clock = memory_setup
+    rng = np.random.default_rng(3)
+    seq = 1
+
+    async def second(bad: bool) -> None:
+        nonlocal seq
+        for _ in range(4):  # a batch and a publish every 0.25 s
+            rt = rng.lognormal(np.log(20_000), 0.4, 40).astype(np.uint32)
+            if bad:
+                rt[::4] = 950_000  # every canary sample (one in four) fails
+            await streams.append(SERVICE, make_batches(rt, clock.now(), first_seq=seq),
+                                 maxlen=10_000)  # fmt: skip
+            seq += 1
+            await collector.step()
+            clock.advance(0.25)
+
+    for _ in range(12):
+        await second(bad=False)
+    assert await streams.alarms_since(-float("inf")) == ({}, 0)
+    turned = clock.now()
+    await second(bad=True)  # raised within the second it turned
+    found, _ = await streams.alarms_since(-float("inf"))
+    assert list(found) == [int(EXPERIMENT)] and found[int(EXPERIMENT)] >= turned
+    await second(bad=True)
+    raised = collector.metrics.alarms.labels("failures")._value.get()
+    assert 1 <= raised <= 2 / ALARM_EVERY_SEC

@@ -616,3 +616,58 @@ async def test_malformed_route_report_members_are_dropped(backend: Backend) -> N
                                  b"\xff@3": 1_800_000_000.0, "ok@7": 1_800_000_000.0})
     got = await backend.board.route_reports("pay")
     assert [(r.instance, r.revision) for r in got] == [("ok", 7)]
+
+
+# --- Alarms (decision 0070) ------------------------------------------------------------
+
+
+async def test_alarms_are_read_newest_after_a_time_and_move_only_forward(
+    backend: Backend,
+) -> None:
+    from controlplane.kernel.alarms import KEEP_SEC, Alarms
+
+    assert isinstance(backend.board, Alarms)
+    alarms = backend.board
+    now = 1_800_000_000.0
+    await alarms.raise_alarms({"7": now - KEEP_SEC - 1}, now - KEEP_SEC - 1)
+    await alarms.raise_alarms({"1": now - 2.0, "2": now - 1.0}, now)  # 7 is too old now
+    await alarms.raise_alarms({"1": now - 5.0}, now)  # an older alarm never moves it back
+    assert await alarms.alarms_since(-float("inf")) == ({1: now - 2.0, 2: now - 1.0}, 0)
+    assert await alarms.alarms_since(now - 1.5) == ({2: now - 1.0}, 0)
+    await alarms.raise_alarms({"1": now}, now)
+    assert await alarms.alarms_since(now - 1.5) == ({1: now, 2: now - 1.0}, 0)
+    await alarms.raise_alarms({}, now)  # nothing to raise: no write, no error
+    assert await alarms.alarms_since(now) == ({}, 0)
+
+
+async def test_an_alarm_dated_ahead_is_forgotten_by_the_next_writer(backend: Backend) -> None:
+    from controlplane.kernel.alarms import CLOCK_SKEW_SEC, Alarms
+
+    assert isinstance(backend.board, Alarms)
+    now = 1_800_000_000.0
+    # a collector whose clock runs a day ahead would hold the alarm "new" for a day
+    await backend.board.raise_alarms({"9": now + 86_400}, now + 86_400)
+    await backend.board.raise_alarms({"3": now + CLOCK_SKEW_SEC - 1, "4": now}, now)
+    found, dropped = await backend.board.alarms_since(now - 60)
+    assert found == {3: now + CLOCK_SKEW_SEC - 1, 4: now} and dropped == 0
+
+
+async def test_alarms_no_collector_wrote_are_dropped_and_counted(backend: Backend) -> None:
+    from controlplane.kernel.alarms import MAX_READ, Alarms
+
+    assert isinstance(backend.board, Alarms)
+    now = 1_800_000_000.0
+    forged = {"not an id": now, "1{2}": now, "-3": now, "5": 0.0}
+    if backend.raw is not None:
+        await backend.raw.zadd(backend.keys.alarms, {**forged, b"\xff\xfe": now, "8": now})
+    else:
+        assert isinstance(backend.board, MemoryStreams)
+        for member, at in {**forged, "8": now}.items():
+            backend.board.add_raw_alarm(member, at)
+    found, dropped = await backend.board.alarms_since(-float("inf"))
+    assert found == {8: now}
+    assert dropped == len(forged) + (1 if backend.raw is not None else 0)  # and the bytes
+    # however many were written, a read takes at most MAX_READ, the newest
+    await backend.board.raise_alarms({str(i): now + i / 1e4 for i in range(MAX_READ + 50)}, now)
+    found, _ = await backend.board.alarms_since(now)
+    assert len(found) == MAX_READ and min(found) == 50
