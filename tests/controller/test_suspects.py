@@ -311,3 +311,17 @@ async def test_a_flood_of_alarms_takes_a_bounded_share_of_each_pass(rig: Rig) ->
     exported = {f.name: f.samples[0].value for f in rig.controller.metrics_collector().collect()
                 if f.samples}
     assert exported["canary_controller_alarm_looks"] == looked
+
+
+async def test_after_a_long_round_an_alarm_raised_meanwhile_is_judged_first(rig: Rig) -> None:
+    last = (await rig.order())[-1]  # a round of N looks: longer than the tick
+    # raised while that round ended: the next round begins with a pass, before its
+    # first experiment, rather than a tick into the round
+    await rig.alarms.raise_alarms({str(last): 1_000.0}, 1_000.0)
+    await rig.round()
+    assert rig.looks[0][0] == last
+    # then watched at each pass (healthy, it is not tripped), a tick apart at least,
+    # the round's own turn skipped
+    times = rig.looks_at(last)
+    assert rig.controller.stats.alarm_looks == len(times) > 1
+    assert all(b - a >= TICK for a, b in itertools.pairwise(times))
