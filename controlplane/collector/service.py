@@ -119,6 +119,8 @@ MERGED_EVERY_SEC = HEARTBEAT_SEC
 # 0058; at N = 1,000 a tick's exports held the loop for seconds, and a probe timed out)
 APPLY_SLICE = 32
 EXPORT_SLICE = 16
+# a tick's partials are written this many experiments at a time (one round trip each)
+PUBLISH_CHUNK = 64
 BACKEND_RETRY = BackoffPolicy(initial=0.05, maximum=2.0)
 
 
@@ -353,6 +355,7 @@ class Collector:
         # per experiment, the screen's slow bin and the second it was found in
         self._slow_bins: dict[str, tuple[int, int | None]] = {}
         self._past_windows = PastWindows()
+        self._screened_at: dict[str, float] = {}
         self.kv = kv
         self.keys = keys
         self.name = consumer_name
@@ -749,7 +752,16 @@ class Collector:
                     await self.publish(experiment, now, merged=True)
                 else:
                     partial_only.append(experiment)
-        await self.publish_partials(partial_only, now)
+        # a canary that just turned worse goes out first, with its alarm; the rest in
+        # chunks, each on the board as soon as it is written: one write for a
+        # thousand experiments held them all back for the seconds their export took
+        hot = [e for e in partial_only if self._screen(e, self.windows[e], now)]
+        if hot:
+            await self.publish_partials(hot, now)
+        first = set(hot)
+        rest = [e for e in partial_only if e not in first]
+        for start in range(0, len(rest), PUBLISH_CHUNK):
+            await self.publish_partials(rest[start : start + PUBLISH_CHUNK], now)
         for service, ids in list(self._ack_now.items()):
             if ids:
                 await self.streams.ack(service, COLLECTOR_GROUP, ids)
@@ -844,12 +856,16 @@ class Collector:
         self._screen(experiment, window, now)
         return held, included, fields
 
-    def _screen(self, experiment: str, window: ExperimentWindow, now: float) -> None:
-        """An alarm for the next write if the canary just turned worse (decision 0070)."""
+    def _screen(self, experiment: str, window: ExperimentWindow, now: float) -> bool:
+        """An alarm for the next write if the canary just turned worse (decision 0070);
+        whether one is due. Once a publish: a screen at `now` is not made again."""
         if self._alarm_board is None or not window.changed:
-            return
+            return False
+        if self._screened_at.get(experiment) == now:
+            return experiment in self._alarms_due
+        self._screened_at[experiment] = now
         if now - self._alarmed_at.get(experiment, -math.inf) < ALARM_EVERY_SEC:
-            return
+            return False
         second = math.floor(now)
         cached = self._slow_bins.get(experiment)
         if cached is None or cached[0] != second:
@@ -857,10 +873,12 @@ class Collector:
         past = self._past_windows.past(experiment, now)
         kind = turned_worse(window, now, cached[1], past)
         self._past_windows.keep(experiment, now, canary_window(window, cached[1]))
-        if kind is not None:
-            self._alarms_due[experiment] = now
-            self._alarmed_at[experiment] = now
-            self.metrics.alarms.labels(kind).inc()
+        if kind is None:
+            return False
+        self._alarms_due[experiment] = now
+        self._alarmed_at[experiment] = now
+        self.metrics.alarms.labels(kind).inc()
+        return True
 
     async def _raise_alarms(self, now: float) -> None:
         """Written after the partials they are about: a controller that looks at once
@@ -928,6 +946,7 @@ class Collector:
             self._ledgers.pop(experiment, None)
             self._alarmed_at.pop(experiment, None)
             self._slow_bins.pop(experiment, None)
+            self._screened_at.pop(experiment, None)
             self._past_windows.forget(experiment)
             self._held.pop(experiment, None)
             self.lifecycle.forgotten(experiment)

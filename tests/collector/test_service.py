@@ -450,3 +450,45 @@ async def test_a_canary_that_turns_bad_raises_one_alarm_per_half_second(memory_s
     await second(bad=True)
     raised = collector.metrics.alarms.labels("failures")._value.get()
     assert 1 <= raised <= 2 / ALARM_EVERY_SEC
+
+
+async def test_an_experiment_that_raised_an_alarm_is_written_first(memory_setup) -> None:  # type: ignore[no-untyped-def]
+    """Decision 0070: a tick's partials are written in chunks, an experiment that
+    raised an alarm first, so its seconds and its alarm are on the board before the
+    export of every other experiment is done."""
+    collector, streams, clock = memory_setup
+    rng = np.random.default_rng(5)
+    experiments = ["7", "8", "9"]
+    seqs = dict.fromkeys(experiments, 0)
+    writes: list[list[str]] = []
+    write_many = streams.write_many
+
+    async def recorded(fields: Any) -> None:
+        writes.append(list(fields))
+        await write_many(fields)
+
+    streams.write_many = recorded
+
+    async def tick(bad: str | None) -> None:
+        for experiment in experiments:
+            builder = BatchBuilder()
+            for i, rt in enumerate(rng.lognormal(np.log(20_000), 0.4, 40).astype(int)):
+                canary = i % 4 == 0
+                failing = canary and experiment == bad
+                builder.add(clock.now(), "canary" if canary else "baseline", int(rt),
+                            503 if failing else 200)  # fmt: skip
+            seqs[experiment] += 1
+            meta = BatchMeta(experiment, f"sc-{experiment}", seqs[experiment], len(builder))
+            await streams.append(SERVICE, [entry_fields(meta, builder.encode())], maxlen=10_000)
+        await collector.step()
+        clock.advance(0.25)
+
+    for _ in range(48):
+        await tick(bad=None)
+    writes.clear()
+    while not (await streams.alarms_since(-float("inf")))[0]:
+        assert len(writes) < 40, "no alarm raised"
+        await tick(bad="9")
+    # the tick that raised it wrote "9" alone, then the others
+    raised_at = max(i for i, written in enumerate(writes) if written == ["9"])
+    assert writes[raised_at + 1] == ["7", "8"]
