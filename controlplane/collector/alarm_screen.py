@@ -42,8 +42,9 @@ from controlplane.kernel.routes import CANARY
 
 RECENT_SEC = 2
 # the canary's past is its window as a screen this long ago found it: a change is
-# raised for about this long after it began, however seldom the experiment is
-# published (a collector behind its streams publishes one every few seconds)
+# raised from the first publish after it, however seldom the experiment is
+# published (a collector behind its streams publishes one every few seconds), until
+# the window of this long before is as bad
 PAST_SEC = 5.0
 MIN_RECENT = 5
 MIN_REFERENCE = 20
