@@ -25,17 +25,20 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Protocol, runtime_checkable
 
-from controlplane.kernel.keys import is_experiment_id
-
 KEEP_SEC = 30.0  # alarms older than this are removed by the next writer
 CLOCK_SKEW_SEC = 10.0  # an alarm dated further ahead is a clock far off (or a forgery)
 MAX_READ = 1024  # a reader takes at most this many of the newest alarms
+MAX_ID_DIGITS = 18  # an experiment id within a signed 64-bit row id
 
 
 def parse_alarm(member: str, score: float) -> tuple[int, float] | None:
     """(experiment id, time) from the wire form; None (dropped) when it is not one a
     collector wrote."""
-    if not is_experiment_id(member) or not math.isfinite(score) or score <= 0:
+    # experiments are numbered rows: any other id a stats key allows ("abc") is not
+    # one, and must not reach int()
+    if not (member.isascii() and member.isdigit()) or len(member) > MAX_ID_DIGITS:
+        return None
+    if not math.isfinite(score) or score <= 0:
         return None
     return int(member), score
 

@@ -657,7 +657,10 @@ async def test_alarms_no_collector_wrote_are_dropped_and_counted(backend: Backen
 
     assert isinstance(backend.board, Alarms)
     now = 1_800_000_000.0
-    forged = {"not an id": now, "1{2}": now, "-3": now, "5": 0.0}
+    # ids a stats key allows but no numbered experiment has ("abc", "1e5", "٣": not
+    # ASCII digits), and a number too long for a row id
+    forged = {"not an id": now, "1{2}": now, "-3": now, "5": 0.0, "abc": now, "1e5": now,
+              "\u0663": now, "9" * 19: now}
     if backend.raw is not None:
         await backend.raw.zadd(backend.keys.alarms, {**forged, b"\xff\xfe": now, "8": now})
     else:
