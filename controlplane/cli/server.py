@@ -204,6 +204,7 @@ def run_api(
     from controlplane.cli.stopping import serve_app
     from controlplane.kernel.admin_thread import Heartbeat
     from controlplane.kernel.clock import SystemClock
+    from controlplane.kernel.gc_policy import export_gc_metrics, for_long_running_process
 
     options = tls_options(settings)
     secure = bool(options)  # uvicorn's ssl_* options, when the API serves TLS
@@ -247,6 +248,8 @@ def run_api(
         admin_host, admin_port = parse_host_port(admin)
         listener = serve_api_admin(app.state.metrics.registry, heartbeat, admin_host,
                                    admin_port, token=admin_token(settings.admin_token_file))
+    export_gc_metrics(app.state.metrics.registry)
+    for_long_running_process()
     try:
         with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
             received = runner.run(serve_app(uvicorn.Server(config), app))

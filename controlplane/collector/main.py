@@ -21,6 +21,7 @@ from controlplane.kernel.admin_access import admin_token
 from controlplane.kernel.admin_thread import AdminThread, Heartbeat
 from controlplane.kernel.backend_access import etcd_access, redis_access
 from controlplane.kernel.clock import SystemClock
+from controlplane.kernel.gc_policy import export_gc_metrics, for_long_running_process
 from controlplane.kernel.keys import EtcdKeys
 from controlplane.kernel.kv_factory import open_kv
 from controlplane.kernel.logs import configure_logging
@@ -74,6 +75,8 @@ async def run_collector(
         server = serve_admin(collector, host, port, heartbeat=heartbeat,
                              token=admin_token(settings.admin_token_file))  # fmt: skip
     beating = asyncio.create_task(heartbeat.run())
+    export_gc_metrics(collector.metrics.registry)
+    for_long_running_process()
     log.info("collector %s started", collector.name)
     try:
         with on_stop_signals(stop.set):

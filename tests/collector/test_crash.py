@@ -98,7 +98,10 @@ async def test_sigkill_of_one_collector_loses_and_doubles_nothing(
         snaps = await read_merged_snapshots(board, EXPERIMENT, clock.now())
         assert sum(s.count for s in snaps.values()) == sent
         with urllib.request.urlopen(f"http://127.0.0.1:{ports[1]}/metrics", timeout=2) as reply:
-            assert b"canary_collector_samples_ingested" in reply.read()
+            page = reply.read()
+        assert b"canary_collector_samples_ingested" in page
+        # the process runs under the long-running garbage collector policy, shown
+        assert b'python_gc_collections_total{generation="2"}' in page
     finally:
         for proc in procs:
             terminate(proc)
