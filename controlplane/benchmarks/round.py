@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from controlplane.benchmarks.gc_pauses import GcPauses
+
 N = 1000
 QUICK_N = 200
 ROUNDS = 16
@@ -124,9 +126,13 @@ async def _rounds(
             profile = cProfile.Profile()
             cpus: list[float] = []
             mains: list[float] = []
+            pauses = GcPauses()
+            pauses.start()
             # the figure from rounds without the profiler, the breakdown from as many
             # more with it (its overhead inflates every part, not their shares)
             for r in range(2 * rounds):
+                if r == rounds:
+                    pauses.stop()
                 clock.advance(0.25)
                 if every_tick or r % 4 == 3:
                     await publish(clock.now())
@@ -169,10 +175,16 @@ async def _rounds(
         ),
         "cpu_ms_per_experiment_round_each": [round(c * 1000 / n, 4) for c in cpus],
         "profiled_ms_per_experiment_round": parts,
+        # the garbage collector's pauses during the unprofiled rounds
+        "gc_pauses": pauses.figures(),
     }
 
 
 def run(*, quick: bool, progress: bool) -> dict[str, Any]:
+    from controlplane.kernel.gc_policy import for_long_running_process
+
+    # the rounds run in this process: under the policy `canary serve` runs them with
+    for_long_running_process()
     n = QUICK_N if quick else N
     load_before = os.getloadavg()
     result: dict[str, Any] = {}

@@ -960,6 +960,11 @@ def run(
     plan = plan or (QUICK if quick else FULL)
     if only is not None:
         plan = narrowed(plan, only)
+    # the ticker and the leader run in this process: under the garbage collector's
+    # policy `canary serve` runs them with (the collector process sets its own)
+    from controlplane.kernel.gc_policy import for_long_running_process
+
+    for_long_running_process()
     redis = os.environ.get("CANARY_BENCH_REDIS", DEFAULT_REDIS)
     etcd = os.environ.get("CANARY_BENCH_ETCD", DEFAULT_ETCD)
     load_before = os.getloadavg()
