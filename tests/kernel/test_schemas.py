@@ -85,6 +85,17 @@ def test_settings_read_canary_variables(monkeypatch: pytest.MonkeyPatch) -> None
     assert settings.listen_host_port == ("0.0.0.0", 9000)
 
 
+def test_the_partial_format_is_3_unless_set_to_an_older_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Settings().partial_format == 3
+    monkeypatch.setenv("CANARY_PARTIAL_FORMAT", "2")
+    assert Settings().partial_format == 2
+    monkeypatch.setenv("CANARY_PARTIAL_FORMAT", "4")
+    with pytest.raises(Exception, match="partial_format"):
+        Settings()
+
+
 @pytest.mark.parametrize("bad", ["8080", "host:", "host:99999", "host:port"])
 def test_host_port_errors_name_the_value(bad: str) -> None:
     with pytest.raises(Exception, match=r"HOST:PORT|out of range"):
