@@ -10,7 +10,8 @@ its tick sees. With a batch every tick instead (`format_2_batch_every_tick`: a q
 of the second's samples at each 0.25 s, as a collector publishing at its 0.1 s tick
 under steady traffic leaves it), every look finds its current second changed.
 Measured per partial format (1: the whole window in one field; 2: the
-seconds that changed, decision 0058): the median CPU of a round per experiment, and
+seconds that changed, decision 0058; 3: the same, a paired first byte without what it
+shares with its total, decision 0072): the median CPU of a round per experiment, and
 where it goes (cProfile over as many more rounds, cumulative time of the round's parts
 per experiment and round: the profiler's overhead inflates them all). cProfile sees
 the event loop's thread only; the round's CPU is also reported split into that thread's
@@ -46,7 +47,7 @@ FEED = 50
 PARTS = {
     "read, decode and merge the windows": "_read_windows",
     "of which: merging and snapshots": "merge_snapshots",
-    "of which: decoding format 2 seconds": "assemble",
+    "of which: decoding format 2 or 3 seconds": "assemble",
     "decide()": "decide",
     "commit the round's memory (SQL)": "_commit_memory",
     "history points": "observe",
@@ -109,7 +110,7 @@ async def _rounds(
                     else:
                         fields[e] = export_head_and_seconds(
                             window, now, head=part_field("c1"), collector="c1", unacked=[],
-                            ledger=ledgers[e],
+                            ledger=ledgers[e], version=partial_format,
                         )  # fmt: skip
                         ledgers[e].sent()
                 await board.write_many(fields)
@@ -188,7 +189,7 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
     n = QUICK_N if quick else N
     load_before = os.getloadavg()
     result: dict[str, Any] = {}
-    for partial_format in (1, 2):
+    for partial_format in (1, 2, 3):
         result[f"format_{partial_format}"] = asyncio.run(_rounds(n, partial_format, ROUNDS))
         if progress:
             print(f"format {partial_format}: {result[f'format_{partial_format}']}")

@@ -26,10 +26,16 @@ distinct sketch over the listed seconds (format 1's "whole window"). Sums of cou
 are integers; the float sums (microseconds, bin indices) are sums of integers below
 2^53, exact in any order, so the suffix sums here equal format 1's running sums.
 
-Readers of both formats come first in a rolling upgrade (`CANARY_PARTIAL_FORMAT=1`
-keeps upgraded collectors writing format 1 until every reader is upgraded). A
-reader that knows only format 1 finds no partial it can read and falls back to the
-merged plain view, at most 5 s old.
+Format 3 (decision 0072) is format 2 with a head saying `"v": 3` and a paired first
+byte (VariantRing.paired: the second's first-byte samples are its total's, so their
+reservoir keys, units and distinct units are the same) written without those three
+texts: a reader takes them from the total's entry. They were ~20 % of the bytes a
+publish wrote.
+
+Readers of every format come first in a rolling upgrade (`CANARY_PARTIAL_FORMAT=2`
+or `=1` keeps upgraded collectors writing that format until every reader is
+upgraded). A reader that knows only older formats finds no partial it can read and
+falls back to the merged plain view, at most 5 s old.
 """
 
 from __future__ import annotations
@@ -54,10 +60,17 @@ from controlplane.collector.windows import ExperimentWindow
 from controlplane.kernel.units import DISTINCT_K, bottom_distinct
 
 SECOND_PARTIAL_VERSION = 2
+# format 2 but for a paired first-byte entry, which leaves out what it shares with its
+# total (the reservoir keys and units, the distinct units): a format 2 reader would
+# find those keys missing, so the head says 3 and such a reader skips the partial
+SHARED_FB_VERSION = 3
+SECOND_PARTIAL_VERSIONS = (SECOND_PARTIAL_VERSION, SHARED_FB_VERSION)
 SLOT_SEPARATOR = "#"
 # the cheapest test of what a field is, without parsing it: json.dumps writes the
 # keys in the order they are given, and every writer here gives "v" / "s" first
-HEAD_OPENING = '{"v":2,'
+HEAD_OPENINGS = tuple(f'{{"v":{v},' for v in SECOND_PARTIAL_VERSIONS)
+# what a paired first-byte entry shares with its total's (VariantRing.paired)
+SHARED_WITH_TOTAL = ("res_k", "res_u", "distinct")
 SECOND_OPENING = '{"s":'
 MAX_CAPACITY = 4096  # slots a head may name (a window of MAX_WINDOW_SEC plus skew)
 MAX_VARIANTS = 16
@@ -92,11 +105,17 @@ def _b64_le(values: npt.NDArray[Any], dtype: str) -> str:
 
 
 def _second_entry(
-    ring: VariantRing, slot: int, *, shed: bool, twin: dict[str, Any] | None = None
+    ring: VariantRing,
+    slot: int,
+    *,
+    shed: bool,
+    twin: dict[str, Any] | None = None,
+    shared_left_out: bool = False,
 ) -> dict[str, Any]:
     """One ring's second. `twin`: the entry of the total ring's same second when this
     first-byte second is paired with it (the same reservoir keys, units and distinct
-    units, see VariantRing.paired): those texts are taken from it, not encoded again."""
+    units, see VariantRing.paired): those texts are taken from it, not encoded again,
+    or with `shared_left_out` (format 3) not written at all."""
     from controlplane.collector.sharding import encode_hist_row, encode_unit_rows
 
     fill = int(ring.res_fill[slot])
@@ -115,6 +134,9 @@ def _second_entry(
     }
     if shed:
         entry["shed"] = int(ring.shed[slot])
+    if twin is not None and shared_left_out:
+        for key in SHARED_WITH_TOTAL:
+            del entry[key]
     return entry
 
 
@@ -145,10 +167,14 @@ def export_head_and_seconds(
     collector: str,
     unacked: Iterable[str],
     ledger: SlotLedger,
+    version: int = SHARED_FB_VERSION,
 ) -> dict[str, str]:
     """The fields of this collector's partial that changed: its head, and each second
     in its window written since it was last published (all of them after a rule
-    change, which may restate every second's `stale`)."""
+    change, which may restate every second's `stale`). `version` 3 leaves out of a
+    paired first-byte entry what it shares with its total; 2 writes it again."""
+    if version not in SECOND_PARTIAL_VERSIONS:
+        raise ValueError(f"a second-by-second partial is format 2 or 3, not {version!r}")
     window.advance(now)
     start = window.window_start
     rings = [(name, window.ring(name), window.ring(name, first_byte=True))
@@ -183,7 +209,8 @@ def export_head_and_seconds(
             second = held
             entry = _second_entry(ring, slot, shed=True)
             twin = entry if fb.paired[slot] and fb.distinct[slot] is ring.distinct[slot] else None
-            entry["fb"] = _second_entry(fb, slot, shed=False, twin=twin)
+            entry["fb"] = _second_entry(fb, slot, shed=False, twin=twin,
+                                        shared_left_out=version == SHARED_FB_VERSION)
             entries[name] = entry
         if second is None:
             continue
@@ -193,7 +220,7 @@ def export_head_and_seconds(
     ledger.sending = ledger.due & listed
     ledger.due = set()  # a slot out of the window is due again once it is claimed
     fields[head] = json.dumps({
-        "v": SECOND_PARTIAL_VERSION,
+        "v": version,
         "collector": collector,
         "ts": now,
         "alpha": window.mapping.alpha,
@@ -417,10 +444,24 @@ def decode_second(raw: str, bins: int) -> tuple[int, Second]:
     for entry in data["variants"].values():
         if not isinstance(entry, dict):
             raise ValueError("a partial's second entry is not an object")
-        entries += (entry, entry["fb"])
+        entries += (entry, first_byte_entry(entry))
     sums = decode_entries(entries, bins)
     names = [str(name) for name in data["variants"]]
     return second, {name: (sums[2 * i], sums[2 * i + 1]) for i, name in enumerate(names)}
+
+
+def first_byte_entry(entry: dict[str, Any]) -> object:
+    """A second entry's first byte, with what a format 3 writer left out of a paired
+    one taken from its total: all of it or none (anything between is malformed)."""
+    fb = entry["fb"]
+    if not isinstance(fb, dict):
+        raise ValueError("a partial's first-byte entry is not an object")
+    missing = [key for key in SHARED_WITH_TOTAL if key not in fb]
+    if not missing:
+        return fb
+    if len(missing) != len(SHARED_WITH_TOTAL):
+        raise ValueError("a partial's first-byte entry leaves out part of what it shares")
+    return {**fb, **{key: entry[key] for key in SHARED_WITH_TOTAL}}
 
 
 def _row_of(s: SecondSums, column: str) -> Any:
@@ -627,8 +668,8 @@ class AssembledPartial:
 
 def head_of(raw: str) -> dict[str, Any]:
     data = json.loads(raw)
-    if not isinstance(data, dict) or data.get("v") != SECOND_PARTIAL_VERSION:
-        raise ValueError("not a format 2 partial head")
+    if not isinstance(data, dict) or data.get("v") not in SECOND_PARTIAL_VERSIONS:
+        raise ValueError("not a format 2 or 3 partial head")
     cap = data.get("cap")
     if isinstance(cap, bool) or not isinstance(cap, int) or not 0 <= cap <= MAX_CAPACITY:
         raise ValueError("a partial head's capacity is out of bounds")

@@ -50,7 +50,8 @@ from controlplane.collector.screening import (
     screen_entry,
 )
 from controlplane.collector.second_partials import (
-    SECOND_PARTIAL_VERSION,
+    SECOND_PARTIAL_VERSIONS,
+    SHARED_FB_VERSION,
     SlotLedger,
     export_head_and_seconds,
     own_fields,
@@ -338,12 +339,14 @@ class Collector:
         default_window_sec: int = 60,
         registry: CollectorRegistry | None = None,
         sample_keys: SampleKeys | None = None,
-        partial_format: int = SECOND_PARTIAL_VERSION,
+        partial_format: int = SHARED_FB_VERSION,
     ) -> None:
-        if partial_format not in (PARTIAL_VERSION, SECOND_PARTIAL_VERSION):
-            raise ValueError(f"partial format: 1 or 2, not {partial_format!r}")
-        # 2: the head and the seconds that changed (decision 0058); 1: the whole
-        # window in one field, for readers not upgraded yet in a rolling upgrade
+        if partial_format not in (PARTIAL_VERSION, *SECOND_PARTIAL_VERSIONS):
+            raise ValueError(f"partial format: 1, 2 or 3, not {partial_format!r}")
+        # 3: the head and the seconds that changed, a paired first byte without what
+        # it shares with its total (decision 0072); 2: the same with it (decision
+        # 0058); 1: the whole window in one field; 2 and 1 for readers not upgraded yet
+        # in a rolling upgrade
         self.partial_format = partial_format
         self._ledgers: dict[str, SlotLedger] = {}
         self.streams = streams
@@ -842,12 +845,12 @@ class Collector:
         included = list(held.entries)
         unacked = [f"{service}/{entry_id}" for service, entry_id in included]
         window = self.windows[experiment]
-        if self.partial_format == SECOND_PARTIAL_VERSION:
+        if self.partial_format in SECOND_PARTIAL_VERSIONS:
             ledger = self._ledgers.setdefault(experiment, SlotLedger())
             ledger.failed()  # seconds a write left unconfirmed (it failed) go again
             fields = export_head_and_seconds(
                 window, now, head=part_field(self.name), collector=self.name,
-                unacked=unacked, ledger=ledger,
+                unacked=unacked, ledger=ledger, version=self.partial_format,
             )  # fmt: skip
         else:
             partial = export_partial(window, now, collector=self.name, unacked=unacked)

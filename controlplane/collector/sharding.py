@@ -51,9 +51,9 @@ import numpy as np
 import numpy.typing as npt
 
 from controlplane.collector.second_partials import (
-    HEAD_OPENING,
+    HEAD_OPENINGS,
     SECOND_OPENING,
-    SECOND_PARTIAL_VERSION,
+    SECOND_PARTIAL_VERSIONS,
     AssembledPartial,
     PartialCache,
     assemble,
@@ -348,7 +348,7 @@ def parse_partials(
     for name, raw in fields.items():
         if not name.startswith(PART_PREFIX) or raw.startswith(SECOND_OPENING):
             continue
-        if cache is not None and raw.startswith(HEAD_OPENING):
+        if cache is not None and raw.startswith(HEAD_OPENINGS):
             try:
                 head = cache.head(experiment, name, raw)
             except (ValueError, TypeError, KeyError):
@@ -366,7 +366,7 @@ def parse_partials(
             continue
         if data.get("v") == PARTIAL_VERSION:
             partials.append(Partial(name[len(PART_PREFIX) :], data))
-        elif data.get("v") == SECOND_PARTIAL_VERSION:
+        elif data.get("v") in SECOND_PARTIAL_VERSIONS:
             try:
                 head = head_of(raw)
             except (ValueError, TypeError, KeyError):

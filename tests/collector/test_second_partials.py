@@ -1,4 +1,5 @@
-"""Partial windows written second by second (format 2): the same windows as format 1.
+"""Partial windows written second by second (formats 2 and 3): the same windows as
+format 1.
 
 The property: feed collectors the same samples over several publishes, each writing
 format 1 or format 2 (only the seconds that changed), and every reader's merge —
@@ -17,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.collector.second_partials import (
+    SHARED_WITH_TOTAL,
     LatencyRun,
     PartialCache,
     SecondSums,
@@ -70,6 +72,7 @@ def _plain(snapshot: WindowSnapshot) -> dict[str, object]:
     return data
 
 
+@pytest.mark.parametrize("version", [2, 3])
 @settings(max_examples=30, deadline=None)
 @given(
     seed=st.integers(0, 10_000),
@@ -81,7 +84,8 @@ def _plain(snapshot: WindowSnapshot) -> dict[str, object]:
     threshold=st.sampled_from(["latest", 60.0, 30.0]),
     change_threshold=st.booleans(),
 )
-def test_format_2_merges_to_format_1_windows(
+def test_formats_2_and_3_merge_to_format_1_windows(
+    version: int,
     seed: int,
     window_sec: int,
     collectors: int,
@@ -111,7 +115,7 @@ def test_format_2_merges_to_format_1_windows(
             )
             v2.update(export_head_and_seconds(
                 window, now, head=part_field(name), collector=name,
-                unacked=[f"s/{publish}-{i}"], ledger=ledgers[i],
+                unacked=[f"s/{publish}-{i}"], ledger=ledgers[i], version=version,
             ))  # fmt: skip
             ledgers[i].sent()
         reader_now = now + float(rng.uniform(0.0, 1.5))
@@ -133,6 +137,72 @@ def test_format_2_merges_to_format_1_windows(
         p.collector for p in expired_partials(parse_partials(v1), far, own="x",
                                               retained_sec=window_sec)
     }  # fmt: skip
+
+
+def _both_formats(seed: int) -> tuple[dict[str, str], dict[str, str], float]:
+    """The same samples published as format 2 and as format 3."""
+    fields: dict[int, dict[str, str]] = {2: {}, 3: {}}
+    now = START
+    for version in (2, 3):
+        rng = np.random.default_rng(seed)
+        window = _window(10)
+        ledger = SlotLedger()
+        now = START
+        for _ in range(6):
+            now += 1.0
+            _feed(window, rng, now, 200)
+            fields[version].update(export_head_and_seconds(
+                window, now, head=part_field("c1"), collector="c1", unacked=[],
+                ledger=ledger, version=version,
+            ))  # fmt: skip
+            ledger.sent()
+    return fields[2], fields[3], now
+
+
+def test_format_3_leaves_out_of_a_paired_first_byte_what_it_shares_and_reads_the_same() -> None:
+    v2, v3, now = _both_formats(seed=5)
+    assert json.loads(v2[part_field("c1")])["v"] == 2
+    assert json.loads(v3[part_field("c1")])["v"] == 3
+    seconds = [name for name in v3 if "#" in name]
+    assert seconds and sorted(seconds) == sorted(n for n in v2 if "#" in n)
+    left_out = 0
+    for name in seconds:
+        for variant, entry in json.loads(v3[name])["variants"].items():
+            full = json.loads(v2[name])["variants"][variant]
+            for key in SHARED_WITH_TOTAL:
+                # every sample here has a first byte: each second is paired
+                assert key not in entry["fb"]
+                assert full["fb"][key] == full[key] == entry[key]
+                left_out += 1
+    assert left_out > 0
+    assert sum(map(len, v3.values())) < 0.9 * sum(map(len, v2.values()))
+    for window_sec in (None, 3):
+        want = snapshots_of_fields("e", v2, parse_partials(v2), now + 0.5, window_sec=window_sec)
+        got = snapshots_of_fields("e", v3, parse_partials(v3), now + 0.5, window_sec=window_sec)
+        assert {k: _plain(s) for k, s in got.items()} == {k: _plain(s) for k, s in want.items()}
+
+
+@pytest.mark.parametrize("kept", [("res_k",), ("res_u", "distinct")])
+def test_a_first_byte_that_leaves_out_part_of_what_it_shares_is_malformed(
+    kept: tuple[str, ...],
+) -> None:
+    _, v3, now = _both_formats(seed=6)
+    name = next(n for n in v3 if "#" in n)
+    second = json.loads(v3[name])
+    entry = second["variants"]["baseline"]
+    for key in kept:
+        entry["fb"][key] = entry[key]
+    v3[name] = json.dumps(second)
+    with pytest.raises(CodecError, match="malformed"):
+        snapshots_of_fields("e", v3, parse_partials(v3), now + 0.5)
+
+
+def test_a_second_by_second_partial_is_written_as_format_2_or_3_only() -> None:
+    with pytest.raises(ValueError, match="format 2 or 3"):
+        export_head_and_seconds(
+            _window(10), START, head=part_field("c1"), collector="c1", unacked=[],
+            ledger=SlotLedger(), version=4,
+        )  # fmt: skip
 
 
 def test_a_publish_writes_only_the_seconds_that_changed() -> None:

@@ -492,3 +492,34 @@ async def test_an_experiment_that_raised_an_alarm_is_written_first(memory_setup)
     # the tick that raised it wrote "9" alone, then the others
     raised_at = max(i for i, written in enumerate(writes) if written == ["9"])
     assert writes[raised_at + 1] == ["7", "8"]
+
+
+@pytest.mark.parametrize(("partial_format", "head_version"), [(None, 3), (3, 3), (2, 2), (1, 1)])
+async def test_each_partial_format_is_written_and_read_back_whole(
+    partial_format: int | None, head_version: int
+) -> None:
+    options = {} if partial_format is None else {"partial_format": partial_format}
+    collector, streams, kv, clock = await memory_collector(**options)
+    try:
+        rt = np.random.default_rng(2).lognormal(np.log(50_000), 1.0, 2_000).astype(np.uint32)
+        await streams.append(SERVICE, make_batches(rt, clock.now()), maxlen=10_000)
+        await collector.step()
+        clock.advance(0.2)
+        await collector.step()
+        fields = await streams.read(EXPERIMENT)
+        assert json.loads(fields["@part:c1"])["v"] == head_version
+        snaps = await read_merged_snapshots(streams, EXPERIMENT, clock.now())
+        assert snaps["baseline"].count + snaps["canary"].count == rt.shape[0]
+    finally:
+        await collector.stop_watching()
+        await streams.close()
+        await kv.close()
+
+
+def test_a_partial_format_other_than_1_2_or_3_is_refused() -> None:
+    clock = FakeClock()
+    streams, board = open_streams("memory://", clock=clock)
+    kv = open_kv("memory://", clock=clock)
+    with pytest.raises(ValueError, match="1, 2 or 3"):
+        Collector(streams, board, kv, EtcdKeys("/t"), consumer_name="c1", clock=clock,
+                  partial_format=4)  # fmt: skip
