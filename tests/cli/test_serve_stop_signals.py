@@ -8,6 +8,7 @@ killed by SIGTERM (what systemd and the kubelet take as a clean stop).
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import subprocess
@@ -51,8 +52,13 @@ class Blackhole:
             self.connected.set()
 
     def close(self) -> None:
+        # closing alone leaves the thread blocked in accept() until join's timeout:
+        # shutting the listener down wakes it
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
         self._thread.join(5)
+        assert not self._thread.is_alive(), "the blackhole's thread did not end"
         for conn in self._held:
             conn.close()
 
