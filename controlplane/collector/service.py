@@ -46,6 +46,7 @@ from controlplane.collector.screening import (
     MAX_VARIANTS_PER_EXPERIMENT,
     TOO_MANY_VARIANTS,
     DropLog,
+    excerpt,
     experiment_of,
     screen_entry,
 )
@@ -57,6 +58,7 @@ from controlplane.collector.second_partials import (
     own_fields,
 )
 from controlplane.collector.sharding import (
+    MALFORMED,
     PART_PREFIX,
     PARTIAL_VERSION,
     Partial,
@@ -122,6 +124,7 @@ APPLY_SLICE = 32
 EXPORT_SLICE = 16
 # a tick's partials are written this many experiments at a time (one round trip each)
 PUBLISH_CHUNK = 64
+MALFORMED_WARN_EVERY_SEC = 60.0  # a damaged partial is logged once a minute, counted always
 BACKEND_RETRY = BackoffPolicy(initial=0.05, maximum=2.0)
 
 
@@ -248,6 +251,11 @@ class CollectorMetrics:
         self.published_bytes = Counter(
             "canary_collector_published_bytes",
             "bytes of partial-window fields written to the stats hashes",
+            registry=registry,
+        )
+        self.malformed_partials = Counter(
+            "canary_collector_malformed_partials",
+            "merged views built without the other collectors' partials, one of them damaged",
             registry=registry,
         )
         self.partials_removed = Counter(
@@ -377,6 +385,7 @@ class Collector:
         self.verifier = SampleVerifier(sample_keys) if sample_keys is not None else None
         self.metrics.authenticated.set(1 if self.verifier is not None else 0)
         self._drop_log = DropLog(log, clock)
+        self._malformed_warned = -math.inf
         self.configs: dict[str, WindowConfig] = {}
         # experiments with a rule of their own: theirs, in place of the service's
         self.experiment_configs: dict[str, WindowConfig] = {}
@@ -797,13 +806,26 @@ class Collector:
         partials = parse_partials(others)
         expired = expired_partials(partials, now, own=self.name, retained_sec=window.retained_sec)
         gone = {p.collector for p in expired}  # they add nothing to any window: skip them
-        snapshots = merge_snapshots(
-            experiment,
-            [p for p in partials if p.collector not in gone],
-            now,
-            local=window,
-            local_collector=self.name,
-        )
+        try:
+            snapshots = merge_snapshots(
+                experiment,
+                [p for p in partials if p.collector not in gone],
+                now,
+                local=window,
+                local_collector=self.name,
+            )
+        except MALFORMED as exc:
+            # another collector's partial is damaged: the merged view (a fallback for
+            # readers that take no partial) holds this collector's window alone, and
+            # the partials, which readers judge and report, go out as ever
+            self.metrics.malformed_partials.inc()
+            if self.clock.monotonic() - self._malformed_warned >= MALFORMED_WARN_EVERY_SEC:
+                self._malformed_warned = self.clock.monotonic()
+                log.warning("experiment %s: another collector's partial window is malformed "
+                            "(%s: %s); the merged view holds this collector's window alone",
+                            excerpt(experiment), type(exc).__name__, excerpt(str(exc)))  # fmt: skip
+            snapshots = merge_snapshots(experiment, [], now, local=window,
+                                        local_collector=self.name)  # fmt: skip
         fields = {name: snap.to_json() for name, snap in snapshots.items()} | own
         await self.board.publish(experiment, fields, decision_entry(experiment, snapshots, now))
         self._published(experiment, window, now)

@@ -85,6 +85,9 @@ PARTIAL_VERSION = 1
 EXPIRY_MARGIN_SEC = 5
 
 
+# what reading a damaged partial (untrusted JSON and base64 from Redis) can raise
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, binascii.Error, zlib.error)
+
 _MAPPINGS: dict[float, LogMapping] = {}
 
 
@@ -220,7 +223,12 @@ class Partial:
 
     @property
     def unacked(self) -> frozenset[str]:
-        return frozenset(self.data.get("unacked", ()))
+        """The entry ids listed as not acked yet: the texts of a list, nothing else (a
+        damaged field's list cannot be trusted, and must not stop a claimer)."""
+        listed = self.data.get("unacked", ())
+        if not isinstance(listed, list):
+            return frozenset()
+        return frozenset(entry for entry in listed if isinstance(entry, str))
 
     def totals(
         self,
@@ -304,7 +312,7 @@ def _count(value: object) -> int:
 
 @dataclass(frozen=True)
 class SecondPartial(Partial):
-    """A format 2 partial (second_partials.py): its head as `data`, its seconds put
+    """A format 2 or 3 partial (second_partials.py): its head as `data`, its seconds put
     together when first summed, through the reader's cache when it has one."""
 
     head_field: str = ""
@@ -342,7 +350,7 @@ class SecondPartial(Partial):
 def parse_partials(
     fields: Mapping[str, str], *, cache: PartialCache | None = None, experiment: str = ""
 ) -> list[Partial]:
-    """The partial windows in a stats hash, of either format; unreadable ones are
+    """The partial windows in a stats hash, of any format; unreadable ones are
     skipped. `cache` keeps what was decoded of format 2 seconds between reads."""
     partials: list[Partial] = []
     for name, raw in fields.items():
@@ -601,7 +609,7 @@ def snapshots_of_fields(
             if cache is not None and key is not None:
                 cache.merged[(experiment, window_sec, threshold_ms)] = (key, merged, newest)
             return merged
-        except (KeyError, TypeError, ValueError, AttributeError, binascii.Error, zlib.error) as exc:
+        except MALFORMED as exc:
             # a damaged stats hash is this experiment's problem, reported as such
             raise CodecError(
                 f"experiment {experiment}: a partial window in the stats hash is "

@@ -13,7 +13,7 @@ import redis.asyncio as redis_async
 
 from controlplane.collector.second_partials import own_fields
 from controlplane.collector.service import Collector
-from controlplane.collector.sharding import read_merged_snapshots
+from controlplane.collector.sharding import read_merged_snapshots, unacked_elsewhere
 from controlplane.kernel.clock import FakeClock, SystemClock
 from controlplane.kernel.codec import BatchBuilder, BatchMeta, entry_fields
 from controlplane.kernel.keys import EtcdKeys, RedisKeys
@@ -523,3 +523,37 @@ def test_a_partial_format_other_than_1_2_or_3_is_refused() -> None:
     with pytest.raises(ValueError, match="1, 2 or 3"):
         Collector(streams, board, kv, EtcdKeys("/t"), consumer_name="c1", clock=clock,
                   partial_format=4)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    [
+        {"v": 1, "ts": 1e12, "window_sec": 30, "variants": {"canary": {}}, "unacked": 5},
+        {"v": 1, "ts": 1e12, "window_sec": 30, "variants": [], "unacked": [["x"]]},
+        {"v": 1, "ts": 1e12, "window_sec": 30, "variants": {"canary": {"sec": ["a"]}},
+         "unacked": "1-0"},
+    ],
+)
+async def test_another_collectors_damaged_partial_is_counted_and_stops_nothing(
+    damaged: dict[str, Any], memory_setup,  # type: ignore[no-untyped-def]
+) -> None:
+    from controlplane.collector.sharding import PART_PREFIX
+
+    collector, streams, clock = memory_setup
+    await streams.publish(EXPERIMENT, {f"{PART_PREFIX}c9": json.dumps(damaged)},
+                          {"experiment": EXPERIMENT})  # fmt: skip
+    rt = np.random.default_rng(3).lognormal(np.log(50_000), 1.0, 1_000).astype(np.uint32)
+    await streams.append(SERVICE, make_batches(rt, clock.now()), maxlen=10_000)
+    await collector.step()  # the first publish of the experiment builds the merged view
+    clock.advance(0.2)
+    await collector.step()
+    assert collector.metrics.malformed_partials._value.get() >= 1
+    fields = await streams.read(EXPERIMENT)
+    # the merged view holds this collector's window; its own partial went out whole
+    assert WindowSnapshot.from_json(fields["baseline"]).count + WindowSnapshot.from_json(
+        fields["canary"]
+    ).count == rt.shape[0]
+    assert json.loads(fields["@part:c1"])["v"] == 3
+    assert await streams.pending(SERVICE, "collectors") == 0
+    # a claimer reads the damaged field's unacked list as no list at all
+    assert unacked_elsewhere(fields, own="c1") == frozenset()
