@@ -74,6 +74,10 @@ if TYPE_CHECKING:
     from controlplane.kernel.streams import SampleStream
     from controlplane.runtime import Backends
 
+# the ticker and the leader run in this process: `canary bench` sets the garbage
+# collector's policy `canary serve` runs them with (decision 0071); the collector
+# process sets its own
+HOSTS_LONG_RUNNING_PARTS = True
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 DEFAULT_ETCD = "http://127.0.0.1:2379"
 SIZES = (10, 100, 1000)
@@ -960,11 +964,6 @@ def run(
     plan = plan or (QUICK if quick else FULL)
     if only is not None:
         plan = narrowed(plan, only)
-    # the ticker and the leader run in this process: under the garbage collector's
-    # policy `canary serve` runs them with (the collector process sets its own)
-    from controlplane.kernel.gc_policy import for_long_running_process
-
-    for_long_running_process()
     redis = os.environ.get("CANARY_BENCH_REDIS", DEFAULT_REDIS)
     etcd = os.environ.get("CANARY_BENCH_ETCD", DEFAULT_ETCD)
     load_before = os.getloadavg()

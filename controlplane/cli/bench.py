@@ -72,7 +72,8 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"canary bench: unknown benchmark {name!r} (known: {known})", err=True)
             raise typer.Exit(2)
         module_name, func_name = target.split(":")
-        run = getattr(importlib.import_module(module_name), func_name)
+        module = importlib.import_module(module_name)
+        run = getattr(module, func_name)
         options: dict[str, Any] = {"quick": quick, "progress": not as_json}
         if only is not None:
             if "only" not in inspect.signature(run).parameters:
@@ -89,6 +90,12 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"canary bench: {name} has no --replicas", err=True)
                 raise typer.Exit(2)
             options["replicas"] = replicas
+        if getattr(module, "HOSTS_LONG_RUNNING_PARTS", False):
+            # a controller or a collector measured in this process runs as it would
+            # in `canary serve` or `canary collector`
+            from controlplane.kernel.gc_policy import for_long_running_process
+
+            for_long_running_process()
         try:
             result: dict[str, Any] = run(**options)
         except ValueError as exc:  # a bad --only, --workers or --replicas

@@ -18,11 +18,15 @@ collections (minutes at the rate a busy controller makes them). What startup mad
 from __future__ import annotations
 
 import gc
+import sys
 
 from prometheus_client import CollectorRegistry, GCCollector
 
 # middle-generation collections between two full ones (CPython's default: 10)
 FULL_EVERY = 1000
+# CPython 3.14 collects the old objects incrementally, a slice with each young
+# collection, and reads no third threshold: the freeze alone is kept there
+INCREMENTAL_FROM = (3, 14)
 
 
 def for_long_running_process(*, full_every: int = FULL_EVERY) -> None:
@@ -32,6 +36,8 @@ def for_long_running_process(*, full_every: int = FULL_EVERY) -> None:
         raise ValueError(f"full_every must be within 1 and 1,000,000, not {full_every}")
     gc.collect()
     gc.freeze()
+    if sys.version_info >= INCREMENTAL_FROM:
+        return  # the oldest generation is collected a slice at a time there
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, full_every)
 
