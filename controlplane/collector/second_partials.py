@@ -4,10 +4,11 @@ A format 1 partial (sharding.py) is one hash field holding the collector's whole
 window of an experiment; every publish rewrote it, and every reader decoded all of it
 every time it looked, though only the current second had changed. Format 2 splits it:
 
-- the *head*, `@part:<collector>`: `{"v": 2, …}` with what format 1 carries besides
-  the seconds (ts, alpha, bins, window_sec, threshold_ms, unacked), the ring's
-  capacity `cap`, and per variant the seconds in the collector's window (`sec`) and
-  the newest sample's time of each latency (`newest`, `fb_newest`);
+- the *head*, `@part:<collector>`: `{"v": 2, …}` (3 in format 3, below) with what
+  format 1 carries besides the seconds (ts, alpha, bins, window_sec, threshold_ms,
+  unacked), the ring's capacity `cap`, and per variant the seconds in the
+  collector's window (`sec`) and the newest sample's time of each latency (`newest`,
+  `fb_newest`);
 - one *second field* per ring slot, `@part:<collector>#<second mod cap>`:
   `{"s": second, "variants": {name: entry}}`, an entry holding that second's sums as
   a format 1 entry holds them per second (count, fail, sum, above, stale, shed, the
@@ -32,10 +33,12 @@ reservoir keys, units and distinct units are the same) written without those thr
 texts: a reader takes them from the total's entry. They were ~20 % of the bytes a
 publish wrote.
 
-Readers of every format come first in a rolling upgrade (`CANARY_PARTIAL_FORMAT=2`
-or `=1` keeps upgraded collectors writing that format until every reader is
-upgraded). A reader that knows only older formats finds no partial it can read and
-falls back to the merged plain view, at most 5 s old.
+Readers of every format come first in a rolling upgrade, collectors among them (they
+read each other's partials: the unacked lists, the merged view, the expiry):
+`CANARY_PARTIAL_FORMAT=2` or `=1` keeps upgraded collectors writing that format until
+every collector, controller and API process is upgraded. A reader that knows only
+older formats skips the partials it cannot read: with none left it falls back to the
+merged plain view, at most 5 s old.
 """
 
 from __future__ import annotations
@@ -660,7 +663,7 @@ def _reservoir(seconds: list[int], sums: list[SecondSums]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class AssembledPartial:
-    """A format 2 partial put together from its head and the seconds it lists."""
+    """A format 2 or 3 partial put together from its head and the seconds it lists."""
 
     head: dict[str, Any]
     runs: dict[str, tuple[LatencyRun, LatencyRun]]  # variant → (total, first byte)

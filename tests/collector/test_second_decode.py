@@ -2,9 +2,10 @@
 
 `reference_decode_second` is the decoder the one-pass decode replaced, kept here as
 the plain recomputation: on generated second fields (empty and full latencies, a
-first-byte entry sharing its total's packed texts or not, float sums integral or
-not) both give the same sums field for field; on malformed fields both refuse, the
-one-pass decode with an error its readers report (never an IndexError).
+first-byte entry sharing its total's packed texts or not, or leaving them out as
+format 3 writes it, float sums integral or not) both give the same sums field for
+field; on malformed fields both refuse, the one-pass decode with an error its readers
+report (never an IndexError).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from controlplane.collector.second_partials import (
     EMPTY_UNITS,
     EXACT_LIMIT,
     MAX_VARIANTS,
+    SHARED_WITH_TOTAL,
     SecondSums,
     decode_second,
 )
@@ -125,7 +127,10 @@ def reference_decode_second(raw: str, bins: int) -> tuple[int, dict[str, Any]]:
     for name, entry in data["variants"].items():
         if not isinstance(entry, dict):
             raise ValueError("entry")
-        out[str(name)] = (reference_decode(entry, bins), reference_decode(entry["fb"], bins))
+        fb = entry["fb"]
+        if isinstance(fb, dict) and not any(key in fb for key in SHARED_WITH_TOTAL):
+            fb = {**fb, **{key: entry[key] for key in SHARED_WITH_TOTAL}}  # format 3
+        out[str(name)] = (reference_decode(entry, bins), reference_decode(fb, bins))
     return second, out
 
 
@@ -203,6 +208,9 @@ def _field(draw: st.DrawFn) -> tuple[str, bool]:
         total = draw(_entry(empty=draw(st.booleans()), twin=None))
         paired = draw(st.booleans())
         total["fb"] = draw(_entry(empty=draw(st.booleans()), twin=total if paired else None))
+        if paired and draw(st.booleans()):  # format 3: what it shares is left out
+            for key in SHARED_WITH_TOTAL:
+                del total["fb"][key]
         variants[f"v{v}"] = total
     damaged = bool(variants) and draw(st.booleans())
     if damaged:

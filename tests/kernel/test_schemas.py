@@ -88,6 +88,7 @@ def test_settings_read_canary_variables(monkeypatch: pytest.MonkeyPatch) -> None
 def test_the_partial_format_is_3_unless_set_to_an_older_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.delenv("CANARY_PARTIAL_FORMAT", raising=False)
     assert Settings().partial_format == 3
     monkeypatch.setenv("CANARY_PARTIAL_FORMAT", "2")
     assert Settings().partial_format == 2
