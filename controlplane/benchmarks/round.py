@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from controlplane.benchmarks.cache_size import cache_bytes
 from controlplane.benchmarks.gc_pauses import GcPauses
 
 N = 1000
@@ -150,6 +151,7 @@ async def _rounds(
                 else:
                     cpus.append(time.process_time() - cpu)
                     mains.append(time.thread_time() - main)
+            cached = cache_bytes(controller.partial_cache)
             await controller.stop()
         finally:
             await backends.close()
@@ -181,6 +183,8 @@ async def _rounds(
         "profiled_ms_per_experiment_round": parts,
         # the garbage collector's pauses during the unprofiled rounds
         "gc_pauses": pauses.figures(),
+        # the arrays the controller keeps between looks (decoded seconds, running sums)
+        "partial_cache": cached,
     }
 
 

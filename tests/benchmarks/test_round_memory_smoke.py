@@ -20,6 +20,7 @@ def test_a_round_with_a_batch_every_tick_finds_every_look_fresh() -> None:
     assert result["cpu_ms_per_experiment_round_mean"] > 0
     assert result["main_thread_ms_per_experiment_round"] > 0
     assert set(result["gc_pauses"]) == {"generation_0", "generation_1", "generation_2"}
+    assert result["partial_cache"]["kb_per_experiment"] > 0
 
 
 def test_the_memory_looks_move_the_evidence_once_a_window() -> None:
