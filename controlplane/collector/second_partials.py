@@ -265,7 +265,12 @@ class SecondSums:
     above: int
     stale: bool
     shed: int
-    hist: I64
+    # the histogram as the field holds it, its bins and their counts: a dense row of
+    # every bin (`hist`) is made when a run is built or slid, not kept (a controller
+    # keeps every second of every experiment it judges, ~1,100 bins a row)
+    hist_bins: npt.NDArray[np.uint16]
+    hist_counts: U32
+    bins: int
     unit_counts: I64
     unit_sums: F64
     res_keys: npt.NDArray[np.float32]
@@ -278,6 +283,14 @@ class SecondSums:
     integral: bool = False
     # what the second adds to a run's TALLIES, in their order
     tally: I64 = field(default_factory=lambda: np.zeros(len(TALLIES), dtype=np.int64))
+
+    @property
+    def hist(self) -> I64:
+        """The dense row (a bin named twice keeps its last count, as the scatter of a
+        whole field did)."""
+        row = np.zeros(self.bins, dtype=np.int64)
+        row[self.hist_bins] = self.hist_counts
+        return row
 
     @classmethod
     def decode(cls, entry: object, bins: int) -> SecondSums:
@@ -294,10 +307,11 @@ ZERO_UNITS = bytes(UNIT_BYTES)
 EMPTY_UNITS = base64.b64encode(zlib.compress(ZERO_UNITS, 1)).decode("ascii")
 
 
-def _hist_rows(entries: list[dict[str, Any]], bins: int) -> I64:
-    """The entries' sparse histograms, one dense row each: every (bin, count) pair of
-    the field set in one scatter (a bin named twice keeps its last count, as adding
-    into a row of zeros did)."""
+def _hist_rows(
+    entries: list[dict[str, Any]], bins: int
+) -> list[tuple[npt.NDArray[np.uint16], U32]]:
+    """The entries' sparse histograms, (bins, counts) each: views of one buffer of the
+    field's pairs, every bin checked against `bins` at once."""
     where: list[bytes] = []
     counts: list[bytes] = []
     sizes: list[int] = []
@@ -308,19 +322,33 @@ def _hist_rows(entries: list[dict[str, Any]], bins: int) -> I64:
             continue
         if not isinstance(text, str):
             raise ValueError("a partial's histogram is not a string")
-        raw = zlib.decompress(binascii.a2b_base64(text.encode("ascii")))
+        # at most a pair per bin: a text that inflates beyond is refused unread
+        raw = inflate_at_most(binascii.a2b_base64(text.encode("ascii")), 6 * bins)
         n = len(raw) // 6
         where.append(raw[: 2 * n])
         counts.append(raw[2 * n : 6 * n])
         sizes.append(n)
-    hist = np.zeros((len(entries), bins), dtype=np.int64)
     bin_of = np.frombuffer(b"".join(where), dtype="<u2")
-    if bin_of.shape[0]:
-        if int(bin_of.max()) >= bins:
-            raise ValueError("a partial's histogram names a bin beyond its bins")
-        rows = np.repeat(np.arange(len(entries)), sizes)
-        hist[rows, bin_of] = np.frombuffer(b"".join(counts), dtype="<u4")
-    return hist
+    count_of = np.frombuffer(b"".join(counts), dtype="<u4")
+    if bin_of.shape[0] and int(bin_of.max()) >= bins:
+        raise ValueError("a partial's histogram names a bin beyond its bins")
+    out: list[tuple[npt.NDArray[np.uint16], U32]] = []
+    at = 0
+    for n in sizes:
+        out.append((bin_of[at : at + n], count_of[at : at + n]))
+        at += n
+    return out
+
+
+def inflate_at_most(raw: bytes, limit: int) -> bytes:
+    """`raw` inflated, refused when it holds more than `limit` bytes (untrusted)."""
+    if limit < 1:  # zlib reads a max_length of 0 as no limit at all
+        raise ValueError("a partial's deflated text has no room to inflate into")
+    inflater = zlib.decompressobj()
+    out = inflater.decompress(raw, limit)
+    if inflater.unconsumed_tail or not inflater.eof:
+        raise ValueError("a partial's deflated text is longer than it may be, or cut")
+    return out
 
 
 def _unit_rows(entries: list[dict[str, Any]]) -> tuple[I64, F64]:
@@ -334,7 +362,7 @@ def _unit_rows(entries: list[dict[str, Any]]) -> tuple[I64, F64]:
             continue
         if not isinstance(text, str):
             raise ValueError("a partial's unit rows are not a string")
-        raw = zlib.decompress(binascii.a2b_base64(text.encode("ascii")), bufsize=UNIT_BYTES)
+        raw = inflate_at_most(binascii.a2b_base64(text.encode("ascii")), UNIT_BYTES)
         if len(raw) != UNIT_BYTES:
             raise ValueError("a second's unit rows have the wrong size")
         raws.append(raw)
@@ -416,7 +444,9 @@ def decode_entries(entries: list[object], bins: int) -> list[SecondSums]:
             above=above,
             stale=stale,
             shed=shed,
-            hist=hist[i],
+            hist_bins=hist[i][0],
+            hist_counts=hist[i][1],
+            bins=bins,
             unit_counts=unit_counts[i],
             unit_sums=unit_sums[i],
             res_keys=keys,

@@ -58,6 +58,7 @@ from controlplane.collector.second_partials import (
     PartialCache,
     assemble,
     head_of,
+    inflate_at_most,
 )
 from controlplane.collector.windows import (
     DEFAULT_ALPHA,
@@ -122,10 +123,13 @@ def encode_hist_row(row: npt.NDArray[np.integer]) -> str:
 
 
 def decode_hist_row_into(text: str, dense: npt.NDArray[np.int64]) -> None:
-    raw = zlib.decompress(_unb64(text))
+    # at most a (bin, count) pair per bin: a text that inflates beyond is refused
+    raw = inflate_at_most(_unb64(text), 6 * dense.shape[0])
     n = len(raw) // 6
     where = np.frombuffer(raw, dtype="<u2", count=n)
     counts = np.frombuffer(raw, dtype="<u4", count=n, offset=2 * n)
+    if n and int(where.max()) >= dense.shape[0]:
+        raise ValueError("a partial's histogram names a bin beyond its bins")
     dense[where] += counts
 
 
@@ -138,7 +142,7 @@ def encode_unit_rows(counts: npt.NDArray[np.integer], sums: npt.NDArray[np.float
 def decode_unit_rows_into(
     text: str, counts: npt.NDArray[np.int64], sums: npt.NDArray[np.float64]
 ) -> None:
-    raw = zlib.decompress(_unb64(text), bufsize=UNIT_ROWS * 5 * 8)
+    raw = inflate_at_most(_unb64(text), UNIT_ROWS * 5 * 8)
     if len(raw) != UNIT_ROWS * 5 * 8:
         raise ValueError("a second's unit rows have the wrong size")
     counts += np.frombuffer(raw, dtype="<i8", count=UNIT_ROWS * 3).reshape(UNIT_ROWS, 3)

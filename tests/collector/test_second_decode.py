@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -266,3 +267,43 @@ def test_the_empty_texts_are_what_the_writer_makes_of_an_empty_second() -> None:
     zeros = np.zeros((UNIT_ROWS, 3), dtype=np.int64), np.zeros((UNIT_ROWS, 2))
     assert encode_hist_row(np.zeros(BINS, dtype=np.int64)) == EMPTY_HIST
     assert encode_unit_rows(*zeros) == EMPTY_UNITS
+
+
+def _bomb(size: int) -> str:
+    return base64.b64encode(zlib.compress(bytes(size), 9)).decode("ascii")
+
+
+def _entry_with(**texts: str) -> dict[str, Any]:
+    return {"count": 1, "fail": 0, "sum": 0.0, "above": 0, "stale": 0,
+            "hist": EMPTY_HIST, "units": EMPTY_UNITS, "res_k": "", "res_v": "", "res_u": "",
+            "distinct": "", **texts}  # fmt: skip
+
+
+@pytest.mark.parametrize("key", ["hist", "units"])
+def test_a_deflated_text_that_inflates_beyond_its_bound_is_refused_unread(key: str) -> None:
+    # 64 MiB of zeros deflate to ~64 KB: read whole, one field would cost 64 MiB
+    entry = _entry_with(**{key: _bomb(64 * 2**20)})
+    with pytest.raises(ValueError, match="longer than it may be"):
+        SecondSums.decode(entry, BINS)
+    counts, sums = np.zeros((UNIT_ROWS, 3), np.int64), np.zeros((UNIT_ROWS, 2))
+    with pytest.raises(ValueError, match="longer than it may be"):
+        if key == "hist":
+            decode_hist_row_into(entry["hist"], np.zeros(BINS, np.int64))
+        else:
+            decode_unit_rows_into(entry["units"], counts, sums)
+
+
+def test_a_format_1_bin_beyond_the_histogram_is_a_refusal_not_an_index_error() -> None:
+    raw_hist = np.array([BINS + 3], "<u2").tobytes() + np.array([1], "<u4").tobytes()
+    with pytest.raises(ValueError, match="beyond its bins"):
+        decode_hist_row_into(base64.b64encode(zlib.compress(raw_hist)).decode("ascii"),
+                             np.zeros(BINS, np.int64))  # fmt: skip
+
+
+def test_a_sparse_second_gives_the_dense_row_the_field_held() -> None:
+    hist = np.zeros(BINS, dtype=np.int64)
+    hist[[0, 5, BINS - 1]] = [3, 1, 2**31]
+    sums = SecondSums.decode(_entry_with(hist=encode_hist_row(hist)), BINS)
+    assert sums.hist_bins.shape[0] == 3
+    assert sums.hist.dtype == np.int64 and np.array_equal(sums.hist, hist)
+    assert sums.hist is not sums.hist  # a row made for its caller, who may change it

@@ -376,7 +376,9 @@ def _second_sums(rng: np.random.Generator, bins: int, *, integral: bool) -> Seco
     return SecondSums(
         count=count, failures=failures, sum_us=sum_us, above=above, stale=stale, shed=shed,
         tally=np.array([count, failures, 0 if stale else above, int(stale), shed], np.int64),
-        hist=hist, unit_counts=unit_counts,
+        hist_bins=np.flatnonzero(hist).astype(np.uint16),
+        hist_counts=hist[np.flatnonzero(hist)].astype(np.uint32), bins=bins,
+        unit_counts=unit_counts,
         unit_sums=unit_sums, res_keys=keys, res_us=rng.integers(0, 2**20, count).astype(np.uint32),
         res_units=rng.integers(0, 2**32, count, dtype=np.uint64).astype(np.uint32),
         distinct=np.unique(rng.integers(1, 2**32, count, dtype=np.uint64).astype(np.uint32)),
