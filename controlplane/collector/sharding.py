@@ -87,7 +87,13 @@ EXPIRY_MARGIN_SEC = 5
 
 
 # what reading a damaged partial (untrusted JSON and base64 from Redis) can raise
-MALFORMED = (KeyError, TypeError, ValueError, AttributeError, binascii.Error, zlib.error)
+MALFORMED = (
+    KeyError, TypeError, ValueError, AttributeError, OverflowError, binascii.Error,
+    zlib.error,
+)  # fmt: skip
+# the finest relative accuracy a reader builds bins for (11,450 of them): a partial
+# naming a finer one is refused, as its bins would be built as asked (1e-9: ~10^11)
+MIN_READ_ALPHA = 0.001
 
 _MAPPINGS: dict[float, LogMapping] = {}
 
@@ -502,6 +508,8 @@ def merge_snapshots(
             threshold_ms = None
     assert not isinstance(threshold_ms, str)
     alpha = float(newest["alpha"]) if newest else DEFAULT_ALPHA
+    if not MIN_READ_ALPHA <= alpha < 0.5:
+        raise ValueError(f"a partial's relative accuracy {alpha!r} is out of bounds")
     mapping = local.mapping if local is not None else mapping_for(alpha)
     start = math.floor(now) - window_sec + 1
     names: list[str] = list(local.variants) if local is not None else []

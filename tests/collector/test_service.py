@@ -557,3 +557,24 @@ async def test_another_collectors_damaged_partial_is_counted_and_stops_nothing(
     assert await streams.pending(SERVICE, "collectors") == 0
     # a claimer reads the damaged field's unacked list as no list at all
     assert unacked_elsewhere(fields, own="c1") == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("alpha", 1e-9), ("alpha", float("nan")), ("bins", 1e400)]
+)
+async def test_a_partial_naming_absurd_bins_is_a_codec_error_not_an_allocation(
+    key: str, value: float
+) -> None:
+    from controlplane.collector.sharding import PART_PREFIX
+    from controlplane.kernel.errors import CodecError
+    from controlplane.kernel.streams_memory import MemoryStreams
+
+    board = MemoryStreams()
+    partial = {"v": 1, "ts": 1.0, "window_sec": 5, "alpha": 0.01, "bins": 1147,
+               "variants": {"canary": {"sec": [], "count": [], "fail": [], "sum": [],
+                                       "above": [], "stale": [], "hist": [],
+                                       "res_k": "", "res_v": "", "res_s": ""}}}  # fmt: skip
+    partial[key] = value
+    await board.publish("7", {f"{PART_PREFIX}c1": json.dumps(partial)}, {"experiment": "7"})
+    with pytest.raises(CodecError, match="experiment 7"):
+        await read_merged_snapshots(board, "7", 10.0)
