@@ -19,6 +19,9 @@ class ControllerStats:
     decisions_applied: int = 0
     conflicts: int = 0
     errors: int = 0
+    # of which errors no check foresaw (a bug, data no parser caught): logged with
+    # their trace, the round going on
+    unexpected_errors: int = 0
     snapshot_errors: int = 0
     # experiment rows read in full: new to a round, or changed since it last saw them
     rows_loaded: int = 0
@@ -82,6 +85,9 @@ class ControllerMetricsCollector(Collector):
             ("conflicts", "Rounds that lost a race on an experiment's row or route",
              s.conflicts),
             ("errors", "Evaluations that failed (logged)", s.errors),
+            ("unexpected_errors", "Evaluations that failed with an error no check foresaw "
+             "(logged with its trace once a minute per experiment; the round goes on)",
+             s.unexpected_errors),
             ("suspect_passes", "Passes over the suspects between a round's experiments "
              "(a round longer than the tick)", s.suspect_passes),
             ("suspect_looks", "Looks at suspects in those passes", s.suspect_looks),

@@ -59,6 +59,7 @@ from controlplane.kernel.errors import (
     RevisionConflict,
 )
 from controlplane.kernel.kv import Fence, Leadership
+from controlplane.kernel.log_limit import EveryInterval
 from controlplane.kernel.metric_specs import MetricSpec
 from controlplane.kernel.routes import BASELINE, CANARY
 from controlplane.kernel.rules import BreakerRule
@@ -208,6 +209,7 @@ class Controller:
     _rulebook: RuleBook | None = None
     _owner: ShardOwnership | None = None
     _no_rule_reported: set[int] = field(default_factory=set)
+    _unexpected_logged: EveryInterval = field(default_factory=EveryInterval)
     # per service, the rejected rule value known to be in the events table
     _rejections_recorded: dict[str, RuleRejection] = field(default_factory=dict)
     # the active experiments as last read or written, reloaded when their version
@@ -521,6 +523,15 @@ class Controller:
         except CanaryError as exc:
             self.stats.errors += 1
             log.warning("experiment %d not evaluated: %s", experiment.id, exc)
+        except Exception:
+            # an error of this experiment's own that no check foresaw (a bug, data no
+            # parser caught): it must not stop every other experiment's judgment, as
+            # stepping down and leading again would meet it at every round
+            self.stats.errors += 1
+            self.stats.unexpected_errors += 1
+            if self._unexpected_logged.due(experiment.id, backends.clock.monotonic()):
+                log.exception("experiment %d not evaluated after an unexpected error "
+                              "(logged once a minute per experiment)", experiment.id)
         return None
 
     async def _judge_suspects(

@@ -4,6 +4,7 @@ version it read (decision 0059): on PostgreSQL + etcd + Redis, then SQLite + mem
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -196,3 +197,30 @@ async def test_versions_list_the_same_experiments_as_the_full_listing(
         assert [(e.id, e.version) for e in full] == [(v.id, v.version) for v in versions]
         assert sorted(loaded, key=lambda e: -e.id) == full
         assert all(e.state is not ExperimentState.ROLLED_BACK for e in loaded)
+
+
+async def test_an_unforeseen_error_of_one_experiment_leaves_the_others_judged(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    poisoned = rig.ids[2]
+
+    async def read_or_fail(
+        backends: Backends, experiment: str, window_sec: int
+    ) -> Mapping[str, WindowSnapshot]:
+        if experiment == str(poisoned):
+            raise RuntimeError("no check foresaw this")
+        return await board_snapshots(backends, experiment, window_sec)
+
+    rig.controller.snapshot_reader = read_or_fail
+    before = await rig.stored()
+    with caplog.at_level(logging.ERROR, logger="controlplane.controller.runner"):
+        await rig.round()
+        await rig.round()
+    after = await rig.stored()
+    assert rig.controller.stats.unexpected_errors == 2
+    assert after[poisoned].version == before[poisoned].version
+    for other in set(rig.ids) - {poisoned}:
+        assert after[other].rollout_state is not None
+    # the trace once, not at every round
+    logged = [r for r in caplog.records if "unexpected error" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is not None
