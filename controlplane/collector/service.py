@@ -89,6 +89,7 @@ from controlplane.kernel.keys import (
     is_service_name,
 )
 from controlplane.kernel.kv import KeyValueStore
+from controlplane.kernel.log_limit import EveryInterval
 from controlplane.kernel.routes import parse_route
 from controlplane.kernel.rules import parse_rule
 from controlplane.kernel.sample_auth import SampleVerifier
@@ -124,7 +125,6 @@ APPLY_SLICE = 32
 EXPORT_SLICE = 16
 # a tick's partials are written this many experiments at a time (one round trip each)
 PUBLISH_CHUNK = 64
-MALFORMED_WARN_EVERY_SEC = 60.0  # a damaged partial is logged once a minute, counted always
 BACKEND_RETRY = BackoffPolicy(initial=0.05, maximum=2.0)
 
 
@@ -385,7 +385,8 @@ class Collector:
         self.verifier = SampleVerifier(sample_keys) if sample_keys is not None else None
         self.metrics.authenticated.set(1 if self.verifier is not None else 0)
         self._drop_log = DropLog(log, clock)
-        self._malformed_warned = -math.inf
+        # a damaged partial is counted always, logged once a minute per experiment
+        self._malformed_logged = EveryInterval()
         self.configs: dict[str, WindowConfig] = {}
         # experiments with a rule of their own: theirs, in place of the service's
         self.experiment_configs: dict[str, WindowConfig] = {}
@@ -819,8 +820,7 @@ class Collector:
             # readers that take no partial) holds this collector's window alone, and
             # the partials, which readers judge and report, go out as ever
             self.metrics.malformed_partials.inc()
-            if self.clock.monotonic() - self._malformed_warned >= MALFORMED_WARN_EVERY_SEC:
-                self._malformed_warned = self.clock.monotonic()
+            if self._malformed_logged.due(experiment, self.clock.monotonic()):
                 log.warning("experiment %s: another collector's partial window is malformed "
                             "(%s: %s); the merged view holds this collector's window alone",
                             excerpt(experiment), type(exc).__name__, excerpt(str(exc)))  # fmt: skip
