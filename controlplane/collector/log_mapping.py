@@ -49,13 +49,16 @@ class LogMapping:
         self.representative_us: F64 = 2 * self.gamma**exponents / (self.gamma + 1)
         self.representative_us[: self.offset] = 0.0
         self.representative_ms: F64 = self.representative_us / 1000.0
+        # log_ms_sums' coefficients, taken once: it runs for every snapshot made
+        a = math.log(self.gamma)
+        c = -self.offset * a + math.log(2 / (self.gamma + 1)) - math.log(1000.0)
+        self._log_terms = (a, c, a * a, 2 * a * c, c * c)
 
     def log_ms_sums(self, n: F64, s1: F64, s2: F64) -> tuple[F64, F64]:
         """Σ ln(ms) and Σ ln(ms)² of samples from their bin indices' count, sum and
         sum of squares: each sample stands for its bin's representative value."""
-        a = math.log(self.gamma)
-        c = -self.offset * a + math.log(2 / (self.gamma + 1)) - math.log(1000.0)
-        return a * s1 + c * n, a * a * s2 + 2 * a * c * s1 + c * c * n
+        a, c, aa, two_ac, cc = self._log_terms
+        return a * s1 + c * n, aa * s2 + two_ac * s1 + cc * n
 
     def index(
         self, rt_us: npt.NDArray[np.integer], base: npt.NDArray[np.int32] | None = None

@@ -395,7 +395,10 @@ def _packed(texts: list[object], dtype: str, limit: int) -> list[npt.NDArray[Any
             raws.append(raw)
         order.append(span)
     column = np.frombuffer(b"".join(raws), dtype=dtype)
-    return [column[a:b] for a, b in order]
+    # one view per text: entries that share a text share the array, which tells a
+    # reader they hold the same (reservoir_pair)
+    views = {span: column[span[0] : span[1]] for span in spans.values()}
+    return [views[span] for span in order]
 
 
 def decode_entries(entries: list[object], bins: int) -> list[SecondSums]:
@@ -545,8 +548,10 @@ class LatencyRun:
 
     @classmethod
     def build(
-        cls, seconds: list[int], sums: list[SecondSums], bins: int, newest: float | None
-    ) -> LatencyRun:
+        cls, seconds: list[int], sums: list[SecondSums], bins: int, newest: float | None,
+        reservoir: dict[str, Any] | None = None,
+    ) -> LatencyRun:  # fmt: skip
+        """`reservoir`: `_reservoir(seconds, sums)` when the caller has it already."""
         n = len(sums)
 
         def running(values: list[Any], shape: tuple[int, ...], dtype: Any) -> npt.NDArray[Any]:
@@ -573,14 +578,15 @@ class LatencyRun:
             unit_counts=running([s.unit_counts for s in sums], (UNIT_ROWS, 3), np.int64),
             unit_sums=unit_sums,
             newest_ts=newest,
-            **_reservoir(seconds, sums),
+            **(reservoir if reservoir is not None else _reservoir(seconds, sums)),
             rows=tuple(sums),
             exact=exact,
         )  # fmt: skip
 
     def slid(
-        self, seconds: list[int], sums: list[SecondSums], bins: int, newest: float | None
-    ) -> LatencyRun:
+        self, seconds: list[int], sums: list[SecondSums], bins: int, newest: float | None,
+        reservoir: dict[str, Any] | None = None,
+    ) -> LatencyRun:  # fmt: skip
         """The run over `seconds` from this one: the rows of the seconds that left the
         front dropped, a row for each second added, and each position whose second
         changed adding its difference to the rows after it. Exact: counts are
@@ -590,7 +596,7 @@ class LatencyRun:
         dropped = _dropped_front(self.seconds.tolist(), seconds)
         kept = len(self.rows) - dropped
         if not self.exact or kept > len(sums):  # seconds gone from the end: a restart
-            return LatencyRun.build(seconds, sums, bins, newest)
+            return LatencyRun.build(seconds, sums, bins, newest, reservoir)
         changes = [(j, self.rows[dropped + j], sums[j]) for j in range(kept)
                    if sums[j] is not self.rows[dropped + j]]  # fmt: skip
         added = sums[kept:]
@@ -605,7 +611,7 @@ class LatencyRun:
             or not all(after.integral for _, _, after in changes)
             or not all(s.integral for s in added)
         ):
-            return LatencyRun.build(seconds, sums, bins, newest)
+            return LatencyRun.build(seconds, sums, bins, newest, reservoir)
         n = len(sums)
 
         def slide(old: npt.NDArray[Any], column: str) -> npt.NDArray[Any]:
@@ -630,7 +636,7 @@ class LatencyRun:
             **columns,
             stale_hist=stale_hist,
             newest_ts=newest,
-            **_reservoir(seconds, sums),
+            **(reservoir if reservoir is not None else _reservoir(seconds, sums)),
             rows=tuple(sums),
             exact=True,
         )
@@ -640,42 +646,51 @@ class LatencyRun:
         i = int(np.searchsorted(self.seconds, start, side="left"))
         count, failures, above, stale_rows, shed = (self.tallies[-1] - self.tallies[i]).tolist()
         hist = self.hist[-1] - self.hist[i]
-        totals = WindowTotals(
+        rows = self.seconds.shape[0] - i
+        stale_hist: I64 | None = None
+        if same_threshold:
+            if self.stale_hist is not None and stale_rows > 0:
+                stale_hist = self.stale_hist[-1] - self.stale_hist[i]
+        elif rows:
+            stale_hist = hist.copy()
+        inside = self.res_seconds >= start
+        # every field given: no default array is made only to be replaced
+        return WindowTotals(
             bins=bins,
             count=count,
             failures=failures,
             sum_us=float(self.sum_us[-1] - self.sum_us[i]),
+            above_exact=above if same_threshold else 0,
             shed=shed,
+            stale_hist=stale_hist,
             hist=hist,
             newest_ts=self.newest_ts,
+            res_keys=self.res_keys[inside],
+            res_us=self.res_us[inside],
+            res_units=self.res_units[inside],
             unit_counts=self.unit_counts[-1] - self.unit_counts[i],
             unit_sums=self.unit_sums[-1] - self.unit_sums[i],
+            distinct=self.distinct,
         )
-        rows = self.seconds.shape[0] - i
-        if same_threshold:
-            totals.above_exact = above
-            if self.stale_hist is not None and stale_rows > 0:
-                totals.stale_hist = self.stale_hist[-1] - self.stale_hist[i]
-        elif rows:
-            totals.stale_hist = hist.copy()
-        inside = self.res_seconds >= start
-        totals.res_keys = self.res_keys[inside]
-        totals.res_us = self.res_us[inside]
-        totals.res_units = self.res_units[inside]
-        totals.distinct = self.distinct
-        return totals
 
 
 def _reservoir(seconds: list[int], sums: list[SecondSums]) -> dict[str, Any]:
     """A run's reservoir as format 1 cut it (the bottom k over all its seconds, with
     each sample's second) and its distinct units over all its seconds: neither is a
     sum, so both are taken again from the seconds whenever the run changes."""
+    return _reservoir_and_order(seconds, sums)[0]
+
+
+def _reservoir_and_order(
+    seconds: list[int], sums: list[SecondSums]
+) -> tuple[dict[str, Any], npt.NDArray[Any]]:
+    """`_reservoir`, and the positions it kept of the seconds' samples in turn."""
     if not sums:
         return {
             "res_keys": np.zeros(0, np.float32), "res_us": np.zeros(0, np.uint32),
             "res_seconds": np.zeros(0, np.int64), "res_units": np.zeros(0, np.uint32),
             "distinct": np.zeros(0, np.uint32),
-        }  # fmt: skip
+        }, np.zeros(0, np.int64)  # fmt: skip
     keys = np.concatenate([s.res_keys for s in sums])
     order = np.arange(keys.shape[0])
     if keys.shape[0] > RESERVOIR_SIZE:
@@ -688,7 +703,26 @@ def _reservoir(seconds: list[int], sums: list[SecondSums]) -> dict[str, Any]:
         "res_seconds": res_seconds[order],
         "res_units": np.concatenate([s.res_units for s in sums])[order],
         "distinct": bottom_distinct([s.distinct for s in sums]),
-    }
+    }, order
+
+
+def reservoir_pair(
+    seconds: list[int], totals: list[SecondSums], firsts: list[SecondSums]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The reservoirs of a variant's total and first-byte runs over the same seconds.
+    Where every first-byte second shares its total's keys, units and distinct units
+    (a paired second, decoded from one text), the first byte's is the total's but for
+    its values: the same keys give the same bottom k, which is not cut again."""
+    total, order = _reservoir_and_order(seconds, totals)
+    if len(firsts) != len(totals) or not all(
+        f.res_keys is t.res_keys and f.res_units is t.res_units and f.distinct is t.distinct
+        for t, f in zip(totals, firsts, strict=True)
+    ):
+        return total, _reservoir(seconds, firsts)
+    first = dict(total)
+    if firsts:
+        first["res_us"] = np.concatenate([s.res_us for s in firsts])[order]
+    return total, first
 
 
 @dataclass(frozen=True)
@@ -750,15 +784,16 @@ def assemble(
             firsts.append(first)
         newest, fb_newest = part.get("newest"), part.get("fb_newest")
         before = previous.runs.get(str(name)) if previous is not None else None
+        res_total, res_first = reservoir_pair(part["sec"], totals, firsts)
         if before is None:
             runs[str(name)] = (
-                LatencyRun.build(part["sec"], totals, bins, _ts(newest)),
-                LatencyRun.build(part["sec"], firsts, bins, _ts(fb_newest)),
+                LatencyRun.build(part["sec"], totals, bins, _ts(newest), res_total),
+                LatencyRun.build(part["sec"], firsts, bins, _ts(fb_newest), res_first),
             )
         else:
             runs[str(name)] = (
-                before[0].slid(part["sec"], totals, bins, _ts(newest)),
-                before[1].slid(part["sec"], firsts, bins, _ts(fb_newest)),
+                before[0].slid(part["sec"], totals, bins, _ts(newest), res_total),
+                before[1].slid(part["sec"], firsts, bins, _ts(fb_newest), res_first),
             )
     return AssembledPartial(head, runs)
 

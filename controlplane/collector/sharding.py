@@ -518,20 +518,21 @@ def merge_snapshots(
     result: dict[str, WindowSnapshot] = {}
     alone = local is None and len(chosen) == 1
     for name in names:
-        merged = [WindowTotals(bins=mapping.bins), WindowTotals(bins=mapping.bins)]
+        merged: list[WindowTotals] = []
         for first_byte in (False, True):
             if alone and int(chosen[0].data.get("bins", mapping.bins)) == mapping.bins:
                 # one partial: its sums are the window's (adding them to zero changes
                 # nothing, and its reservoir is already the bottom k), the usual case
-                # of one collector, without the copies
+                # of one collector, without the copies (nor the empty sums to add to)
                 own = chosen[0].totals(
                     name, start=start, threshold_ms=threshold_ms, bins=mapping.bins,
                     first_byte=first_byte,
                 )  # fmt: skip
                 if own is not None:
-                    merged[first_byte] = own
+                    merged.append(own)
                     continue
-            sums = merged[first_byte]
+            sums = WindowTotals(bins=mapping.bins)
+            merged.append(sums)
             if local is not None and name in local.variants:
                 sums.add(local.totals(name, now, first_byte=first_byte))
             for partial in chosen:
