@@ -468,22 +468,38 @@ Second = dict[str, tuple[SecondSums, SecondSums]]  # variant → (total, first b
 
 def decode_second(raw: str, bins: int) -> tuple[int, Second]:
     """A second field: its second, and per variant its two latencies' sums."""
-    data = json.loads(raw)
-    if not isinstance(data, dict) or not isinstance(data.get("variants"), dict):
-        raise ValueError("a partial's second field is not an object with variants")
-    second = data["s"]
-    if isinstance(second, bool) or not isinstance(second, int):
-        raise ValueError("a partial's second is not an integer")
-    if len(data["variants"]) > MAX_VARIANTS:
-        raise ValueError("a partial's second has too many variants")
+    return decode_seconds([raw], bins)[0]
+
+
+def decode_seconds(raws: list[str], bins: int) -> list[tuple[int, Second]]:
+    """Second fields decoded together (`decode_second` of each): their entries go
+    through one `decode_entries`, whose array work is per call, not per field (a look
+    that catches up on several seconds decodes them all at once). One malformed field
+    is a ValueError for all of them, as it is for the partial that lists it."""
     entries: list[object] = []
-    for entry in data["variants"].values():
-        if not isinstance(entry, dict):
-            raise ValueError("a partial's second entry is not an object")
-        entries += (entry, first_byte_entry(entry))
+    heads: list[tuple[int, list[str]]] = []
+    for raw in raws:
+        data = json.loads(raw)
+        if not isinstance(data, dict) or not isinstance(data.get("variants"), dict):
+            raise ValueError("a partial's second field is not an object with variants")
+        second = data["s"]
+        if isinstance(second, bool) or not isinstance(second, int):
+            raise ValueError("a partial's second is not an integer")
+        if len(data["variants"]) > MAX_VARIANTS:
+            raise ValueError("a partial's second has too many variants")
+        for entry in data["variants"].values():
+            if not isinstance(entry, dict):
+                raise ValueError("a partial's second entry is not an object")
+            entries += (entry, first_byte_entry(entry))
+        heads.append((second, [str(name) for name in data["variants"]]))
     sums = decode_entries(entries, bins)
-    names = [str(name) for name in data["variants"]]
-    return second, {name: (sums[2 * i], sums[2 * i + 1]) for i, name in enumerate(names)}
+    out: list[tuple[int, Second]] = []
+    at = 0
+    for second, names in heads:
+        out.append((second, {name: (sums[at + 2 * i], sums[at + 2 * i + 1])
+                             for i, name in enumerate(names)}))  # fmt: skip
+        at += 2 * len(names)
+    return out
 
 
 def first_byte_entry(entry: dict[str, Any]) -> object:
@@ -765,6 +781,11 @@ def assemble(
     if previous is not None and int(previous.head["bins"]) != bins:
         previous = None
     runs: dict[str, tuple[LatencyRun, LatencyRun]] = {}
+    if decoded is not None and cap:
+        # the seconds not decoded yet, decoded together
+        listed = {s for part in head["variants"].values() for s in part["sec"]}
+        decoded.decode_missing(experiment, [slot_field(head_field, s % cap) for s in listed],
+                               fields, bins)  # fmt: skip
     for name, part in head["variants"].items():
         totals: list[SecondSums] = []
         firsts: list[SecondSums] = []
@@ -821,6 +842,26 @@ class PartialCache:
     hits: int = 0
     decodes: int = 0
     merged_hits: int = 0
+
+    def decode_missing(
+        self, experiment: str, names: Iterable[str], fields: Mapping[str, str], bins: int
+    ) -> None:
+        """Decode together the fields of `names` not held at their text (absent ones
+        are left for `second` to report)."""
+        held = self.seconds.setdefault(experiment, {})
+        missing: dict[str, str] = {}
+        for name in names:
+            raw = fields.get(name)
+            kept = held.get(name)
+            if raw is not None and (kept is None or kept[0] != raw):
+                missing[name] = raw
+        if len(missing) < 2:
+            return  # one field: decoded by `second` as it is met
+        self.decodes += len(missing)
+        for (name, raw), value in zip(
+            missing.items(), decode_seconds(list(missing.values()), bins), strict=True
+        ):
+            held[name] = (raw, value)
 
     def second(self, experiment: str, name: str, raw: str, bins: int) -> tuple[int, Second]:
         held = self.seconds.setdefault(experiment, {}).get(name)
