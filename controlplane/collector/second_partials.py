@@ -577,6 +577,17 @@ class LatencyRun:
                           axis=0, out=out[1:])  # fmt: skip
             return out
 
+        def running_hist(only_stale: bool) -> I64:
+            # each second's pairs scattered into its row, then summed down in place:
+            # no dense row per second, nor a stack of them, is made
+            out = np.zeros((n + 1, bins), dtype=np.int64)
+            for j, s in enumerate(sums):
+                if s.stale or not only_stale:
+                    out[j + 1, s.hist_bins] = s.hist_counts
+            if n:
+                np.cumsum(out[1:], axis=0, out=out[1:])
+            return out
+
         stale = [s.stale for s in sums]
         sum_us = running([s.sum_us for s in sums], (), np.float64)
         unit_sums = running([s.unit_sums for s in sums], (UNIT_ROWS, 2), np.float64)
@@ -588,9 +599,8 @@ class LatencyRun:
             seconds=np.array(seconds, dtype=np.int64),
             tallies=running([s.tally for s in sums], (len(TALLIES),), np.int64),
             sum_us=sum_us,
-            hist=running([s.hist for s in sums], (bins,), np.int64),
-            stale_hist=running([s.hist * s.stale for s in sums], (bins,), np.int64)
-                       if any(stale) else None,
+            hist=running_hist(False),
+            stale_hist=running_hist(True) if any(stale) else None,
             unit_counts=running([s.unit_counts for s in sums], (UNIT_ROWS, 3), np.int64),
             unit_sums=unit_sums,
             newest_ts=newest,
