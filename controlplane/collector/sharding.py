@@ -520,6 +520,12 @@ def merge_snapshots(
     for name in names:
         merged: list[WindowTotals] = []
         for first_byte in (False, True):
+            if local is not None and not chosen and name in local.variants:
+                # the local window alone (a collector's merged view without peers):
+                # its sums as they are, its reservoir already the bottom k and its
+                # distinct units already sorted, which adding them to nothing keeps
+                merged.append(local.totals(name, now, first_byte=first_byte))
+                continue
             if alone and int(chosen[0].data.get("bins", mapping.bins)) == mapping.bins:
                 # one partial: its sums are the window's (adding them to zero changes
                 # nothing, and its reservoir is already the bottom k), the usual case
