@@ -31,7 +31,10 @@ from controlplane.collector.second_partials import (
     MAX_VARIANTS,
     SHARED_WITH_TOTAL,
     SecondSums,
+    _reservoir,
     decode_second,
+    decode_seconds,
+    reservoir_pair,
 )
 from controlplane.collector.sharding import (
     decode_hist_row_into,
@@ -248,6 +251,62 @@ def test_one_pass_decode_is_the_per_latency_decode(case: tuple[str, bool]) -> No
     for name, (total, first) in got.items():
         _same(total, want[1][name][0])
         _same(first, want[1][name][1])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_field(), min_size=2, max_size=5))
+def test_fields_decoded_together_are_each_field_decoded_alone(
+    cases: list[tuple[str, bool]],
+) -> None:
+    """What a catch-up look decodes in one call (`decode_seconds`) is, field for field,
+    what the per-latency reference decode gives each field alone; a field it refuses
+    refuses them all."""
+    raws = [raw for raw, _ in cases]
+    alone: list[tuple[int, dict[str, Any]]] = []
+    refused = False
+    for raw in raws:
+        try:
+            alone.append(reference_decode_second(raw, BINS))
+        except Exception:  # any refusal of the reference, an IndexError too
+            refused = True
+    if refused:
+        with pytest.raises(REFUSALS):
+            decode_seconds(raws, BINS)
+        return
+    together = decode_seconds(raws, BINS)
+    assert len(together) == len(alone)
+    for (second, got), (want_second, want) in zip(together, alone, strict=True):
+        assert second == want_second
+        assert list(got) == list(want)
+        for name, (total, first) in got.items():
+            _same(total, want[name][0])
+            _same(first, want[name][1])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_field(), min_size=1, max_size=6))
+def test_a_first_byte_reservoir_taken_from_its_total_is_the_one_cut_on_its_own(
+    cases: list[tuple[str, bool]],
+) -> None:
+    """`reservoir_pair` gives each run the reservoir `_reservoir` cuts of its own
+    seconds, whether the first byte shares its total's texts (its cut reused) or not."""
+    decoded = []
+    for raw, _ in cases:
+        try:
+            decoded.append(decode_second(raw, BINS)[1])
+        except REFUSALS:
+            continue
+    for name in {n for second in decoded for n in second}:
+        held = [second[name] for second in decoded if name in second]
+        seconds = list(range(len(held)))
+        totals, firsts = [t for t, _ in held], [f for _, f in held]
+        total, first = reservoir_pair(seconds, totals, firsts)
+        for got, want in ((total, _reservoir(seconds, totals)),
+                          (first, _reservoir(seconds, firsts))):  # fmt: skip
+            assert list(got) == list(want)
+            for key in want:
+                assert got[key].dtype == want[key].dtype
+                assert got[key].tolist() == want[key].tolist()
 
 
 def test_a_bin_beyond_the_histogram_is_a_refusal_not_an_index_error() -> None:
