@@ -88,7 +88,7 @@ def test_the_smallest_run_reports_every_part(
     tick = size["tick"]
     assert tick["evaluated_per_round"] == 3, "every running experiment is evaluated"
     assert set(tick["first_round_ms"]) == {"retention_all", "retention_bounded"}
-    for mode in ("batched", "one_by_one"):
+    for mode in ("batched", "one_by_one", "batched_in_a_row"):
         assert tick[mode]["round_ms"] > 0 and tick[mode]["round_cpu_ms"] > 0
         assert tick[mode]["ms_per_experiment"] == pytest.approx(tick[mode]["round_ms"] / 3,
                                                                 abs=0.01)  # fmt: skip
@@ -115,5 +115,6 @@ def test_the_smallest_run_reports_every_part(
     # a figure that measured zero (CPU below the clock tick) has no ratio
     assert set(result["growth"]) <= set(result["per_unit"]["3"])
     assert "tick_cpu_ms_per_experiment" in result["growth"]
+    assert result["per_unit"]["3"]["tick_in_a_row_cpu_ms_per_experiment"] > 0
     assert all(row == {"3": 1.0} for row in result["growth"].values())
     assert len(result["load_avg"]["before"]) == 3
