@@ -483,8 +483,9 @@ def decode_seconds(raws: list[str], bins: int) -> list[tuple[int, Second]]:
     entries: list[object] = []
     heads: list[tuple[int, list[str]]] = []
     for raw in raws:
-        # orjson: a third of json's time on these fields, and stricter (no NaN, no
-        # lone surrogate), which a reader refuses further on anyway
+        # orjson: a third of json's time on these fields, and stricter: no NaN, no
+        # lone surrogate, and an integer beyond 64 bits read as a float, which no
+        # second, count or capacity check accepts
         data = orjson.loads(raw)
         if not isinstance(data, dict) or not isinstance(data.get("variants"), dict):
             raise ValueError("a partial's second field is not an object with variants")

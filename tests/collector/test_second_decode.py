@@ -5,7 +5,8 @@ the plain recomputation: on generated second fields (empty and full latencies, a
 first-byte entry sharing its total's packed texts or not, or leaving them out as
 format 3 writes it, float sums integral or not) both give the same sums field for
 field; on malformed fields both refuse, the one-pass decode with an error its readers
-report (never an IndexError).
+report (never an IndexError). Text outside strict JSON (NaN, a lone surrogate, an
+integer beyond 64 bits) is refused at the parse.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from controlplane.collector.second_partials import (
     _reservoir,
     decode_second,
     decode_seconds,
+    head_of,
     reservoir_pair,
 )
 from controlplane.collector.sharding import (
@@ -366,3 +368,33 @@ def test_a_sparse_second_gives_the_dense_row_the_field_held() -> None:
     assert sums.hist_bins.shape[0] == 3
     assert sums.hist.dtype == np.int64 and np.array_equal(sums.hist, hist)
     assert sums.hist is not sums.hist  # a row made for its caller, who may change it
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # a lone surrogate names a variant: no JSON writer of ours makes one, and a
+        # window named so could not be written out again (orjson refuses it)
+        '{"s":7,"variants":{"\\ud800":' + json.dumps({**_entry_with(), "fb": _entry_with()})
+        + "}}",
+        # NaN is not JSON (a sum of NaN was refused further on before: still refused)
+        '{"s":7,"variants":{"v":' + json.dumps({**_entry_with(), "sum": math.nan,
+                                                 "fb": _entry_with()}) + "}}",
+        # an integer beyond 64 bits parses as a float, which no second is (before, it
+        # was read as a second, and refused only when a run's array could not hold it)
+        '{"s":123456789012345678901234567890,"variants":{}}',
+    ],
+)
+def test_a_second_field_outside_strict_json_is_refused_at_the_parse(text: str) -> None:
+    with pytest.raises(ValueError):
+        decode_seconds([text], BINS)
+
+
+def test_a_head_naming_a_variant_with_a_lone_surrogate_is_refused() -> None:
+    head = {"v": 3, "collector": "c", "ts": 1.0, "alpha": 0.01, "bins": BINS,
+            "window_sec": 10, "threshold_ms": 250.0, "unacked": [], "cap": 4,
+            "variants": {"\ud800": {"sec": []}}}  # fmt: skip
+    text = json.dumps(head)  # json writes the surrogate as an escape; orjson refuses it
+    assert "\\ud800" in text
+    with pytest.raises(ValueError):
+        head_of(text)
