@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from controlplane.collector.screening import excerpt
 from controlplane.collector.second_partials import (
     HEAD_OPENINGS,
     SECOND_OPENING,
@@ -357,11 +358,23 @@ class SecondPartial(Partial):
         return runs[1 if first_byte else 0].totals(start, same_threshold=same, bins=bins)
 
 
+@dataclass(frozen=True)
+class DamagedPartial(Partial):
+    """A head of a format this reader knows (2 or 3) that does not read as one: a
+    reader that merges it refuses the window as malformed, as it refuses a damaged
+    format 1 partial or second field, rather than judging the other collectors' alone.
+    It has no newest second (never judged dead) and lists no unacked entries."""
+
+    reason: str = ""
+
+
 def parse_partials(
     fields: Mapping[str, str], *, cache: PartialCache | None = None, experiment: str = ""
 ) -> list[Partial]:
-    """The partial windows in a stats hash, of any format; unreadable ones are
-    skipped. `cache` keeps what was decoded of format 2 seconds between reads."""
+    """The partial windows in a stats hash, of any format. A field of a format this
+    reader does not know is skipped (a newer collector's, during a rolling upgrade);
+    a format 2 or 3 head that does not read is a `DamagedPartial`. `cache` keeps what
+    was decoded of format 2 seconds between reads."""
     partials: list[Partial] = []
     for name, raw in fields.items():
         if not name.startswith(PART_PREFIX) or raw.startswith(SECOND_OPENING):
@@ -369,7 +382,8 @@ def parse_partials(
         if cache is not None and raw.startswith(HEAD_OPENINGS):
             try:
                 head = cache.head(experiment, name, raw)
-            except (ValueError, TypeError, KeyError):
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                partials.append(_damaged(name, exc))
                 continue
             partials.append(SecondPartial(
                 name[len(PART_PREFIX) :], head, head_field=name, fields=fields, cache=cache,
@@ -387,13 +401,22 @@ def parse_partials(
         elif data.get("v") in SECOND_PARTIAL_VERSIONS:
             try:
                 head = head_of(raw)
-            except (ValueError, TypeError, KeyError):
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                partials.append(_damaged(name, exc))
                 continue
             partials.append(SecondPartial(
                 name[len(PART_PREFIX) :], head, head_field=name, fields=fields, cache=cache,
                 experiment=experiment,
             ))  # fmt: skip
     return partials
+
+
+def _damaged(name: str, exc: Exception) -> DamagedPartial:
+    return DamagedPartial(
+        name[len(PART_PREFIX) :], {},
+        reason=f"the head {excerpt(name)} does not read ({type(exc).__name__}: "
+        f"{excerpt(str(exc))})",
+    )  # fmt: skip
 
 
 def last_second(partial: Partial) -> int | None:
@@ -491,6 +514,9 @@ def merge_snapshots(
     chosen = sorted(partials, key=lambda p: p.ts)
     if local_collector is not None:
         chosen = [p for p in chosen if p.collector != local_collector]
+    for partial in chosen:
+        if isinstance(partial, DamagedPartial):
+            raise ValueError(partial.reason)
     newest = chosen[-1].data if chosen else None
     if window_sec is None:
         if local is not None:

@@ -256,6 +256,44 @@ def test_a_head_listing_a_second_its_fields_lack_is_a_malformed_partial() -> Non
         snapshots_of_fields("e", lying, parse_partials(lying), START)
 
 
+@pytest.mark.parametrize("cached", [False, True])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"cap": -1},  # a capacity out of bounds
+        {"variants": []},  # variants that are not an object
+        {"variants": {"canary": {"sec": ["a"]}}},  # seconds that are not integers
+    ],
+)
+def test_a_damaged_head_beside_a_sound_one_is_a_malformed_window_not_skipped(
+    damage: dict[str, object], cached: bool
+) -> None:
+    """Judging the sound collector's partial alone would judge part of the samples as
+    if they were all of them: the window is refused, as a damaged second field is."""
+    window = _window(10)
+    _feed(window, np.random.default_rng(5), START, 50)
+    fields = export_head_and_seconds(window, START, head="@part:c1", collector="c1",
+                                     unacked=[], ledger=SlotLedger())  # fmt: skip
+    damaged = json.loads(fields["@part:c1"]) | {"collector": "c2"} | damage
+    fields = fields | {"@part:c2": json.dumps(damaged, separators=(",", ":"))}
+    cache = PartialCache() if cached else None
+    partials = parse_partials(fields, cache=cache, experiment="e")
+    with pytest.raises(CodecError, match="malformed .*@part:c2"):
+        snapshots_of_fields("e", fields, partials, START, cache=cache)
+
+
+def test_a_head_of_a_format_this_reader_does_not_know_is_skipped() -> None:
+    """A newer collector's partial during a rolling upgrade: the reader judges the
+    others, as it did before it knew of that format."""
+    window = _window(10)
+    _feed(window, np.random.default_rng(5), START, 50)
+    fields = export_head_and_seconds(window, START, head="@part:c1", collector="c1",
+                                     unacked=[], ledger=SlotLedger())  # fmt: skip
+    alone = snapshots_of_fields("e", fields, parse_partials(fields), START)
+    newer = fields | {"@part:c2": json.dumps({"v": 9, "collector": "c2", "ts": START})}
+    assert snapshots_of_fields("e", newer, parse_partials(newer), START) == alone
+
+
 def test_a_reader_decodes_an_unchanged_second_once() -> None:
     window = _window(10)
     ledger = SlotLedger()

@@ -532,6 +532,9 @@ def test_a_partial_format_other_than_1_2_or_3_is_refused() -> None:
         {"v": 1, "ts": 1e12, "window_sec": 30, "variants": [], "unacked": [["x"]]},
         {"v": 1, "ts": 1e12, "window_sec": 30, "variants": {"canary": {"sec": ["a"]}},
          "unacked": "1-0"},
+        # a format 3 head that does not read (before: skipped, and not counted)
+        {"v": 3, "collector": "c9", "ts": 1e12, "cap": -1, "variants": {},
+         "unacked": ["x-1"]},
     ],
 )
 async def test_another_collectors_damaged_partial_is_counted_and_stops_nothing(
