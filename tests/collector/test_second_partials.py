@@ -278,7 +278,7 @@ def test_a_damaged_head_beside_a_sound_one_is_a_malformed_window_not_skipped(
     fields = fields | {"@part:c2": json.dumps(damaged, separators=(",", ":"))}
     cache = PartialCache() if cached else None
     partials = parse_partials(fields, cache=cache, experiment="e")
-    with pytest.raises(CodecError, match="malformed .*@part:c2"):
+    with pytest.raises(CodecError, match=r"malformed .*@part:c2"):
         snapshots_of_fields("e", fields, partials, START, cache=cache)
 
 
