@@ -210,6 +210,7 @@ class Controller:
     _owner: ShardOwnership | None = None
     _no_rule_reported: set[int] = field(default_factory=set)
     _unexpected_logged: EveryInterval = field(default_factory=EveryInterval)
+    _error_logged: EveryInterval = field(default_factory=EveryInterval)
     # per service, the rejected rule value known to be in the events table
     _rejections_recorded: dict[str, RuleRejection] = field(default_factory=dict)
     # the active experiments as last read or written, reloaded when their version
@@ -521,8 +522,13 @@ class Controller:
         except BackendError:
             raise
         except CanaryError as exc:
+            # counted every time; logged once a minute per experiment and kind: a
+            # damaged stats hash stays damaged for as many rounds as it is there
             self.stats.errors += 1
-            log.warning("experiment %d not evaluated: %s", experiment.id, exc)
+            key = (experiment.id, type(exc).__name__)
+            if self._error_logged.due(key, backends.clock.monotonic()):
+                log.warning("experiment %d not evaluated (logged once a minute per "
+                            "experiment): %s", experiment.id, exc)  # fmt: skip
         except Exception:
             # an error of this experiment's own that no check foresaw (a bug, data no
             # parser caught): it must not stop every other experiment's judgment, as

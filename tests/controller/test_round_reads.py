@@ -24,6 +24,7 @@ from controlplane.experiments.actions import apply_action
 from controlplane.experiments.lifecycle import ACTIVE, ExperimentState, LifecycleAction
 from controlplane.experiments.store import ExperimentRecord, ShardSelection
 from controlplane.kernel.clock import FakeClock
+from controlplane.kernel.errors import CodecError
 from controlplane.kernel.settings import Settings
 from controlplane.kernel.snapshots import WindowSnapshot
 from controlplane.runtime import Backends, open_backends
@@ -224,3 +225,34 @@ async def test_an_unforeseen_error_of_one_experiment_leaves_the_others_judged(
     # the trace once, not at every round
     logged = [r for r in caplog.records if "unexpected error" in r.getMessage()]
     assert len(logged) == 1 and logged[0].exc_info is not None
+
+
+async def test_an_experiment_that_cannot_be_evaluated_is_counted_each_round_logged_once(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A damaged stats hash (decision 0075: a head that does not read) stays damaged
+    round after round: each look is counted, the warning written once a minute."""
+    damaged = rig.ids[1]
+
+    async def read_or_refuse(
+        backends: Backends, experiment: str, window_sec: int
+    ) -> Mapping[str, WindowSnapshot]:
+        if experiment == str(damaged):
+            raise CodecError(f"experiment {experiment}: a partial window in the stats "
+                             "hash is malformed (the head @part:c9 does not read)")  # fmt: skip
+        return await board_snapshots(backends, experiment, window_sec)
+
+    rig.controller.snapshot_reader = read_or_refuse
+    errors = rig.controller.stats.errors
+    before = await rig.stored()
+    with caplog.at_level(logging.WARNING, logger="controlplane.controller.runner"):
+        for _ in range(3):
+            await rig.round()
+    assert rig.controller.stats.errors - errors == 3
+    assert (await rig.stored())[damaged].version == before[damaged].version
+    logged = [r for r in caplog.records if "not evaluated" in r.getMessage()]
+    assert len(logged) == 1 and "@part:c9" in logged[0].getMessage()
+    rig.clock.advance(61.0)  # a minute on: written again
+    with caplog.at_level(logging.WARNING, logger="controlplane.controller.runner"):
+        await rig.round()
+    assert len([r for r in caplog.records if "not evaluated" in r.getMessage()]) == 2
