@@ -84,7 +84,8 @@ class ControllerMetricsCollector(Collector):
             ("decisions_applied", "Decisions written (row, route, events)", s.decisions_applied),
             ("conflicts", "Rounds that lost a race on an experiment's row or route",
              s.conflicts),
-            ("errors", "Evaluations that failed (logged)", s.errors),
+            ("errors", "Evaluations that failed (logged once a minute per experiment and "
+             "kind of error)", s.errors),
             ("unexpected_errors", "Evaluations that failed with an error no check foresaw "
              "(logged with its trace once a minute per experiment; the round goes on)",
              s.unexpected_errors),
