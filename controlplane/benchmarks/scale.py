@@ -537,26 +537,26 @@ async def _ticks(rig: Rig, controller: Controller, rounds: int) -> dict[str, Any
         first[name] = round((time.perf_counter() - began) * 1000, 2)
     figures: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
     evaluations = controller.stats.evaluations
-    for i in range(rounds * 2):
-        batched = i % 2 == 0
-        controller.batched_round = batched
+
+    async def timed(into: tuple[list[float], list[float]] | None) -> None:
         cpu = time.process_time()
         began = time.perf_counter()
         await controller.evaluate_all(rig.backends, None)
-        figures[batched][0].append(time.perf_counter() - began)
-        figures[batched][1].append(time.process_time() - cpu)
+        if into is not None:
+            into[0].append(time.perf_counter() - began)
+            into[1].append(time.process_time() - cpu)
+
+    for i in range(rounds * 2):
+        batched = i % 2 == 0
+        controller.batched_round = batched
+        await timed(figures[batched])
     controller.batched_round = True
     evaluated = (controller.stats.evaluations - evaluations) / (rounds * 2)
     # what a leader keeping its tick pays: batched rounds one after another, the
     # first of them left out (it catches up on the one-by-one round before it)
     in_a_row: tuple[list[float], list[float]] = ([], [])
     for i in range(rounds + 1):
-        cpu = time.process_time()
-        began = time.perf_counter()
-        await controller.evaluate_all(rig.backends, None)
-        if i:
-            in_a_row[0].append(time.perf_counter() - began)
-            in_a_row[1].append(time.process_time() - cpu)
+        await timed(in_a_row if i else None)
     out: dict[str, Any] = {"rounds": rounds, "evaluated_per_round": evaluated,
                            "first_round_ms": {"retention_all": first["all"],
                                               "retention_bounded": first["bounded"]},
@@ -1029,9 +1029,7 @@ def _per_unit(figures: dict[str, Any]) -> dict[str, float]:
     return several | {
         "tick_ms_per_experiment": tick["batched"]["ms_per_experiment"],
         "tick_cpu_ms_per_experiment": tick["batched"]["cpu_ms_per_experiment"],
-        "tick_in_a_row_cpu_ms_per_experiment": tick.get("batched_in_a_row", {}).get(
-            "cpu_ms_per_experiment", 0.0
-        ),
+        "tick_in_a_row_cpu_ms_per_experiment": tick["batched_in_a_row"]["cpu_ms_per_experiment"],
         "tick_ms_per_experiment_one_by_one": tick["one_by_one"][
             "ms_per_experiment"
         ],

@@ -382,7 +382,7 @@ def parse_partials(
         if cache is not None and raw.startswith(HEAD_OPENINGS):
             try:
                 head = cache.head(experiment, name, raw)
-            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            except (ValueError, TypeError, KeyError) as exc:
                 partials.append(_damaged(name, exc))
                 continue
             partials.append(SecondPartial(
@@ -401,7 +401,7 @@ def parse_partials(
         elif data.get("v") in SECOND_PARTIAL_VERSIONS:
             try:
                 head = head_of(raw)
-            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            except (ValueError, TypeError, KeyError) as exc:
                 partials.append(_damaged(name, exc))
                 continue
             partials.append(SecondPartial(
