@@ -5,8 +5,9 @@ the plain recomputation: on generated second fields (empty and full latencies, a
 first-byte entry sharing its total's packed texts or not, or leaving them out as
 format 3 writes it, float sums integral or not) both give the same sums field for
 field; on malformed fields both refuse, the one-pass decode with an error its readers
-report (never an IndexError). Text outside strict JSON (NaN, a lone surrogate, an
-integer beyond 64 bits) is refused at the parse.
+report (never an IndexError). Text outside strict JSON (NaN, Infinity, a lone
+surrogate, an integer beyond 64 bits) is refused at the parse; the reference refuses
+NaN and Infinity too.
 """
 
 from __future__ import annotations
@@ -120,8 +121,15 @@ def reference_decode(entry: object, bins: int) -> dict[str, Any]:
     }
 
 
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
 def reference_decode_second(raw: str, bins: int) -> tuple[int, dict[str, Any]]:
-    data = json.loads(raw)
+    # strict JSON, as the decode's parse is: NaN and Infinity are not JSON's and no
+    # writer puts them, so a field that holds one is refused wherever it stands (the
+    # old decode let an Infinity through in `stale`, read as true)
+    data = json.loads(raw, parse_constant=_no_constant)
     if not isinstance(data, dict) or not isinstance(data.get("variants"), dict):
         raise ValueError("field")
     second = data["s"]
@@ -379,6 +387,9 @@ def test_a_sparse_second_gives_the_dense_row_the_field_held() -> None:
         + "}}",
         # NaN is not JSON (a sum of NaN was refused further on before: still refused)
         '{"s":7,"variants":{"v":' + json.dumps({**_entry_with(), "sum": math.nan,
+                                                 "fb": _entry_with()}) + "}}",
+        # nor is Infinity: the old decode read one in `stale` as true
+        '{"s":7,"variants":{"v":' + json.dumps({**_entry_with(), "stale": math.inf,
                                                  "fb": _entry_with()}) + "}}",
         # an integer beyond 64 bits parses as a float, which no second is (before, it
         # was read as a second, and refused only when a run's array could not hold it)
