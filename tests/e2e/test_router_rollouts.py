@@ -13,6 +13,7 @@ proxy keeps the route it holds.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from typing import Any
@@ -41,6 +42,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.real, pytest.mark.timeout(240)]
 
 FRONTS = ["nginx", "haproxy"]
 PROBE_USERS = [f"probe-{i}" for i in range(300)]
+PROBE_CONCURRENCY = 16
 
 
 async def probe(client: httpx.AsyncClient, headers: dict[str, str]) -> httpx.Response:
@@ -56,30 +58,35 @@ async def probe(client: httpx.AsyncClient, headers: dict[str, str]) -> httpx.Res
         return await client.get("/", headers=headers)
 
 
-async def variants_of(stack: Stack, users: list[str], **headers: str) -> dict[str, str]:
-    """The variant the proxy sends each user to (its X-Canary-Variant answer)."""
+async def answers_of(
+    stack: Stack, users: list[str], header: str, **headers: str
+) -> dict[str, str]:
+    """Each user's answer through the proxy, its `header`: asked PROBE_CONCURRENCY at a
+    time (one after another, 300 users at the upstreams' ~50 ms took 15 s a step)."""
     seen: dict[str, str] = {}
+    limit = asyncio.Semaphore(PROBE_CONCURRENCY)
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{stack.sidecar_port}", timeout=10.0, trust_env=False
     ) as client:
-        for user in users:
-            response = await probe(client, {"x-user-id": user, **headers})
+
+        async def ask(user: str) -> None:
+            async with limit:
+                response = await probe(client, {"x-user-id": user, **headers})
             assert response.status_code == 200, (user, response.status_code, response.text)
-            seen[user] = response.headers["x-canary-variant"]
+            seen[user] = response.headers[header]
+
+        await asyncio.gather(*(ask(user) for user in users))
     return seen
+
+
+async def variants_of(stack: Stack, users: list[str], **headers: str) -> dict[str, str]:
+    """The variant the proxy sends each user to (its X-Canary-Variant answer)."""
+    return await answers_of(stack, users, "x-canary-variant", **headers)
 
 
 async def upstreams_of(stack: Stack, users: list[str]) -> dict[str, str]:
     """The upstream (its X-Upstream name) that answered each user through the proxy."""
-    seen: dict[str, str] = {}
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{stack.sidecar_port}", timeout=10.0, trust_env=False
-    ) as client:
-        for user in users:
-            response = await probe(client, {"x-user-id": user})
-            assert response.status_code == 200, (user, response.status_code, response.text)
-            seen[user] = response.headers["x-upstream"]
-    return seen
+    return await answers_of(stack, users, "x-upstream")
 
 
 async def canary_version_users(stack: Stack, users: list[str]) -> set[str]:
