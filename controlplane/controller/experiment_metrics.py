@@ -128,6 +128,8 @@ class ExperimentBoard:
     experiments: dict[str, ExperimentSeries] = field(default_factory=dict)
     services: dict[str, ServiceTally] = field(default_factory=dict)
     dropped: int = 0
+    # one more at every change, which `BoardPage` compares with the page it wrote
+    version: int = 0
     # experiments refused a series, each counted once (not once per look)
     _refused: set[str] = field(default_factory=set)
 
@@ -139,6 +141,7 @@ class ExperimentBoard:
     ) -> None:
         """An experiment as a round left it (its row after the decision) and what the
         decision saw."""
+        self.version += 1
         key = str(experiment.id)
         series = self.experiments.get(key)
         if series is None:
@@ -175,6 +178,7 @@ class ExperimentBoard:
         series = self.experiments.get(str(experiment.id))
         if series is None or series.finished_at is not None:
             return
+        self.version += 1
         series.state = experiment.state.value
         series.canary_bp = experiment.canary_weight_bp
         series.breaker = experiment.breaker_state.value
@@ -190,6 +194,17 @@ class ExperimentBoard:
     def active_keys(self) -> set[str]:
         return {k for k, s in self.experiments.items() if s.finished_at is None}
 
+    def drop(self, key: str) -> None:
+        """An experiment whose series are no longer this board's to show."""
+        if self.experiments.pop(key, None) is not None:
+            self.version += 1
+
+    def clear(self) -> None:
+        """Every experiment's series gone (the services' tallies stay)."""
+        if self.experiments:
+            self.experiments.clear()
+            self.version += 1
+
     def expire(self, now: float) -> None:
         """Drop the finished experiments whose time on the board is over."""
         for key in [
@@ -198,6 +213,7 @@ class ExperimentBoard:
             if s.finished_at is not None and now - s.finished_at >= self.finished_ttl_sec
         ]:
             del self.experiments[key]
+            self.version += 1
 
     def _room(self, now: float) -> bool:
         self.expire(now)
