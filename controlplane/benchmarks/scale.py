@@ -374,12 +374,16 @@ async def _collector_counters(admin: int) -> tuple[float, float]:
 class AdminProbe:
     """The admin endpoints' /healthz and /metrics asked in turn every PROBE_EVERY_SEC
     while they work: each answer's latency (a probe unanswered within
-    PROBE_TIMEOUT_SEC counts as that long, and as missed). Asked from a thread of its
-    own, so that this process's loop (the controller's rounds) holds no probe back."""
+    PROBE_TIMEOUT_SEC counts as that long, and as missed), both together and each
+    path's own. Asked from a thread of its own, so that this process's loop (the
+    controller's rounds) holds no probe back."""
+
+    PATHS = ("/healthz", "/metrics")
 
     def __init__(self, admins: Sequence[int]) -> None:
         self.admins = list(admins)
         self.latencies: list[float] = []
+        self.by_path: dict[str, list[float]] = {path: [] for path in self.PATHS}
         self.missed = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._probe, name="admin-probe", daemon=True)
@@ -391,19 +395,23 @@ class AdminProbe:
         with httpx.Client(timeout=PROBE_TIMEOUT_SEC) as client:
             while not self._stop.is_set():
                 for admin in self.admins:
-                    for path in ("/healthz", "/metrics"):
+                    for path in self.PATHS:
                         began = time.perf_counter()
                         try:
                             client.get(f"http://127.0.0.1:{admin}{path}")
                         except httpx.HTTPError:
                             self.missed += 1
-                        self.latencies.append(time.perf_counter() - began)
+                        took = time.perf_counter() - began
+                        self.latencies.append(took)
+                        self.by_path[path].append(took)
                 self._stop.wait(PROBE_EVERY_SEC)
 
-    async def figures(self) -> dict[str, float]:
+    async def figures(self) -> dict[str, Any]:
         self._stop.set()
         await asyncio.to_thread(self._thread.join)
-        return {**(_ms(self.latencies) if self.latencies else {}), "missed": self.missed}
+        paths = {path: _ms(took) for path, took in self.by_path.items() if took}
+        return {**(_ms(self.latencies) if self.latencies else {}), "missed": self.missed,
+                "by_path": paths}  # fmt: skip
 
 
 class LoopLag:
@@ -685,7 +693,7 @@ def _leader_admin(controller: Controller) -> tuple[AdminThread, asyncio.Task[Non
 
 async def _stop_leader_admin(
     probe: AdminProbe, admin: AdminThread, beating: asyncio.Task[None]
-) -> dict[str, float]:
+) -> dict[str, Any]:
     figures = await probe.figures()
     admin.stop()
     beating.cancel()

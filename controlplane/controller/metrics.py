@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from controlplane.controller.board_page import BoardPage
 from controlplane.controller.ownership import OwnershipStats
 from controlplane.history.recorder import HistoryStats
 
@@ -58,8 +59,10 @@ class ControllerMetricsCollector(Collector):
         history: HistoryStats | None = None,
         ownership: OwnershipStats | None = None,
         shards: int = 0,
+        board_page: BoardPage | None = None,
     ) -> None:
         self._stats = stats
+        self._board_page = board_page
         self._prefix = prefix
         self._history = history or HistoryStats()
         self._ownership = ownership
@@ -162,3 +165,12 @@ class ControllerMetricsCollector(Collector):
             )  # fmt: skip
         for name, help_text, value in counters:
             yield CounterMetricFamily(f"{p}_{name}", help_text, value=value)
+        page = self._board_page
+        if page is not None:
+            pages = CounterMetricFamily(
+                f"{p}_board_pages", "Pages of the experiments' series written for /metrics, "
+                "by who wrote them: a round's end (on the loop) or a scrape", labels=["by"],
+            )  # fmt: skip
+            pages.add_metric(["round"], page.written_by_rounds)
+            pages.add_metric(["scrape"], page.written_by_scrapes)
+            yield pages

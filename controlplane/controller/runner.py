@@ -243,7 +243,7 @@ class Controller:
         """Its counters for the API's /metrics (the app registers it)."""
         return ControllerMetricsCollector(
             self.stats, history=self.history.stats, ownership=self.ownership,
-            shards=self.shards,
+            shards=self.shards, board_page=self.board_page,
         )
 
     def metrics_text(self) -> str:
