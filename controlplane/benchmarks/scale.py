@@ -59,7 +59,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -375,42 +374,26 @@ class AdminProbe:
     """The admin endpoints' /healthz and /metrics asked in turn every PROBE_EVERY_SEC
     while they work: each answer's latency (a probe unanswered within
     PROBE_TIMEOUT_SEC counts as that long, and as missed), both together and each
-    path's own. Asked from a thread of its own, so that this process's loop (the
-    controller's rounds) holds no probe back."""
-
-    PATHS = ("/healthz", "/metrics")
+    path's own. Asked from a process of its own (`admin_probe`), as a kubelet or
+    Prometheus asks: a thread of this process, which runs the leader's rounds, waited
+    for its GIL at every send and receive."""
 
     def __init__(self, admins: Sequence[int]) -> None:
-        self.admins = list(admins)
-        self.latencies: list[float] = []
-        self.by_path: dict[str, list[float]] = {path: [] for path in self.PATHS}
-        self.missed = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._probe, name="admin-probe", daemon=True)
-        self._thread.start()
-
-    def _probe(self) -> None:
-        import httpx
-
-        with httpx.Client(timeout=PROBE_TIMEOUT_SEC) as client:
-            while not self._stop.is_set():
-                for admin in self.admins:
-                    for path in self.PATHS:
-                        began = time.perf_counter()
-                        try:
-                            client.get(f"http://127.0.0.1:{admin}{path}")
-                        except httpx.HTTPError:
-                            self.missed += 1
-                        took = time.perf_counter() - began
-                        self.latencies.append(took)
-                        self.by_path[path].append(took)
-                self._stop.wait(PROBE_EVERY_SEC)
+        command = [sys.executable, "-m", "controlplane.benchmarks.admin_probe",
+                   str(PROBE_EVERY_SEC), str(PROBE_TIMEOUT_SEC), *map(str, admins)]  # fmt: skip
+        self._child = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
 
     async def figures(self) -> dict[str, Any]:
-        self._stop.set()
-        await asyncio.to_thread(self._thread.join)
-        paths = {path: _ms(took) for path, took in self.by_path.items() if took}
-        return {**(_ms(self.latencies) if self.latencies else {}), "missed": self.missed,
+        out, _ = await asyncio.to_thread(self._child.communicate, "", PROBE_TIMEOUT_SEC * 4)
+        if self._child.returncode != 0:
+            raise RuntimeError(f"the admin probe exited with {self._child.returncode}")
+        found = json.loads(out)
+        by_path: dict[str, list[float]] = found["latencies"]
+        every = [one for took in by_path.values() for one in took]
+        paths = {path: _ms(took) for path, took in by_path.items() if took}
+        return {**(_ms(every) if every else {}), "missed": found["missed"],
                 "by_path": paths}  # fmt: skip
 
 
