@@ -94,10 +94,8 @@ def register(app: typer.Typer) -> None:
             # a controller or a collector measured in this process runs as it would
             # in `canary serve` or `canary collector`
             from controlplane.kernel.gc_policy import for_long_running_process
-            from controlplane.kernel.switch_interval import for_answering_threads
 
             for_long_running_process()
-            for_answering_threads()
         try:
             result: dict[str, Any] = run(**options)
         except ValueError as exc:  # a bad --only, --workers or --replicas

@@ -205,7 +205,6 @@ def run_api(
     from controlplane.kernel.admin_thread import Heartbeat
     from controlplane.kernel.clock import SystemClock
     from controlplane.kernel.gc_policy import export_gc_metrics, for_long_running_process
-    from controlplane.kernel.switch_interval import for_answering_threads
 
     options = tls_options(settings)
     secure = bool(options)  # uvicorn's ssl_* options, when the API serves TLS
@@ -251,7 +250,6 @@ def run_api(
                                    admin_port, token=admin_token(settings.admin_token_file))
     export_gc_metrics(app.state.metrics.registry)
     for_long_running_process()
-    for_answering_threads()
     try:
         with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
             received = runner.run(serve_app(uvicorn.Server(config), app))

@@ -29,7 +29,6 @@ from controlplane.kernel.sample_keys import SampleKeys
 from controlplane.kernel.settings import Settings, parse_host_port
 from controlplane.kernel.signals import on_stop_signals
 from controlplane.kernel.streams_factory import open_streams
-from controlplane.kernel.switch_interval import for_answering_threads
 
 log = logging.getLogger("canary.collector")
 LIVENESS_BOUND_SEC = 30.0
@@ -78,7 +77,6 @@ async def run_collector(
     beating = asyncio.create_task(heartbeat.run())
     export_gc_metrics(collector.metrics.registry)
     for_long_running_process()
-    for_answering_threads()
     log.info("collector %s started", collector.name)
     try:
         with on_stop_signals(stop.set):
