@@ -386,7 +386,14 @@ class AdminProbe:
         )
 
     async def figures(self) -> dict[str, Any]:
-        out, _ = await asyncio.to_thread(self._child.communicate, "", PROBE_TIMEOUT_SEC * 4)
+        try:
+            out, _ = await asyncio.to_thread(
+                self._child.communicate, "", PROBE_TIMEOUT_SEC * 4
+            )
+        except subprocess.TimeoutExpired:
+            self._child.kill()
+            self._child.wait()
+            raise RuntimeError("the admin probe did not report after its stdin closed") from None
         if self._child.returncode != 0:
             raise RuntimeError(f"the admin probe exited with {self._child.returncode}")
         found = json.loads(out)
