@@ -650,6 +650,9 @@ async def _trips(
             "alarmed_experiments": await _alarmed_since(backends, trips_wall),
             "to_sql": _ms(sql_s) if sql_s else None,
             "to_sidecar_route": _ms(route_s) if route_s else None,
+            # trip by trip, in the order they ran: which one a slow figure was
+            "each_ms": {"to_sql": [round(s * 1000, 1) for s in sql_s],
+                        "to_sidecar_route": [round(s * 1000, 1) for s in route_s]},
             "leader_rounds_to_sql": round(statistics.median(rounds), 2) if rounds else None,
             "leader_rounds_per_s": round(rounds_per_s, 3),
             "leader_loop_lag": await lag.figures(),

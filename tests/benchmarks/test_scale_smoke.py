@@ -100,6 +100,9 @@ def test_the_smallest_run_reports_every_part(
     assert trip["to_sidecar_route"]["p50_ms"] >= trip["to_sql"]["p50_ms"] > 0
     # the leader's admin listener answered its probes throughout
     assert trip["leader_admin"]["n"] > 0 and trip["leader_admin"]["missed"] == 0
+    # trip by trip, as many as the summary counts
+    assert len(trip["each_ms"]["to_sql"]) == trip["to_sql"]["n"]
+    assert len(trip["each_ms"]["to_sidecar_route"]) == trip["to_sidecar_route"]["n"]
     # each path's own figures, which together are the whole
     paths = trip["leader_admin"]["by_path"]
     assert set(paths) == {"/healthz", "/metrics"}
