@@ -20,7 +20,9 @@ from typing import Any
 PATHS = ("/healthz", "/metrics")
 
 
-def probe(ports: list[int], every: float, timeout: float, stop: threading.Event) -> Any:
+def probe(
+    ports: list[int], every: float, timeout: float, stop: threading.Event
+) -> dict[str, Any]:
     """Each path's latencies in seconds (an answer not within `timeout` counts as
     that long, and as missed), until `stop`."""
     import httpx

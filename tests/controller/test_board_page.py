@@ -11,21 +11,14 @@ from hypothesis import strategies as st
 from controlplane.controller.board_page import BoardPage
 from controlplane.controller.experiment_metrics import ExperimentBoard, board_exposition
 from controlplane.experiments.lifecycle import ExperimentState
+from controlplane.kernel.clock import FakeClock
 from tests.controller.test_experiment_metrics import record
 from tests.decision.test_rollout import tripped
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def page_of(board: ExperimentBoard) -> tuple[BoardPage, Clock]:
-    clock = Clock()
-    return BoardPage(board, clock=clock, wanted_for_sec=60.0), clock
+def page_of(board: ExperimentBoard) -> tuple[BoardPage, FakeClock]:
+    clock = FakeClock()
+    return BoardPage(board, clock=clock.monotonic, wanted_for_sec=60.0), clock
 
 
 def test_an_unchanged_board_is_written_once_for_any_number_of_scrapes() -> None:
@@ -72,7 +65,7 @@ def test_nobody_scraping_no_round_writes_the_page() -> None:
     board = ExperimentBoard()
     page, clock = page_of(board)
     page.text()  # one scrape, then none
-    clock.now += 61.0
+    clock.advance(61.0)
     for i in range(3):
         page.round_began()
         board.observe(record(i + 1), None, float(i))
@@ -104,7 +97,7 @@ def test_out_of_a_round_every_scrape_is_the_board_as_it_is(
     now = 0.0
     for action, n in steps:
         now += 1.0
-        clock.now += 1.0
+        clock.advance(1.0)
         if action == "observe":
             board.observe(record(n), tripped().evidence if n % 2 else None, now)
         elif action == "finish":
