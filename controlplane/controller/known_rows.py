@@ -75,8 +75,18 @@ class KnownRows:
         if record.id in self._rows:
             self._rows[record.id] = _Known(record, state, parsed=True)
 
+    def remember(self, experiment: ExperimentRecord, state: RolloutState) -> None:
+        """A look's memory kept here and not written (`only_look_time`): the next look
+        of the same record starts from it. A record read again (another version) starts
+        from what it stores."""
+        known = self._rows.get(experiment.id)
+        if known is not None and known.record is experiment:
+            known.state = state
+            known.parsed = True
+
     def stored_state(self, experiment: ExperimentRecord) -> RolloutState | None:
-        """The experiment's stored rollout memory, parsed once per record held.
+        """The experiment's rollout memory: as stored, parsed once per record held, or
+        as a look `remember`ed it since.
         KeyError, TypeError or ValueError when it is unreadable."""
         known = self._rows.get(experiment.id)
         if known is None or known.record is not experiment:

@@ -18,6 +18,8 @@ from controlplane.history.recorder import HistoryStats
 class ControllerStats:
     evaluations: int = 0
     decisions_applied: int = 0
+    # looks that moved only the time of the snapshot judged: kept, not written (0077)
+    looks_kept: int = 0
     conflicts: int = 0
     errors: int = 0
     # of which errors no check foresaw (a bug, data no parser caught): logged with
@@ -85,6 +87,8 @@ class ControllerMetricsCollector(Collector):
             ("evaluations", "Experiment evaluations (one per active experiment per round)",
              s.evaluations),
             ("decisions_applied", "Decisions written (row, route, events)", s.decisions_applied),
+            ("looks_kept", "Looks that moved only the time of the snapshot judged: kept "
+             "in the controller's memory, not written", s.looks_kept),
             ("conflicts", "Rounds that lost a race on an experiment's row or route",
              s.conflicts),
             ("errors", "Evaluations that failed (logged once a minute per experiment and "

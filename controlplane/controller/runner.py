@@ -166,6 +166,20 @@ def only_memory(state: RolloutState, decision: Decision) -> bool:
     ) == (state.status, state.breaker, state.step_index, state.canary_bp)
 
 
+def only_look_time(state: RolloutState, decision: Decision) -> bool:
+    """Does the decision move nothing but the time of the snapshot last judged (pure)?
+    A look at a window built at `now` does at every look, and such a decision is kept
+    in the controller's memory, not written (decision 0077): judging that snapshot
+    again, as a leader reading the row after a failover would, changes nothing else
+    either."""
+    new = decision.new_state
+    return (
+        not decision.effects
+        and new.last_snapshot_ts != state.last_snapshot_ts
+        and new.with_changes(last_snapshot_ts=state.last_snapshot_ts) == state
+    )
+
+
 @dataclass
 class Controller:
     """A BackgroundService for the API's lifespan (see controlplane.runtime)."""
@@ -723,6 +737,11 @@ class Controller:
         changed = decision.new_state != state or bool(decision.effects)
         if span is not None:
             span.set_attributes(decision_attributes(decision, changed))
+        if changed and only_look_time(state, decision):
+            # three looks in four at N = 1,000 moved only this, and wrote the row
+            self.known_rows.remember(experiment, decision.new_state)
+            self.stats.looks_kept += 1
+            changed = False
         if not changed:
             self.suspects.observe(experiment.id, decision.new_state, now)
             self.experiment_board.observe(experiment, decision.evidence, now)

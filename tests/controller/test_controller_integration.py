@@ -352,7 +352,9 @@ async def test_a_round_commits_every_memory_only_decision_in_one_transaction(rig
     counting = CountingStore(rig.backends.store)
     rig.backends.store = counting  # type: ignore[assignment]
     try:
-        rig.clock.advance(1.0)
+        # past the window: the checkout's look starts its no-data clock (a look that
+        # moved only the time of its window would be kept, not written: decision 0077)
+        rig.clock.advance(RULE.window_sec + 1.0)
         applied = rig.controller.stats.decisions_applied
         await rig.controller.evaluate_all(rig.backends, rig.fence)
     finally:
@@ -387,7 +389,7 @@ async def test_a_row_moved_during_the_round_keeps_its_change_and_the_others_are_
     before = await _versions(rig, rig.experiment_id, cart)
     conflicts = rig.controller.stats.conflicts
     rig.controller._commit_memory = raced  # type: ignore[method-assign]
-    rig.clock.advance(1.0)
+    rig.clock.advance(RULE.window_sec + 1.0)  # both looks start a no-data clock
     await rig.controller.evaluate_all(rig.backends, rig.fence)
     after = await _versions(rig, rig.experiment_id, cart)
     assert after[0] == before[0] + 1, "the other experiment's memory is saved"

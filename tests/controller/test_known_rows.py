@@ -89,6 +89,26 @@ def test_the_controllers_own_write_is_known_at_its_new_version() -> None:
     assert len(known) == 1
 
 
+def test_a_remembered_look_is_where_the_next_look_of_that_record_starts() -> None:
+    known = KnownRows()
+    memory = start(ABSOLUTE_STEPS, 0.0).new_state
+    record = _record(1, 1, memory=json.loads(json.dumps(memory.to_dict())))
+    known.refresh(_listing((1, 1)), [record], ACTIVE)
+    looked = memory.with_changes(last_snapshot_ts=12.5)
+    known.remember(record, looked)
+    assert known.stored_state(record) is looked
+    assert known.stale(_listing((1, 1))) == []  # nothing was written: same version
+    # another record of the row (read again at a new version) starts from what it stores
+    again = _record(1, 2, memory=record.rollout_state)
+    known.refresh(_listing((1, 2)), [again], ACTIVE)
+    assert known.stored_state(again) == memory
+    # a record not held is not remembered
+    known.remember(record, looked)
+    assert known.stored_state(again) == memory
+    known.remember(_record(9, 1), looked)
+    assert len(known) == 1
+
+
 def test_stored_memory_is_parsed_once_per_record_held() -> None:
     known = KnownRows()
     memory = start(ABSOLUTE_STEPS, 0.0).new_state

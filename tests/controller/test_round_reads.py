@@ -59,11 +59,10 @@ class Rig:
             await tx.run(write)
 
 
-@pytest.fixture
-async def rig(backend_settings: Settings) -> AsyncIterator[Rig]:
-    upgrade(backend_settings.database_url)
+async def _rig(settings: Settings, *, streams: bool) -> AsyncIterator[Rig]:
+    upgrade(settings.database_url)
     clock = FakeClock()
-    backends = await open_backends(backend_settings, clock=clock, streams=False)
+    backends = await open_backends(settings, clock=clock, streams=streams)
     try:
         ids = [int(e) for e, _ in await _create(backends, 4, False)]
         controller = Controller(identity="rounds")
@@ -74,6 +73,19 @@ async def rig(backend_settings: Settings) -> AsyncIterator[Rig]:
             await controller.stop()
     finally:
         await backends.close()
+
+
+@pytest.fixture
+async def rig(backend_settings: Settings) -> AsyncIterator[Rig]:
+    async for made in _rig(backend_settings, streams=False):
+        yield made
+
+
+@pytest.fixture
+async def fed(backend_settings: Settings) -> AsyncIterator[Rig]:
+    """`rig` with a stats board, which `_publish` feeds."""
+    async for made in _rig(backend_settings, streams=True):
+        yield made
 
 
 def _without_memory(record: ExperimentRecord) -> ExperimentRecord:
@@ -256,3 +268,87 @@ async def test_an_experiment_that_cannot_be_evaluated_is_counted_each_round_logg
     with caplog.at_level(logging.WARNING, logger="controlplane.controller.runner"):
         await rig.round()
     assert len([r for r in caplog.records if "not evaluated" in r.getMessage()]) == 2
+
+
+async def _publish(rig: Rig, windows: dict[int, Any], ledgers: dict[int, Any]) -> None:
+    """A second of samples to every experiment, published as a collector does."""
+    import numpy as np
+
+    from controlplane.benchmarks.round import _batch
+    from controlplane.collector.second_partials import export_head_and_seconds
+    from controlplane.collector.sharding import part_field
+
+    assert rig.backends.board is not None
+    now = rig.clock.now()
+    fields = {}
+    for experiment_id, window in windows.items():
+        window.record(_batch(np.random.default_rng(experiment_id), 50, now), now)
+        fields[str(experiment_id)] = export_head_and_seconds(
+            window, now, head=part_field("c1"), collector="c1", unacked=[],
+            ledger=ledgers[experiment_id],
+        )  # fmt: skip
+        ledgers[experiment_id].sent()
+    await rig.backends.board.write_many(fields)
+
+
+async def test_a_look_that_moves_only_the_snapshot_time_is_kept_not_written(
+    fed: Rig,
+) -> None:
+    """A window built at the look's instant is newer at every look: such a look is
+    remembered by the controller and the next one starts from it, but the row is not
+    written (decision 0077); a row read again starts from what it stores."""
+    from controlplane.collector.second_partials import SlotLedger
+    from controlplane.collector.windows import ExperimentWindow, WindowConfig
+    from controlplane.controller import runner
+    from controlplane.decision.model import RolloutState
+
+    t0 = fed.clock.now()
+    windows = {
+        i: ExperimentWindow(str(i), WindowConfig(10, 250.0), clock_now=t0 - 12, seed=1)
+        for i in fed.ids
+    }
+    ledgers = {i: SlotLedger() for i in fed.ids}
+    judged: list[tuple[int, RolloutState]] = []
+    decide = runner.decide
+
+    def seen(
+        state: RolloutState, snapshots: Mapping[str, WindowSnapshot], *args: Any, **kwargs: Any
+    ) -> Any:
+        judged.append((int(snapshots["canary"].experiment), state))
+        return decide(state, snapshots, *args, **kwargs)
+
+    runner.decide = seen  # type: ignore[assignment]
+    try:
+        for _ in range(3):
+            fed.clock.advance(1.0)
+            await _publish(fed, windows, ledgers)
+            await fed.round()
+        written = await fed.stored()
+        applied = fed.controller.stats.decisions_applied
+        kept = fed.controller.stats.looks_kept
+        judged.clear()
+        for _ in range(3):  # the same second, looked at again at later instants
+            await fed.round()
+        assert fed.controller.stats.decisions_applied == applied
+        assert fed.controller.stats.looks_kept == kept + 3 * len(fed.ids)
+        assert await fed.stored() == written  # no version moved, nothing rewritten
+        # each look started from the one before it, not from the row
+        for experiment_id in fed.ids:
+            times = [s.last_snapshot_ts for i, s in judged if i == experiment_id]
+            assert times[0] is not None
+            assert times == [times[0], times[0] + 0.25, times[0] + 0.5]
+            stored = (written[experiment_id].rollout_state or {})["last_snapshot_ts"]
+            assert stored < times[0]  # the first look's, the only one written
+        last = times[-1]
+        # another writer moves a row: it is read again, and judged from what it stores
+        await fed.bump(fed.ids[0])
+        judged.clear()
+        await fed.round()
+        moved = {i: s.last_snapshot_ts for i, s in judged}
+        assert moved.pop(fed.ids[0]) == (written[fed.ids[0]].rollout_state or {})[
+            "last_snapshot_ts"
+        ]
+        assert list(moved.values()) == [last + 0.25] * (len(fed.ids) - 1)
+        await _assert_held_as_stored(fed)
+    finally:
+        runner.decide = decide  # type: ignore[assignment]
