@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, str] = {
     "sidecar-resources": "controlplane.benchmarks.sidecar_resources:run",
     "sample-path": "controlplane.benchmarks.sample_path:run",
     "control": "controlplane.benchmarks.control:run",
+    "full-pass": "controlplane.benchmarks.full_pass:run",
     "notify": "controlplane.benchmarks.notify:run",
     "history": "controlplane.benchmarks.history:run",
     "overload": "controlplane.benchmarks.overload:run",

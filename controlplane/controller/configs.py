@@ -19,7 +19,7 @@ the pass, which removes it. Until the import is recorded no key is removed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -102,10 +102,16 @@ class ConfigReconciler:
         self._listed.clear()
         self._imported.clear()
 
-    async def reconcile(self, backends: Backends, fence: Fence | None) -> bool:
-        """One pass over every config of every kind; True after a lost race."""
+    async def reconcile(
+        self, backends: Backends, fence: Fence | None,
+        before_each: Callable[[], Awaitable[bool]] | None = None,
+    ) -> bool:  # fmt: skip
+        """One pass over every config of every kind; True after a lost race.
+        `before_each` runs before each kind (what the caller must not keep waiting)."""
         again = False
         for kind in ConfigKind:
+            if before_each is not None:
+                again = await before_each() or again
             again = await self._reconcile_kind(backends, fence, kind) or again
         return again
 

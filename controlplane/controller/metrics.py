@@ -31,6 +31,8 @@ class ControllerStats:
     routes_reconciled: int = 0
     routes_published: int = 0
     reconcile_passes: int = 0
+    # routes a commit announced during a full pass, written between its parts
+    routes_ahead_of_full_pass: int = 0
     revision_polls: int = 0
     route_notices_dropped: int = 0
     window_rules_published: int = 0
@@ -115,6 +117,9 @@ class ControllerMetricsCollector(Collector):
              "unreadable or unowned (each also a route_reconciled event)", s.routes_reconciled),
             ("reconcile_passes", "Passes of the route reconciler (full or after a commit)",
              s.reconcile_passes),
+            ("routes_ahead_of_full_pass", "Routes whose commit was announced during a full "
+             "pass of the reconciler, written between its parts rather than after it",
+             s.routes_ahead_of_full_pass),
             ("revision_polls", "Polls of the desired routes' revisions (SQLite, which has no "
              "NOTIFY): a pass follows only for the services that moved", s.revision_polls),
             ("routes_published", "Routes written to etcd by the reconciler",

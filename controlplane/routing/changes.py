@@ -51,6 +51,17 @@ class RouteChanges:
         self._full = True
         self._event.set()
 
+    def take_services(self) -> frozenset[str]:
+        """The services notified since the last call or wait, taken without waiting;
+        none while a full pass is asked (it covers them). A config or full notice
+        stays for the next `wait`."""
+        if self._full or not self._pending:
+            return frozenset()
+        taken, self._pending = frozenset(self._pending), set()
+        if not self._configs:
+            self._event.clear()
+        return taken
+
     async def wait(self, timeout: float) -> Wake:
         """The changes notified since the last call, waiting up to `timeout` seconds
         for one; an empty Wake when none came."""

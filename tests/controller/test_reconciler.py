@@ -82,6 +82,43 @@ async def test_a_decision_reaches_etcd_from_the_wake_up_its_commit_sends(rig: Ri
     assert await rig.events() == []  # the ordinary path is no repair
 
 
+async def test_a_trip_committed_during_a_full_pass_is_written_before_the_pass_goes_on(
+    rig: Rig,
+) -> None:
+    """A full pass takes seconds at a thousand services on a busy leader: a route
+    committed meanwhile is written between its parts, not after the whole pass."""
+    eid = await rig.start()
+    await rig.full_pass()
+    await rig.backends.route_changes.wait(0)  # take the start's wake-up
+    reconciler = rig.reconciler
+    windows = reconciler.reconcile_windows
+    committed: list[Route | None] = []
+    seen_by_configs: list[Route | None] = []
+
+    async def trip_meanwhile(backends: Any, fence: Any) -> bool:
+        if not committed:  # after the pass read the routes: the commit is news to it
+            committed.append(await decide_trip(rig, eid))
+        return await windows(backends, fence)
+
+    kinds = reconciler.configs._reconcile_kind
+
+    async def configs_look(backends: Any, fence: Any, kind: Any) -> bool:
+        seen_by_configs.append(await rig.stored())
+        return await kinds(backends, fence, kind)
+
+    reconciler.reconcile_windows = trip_meanwhile  # type: ignore[method-assign]
+    reconciler.configs._reconcile_kind = configs_look  # type: ignore[method-assign]
+    ahead = reconciler.stats.routes_ahead_of_full_pass
+    await rig.full_pass()
+    assert committed[0] is not None and committed[0].weight_of("canary") == 0
+    # the configs' part of the pass found the trip in etcd already
+    assert seen_by_configs and all(route == committed[0] for route in seen_by_configs)
+    assert reconciler.stats.routes_ahead_of_full_pass == ahead + 1
+    # and the wake-up was taken: no second pass over it follows
+    wake = await rig.backends.route_changes.wait(0)
+    assert not wake.services
+
+
 async def test_a_decision_whose_commit_fails_reaches_nothing(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
