@@ -14,7 +14,9 @@ commit to its route in etcd.
 Both ways in turn in the same run, `TRIPS` trips each: the routes of a commit
 announced during a full pass written between its parts (`ahead`, decision 0078) and
 after the whole pass (`after_pass`, as before). Reported per way: P50 / P95 / max of
-commit → route, the trips committed during a full pass, and the full passes' length.
+commit → route, the trips committed during a full pass, and the full passes' length;
+and before the trips, one full pass's CPU with nothing else running
+(`full_pass_cpu_ms`).
 """
 
 from __future__ import annotations
@@ -143,6 +145,21 @@ async def _way(
     }
 
 
+async def _pass_cpu(backends: Any, fence: Any) -> float:
+    """One full pass's CPU with nothing else running, the median of three after a first
+    (which writes what etcd lacks): what a leader pays every `full_pass_sec`."""
+    from controlplane.controller.reconciler import RouteReconciler
+
+    reconciler = RouteReconciler()
+    await reconciler.reconcile(backends, fence)
+    cpus = []
+    for _ in range(3):
+        began = time.process_time()
+        await reconciler.reconcile(backends, fence)
+        cpus.append((time.process_time() - began) * 1000)
+    return round(statistics.median(cpus), 1)
+
+
 async def _measure(n: int, trips: int, etcd: str, progress: bool) -> dict[str, Any]:
     from controlplane.benchmarks.scale import _create
     from controlplane.db.migrate import upgrade
@@ -163,7 +180,7 @@ async def _measure(n: int, trips: int, etcd: str, progress: bool) -> dict[str, A
             made = await _create(backends, n, progress)
             rng = random.Random(7)
             rng.shuffle(made)
-            result: dict[str, Any] = {}
+            result: dict[str, Any] = {"full_pass_cpu_ms": await _pass_cpu(backends, fence)}
             # in turn, a round each, so that the machine's load falls on both alike
             halves: dict[str, list[dict[str, Any]]] = {"ahead": [], "after_pass": []}
             for round_ in range(2):

@@ -26,12 +26,13 @@ from functools import partial
 from typing import Any, TypeVar
 
 from controlplane.controller.metrics import ControllerStats
+from controlplane.controller.parsed_by_text import ParsedByText
 from controlplane.controller.value_plan import StoredValue, ValueChange, ValueFound, plan_values
 from controlplane.db import experiments as records
 from controlplane.db import service_configs as desired_configs
 from controlplane.experiments.events import EventKind
 from controlplane.kernel.clock import utc_now
-from controlplane.kernel.errors import RevisionConflict, ValidationFailed
+from controlplane.kernel.errors import CodecError, RevisionConflict, ValidationFailed
 from controlplane.kernel.keys import is_service_name
 from controlplane.kernel.kv import Fence, KeyValueStore
 from controlplane.kernel.service_configs import (
@@ -95,6 +96,13 @@ class ConfigReconciler:
     # the kinds whose whole prefix this leader has read this term
     _listed: set[ConfigKind] = field(default_factory=set)
     _imported: set[ConfigKind] = field(default_factory=set)
+    # per kind, what etcd and SQL hold, parsed once per text (parsed_by_text.py)
+    _stored: dict[ConfigKind, ParsedByText[str, bytes, ServiceConfig]] = field(
+        default_factory=dict
+    )
+    _desired: dict[ConfigKind, ParsedByText[str, Any, ServiceConfig]] = field(
+        default_factory=dict
+    )
 
     def new_term(self) -> None:
         """A new term trusts nothing it remembers."""
@@ -119,15 +127,15 @@ class ConfigReconciler:
         self, backends: Backends, fence: Fence | None, kind: ConfigKind
     ) -> bool:
         prefix = kind.prefix(backends.keys)
-        stored = await read_values(
-            backends.kv, prefix, is_service_name,
-            lambda service, raw: parse_config(kind, service, raw),
-        )
+        parsed = self._stored.setdefault(kind, ParsedByText(partial(parse_config, kind)))
+        stored = await read_values(backends.kv, prefix, is_service_name, parsed.get)
+        parsed.keep(stored)
         if kind not in self._imported:
             await self._import(backends, fence, kind, stored)
             self._imported.add(kind)
-        desired, unreadable = await backends.database.read(
-            desired_configs.desired_configs, kind=kind
+        desired, unreadable = self._desired_of(
+            kind,
+            await backends.database.read(desired_configs.desired_config_documents, kind=kind),
         )
         for service in sorted(unreadable):
             log.warning("the desired %s of %r is unreadable: its key in etcd is left alone",
@@ -162,6 +170,24 @@ class ConfigReconciler:
                 self._seen[kind.key(backends.keys, service)] = value.mod_revision
         self._listed.add(kind)
         return again
+
+    def _desired_of(
+        self, kind: ConfigKind, documents: Mapping[str, Any]
+    ) -> tuple[dict[str, ServiceConfig], frozenset[str]]:
+        """The desired configs by service, and the services whose row does not read
+        (their key in etcd is left alone), each document parsed once per text."""
+        parsed = self._desired.setdefault(
+            kind, ParsedByText(partial(desired_configs.config_of_document, kind))
+        )
+        parsed.keep(documents)
+        found: dict[str, ServiceConfig] = {}
+        unreadable: set[str] = set()
+        for service, document in documents.items():
+            try:
+                found[service] = parsed.get(service, document)
+            except CodecError:
+                unreadable.add(service)
+        return found, frozenset(unreadable)
 
     async def _record_repair(
         self, backends: Backends, fence: Fence | None, kind: ConfigKind,

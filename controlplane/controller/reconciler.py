@@ -47,6 +47,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from controlplane.controller.configs import ConfigReconciler, apply_change, read_values
 from controlplane.controller.metrics import ControllerStats
+from controlplane.controller.parsed_by_text import ParsedByText
 from controlplane.controller.route_plan import (
     Found,
     RouteOp,
@@ -119,11 +120,12 @@ def is_service_name(name: str) -> bool:
     return True
 
 
-def stored_of(value: KeyValue) -> Stored:
+def _readable_route(_key: str, raw: bytes) -> Route | None:
+    """The route a key in etcd holds; None when it does not read."""
     try:
-        return Stored(parse_route(value.value), value.mod_revision)
+        return parse_route(raw)
     except ValidationFailed:
-        return Stored(None, value.mod_revision)
+        return None
 
 
 def _window_bytes(rule: WindowRule) -> bytes:
@@ -148,6 +150,13 @@ class RouteReconciler:
     ahead_of_full_pass: bool = True
     # wake-ups a full pass took between its parts (`_woken_meanwhile`), ever
     _wakes_taken: int = 0
+    # the routes read from etcd and from SQL, parsed once per text (parsed_by_text.py)
+    _stored_routes: ParsedByText[str, bytes, Route | None] = field(
+        default_factory=lambda: ParsedByText(_readable_route)
+    )
+    _desired_routes: ParsedByText[str, tuple[int, Any], Route] = field(
+        default_factory=lambda: ParsedByText(desired_routes.route_of_document)
+    )
 
     # ------------------------------------------------------------------ the loop
 
@@ -270,9 +279,14 @@ class RouteReconciler:
         """The routes of `services` (None: of every service) made what SQL says; True
         after a lost race."""
         stored = await self._read_stored(backends, services)
-        desired = await backends.database.read(
-            desired_routes.desired_routes, services=services
+        documents = await backends.database.read(
+            desired_routes.desired_route_documents, services=services
         )
+        desired = {
+            service: self._desired_routes.get(service, row) for service, row in documents.items()
+        }
+        if services is None:
+            self._desired_routes.keep(documents)
         if services is None:
             self._reconciled = {service: route.revision for service, route in desired.items()}
         else:
@@ -338,17 +352,24 @@ class RouteReconciler:
             for service in services:
                 value = await backends.kv.get(backends.keys.route(service))
                 if value is not None:
-                    found[service] = stored_of(value)
+                    found[service] = self._stored(value)
             return found
         prefix = backends.keys.routes_prefix
         values, _ = await backends.kv.get_prefix(prefix)
         wanted = None if services is None else set(services)
-        return {
-            name: stored_of(value)
+        found = {
+            name: self._stored(value)
             for value in values
             if (name := value.key[len(prefix):]) and (wanted is None or name in wanted)
             and is_service_name(name)
         }
+        if services is None:
+            self._stored_routes.keep({value.key for value in values})
+        return found
+
+    def _stored(self, value: KeyValue) -> Stored:
+        """The key's route and mod revision, its route parsed once per text."""
+        return Stored(self._stored_routes.get(value.key, value.value), value.mod_revision)
 
     def _plan(self, service: str, desired: Route | None, stored: Stored | None) -> RoutePlan | None:
         """What to write for `service`; None when etcd holds what SQL says."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
@@ -24,15 +25,22 @@ ROUTES_CHANNEL = "canary_routes"
 
 
 def _route_of(row: ServiceRoute) -> Route:
+    return route_of_document(row.service, (row.revision, row.route))
+
+
+def route_of_document(service: str, row: tuple[int, Any]) -> Route:
+    """A desired route from its row's revision and document (pure); CodecError when
+    the document does not read or names another revision."""
+    revision, document = row
     try:
-        route = parse_route(row.route)
+        route = parse_route(document)
     except ValidationFailed as exc:
         # written by this code only; unreadable means a hand edit or a bug: never publish it
-        raise CodecError(f"the desired route of {row.service!r} is unreadable: {exc}") from exc
-    if route.revision != row.revision:
+        raise CodecError(f"the desired route of {service!r} is unreadable: {exc}") from exc
+    if route.revision != revision:
         raise CodecError(
-            f"the desired route of {row.service!r} says revision {route.revision}, "
-            f"its row {row.revision}"
+            f"the desired route of {service!r} says revision {route.revision}, "
+            f"its row {revision}"
         )
     return route
 
@@ -55,16 +63,18 @@ def desired_route(*, session: Session, service: str) -> Route | None:
     return _route_of(row) if row is not None else None
 
 
-def desired_routes(
+def desired_route_documents(
     *, session: Session, services: Collection[str] | None = None
-) -> dict[str, Route]:
-    """The desired routes by service: every one, or those of `services`."""
-    query = select(ServiceRoute)
+) -> dict[str, tuple[int, Any]]:
+    """The desired routes by service (every one, or those of `services`), unparsed:
+    each one's revision and document, for the reconciler to parse once per document
+    text (`route_of_document`)."""
+    query = select(ServiceRoute.service, ServiceRoute.revision, ServiceRoute.route)
     if services is not None:
         if not services:
             return {}
         query = query.where(ServiceRoute.service.in_(sorted(services)))
-    return {row.service: _route_of(row) for row in session.scalars(query)}
+    return {service: (int(revision), route) for service, revision, route in session.execute(query)}
 
 
 def save_desired_route(

@@ -39,34 +39,32 @@ def _notify(session: Session) -> None:
 
 
 def _config_of(row: DesiredConfig) -> ServiceConfig:
+    # written by this code only; unreadable means a hand edit or a bug: never publish it
+    return config_of_document(ConfigKind(row.kind), row.service, row.document)
+
+
+def desired_config_documents(*, session: Session, kind: ConfigKind) -> dict[str, Any]:
+    """The desired configs of `kind` by service, unparsed, for the reconciler to parse
+    once per document text (`config_of_document`)."""
+    query = select(DesiredConfig.service, DesiredConfig.document).where(
+        DesiredConfig.kind == kind.value
+    )
+    return {service: document for service, document in session.execute(query)}
+
+
+def config_of_document(kind: ConfigKind, service: str, document: Any) -> ServiceConfig:
+    """A desired config from its row's document (pure); CodecError when it does not read."""
     try:
-        return parse_config(ConfigKind(row.kind), row.service, row.document)
+        return parse_config(kind, service, document)
     except ValidationFailed as exc:
-        # written by this code only; unreadable means a hand edit or a bug: never publish it
         raise CodecError(
-            f"the desired {ConfigKind(row.kind).described} of {row.service!r} is unreadable: "
-            f"{exc}"
+            f"the desired {kind.described} of {service!r} is unreadable: {exc}"
         ) from exc
 
 
 def desired_config(*, session: Session, kind: ConfigKind, service: str) -> ServiceConfig | None:
     row = session.get(DesiredConfig, (kind.value, service))
     return _config_of(row) if row is not None else None
-
-
-def desired_configs(
-    *, session: Session, kind: ConfigKind
-) -> tuple[dict[str, ServiceConfig], frozenset[str]]:
-    """The desired configs of `kind` by service, and the services whose row is
-    unreadable (the reconciler leaves their key alone)."""
-    found: dict[str, ServiceConfig] = {}
-    unreadable: set[str] = set()
-    for row in session.scalars(select(DesiredConfig).where(DesiredConfig.kind == kind.value)):
-        try:
-            found[row.service] = _config_of(row)
-        except CodecError:
-            unreadable.add(row.service)
-    return found, frozenset(unreadable)
 
 
 def _check_expected(

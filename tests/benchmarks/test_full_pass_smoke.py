@@ -31,3 +31,4 @@ def test_a_tiny_run_times_every_trip_both_ways(
         assert 0 < figures["commit_to_route_p50_ms"] <= figures["commit_to_route_max_ms"]
         assert 0 <= figures["committed_during_a_full_pass"] <= 2
         assert figures["full_pass_s_median"] > 0
+    assert result["full_pass_cpu_ms"] > 0
