@@ -287,7 +287,6 @@ class RouteReconciler:
         }
         if services is None:
             self._desired_routes.keep(documents)
-        if services is None:
             self._reconciled = {service: route.revision for service, route in desired.items()}
         else:
             for service in services:
