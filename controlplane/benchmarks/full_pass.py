@@ -28,7 +28,10 @@ import secrets
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass, field
 from typing import Any
+
+from controlplane.benchmarks.shard_takeover import quantile
 
 DEFAULT_ETCD = "http://127.0.0.1:2379"
 N = 1000
@@ -37,11 +40,6 @@ TRIPS = 24
 QUICK_TRIPS = 4
 FULL_PASS_SEC = 2.0
 LOOK_MS = 3.0
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def _rounds_stand_in(stop: asyncio.Event) -> None:
@@ -89,60 +87,71 @@ async def _cut(backends: Any, service: str, timeout: float) -> float | None:
     return None
 
 
+@dataclass
+class _Way:
+    """What the trips of one way measured, over its halves of the run."""
+
+    cuts_ms: list[float] = field(default_factory=list)
+    during_a_pass: list[bool] = field(default_factory=list)
+    passes_s: list[float] = field(default_factory=list)
+
+    def figures(self) -> dict[str, Any]:
+        cuts = self.cuts_ms
+        return {
+            "trips": len(cuts),
+            "committed_during_a_full_pass": sum(self.during_a_pass),
+            "commit_to_route_p50_ms": round(quantile(cuts, 0.5), 1),
+            "commit_to_route_p95_ms": round(quantile(cuts, 0.95), 1),
+            "commit_to_route_max_ms": round(max(cuts), 1),
+            "commit_to_route_each_ms": [round(c, 1) for c in cuts],
+            "full_pass_s_median": round(statistics.median(self.passes_s), 3),
+        }
+
+
 async def _way(
     backends: Any, fence: Any, made: list[tuple[str, str]], ahead: bool, trips: int,
-    rng: random.Random,
-) -> dict[str, Any]:  # fmt: skip
+    rng: random.Random, into: _Way,
+) -> None:  # fmt: skip
+    """`trips` trips under a reconciler of one way, measured into `into`."""
     from controlplane.controller.reconciler import RouteReconciler
 
     reconciler = RouteReconciler(full_pass_sec=FULL_PASS_SEC, ahead_of_full_pass=ahead)
-    passes: list[float] = []
-    in_pass: list[bool] = [False]
-    full = reconciler.reconcile
+    passes = len(into.passes_s)
+    in_pass = False
+    reconcile = reconciler.reconcile
 
     async def timed(*args: Any, **kwargs: Any) -> bool:
-        if kwargs.get("services") is not None or len(args) > 2:
-            return await full(*args, **kwargs)
-        began, in_pass[0] = time.perf_counter(), True
+        nonlocal in_pass
+        if kwargs.get("services") is not None:  # a pass woken by a commit
+            return await reconcile(*args, **kwargs)
+        began, in_pass = time.perf_counter(), True
         try:
-            return await full(*args, **kwargs)
+            return await reconcile(*args, **kwargs)
         finally:
-            in_pass[0] = False
-            passes.append(time.perf_counter() - began)
+            in_pass = False
+            into.passes_s.append(time.perf_counter() - began)
 
     reconciler.reconcile = timed  # type: ignore[method-assign]
     stop = asyncio.Event()
     busy = asyncio.create_task(_rounds_stand_in(stop))
     loop = asyncio.create_task(reconciler.run(backends, fence))
-    cuts: list[float] = []
-    during: list[bool] = []
     try:
-        while not passes:  # the pass on taking the lead
+        while len(into.passes_s) == passes:  # the pass on taking the lead
             await asyncio.sleep(0.05)
         for _ in range(trips):
             await asyncio.sleep(rng.uniform(0.2, FULL_PASS_SEC))
             experiment, service = made.pop()
-            was_in_pass = in_pass[0]
+            was_in_pass = in_pass
             committed = await _trip(backends, int(experiment), fence)
             seen = await _cut(backends, service, 30.0)
             if seen is None:
                 raise RuntimeError(f"the trip of {service} never reached etcd")
-            cuts.append((seen - committed) * 1000)
-            during.append(was_in_pass)
+            into.cuts_ms.append((seen - committed) * 1000)
+            into.during_a_pass.append(was_in_pass)
     finally:
         stop.set()
         loop.cancel()
         await asyncio.gather(busy, loop, return_exceptions=True)
-    return {
-        "trips": len(cuts),
-        "committed_during_a_full_pass": sum(during),
-        "commit_to_route_p50_ms": round(_quantile(cuts, 0.5), 1),
-        "commit_to_route_p95_ms": round(_quantile(cuts, 0.95), 1),
-        "commit_to_route_max_ms": round(max(cuts), 1),
-        "commit_to_route_each_ms": [round(c, 1) for c in cuts],
-        "full_pass_s_median": round(statistics.median(passes), 3),
-        "full_passes": len(passes),
-    }
 
 
 async def _pass_cpu(backends: Any, fence: Any) -> float:
@@ -181,30 +190,15 @@ async def _measure(n: int, trips: int, etcd: str, progress: bool) -> dict[str, A
             rng = random.Random(7)
             rng.shuffle(made)
             result: dict[str, Any] = {"full_pass_cpu_ms": await _pass_cpu(backends, fence)}
-            # in turn, a round each, so that the machine's load falls on both alike
-            halves: dict[str, list[dict[str, Any]]] = {"ahead": [], "after_pass": []}
-            for round_ in range(2):
-                for way, ahead in (("ahead", True), ("after_pass", False)):
-                    halves[way].append(
-                        await _way(backends, fence, made, ahead, max(1, trips // 2), rng)
-                    )
+            # in turn, a half each, so that the machine's load falls on both alike
+            ways = {"ahead": _Way(), "after_pass": _Way()}
+            for half in range(2):
+                for way, measured in ways.items():
+                    await _way(backends, fence, made, way == "ahead", max(1, trips // 2), rng,
+                               measured)  # fmt: skip
                     if progress:
-                        print(f"  {way} {round_ + 1}/2: {halves[way][-1]}", flush=True)
-            for way, parts in halves.items():
-                cuts = [c for p in parts for c in p["commit_to_route_each_ms"]]
-                result[way] = {
-                    "trips": len(cuts),
-                    "committed_during_a_full_pass": sum(
-                        p["committed_during_a_full_pass"] for p in parts
-                    ),
-                    "commit_to_route_p50_ms": round(_quantile(cuts, 0.5), 1),
-                    "commit_to_route_p95_ms": round(_quantile(cuts, 0.95), 1),
-                    "commit_to_route_max_ms": round(max(cuts), 1),
-                    "commit_to_route_each_ms": cuts,
-                    "full_pass_s_median": round(
-                        statistics.median(p["full_pass_s_median"] for p in parts), 3
-                    ),
-                }
+                        print(f"  {way} {half + 1}/2: {len(measured.cuts_ms)} trips", flush=True)
+            result |= {way: measured.figures() for way, measured in ways.items()}
             return result
         finally:
             await leadership.resign()

@@ -43,6 +43,3 @@ class ParsedByText(Generic[K, R, T]):
         """Forget every key not in `keys` (what a full read no longer found)."""
         for key in [k for k in self._held if k not in keys]:
             del self._held[key]
-
-    def clear(self) -> None:
-        self._held.clear()
