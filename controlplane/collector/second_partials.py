@@ -534,6 +534,42 @@ _SLID_COLUMNS = (("tallies", "tally"), ("sum_us", "sum_us"), ("hist", "hist"),
                  ("unit_counts", "unit_counts"), ("unit_sums", "unit_sums"))  # fmt: skip
 
 
+# rows a run's buffers hold beyond its last: a slide that adds seconds writes them
+# there instead of copying every row into new arrays (a look that finds a new second
+# adds one; a leader whose rounds take seconds adds a few)
+ROOM_ROWS = 8
+_BUFFERED = tuple(mine for mine, _ in _SLID_COLUMNS)
+
+
+@dataclass
+class RowBuffers:
+    """The arrays a run's running sums are views of, with room after the last row.
+
+    `slid` moves the run's start past the seconds that left the front, writes added
+    seconds into the room and adds changed seconds to the rows in place, so the run it
+    slid from is `spent`: its arrays now hold its successor's rows. A look keeps only
+    the newest run of each partial (PartialCache), so nothing reads a spent run; one
+    that does is refused rather than read wrong."""
+
+    columns: dict[str, npt.NDArray[Any]]
+    start: int  # the buffer row of the run's first (origin) row
+    spent: bool = False
+
+    @classmethod
+    def holding(cls, columns: dict[str, npt.NDArray[Any]]) -> RowBuffers:
+        """Buffers with room after `columns`' rows, which they hold from row 0."""
+        out: dict[str, npt.NDArray[Any]] = {}
+        for name, rows in columns.items():
+            buffer = np.empty((rows.shape[0] + ROOM_ROWS, *rows.shape[1:]), dtype=rows.dtype)
+            buffer[: rows.shape[0]] = rows
+            out[name] = buffer
+        return cls(out, 0)
+
+    def views(self, rows: int) -> dict[str, npt.NDArray[Any]]:
+        return {name: buffer[self.start : self.start + rows]
+                for name, buffer in self.columns.items()}  # fmt: skip
+
+
 def _dropped_front(old: list[int], new: list[int]) -> int:
     """How many of `old`'s first seconds `new` no longer holds: those before its
     first (the window moved on). The rows after them are compared position by
@@ -568,6 +604,8 @@ class LatencyRun:
     # within EXACT_LIMIT (then `slid` may subtract and add rows)
     rows: tuple[SecondSums, ...] = ()
     exact: bool = False
+    # what the running sums are views of (None: arrays of their own)
+    buffers: RowBuffers | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def build(
@@ -602,18 +640,24 @@ class LatencyRun:
             all(s.integral for s in sums)
             and max(float(sum_us[-1]), float(unit_sums[-1].max())) <= EXACT_LIMIT
         )
+        columns = {
+            "tallies": running([s.tally for s in sums], (len(TALLIES),), np.int64),
+            "sum_us": sum_us,
+            "hist": running_hist(False),
+            "unit_counts": running([s.unit_counts for s in sums], (UNIT_ROWS, 3), np.int64),
+            "unit_sums": unit_sums,
+        }
+        # only a run that may be slid gets room to be slid in
+        buffers = RowBuffers.holding(columns) if exact else None
         return cls(
             seconds=np.array(seconds, dtype=np.int64),
-            tallies=running([s.tally for s in sums], (len(TALLIES),), np.int64),
-            sum_us=sum_us,
-            hist=running_hist(False),
+            **(buffers.views(n + 1) if buffers is not None else columns),
             stale_hist=running_hist(True) if any(stale) else None,
-            unit_counts=running([s.unit_counts for s in sums], (UNIT_ROWS, 3), np.int64),
-            unit_sums=unit_sums,
             newest_ts=newest,
             **(reservoir if reservoir is not None else _reservoir(seconds, sums)),
             rows=tuple(sums),
             exact=exact,
+            buffers=buffers,
         )  # fmt: skip
 
     def slid(
@@ -628,7 +672,10 @@ class LatencyRun:
         changed, the usual publish changing one or two)."""
         dropped = _dropped_front(self.seconds.tolist(), seconds)
         kept = len(self.rows) - dropped
-        if not self.exact or kept > len(sums):  # seconds gone from the end: a restart
+        held = self.buffers
+        if not self.exact or kept > len(sums) or held is None or held.spent:
+            # seconds gone from the end (a restart), or rows not held to slide in place
+            # (a slide from this run broke off midway: a malformed field)
             return LatencyRun.build(seconds, sums, bins, newest, reservoir)
         changes = [(j, self.rows[dropped + j], sums[j]) for j in range(kept)
                    if sums[j] is not self.rows[dropped + j]]  # fmt: skip
@@ -657,13 +704,39 @@ class LatencyRun:
                 out[j + 1 :] -= _row_of(before, column)
             return out
 
-        columns = {mine: slide(getattr(self, mine), row) for mine, row in _SLID_COLUMNS}
+        # this run's rows become the new run's: it is spent from here on, whatever
+        # happens below
+        held.spent = True
+        start = held.start + dropped
+        buffers = RowBuffers(held.columns, start)
+        if start + n + 1 > held.columns["hist"].shape[0]:
+            # no room left after the last row: the kept rows move to new buffers
+            buffers = RowBuffers.holding(
+                {name: rows[start : start + kept + 1] for name, rows in held.columns.items()}
+            )  # fmt: skip
+        columns = buffers.views(n + 1)
+        for mine, row in _SLID_COLUMNS:
+            out = columns[mine]
+            if mine == "hist":  # the seconds' sparse pairs, added where they fall
+                for j in range(kept, n):
+                    out[j + 1] = out[j]
+                    out[j + 1, sums[j].hist_bins] += sums[j].hist_counts
+                for j, before, after in changes:
+                    out[j + 1 :, after.hist_bins] += after.hist_counts
+                    out[j + 1 :, before.hist_bins] -= before.hist_counts
+                continue
+            for j in range(kept, n):
+                out[j + 1] = out[j] + getattr(sums[j], row)
+            for j, before, after in changes:
+                out[j + 1 :] += getattr(after, row)
+                out[j + 1 :] -= getattr(before, row)
         stale_hist = None
         if columns["tallies"][-1, STALE_ROWS] > columns["tallies"][0, STALE_ROWS]:
-            held = self.stale_hist
-            if held is None:
-                held = np.zeros_like(self.hist)
-            stale_hist = slide(held, "stale_hist")
+            # its own arrays, not the buffers': only the row count of `hist` is read
+            stale_held = self.stale_hist
+            if stale_held is None:
+                stale_held = np.zeros_like(self.hist)
+            stale_hist = slide(stale_held, "stale_hist")
         return LatencyRun(
             seconds=np.array(seconds, dtype=np.int64),
             **columns,
@@ -672,10 +745,13 @@ class LatencyRun:
             **(reservoir if reservoir is not None else _reservoir(seconds, sums)),
             rows=tuple(sums),
             exact=True,
+            buffers=buffers,
         )
 
     def totals(self, start: int, *, same_threshold: bool, bins: int) -> WindowTotals:
         """The sums over the seconds from `start` on, as format 1's reader makes them."""
+        if self.buffers is not None and self.buffers.spent:
+            raise RuntimeError("a run slid in place no longer holds its own rows")
         i = int(np.searchsorted(self.seconds, start, side="left"))
         count, failures, above, stale_rows, shed = (self.tallies[-1] - self.tallies[i]).tolist()
         hist = self.hist[-1] - self.hist[i]

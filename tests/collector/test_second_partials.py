@@ -487,3 +487,43 @@ def test_a_slid_run_is_the_run_built_from_its_seconds(
     assert slid.seconds.tolist() == built.seconds.tolist()
     assert _run_windows(slid, bins) == _run_windows(built, bins)
     assert slid.exact == built.exact
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    steps=st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 2)), min_size=1,
+        max_size=25,
+    ),
+)
+def test_a_run_slid_again_and_again_in_its_buffers_is_the_run_built(
+    seed: int, steps: list[tuple[int, int, int]]
+) -> None:
+    """A run slid look after look, as a reader keeping its tick slides it: seconds
+    leaving the front, a few added, the newest changed, so that the rows move through
+    the buffers' room and out of it into new buffers. After every slide the run is,
+    array for array, the one built from its seconds, and the run it was slid from is
+    spent: it refuses to be read and, slid again, is built."""
+    rng = np.random.default_rng(seed)
+    bins = 16
+    seconds = list(range(100, 110))
+    rows = [_second_sums(rng, bins, integral=True) for _ in seconds]
+    run = LatencyRun.build(seconds, rows, bins, 5.0)
+    for dropped, added, changed in steps:
+        dropped = min(dropped, len(seconds))
+        first_new = seconds[-1] + 1 if seconds else 200
+        seconds = seconds[dropped:] + list(range(first_new, first_new + added))
+        rows = rows[dropped:] + [_second_sums(rng, bins, integral=True) for _ in range(added)]
+        for j in range(max(0, len(rows) - changed), len(rows)):
+            rows[j] = _second_sums(rng, bins, integral=True)
+        slid = run.slid(seconds, rows, bins, 6.0)
+        built = LatencyRun.build(seconds, rows, bins, 6.0)
+        assert _run_windows(slid, bins) == _run_windows(built, bins)
+        if slid.buffers is not None and run.buffers is not None and run is not slid:
+            assert run.buffers.spent
+            with pytest.raises(RuntimeError, match="no longer holds its own rows"):
+                run.totals(seconds[0] if seconds else 0, same_threshold=True, bins=bins)
+            again = run.slid(seconds, rows, bins, 6.0)  # built, not read from spent rows
+            assert _run_windows(again, bins) == _run_windows(built, bins)
+        run = slid
