@@ -44,7 +44,8 @@ def respond(
             body += b"\n" if collector.authenticated else b" (samples unauthenticated)\n"
             return Answer(200 if ready else 503, body)
         if path == "/metrics":
-            return Answer(200, generate_latest(collector.metrics.registry), CONTENT_TYPE_LATEST)
+            page = generate_latest(collector.metrics.registry) + collector.metrics.pending.text()
+            return Answer(200, page, CONTENT_TYPE_LATEST)
         return Answer(404, b"not found\n")
 
     return answer

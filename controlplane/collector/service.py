@@ -40,6 +40,7 @@ from controlplane.collector.alarm_screen import (
     turned_worse,
 )
 from controlplane.collector.lifecycle import ExperimentLifecycle
+from controlplane.collector.pending_page import PendingPage
 from controlplane.collector.screening import (
     DROP_REASONS,
     INTERNAL_ERROR,
@@ -215,10 +216,8 @@ class CollectorMetrics:
             "malformed rules, routes or window rules in etcd, ignored",
             registry=registry,
         )  # fmt: skip
-        self.pending = Gauge(
-            "canary_collector_pending_entries", "entries pending in the group, per stream",
-            ["service"], registry=registry,
-        )  # fmt: skip
+        # rendered by the admin endpoint beside the registry (pending_page.py)
+        self.pending = PendingPage()
         self.snapshot_age = Gauge(
             "canary_collector_snapshot_age_seconds", "seconds since the last publish",
             registry=registry,
@@ -615,10 +614,12 @@ class Collector:
         summaries = await self.streams.pending_many(
             COLLECTOR_GROUP, services, min_idle_ms=self.claim_idle_ms
         )
+        counts: dict[str, int] = {}
         for service in services:
-            summary = summaries.get(service, NOTHING_PENDING)
-            self.metrics.pending.labels(service).set(summary.pending)
-            if summary.idle:
+            counts[service] = summaries.get(service, NOTHING_PENDING).pending
+        self.metrics.pending.set_all(counts)
+        for service in services:
+            if summaries.get(service, NOTHING_PENDING).idle:
                 await self._claim_from(service)
 
     async def _claim_from(self, service: str) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.collector.admin import serve_admin
 from controlplane.collector.service import Collector
@@ -143,6 +144,12 @@ async def test_a_held_main_loop_still_answers_and_fails_healthz_past_the_bound(
         assert await asyncio.to_thread(_get, admin.port, "/healthz") == (200, b"ok\n")
         _, metrics = await asyncio.to_thread(_get, admin.port, "/metrics", TOKEN)
         assert b"canary_collector_admin_unauthorized_total 1.0" in metrics
+        # the pending page the loop's claim look wrote, after the registry's families:
+        # one exposition that a Prometheus parser reads whole
+        families = {f.name: f for f in text_string_to_metric_families(metrics.decode())}
+        pending = families["canary_collector_pending_entries"]
+        assert [s.labels for s in pending.samples] == [{"service": SERVICE}]
+        assert "canary_collector_samples_ingested" in families
     finally:
         stop.set()
         await running
