@@ -11,6 +11,12 @@ ticks of 0.1 s. Only those rounds are timed (process CPU time); the batches are
 built before. A batch holds the half second before its stamp, and the stamps move
 through the second (FRACTIONS), so half of the batches straddle a second boundary, as
 a real feed's do over time.
+
+`batch_every_tick`: each experiment's second comes as ten batches instead, one before
+each tick, each stamped over the tenth of a second before it: what sidecars flushing
+every 50 ms send a busy service's collector. Run at every tick's publish (as the rig's
+other figures, the `Collector`'s own default) and paced as `canary collector`
+publishes (decision 0080), in the same run.
 """
 
 from __future__ import annotations
@@ -36,7 +42,10 @@ TICKS_PER_SECOND = 10
 WARM_SECONDS = 3  # the rings' allocation and the first publishes, not timed
 
 
-async def _steady(n: int, samples: int, seconds: int) -> dict[str, Any]:
+async def _steady(
+    n: int, samples: int, seconds: int, *, batch_every_tick: bool = False,
+    publish_every: float = 0.0,
+) -> dict[str, Any]:  # fmt: skip
     clock = FakeClock(START)
     streams, board = open_streams("memory://", clock=clock)
     kv = open_kv("memory://", clock=clock)
@@ -48,17 +57,27 @@ async def _steady(n: int, samples: int, seconds: int) -> dict[str, Any]:
         await kv.put(keys.rule(service), json.dumps(rule).encode())
     collector = Collector(
         streams, board, kv, keys, consumer_name="bench", clock=clock, block_ms=0,
-        sample_keys=sample_keys,
+        sample_keys=sample_keys, publish_every=publish_every,
     )  # fmt: skip
     await collector.load_config()
     sidecars = Sidecars(streams, SampleSigner(sample_keys))
     total = WARM_SECONDS + seconds
-    feed = [
-        [(service, sidecars.entry(service, experiment, samples,
-                                  math.floor(START) + k + FRACTIONS[k % len(FRACTIONS)]))
-         for experiment, service in experiments]
-        for k in range(total)
-    ]  # fmt: skip
+    # per second, the entries to append before each of its ticks
+    feed: list[list[list[tuple[str, dict[str, bytes]]]]] = []
+    for k in range(total):
+        ticks: list[list[tuple[str, dict[str, bytes]]]] = [[] for _ in range(TICKS_PER_SECOND)]
+        for experiment, service in experiments:
+            if not batch_every_tick:
+                stamp = math.floor(START) + k + FRACTIONS[k % len(FRACTIONS)]
+                ticks[0].append((service, sidecars.entry(service, experiment, samples, stamp)))
+                continue
+            share = max(1, samples // TICKS_PER_SECOND)
+            for t in range(TICKS_PER_SECOND):
+                stamp = START + k + t / TICKS_PER_SECOND
+                ticks[t].append((service, sidecars.entry(
+                    service, experiment, share, stamp, span=1.0 / TICKS_PER_SECOND
+                )))  # fmt: skip
+        feed.append(ticks)
     cpu = 0.0
     metrics = collector.metrics
     start_bytes = start_publishes = 0.0
@@ -66,14 +85,14 @@ async def _steady(n: int, samples: int, seconds: int) -> dict[str, Any]:
         if k == WARM_SECONDS:
             start_bytes = metrics.published_bytes._value.get()
             start_publishes = metrics.publishes._value.get()
-        for service, entry in feed[k]:
-            await streams.append(service, [entry], maxlen=10_000)
-        began = time.process_time()
-        for _ in range(TICKS_PER_SECOND):
+        for t in range(TICKS_PER_SECOND):
+            for service, entry in feed[k][t]:
+                await streams.append(service, [entry], maxlen=10_000)
+            began = time.process_time()
             await collector.step()
+            if k >= WARM_SECONDS:
+                cpu += time.process_time() - began
             clock.advance(1.0 / TICKS_PER_SECOND)
-        if k >= WARM_SECONDS:
-            cpu += time.process_time() - began
     published = metrics.published_bytes._value.get() - start_bytes
     publishes = metrics.publishes._value.get() - start_publishes
     await collector.stop_watching()
@@ -90,6 +109,14 @@ async def _steady(n: int, samples: int, seconds: int) -> dict[str, Any]:
 
 
 def steady(*, quick: bool) -> dict[str, Any]:
-    """The collector's CPU per experiment-second at 50 and at 1 sample a second."""
+    """The collector's CPU per experiment-second at 50 and at 1 sample a second; at 50
+    in a batch every tick, published at every tick and paced."""
+    from controlplane.collector.pacing import PUBLISH_EVERY_SEC
+
     n, seconds = (100, 6) if quick else (300, 12)
-    return {f"samples_{samples}": asyncio.run(_steady(n, samples, seconds)) for samples in (50, 1)}
+    out = {f"samples_{samples}": asyncio.run(_steady(n, samples, seconds)) for samples in (50, 1)}
+    for name, every in (("every_tick", 0.0), ("paced", PUBLISH_EVERY_SEC)):
+        out[f"samples_50_batch_every_tick_published_{name}"] = asyncio.run(
+            _steady(n, 50, seconds, batch_every_tick=True, publish_every=every)
+        )
+    return out

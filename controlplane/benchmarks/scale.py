@@ -218,8 +218,10 @@ class Sidecars:
     rng: Any = field(default_factory=lambda: __import__("numpy").random.default_rng(31))
 
     def entry(
-        self, service: str, experiment: str, n: int, now: float, *, bad: bool = False
+        self, service: str, experiment: str, n: int, now: float, *, bad: bool = False,
+        span: float = 0.5,
     ) -> dict[str, bytes]:
+        """A signed batch of `n` samples stamped over the `span` seconds before `now`."""
         import numpy as np
 
         from controlplane.kernel.codec import BatchBuilder, BatchMeta, entry_fields
@@ -232,7 +234,7 @@ class Sidecars:
             outcomes[canary] = 503
         builder = BatchBuilder()
         builder.add_columns(
-            (now - 0.5 + 0.5 * np.arange(n) / n).tolist(),
+            (now - span + span * np.arange(n) / n).tolist(),
             ["canary" if c else "baseline" for c in canary.tolist()],
             rt.tolist(), outcomes.tolist(),
             (self.rng.integers(1, 2**32, n)).tolist(), (rt // 4).tolist(),

@@ -11,6 +11,7 @@ from controlplane.cli.observability import (
     LogFormatOption,
     observability_settings,
 )
+from controlplane.collector.pacing import MAX_PUBLISH_EVERY_SEC, PUBLISH_EVERY_SEC
 from controlplane.kernel.errors import plain_message
 from controlplane.kernel.etcd_endpoints import ENDPOINTS_HELP
 from controlplane.kernel.streams_factory import URL_FORMS
@@ -41,6 +42,15 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--name", help="consumer name (default: unique per process)")
         ] = None,
         tick: Annotated[float, typer.Option("--tick", help="seconds between publishes")] = 0.1,
+        publish_every: Annotated[
+            float,
+            typer.Option(
+                "--publish-every",
+                help="publish a changed experiment at most this often, in seconds (0: at "
+                "every tick); one whose canary just turned worse goes out at once",
+                min=0.0, max=MAX_PUBLISH_EVERY_SEC,
+            ),
+        ] = PUBLISH_EVERY_SEC,
         claim_idle_ms: Annotated[
             int, typer.Option("--claim-idle-ms", help="claim others' entries idle this long")
         ] = 30_000,
@@ -91,6 +101,7 @@ def register(app: typer.Typer) -> None:
         main(
             settings, name=name, admin=admin, tick=tick, claim_idle_ms=claim_idle_ms,
             count=count, sample_keys=sample_keys, liveness_bound=liveness_bound,
+            publish_every=publish_every,
         )  # fmt: skip
 
 

@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass, field
 
 from controlplane.collector.main import default_name
+from controlplane.collector.pacing import PUBLISH_EVERY_SEC
 from controlplane.collector.service import Collector
 from controlplane.kernel.sample_keys import SampleKeys
 from controlplane.kernel.tasks import cancel_and_wait
@@ -30,6 +31,7 @@ class EmbeddedCollector:
 
     name: str = field(default_factory=default_name)
     tick: float = 0.1
+    publish_every: float = PUBLISH_EVERY_SEC
     sample_keys: SampleKeys | None = None
     collector: Collector | None = None
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -46,6 +48,7 @@ class EmbeddedCollector:
             consumer_name=self.name,
             clock=backends.clock,
             tick=self.tick,
+            publish_every=self.publish_every,
             sample_keys=self.sample_keys,
         )
         await self.collector.load_config()

@@ -16,6 +16,7 @@ import socket
 import uuid
 
 from controlplane.collector.admin import serve_admin
+from controlplane.collector.pacing import PUBLISH_EVERY_SEC
 from controlplane.collector.service import Collector
 from controlplane.kernel.admin_access import admin_token
 from controlplane.kernel.admin_thread import AdminThread, Heartbeat
@@ -47,6 +48,7 @@ async def run_collector(
     admin: str | None,
     tick: float,
     claim_idle_ms: int,
+    publish_every: float = PUBLISH_EVERY_SEC,
     count: int,
     sample_keys: SampleKeys | None = None,
     liveness_bound: float = LIVENESS_BOUND_SEC,
@@ -60,7 +62,8 @@ async def run_collector(
     collector = Collector(
         streams, board, kv, EtcdKeys(settings.etcd_prefix),
         consumer_name=name or default_name(), clock=clock, tick=tick,
-        claim_idle_ms=claim_idle_ms, count=count, sample_keys=sample_keys,
+        publish_every=publish_every, claim_idle_ms=claim_idle_ms, count=count,
+        sample_keys=sample_keys,
         partial_format=settings.partial_format,
     )  # fmt: skip
     if sample_keys is None:
@@ -104,6 +107,7 @@ def main(
     count: int = 200,
     sample_keys: SampleKeys | None = None,
     liveness_bound: float = LIVENESS_BOUND_SEC,
+    publish_every: float = PUBLISH_EVERY_SEC,
 ) -> None:
     configure_logging(settings.log_level, settings.log_format)
     try:
@@ -119,6 +123,7 @@ def main(
             admin=admin,
             tick=tick,
             claim_idle_ms=claim_idle_ms,
+            publish_every=publish_every,
             count=count,
             sample_keys=sample_keys,
             liveness_bound=liveness_bound,

@@ -40,6 +40,7 @@ from controlplane.collector.alarm_screen import (
     turned_worse,
 )
 from controlplane.collector.lifecycle import ExperimentLifecycle
+from controlplane.collector.pacing import check_publish_every, held_back
 from controlplane.collector.pending_page import PendingPage
 from controlplane.collector.screening import (
     DROP_REASONS,
@@ -218,6 +219,12 @@ class CollectorMetrics:
         )  # fmt: skip
         # rendered by the admin endpoint beside the registry (pending_page.py)
         self.pending = PendingPage()
+        self.publishes_paced = Counter(
+            "canary_collector_publishes_paced",
+            "ticks at which a changed experiment was not published: published less than "
+            "--publish-every ago, and its canary did not turn worse",
+            registry=registry,
+        )  # fmt: skip
         self.snapshot_age = Gauge(
             "canary_collector_snapshot_age_seconds", "seconds since the last publish",
             registry=registry,
@@ -336,6 +343,7 @@ class Collector:
         consumer_name: str,
         clock: Clock,
         tick: float = 0.1,
+        publish_every: float = 0.0,
         block_ms: int = 50,
         count: int = 200,
         claim_idle_ms: int = 30_000,
@@ -371,6 +379,8 @@ class Collector:
         self.name = consumer_name
         self.clock = clock
         self.tick = tick
+        # a changed experiment at most this often, but for one that turned worse (pacing.py)
+        self.publish_every = check_publish_every(publish_every)
         self.block_ms = block_ms
         self.count = count
         self.claim_idle_ms = claim_idle_ms
@@ -761,7 +771,16 @@ class Collector:
             held = self._held.get(experiment)
             quiet_for = now - self._last_publish.get(experiment, -math.inf)
             heartbeat = quiet_for >= HEARTBEAT_SEC and not behind
-            if window.changed or (held and held.entries) or heartbeat:
+            changed = window.changed or bool(held and held.entries)
+            if held_back(
+                changed=changed, heartbeat=heartbeat, quiet_for=quiet_for,
+                publish_every=self.publish_every,
+            ) and not self._screen(experiment, window, now):  # fmt: skip
+                # paced: what changed goes out with its next publish, or at once
+                # should the screen find its canary turned worse meanwhile
+                self.metrics.publishes_paced.inc()
+                continue
+            if changed or heartbeat:
                 if not behind and self._merged_due(experiment, now):
                     await self.publish(experiment, now, merged=True)
                 else:

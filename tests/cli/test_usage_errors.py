@@ -20,6 +20,12 @@ from controlplane.cli.main import main
          "canary serve: Invalid value for '--liveness-bound'"),
         (["collector", "--liveness-bound", "1e9"],
          "canary collector: Invalid value for '--liveness-bound'"),
+        (["collector", "--publish-every", "9"],
+         "canary collector: Invalid value for '--publish-every'"),
+        (["collector", "--publish-every", "-1"],
+         "canary collector: Invalid value for '--publish-every'"),
+        (["collector", "--publish-every", "nan"],
+         "canary collector: Invalid value for '--publish-every'"),
     ],
 )
 def test_a_usage_error_is_one_line_and_exit_2(

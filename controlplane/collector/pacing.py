@@ -1,0 +1,36 @@
+"""How often a collector publishes an experiment whose window changed (decision 0080).
+
+A publish rewrites the experiment's current second whole (its histogram, unit rows,
+reservoir and distinct units: ~4 KB at 50 samples a second). A collector publishing at
+every tick wrote it ten times a second for a busy service whose sidecars flush every
+50 ms, and every controller look found a fresh window to merge. Paced, a changed
+experiment goes out at most every `publish_every` seconds, and at once when the
+collector's screen finds its canary just turned worse (its alarm goes with it), so a
+bad canary is not held back. Held-back samples stay unacknowledged until the publish
+that carries them, as before (a collector that dies meanwhile leaves them pending for
+another to claim).
+"""
+
+from __future__ import annotations
+
+# what `canary collector`, the embedded collector of `canary serve` and the demo use;
+# a `Collector` made without it publishes at every tick (0), as a test stepping a fake
+# clock expects
+PUBLISH_EVERY_SEC = 1.0
+# the collector's heartbeat interval (service.HEARTBEAT_SEC): paced any longer, a busy
+# experiment would go unpublished longer than an idle one
+MAX_PUBLISH_EVERY_SEC = 5.0
+
+
+def held_back(*, changed: bool, heartbeat: bool, quiet_for: float, publish_every: float) -> bool:
+    """Is a changed experiment's publish held back at this tick, unless its screen
+    raises an alarm? Not when it is due a heartbeat anyway, nor once `publish_every`
+    has passed since its last publish (or it was never published)."""
+    return changed and not heartbeat and quiet_for < publish_every
+
+
+def check_publish_every(value: float) -> float:
+    """`value`, or a ValueError saying what it may be."""
+    if not 0.0 <= value <= MAX_PUBLISH_EVERY_SEC:  # NaN fails both comparisons
+        raise ValueError(f"publish every: 0 to {MAX_PUBLISH_EVERY_SEC:g} s, not {value!r}")
+    return value
