@@ -192,7 +192,7 @@ def run(*, quick: bool, progress: bool) -> dict[str, Any]:
     n = QUICK_N if quick else N
     load_before = os.getloadavg()
     result: dict[str, Any] = {}
-    for partial_format in (1, 2, 3):
+    for partial_format in (1, 2, 3, 4):
         result[f"format_{partial_format}"] = asyncio.run(_rounds(n, partial_format, ROUNDS))
         if progress:
             print(f"format {partial_format}: {result[f'format_{partial_format}']}")

@@ -33,9 +33,16 @@ reservoir keys, units and distinct units are the same) written without those thr
 texts: a reader takes them from the total's entry. They were ~20 % of the bytes a
 publish wrote.
 
+Format 4 (decision 0080) is format 3 with a head saying `"v": 4` and two texts written
+smaller: a second's unit rows as the rows that hold samples in 32-bit integers
+(`unit_rows`), where every sum fits (else `units` as before), and its distinct units
+left out where its reservoir holds every sample of the second (a reader takes them
+from the reservoir's units, `_distincts`). They were ~40 % of the bytes a publish
+wrote at 50 samples a second.
+
 Readers of every format come first in a rolling upgrade, collectors among them (they
 read each other's partials: the unacked lists, the merged view, the expiry):
-`CANARY_PARTIAL_FORMAT=2` or `=1` keeps upgraded collectors writing that format until
+`CANARY_PARTIAL_FORMAT=3`, `=2` or `=1` keeps upgraded collectors writing that format until
 every collector, controller and API process is upgraded. A reader that knows only
 older formats skips the partials it cannot read: with none left it falls back to the
 merged plain view, at most 5 s old.
@@ -68,7 +75,12 @@ SECOND_PARTIAL_VERSION = 2
 # total (the reservoir keys and units, the distinct units): a format 2 reader would
 # find those keys missing, so the head says 3 and such a reader skips the partial
 SHARED_FB_VERSION = 3
-SECOND_PARTIAL_VERSIONS = (SECOND_PARTIAL_VERSION, SHARED_FB_VERSION)
+# format 3 but for two texts written smaller (decision 0080): a second's unit rows as
+# the rows that hold samples, in 32-bit integers, where every sum fits (`unit_rows`,
+# else `units` as before), and its distinct units left out where its reservoir holds
+# every sample of the second (the reader takes them from the reservoir's units)
+COMPACT_VERSION = 4
+SECOND_PARTIAL_VERSIONS = (SECOND_PARTIAL_VERSION, SHARED_FB_VERSION, COMPACT_VERSION)
 SLOT_SEPARATOR = "#"
 # the cheapest test of what a field is, without parsing it: json.dumps writes the
 # keys in the order they are given, and every writer here gives "v" / "s" first
@@ -118,33 +130,71 @@ def _second_entry(
     shed: bool,
     twin: dict[str, Any] | None = None,
     shared_left_out: bool = False,
+    compact: bool = False,
 ) -> dict[str, Any]:
     """One ring's second. `twin`: the entry of the total ring's same second when this
     first-byte second is paired with it (the same reservoir keys, units and distinct
     units, see VariantRing.paired): those texts are taken from it, not encoded again,
-    or with `shared_left_out` (format 3) not written at all."""
+    or with `shared_left_out` (format 3) not written at all. `compact` (format 4): the
+    unit rows and distinct units as `COMPACT_VERSION` writes them."""
     from controlplane.collector.sharding import encode_hist_row, encode_unit_rows
 
     fill = int(ring.res_fill[slot])
+    count = int(ring.count[slot])
     entry: dict[str, Any] = {
-        "count": int(ring.count[slot]),
+        "count": count,
         "fail": int(ring.failures[slot]),
         "sum": float(ring.sum_us[slot]),
         "above": int(ring.above[slot]),
         "stale": int(bool(ring.stale[slot])),
         "hist": encode_hist_row(ring.hist[slot]),
-        "units": encode_unit_rows(ring.unit_counts[slot], ring.unit_sums[slot]),
-        "res_k": twin["res_k"] if twin else _b64_le(ring.res_keys[slot, :fill], "<f4"),
         "res_v": _b64_le(ring.res_us[slot, :fill], "<u4"),
-        "res_u": twin["res_u"] if twin else _b64_le(ring.res_unit[slot, :fill], "<u4"),
-        "distinct": twin["distinct"] if twin else _b64_le(ring.distinct[slot], "<u4"),
     }
+    sparse = None
+    if compact:
+        sparse = encode_sparse_unit_rows(ring.unit_counts[slot], ring.unit_sums[slot])
+    if sparse is not None:
+        entry["unit_rows"] = sparse
+    else:
+        entry["units"] = encode_unit_rows(ring.unit_counts[slot], ring.unit_sums[slot])
     if shed:
         entry["shed"] = int(ring.shed[slot])
     if twin is not None and shared_left_out:
-        for key in SHARED_WITH_TOTAL:
-            del entry[key]
+        return entry
+    if twin is not None:  # format 2: the total's texts again
+        entry.update({key: twin[key] for key in SHARED_WITH_TOTAL})
+        return entry
+    units = ring.res_unit[slot, :fill]
+    entry["res_k"] = _b64_le(ring.res_keys[slot, :fill], "<f4")
+    entry["res_u"] = _b64_le(units, "<u4")
+    distinct = ring.distinct[slot]
+    if not (compact and fill == count and np.array_equal(bottom_distinct([units]), distinct)):
+        entry["distinct"] = _b64_le(distinct, "<u4")
     return entry
+
+
+# a sparse unit row: its index (u8), then its five columns as u32, column by column
+_SPARSE_UNIT_WIDTH = 1 + 5 * 4
+_U32_LIMIT = 2**32
+
+
+def encode_sparse_unit_rows(
+    counts: npt.NDArray[np.integer], sums: npt.NDArray[np.floating]
+) -> str | None:
+    """A second's unit rows that hold anything, deflated: their indices, then each of
+    the five columns (count, failures, above, Σ bin index, Σ bin index²) as u32. None
+    when a value is not an integer below 2^32 (a second of thousands of samples in one
+    unit block): the dense rows are written then."""
+    rows = np.concatenate([counts.astype(np.float64), sums], axis=1)
+    held = np.flatnonzero(rows.any(axis=1))
+    values = rows[held]
+    if values.size and (
+        float(values.max()) >= _U32_LIMIT or bool((values < 0).any())
+        or not bool((np.floor(values) == values).all())
+    ):  # fmt: skip
+        return None
+    raw = held.astype("<u1").tobytes() + values.T.astype("<u4").tobytes()
+    return _b64(zlib.compress(raw, 1))
 
 
 @dataclass
@@ -174,14 +224,15 @@ def export_head_and_seconds(
     collector: str,
     unacked: Iterable[str],
     ledger: SlotLedger,
-    version: int = SHARED_FB_VERSION,
+    version: int = COMPACT_VERSION,
 ) -> dict[str, str]:
     """The fields of this collector's partial that changed: its head, and each second
     in its window written since it was last published (all of them after a rule
     change, which may restate every second's `stale`). `version` 3 leaves out of a
-    paired first-byte entry what it shares with its total; 2 writes it again."""
+    paired first-byte entry what it shares with its total; 2 writes it again; 4 is 3
+    with the unit rows and distinct units written smaller (`COMPACT_VERSION`)."""
     if version not in SECOND_PARTIAL_VERSIONS:
-        raise ValueError(f"a second-by-second partial is format 2 or 3, not {version!r}")
+        raise ValueError(f"a second-by-second partial is format 2, 3 or 4, not {version!r}")
     window.advance(now)
     start = window.window_start
     rings = [(name, window.ring(name), window.ring(name, first_byte=True))
@@ -214,10 +265,11 @@ def export_head_and_seconds(
             if held < start:
                 continue
             second = held
-            entry = _second_entry(ring, slot, shed=True)
+            compact = version == COMPACT_VERSION
+            entry = _second_entry(ring, slot, shed=True, compact=compact)
             twin = entry if fb.paired[slot] and fb.distinct[slot] is ring.distinct[slot] else None
-            entry["fb"] = _second_entry(fb, slot, shed=False, twin=twin,
-                                        shared_left_out=version == SHARED_FB_VERSION)
+            entry["fb"] = _second_entry(fb, slot, shed=False, twin=twin, compact=compact,
+                                        shared_left_out=version != SECOND_PARTIAL_VERSION)
             entries[name] = entry
         if second is None:
             continue
@@ -297,9 +349,9 @@ class SecondSums:
         return row
 
     @classmethod
-    def decode(cls, entry: object, bins: int) -> SecondSums:
+    def decode(cls, entry: object, bins: int, *, compact: bool = False) -> SecondSums:
         """One latency's entry alone (`decode_entries` decodes a field's together)."""
-        return decode_entries([entry], bins)[0]
+        return decode_entries([entry], bins, compact=compact)[0]
 
 
 # what the writer's encoders make of a second without samples: such a field is
@@ -355,11 +407,38 @@ def inflate_at_most(raw: bytes, limit: int) -> bytes:
     return out
 
 
-def _unit_rows(entries: list[dict[str, Any]]) -> tuple[I64, F64]:
+def _sparse_unit_rows(text: object) -> bytes:
+    """A format 4 second's sparse unit rows (`encode_sparse_unit_rows`) as the dense
+    bytes `units` inflates to: each index once, in order, within UNIT_ROWS."""
+    if not isinstance(text, str):
+        raise ValueError("a partial's unit rows are not a string")
+    raw = inflate_at_most(binascii.a2b_base64(text.encode("ascii"), strict_mode=True),
+                          UNIT_ROWS * _SPARSE_UNIT_WIDTH)  # fmt: skip
+    if len(raw) % _SPARSE_UNIT_WIDTH:
+        raise ValueError("a second's sparse unit rows have the wrong size")
+    n = len(raw) // _SPARSE_UNIT_WIDTH
+    held = np.frombuffer(raw, dtype="<u1", count=n).astype(np.int64)
+    if n and (int(held[-1]) >= UNIT_ROWS or bool((np.diff(held) <= 0).any())):
+        raise ValueError("a second's sparse unit rows name a row twice, out of order or beyond")
+    columns = np.frombuffer(raw, dtype="<u4", offset=n).reshape(5, n)
+    counts = np.zeros((UNIT_ROWS, 3), dtype="<i8")
+    sums = np.zeros((UNIT_ROWS, 2), dtype="<f8")
+    counts[held] = columns[:3].T
+    sums[held] = columns[3:].T
+    return counts.tobytes() + sums.tobytes()
+
+
+def _unit_rows(entries: list[dict[str, Any]], *, compact: bool) -> tuple[I64, F64]:
     """The entries' unit rows, (entries, UNIT_ROWS, 3) counts and (…, 2) sums, read
-    from one buffer of all of them."""
+    from one buffer of all of them. `compact`: a format 4 field, whose entries may hold
+    sparse rows instead (`unit_rows`)."""
     raws: list[bytes] = []
     for entry in entries:
+        if compact and ("units" in entry) == ("unit_rows" in entry):
+            raise ValueError("a partial's second holds dense and sparse unit rows, or neither")
+        if compact and "unit_rows" in entry:
+            raws.append(_sparse_unit_rows(entry["unit_rows"]))
+            continue
         text = entry["units"]
         if text == EMPTY_UNITS:
             raws.append(ZERO_UNITS)
@@ -405,7 +484,35 @@ def _packed(texts: list[object], dtype: str, limit: int) -> list[npt.NDArray[Any
     return [views[span] for span in order]
 
 
-def decode_entries(entries: list[object], bins: int) -> list[SecondSums]:
+def _distincts(
+    entries: list[dict[str, Any]], res_units: list[U32], *, compact: bool
+) -> list[U32]:
+    """Each entry's distinct units: as written, or (`compact`, format 4) left out where
+    its reservoir holds every sample of its second, the reservoir's units. An entry
+    that leaves them out with fewer reservoir samples than its count is malformed.
+    Entries that share their units' text share the array (reservoir_pair tells a pair
+    by it)."""
+    written = [i for i, e in enumerate(entries) if "distinct" in e or not compact]
+    out: list[U32 | None] = [None] * len(entries)
+    for i, array in zip(written, _packed([entries[i]["distinct"] for i in written], "<u4",
+                                         DISTINCT_K), strict=True):  # fmt: skip
+        out[i] = array
+    derived: dict[int, U32] = {}  # by the id of the units' (shared) array
+    for i, entry in enumerate(entries):
+        if out[i] is not None:
+            continue
+        units = res_units[i]
+        if units.shape[0] != _count(entry["count"]):
+            raise ValueError("a partial's second leaves out its distinct units, which its "
+                             "reservoir does not hold all of")  # fmt: skip
+        held = derived.get(id(units))
+        if held is None:
+            held = derived[id(units)] = bottom_distinct([units])
+        out[i] = held
+    return [d for d in out if d is not None]
+
+
+def decode_entries(entries: list[object], bins: int, *, compact: bool = False) -> list[SecondSums]:
     """Latency entries (of one second field), decoded together: the histograms,
     unit rows and integrality checks of all of them in a few array operations, and
     a packed array named by several entries (a first-byte second shares its total's
@@ -418,14 +525,14 @@ def decode_entries(entries: list[object], bins: int) -> list[SecondSums]:
     if not checked:
         return []
     hist = _hist_rows(checked, bins)
-    unit_counts, unit_sums = _unit_rows(checked)
+    unit_counts, unit_sums = _unit_rows(checked, compact=compact)
     flat = unit_sums.reshape(len(checked), -1)
     peaks = flat.max(axis=1).tolist()
     whole = ((flat >= 0) & (np.floor(flat) == flat)).all(axis=1).tolist()
     res_keys = _packed([e["res_k"] for e in checked], "<f4", SECOND_RESERVOIR_SIZE)
     res_us = _packed([e["res_v"] for e in checked], "<u4", SECOND_RESERVOIR_SIZE)
     res_units = _packed([e["res_u"] for e in checked], "<u4", SECOND_RESERVOIR_SIZE)
-    distincts = _packed([e["distinct"] for e in checked], "<u4", DISTINCT_K)
+    distincts = _distincts(checked, res_units, compact=compact)
     parts: list[tuple[Any, ...]] = []
     for i, entry in enumerate(checked):
         keys, values, units = res_keys[i], res_us[i], res_units[i]
@@ -470,12 +577,15 @@ def decode_entries(entries: list[object], bins: int) -> list[SecondSums]:
 Second = dict[str, tuple[SecondSums, SecondSums]]  # variant → (total, first byte)
 
 
-def decode_second(raw: str, bins: int) -> tuple[int, Second]:
-    """A second field: its second, and per variant its two latencies' sums."""
-    return decode_seconds([raw], bins)[0]
+def decode_second(raw: str, bins: int, *, compact: bool = False) -> tuple[int, Second]:
+    """A second field: its second, and per variant its two latencies' sums. `compact`:
+    a field of a format 4 head (COMPACT_VERSION)."""
+    return decode_seconds([raw], bins, compact=compact)[0]
 
 
-def decode_seconds(raws: list[str], bins: int) -> list[tuple[int, Second]]:
+def decode_seconds(
+    raws: list[str], bins: int, *, compact: bool = False
+) -> list[tuple[int, Second]]:
     """Second fields decoded together (`decode_second` of each): their entries go
     through one `decode_entries`, whose array work is per call, not per field (a look
     that catches up on several seconds decodes them all at once). One malformed field
@@ -499,7 +609,7 @@ def decode_seconds(raws: list[str], bins: int) -> list[tuple[int, Second]]:
                 raise ValueError("a partial's second entry is not an object")
             entries += (entry, first_byte_entry(entry))
         heads.append((second, [str(name) for name in data["variants"]]))
-    sums = decode_entries(entries, bins)
+    sums = decode_entries(entries, bins, compact=compact)
     out: list[tuple[int, Second]] = []
     at = 0
     for second, names in heads:
@@ -515,12 +625,16 @@ def first_byte_entry(entry: dict[str, Any]) -> object:
     fb = entry["fb"]
     if not isinstance(fb, dict):
         raise ValueError("a partial's first-byte entry is not an object")
+    # the reservoir's keys and units say which it is: its own (format 4 may leave out
+    # its distinct units, taken from them), or both left out with the distinct units
     missing = [key for key in SHARED_WITH_TOTAL if key not in fb]
-    if not missing:
+    if not missing or missing == ["distinct"]:
         return fb
     if len(missing) != len(SHARED_WITH_TOTAL):
         raise ValueError("a partial's first-byte entry leaves out part of what it shares")
-    return {**fb, **{key: entry[key] for key in SHARED_WITH_TOTAL}}
+    # a format 4 total may leave out its distinct units (taken from its reservoir's
+    # units, which the first byte then shares as well)
+    return {**fb, **{key: entry[key] for key in SHARED_WITH_TOTAL if key in entry}}
 
 
 def _row_of(s: SecondSums, column: str) -> Any:
@@ -877,6 +991,7 @@ def assemble(
     that changed when its bins are the same)."""
     bins = int(head["bins"])
     cap = int(head["cap"])
+    compact = head["v"] == COMPACT_VERSION  # its fields may be written smaller
     if previous is not None and int(previous.head["bins"]) != bins:
         previous = None
     runs: dict[str, tuple[LatencyRun, LatencyRun]] = {}
@@ -884,7 +999,7 @@ def assemble(
         # the seconds not decoded yet, decoded together
         listed = {s for part in head["variants"].values() for s in part["sec"]}
         decoded.decode_missing(experiment, [slot_field(head_field, s % cap) for s in listed],
-                               fields, bins)  # fmt: skip
+                               fields, bins, compact=compact)  # fmt: skip
     for name, part in head["variants"].items():
         totals: list[SecondSums] = []
         firsts: list[SecondSums] = []
@@ -894,9 +1009,10 @@ def assemble(
             if raw is None:
                 raise ValueError(f"a partial head lists second {second} without its field")
             if decoded is not None:
-                held, per_variant = decoded.second(experiment, name_of_slot, raw, bins)
+                held, per_variant = decoded.second(experiment, name_of_slot, raw, bins,
+                                                   compact=compact)  # fmt: skip
             else:
-                held, per_variant = decode_second(raw, bins)
+                held, per_variant = decode_second(raw, bins, compact=compact)
             if held != second or name not in per_variant:
                 raise ValueError(f"a partial head lists second {second}, its field holds another")
             total, first = per_variant[name]
@@ -943,8 +1059,9 @@ class PartialCache:
     merged_hits: int = 0
 
     def decode_missing(
-        self, experiment: str, names: Iterable[str], fields: Mapping[str, str], bins: int
-    ) -> None:
+        self, experiment: str, names: Iterable[str], fields: Mapping[str, str], bins: int,
+        *, compact: bool = False,
+    ) -> None:  # fmt: skip
         """Decode together the fields of `names` not held at their text (absent ones
         are left for `second` to report)."""
         held = self.seconds.setdefault(experiment, {})
@@ -958,17 +1075,20 @@ class PartialCache:
             return  # one field: decoded by `second` as it is met
         self.decodes += len(missing)
         for (name, raw), value in zip(
-            missing.items(), decode_seconds(list(missing.values()), bins), strict=True
+            missing.items(), decode_seconds(list(missing.values()), bins, compact=compact),
+            strict=True,
         ):
             held[name] = (raw, value)
 
-    def second(self, experiment: str, name: str, raw: str, bins: int) -> tuple[int, Second]:
+    def second(
+        self, experiment: str, name: str, raw: str, bins: int, *, compact: bool = False
+    ) -> tuple[int, Second]:
         held = self.seconds.setdefault(experiment, {}).get(name)
         if held is not None and held[0] == raw:
             self.hits += 1
             return held[1]
         self.decodes += 1
-        value = decode_second(raw, bins)
+        value = decode_second(raw, bins, compact=compact)
         self.seconds[experiment][name] = (raw, value)
         return value
 

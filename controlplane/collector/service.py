@@ -53,8 +53,8 @@ from controlplane.collector.screening import (
     screen_entry,
 )
 from controlplane.collector.second_partials import (
+    COMPACT_VERSION,
     SECOND_PARTIAL_VERSIONS,
-    SHARED_FB_VERSION,
     SlotLedger,
     export_head_and_seconds,
     own_fields,
@@ -354,14 +354,15 @@ class Collector:
         default_window_sec: int = 60,
         registry: CollectorRegistry | None = None,
         sample_keys: SampleKeys | None = None,
-        partial_format: int = SHARED_FB_VERSION,
+        partial_format: int = COMPACT_VERSION,
     ) -> None:
         if partial_format not in (PARTIAL_VERSION, *SECOND_PARTIAL_VERSIONS):
-            raise ValueError(f"partial format: 1, 2 or 3, not {partial_format!r}")
+            raise ValueError(f"partial format: 1, 2, 3 or 4, not {partial_format!r}")
+        # 4: 3 with its unit rows and distinct units written smaller (decision 0080);
         # 3: the head and the seconds that changed, a paired first byte without what
         # it shares with its total (decision 0072); 2: the same with it (decision
-        # 0058); 1: the whole window in one field; 2 and 1 for readers not upgraded yet
-        # in a rolling upgrade
+        # 0058); 1: the whole window in one field; 3, 2 and 1 for readers not upgraded
+        # yet in a rolling upgrade
         self.partial_format = partial_format
         self._ledgers: dict[str, SlotLedger] = {}
         self.streams = streams

@@ -246,13 +246,14 @@ class Settings(BaseSettings):
         description="file (e.g. a mounted Secret) holding an admin API token `canary serve` "
         "installs at start, hashed, idempotently: the first admin without database access",
     )
-    partial_format: Literal[1, 2, 3] = Field(
-        default=3,
-        description="how a collector writes its partial windows: 3, the seconds that "
-        "changed, a first byte paired with its total without what it shares with it "
-        "(decision 0072); 2, the same written again (decision 0058); 1, the whole "
-        "window; 2 or 1 while readers older than format 3 or 2 are still running in a "
-        "rolling upgrade",
+    partial_format: Literal[1, 2, 3, 4] = Field(
+        default=4,
+        description="how a collector writes its partial windows: 4, format 3 with its "
+        "unit rows and distinct units written smaller (decision 0080); 3, the seconds "
+        "that changed, a first byte paired with its total without what it shares with "
+        "it (decision 0072); 2, the same written again (decision 0058); 1, the whole "
+        "window; 3, 2 or 1 while readers older than format 4, 3 or 2 are still running "
+        "in a rolling upgrade",
     )
 
     @field_validator("partial_format", mode="before")
@@ -260,7 +261,7 @@ class Settings(BaseSettings):
     def _partial_format_from_text(cls, value: object) -> object:
         # an environment variable is text, which a Literal of ints would refuse: the
         # rolling-upgrade setting (CANARY_PARTIAL_FORMAT=2) must be readable from one
-        if isinstance(value, str) and value.strip() in ("1", "2", "3"):
+        if isinstance(value, str) and value.strip() in ("1", "2", "3", "4"):
             return int(value.strip())
         return value
     # the metric provider (decision 0048): where rules' `metrics:` are read

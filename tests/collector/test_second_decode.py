@@ -34,8 +34,10 @@ from controlplane.collector.second_partials import (
     SHARED_WITH_TOTAL,
     SecondSums,
     _reservoir,
+    _sparse_unit_rows,
     decode_second,
     decode_seconds,
+    encode_sparse_unit_rows,
     head_of,
     reservoir_pair,
 )
@@ -409,3 +411,78 @@ def test_a_head_naming_a_variant_with_a_lone_surrogate_is_refused() -> None:
     assert "\\ud800" in text
     with pytest.raises(ValueError):
         head_of(text)
+
+
+# --- format 4 (decision 0080): sparse unit rows, distinct units from the reservoir -----
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 10_000), held=st.integers(0, UNIT_ROWS), top=st.sampled_from(
+    [3, 2**20, 2**32 - 1, 2**32, 2.0**53]
+))
+def test_sparse_unit_rows_read_as_the_dense_rows_or_are_not_written(
+    seed: int, held: int, top: float
+) -> None:
+    """Rows that hold anything, any integer values below 2^32: read back as the dense
+    rows. A value that is not such an integer: not written sparse at all."""
+    rng = np.random.default_rng(seed)
+    counts = np.zeros((UNIT_ROWS, 3), np.int64)
+    sums = np.zeros((UNIT_ROWS, 2), np.float64)
+    rows = rng.permutation(UNIT_ROWS)[:held]
+    counts[rows] = rng.integers(0, 50, (held, 3))
+    sums[rows] = rng.integers(0, 2**20, (held, 2))
+    if held:
+        sums[rows[0], 1] = top
+    text = encode_sparse_unit_rows(counts, sums)
+    if top >= 2**32 and held:
+        assert text is None
+        return
+    assert text is not None
+    raw = _sparse_unit_rows(text)
+    assert raw == counts.astype("<i8").tobytes() + sums.astype("<f8").tobytes()
+    if held:
+        fraction = sums.copy()
+        fraction[rows[0], 0] = 0.5
+        assert encode_sparse_unit_rows(counts, fraction) is None
+
+
+def _sparse(indices: list[int], width_cut: int = 0) -> str:
+    raw = bytes(indices) + np.ones((5, len(indices)), "<u4").tobytes()
+    return base64.b64encode(zlib.compress(raw[: len(raw) - width_cut], 1)).decode("ascii")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        _sparse([3, 3]),  # a row twice
+        _sparse([5, 2]),  # out of order
+        _sparse([UNIT_ROWS]),  # beyond the rows
+        _sparse([1, 2], width_cut=1),  # not whole rows
+        base64.b64encode(zlib.compress(bytes(21 * (UNIT_ROWS + 1)), 1)).decode("ascii"),
+        "not base64!",
+        7,
+    ],
+)
+def test_damaged_sparse_unit_rows_are_refused(text: object) -> None:
+    with pytest.raises(REFUSALS):
+        _sparse_unit_rows(text)
+
+
+def test_distinct_units_left_out_are_read_only_from_a_whole_reservoir_of_format_4() -> None:
+    units = np.array([9, 0, 4, 9], "<u4")
+    entry = {
+        "count": 4, "fail": 0, "sum": 100.0, "above": 0, "stale": 0,
+        "hist": encode_hist_row(np.array([0, 4] + [0] * (BINS - 2))),
+        "unit_rows": encode_sparse_unit_rows(np.zeros((UNIT_ROWS, 3), np.int64),
+                                             np.zeros((UNIT_ROWS, 2))),
+        "res_k": _b64(np.arange(4) / 8, "<f4"), "res_v": _b64(np.arange(4), "<u4"),
+        "res_u": _b64(units, "<u4"),
+    }  # fmt: skip
+    decoded = SecondSums.decode(entry, BINS, compact=True)
+    assert decoded.distinct.tolist() == [4, 9]  # sorted, distinct, without 0
+    with pytest.raises(REFUSALS):  # a format 3 field must write them
+        SecondSums.decode(entry, BINS)
+    with pytest.raises(ValueError, match="reservoir does not hold all"):
+        SecondSums.decode({**entry, "count": 5}, BINS, compact=True)
+    with pytest.raises(ValueError, match="dense and sparse unit rows, or neither"):
+        SecondSums.decode({**entry, "units": EMPTY_UNITS}, BINS, compact=True)

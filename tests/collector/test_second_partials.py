@@ -72,7 +72,7 @@ def _plain(snapshot: WindowSnapshot) -> dict[str, object]:
     return data
 
 
-@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("version", [2, 3, 4])
 @settings(max_examples=30, deadline=None)
 @given(
     seed=st.integers(0, 10_000),
@@ -84,7 +84,7 @@ def _plain(snapshot: WindowSnapshot) -> dict[str, object]:
     threshold=st.sampled_from(["latest", 60.0, 30.0]),
     change_threshold=st.booleans(),
 )
-def test_formats_2_and_3_merge_to_format_1_windows(
+def test_formats_2_3_and_4_merge_to_format_1_windows(
     version: int,
     seed: int,
     window_sec: int,
@@ -197,11 +197,11 @@ def test_a_first_byte_that_leaves_out_part_of_what_it_shares_is_malformed(
         snapshots_of_fields("e", v3, parse_partials(v3), now + 0.5)
 
 
-def test_a_second_by_second_partial_is_written_as_format_2_or_3_only() -> None:
-    with pytest.raises(ValueError, match="format 2 or 3"):
+def test_a_second_by_second_partial_is_written_as_format_2_3_or_4_only() -> None:
+    with pytest.raises(ValueError, match="format 2, 3 or 4"):
         export_head_and_seconds(
             _window(10), START, head=part_field("c1"), collector="c1", unacked=[],
-            ledger=SlotLedger(), version=4,
+            ledger=SlotLedger(), version=5,
         )  # fmt: skip
 
 

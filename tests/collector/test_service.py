@@ -494,7 +494,9 @@ async def test_an_experiment_that_raised_an_alarm_is_written_first(memory_setup)
     assert writes[raised_at + 1] == ["7", "8"]
 
 
-@pytest.mark.parametrize(("partial_format", "head_version"), [(None, 3), (3, 3), (2, 2), (1, 1)])
+@pytest.mark.parametrize(
+    ("partial_format", "head_version"), [(None, 4), (4, 4), (3, 3), (2, 2), (1, 1)]
+)
 async def test_each_partial_format_is_written_and_read_back_whole(
     partial_format: int | None, head_version: int
 ) -> None:
@@ -516,13 +518,13 @@ async def test_each_partial_format_is_written_and_read_back_whole(
         await kv.close()
 
 
-def test_a_partial_format_other_than_1_2_or_3_is_refused() -> None:
+def test_a_partial_format_other_than_1_to_4_is_refused() -> None:
     clock = FakeClock()
     streams, board = open_streams("memory://", clock=clock)
     kv = open_kv("memory://", clock=clock)
-    with pytest.raises(ValueError, match="1, 2 or 3"):
+    with pytest.raises(ValueError, match="1, 2, 3 or 4"):
         Collector(streams, board, kv, EtcdKeys("/t"), consumer_name="c1", clock=clock,
-                  partial_format=4)  # fmt: skip
+                  partial_format=5)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -556,7 +558,7 @@ async def test_another_collectors_damaged_partial_is_counted_and_stops_nothing(
     assert WindowSnapshot.from_json(fields["baseline"]).count + WindowSnapshot.from_json(
         fields["canary"]
     ).count == rt.shape[0]
-    assert json.loads(fields["@part:c1"])["v"] == 3
+    assert json.loads(fields["@part:c1"])["v"] == 4
     assert await streams.pending(SERVICE, "collectors") == 0
     # a claimer reads the damaged field's unacked list as no list at all
     assert unacked_elsewhere(fields, own="c1") == frozenset()

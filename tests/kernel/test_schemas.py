@@ -85,14 +85,16 @@ def test_settings_read_canary_variables(monkeypatch: pytest.MonkeyPatch) -> None
     assert settings.listen_host_port == ("0.0.0.0", 9000)
 
 
-def test_the_partial_format_is_3_unless_set_to_an_older_one(
+def test_the_partial_format_is_4_unless_set_to_an_older_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("CANARY_PARTIAL_FORMAT", raising=False)
+    assert Settings().partial_format == 4
+    monkeypatch.setenv("CANARY_PARTIAL_FORMAT", "3")
     assert Settings().partial_format == 3
     monkeypatch.setenv("CANARY_PARTIAL_FORMAT", "2")
     assert Settings().partial_format == 2
-    monkeypatch.setenv("CANARY_PARTIAL_FORMAT", "4")
+    monkeypatch.setenv("CANARY_PARTIAL_FORMAT", "5")
     with pytest.raises(Exception, match="partial_format"):
         Settings()
 
