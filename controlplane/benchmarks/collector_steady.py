@@ -15,8 +15,9 @@ a real feed's do over time.
 `batch_every_tick`: each experiment's second comes as ten batches instead, one before
 each tick, each stamped over the tenth of a second before it: what sidecars flushing
 every 50 ms send a busy service's collector. Run at every tick's publish (as the rig's
-other figures, the `Collector`'s own default) and paced as `canary collector`
-publishes (decision 0080), in the same run.
+other figures, the `Collector`'s own default), paced as `canary collector` publishes
+(decision 0080), and as a collector before that decision published (format 3, every
+tick), in the same run.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import time
 from typing import Any
 
 from controlplane.benchmarks.scale import THRESHOLD_MS, WINDOW_SEC, Sidecars
+from controlplane.collector.second_partials import COMPACT_VERSION
 from controlplane.collector.service import Collector
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.keys import EtcdKeys
@@ -44,7 +46,7 @@ WARM_SECONDS = 3  # the rings' allocation and the first publishes, not timed
 
 async def _steady(
     n: int, samples: int, seconds: int, *, batch_every_tick: bool = False,
-    publish_every: float = 0.0,
+    publish_every: float = 0.0, partial_format: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     clock = FakeClock(START)
     streams, board = open_streams("memory://", clock=clock)
@@ -58,6 +60,7 @@ async def _steady(
     collector = Collector(
         streams, board, kv, keys, consumer_name="bench", clock=clock, block_ms=0,
         sample_keys=sample_keys, publish_every=publish_every,
+        partial_format=COMPACT_VERSION if partial_format is None else partial_format,
     )  # fmt: skip
     await collector.load_config()
     sidecars = Sidecars(streams, SampleSigner(sample_keys))
@@ -115,8 +118,13 @@ def steady(*, quick: bool) -> dict[str, Any]:
 
     n, seconds = (100, 6) if quick else (300, 12)
     out = {f"samples_{samples}": asyncio.run(_steady(n, samples, seconds)) for samples in (50, 1)}
-    for name, every in (("every_tick", 0.0), ("paced", PUBLISH_EVERY_SEC)):
-        out[f"samples_50_batch_every_tick_published_{name}"] = asyncio.run(
-            _steady(n, 50, seconds, batch_every_tick=True, publish_every=every)
-        )
+    # the last: what a collector before decision 0080 did (format 3, every tick)
+    for name, every, partial_format in (
+        ("every_tick", 0.0, None), ("paced", PUBLISH_EVERY_SEC, None),
+        ("every_tick_format_3", 0.0, 3),
+    ):  # fmt: skip
+        out[f"samples_50_batch_every_tick_published_{name}"] = asyncio.run(_steady(
+            n, 50, seconds, batch_every_tick=True, publish_every=every,
+            partial_format=partial_format,
+        ))  # fmt: skip
     return out

@@ -408,36 +408,58 @@ def inflate_at_most(raw: bytes, limit: int) -> bytes:
 
 
 def _sparse_unit_rows(text: object) -> bytes:
-    """A format 4 second's sparse unit rows (`encode_sparse_unit_rows`) as the dense
-    bytes `units` inflates to: each index once, in order, within UNIT_ROWS."""
+    """A format 4 entry's sparse unit rows (`encode_sparse_unit_rows`), inflated: n
+    row indices (u8), then five columns of n u32."""
     if not isinstance(text, str):
         raise ValueError("a partial's unit rows are not a string")
     raw = inflate_at_most(binascii.a2b_base64(text.encode("ascii"), strict_mode=True),
                           UNIT_ROWS * _SPARSE_UNIT_WIDTH)  # fmt: skip
     if len(raw) % _SPARSE_UNIT_WIDTH:
         raise ValueError("a second's sparse unit rows have the wrong size")
-    n = len(raw) // _SPARSE_UNIT_WIDTH
-    held = np.frombuffer(raw, dtype="<u1", count=n).astype(np.int64)
-    if n and (int(held[-1]) >= UNIT_ROWS or bool((np.diff(held) <= 0).any())):
+    return raw
+
+
+def _scatter_sparse(
+    counts: I64, sums: F64, sparse: list[tuple[int, bytes]]
+) -> None:
+    """Each (entry, inflated sparse rows) into its entry's dense rows, all at once:
+    each index once per entry, in order, within UNIT_ROWS."""
+    held: list[npt.NDArray[np.uint8]] = []
+    columns: list[npt.NDArray[np.uint32]] = []
+    owners: list[int] = []
+    sizes: list[int] = []
+    for entry, raw in sparse:
+        n = len(raw) // _SPARSE_UNIT_WIDTH
+        held.append(np.frombuffer(raw, dtype="<u1", count=n))
+        columns.append(np.frombuffer(raw, dtype="<u4", offset=n).reshape(5, n))
+        owners.append(entry)
+        sizes.append(n)
+    rows = np.concatenate(held).astype(np.int64)
+    if not rows.shape[0]:
+        return
+    # (entry, row) strictly increasing over every entry's rows: no row twice or out
+    # of order within an entry (the owners increase)
+    owner = np.repeat(np.array(owners, dtype=np.int64), sizes)
+    key = owner * 256 + rows
+    if int(rows.max()) >= UNIT_ROWS or bool((np.diff(key) <= 0).any()):
         raise ValueError("a second's sparse unit rows name a row twice, out of order or beyond")
-    columns = np.frombuffer(raw, dtype="<u4", offset=n).reshape(5, n)
-    counts = np.zeros((UNIT_ROWS, 3), dtype="<i8")
-    sums = np.zeros((UNIT_ROWS, 2), dtype="<f8")
-    counts[held] = columns[:3].T
-    sums[held] = columns[3:].T
-    return counts.tobytes() + sums.tobytes()
+    values = np.concatenate(columns, axis=1)
+    counts[owner, rows] = values[:3].T
+    sums[owner, rows] = values[3:].T
 
 
 def _unit_rows(entries: list[dict[str, Any]], *, compact: bool) -> tuple[I64, F64]:
     """The entries' unit rows, (entries, UNIT_ROWS, 3) counts and (…, 2) sums, read
     from one buffer of all of them. `compact`: a format 4 field, whose entries may hold
-    sparse rows instead (`unit_rows`)."""
+    sparse rows instead (`unit_rows`), scattered into that buffer together."""
     raws: list[bytes] = []
-    for entry in entries:
+    sparse: list[tuple[int, bytes]] = []
+    for i, entry in enumerate(entries):
         if compact and ("units" in entry) == ("unit_rows" in entry):
             raise ValueError("a partial's second holds dense and sparse unit rows, or neither")
         if compact and "unit_rows" in entry:
-            raws.append(_sparse_unit_rows(entry["unit_rows"]))
+            sparse.append((i, _sparse_unit_rows(entry["unit_rows"])))
+            raws.append(ZERO_UNITS)
             continue
         text = entry["units"]
         if text == EMPTY_UNITS:
@@ -449,11 +471,16 @@ def _unit_rows(entries: list[dict[str, Any]], *, compact: bool) -> tuple[I64, F6
         if len(raw) != UNIT_BYTES:
             raise ValueError("a second's unit rows have the wrong size")
         raws.append(raw)
-    joined = b"".join(raws)
+    joined: bytes | bytearray = b"".join(raws)
     m = len(entries)
+    if sparse:  # written into: a buffer of its own, not a view of the bytes
+        joined = bytearray(joined)
     counts = np.frombuffer(joined, dtype="<i8").reshape(m, UNIT_ROWS * 5)[:, : UNIT_ROWS * 3]
     sums = np.frombuffer(joined, dtype="<f8").reshape(m, UNIT_ROWS * 5)[:, UNIT_ROWS * 3 :]
-    return counts.reshape(m, UNIT_ROWS, 3), sums.reshape(m, UNIT_ROWS, 2)
+    counts, sums = counts.reshape(m, UNIT_ROWS, 3), sums.reshape(m, UNIT_ROWS, 2)
+    if sparse:
+        _scatter_sparse(counts, sums, sparse)
+    return counts, sums
 
 
 def _packed(texts: list[object], dtype: str, limit: int) -> list[npt.NDArray[Any]]:

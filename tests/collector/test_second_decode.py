@@ -34,7 +34,7 @@ from controlplane.collector.second_partials import (
     SHARED_WITH_TOTAL,
     SecondSums,
     _reservoir,
-    _sparse_unit_rows,
+    _unit_rows,
     decode_second,
     decode_seconds,
     encode_sparse_unit_rows,
@@ -438,8 +438,8 @@ def test_sparse_unit_rows_read_as_the_dense_rows_or_are_not_written(
         assert text is None
         return
     assert text is not None
-    raw = _sparse_unit_rows(text)
-    assert raw == counts.astype("<i8").tobytes() + sums.astype("<f8").tobytes()
+    read_counts, read_sums = _unit_rows([{"unit_rows": text}], compact=True)
+    assert np.array_equal(read_counts[0], counts) and np.array_equal(read_sums[0], sums)
     if held:
         fraction = sums.copy()
         fraction[rows[0], 0] = 0.5
@@ -464,8 +464,11 @@ def _sparse(indices: list[int], width_cut: int = 0) -> str:
     ],
 )
 def test_damaged_sparse_unit_rows_are_refused(text: object) -> None:
+    sound = encode_sparse_unit_rows(np.ones((UNIT_ROWS, 3), np.int64), np.ones((UNIT_ROWS, 2)))
+    with pytest.raises(REFUSALS):  # alone, and after a sound entry
+        _unit_rows([{"unit_rows": text}], compact=True)
     with pytest.raises(REFUSALS):
-        _sparse_unit_rows(text)
+        _unit_rows([{"unit_rows": sound}, {"unit_rows": text}], compact=True)
 
 
 def test_distinct_units_left_out_are_read_only_from_a_whole_reservoir_of_format_4() -> None:
