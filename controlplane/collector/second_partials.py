@@ -185,15 +185,17 @@ def encode_sparse_unit_rows(
     the five columns (count, failures, above, Σ bin index, Σ bin index²) as u32. None
     when a value is not an integer below 2^32 (a second of thousands of samples in one
     unit block): the dense rows are written then."""
-    rows = np.concatenate([counts.astype(np.float64), sums], axis=1)
+    rows = np.empty((counts.shape[0], 5), dtype=np.float64)
+    rows[:, :3] = counts
+    rows[:, 3:] = sums
     held = np.flatnonzero(rows.any(axis=1))
     values = rows[held]
-    if values.size and (
-        float(values.max()) >= _U32_LIMIT or bool((values < 0).any())
-        or not bool((np.floor(values) == values).all())
-    ):  # fmt: skip
+    if values.size and not 0 <= float(values.min()) <= float(values.max()) < _U32_LIMIT:
+        return None  # NaN fails the comparison too
+    as_u32 = values.astype("<u4")
+    if not np.array_equal(as_u32, values):  # a fraction
         return None
-    raw = held.astype("<u1").tobytes() + values.T.astype("<u4").tobytes()
+    raw = held.astype("<u1").tobytes() + as_u32.T.tobytes()
     return _b64(zlib.compress(raw, 1))
 
 
