@@ -17,7 +17,10 @@ each tick, each stamped over the tenth of a second before it: what sidecars flus
 every 50 ms send a busy service's collector. Run at every tick's publish (as the rig's
 other figures, the `Collector`'s own default), paced as `canary collector` publishes
 (decision 0080), and as a collector before that decision published (format 3, every
-tick), in the same run.
+tick), in the same run. `batch_every_20_ms`: each sample a batch of its own, five a
+tick, as many sidecars each sending a few samples every 50 ms: paced, with each batch
+applied alone and with a tick's applied together (`coalesce`, as `canary collector`
+applies them).
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ WARM_SECONDS = 3  # the rings' allocation and the first publishes, not timed
 
 
 async def _steady(
-    n: int, samples: int, seconds: int, *, batch_every_tick: bool = False,
-    publish_every: float = 0.0, partial_format: int | None = None,
+    n: int, samples: int, seconds: int, *, batches_per_tick: int = 0,
+    publish_every: float = 0.0, partial_format: int | None = None, coalesce: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     clock = FakeClock(START)
     streams, board = open_streams("memory://", clock=clock)
@@ -59,28 +62,30 @@ async def _steady(
         await kv.put(keys.rule(service), json.dumps(rule).encode())
     collector = Collector(
         streams, board, kv, keys, consumer_name="bench", clock=clock, block_ms=0,
-        sample_keys=sample_keys, publish_every=publish_every,
+        sample_keys=sample_keys, publish_every=publish_every, coalesce=coalesce,
         partial_format=COMPACT_VERSION if partial_format is None else partial_format,
     )  # fmt: skip
     await collector.load_config()
     sidecars = Sidecars(streams, SampleSigner(sample_keys))
     total = WARM_SECONDS + seconds
-    # per second, the entries to append before each of its ticks
+    # per second, the entries arriving before each of its reads: a read a tick, or (a
+    # batch more often than a tick) a read after each batch, as a collector reading
+    # continuously takes what arrived since its last read
+    reads = TICKS_PER_SECOND * max(1, batches_per_tick)
     feed: list[list[list[tuple[str, dict[str, bytes]]]]] = []
     for k in range(total):
-        ticks: list[list[tuple[str, dict[str, bytes]]]] = [[] for _ in range(TICKS_PER_SECOND)]
+        arriving: list[list[tuple[str, dict[str, bytes]]]] = [[] for _ in range(reads)]
         for experiment, service in experiments:
-            if not batch_every_tick:
+            if not batches_per_tick:
                 stamp = math.floor(START) + k + FRACTIONS[k % len(FRACTIONS)]
-                ticks[0].append((service, sidecars.entry(service, experiment, samples, stamp)))
+                arriving[0].append((service, sidecars.entry(service, experiment, samples, stamp)))
                 continue
-            share = max(1, samples // TICKS_PER_SECOND)
-            for t in range(TICKS_PER_SECOND):
-                stamp = START + k + t / TICKS_PER_SECOND
-                ticks[t].append((service, sidecars.entry(
-                    service, experiment, share, stamp, span=1.0 / TICKS_PER_SECOND
+            share = max(1, samples // reads)
+            for b in range(reads):
+                arriving[b].append((service, sidecars.entry(
+                    service, experiment, share, START + k + b / reads, span=1.0 / reads
                 )))  # fmt: skip
-        feed.append(ticks)
+        feed.append(arriving)
     cpu = 0.0
     metrics = collector.metrics
     start_bytes = start_publishes = 0.0
@@ -88,14 +93,14 @@ async def _steady(
         if k == WARM_SECONDS:
             start_bytes = metrics.published_bytes._value.get()
             start_publishes = metrics.publishes._value.get()
-        for t in range(TICKS_PER_SECOND):
-            for service, entry in feed[k][t]:
+        for r in range(reads):
+            for service, entry in feed[k][r]:
                 await streams.append(service, [entry], maxlen=10_000)
             began = time.process_time()
             await collector.step()
             if k >= WARM_SECONDS:
                 cpu += time.process_time() - began
-            clock.advance(1.0 / TICKS_PER_SECOND)
+            clock.advance(1.0 / reads)
     published = metrics.published_bytes._value.get() - start_bytes
     publishes = metrics.publishes._value.get() - start_publishes
     await collector.stop_watching()
@@ -124,7 +129,14 @@ def steady(*, quick: bool) -> dict[str, Any]:
         ("every_tick_format_3", 0.0, 3),
     ):  # fmt: skip
         out[f"samples_50_batch_every_tick_published_{name}"] = asyncio.run(_steady(
-            n, 50, seconds, batch_every_tick=True, publish_every=every,
+            n, 50, seconds, batches_per_tick=1, publish_every=every,
             partial_format=partial_format,
+        ))  # fmt: skip
+    # a sample every 20 ms, each in a batch of its own (many sidecars, each sending a
+    # few samples every 50 ms), paced, each batch applied alone and a tick's together
+    for name, coalesce in (("alone", False), ("coalesced", True)):
+        out[f"samples_50_batch_every_20_ms_paced_applied_{name}"] = asyncio.run(_steady(
+            n, 50, seconds, batches_per_tick=5, publish_every=PUBLISH_EVERY_SEC,
+            coalesce=coalesce,
         ))  # fmt: skip
     return out

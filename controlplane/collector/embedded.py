@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass, field
 
 from controlplane.collector.main import default_name
-from controlplane.collector.pacing import PUBLISH_EVERY_SEC
+from controlplane.collector.pacing import COALESCE, PUBLISH_EVERY_SEC
 from controlplane.collector.service import Collector
 from controlplane.kernel.sample_keys import SampleKeys
 from controlplane.kernel.tasks import cancel_and_wait
@@ -49,6 +49,7 @@ class EmbeddedCollector:
             clock=backends.clock,
             tick=self.tick,
             publish_every=self.publish_every,
+            coalesce=COALESCE,
             sample_keys=self.sample_keys,
         )
         await self.collector.load_config()

@@ -16,7 +16,7 @@ import socket
 import uuid
 
 from controlplane.collector.admin import serve_admin
-from controlplane.collector.pacing import PUBLISH_EVERY_SEC
+from controlplane.collector.pacing import COALESCE, PUBLISH_EVERY_SEC
 from controlplane.collector.service import Collector
 from controlplane.kernel.admin_access import admin_token
 from controlplane.kernel.admin_thread import AdminThread, Heartbeat
@@ -62,7 +62,8 @@ async def run_collector(
     collector = Collector(
         streams, board, kv, EtcdKeys(settings.etcd_prefix),
         consumer_name=name or default_name(), clock=clock, tick=tick,
-        publish_every=publish_every, claim_idle_ms=claim_idle_ms, count=count,
+        publish_every=publish_every, coalesce=COALESCE, claim_idle_ms=claim_idle_ms,
+        count=count,
         sample_keys=sample_keys,
         partial_format=settings.partial_format,
     )  # fmt: skip

@@ -344,6 +344,7 @@ class Collector:
         clock: Clock,
         tick: float = 0.1,
         publish_every: float = 0.0,
+        coalesce: bool = False,
         block_ms: int = 50,
         count: int = 200,
         claim_idle_ms: int = 30_000,
@@ -382,6 +383,9 @@ class Collector:
         self.tick = tick
         # a changed experiment at most this often, but for one that turned worse (pacing.py)
         self.publish_every = check_publish_every(publish_every)
+        # an experiment's batches of a tick applied together at the tick (pacing.py)
+        self.coalesce = coalesce
+        self._unapplied: dict[str, list[RawBatch]] = {}
         self.block_ms = block_ms
         self.count = count
         self.claim_idle_ms = claim_idle_ms
@@ -689,25 +693,38 @@ class Collector:
             self._dedup.add(meta.source, meta.seq)
             by_experiment.setdefault(meta.experiment, []).append(batch)
         for experiment, batches in by_experiment.items():
-            window = self._window(experiment, now)
-            counters = window.counters
-            before = (
-                counters.ingested, counters.late, counters.clamped, counters.without_first_byte,
-                counters.shed,
-            )  # fmt: skip
-            try:
-                window.record_many(batches, now)
-            except Exception as exc:  # a bug, not bad input (screened): never stop the loop
-                self.metrics.dropped.labels(INTERNAL_ERROR).inc(len(batches))
-                log.exception("experiment %s: %d batches not applied", experiment, len(batches))
-                self._drop_log.dropped(INTERNAL_ERROR, "-", "-", type(exc).__name__)
-            self.metrics.ingested.inc(window.counters.ingested - before[0])
-            self.metrics.late.inc(window.counters.late - before[1])
-            self.metrics.clamped.inc(window.counters.clamped - before[2])
-            self.metrics.without_first_byte.inc(window.counters.without_first_byte - before[3])
-            if window.counters.shed > before[4]:
-                service = self.experiment_service.get(experiment, "")
-                self.metrics.shed.labels(service).inc(window.counters.shed - before[4])
+            if self.coalesce:
+                self._unapplied.setdefault(experiment, []).extend(batches)
+            else:
+                self._ingest(experiment, batches, now)
+
+    def _ingest_unapplied(self, experiment: str, now: float) -> None:
+        """An experiment's batches read since its last tick, into its window at once."""
+        batches = self._unapplied.pop(experiment, None)
+        if batches:
+            self._ingest(experiment, batches, now)
+
+    def _ingest(self, experiment: str, batches: list[RawBatch], now: float) -> None:
+        """Screened batches into their experiment's window, counted."""
+        window = self._window(experiment, now)
+        counters = window.counters
+        before = (
+            counters.ingested, counters.late, counters.clamped, counters.without_first_byte,
+            counters.shed,
+        )  # fmt: skip
+        try:
+            window.record_many(batches, now)
+        except Exception as exc:  # a bug, not bad input (screened): never stop the loop
+            self.metrics.dropped.labels(INTERNAL_ERROR).inc(len(batches))
+            log.exception("experiment %s: %d batches not applied", experiment, len(batches))
+            self._drop_log.dropped(INTERNAL_ERROR, "-", "-", type(exc).__name__)
+        self.metrics.ingested.inc(window.counters.ingested - before[0])
+        self.metrics.late.inc(window.counters.late - before[1])
+        self.metrics.clamped.inc(window.counters.clamped - before[2])
+        self.metrics.without_first_byte.inc(window.counters.without_first_byte - before[3])
+        if window.counters.shed > before[4]:
+            service = self.experiment_service.get(experiment, "")
+            self.metrics.shed.labels(service).inc(window.counters.shed - before[4])
 
     def _check_variants(
         self, experiment: str, batch: RawBatch, pending: Mapping[str, list[RawBatch]]
@@ -717,7 +734,7 @@ class Collector:
         known = set(window.variants) if window is not None else set()
         if known.issuperset(batch.variants):
             return
-        for other in pending.get(experiment, ()):
+        for other in (*pending.get(experiment, ()), *self._unapplied.get(experiment, ())):
             known.update(other.variants)
         if len(known | set(batch.variants)) > MAX_VARIANTS_PER_EXPERIMENT:
             raise CodecError(
@@ -768,6 +785,7 @@ class Collector:
         for index, (experiment, window) in enumerate(list(self.windows.items())):
             if index and index % (EXPORT_SLICE * 4) == 0:
                 await asyncio.sleep(0)
+            self._ingest_unapplied(experiment, now)
             window.advance(now)
             held = self._held.get(experiment)
             quiet_for = now - self._last_publish.get(experiment, -math.inf)
@@ -881,6 +899,8 @@ class Collector:
         self, experiment: str, now: float
     ) -> tuple[_Held, list[tuple[str, str]], dict[str, str]]:
         """What this collector holds of `experiment` now, and its partial's field."""
+        # every held entry's samples in the window before it is listed for the ack
+        self._ingest_unapplied(experiment, now)
         # held until published and acked: entries a failed publish or ack left
         # pending stay listed as unacked in the next partial, so no claimer counts
         # them again (a second ack of an entry is harmless)
@@ -995,6 +1015,7 @@ class Collector:
             self._screened_at.pop(experiment, None)
             self._past_windows.forget(experiment)
             self._held.pop(experiment, None)
+            self._unapplied.pop(experiment, None)
             self.lifecycle.forgotten(experiment)
             self.metrics.forgotten.inc()
             dropped.append(experiment)

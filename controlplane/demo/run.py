@@ -351,14 +351,14 @@ class Demo:
         return front.port, front.process.reporter, samples
 
     async def _collector(self, backends: Backends, stack: contextlib.AsyncExitStack) -> Any:
-        from controlplane.collector.pacing import PUBLISH_EVERY_SEC
+        from controlplane.collector.pacing import COALESCE, PUBLISH_EVERY_SEC
         from controlplane.collector.service import Collector
 
         assert backends.streams is not None and backends.board is not None
         collector = Collector(
             backends.streams, backends.board, backends.kv, backends.keys,
             consumer_name=f"demo-{uuid.uuid4().hex[:8]}", clock=backends.clock,
-            sample_keys=self.sample_keys, publish_every=PUBLISH_EVERY_SEC,
+            sample_keys=self.sample_keys, publish_every=PUBLISH_EVERY_SEC, coalesce=COALESCE,
         )  # fmt: skip
         # a finished scenario's experiment is forgotten after its window: keep its count
         collector.on_forget = self._keep_count

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -119,3 +120,66 @@ async def test_a_canary_that_turns_worse_is_published_at_once_with_its_alarm() -
     assert paced["alarm_tick"] in ticks
     before = max(t for t in ticks if t < paced["alarm_tick"])  # type: ignore[operator]
     assert paced["alarm_tick"] - before < 10  # type: ignore[operator]
+
+
+async def test_batches_read_within_a_tick_are_applied_together_at_the_tick() -> None:
+    """Coalesced (decision 0080): an experiment's batches of several reads within a
+    tick go into its window in one call at the tick, every sample counted once; the
+    entries stay held (unacknowledged, listed in the partial) until the publish that
+    carries their samples; the collector refuses a 17th variant whose predecessors
+    wait unapplied, as it refuses one applied."""
+    from controlplane.collector.service import MAX_VARIANTS_PER_EXPERIMENT
+    from controlplane.kernel.codec import BatchBuilder, BatchMeta, entry_fields
+
+    collector, streams, kv, clock = await memory_collector(coalesce=True, tick=0.1)
+    window_calls: list[int] = []  # batches per call into the window
+    ingest = collector._ingest
+
+    def counted(experiment: str, batches: list[Any], now: float) -> None:
+        window_calls.append(len(batches))
+        ingest(experiment, batches, now)
+
+    collector._ingest = counted  # type: ignore[method-assign]
+    try:
+        rng = np.random.default_rng(5)
+        seq = 0
+        sent = 0
+        for _ in range(3):  # three ticks
+            for _read in range(4):  # four reads within the tick, a batch each
+                seq += 1
+                rt = rng.lognormal(np.log(20_000), 0.3, 3).astype(np.uint32)
+                sent += rt.shape[0]
+                await streams.append(SERVICE, make_batches(rt, clock.now(), first_seq=seq),
+                                     maxlen=10_000)  # fmt: skip
+                entries = await streams.read_group([SERVICE], "collectors", "c1", count=10,
+                                                   block_ms=0)  # fmt: skip
+                collector.apply(entries, claimed_unacked=frozenset())
+                clock.advance(0.02)
+            pending = await streams.pending_many("collectors", [SERVICE], min_idle_ms=0)
+            assert pending[SERVICE].pending == 4  # held: nothing acked before the tick
+            clock.advance(0.1)
+            await collector.publish_due()
+        assert window_calls == [4, 4, 4]  # each tick: one call of its four batches
+        pending = await streams.pending_many("collectors", [SERVICE], min_idle_ms=0)
+        assert pending[SERVICE].pending == 0
+        snaps = await read_merged_snapshots(streams, EXPERIMENT, clock.now(), window_sec=30)
+        assert sum(s.count for s in snaps.values()) == sent
+
+        # variants: as many as allowed in unapplied batches, then one more is refused
+        dropped = collector.metrics.dropped.labels("too_many_variants")._value.get()
+        for v in range(MAX_VARIANTS_PER_EXPERIMENT + 1):
+            seq += 1
+            builder = BatchBuilder()
+            builder.add(clock.now(), f"v{v}", 20_000, 200)
+            meta = BatchMeta(EXPERIMENT, "sc-1", seq, 1)
+            await streams.append(SERVICE, [entry_fields(meta, builder.encode())], maxlen=10_000)
+        entries = await streams.read_group([SERVICE], "collectors", "c1", count=100, block_ms=0)
+        for entry in entries:  # one read each: the earlier ones wait unapplied
+            collector.apply([entry], claimed_unacked=frozenset())
+        refused = collector.metrics.dropped.labels("too_many_variants")._value.get() - dropped
+        # the window's own two variants and fourteen more, then the rest refused
+        assert refused == MAX_VARIANTS_PER_EXPERIMENT + 1 - (MAX_VARIANTS_PER_EXPERIMENT - 2)
+    finally:
+        await collector.stop_watching()
+        await streams.close()
+        await kv.close()
