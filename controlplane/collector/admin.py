@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from controlplane.collector.service import Collector
 from controlplane.kernel.admin_access import allowed, header, warn_if_exposed
@@ -44,8 +44,7 @@ def respond(
             body += b"\n" if collector.authenticated else b" (samples unauthenticated)\n"
             return Answer(200 if ready else 503, body)
         if path == "/metrics":
-            page = generate_latest(collector.metrics.registry) + collector.metrics.pending.text()
-            return Answer(200, page, CONTENT_TYPE_LATEST)
+            return Answer(200, collector.metrics.exposition(), CONTENT_TYPE_LATEST)
         return Answer(404, b"not found\n")
 
     return answer

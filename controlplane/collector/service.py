@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from controlplane.collector.alarm_screen import (
     ABOVE,
@@ -217,7 +217,7 @@ class CollectorMetrics:
             "malformed rules, routes or window rules in etcd, ignored",
             registry=registry,
         )  # fmt: skip
-        # rendered by the admin endpoint beside the registry (pending_page.py)
+        # written beside the registry's families (`exposition`, pending_page.py)
         self.pending = PendingPage()
         self.publishes_paced = Counter(
             "canary_collector_publishes_paced",
@@ -292,6 +292,11 @@ class CollectorMetrics:
         for source in CONFIG_SOURCES:
             self.config_relists.labels(source)
             self.config_watch_errors.labels(source)
+
+    def exposition(self) -> bytes:
+        """The collector's /metrics page: the registry's families, then the pending
+        gauge's page."""
+        return generate_latest(self.registry) + self.pending.text()
 
 
 class _ConfigFeed:

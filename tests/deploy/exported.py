@@ -45,7 +45,7 @@ def exported_series(tmp_path: Path) -> set[str]:
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'names.db'}")
     app = create_app(settings, services=[Controller(), dispatcher_for(settings)])
     expositions = [app.state.metrics.render()]  # what the API's /metrics answers
-    expositions.append(generate_latest(CollectorMetrics(CollectorRegistry()).registry))
+    expositions.append(CollectorMetrics(CollectorRegistry()).exposition())
     sidecar = Sidecar(service="web", kv=MemoryKV(), stream=MemoryStreams())
     expositions.append(generate_latest(sidecar.registry))
     supervisor = CollectorRegistry()
