@@ -14,6 +14,8 @@ another to claim).
 
 from __future__ import annotations
 
+import math
+
 # what `canary collector`, the embedded collector of `canary serve` and the demo use;
 # a `Collector` made without it publishes at every tick (0), as a test stepping a fake
 # clock expects
@@ -23,15 +25,26 @@ PUBLISH_EVERY_SEC = 1.0
 # paid once a tick, not once a batch, for a service whose many sidecars each send a few
 # samples every 50 ms. Nothing reads a window between ticks but the tick's publish.
 COALESCE = True
+# an experiment whose canary turned worse is published at every tick for this long
+# after its alarm: the controller's next looks (a trip takes consecutive breached
+# looks, each on a window newer than the last) find its newest samples at once, not
+# at the next alarm or the next paced publish
+UNPACED_AFTER_ALARM_SEC = 5.0
 # the collector's heartbeat interval (service.HEARTBEAT_SEC): paced any longer, a busy
 # experiment would go unpublished longer than an idle one
 MAX_PUBLISH_EVERY_SEC = 5.0
 
 
-def held_back(*, changed: bool, heartbeat: bool, quiet_for: float, publish_every: float) -> bool:
+def held_back(
+    *, changed: bool, heartbeat: bool, quiet_for: float, publish_every: float,
+    alarmed_ago: float = math.inf,
+) -> bool:  # fmt: skip
     """Is a changed experiment's publish held back at this tick, unless its screen
     raises an alarm? Not when it is due a heartbeat anyway, nor once `publish_every`
-    has passed since its last publish (or it was never published)."""
+    has passed since its last publish (or it was never published), nor within
+    UNPACED_AFTER_ALARM_SEC of its last alarm."""
+    if alarmed_ago < UNPACED_AFTER_ALARM_SEC:
+        return False
     return changed and not heartbeat and quiet_for < publish_every
 
 

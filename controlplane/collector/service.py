@@ -799,6 +799,7 @@ class Collector:
             if held_back(
                 changed=changed, heartbeat=heartbeat, quiet_for=quiet_for,
                 publish_every=self.publish_every,
+                alarmed_ago=now - self._alarmed_at.get(experiment, -math.inf),
             ) and not self._screen(experiment, window, now):  # fmt: skip
                 # paced: what changed goes out with its next publish, or at once
                 # should the screen find its canary turned worse meanwhile

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from controlplane.collector.pacing import (
     MAX_PUBLISH_EVERY_SEC,
+    UNPACED_AFTER_ALARM_SEC,
     check_publish_every,
     held_back,
 )
@@ -37,6 +38,14 @@ def test_held_back(
 ) -> None:
     assert held_back(changed=changed, heartbeat=heartbeat, quiet_for=quiet_for,
                      publish_every=every) is held  # fmt: skip
+
+
+def test_an_experiment_alarmed_lately_is_not_held_back() -> None:
+    """For UNPACED_AFTER_ALARM_SEC after its alarm, its looks find its newest samples."""
+    assert not held_back(changed=True, heartbeat=False, quiet_for=0.1, publish_every=1.0,
+                         alarmed_ago=0.3)  # fmt: skip
+    assert held_back(changed=True, heartbeat=False, quiet_for=0.1, publish_every=1.0,
+                     alarmed_ago=UNPACED_AFTER_ALARM_SEC)  # fmt: skip
 
 
 @given(st.floats(allow_nan=True, allow_infinity=True))
@@ -120,6 +129,13 @@ async def test_a_canary_that_turns_worse_is_published_at_once_with_its_alarm() -
     assert paced["alarm_tick"] in ticks
     before = max(t for t in ticks if t < paced["alarm_tick"])  # type: ignore[operator]
     assert paced["alarm_tick"] - before < 10  # type: ignore[operator]
+    # and at every tick after it (within UNPACED_AFTER_ALARM_SEC): the next looks
+    # find its newest samples
+    alarm_tick = paced["alarm_tick"]
+    assert isinstance(alarm_tick, int) and isinstance(every_tick["writes"], list)
+    assert [t for t in ticks if t > alarm_tick] == [
+        t for t in every_tick["writes"] if t > alarm_tick
+    ]
 
 
 async def test_batches_read_within_a_tick_are_applied_together_at_the_tick() -> None:
