@@ -58,7 +58,7 @@ import math
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -538,7 +538,7 @@ def _distincts(
         if held is None:
             held = derived[id(units)] = bottom_distinct([units])
         out[i] = held
-    return [d for d in out if d is not None]
+    return cast(list[U32], out)  # every entry's, written or derived
 
 
 def decode_entries(entries: list[object], bins: int, *, compact: bool = False) -> list[SecondSums]:
@@ -649,20 +649,18 @@ def decode_seconds(
 
 
 def first_byte_entry(entry: dict[str, Any]) -> object:
-    """A second entry's first byte, with what a format 3 writer left out of a paired
-    one taken from its total: all of it or none (anything between is malformed)."""
+    """A second entry's first byte: with a reservoir of its own (a format 4 entry may
+    leave out its distinct units, read from that reservoir), or, paired (formats 3
+    and 4), without any of SHARED_WITH_TOTAL, which are then its total's (a format 4
+    total may itself leave out the distinct units). Anything between is malformed."""
     fb = entry["fb"]
     if not isinstance(fb, dict):
         raise ValueError("a partial's first-byte entry is not an object")
-    # the reservoir's keys and units say which it is: its own (format 4 may leave out
-    # its distinct units, taken from them), or both left out with the distinct units
     missing = [key for key in SHARED_WITH_TOTAL if key not in fb]
     if not missing or missing == ["distinct"]:
         return fb
     if len(missing) != len(SHARED_WITH_TOTAL):
         raise ValueError("a partial's first-byte entry leaves out part of what it shares")
-    # a format 4 total may leave out its distinct units (taken from its reservoir's
-    # units, which the first byte then shares as well)
     return {**fb, **{key: entry[key] for key in SHARED_WITH_TOTAL if key in entry}}
 
 

@@ -634,10 +634,9 @@ class Collector:
         summaries = await self.streams.pending_many(
             COLLECTOR_GROUP, services, min_idle_ms=self.claim_idle_ms
         )
-        counts: dict[str, int] = {}
-        for service in services:
-            counts[service] = summaries.get(service, NOTHING_PENDING).pending
-        self.metrics.pending.set_all(counts)
+        self.metrics.pending.set_all(
+            {service: summaries.get(service, NOTHING_PENDING).pending for service in services}
+        )
         for service in services:
             if summaries.get(service, NOTHING_PENDING).idle:
                 await self._claim_from(service)
